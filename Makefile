@@ -1,0 +1,212 @@
+# crun: one non-recursive Makefile. Output under $(BUILD)/:
+#   bin/      crun, crun-rdzvd, ... (one program per cmd/*.c)
+#   lib/      libcrun.a, libcrun.so.0
+#   tests/    one Check binary per tests/unit/test_*.c
+#   examples/ bench/ fuzz/
+# `make` and `make test` install missing Debian packages first (scripts/deps.sh).
+
+.DEFAULT_GOAL := all
+BUILD ?= build
+SAN ?= 0
+V ?= 0
+WITH_CUDA ?= auto
+NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA_HOME ?= /usr/local/cuda
+PYTEST_ARGS ?=
+FUZZ_SECONDS ?= 20
+
+ifeq ($(SAN),1)
+  BUILD := build-san
+  SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+endif
+
+ifeq ($(WITH_CUDA),auto)
+  ifneq ($(NVCC),)
+    WITH_CUDA := 1
+  else
+    WITH_CUDA := 0
+  endif
+endif
+
+ifeq ($(V),1)
+  Q :=
+else
+  Q := @
+endif
+
+CC ?= cc
+CFLAGS ?= -O2 -g
+WARN := -Wall -Wextra -Wshadow -Wformat=2 -Wmissing-prototypes -Wstrict-prototypes \
+	-Wno-unused-parameter
+ifeq ($(CI),true)
+  WARN += -Werror
+endif
+BASE_CFLAGS := -std=gnu11 -D_GNU_SOURCE -fPIC -fvisibility=hidden -pthread $(WARN) \
+	-I. -Iinclude -MMD -MP $(SANFLAGS)
+BASE_LDFLAGS := -pthread $(SANFLAGS)
+
+# Dependencies are resolved once into $(BUILD)/config.mk; make rebuilds that
+# file (installing missing packages) and restarts itself when it is missing.
+PKGS := libevent libevent_openssl libevent_pthreads openssl libcjson
+-include $(BUILD)/config.mk
+
+$(BUILD)/config.mk: scripts/deps.sh
+	@mkdir -p $(@D)
+	$(Q)sh scripts/deps.sh build
+	$(Q){ echo "DEP_CFLAGS := $$(pkg-config --cflags $(PKGS))"; \
+	     echo "DEP_LIBS := $$(pkg-config --libs $(PKGS))"; \
+	     echo "CHECK_CFLAGS := $$(pkg-config --cflags check)"; \
+	     echo "CHECK_LIBS := $$(pkg-config --libs check)"; } > $@.tmp && mv $@.tmp $@
+
+ALL_CFLAGS = $(BASE_CFLAGS) $(DEP_CFLAGS) $(CFLAGS)
+LIBS = $(DEP_LIBS) -lm -ldl
+
+# ---- the library: every module but cmd/ --------------------------------------
+MODULES := common store rendezvous agent worker_sdk kernels
+LIB_SRCS := $(filter-out kernels/kernels_stub.c,$(foreach m,$(MODULES),$(wildcard $(m)/*.c)))
+CU_SRCS := $(wildcard kernels/*.cu)
+
+ifeq ($(WITH_CUDA),1)
+  ALL_CFLAGS += -DCRUN_WITH_CUDA=1 -I$(CUDA_HOME)/include
+  LIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lnccl
+  CU_OBJS := $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CU_SRCS))
+else
+  LIB_SRCS += $(wildcard kernels/kernels_stub.c)
+  CU_OBJS :=
+endif
+LIB_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRCS)) $(CU_OBJS)
+LIBA := $(BUILD)/lib/libcrun.a
+LIBSO := $(BUILD)/lib/libcrun.so.0
+
+PROGS := $(patsubst cmd/%.c,$(BUILD)/bin/%,$(wildcard cmd/*.c))
+EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
+BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
+UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
+TEST_HELPERS := $(patsubst tests/helpers/%.c,$(BUILD)/tests/helpers/%,$(wildcard tests/helpers/*.c))
+
+.PHONY: all test unit integration fuzz fuzz-run lint check-layers demo bench clean \
+	test-deps gpu-test print-config
+all: $(PROGS) $(LIBA) $(LIBSO) $(EXAMPLES) $(BENCHES) $(BUILD)/crun.pc
+	@echo "built crun (WITH_CUDA=$(WITH_CUDA), SAN=$(SAN)) under $(BUILD)/"
+
+print-config:
+	@echo "BUILD=$(BUILD) WITH_CUDA=$(WITH_CUDA) NVCC=$(NVCC) SAN=$(SAN)"
+
+$(BUILD)/obj/%.o: %.c $(BUILD)/config.mk
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.cu.o: %.cu
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  NVCC    $<")
+	$(Q)$(NVCC) -O3 -std=c++17 -I. -Iinclude -Xcompiler -fPIC,-fvisibility=hidden \
+		-gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=sm_80 \
+		-c $< -o $@
+
+$(LIBA): $(LIB_OBJS)
+	@mkdir -p $(@D)
+	$(Q)rm -f $@ && $(AR) rcs $@ $^
+
+$(LIBSO): $(LIB_OBJS) libcrun.map
+	@mkdir -p $(@D)
+	$(Q)$(CC) -shared -Wl,-soname,libcrun.so.0 -Wl,--version-script=libcrun.map \
+		$(BASE_LDFLAGS) -o $@ $(LIB_OBJS) $(LIBS)
+	$(Q)ln -sf libcrun.so.0 $(BUILD)/lib/libcrun.so
+
+$(BUILD)/crun.pc: crun.pc.in
+	$(Q)sed -e 's|@PREFIX@|$(abspath $(BUILD))|' -e 's|@INCLUDE@|$(abspath include)|' $< > $@
+
+$(BUILD)/bin/%: $(BUILD)/obj/cmd/%.o $(LIBA)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(BASE_LDFLAGS) -o $@ $< $(LIBA) $(LIBS)
+
+$(BUILD)/examples/%: $(BUILD)/obj/examples/%.o $(LIBA)
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(BASE_LDFLAGS) -o $@ $< $(LIBA) $(LIBS)
+
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIBA)
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(BASE_LDFLAGS) -o $@ $< $(LIBA) $(LIBS)
+
+$(BUILD)/obj/tests/%.o: tests/%.c $(BUILD)/config.mk
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) -Itests -c $< -o $@
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(LIBA)
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(BASE_LDFLAGS) -o $@ $< $(LIBA) $(LIBS) $(CHECK_LIBS)
+
+$(BUILD)/tests/helpers/%: $(BUILD)/obj/tests/helpers/%.o $(LIBA)
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(BASE_LDFLAGS) -o $@ $< $(LIBA) $(LIBS)
+
+# ---- tests -------------------------------------------------------------------
+# `make test` is what CI runs: packages, build, unit (Check), integration and
+# interop (pytest, real crun processes and real PyTorch 1.13 + 2.x), and a
+# bounded libFuzzer run of the wire decoder.
+test-deps:
+	$(Q)sh scripts/deps.sh test
+
+test: test-deps all $(UNIT_TESTS) $(TEST_HELPERS)
+	$(Q)$(MAKE) --no-print-directory unit
+	$(Q)$(MAKE) --no-print-directory integration
+	$(Q)$(MAKE) --no-print-directory fuzz-run
+	@echo "make test: all suites passed"
+
+unit: $(UNIT_TESTS)
+	$(Q)sh tests/run-unit.sh $(UNIT_TESTS)
+
+integration: all $(TEST_HELPERS)
+	$(Q)CRUN_BUILD=$(abspath $(BUILD)) CRUN_SAN=$(SAN) /usr/bin/python3 -m pytest -q \
+		-p no:cacheprovider tests/integration $(PYTEST_ARGS)
+
+# libFuzzer needs clang; the fuzz build is separate from $(BUILD).
+FUZZ_BUILD := build-fuzz
+FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZERS := $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/%,$(FUZZ_SRCS))
+FUZZ_LIB_SRCS := $(wildcard common/*.c) store/proto.c
+
+fuzz: $(FUZZERS)
+$(FUZZ_BUILD)/%: tests/fuzz/%.c $(FUZZ_LIB_SRCS) $(wildcard store/*.h common/*.h include/crun/*.h)
+	@mkdir -p $(@D)
+	$(Q)clang -std=gnu11 -D_GNU_SOURCE -g -O1 -I. -Iinclude \
+		-fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_LIB_SRCS)
+
+fuzz-run: $(FUZZERS)
+	$(Q)set -e; for f in $(FUZZERS); do \
+		n=$$(basename $$f); mkdir -p $(FUZZ_BUILD)/corpus-$$n; \
+		echo "fuzz: $$n for $(FUZZ_SECONDS)s"; \
+		$$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+			$(FUZZ_BUILD)/corpus-$$n tests/fuzz/seeds > $(FUZZ_BUILD)/$$n.log 2>&1 || \
+			{ tail -40 $(FUZZ_BUILD)/$$n.log; echo "fuzz: $$n FAILED"; exit 1; }; \
+		grep -E 'stat::number_of_executed_units|Done [0-9]+ runs' $(FUZZ_BUILD)/$$n.log; \
+	done
+
+gpu-test: all
+	$(Q)sh tests/gpu/run.sh
+
+# ---- lint --------------------------------------------------------------------
+SRC_ALL := $(wildcard */*.c */*.h include/crun/*.h tests/*/*.c)
+lint: check-layers
+	$(Q)clang-format --dry-run --Werror $(filter-out tests/%,$(SRC_ALL))
+	$(Q)cppcheck --quiet --error-exitcode=1 --enable=warning,performance,portability \
+		--suppress=missingIncludeSystem --inline-suppr -I. -Iinclude \
+		$(foreach m,$(MODULES) cmd,$(m))
+
+check-layers:
+	$(Q)sh scripts/check-layers.sh
+
+# ---- demo and benchmarks -----------------------------------------------------
+demo: all
+	$(Q)sh scripts/demo.sh $(BUILD)
+
+bench: all
+	$(Q)sh bench/run.sh $(BUILD)
+
+clean:
+	rm -rf build build-san build-fuzz
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,116 @@
+/* common.h: the leaf module every other module builds on: error helpers,
+ * levelled logging, checked number parsing, the monotonic clock and small fd
+ * helpers. It includes nothing else from crun but the public crun.h.
+ */
+#ifndef CRUN_COMMON_H
+#define CRUN_COMMON_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "crun/crun.h"
+
+#define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+#define MAX(a, b) ((a) > (b) ? (a) : (b))
+#define WARN_UNUSED __attribute__((warn_unused_result))
+
+/* ---- logging ------------------------------------------------------------ */
+
+enum log_subsys {
+	SUB_AGENT = 1u << 0,
+	SUB_RDZV = 1u << 1,
+	SUB_STORE = 1u << 2,
+	SUB_PG = 1u << 3,
+	SUB_CUDA = 1u << 4,
+	SUB_CMD = 1u << 5,
+	SUB_ALL = 0xffu,
+};
+
+#define LL_ERROR CRUN_LOG_ERROR
+#define LL_WARN CRUN_LOG_WARN
+#define LL_INFO CRUN_LOG_INFO
+#define LL_DEBUG CRUN_LOG_DEBUG
+#define LL_TRACE CRUN_LOG_TRACE
+
+/* The log level and subsystem mask are the one piece of process-wide mutable
+ * state outside cmd/: they are set once at start-up (log_init reads
+ * CRUN_LOG_LEVEL and CRUN_LOG_SUBSYS) and only read afterwards. */
+extern int log_max_level;
+extern unsigned log_subsys_mask;
+
+/* Reads CRUN_LOG_LEVEL (error|warn|info|debug|trace) and CRUN_LOG_SUBSYS
+ * (comma list of agent,rdzv,store,pg,cuda,cmd or all). `prog` prefixes lines. */
+void log_init(const char *prog, int default_level);
+void log_emit(int level, unsigned sub, const char *file, int line, const char *fmt, ...)
+	__attribute__((format(printf, 5, 6)));
+
+/* Level and mask are checked before any argument is formatted. */
+#define log_at(lvl, sub, ...)                                                  \
+	((int)(lvl) <= log_max_level && ((sub)&log_subsys_mask)                \
+		 ? log_emit((lvl), (sub), __FILE__, __LINE__, __VA_ARGS__)     \
+		 : (void)0)
+
+/* Log at ERROR with the code's text appended, then yield the code:
+ *     return log_fail(SUB_STORE, r, "cannot listen on port %u", port);  */
+#define log_fail(sub, r, fmt, ...)                                             \
+	(log_at(LL_ERROR, (sub), fmt ": %s", ##__VA_ARGS__, crun_strerror(r)), (r))
+
+/* The only control-flow macro: use it where there is nothing to clean up. */
+#define TRY(expr)                                                              \
+	do {                                                                   \
+		int try_r_ = (expr);                                           \
+		if (try_r_ < 0) {                                              \
+			log_at(LL_TRACE, SUB_ALL, "-> %s", crun_err_name(try_r_)); \
+			return try_r_;                                         \
+		}                                                              \
+	} while (0)
+
+/* ---- number parsing (nothing else in crun parses integers) --------------- */
+
+/* Whole-string decimal parse; no sign for unsigned, no junk, no overflow.
+ * Returns 0 or CRUN_EINVAL / CRUN_ERANGE; *ret written only on success. */
+int parse_u64(const char *s, uint64_t *ret) WARN_UNUSED;
+int parse_i64(const char *s, int64_t *ret) WARN_UNUSED;
+/* parse_u64 bounded to [min, max]. */
+int parse_uint_range(const char *s, uint64_t min, uint64_t max, uint64_t *ret) WARN_UNUSED;
+/* Decimal seconds with an optional fraction ("0.1", "30") into milliseconds. */
+int parse_seconds_ms(const char *s, uint64_t *ret_ms) WARN_UNUSED;
+/* Booleans as torchrun reads them: 1/true/t/yes/y and 0/false/f/no/n, any case. */
+int parse_bool(const char *s, bool *ret) WARN_UNUSED;
+/* "host:port", "[v6]:port" or "host" (then *ret_port = default_port). The host
+ * is copied into host_buf (NUL-terminated). */
+int parse_host_port(const char *s, uint16_t default_port, char *host_buf, size_t host_cap,
+		    uint16_t *ret_port) WARN_UNUSED;
+
+/* ---- time ---------------------------------------------------------------- */
+
+/* Milliseconds from CLOCK_MONOTONIC; all crun durations use this clock. */
+uint64_t clock_now_ms(void);
+uint64_t clock_now_us(void);
+/* Wall-clock seconds (CLOCK_REALTIME) with a fraction, for error files. */
+double clock_wall_s(void);
+
+/* ---- fds ------------------------------------------------------------------ */
+
+int fd_set_nonblock(int fd, bool on) WARN_UNUSED;
+/* Write all of buf, retrying on EINTR and short writes; blocking fds only. */
+int fd_write_all(int fd, const void *buf, size_t len) WARN_UNUSED;
+/* close() that keeps errno and ignores EINTR, for cleanup paths. */
+void fd_close(int fd);
+
+/* ---- strings -------------------------------------------------------------- */
+
+/* snprintf that reports truncation as CRUN_ETOOBIG instead of silently cutting. */
+int str_printf(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)))
+WARN_UNUSED;
+/* strdup / memdup returning NULL only on allocation failure. */
+char *str_dup(const char *s);
+void *mem_dup(const void *p, size_t len);
+
+/* Last, after every system header, as git does. */
+#include "banned.h"
+
+#endif /* CRUN_COMMON_H */

@@ -1,0 +1,141 @@
+/* crun/store.h: blocking client for a TCPStore-compatible key-value store
+ * (crun-rdzvd, a crun agent, or PyTorch's own TCPStore server).
+ *
+ * Keys are mangled the way PyTorch's TCPStore and PrefixStore mangle them, so
+ * a crun client and a PyTorch client see the same keys: crun_store_set(s, "k")
+ * goes on the wire as "/k"; a view made with crun_store_view_new(s, "p") sends
+ * "/p/k"; views nest like PrefixStore (the newest prefix is innermost).
+ *
+ * Threads: a handle (and every view sharing its connection) must be used from
+ * one thread at a time.
+ */
+#ifndef CRUN_STORE_H
+#define CRUN_STORE_H
+
+#include "crun/crun.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct crun_store crun_store_t; /* opaque */
+
+/* Wire numbering: v1 = PyTorch 1.13/2.0, v2 = PyTorch 2.1 and later. */
+typedef enum crun_store_dialect {
+	CRUN_STORE_V1 = 1,
+	CRUN_STORE_V2 = 2,
+} crun_store_dialect_t;
+
+typedef struct crun_store_opts {
+	size_t struct_size;	     /* set by CRUN_STORE_OPTS_INIT; append-only */
+	const char *host;	     /* borrowed; copied by crun_store_open() */
+	uint16_t port;
+	uint32_t connect_timeout_ms; /* total time for connect + retries */
+	uint32_t timeout_ms;	     /* default for every op; 0 = wait forever */
+	int dialect;		     /* crun_store_dialect_t */
+	const char *prefix;	     /* optional PrefixStore-style prefix; copied */
+} crun_store_opts_t;
+
+#define CRUN_STORE_OPTS_INIT                                                   \
+	{ sizeof(crun_store_opts_t), "127.0.0.1", 29500, 30000, 300000,        \
+	  CRUN_STORE_V2, NULL }
+
+/* Connects, retrying with exponential backoff and jitter (start 50 ms, x1.5,
+ * cap 2 s) until connect_timeout_ms. v2 sends VALIDATE + PING as PyTorch 2.x
+ * does. Returns 0 and *ret_store, or CRUN_ETIMEDOUT, CRUN_ERESOLVE,
+ * CRUN_EPROTO (bad PING echo), CRUN_EINVAL. Free with crun_store_close(). */
+CRUN_API int crun_store_open(const crun_store_opts_t *opts, crun_store_t **ret_store);
+
+/* A view on base's connection with `prefix` added, like PyTorch's
+ * PrefixStore(prefix, base). base is borrowed and must outlive the view.
+ * Close it with crun_store_close() (which leaves the connection open). */
+CRUN_API int crun_store_view_new(crun_store_t *base, const char *prefix,
+				 crun_store_t **ret_view);
+
+/* Closes the connection (or only the view). NULL: no-op. */
+CRUN_API void crun_store_close(crun_store_t *store);
+
+/* Detail of the last failure on this handle (or its views); valid until the
+ * next call on the handle. Never NULL. */
+CRUN_API const char *crun_store_last_error(const crun_store_t *store);
+
+/* Changes the default timeout of later ops on this connection. */
+CRUN_API void crun_store_set_timeout(crun_store_t *store, uint32_t timeout_ms);
+
+/* On any I/O failure or timeout (other than a WAIT timed out and canceled
+ * cleanly in v2), the connection is marked broken and every later call returns
+ * CRUN_ENOTCONN: the TCPStore stream has no framing to resynchronise on. */
+
+CRUN_API int crun_store_set(crun_store_t *s, const char *key, const void *val, size_t len);
+
+/* WAIT then GET, like TCPStore.get(): blocks until the key exists or
+ * timeout_ms passes (0 = the handle's default). *ret_val is allocated (plus a
+ * NUL after len bytes for convenience); free it with crun_free(). */
+CRUN_API int crun_store_get(crun_store_t *s, const char *key, uint32_t timeout_ms,
+			    void **ret_val, size_t *ret_len);
+
+/* Adds delta to the decimal counter at key (missing = 0); *ret_value is the
+ * new value (may be NULL). */
+CRUN_API int crun_store_add(crun_store_t *s, const char *key, int64_t delta, int64_t *ret_value);
+
+/* PyTorch compare_set: sets desired if the current value equals expected (an
+ * absent key matches an empty expected). *ret_val receives the reply: desired
+ * on success, else the current value (or expected when the key is absent). */
+CRUN_API int crun_store_compare_set(crun_store_t *s, const char *key, const void *expected,
+				    size_t expected_len, const void *desired, size_t desired_len,
+				    void **ret_val, size_t *ret_len);
+
+/* *ret_ready = 1 when every key exists. */
+CRUN_API int crun_store_check(crun_store_t *s, const char *const *keys, size_t nkeys,
+			      int *ret_ready);
+
+/* Blocks until every key exists. CRUN_ETIMEDOUT after timeout_ms (0 = the
+ * handle's default); in v2 the wait is canceled on the server and the
+ * connection stays usable, in v1 the connection is closed (a late wake-up
+ * would desynchronise it, as it does for PyTorch 1.13). */
+CRUN_API int crun_store_wait(crun_store_t *s, const char *const *keys, size_t nkeys,
+			     uint32_t timeout_ms);
+
+CRUN_API int crun_store_num_keys(crun_store_t *s, int64_t *ret_count);
+
+/* *ret_deleted = 1 when the key existed (may be NULL). */
+CRUN_API int crun_store_delete_key(crun_store_t *s, const char *key, int *ret_deleted);
+
+/* ---- v2 only: CRUN_EDIALECT on a v1 connection ---- */
+
+CRUN_API int crun_store_append(crun_store_t *s, const char *key, const void *val, size_t len);
+/* WAIT then MULTI_GET. ret_vals[i] / ret_lens[i] are allocated per key; free
+ * each with crun_free(). On failure nothing is allocated. */
+CRUN_API int crun_store_multi_get(crun_store_t *s, const char *const *keys, size_t nkeys,
+				  uint32_t timeout_ms, void **ret_vals, size_t *ret_lens);
+CRUN_API int crun_store_multi_set(crun_store_t *s, const char *const *keys,
+				  const void *const *vals, const size_t *lens, size_t n);
+/* Round trip with a nonce; *ret_rtt_us may be NULL. */
+CRUN_API int crun_store_ping(crun_store_t *s, uint64_t *ret_rtt_us);
+CRUN_API int crun_store_queue_push(crun_store_t *s, const char *key, const void *val,
+				   size_t len);
+/* block = 1: WAIT on the key first (timeout_ms, 0 = default), as PyTorch's
+ * blocking pop does; block = 0: CRUN_ENOTFOUND at once if the queue is empty. */
+CRUN_API int crun_store_queue_pop(crun_store_t *s, const char *key, int block,
+				  uint32_t timeout_ms, void **ret_val, size_t *ret_len);
+CRUN_API int crun_store_queue_len(crun_store_t *s, const char *key, int64_t *ret_len);
+/* Keys under this handle's mangling ("/" + prefix), returned without it, as
+ * PyTorch's list_keys does. *ret_keys is an array of *ret_n NUL-terminated
+ * strings; free with crun_store_free_list(). */
+CRUN_API int crun_store_list_keys(crun_store_t *s, char ***ret_keys, size_t *ret_n);
+CRUN_API void crun_store_free_list(char **list, size_t n);
+/* Server-side barrier on key for world_size participants. */
+CRUN_API int crun_store_barrier(crun_store_t *s, const char *key, int64_t world_size,
+				uint32_t timeout_ms);
+
+/* ---- raw access ---- */
+
+/* ADD on an exact wire key, without the "/" and prefix mangling; PyTorch's
+ * world-size check-in uses the raw key "init/". */
+CRUN_API int crun_store_add_raw(crun_store_t *s, const char *wire_key, int64_t delta,
+				int64_t *ret_value);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CRUN_STORE_H */

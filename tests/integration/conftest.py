@@ -1,0 +1,127 @@
+"""Shared fixtures for crun's integration and interop tests.
+
+Every test talks only to 127.0.0.1 (or to network namespaces it creates), bounds
+every loop in count and time, and kills every process it started, also on
+failure: processes go through `procs.spawn`, which the fixture reaps.
+"""
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.environ.get("CRUN_BUILD", os.path.join(ROOT, "build"))
+TORCH1_PYTHON = "/usr/bin/python3"
+TORCH2_VENV = os.environ.get(
+    "CRUN_TORCH2_VENV", os.path.expanduser("~/.cache/crun/venv-torch2"))
+TORCH2_PYTHON = os.path.join(TORCH2_VENV, "bin", "python")
+HELPERS = os.path.join(ROOT, "tests", "integration", "helpers")
+
+
+def bin_path(name):
+    p = os.path.join(BUILD, "bin", name)
+    assert os.access(p, os.X_OK), f"{p} is not built"
+    return p
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torch_python(version):
+    """The interpreter for PyTorch `version` ("1" = Debian's 1.13, v1 store
+    dialect; "2" = PyPI 2.x in the venv, v2 dialect). Fails loudly, never
+    skips, when that PyTorch is missing."""
+    py = TORCH1_PYTHON if version == "1" else TORCH2_PYTHON
+    want = "1." if version == "1" else "2."
+    out = subprocess.run([py, "-c", "import torch; print(torch.__version__)"],
+                         capture_output=True, text=True, timeout=120)
+    if out.returncode != 0 or not out.stdout.startswith(want):
+        pytest.fail(f"PyTorch {version}.x is required at {py} but is missing "
+                    f"(run `sh scripts/deps.sh test`): {out.stderr[-500:]}")
+    return py
+
+
+class Procs:
+    """Starts processes in their own session and kills every one of them
+    (and their process groups) at teardown."""
+
+    def __init__(self):
+        self.procs = []
+
+    def spawn(self, argv, **kw):
+        kw.setdefault("stdout", subprocess.PIPE)
+        kw.setdefault("stderr", subprocess.PIPE)
+        kw.setdefault("start_new_session", True)
+        p = subprocess.Popen(argv, **kw)
+        self.procs.append(p)
+        return p
+
+    def cleanup(self):
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                try:
+                    p.kill()
+                except ProcessLookupError:
+                    pass
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            for f in (p.stdout, p.stderr, p.stdin):
+                if f:
+                    f.close()
+
+
+@pytest.fixture
+def procs():
+    ps = Procs()
+    yield ps
+    ps.cleanup()
+
+
+def wait_line(stream, pattern, timeout_s):
+    """Reads lines from a pipe until one matches; returns the match."""
+    deadline = time.monotonic() + timeout_s
+    rx = re.compile(pattern)
+    seen = []
+    while time.monotonic() < deadline:
+        line = stream.readline()
+        if not line:
+            break
+        line = line.decode(errors="replace") if isinstance(line, bytes) else line
+        seen.append(line)
+        m = rx.search(line)
+        if m:
+            return m
+    raise AssertionError(f"no line matching {pattern!r} within {timeout_s}s; got {seen[-20:]}")
+
+
+def start_rdzvd(procs, *extra):
+    p = procs.spawn([bin_path("crun-rdzvd"), "--host", "127.0.0.1", "--port", "0", *extra])
+    m = wait_line(p.stdout, r"crun-rdzvd listening on (\S+):(\d+)", 10)
+    return p, m.group(1), int(m.group(2))
+
+
+@pytest.fixture
+def rdzvd(procs):
+    """A running crun-rdzvd on 127.0.0.1; yields (proc, host, port)."""
+    p, host, port = start_rdzvd(procs)
+    yield p, host, port
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            assert p.wait(timeout=10) == 0, "crun-rdzvd did not exit 0 on SIGTERM"
+        except subprocess.TimeoutExpired:
+            pytest.fail("crun-rdzvd did not exit within 10s of SIGTERM")
