@@ -1,0 +1,483 @@
+/* agent.c: the agent's life cycle (crun_agent_*), the worker store it serves,
+ * the rendezvous glue and one attempt's spawn of every local worker. The
+ * state machine that drives all of it is in fsm.c.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stddef.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include "agent/agent.h"
+#include "common/common.h"
+#include "rendezvous/rdzv.h"
+#include "store/store.h"
+
+extern char **environ;
+
+static void make_uuid4(char *buf, size_t cap)
+{
+	uint8_t b[16] = { 0 };
+
+	if (getrandom(b, sizeof(b), 0) != (ssize_t)sizeof(b)) {
+		uint64_t t = clock_now_us() ^ (uint64_t)getpid() << 32;
+
+		memcpy(b, &t, sizeof(t));
+	}
+	b[6] = (uint8_t)((b[6] & 0x0f) | 0x40);
+	b[8] = (uint8_t)((b[8] & 0x3f) | 0x80);
+	snprintf(buf, cap,
+		 "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+		 b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+		 b[14], b[15]);
+}
+
+static bool log_to_null(const struct crun_agent *a)
+{
+	return a->cfg.log_dir && strcmp(a->cfg.log_dir, "/dev/null") == 0;
+}
+
+/* torchrun's layout (torch-compat §4.4): <base>/<run_id>_XXXXXXXX/. */
+static int make_log_dirs(struct crun_agent *a)
+{
+	char tmpl[PATH_MAX];
+
+	if (log_to_null(a))
+		return 0;
+	if (a->cfg.log_dir && *a->cfg.log_dir) {
+		TRY(str_printf(a->log_base, sizeof(a->log_base), "%s", a->cfg.log_dir));
+		TRY(logs_mkdirs(a->log_base));
+	} else {
+		const char *tmp = getenv("TMPDIR");
+
+		TRY(str_printf(tmpl, sizeof(tmpl), "%s/torchelastic_XXXXXXXX",
+			       tmp && *tmp ? tmp : "/tmp"));
+		if (!mkdtemp(tmpl))
+			return -errno;
+		TRY(str_printf(a->log_base, sizeof(a->log_base), "%s", tmpl));
+	}
+	TRY(str_printf(tmpl, sizeof(tmpl), "%s/%s_XXXXXXXX", a->log_base, a->run_id));
+	if (!mkdtemp(tmpl))
+		return -errno;
+	return str_printf(a->run_dir, sizeof(a->run_dir), "%s", tmpl);
+}
+
+static void on_rdzv_event(enum rdzv_event ev, void *arg)
+{
+	static const enum agent_event map[] = {
+		[RDZV_EV_COMPLETE] = AE_RDZV_COMPLETE,
+		[RDZV_EV_FAILED] = AE_RDZV_FAILED,
+		[RDZV_EV_PEER_CHANGED] = AE_PEER_CHANGED,
+		[RDZV_EV_BARRIER_DONE] = AE_BARRIER_DONE,
+	};
+
+	agent_fire(arg, map[ev]);
+}
+
+static void on_kick(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	agent_fire(arg, AE_WORKER_EXIT);
+}
+
+static int serve_store(struct crun_agent *a)
+{
+	struct store_server_config sc = STORE_SERVER_CONFIG_DEFAULT;
+	const char *host;
+	uint16_t port;
+	int r;
+
+	if (!rdzv_store_to_serve(a->rdzv, &host, &port))
+		return 0;
+	sc.host = host;
+	sc.port = port;
+	r = store_server_new(a->base, &sc, &a->store);
+	if (r < 0) {
+		snprintf(a->err, sizeof(a->err), "cannot serve the agent store on %s:%u: %s", host,
+			 port, crun_strerror(r));
+		log_at(LL_ERROR, SUB_AGENT, "%s", a->err);
+		return r;
+	}
+	rdzv_set_served_port(a->rdzv, store_server_port(a->store));
+	log_at(LL_INFO, SUB_AGENT, "serving the worker store on %s:%u", host,
+	       store_server_port(a->store));
+	return 0;
+}
+
+static int copy_config(struct crun_agent *a, const crun_agent_config_t *cfg)
+{
+	size_t n = 0;
+
+	memcpy(&a->cfg, cfg, MIN(cfg->struct_size, sizeof(a->cfg)));
+	if (a->cfg.nproc_per_node < 1 || a->cfg.nproc_per_node > CRUN_AGENT_MAX_LOCAL ||
+	    !a->cfg.argv || !a->cfg.argv[0] || a->cfg.max_restarts < 0) {
+		snprintf(a->err, sizeof(a->err), "invalid agent configuration");
+		return CRUN_EINVAL;
+	}
+	TRY(str_printf(a->role, sizeof(a->role), "%s", cfg->role ? cfg->role : "default"));
+	if (cfg->rdzv_id && *cfg->rdzv_id)
+		TRY(str_printf(a->run_id, sizeof(a->run_id), "%s", cfg->rdzv_id));
+	else if (cfg->standalone)
+		make_uuid4(a->run_id, sizeof(a->run_id));
+	else
+		TRY(str_printf(a->run_id, sizeof(a->run_id), "none"));
+	while (cfg->argv[n])
+		n++;
+	a->argv = calloc(n + 1, sizeof(char *));
+	if (!a->argv)
+		return CRUN_ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		a->argv[i] = str_dup(cfg->argv[i]);
+		if (!a->argv[i])
+			return CRUN_ENOMEM;
+	}
+	a->cfg.argv = NULL; /* use a->argv from here on */
+	return 0;
+}
+
+CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_agent)
+{
+	struct crun_agent *a;
+	struct rdzv_params rp = { 0 };
+	int r;
+
+	if (!cfg || !ret_agent || cfg->struct_size < offsetof(crun_agent_config_t, on_state))
+		return CRUN_EINVAL;
+	a = calloc(1, sizeof(*a));
+	if (!a)
+		return CRUN_ENOMEM;
+	a->guard_fd = -1;
+	a->stop_req_fd[0] = a->stop_req_fd[1] = -1;
+	r = copy_config(a, cfg);
+	if (r < 0)
+		goto fail;
+	if (gethostname(a->host, sizeof(a->host) - 1) < 0)
+		snprintf(a->host, sizeof(a->host), "localhost");
+	{
+		uint64_t m = a->cfg.signals_to_handle;
+		size_t o = 0;
+
+		if (!m)
+			m = 1ull << SIGTERM | 1ull << SIGINT | 1ull << SIGHUP | 1ull << SIGQUIT;
+		for (int s = 1; s < 64; s++)
+			if (m & (1ull << s) && o + 16 < sizeof(a->signals_str))
+				o += (size_t)snprintf(a->signals_str + o, sizeof(a->signals_str) - o,
+						      "%s%s", o ? "," : "", supervise_signame(s));
+	}
+	a->exe = spawn_resolve(a->argv[0]);
+	if (!a->exe)
+		a->exe_errno = errno;
+	a->envp_base = env_copy(environ);
+	a->nworkers = a->cfg.nproc_per_node;
+	a->workers = calloc((size_t)a->nworkers, sizeof(*a->workers));
+	r = CRUN_ENOMEM;
+	if (!a->envp_base || !a->workers)
+		goto fail;
+	for (int i = 0; i < a->nworkers; i++) {
+		struct worker *w = &a->workers[i];
+
+		w->out.fd = w->err.fd = w->out.file_fd = w->err.file_fd = -1;
+	}
+	r = make_log_dirs(a);
+	if (r < 0) {
+		snprintf(a->err, sizeof(a->err), "cannot create the log directory: %s",
+			 crun_strerror(r));
+		goto fail;
+	}
+	if (cfg->event_base) {
+		a->base = cfg->event_base;
+	} else {
+		a->base = event_base_new();
+		a->own_base = true;
+		if (!a->base)
+			goto fail;
+	}
+	a->kick = event_new(a->base, -1, 0, on_kick, a);
+	if (!a->kick)
+		goto fail;
+	rp.backend = a->cfg.rdzv_backend ? a->cfg.rdzv_backend : "static";
+	rp.standalone = a->cfg.standalone;
+	rp.run_id = a->run_id;
+	rp.node_rank = a->cfg.node_rank;
+	rp.nnodes = a->cfg.nnodes;
+	rp.nproc = a->cfg.nproc_per_node;
+	rp.master_addr = a->cfg.master_addr ? a->cfg.master_addr : "127.0.0.1";
+	rp.master_port = a->cfg.master_port;
+	rp.local_addr = a->cfg.local_addr;
+	rp.join_timeout_ms = a->cfg.join_timeout_ms;
+	rp.barrier_timeout_ms = a->cfg.barrier_timeout_ms;
+	rp.base = a->base;
+	rp.on_event = on_rdzv_event;
+	rp.arg = a;
+	r = rdzv_new(&rp, &a->rdzv);
+	if (r < 0) {
+		snprintf(a->err, sizeof(a->err), "rendezvous backend '%s': %s", rp.backend,
+			 crun_strerror(r));
+		goto fail;
+	}
+	r = supervise_init(a);
+	if (r < 0)
+		goto fail;
+	r = serve_store(a);
+	if (r < 0)
+		goto fail;
+	a->state = AS_INIT;
+	*ret_agent = a;
+	return 0;
+fail:
+	if (a->err[0])
+		log_at(LL_ERROR, SUB_AGENT, "%s", a->err);
+	crun_agent_free(a);
+	return r < 0 ? r : CRUN_ENOMEM;
+}
+
+CRUN_API int crun_agent_run(crun_agent_t *a, int *ret_exit_code)
+{
+	if (!a || a->state != AS_INIT)
+		return CRUN_EINVAL;
+	agent_fire(a, AE_START);
+	if (a->state != AS_DONE && event_base_dispatch(a->base) < 0)
+		return CRUN_EIO;
+	if (a->state != AS_DONE) {
+		/* The loop ended under us (a borrowed base stopped by its owner):
+		 * make sure nothing we started outlives the call. */
+		supervise_signal_workers(a, SIGKILL);
+		a->exit_code = 1;
+	}
+	if (ret_exit_code)
+		*ret_exit_code = a->exit_code;
+	return a->run_error;
+}
+
+CRUN_API int crun_agent_stop(crun_agent_t *a, int sig)
+{
+	unsigned char b;
+	ssize_t n;
+
+	if (!a || sig < 0 || sig > 64)
+		return CRUN_EINVAL;
+	b = (unsigned char)(sig ? sig : SIGTERM);
+	do
+		n = write(a->stop_req_fd[1], &b, 1);
+	while (n < 0 && errno == EINTR);
+	return n == 1 ? 0 : -errno;
+}
+
+CRUN_API const char *crun_agent_last_error(const crun_agent_t *a)
+{
+	return a ? a->err : "no agent";
+}
+
+CRUN_API void crun_agent_free(crun_agent_t *a)
+{
+	if (!a)
+		return;
+	for (int i = 0; i < a->nworkers; i++)
+		logs_close_worker(a, &a->workers[i]);
+	agent_end_attempt(a);
+	supervise_fini(a);
+	rdzv_free(a->rdzv);
+	store_server_free(a->store);
+	if (a->kick)
+		event_free(a->kick);
+	if (a->own_base && a->base)
+		event_base_free(a->base);
+	if (a->argv)
+		for (int i = 0; a->argv[i]; i++)
+			free(a->argv[i]);
+	free(a->argv);
+	free(a->exe);
+	env_free(a->envp_base);
+	free(a->workers);
+	free(a->failures);
+	free(a);
+}
+
+/* ---- one attempt ------------------------------------------------------------ */
+
+static int exec_exit_code(int err)
+{
+	/* Shell convention: found but not runnable is 126, not found 127. */
+	return err == EACCES || err == ENOEXEC || err == EISDIR ? 126 : 127;
+}
+
+static int start_one(struct crun_agent *a, struct worker *w, const struct rdzv_info *ri,
+		     const char *attempt_dir)
+{
+	struct env_vars v = { 0 };
+	struct spawn_req req = { 0 };
+	char wdir[PATH_MAX];
+	char **envp = NULL, **argv = NULL;
+	int out_wr = -1, err_wr = -1;
+	int r;
+
+	w->errfile[0] = '\0';
+	if (attempt_dir[0]) {
+		TRY(str_printf(wdir, sizeof(wdir), "%s/%d", attempt_dir, w->local_rank));
+		TRY(logs_mkdirs(wdir));
+		TRY(str_printf(w->errfile, sizeof(w->errfile), "%s/error.json", wdir));
+	}
+	TRY(logs_open_worker(a, w, attempt_dir, &out_wr, &err_wr));
+	v.local_rank = w->local_rank;
+	v.rank = w->global_rank;
+	v.group_rank = ri->group_rank;
+	v.role_rank = ri->role_base_rank + w->local_rank;
+	v.role = a->role;
+	v.local_world_size = a->nworkers;
+	v.world_size = ri->world_size;
+	v.group_world_size = ri->group_world_size;
+	v.role_world_size = ri->role_world_size;
+	v.master_addr = ri->master_addr;
+	v.master_port = ri->master_port;
+	v.restart_count = a->restart_count;
+	v.max_restarts = a->cfg.max_restarts;
+	v.run_id = a->run_id;
+	v.error_file = w->errfile;
+	v.signals = a->signals_str;
+	v.virtual_local_rank = a->cfg.virtual_local_rank;
+	envp = env_build(a->envp_base, &v);
+	argv = env_argv_subst(a->argv, w->local_rank);
+	r = CRUN_ENOMEM;
+	if (!envp || !argv)
+		goto out;
+	if (!a->exe) {
+		r = -a->exe_errno;
+	} else {
+		req.path = a->exe;
+		req.argv = argv;
+		req.envp = envp;
+		req.stdout_fd = out_wr;
+		req.stderr_fd = err_wr;
+		req.deathsig = SIGKILL;
+		r = spawn_worker(&req, &a->orig_mask, &w->pid);
+	}
+	if (r == 0) {
+		w->state = W_RUNNING;
+		supervise_guard_add(a, w->pid);
+	} else if (r != CRUN_ENOMEM) {
+		/* Exec failed: report it like a worker that exited 127. */
+		w->state = W_EXITED;
+		w->exec_err = -r;
+		w->exit_code = exec_exit_code(-r);
+		w->exit_time = clock_wall_s();
+		r = 0;
+	}
+out:
+	fd_close(out_wr);
+	fd_close(err_wr);
+	env_free(envp);
+	env_free(argv);
+	return r;
+}
+
+int agent_start_attempt(struct crun_agent *a)
+{
+	const struct rdzv_info *ri = rdzv_info(a->rdzv);
+	char attempt_dir[PATH_MAX] = "";
+	bool exec_failed = false;
+	int r;
+
+	if (!ri)
+		return CRUN_EINVAL;
+	a->group_rank = ri->group_rank;
+	if (a->run_dir[0]) {
+		TRY(str_printf(attempt_dir, sizeof(attempt_dir), "%s/attempt_%d", a->run_dir,
+			       a->restart_count));
+		(void)logs_rmtree(attempt_dir);
+		TRY(logs_mkdirs(attempt_dir));
+	}
+	log_at(LL_INFO, SUB_AGENT,
+	       "starting %d workers: group_rank=%d group_world_size=%d base_rank=%d "
+	       "world_size=%d master=%s:%u restart_count=%d",
+	       a->nworkers, ri->group_rank, ri->group_world_size, ri->base_rank, ri->world_size,
+	       ri->master_addr, ri->master_port, a->restart_count);
+	for (int i = 0; i < a->nworkers; i++) {
+		struct worker *w = &a->workers[i];
+
+		memset(w, 0, sizeof(*w));
+		w->out.fd = w->err.fd = w->out.file_fd = w->err.file_fd = -1;
+		w->local_rank = i;
+		w->global_rank = ri->base_rank + i;
+		r = start_one(a, w, ri, attempt_dir);
+		if (r < 0) {
+			snprintf(a->err, sizeof(a->err), "cannot start worker %d: %s", i,
+				 crun_strerror(r));
+			log_at(LL_ERROR, SUB_AGENT, "%s", a->err);
+			w->state = W_EXITED;
+			w->exit_code = 1;
+			w->exit_time = clock_wall_s();
+		}
+		if (w->state == W_EXITED)
+			exec_failed = true;
+	}
+	if (exec_failed)
+		event_active(a->kick, 0, 0);
+	return 0;
+}
+
+void agent_end_attempt(struct crun_agent *a)
+{
+	if (a->workers)
+		for (int i = 0; i < a->nworkers; i++)
+			logs_close_worker(a, &a->workers[i]);
+	for (int i = 0; i < a->nfailures; i++)
+		errfile_failure_free(&a->failures[i]);
+	a->nfailures = 0;
+}
+
+static const char *entry_name(const struct crun_agent *a)
+{
+	if (a->cfg.entrypoint)
+		return a->cfg.entrypoint;
+	return a->argv[0];
+}
+
+int agent_collect_failures(struct crun_agent *a)
+{
+	for (int i = 0; i < a->nworkers; i++) {
+		struct worker *w = &a->workers[i];
+		struct agent_failure *f;
+
+		if (w->state != W_EXITED || w->reported)
+			continue;
+		w->reported = true;
+		if (w->exit_code == 0 || w->stopping)
+			continue;
+		f = realloc(a->failures, (size_t)(a->nfailures + 1) * sizeof(*f));
+		if (!f)
+			continue;
+		a->failures = f;
+		if (errfile_record_failure(a, w, &f[a->nfailures]) < 0)
+			continue;
+		a->nfailures++;
+		log_at(LL_ERROR, SUB_AGENT,
+		       "failed (exitcode: %d) local_rank: %d (pid: %d) of binary: %s",
+		       f[a->nfailures - 1].exitcode, w->local_rank, (int)w->pid, entry_name(a));
+	}
+	return a->nfailures;
+}
+
+void agent_report_failure(struct crun_agent *a)
+{
+	const char *own = env_get(a->envp_base, "TORCHELASTIC_ERROR_FILE");
+	int root = errfile_root_cause(a->failures, a->nfailures);
+	char *msg;
+
+	if (root < 0)
+		return;
+	msg = errfile_format_summary(entry_name(a), a->host, a->failures, a->nfailures);
+	if (msg) {
+		fputs(msg, stderr);
+		fflush(stderr);
+		free(msg);
+	}
+	if (own && *own && errfile_copy_root(&a->failures[root], own) < 0)
+		log_at(LL_WARN, SUB_AGENT, "cannot copy the root cause to %s", own);
+}

@@ -1,0 +1,284 @@
+/* agent.h: the agent module's interface inside crun. The public face is
+ * include/crun/agent.h (crun_agent_*); this header joins the agent's files:
+ *   agent.c      life cycle, store server, rendezvous glue
+ *   fsm.c        the state table and its actions (restart policy lives here)
+ *   spawn.c      fork/exec of one worker (STYLE §6 protocol)
+ *   supervise.c  signals as loop events, the one reap path, stopping, guard
+ *   logs.c       worker pipes, whole-line output, prefixes, log files
+ *   errfile.c    error files, failure records, the root-cause summary
+ *   env.c        worker environment and argv
+ *   cli.c        torchrun's command line -> crun_agent_config_t
+ * Everything runs on the agent's loop thread.
+ */
+#ifndef CRUN_AGENT_AGENT_H
+#define CRUN_AGENT_AGENT_H
+
+#include <limits.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "crun/agent.h"
+
+struct event_base;
+struct event;
+struct store_server;
+struct rdzv;
+
+/* ---- state machine (fsm.c) ------------------------------------------------ */
+
+enum agent_state { AS_INIT, AS_RENDEZVOUS, AS_RUNNING, AS_STOPPING, AS_BARRIER, AS_DONE, AS__MAX };
+enum agent_event {
+	AE_START,	  /* crun_agent_run() began */
+	AE_RDZV_COMPLETE, /* round result available */
+	AE_RDZV_FAILED,
+	AE_WORKER_EXIT,	  /* one or more workers were reaped */
+	AE_PEER_CHANGED,  /* membership changed (c10d) */
+	AE_TERM_SIGNAL,	  /* operator signal or crun_agent_stop() */
+	AE_GRACE_EXPIRED, /* shutdown timeout passed */
+	AE_BARRIER_DONE,
+	AE__MAX,
+};
+
+/* Why the workers are being stopped; decides what follows AS_STOPPING. */
+enum stop_reason { STOP_NONE, STOP_RESTART, STOP_FAILED, STOP_SIGNAL, STOP_PEER };
+
+struct crun_agent;
+typedef enum agent_state (*agent_action)(struct crun_agent *a);
+
+/* The transition table; a NULL cell means the event is ignored there.
+ * Exposed for unit tests of the table. */
+extern const agent_action agent_fsm[AS__MAX][AE__MAX];
+const char *agent_state_name(enum agent_state s);
+const char *agent_event_name(enum agent_event e);
+void agent_fire(struct crun_agent *a, enum agent_event ev);
+
+/* The restart policy as a pure function (unit-tested): what to do after a
+ * worker exit given the failures of this attempt and the workers still up. */
+enum agent_decision { DECIDE_WAIT, DECIDE_SUCCESS, DECIDE_RESTART, DECIDE_FAIL };
+enum agent_decision agent_decide(int nfailed, int nrunning, int restart_count, int max_restarts);
+enum agent_state agent_after_stop(struct crun_agent *a);
+
+/* agent.c, used by the actions: */
+int agent_start_attempt(struct crun_agent *a);   /* spawn every worker of the attempt */
+void agent_end_attempt(struct crun_agent *a);    /* close logs, drop failure records */
+int agent_collect_failures(struct crun_agent *a);/* record new failures; returns the count */
+void agent_report_failure(struct crun_agent *a); /* root-cause summary on stderr */
+
+/* ---- workers ---------------------------------------------------------------- */
+
+#define AGENT_RING_LINES 8   /* stderr lines kept per worker for the summary */
+#define AGENT_RING_LINE 256  /* bytes per kept line */
+#define AGENT_LINE_MAX 16384 /* longer lines are emitted in pieces */
+
+enum worker_state { W_INIT, W_RUNNING, W_EXITED };
+
+struct worker;
+
+/* One of a worker's two output pipes. */
+struct agent_stream {
+	struct crun_agent *a;
+	struct worker *w;
+	int which;	  /* CRUN_STD_OUT or CRUN_STD_ERR */
+	int fd;		  /* read end, nonblocking, or -1 */
+	struct event *ev;
+	int file_fd;	  /* stdout.log / stderr.log, or -1 */
+	bool console;	  /* echo lines to the agent's own stream */
+	bool prefixed;	  /* tee: echo with the line prefix */
+	size_t len;
+	char buf[AGENT_LINE_MAX];
+};
+
+struct worker {
+	int local_rank;
+	int global_rank;
+	pid_t pid;		/* also the process group id */
+	enum worker_state state;
+	int exit_code;		/* shell convention: 128+sig, 127 exec failure */
+	int term_sig;		/* signal that ended it, or 0 */
+	int exec_err;		/* errno of a failed exec, or 0 */
+	bool stopping;		/* crun sent it a signal */
+	bool reported;		/* its exit went through on_worker_exit */
+	bool sigkilled_by_us;
+	double exit_time;	/* wall seconds */
+	char prefix[128];
+	char errfile[PATH_MAX];
+	struct agent_stream out, err;
+	int ring_head, ring_n;
+	char ring[AGENT_RING_LINES][AGENT_RING_LINE];
+};
+
+/* A worker failure as the summary reports it (torchrun's ProcessFailure). */
+struct agent_failure {
+	int global_rank, local_rank;
+	pid_t pid;
+	int exitcode;		/* torchrun convention: -signal for signals */
+	int exec_err;
+	bool maybe_oom;		/* SIGKILL that crun did not send */
+	double timestamp;	/* error file's, else the exit time */
+	char errfile[PATH_MAX]; /* "" when absent */
+	char *message;		/* owned: error-file message or synthesized text */
+	char *traceback;	/* owned: py_callstack, or NULL */
+	char *stderr_tail;	/* owned: last stderr lines, or NULL */
+};
+
+/* ---- the agent --------------------------------------------------------------- */
+
+struct crun_agent {
+	crun_agent_config_t cfg;
+	struct event_base *base;
+	bool own_base;
+	enum agent_state state;
+	enum stop_reason stop_reason;
+	int stop_signal;		/* signal forwarded on STOP_SIGNAL */
+	int restart_count;		/* TORCHELASTIC_RESTART_COUNT */
+	int group_rank;			/* of the current round */
+	int exit_code;			/* crun_agent_run()'s *ret_exit_code */
+	int run_error;			/* crun_agent_run()'s return value */
+	char role[64];
+	char run_id[256];
+	char host[256];
+	char signals_str[256];		/* TORCHELASTIC_SIGNALS_TO_HANDLE */
+	char log_base[PATH_MAX];	/* --log_dir or the temp dir */
+	char run_dir[PATH_MAX];		/* <log_base>/<run_id>_XXXXXXXX */
+	char **argv;			/* owned copy of the worker command */
+	char *exe;			/* resolved argv[0], or NULL */
+	int exe_errno;			/* why it did not resolve */
+	char **envp_base;		/* owned copy of the agent's environment */
+	int nworkers;
+	struct worker *workers;
+	/* failures of the current attempt, in exit order */
+	int nfailures;
+	struct agent_failure *failures;
+	struct store_server *store;
+	struct rdzv *rdzv;
+	struct event *sig_ev[65];
+	struct event *grace_timer;
+	struct event *kick;		/* deferred AE_WORKER_EXIT for exec failures */
+	struct event *stop_req;		/* crun_agent_stop() from another thread */
+	int stop_req_fd[2];
+	volatile sig_atomic_t stop_req_sig;
+	int guard_fd;			/* write end to the guard process */
+	pid_t guard_pid;
+	sigset_t orig_mask;
+	char err[512];
+};
+
+/* ---- spawn.c ------------------------------------------------------------------ */
+
+struct spawn_req {
+	const char *path;
+	char *const *argv;
+	char *const *envp;
+	int stdout_fd, stderr_fd;
+	int deathsig;
+};
+
+/* Starts one worker in its own process group. Returns 0 and *ret_pid once the
+ * child has exec'd, or -errno from fork, child setup or exec (the failed child
+ * has been reaped). Loop thread only: PDEATHSIG follows the creating thread. */
+int spawn_worker(const struct spawn_req *req, const sigset_t *orig_mask, pid_t *ret_pid);
+
+/* Resolves `name` through $PATH as execvp would (a name with a slash is taken
+ * as is). Returns a malloc'd path, or NULL with errno set. */
+char *spawn_resolve(const char *name);
+
+/* ---- supervise.c -------------------------------------------------------------- */
+
+int supervise_init(struct crun_agent *a);	/* subreaper, signal events, guard */
+void supervise_fini(struct crun_agent *a);
+/* kill(-pgid, sig) for every worker not yet reaped. */
+void supervise_signal_workers(struct crun_agent *a, int sig);
+/* Registers/unregisters a worker's process group with the guard process,
+ * which SIGKILLs the registered groups if the agent dies. */
+void supervise_guard_add(struct crun_agent *a, pid_t pgid);
+void supervise_guard_del(struct crun_agent *a, pid_t pgid);
+void supervise_arm_grace(struct crun_agent *a);
+void supervise_disarm_grace(struct crun_agent *a);
+/* Parses "SIGTERM,SIGINT,..." (or numbers) into a mask. 0 or CRUN_EINVAL. */
+int supervise_parse_signals(const char *list, uint64_t *ret_mask);
+const char *supervise_signame(int sig); /* "SIGTERM"; static */
+
+/* ---- logs.c ------------------------------------------------------------------- */
+
+/* Creates the pipes, files and events of worker w for this attempt. */
+int logs_open_worker(struct crun_agent *a, struct worker *w, const char *attempt_dir,
+		     int *ret_out_wr, int *ret_err_wr);
+/* Reads what is left in w's pipes (nonblocking), emits the last partial
+ * lines and closes pipes, events and files. */
+void logs_close_worker(struct crun_agent *a, struct worker *w);
+/* Drains w's pipes without closing them (called at reap time). */
+void logs_drain_worker(struct crun_agent *a, struct worker *w);
+/* Expands $role_name $rank $local_rank $group_rank (and ${...}) in tmpl. */
+int logs_render_prefix(const char *tmpl, const char *role, int rank, int local_rank,
+		       int group_rank, char *buf, size_t cap);
+/* Copies the last `max` lines of w's stderr ring, '\n'-joined, malloc'd. */
+char *logs_stderr_tail(const struct worker *w);
+/* mkdir -p and rm -rf helpers for the log layout. */
+int logs_mkdirs(const char *path);
+int logs_rmtree(const char *path);
+
+/* ---- errfile.c ------------------------------------------------------------------ */
+
+/* Builds a failure record from a reaped worker (reads its error file). */
+int errfile_record_failure(struct crun_agent *a, const struct worker *w, struct agent_failure *ret);
+void errfile_failure_free(struct agent_failure *f);
+/* Index of the root cause: the smallest timestamp; -1 when n == 0. */
+int errfile_root_cause(const struct agent_failure *f, int n);
+/* torchrun's ChildFailedError text; malloc'd. */
+char *errfile_format_summary(const char *entrypoint, const char *host,
+			     const struct agent_failure *f, int n);
+/* Copies the root cause's error file to path, adding "errorCode". */
+int errfile_copy_root(const struct agent_failure *root, const char *path);
+
+/* ---- env.c ---------------------------------------------------------------------- */
+
+struct env_vars {
+	int local_rank, rank, group_rank, role_rank;
+	const char *role;
+	int local_world_size, world_size, group_world_size, role_world_size;
+	const char *master_addr;
+	uint16_t master_port;
+	int restart_count, max_restarts;
+	const char *run_id;
+	const char *error_file;
+	const char *signals;	/* TORCHELASTIC_SIGNALS_TO_HANDLE, or NULL */
+	bool virtual_local_rank;
+};
+
+/* A new NULL-terminated environment: `base` (borrowed) updated with the
+ * torchrun worker variables. Free with env_free(). */
+char **env_build(char *const *base, const struct env_vars *v);
+char **env_copy(char *const *env);
+void env_free(char **env);
+const char *env_get(char *const *env, const char *name);
+/* argv with "${local_rank}" replaced in every element; malloc'd. */
+char **env_argv_subst(char *const *argv, int local_rank);
+
+/* ---- cli.c ----------------------------------------------------------------------- */
+
+/* The parsed command line; owns every string the config points to. */
+struct cli {
+	crun_agent_config_t cfg;
+	char **argv;		/* worker command */
+	int *redirects, *tee;
+	unsigned char *console_ranks;
+	char *strs[32];		/* owned strings */
+	int nstrs;
+	bool help, version;
+	char err[512];		/* message for exit code 2 */
+	char note[512];		/* informational banner (OMP_NUM_THREADS) */
+};
+
+/* Parses torchrun's flags (argv[1..]) with PET_* defaults from env. Returns
+ * 0, or CRUN_EINVAL with c->err naming the flag (exit 2). `env` is borrowed. */
+int cli_parse(struct cli *c, int argc, char *const *argv, char *const *env);
+void cli_free(struct cli *c);
+/* nproc_per_node value -> count; gpus from /proc or /dev, without CUDA. */
+int cli_nproc(const char *v, int *ret);
+int cli_gpu_count(void);
+/* The --help text; static. */
+const char *cli_help_text(void);
+
+#endif /* CRUN_AGENT_AGENT_H */

@@ -1,0 +1,248 @@
+/* fsm.c: the agent as a state table (STYLE §5.6, after s6). Every transition
+ * is one action; the restart policy (torchrun's: a failed worker stops every
+ * local worker, and the group restarts with TORCHELASTIC_RESTART_COUNT + 1
+ * until --max_restarts is spent) lives here and nowhere else. Spawn and reap
+ * code know nothing about it.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+
+#include "agent/agent.h"
+#include "common/common.h"
+#include "rendezvous/rdzv.h"
+#include "store/store.h"
+
+static const char *const state_names[AS__MAX] = {
+	[AS_INIT] = "init",	    [AS_RENDEZVOUS] = "rendezvous", [AS_RUNNING] = "running",
+	[AS_STOPPING] = "stopping", [AS_BARRIER] = "barrier",	    [AS_DONE] = "done",
+};
+static const char *const event_names[AE__MAX] = {
+	[AE_START] = "start",
+	[AE_RDZV_COMPLETE] = "rdzv-complete",
+	[AE_RDZV_FAILED] = "rdzv-failed",
+	[AE_WORKER_EXIT] = "worker-exit",
+	[AE_PEER_CHANGED] = "peer-changed",
+	[AE_TERM_SIGNAL] = "term-signal",
+	[AE_GRACE_EXPIRED] = "grace-expired",
+	[AE_BARRIER_DONE] = "barrier-done",
+};
+
+const char *agent_state_name(enum agent_state s)
+{
+	return (unsigned)s < AS__MAX ? state_names[s] : "?";
+}
+
+const char *agent_event_name(enum agent_event e)
+{
+	return (unsigned)e < AE__MAX ? event_names[e] : "?";
+}
+
+enum agent_decision agent_decide(int nfailed, int nrunning, int restart_count, int max_restarts)
+{
+	if (nfailed > 0)
+		return restart_count < max_restarts ? DECIDE_RESTART : DECIDE_FAIL;
+	return nrunning > 0 ? DECIDE_WAIT : DECIDE_SUCCESS;
+}
+
+static int count_running(const struct crun_agent *a)
+{
+	int n = 0;
+
+	for (int i = 0; i < a->nworkers; i++)
+		n += a->workers[i].state == W_RUNNING;
+	return n;
+}
+
+static enum agent_state finish(struct crun_agent *a, int code)
+{
+	a->exit_code = code;
+	return AS_DONE;
+}
+
+static enum agent_state open_round(struct crun_agent *a)
+{
+	int r = rdzv_next_round(a->rdzv);
+
+	if (r < 0) {
+		log_at(LL_ERROR, SUB_AGENT, "cannot start the rendezvous: %s", crun_strerror(r));
+		a->run_error = r;
+		return finish(a, 1);
+	}
+	return AS_RENDEZVOUS;
+}
+
+static enum agent_state on_rdzv_failed(struct crun_agent *a)
+{
+	log_at(LL_ERROR, SUB_AGENT, "rendezvous failed: %s", rdzv_last_error(a->rdzv));
+	snprintf(a->err, sizeof(a->err), "rendezvous failed: %s", rdzv_last_error(a->rdzv));
+	a->run_error = CRUN_ERDZVCLOSED;
+	return finish(a, 1);
+}
+
+static enum agent_state start_workers(struct crun_agent *a)
+{
+	int r = agent_start_attempt(a);
+
+	if (r < 0) {
+		a->run_error = r;
+		return finish(a, 1);
+	}
+	return AS_RUNNING;
+}
+
+/* Stops every worker still running; the state after the stop depends on
+ * `reason`. With nothing left to stop, the stop is already over. */
+static enum agent_state begin_stop(struct crun_agent *a, enum stop_reason reason, int sig)
+{
+	a->stop_reason = reason;
+	if (count_running(a) == 0)
+		return agent_after_stop(a);
+	supervise_signal_workers(a, sig);
+	supervise_arm_grace(a);
+	return AS_STOPPING;
+}
+
+enum agent_state agent_after_stop(struct crun_agent *a)
+{
+	supervise_disarm_grace(a);
+	switch (a->stop_reason) {
+	case STOP_RESTART:
+	case STOP_PEER:
+		agent_end_attempt(a);
+		if (a->stop_reason == STOP_RESTART)
+			a->restart_count++;
+		log_at(LL_WARN, SUB_AGENT, "restarting workers (attempt %d of %d restarts)",
+		       a->restart_count, a->cfg.max_restarts);
+		/* 2.x workers use no attempt prefix: start them on an empty store. */
+		if (a->store)
+			store_server_clear(a->store);
+		return open_round(a);
+	case STOP_FAILED:
+		agent_report_failure(a);
+		agent_end_attempt(a);
+		return finish(a, 1);
+	default:
+		agent_end_attempt(a);
+		return finish(a, 1);
+	}
+}
+
+static enum agent_state on_worker_exit(struct crun_agent *a)
+{
+	int nfailed = agent_collect_failures(a);
+
+	switch (agent_decide(nfailed, count_running(a), a->restart_count, a->cfg.max_restarts)) {
+	case DECIDE_WAIT:
+		return AS_RUNNING;
+	case DECIDE_SUCCESS:
+		agent_end_attempt(a);
+		if (rdzv_exit_barrier(a->rdzv) < 0)
+			return finish(a, 0);
+		return AS_BARRIER;
+	case DECIDE_RESTART:
+		return begin_stop(a, STOP_RESTART, SIGTERM);
+	case DECIDE_FAIL:
+	default:
+		return begin_stop(a, STOP_FAILED, SIGTERM);
+	}
+}
+
+static enum agent_state on_peer_changed(struct crun_agent *a)
+{
+	return begin_stop(a, STOP_PEER, SIGTERM);
+}
+
+static enum agent_state stop_for_exit(struct crun_agent *a)
+{
+	log_at(LL_WARN, SUB_AGENT, "Received %d death signal, shutting down workers",
+	       a->stop_signal);
+	return begin_stop(a, STOP_SIGNAL, a->stop_signal);
+}
+
+static enum agent_state after_exit_while_stopping(struct crun_agent *a)
+{
+	if (count_running(a) > 0)
+		return AS_STOPPING;
+	return agent_after_stop(a);
+}
+
+static enum agent_state kill_all(struct crun_agent *a)
+{
+	log_at(LL_WARN, SUB_AGENT, "workers did not stop within %u ms, forcefully exiting via %d",
+	       a->cfg.shutdown_timeout_ms, SIGKILL);
+	supervise_signal_workers(a, SIGKILL);
+	return AS_STOPPING;
+}
+
+/* A signal while stopping: the operator wants out now (second Ctrl-C). */
+static enum agent_state signal_while_stopping(struct crun_agent *a)
+{
+	if (a->stop_reason != STOP_FAILED)
+		a->stop_reason = STOP_SIGNAL;
+	return kill_all(a);
+}
+
+static enum agent_state exit_on_signal(struct crun_agent *a)
+{
+	log_at(LL_WARN, SUB_AGENT, "Received %d death signal, exiting", a->stop_signal);
+	return finish(a, 1);
+}
+
+static enum agent_state barrier_done(struct crun_agent *a)
+{
+	return finish(a, 0);
+}
+
+const agent_action agent_fsm[AS__MAX][AE__MAX] = {
+	[AS_INIT] = { [AE_START] = open_round, [AE_TERM_SIGNAL] = exit_on_signal },
+	[AS_RENDEZVOUS] = { [AE_RDZV_COMPLETE] = start_workers,
+			    [AE_RDZV_FAILED] = on_rdzv_failed,
+			    [AE_TERM_SIGNAL] = exit_on_signal },
+	[AS_RUNNING] = { [AE_WORKER_EXIT] = on_worker_exit,
+			 [AE_PEER_CHANGED] = on_peer_changed,
+			 [AE_TERM_SIGNAL] = stop_for_exit },
+	[AS_STOPPING] = { [AE_WORKER_EXIT] = after_exit_while_stopping,
+			  [AE_GRACE_EXPIRED] = kill_all,
+			  [AE_TERM_SIGNAL] = signal_while_stopping },
+	[AS_BARRIER] = { [AE_BARRIER_DONE] = barrier_done, [AE_TERM_SIGNAL] = exit_on_signal },
+};
+
+static crun_agent_state_t public_state(enum agent_state s)
+{
+	switch (s) {
+	case AS_RUNNING:
+		return CRUN_AGENT_RUNNING;
+	case AS_STOPPING:
+		return CRUN_AGENT_STOPPING;
+	case AS_BARRIER:
+		return CRUN_AGENT_BARRIER;
+	case AS_DONE:
+		return CRUN_AGENT_DONE;
+	default:
+		return CRUN_AGENT_RENDEZVOUS;
+	}
+}
+
+void agent_fire(struct crun_agent *a, enum agent_event ev)
+{
+	agent_action act = agent_fsm[a->state][ev];
+	enum agent_state next;
+
+	if (!act) {
+		log_at(LL_DEBUG, SUB_AGENT, "ignoring %s while %s", event_names[ev],
+		       state_names[a->state]);
+		return;
+	}
+	next = act(a);
+	log_at(LL_INFO, SUB_AGENT, "%s --%s--> %s", state_names[a->state], event_names[ev],
+	       state_names[next]);
+	if (next != a->state && a->cfg.on_state)
+		a->cfg.on_state(public_state(next), a->restart_count, a->cfg.on_state_arg);
+	a->state = next;
+	if (next == AS_DONE)
+		event_base_loopexit(a->base, NULL);
+}

@@ -1,0 +1,386 @@
+/* supervise.c: process supervision (STYLE §6). Signals are loop events; one
+ * reap path (peek with WNOWAIT, kill what is left of the worker's group while
+ * the zombie still pins its pgid, then reap); stopping with a grace timer.
+ *
+ * The guard: PR_SET_PDEATHSIG kills a worker when the agent dies, but not the
+ * worker's own children. So at start-up the agent forks a tiny guard process
+ * that reads "+pgid"/"-pgid" records from a pipe; when the agent dies (even by
+ * SIGKILL) the pipe reaches EOF and the guard SIGKILLs every group still
+ * registered. A group is unregistered before its leader is reaped, while the
+ * zombie still pins the pgid, so the guard can never hit a reused id.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include "agent/agent.h"
+#include "common/common.h"
+
+#define GUARD_MAX 4096
+
+static const struct {
+	int sig;
+	const char *name;
+} sig_names[] = {
+	{ SIGHUP, "SIGHUP" },	{ SIGINT, "SIGINT" },	  { SIGQUIT, "SIGQUIT" },
+	{ SIGILL, "SIGILL" },	{ SIGTRAP, "SIGTRAP" },	  { SIGABRT, "SIGABRT" },
+	{ SIGBUS, "SIGBUS" },	{ SIGFPE, "SIGFPE" },	  { SIGKILL, "SIGKILL" },
+	{ SIGUSR1, "SIGUSR1" }, { SIGSEGV, "SIGSEGV" },	  { SIGUSR2, "SIGUSR2" },
+	{ SIGPIPE, "SIGPIPE" }, { SIGALRM, "SIGALRM" },	  { SIGTERM, "SIGTERM" },
+	{ SIGCHLD, "SIGCHLD" }, { SIGCONT, "SIGCONT" },	  { SIGSTOP, "SIGSTOP" },
+	{ SIGTSTP, "SIGTSTP" }, { SIGXCPU, "SIGXCPU" },	  { SIGXFSZ, "SIGXFSZ" },
+	{ SIGSYS, "SIGSYS" },	{ SIGVTALRM, "SIGVTALRM" }, { SIGPROF, "SIGPROF" },
+};
+
+const char *supervise_signame(int sig)
+{
+	for (size_t i = 0; i < ARRAY_SIZE(sig_names); i++)
+		if (sig_names[i].sig == sig)
+			return sig_names[i].name;
+	return "SIG?";
+}
+
+int supervise_parse_signals(const char *list, uint64_t *ret_mask)
+{
+	uint64_t mask = 0;
+	const char *p = list;
+
+	if (!list)
+		return CRUN_EINVAL;
+	while (*p) {
+		const char *end = strchr(p, ',');
+		size_t len = end ? (size_t)(end - p) : strlen(p);
+		char name[32];
+		int sig = 0;
+		uint64_t num;
+
+		while (len && *p == ' ') {
+			p++;
+			len--;
+		}
+		while (len && p[len - 1] == ' ')
+			len--;
+		if (len == 0 || len >= sizeof(name))
+			return CRUN_EINVAL;
+		memcpy(name, p, len);
+		name[len] = '\0';
+		if (parse_uint_range(name, 1, 31, &num) == 0) {
+			sig = (int)num;
+		} else {
+			for (size_t i = 0; i < ARRAY_SIZE(sig_names); i++)
+				if (strcmp(sig_names[i].name, name) == 0 ||
+				    strcmp(sig_names[i].name + 3, name) == 0)
+					sig = sig_names[i].sig;
+		}
+		/* CHLD drives the reaper; KILL and STOP cannot be caught. */
+		if (!sig || sig == SIGCHLD || sig == SIGKILL || sig == SIGSTOP)
+			return CRUN_EINVAL;
+		mask |= 1ull << sig;
+		if (!end)
+			break;
+		p = end + 1;
+	}
+	if (!mask)
+		return CRUN_EINVAL;
+	*ret_mask = mask;
+	return 0;
+}
+
+static struct worker *find_worker(struct crun_agent *a, pid_t pid)
+{
+	for (int i = 0; i < a->nworkers; i++)
+		if (a->workers[i].state == W_RUNNING && a->workers[i].pid == pid)
+			return &a->workers[i];
+	return NULL;
+}
+
+static void agent_reap(struct crun_agent *a)
+{
+	bool any = false;
+
+	for (int guard = 0; guard < 100000; guard++) {
+		siginfo_t si = { 0 };
+		struct worker *w;
+		int status;
+
+		if (waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno != ECHILD)
+				log_at(LL_ERROR, SUB_AGENT, "waitid: %s", strerror(errno));
+			break;
+		}
+		if (si.si_pid == 0)
+			break; /* no more zombies */
+
+		/* The unreaped zombie still pins its pid and pgid, so killing
+		 * what is left of its group cannot hit an unrelated process. */
+		w = find_worker(a, si.si_pid);
+		if (w) {
+			(void)kill(-w->pid, SIGKILL);
+			supervise_guard_del(a, w->pid);
+		}
+		while (waitpid(si.si_pid, &status, 0) < 0 && errno == EINTR)
+			;
+		if (si.si_pid == a->guard_pid) {
+			log_at(LL_WARN, SUB_AGENT, "the guard process exited");
+			a->guard_pid = 0;
+			continue;
+		}
+		if (!w) {
+			log_at(LL_DEBUG, SUB_AGENT, "reaped orphan %d", (int)si.si_pid);
+			continue;
+		}
+		w->state = W_EXITED;
+		w->exit_time = clock_wall_s();
+		if (WIFSIGNALED(status)) {
+			w->term_sig = WTERMSIG(status);
+			w->exit_code = 128 + w->term_sig;
+		} else {
+			w->exit_code = WEXITSTATUS(status);
+		}
+		logs_drain_worker(a, w);
+		log_at(LL_INFO, SUB_AGENT, "worker %d (pid %d) exited with %d", w->local_rank,
+		       (int)w->pid, w->exit_code);
+		any = true;
+	}
+	if (any)
+		agent_fire(a, AE_WORKER_EXIT);
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+	struct crun_agent *a = arg;
+
+	(void)what;
+	if (sig == SIGCHLD) {
+		agent_reap(a);
+		return;
+	}
+	a->stop_signal = (int)sig;
+	agent_fire(a, AE_TERM_SIGNAL);
+}
+
+static void on_stop_req(evutil_socket_t fd, short what, void *arg)
+{
+	struct crun_agent *a = arg;
+	unsigned char b[16];
+	ssize_t n = read(fd, b, sizeof(b));
+
+	(void)what;
+	if (n <= 0)
+		return;
+	a->stop_signal = b[n - 1];
+	agent_fire(a, AE_TERM_SIGNAL);
+}
+
+static void on_grace(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	agent_fire(arg, AE_GRACE_EXPIRED);
+}
+
+void supervise_signal_workers(struct crun_agent *a, int sig)
+{
+	for (int i = 0; i < a->nworkers; i++) {
+		struct worker *w = &a->workers[i];
+
+		if (w->state != W_RUNNING)
+			continue;
+		w->stopping = true;
+		if (sig == SIGKILL)
+			w->sigkilled_by_us = true;
+		if (kill(-w->pid, sig) < 0 && errno != ESRCH)
+			log_at(LL_WARN, SUB_AGENT, "kill(-%d, %d): %s", (int)w->pid, sig,
+			       strerror(errno));
+	}
+}
+
+void supervise_arm_grace(struct crun_agent *a)
+{
+	struct timeval tv = { .tv_sec = a->cfg.shutdown_timeout_ms / 1000,
+			      .tv_usec = (a->cfg.shutdown_timeout_ms % 1000) * 1000 };
+
+	evtimer_add(a->grace_timer, &tv);
+}
+
+void supervise_disarm_grace(struct crun_agent *a)
+{
+	if (a->grace_timer)
+		evtimer_del(a->grace_timer);
+}
+
+/* ---- the guard process -------------------------------------------------------- */
+
+struct guard_rec {
+	char op; /* '+' or '-' */
+	int32_t pgid;
+};
+
+static void guard_send(struct crun_agent *a, char op, pid_t pgid)
+{
+	struct guard_rec rec = { .op = op, .pgid = (int32_t)pgid };
+	ssize_t n;
+
+	if (a->guard_fd < 0)
+		return;
+	/* 8 bytes < PIPE_BUF: atomic. Blocking is fine: the guard drains at once. */
+	do
+		n = write(a->guard_fd, &rec, sizeof(rec));
+	while (n < 0 && errno == EINTR);
+}
+
+void supervise_guard_add(struct crun_agent *a, pid_t pgid)
+{
+	guard_send(a, '+', pgid);
+}
+
+void supervise_guard_del(struct crun_agent *a, pid_t pgid)
+{
+	guard_send(a, '-', pgid);
+}
+
+/* Runs in the forked guard; async-signal-safe calls only (the agent may have
+ * threads). The table lives on this stack, allocated before nothing. */
+static _Noreturn void guard_main(int rd)
+{
+	int32_t groups[GUARD_MAX];
+	int n = 0;
+	struct guard_rec rec;
+
+	for (int s = 1; s < 32; s++)
+		if (s != SIGKILL && s != SIGSTOP)
+			signal(s, SIG_IGN); /* a terminal ^C must not take us down */
+	for (;;) {
+		ssize_t got = read(rd, &rec, sizeof(rec));
+
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got != (ssize_t)sizeof(rec))
+			break; /* EOF: the agent is gone */
+		if (rec.op == '+' && n < GUARD_MAX) {
+			groups[n++] = rec.pgid;
+		} else if (rec.op == '-') {
+			for (int i = 0; i < n; i++)
+				if (groups[i] == rec.pgid) {
+					groups[i] = groups[--n];
+					break;
+				}
+		}
+	}
+	for (int i = 0; i < n; i++)
+		if (groups[i] > 1)
+			kill(-groups[i], SIGKILL);
+	_exit(0);
+}
+
+static int start_guard(struct crun_agent *a)
+{
+	sigset_t all, saved;
+	int p[2];
+	pid_t pid;
+
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return -errno;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &saved);
+	pid = fork();
+	if (pid == 0) {
+		close(p[1]);
+		/* Close every other fd we might hold so that the guard does not
+		 * keep sockets or worker pipes open. */
+		for (int fd = 3; fd < 1024; fd++)
+			if (fd != p[0])
+				close(fd);
+		/* Nor the stdio pipes of whoever started the agent. */
+		int null = open("/dev/null", O_RDWR);
+
+		if (null >= 0) {
+			dup2(null, 0);
+			dup2(null, 1);
+			dup2(null, 2);
+		}
+		sigprocmask(SIG_SETMASK, &saved, NULL);
+		guard_main(p[0]);
+	}
+	pthread_sigmask(SIG_SETMASK, &saved, NULL);
+	close(p[0]);
+	if (pid < 0) {
+		int r = -errno;
+
+		close(p[1]);
+		return r;
+	}
+	a->guard_pid = pid;
+	a->guard_fd = p[1];
+	return 0;
+}
+
+int supervise_init(struct crun_agent *a)
+{
+	uint64_t mask = a->cfg.signals_to_handle;
+	int r;
+
+	if (!mask)
+		mask = 1ull << SIGTERM | 1ull << SIGINT | 1ull << SIGHUP | 1ull << SIGQUIT;
+	pthread_sigmask(SIG_SETMASK, NULL, &a->orig_mask);
+	/* Orphaned grandchildren are re-parented to us and reaped by agent_reap. */
+	if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0)
+		log_at(LL_WARN, SUB_AGENT, "PR_SET_CHILD_SUBREAPER: %s", strerror(errno));
+	signal(SIGPIPE, SIG_IGN);
+	r = start_guard(a);
+	if (r < 0)
+		return log_fail(SUB_AGENT, r, "cannot start the guard process");
+	for (int s = 1; s < 64; s++) {
+		if (s != SIGCHLD && !(mask & (1ull << s)))
+			continue;
+		a->sig_ev[s] = evsignal_new(a->base, s, on_signal, a);
+		if (!a->sig_ev[s] || evsignal_add(a->sig_ev[s], NULL) < 0)
+			return CRUN_ENOMEM;
+	}
+	a->grace_timer = evtimer_new(a->base, on_grace, a);
+	if (!a->grace_timer)
+		return CRUN_ENOMEM;
+	if (pipe2(a->stop_req_fd, O_CLOEXEC | O_NONBLOCK) < 0)
+		return -errno;
+	a->stop_req = event_new(a->base, a->stop_req_fd[0], EV_READ | EV_PERSIST, on_stop_req, a);
+	if (!a->stop_req || event_add(a->stop_req, NULL) < 0)
+		return CRUN_ENOMEM;
+	return 0;
+}
+
+void supervise_fini(struct crun_agent *a)
+{
+	for (int s = 0; s < 65; s++)
+		if (a->sig_ev[s]) {
+			event_free(a->sig_ev[s]);
+			a->sig_ev[s] = NULL;
+		}
+	if (a->grace_timer)
+		event_free(a->grace_timer);
+	a->grace_timer = NULL;
+	if (a->stop_req)
+		event_free(a->stop_req);
+	a->stop_req = NULL;
+	fd_close(a->stop_req_fd[0]);
+	fd_close(a->stop_req_fd[1]);
+	a->stop_req_fd[0] = a->stop_req_fd[1] = -1;
+	if (a->guard_fd >= 0) {
+		fd_close(a->guard_fd); /* EOF: the guard kills what is left, exits */
+		a->guard_fd = -1;
+	}
+	if (a->guard_pid > 0) {
+		while (waitpid(a->guard_pid, NULL, 0) < 0 && errno == EINTR)
+			;
+		a->guard_pid = 0;
+	}
+}

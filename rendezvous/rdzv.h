@@ -1,0 +1,93 @@
+/* rdzv.h: the rendezvous module's interface. The agent asks a backend for the
+ * outcome of a round (its group rank, the global rank offset of its workers,
+ * the world size and the worker store address) and is told about peer changes
+ * and the end of the exit barrier. Every call is made from the agent's loop
+ * thread; results come back as callbacks on that loop (backends that need the
+ * blocking store client run it on a helper thread and post back).
+ *
+ * Backends: "static" (fixed node ranks, node 0's agent serves the store; also
+ * --standalone, a one-node static job with a private store). c10d and etcd
+ * plug in behind the same ops table.
+ */
+#ifndef CRUN_RENDEZVOUS_RDZV_H
+#define CRUN_RENDEZVOUS_RDZV_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct event_base;
+struct rdzv;
+
+#define RDZV_HOST_MAX 256
+
+/* The result of one round. */
+struct rdzv_info {
+	int group_rank;
+	int group_world_size;
+	int base_rank;	     /* global rank of this node's local rank 0 */
+	int world_size;	     /* sum of every agent's nproc */
+	int role_base_rank;  /* same prefix sum within the role (one role here) */
+	int role_world_size;
+	char master_addr[RDZV_HOST_MAX]; /* worker store, MASTER_ADDR */
+	uint16_t master_port;
+};
+
+enum rdzv_event {
+	RDZV_EV_COMPLETE,     /* a round finished: rdzv_info() is valid */
+	RDZV_EV_FAILED,	      /* the round failed: rdzv_last_error() says why */
+	RDZV_EV_PEER_CHANGED, /* membership changed: restart without counting */
+	RDZV_EV_BARRIER_DONE, /* exit barrier passed (or timed out, logged) */
+};
+
+typedef void (*rdzv_event_fn)(enum rdzv_event ev, void *arg);
+
+struct rdzv_params {
+	const char *backend;	 /* "static" */
+	bool standalone;
+	const char *run_id;	 /* key prefix "<run_id>/" */
+	int node_rank;
+	int nnodes;
+	int nproc;		 /* this agent's local world size */
+	const char *master_addr; /* static: where node 0 serves the store */
+	uint16_t master_port;
+	const char *local_addr;	 /* standalone: advertised address, or NULL */
+	uint32_t join_timeout_ms;
+	uint32_t barrier_timeout_ms;
+	struct event_base *base; /* borrowed, the agent's loop */
+	rdzv_event_fn on_event;
+	void *arg;
+};
+
+/* Creates a backend. CRUN_ENOTSUP for a backend not implemented, CRUN_ECONFIG
+ * for inconsistent parameters (the message is logged). */
+int rdzv_new(const struct rdzv_params *p, struct rdzv **ret_rdzv);
+
+/* Where this agent must serve the shared worker store before the first round:
+ * returns 1 with *ret_host (static text owned by r) and *ret_port (0 =
+ * ephemeral) when it must serve one, 0 when another agent serves it. */
+int rdzv_store_to_serve(const struct rdzv *r, const char **ret_host, uint16_t *ret_port);
+/* Tells the backend the port the agent's store actually bound. */
+void rdzv_set_served_port(struct rdzv *r, uint16_t port);
+
+/* Starts the next round; completion arrives as RDZV_EV_COMPLETE or
+ * RDZV_EV_FAILED. Returns 0 or a negative code if it could not start. */
+int rdzv_next_round(struct rdzv *r);
+/* The last completed round; valid after RDZV_EV_COMPLETE. */
+const struct rdzv_info *rdzv_info(const struct rdzv *r);
+
+/* Starts the exit barrier (every agent reached a terminal state, so the node
+ * serving the store leaves last); ends with RDZV_EV_BARRIER_DONE. A backend
+ * with one node completes it at once. */
+int rdzv_exit_barrier(struct rdzv *r);
+
+const char *rdzv_last_error(const struct rdzv *r);
+
+/* Frees the backend. A helper thread still blocked in the store client is
+ * detached and frees its own state when its call returns. NULL: no-op. */
+void rdzv_free(struct rdzv *r);
+
+/* Pure rank math (unit-tested): given every node's nproc in group-rank order,
+ * fill the fields of *ret for group rank `me`. Returns 0 or CRUN_EINVAL. */
+int rdzv_assign_ranks(const int *nprocs, int nnodes, int me, struct rdzv_info *ret);
+
+#endif /* CRUN_RENDEZVOUS_RDZV_H */

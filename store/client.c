@@ -1,0 +1,1152 @@
+/* client.c: the blocking TCPStore client behind include/crun/store.h. It
+ * speaks both dialects through the pure codec in proto.c, one request at a
+ * time, over a socket with poll() deadlines. The agent, the rendezvous and the
+ * worker SDK call it from their own threads; it never touches an event loop.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "store/store.h"
+
+#define NO_DEADLINE UINT64_MAX
+#define RBUF_MIN 4096
+#define RBUF_KEEP (256u * 1024) /* a bigger read buffer is freed after the op */
+/* Ceiling on one buffered reply (MULTI_GET of many big values included); a
+ * reply that needs more is treated as a protocol error, like an over-limit
+ * length field, so a bad peer cannot make us allocate without bound. */
+#define REPLY_MAX ((size_t)1 << 30)
+/* How long we wait for WAIT_CANCELED after CANCEL_WAIT. PyTorch waits without
+ * a bound; we bound it and mark the connection broken if it passes. */
+#define CANCEL_REPLY_MS 30000
+#define BACKOFF_START_MS 50
+#define BACKOFF_CAP_MS 2000
+
+struct client_conn {
+	unsigned refs; /* the base handle plus each open view */
+	int fd;
+	enum store_dialect dialect;
+	bool broken;
+	uint32_t timeout_ms; /* default per op; 0 = no deadline */
+	struct store_limits lim;
+	char peer[300]; /* "host:port" for messages */
+	char err[640];	/* last_error of the base and of every view */
+	/* Buffered reader: bytes [rpos, rlen) of rbuf are received, unparsed. */
+	uint8_t *rbuf;
+	size_t rcap, rpos, rlen;
+	uint8_t *wbuf; /* one whole request, sent with one send() */
+	size_t wcap;
+	char *kbuf; /* mangled keys of the current request, back to back */
+	size_t kcap;
+	struct store_bytes *kv; /* views into kbuf */
+	size_t kvcap;
+	uint64_t rng;
+};
+
+struct crun_store {
+	struct client_conn *conn;
+	/* Wire prefix: "/" (TCPStore) then "p/" per PrefixStore layer. */
+	char *pfx;
+	size_t pfx_len;
+};
+
+/* ---- errors ---------------------------------------------------------------- */
+
+/* Writes key bytes printable into out, shortened with "..." when long. */
+static void key_desc(const void *key, size_t len, char *out, size_t cap)
+{
+	const uint8_t *k = key;
+	size_t o = 0;
+
+	for (size_t i = 0; i < len && o + 8 < cap; i++) {
+		if (o + 12 >= cap || i >= 96) {
+			memcpy(out + o, "...", 3);
+			o += 3;
+			break;
+		}
+		if (k[i] >= 0x20 && k[i] < 0x7f && k[i] != '\\') {
+			out[o++] = (char)k[i];
+		} else {
+			static const char hex[] = "0123456789abcdef";
+
+			out[o++] = '\\';
+			out[o++] = 'x';
+			out[o++] = hex[k[i] >> 4];
+			out[o++] = hex[k[i] & 15];
+		}
+	}
+	out[o] = '\0';
+}
+
+/* Records "OP key 'K' on HOST:PORT: cause" as the handle's last error and
+ * returns r. `key` may be NULL for ops without one. */
+__attribute__((format(printf, 6, 7))) static int
+set_err(struct client_conn *c, int r, const char *op, const void *key, size_t key_len,
+	const char *fmt, ...)
+{
+	char kd[128] = "";
+	char cause[384];
+	va_list ap;
+	int n;
+
+	va_start(ap, fmt);
+	n = vsnprintf(cause, sizeof(cause), fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		cause[0] = '\0';
+	if (key)
+		key_desc(key, key_len, kd, sizeof(kd));
+	if (key)
+		n = snprintf(c->err, sizeof(c->err), "%s key '%s' on %s: %s (%s)", op, kd, c->peer,
+			     cause, crun_err_name(r));
+	else
+		n = snprintf(c->err, sizeof(c->err), "%s on %s: %s (%s)", op, c->peer, cause,
+			     crun_err_name(r));
+	(void)n;
+	log_at(LL_DEBUG, SUB_STORE, "%s", c->err);
+	return r;
+}
+
+/* An I/O failure leaves an unknown number of reply bytes in flight: the
+ * stream has no framing to resynchronise on, so the connection is dropped. */
+static void conn_break(struct client_conn *c)
+{
+	c->broken = true;
+	if (c->fd >= 0) {
+		fd_close(c->fd);
+		c->fd = -1;
+	}
+	c->rpos = c->rlen = 0;
+}
+
+/* ---- deadlines and raw I/O -------------------------------------------------- */
+
+static uint64_t deadline_after(uint32_t ms)
+{
+	return ms ? clock_now_ms() + ms : NO_DEADLINE;
+}
+
+/* Milliseconds left for poll(): -1 = forever, 0 = expired. */
+static int poll_ms(uint64_t deadline)
+{
+	uint64_t now;
+
+	if (deadline == NO_DEADLINE)
+		return -1;
+	now = clock_now_ms();
+	if (now >= deadline)
+		return 0;
+	return deadline - now > INT_MAX ? INT_MAX : (int)(deadline - now);
+}
+
+/* Waits for `events` on fd until the deadline: 0, CRUN_ETIMEDOUT or -errno. */
+static int wait_fd(int fd, short events, uint64_t deadline)
+{
+	for (;;) {
+		struct pollfd p = { .fd = fd, .events = events };
+		int ms = poll_ms(deadline);
+		int n;
+
+		n = poll(&p, 1, ms);
+		if (n > 0)
+			return 0; /* readable, writable, or an error the next call reports */
+		if (n == 0 && ms >= 0)
+			return CRUN_ETIMEDOUT;
+		if (n < 0 && errno != EINTR)
+			return -errno;
+	}
+}
+
+static int send_all(int fd, const uint8_t *p, size_t len, uint64_t deadline)
+{
+	while (len > 0) {
+		ssize_t n = send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+
+		if (n >= 0) {
+			p += n;
+			len -= (size_t)n;
+			continue;
+		}
+		if (errno == EINTR)
+			continue;
+		if (errno != EAGAIN && errno != EWOULDBLOCK)
+			return -errno;
+		TRY(wait_fd(fd, POLLOUT, deadline));
+	}
+	return 0;
+}
+
+/* Reads whatever the socket has (at least one byte) into the read buffer,
+ * compacting or growing it first when it is full. */
+static int conn_fill(struct client_conn *c, uint64_t deadline)
+{
+	ssize_t n;
+	int r;
+
+	if (c->rpos == c->rlen)
+		c->rpos = c->rlen = 0;
+	if (c->rlen == c->rcap && c->rpos > 0) {
+		memmove(c->rbuf, c->rbuf + c->rpos, c->rlen - c->rpos);
+		c->rlen -= c->rpos;
+		c->rpos = 0;
+	}
+	if (c->rlen == c->rcap) {
+		size_t ncap = c->rcap ? c->rcap * 2 : RBUF_MIN;
+		uint8_t *nb;
+
+		if (c->rcap >= REPLY_MAX)
+			return CRUN_EPROTO;
+		nb = realloc(c->rbuf, ncap);
+		if (!nb)
+			return CRUN_ENOMEM;
+		c->rbuf = nb;
+		c->rcap = ncap;
+	}
+	for (;;) {
+		r = wait_fd(c->fd, POLLIN, deadline);
+		if (r < 0)
+			return r;
+		n = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, MSG_DONTWAIT);
+		if (n > 0) {
+			c->rlen += (size_t)n;
+			return 0;
+		}
+		if (n == 0)
+			return CRUN_ECLOSED;
+		if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)
+			return -errno;
+	}
+}
+
+/* Reads one reply to `op`. *out points into the read buffer and stays valid
+ * until the next read on this connection. */
+static int conn_read_reply(struct client_conn *c, enum store_op op, uint64_t nitems,
+			   uint64_t deadline, struct store_reply *out)
+{
+	for (;;) {
+		size_t used;
+		int r;
+
+		if (c->rlen > c->rpos) {
+			r = store_proto_decode_reply(op, nitems, &c->lim, c->rbuf + c->rpos,
+						     c->rlen - c->rpos, out, &used);
+			if (r == 0) {
+				c->rpos += used;
+				return 0;
+			}
+			if (r != CRUN_EAGAIN)
+				return CRUN_EPROTO; /* over a limit or malformed */
+		}
+		r = conn_fill(c, deadline);
+		if (r < 0)
+			return r;
+	}
+}
+
+static void conn_trim(struct client_conn *c)
+{
+	if (c->rpos == c->rlen && c->rcap > RBUF_KEEP) {
+		free(c->rbuf);
+		c->rbuf = NULL;
+		c->rcap = c->rpos = c->rlen = 0;
+	}
+}
+
+/* Encodes req into the connection's write buffer and sends it in one go. */
+static int conn_send_req(struct client_conn *c, const struct store_req *req, uint64_t deadline)
+{
+	size_t need = store_proto_req_size(c->dialect, req);
+	size_t len;
+	int r;
+
+	if (need == 0)
+		return CRUN_EDIALECT;
+	if (need > c->wcap) {
+		uint8_t *nb = realloc(c->wbuf, need);
+
+		if (!nb)
+			return CRUN_ENOMEM;
+		c->wbuf = nb;
+		c->wcap = need;
+	}
+	r = store_proto_encode_req(c->dialect, req, c->wbuf, c->wcap, &len);
+	if (r < 0)
+		return r;
+	r = send_all(c->fd, c->wbuf, len, deadline);
+	if (c->wcap > RBUF_KEEP) {
+		free(c->wbuf);
+		c->wbuf = NULL;
+		c->wcap = 0;
+	}
+	return r;
+}
+
+static const char *cause_text(int r)
+{
+	switch (r) {
+	case CRUN_ETIMEDOUT:
+		return "timed out";
+	case CRUN_ECLOSED:
+		return "server closed the connection";
+	case CRUN_EPROTO:
+		return "malformed or over-limit reply";
+	default:
+		return crun_strerror(r);
+	}
+}
+
+/* ---- handles, key mangling, argument checks ----------------------------------- */
+
+static uint32_t next_rand(struct client_conn *c)
+{
+	/* xorshift64*: only jitters the backoff and picks PING nonces. */
+	c->rng ^= c->rng >> 12;
+	c->rng ^= c->rng << 25;
+	c->rng ^= c->rng >> 27;
+	return (uint32_t)((c->rng * 0x2545F4914F6CDD1DULL) >> 32);
+}
+
+static void conn_free(struct client_conn *c)
+{
+	if (!c)
+		return;
+	if (c->fd >= 0)
+		fd_close(c->fd);
+	free(c->rbuf);
+	free(c->wbuf);
+	free(c->kbuf);
+	free(c->kv);
+	free(c);
+}
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+	void *np;
+
+	if (need <= *cap)
+		return 0;
+	np = realloc(*p, need * elem);
+	if (!np)
+		return CRUN_ENOMEM;
+	*p = np;
+	*cap = need;
+	return 0;
+}
+
+/* Fills c->kv[0..n) with the handle's prefix + each key (all in c->kbuf).
+ * raw: keys go on the wire unchanged. Over-limit keys give CRUN_ETOOBIG. */
+static int mangle(struct crun_store *s, const char *op, const char *const *keys, size_t n,
+		  bool raw)
+{
+	struct client_conn *c = s->conn;
+	size_t plen = raw ? 0 : s->pfx_len;
+	size_t total = 0, off = 0;
+
+	if (n > c->lim.max_items)
+		return set_err(c, CRUN_ETOOBIG, op, NULL, 0, "%zu keys, the limit is %llu", n,
+			       (unsigned long long)c->lim.max_items);
+	for (size_t i = 0; i < n; i++) {
+		size_t kl;
+
+		if (!keys[i])
+			return set_err(c, CRUN_EINVAL, op, NULL, 0, "key %zu is NULL", i);
+		kl = strlen(keys[i]);
+		if (plen + kl > c->lim.max_key_bytes)
+			return set_err(c, CRUN_ETOOBIG, op, keys[i], kl,
+				       "key of %zu bytes, the limit is %zu", plen + kl,
+				       c->lim.max_key_bytes);
+		total += plen + kl;
+	}
+	if (grow((void **)&c->kbuf, &c->kcap, total ? total : 1, 1) < 0 ||
+	    grow((void **)&c->kv, &c->kvcap, n ? n : 1, sizeof(*c->kv)) < 0)
+		return set_err(c, CRUN_ENOMEM, op, NULL, 0, "out of memory");
+	for (size_t i = 0; i < n; i++) {
+		size_t kl = strlen(keys[i]);
+
+		memcpy(c->kbuf + off, s->pfx, plen);
+		memcpy(c->kbuf + off + plen, keys[i], kl);
+		c->kv[i].p = (const uint8_t *)c->kbuf + off;
+		c->kv[i].len = plen + kl;
+		off += plen + kl;
+	}
+	return 0;
+}
+
+/* Common entry checks: a live handle, the op exists in the dialect. */
+static int enter(struct crun_store *s, enum store_op op)
+{
+	struct client_conn *c = s->conn;
+
+	if (store_proto_opcode(c->dialect, op) < 0)
+		return set_err(c, CRUN_EDIALECT, store_proto_op_name(op), NULL, 0,
+			       "not in the v%d store dialect", (int)c->dialect);
+	if (c->broken)
+		return set_err(c, CRUN_ENOTCONN, store_proto_op_name(op), NULL, 0,
+			       "connection is closed after an earlier failure");
+	return 0;
+}
+
+static int check_val(struct client_conn *c, const char *op, const void *val, size_t len)
+{
+	if (!val && len)
+		return set_err(c, CRUN_EINVAL, op, NULL, 0, "NULL value of %zu bytes", len);
+	if (len > c->lim.max_value_bytes)
+		return set_err(c, CRUN_ETOOBIG, op, NULL, 0, "value of %zu bytes, the limit is %zu",
+			       len, c->lim.max_value_bytes);
+	return 0;
+}
+
+static uint64_t op_deadline(struct client_conn *c, uint32_t timeout_ms)
+{
+	return deadline_after(timeout_ms ? timeout_ms : c->timeout_ms);
+}
+
+/* One request and its reply, no waiting semantics: any failure breaks the
+ * connection. `key` (may be NULL) only names the request in messages. */
+static int call(struct client_conn *c, const struct store_req *req, uint64_t nitems,
+		uint64_t deadline, struct store_reply *out)
+{
+	const char *name = store_proto_op_name(req->op);
+	const struct store_bytes *k = req->key.p ? &req->key : (req->keys ? &req->keys[0] : NULL);
+	int r;
+
+	r = conn_send_req(c, req, deadline);
+	if (r == CRUN_ENOMEM || r == CRUN_EDIALECT) /* nothing was sent */
+		return set_err(c, r, name, k ? k->p : NULL, k ? k->len : 0, "%s", cause_text(r));
+	if (r == 0 && store_proto_reply_kind(req->op) != STORE_REPLY_NONE)
+		r = conn_read_reply(c, req->op, nitems, deadline, out);
+	if (r < 0) {
+		conn_break(c);
+		return set_err(c, r, name, k ? k->p : NULL, k ? k->len : 0, "%s", cause_text(r));
+	}
+	return 0;
+}
+
+/* Reads the 1-byte answer of WAIT or BARRIER. On a timeout, v2 cancels the
+ * wait on the server and keeps the stream in sync (what PyTorch 2.x does);
+ * v1 has no CANCEL_WAIT, and a late STOP_WAITING would be read as the answer
+ * to a later request (the 1.13 desync of torch-compat §1.7), so v1 drops the
+ * connection. */
+static int await_wake(struct client_conn *c, enum store_op op, const struct store_bytes *key,
+		      uint64_t deadline)
+{
+	const char *name = store_proto_op_name(op);
+	struct store_req cancel = { .op = STORE_OP_CANCEL_WAIT };
+	struct store_reply rep;
+	int r;
+
+	r = conn_read_reply(c, op, 0, deadline, &rep);
+	if (r == 0) {
+		if (rep.status == STORE_WAIT_STOP_WAITING)
+			return 0;
+		conn_break(c);
+		return set_err(c, CRUN_EPROTO, name, key ? key->p : NULL, key ? key->len : 0,
+			       "unexpected wait status %u", rep.status);
+	}
+	if (r != CRUN_ETIMEDOUT || c->dialect == STORE_V1) {
+		conn_break(c);
+		return set_err(c, r, name, key ? key->p : NULL, key ? key->len : 0, "%s%s",
+			       cause_text(r),
+			       r == CRUN_ETIMEDOUT ? "; v1 connection closed (no CANCEL_WAIT)" : "");
+	}
+	deadline = deadline_after(CANCEL_REPLY_MS);
+	r = conn_send_req(c, &cancel, deadline);
+	for (int i = 0; r == 0 && i < 2; i++) {
+		r = conn_read_reply(c, STORE_OP_CANCEL_WAIT, 0, deadline, &rep);
+		if (r < 0)
+			break;
+		if (rep.status == STORE_WAIT_CANCELED)
+			return set_err(c, CRUN_ETIMEDOUT, name, key ? key->p : NULL,
+				       key ? key->len : 0, "timed out (wait canceled)");
+		/* One late STOP_WAITING may precede WAIT_CANCELED; anything else,
+		 * or a second one, is a broken stream. */
+		if (rep.status != STORE_WAIT_STOP_WAITING || i == 1)
+			r = CRUN_EPROTO;
+	}
+	conn_break(c);
+	return set_err(c, r, name, key ? key->p : NULL, key ? key->len : 0,
+		       "timed out, and CANCEL_WAIT failed: %s", cause_text(r));
+}
+
+/* WAIT on c->kv[0..n): the first half of GET, MULTI_GET and blocking POP. */
+static int do_wait(struct client_conn *c, size_t n, uint64_t deadline)
+{
+	struct store_req req = { .op = STORE_OP_WAIT, .nitems = n, .keys = c->kv };
+	int r;
+
+	r = conn_send_req(c, &req, deadline);
+	if (r < 0) {
+		conn_break(c);
+		return set_err(c, r, "WAIT", n ? c->kv[0].p : NULL, n ? c->kv[0].len : 0, "%s",
+			       cause_text(r));
+	}
+	return await_wake(c, STORE_OP_WAIT, n ? &c->kv[0] : NULL, deadline);
+}
+
+/* ---- open / view / close ---------------------------------------------------- */
+
+#define OPT_HAS(o, f) ((o)->struct_size >= offsetof(crun_store_opts_t, f) + sizeof((o)->f))
+
+static int make_prefix(const char *base, size_t base_len, const char *add, char **ret,
+		       size_t *ret_len)
+{
+	size_t al = add ? strlen(add) : 0;
+	size_t len = base_len + (add ? al + 1 : 0);
+	char *p = malloc(len + 1);
+
+	if (!p)
+		return CRUN_ENOMEM;
+	memcpy(p, base, base_len);
+	if (add) {
+		memcpy(p + base_len, add, al);
+		p[base_len + al] = '/';
+	}
+	p[len] = '\0';
+	*ret = p;
+	*ret_len = len;
+	return 0;
+}
+
+/* One connect attempt to one address, bounded by the deadline. */
+static int try_connect(const struct addrinfo *ai, uint64_t deadline, int *ret_fd)
+{
+	int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+			ai->ai_protocol);
+	int one = 1, soerr = 0;
+	socklen_t sl = sizeof(soerr);
+	int r;
+
+	if (fd < 0)
+		return -errno;
+	if (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0) {
+		if (errno != EINPROGRESS) {
+			r = -errno;
+			goto out_close;
+		}
+		r = wait_fd(fd, POLLOUT, deadline);
+		if (r < 0)
+			goto out_close;
+		if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) < 0) {
+			r = -errno;
+			goto out_close;
+		}
+		if (soerr) {
+			r = -soerr;
+			goto out_close;
+		}
+	}
+	/* Requests are small and answered one at a time: never batch. */
+	(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	*ret_fd = fd;
+	return 0;
+out_close:
+	fd_close(fd);
+	return r;
+}
+
+/* v2 greeting, as PyTorch 2.x sends it: VALIDATE (no reply), then PING with
+ * the pid as nonce, both in one segment; the server must echo the nonce. */
+static int handshake(struct client_conn *c, uint64_t deadline)
+{
+	struct store_req v = { .op = STORE_OP_VALIDATE, .u32 = STORE_VALIDATE_MAGIC };
+	struct store_req p = { .op = STORE_OP_PING, .u32 = (uint32_t)getpid() };
+	uint8_t buf[64];
+	size_t l1, l2;
+	struct store_reply rep;
+
+	TRY(store_proto_encode_req(STORE_V2, &v, buf, sizeof(buf), &l1));
+	TRY(store_proto_encode_req(STORE_V2, &p, buf + l1, sizeof(buf) - l1, &l2));
+	TRY(send_all(c->fd, buf, l1 + l2, deadline));
+	TRY(conn_read_reply(c, STORE_OP_PING, 0, deadline, &rep));
+	if (rep.u32 != p.u32)
+		return CRUN_EPROTO;
+	return 0;
+}
+
+/* Resolves and connects until the deadline, with exponential backoff and
+ * jitter between rounds (every address is tried once per round). */
+static int conn_connect(struct client_conn *c, const char *host, uint16_t port, uint32_t total_ms)
+{
+	uint64_t deadline = total_ms ? clock_now_ms() + total_ms : NO_DEADLINE;
+	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+				  .ai_flags = AI_NUMERICSERV };
+	uint32_t backoff = BACKOFF_START_MS;
+	char port_s[8];
+	int last = CRUN_ETIMEDOUT;
+	int n;
+
+	n = snprintf(port_s, sizeof(port_s), "%u", (unsigned)port);
+	(void)n;
+	/* A bound on rounds as well as on time: 0 ms means one round only. */
+	for (unsigned round = 0; round < 1000000; round++) {
+		struct addrinfo *res = NULL;
+		int g = getaddrinfo(host, port_s, &hints, &res);
+
+		if (g == 0) {
+			for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+				int fd = -1;
+
+				last = try_connect(ai, deadline, &fd);
+				if (last < 0)
+					continue;
+				c->fd = fd;
+				c->rpos = c->rlen = 0;
+				last = c->dialect == STORE_V2 ? handshake(c, deadline) : 0;
+				if (last == 0)
+					break;
+				fd_close(c->fd);
+				c->fd = -1;
+				if (last == CRUN_EPROTO)
+					break; /* a wrong echo is not worth retrying */
+			}
+			freeaddrinfo(res);
+			if (last == 0 || last == CRUN_EPROTO)
+				return last;
+		} else if (g == EAI_NONAME || g == EAI_SERVICE || g == EAI_FAMILY) {
+			return set_err(c, CRUN_ERESOLVE, "connect", NULL, 0, "%s", gai_strerror(g));
+		} else {
+			last = CRUN_ERESOLVE;
+		}
+		log_at(LL_DEBUG, SUB_STORE, "connect to %s: %s; retrying", c->peer,
+		       crun_strerror(last));
+		{
+			uint32_t j = backoff / 2 + next_rand(c) % (backoff + 1);
+			int left = poll_ms(deadline);
+
+			if (left == 0 || total_ms == 0)
+				break;
+			if (left > 0 && (uint32_t)left < j)
+				j = (uint32_t)left;
+			(void)poll(NULL, 0, (int)j);
+			backoff = backoff + backoff / 2 > BACKOFF_CAP_MS ? BACKOFF_CAP_MS
+									 : backoff + backoff / 2;
+		}
+	}
+	return last == CRUN_ETIMEDOUT || last == CRUN_ECONNREFUSED || last == CRUN_ECLOSED ||
+			       last == CRUN_ECONNRESET
+		       ? CRUN_ETIMEDOUT
+		       : last;
+}
+
+CRUN_API int crun_store_open(const crun_store_opts_t *opts, crun_store_t **ret_store)
+{
+	struct store_limits lim = STORE_LIMITS_DEFAULT;
+	struct client_conn *c;
+	struct crun_store *s;
+	const char *prefix = NULL;
+	int dialect = CRUN_STORE_V2;
+	uint32_t cto = 30000, to = 300000;
+	int r;
+
+	if (!opts || !ret_store || !OPT_HAS(opts, port) || !opts->host || !*opts->host)
+		return CRUN_EINVAL;
+	if (OPT_HAS(opts, connect_timeout_ms))
+		cto = opts->connect_timeout_ms;
+	if (OPT_HAS(opts, timeout_ms))
+		to = opts->timeout_ms;
+	if (OPT_HAS(opts, dialect))
+		dialect = opts->dialect;
+	if (OPT_HAS(opts, prefix))
+		prefix = opts->prefix;
+	if (dialect != CRUN_STORE_V1 && dialect != CRUN_STORE_V2)
+		return CRUN_EINVAL;
+	/* NULL or "" means no prefix here; crun_store_view_new("") follows
+	 * PrefixStore exactly and adds an empty layer ("//k"). */
+	if (prefix && !*prefix)
+		prefix = NULL;
+
+	c = calloc(1, sizeof(*c));
+	s = calloc(1, sizeof(*s));
+	if (!c || !s) {
+		r = CRUN_ENOMEM;
+		goto fail;
+	}
+	c->refs = 1;
+	c->fd = -1;
+	c->dialect = (enum store_dialect)dialect;
+	c->timeout_ms = to;
+	c->lim = lim;
+	c->rng = clock_now_us() ^ ((uint64_t)getpid() << 32) ^ (uintptr_t)c;
+	if (!c->rng)
+		c->rng = 1;
+	r = snprintf(c->peer, sizeof(c->peer), strchr(opts->host, ':') ? "[%s]:%u" : "%s:%u",
+		     opts->host, (unsigned)opts->port);
+	if (r < 0 || (size_t)r >= sizeof(c->peer)) {
+		r = CRUN_EINVAL;
+		goto fail;
+	}
+	s->conn = c;
+	r = make_prefix("/", 1, prefix, &s->pfx, &s->pfx_len);
+	if (r < 0)
+		goto fail;
+	r = conn_connect(c, opts->host, opts->port, cto);
+	if (r < 0) {
+		log_at(LL_INFO, SUB_STORE, "cannot connect to store %s (v%d): %s", c->peer,
+		       dialect, crun_strerror(r));
+		goto fail;
+	}
+	*ret_store = s;
+	return 0;
+fail:
+	if (s)
+		free(s->pfx);
+	free(s);
+	conn_free(c);
+	return r;
+}
+
+CRUN_API int crun_store_view_new(crun_store_t *base, const char *prefix, crun_store_t **ret_view)
+{
+	struct crun_store *v;
+	int r;
+
+	if (!base || !prefix || !ret_view)
+		return CRUN_EINVAL;
+	v = calloc(1, sizeof(*v));
+	if (!v)
+		return CRUN_ENOMEM;
+	r = make_prefix(base->pfx, base->pfx_len, prefix, &v->pfx, &v->pfx_len);
+	if (r < 0) {
+		free(v);
+		return r;
+	}
+	v->conn = base->conn;
+	v->conn->refs++;
+	*ret_view = v;
+	return 0;
+}
+
+CRUN_API void crun_store_close(crun_store_t *s)
+{
+	if (!s)
+		return;
+	if (--s->conn->refs == 0)
+		conn_free(s->conn);
+	free(s->pfx);
+	free(s);
+}
+
+CRUN_API const char *crun_store_last_error(const crun_store_t *s)
+{
+	if (!s)
+		return "no store handle";
+	return s->conn->err[0] ? s->conn->err : "no error";
+}
+
+CRUN_API void crun_store_set_timeout(crun_store_t *s, uint32_t timeout_ms)
+{
+	if (s)
+		s->conn->timeout_ms = timeout_ms;
+}
+
+/* ---- operations ------------------------------------------------------------- */
+
+/* Copies a reply's bytes into a fresh allocation with a NUL after them. */
+static int dup_bytes(struct client_conn *c, const char *op, const struct store_bytes *b,
+		     void **ret_val, size_t *ret_len)
+{
+	uint8_t *p = malloc(b->len + 1);
+
+	if (!p)
+		return set_err(c, CRUN_ENOMEM, op, NULL, 0, "out of memory for %zu bytes", b->len);
+	if (b->len)
+		memcpy(p, b->p, b->len);
+	p[b->len] = '\0';
+	*ret_val = p;
+	if (ret_len)
+		*ret_len = b->len;
+	return 0;
+}
+
+/* Mangle and send one single-key request with an optional value. */
+static int one_key(struct crun_store *s, enum store_op op, const char *key, bool raw)
+{
+	if (!s)
+		return CRUN_EINVAL;
+	TRY(enter(s, op));
+	if (!key)
+		return set_err(s->conn, CRUN_EINVAL, store_proto_op_name(op), NULL, 0,
+			       "NULL key");
+	return mangle(s, store_proto_op_name(op), &key, 1, raw);
+}
+
+CRUN_API int crun_store_set(crun_store_t *s, const char *key, const void *val, size_t len)
+{
+	struct store_req req = { .op = STORE_OP_SET };
+
+	TRY(one_key(s, STORE_OP_SET, key, false));
+	TRY(check_val(s->conn, "SET", val, len));
+	req.key = s->conn->kv[0];
+	req.val = (struct store_bytes){ val, len };
+	return call(s->conn, &req, 0, op_deadline(s->conn, 0), NULL);
+}
+
+CRUN_API int crun_store_get(crun_store_t *s, const char *key, uint32_t timeout_ms,
+			    void **ret_val, size_t *ret_len)
+{
+	struct store_req req = { .op = STORE_OP_GET };
+	struct store_reply rep;
+	uint64_t deadline;
+	int r;
+
+	TRY(one_key(s, STORE_OP_GET, key, false));
+	if (!ret_val)
+		return set_err(s->conn, CRUN_EINVAL, "GET", key, strlen(key), "NULL ret_val");
+	deadline = op_deadline(s->conn, timeout_ms);
+	TRY(do_wait(s->conn, 1, deadline));
+	req.key = s->conn->kv[0];
+	TRY(call(s->conn, &req, 0, deadline, &rep));
+	r = dup_bytes(s->conn, "GET", &rep.val, ret_val, ret_len);
+	conn_trim(s->conn);
+	return r;
+}
+
+static int add_common(crun_store_t *s, const char *key, int64_t delta, int64_t *ret_value,
+		      bool raw)
+{
+	struct store_req req = { .op = STORE_OP_ADD, .num = delta };
+	struct store_reply rep;
+
+	TRY(one_key(s, STORE_OP_ADD, key, raw));
+	req.key = s->conn->kv[0];
+	TRY(call(s->conn, &req, 0, op_deadline(s->conn, 0), &rep));
+	if (ret_value)
+		*ret_value = rep.num;
+	return 0;
+}
+
+CRUN_API int crun_store_add(crun_store_t *s, const char *key, int64_t delta, int64_t *ret_value)
+{
+	return add_common(s, key, delta, ret_value, false);
+}
+
+CRUN_API int crun_store_add_raw(crun_store_t *s, const char *wire_key, int64_t delta,
+				int64_t *ret_value)
+{
+	return add_common(s, wire_key, delta, ret_value, true);
+}
+
+CRUN_API int crun_store_compare_set(crun_store_t *s, const char *key, const void *expected,
+				    size_t expected_len, const void *desired, size_t desired_len,
+				    void **ret_val, size_t *ret_len)
+{
+	struct store_req req = { .op = STORE_OP_COMPARE_SET };
+	struct store_reply rep;
+	int r;
+
+	TRY(one_key(s, STORE_OP_COMPARE_SET, key, false));
+	TRY(check_val(s->conn, "COMPARE_SET", expected, expected_len));
+	TRY(check_val(s->conn, "COMPARE_SET", desired, desired_len));
+	req.key = s->conn->kv[0];
+	req.val = (struct store_bytes){ expected, expected_len };
+	req.val2 = (struct store_bytes){ desired, desired_len };
+	TRY(call(s->conn, &req, 0, op_deadline(s->conn, 0), &rep));
+	if (!ret_val)
+		return 0;
+	r = dup_bytes(s->conn, "COMPARE_SET", &rep.val, ret_val, ret_len);
+	conn_trim(s->conn);
+	return r;
+}
+
+static int key_list(struct crun_store *s, enum store_op op, const char *const *keys, size_t n)
+{
+	if (!s)
+		return CRUN_EINVAL;
+	TRY(enter(s, op));
+	if (!keys && n)
+		return set_err(s->conn, CRUN_EINVAL, store_proto_op_name(op), NULL, 0,
+			       "NULL key list");
+	return mangle(s, store_proto_op_name(op), keys, n, false);
+}
+
+CRUN_API int crun_store_check(crun_store_t *s, const char *const *keys, size_t nkeys,
+			      int *ret_ready)
+{
+	struct store_req req = { .op = STORE_OP_CHECK, .nitems = nkeys };
+	struct store_reply rep;
+
+	TRY(key_list(s, STORE_OP_CHECK, keys, nkeys));
+	req.keys = s->conn->kv;
+	TRY(call(s->conn, &req, 0, op_deadline(s->conn, 0), &rep));
+	if (rep.status != STORE_CHECK_READY && rep.status != STORE_CHECK_NOT_READY) {
+		conn_break(s->conn);
+		return set_err(s->conn, CRUN_EPROTO, "CHECK", NULL, 0, "bad status %u",
+			       rep.status);
+	}
+	if (ret_ready)
+		*ret_ready = rep.status == STORE_CHECK_READY;
+	return 0;
+}
+
+CRUN_API int crun_store_wait(crun_store_t *s, const char *const *keys, size_t nkeys,
+			     uint32_t timeout_ms)
+{
+	TRY(key_list(s, STORE_OP_WAIT, keys, nkeys));
+	return do_wait(s->conn, nkeys, op_deadline(s->conn, timeout_ms));
+}
+
+CRUN_API int crun_store_num_keys(crun_store_t *s, int64_t *ret_count)
+{
+	struct store_req req = { .op = STORE_OP_GETNUMKEYS };
+	struct store_reply rep;
+
+	if (!s)
+		return CRUN_EINVAL;
+	TRY(enter(s, STORE_OP_GETNUMKEYS));
+	TRY(call(s->conn, &req, 0, op_deadline(s->conn, 0), &rep));
+	if (ret_count)
+		*ret_count = rep.num;
+	return 0;
+}
+
+CRUN_API int crun_store_delete_key(crun_store_t *s, const char *key, int *ret_deleted)
+{
+	struct store_req req = { .op = STORE_OP_DELETE_KEY };
+	struct store_reply rep;
+
+	TRY(one_key(s, STORE_OP_DELETE_KEY, key, false));
+	req.key = s->conn->kv[0];
+	TRY(call(s->conn, &req, 0, op_deadline(s->conn, 0), &rep));
+	if (ret_deleted)
+		*ret_deleted = rep.num == 1;
+	return 0;
+}
+
+/* ---- v2 only ------------------------------------------------------------------ */
+
+static int key_val(crun_store_t *s, enum store_op op, const char *key, const void *val,
+		   size_t len)
+{
+	struct store_req req = { .op = op };
+
+	TRY(one_key(s, op, key, false));
+	TRY(check_val(s->conn, store_proto_op_name(op), val, len));
+	req.key = s->conn->kv[0];
+	req.val = (struct store_bytes){ val, len };
+	return call(s->conn, &req, 0, op_deadline(s->conn, 0), NULL);
+}
+
+CRUN_API int crun_store_append(crun_store_t *s, const char *key, const void *val, size_t len)
+{
+	return key_val(s, STORE_OP_APPEND, key, val, len);
+}
+
+CRUN_API int crun_store_queue_push(crun_store_t *s, const char *key, const void *val,
+				   size_t len)
+{
+	return key_val(s, STORE_OP_QUEUE_PUSH, key, val, len);
+}
+
+CRUN_API int crun_store_multi_get(crun_store_t *s, const char *const *keys, size_t nkeys,
+				  uint32_t timeout_ms, void **ret_vals, size_t *ret_lens)
+{
+	struct store_req req = { .op = STORE_OP_MULTI_GET, .nitems = nkeys };
+	struct store_reply rep;
+	const uint8_t *it;
+	uint64_t deadline;
+	void **tmp;
+
+	TRY(key_list(s, STORE_OP_MULTI_GET, keys, nkeys));
+	if (nkeys && (!ret_vals || !ret_lens))
+		return set_err(s->conn, CRUN_EINVAL, "MULTI_GET", NULL, 0, "NULL result arrays");
+	deadline = op_deadline(s->conn, timeout_ms);
+	TRY(do_wait(s->conn, nkeys, deadline));
+	req.keys = s->conn->kv;
+	TRY(call(s->conn, &req, nkeys, deadline, &rep));
+	/* Allocate into a scratch array first: ret_* are written only on success. */
+	tmp = calloc(nkeys ? nkeys : 1, sizeof(*tmp));
+	if (!tmp)
+		return set_err(s->conn, CRUN_ENOMEM, "MULTI_GET", NULL, 0, "out of memory");
+	it = rep.items;
+	for (size_t i = 0; i < nkeys; i++) {
+		struct store_bytes b;
+		size_t l;
+
+		store_items_next(&it, &b);
+		if (dup_bytes(s->conn, "MULTI_GET", &b, &tmp[i], &l) < 0) {
+			for (size_t j = 0; j < i; j++)
+				free(tmp[j]);
+			free(tmp);
+			return CRUN_ENOMEM;
+		}
+	}
+	it = rep.items;
+	for (size_t i = 0; i < nkeys; i++) {
+		struct store_bytes b;
+
+		store_items_next(&it, &b);
+		ret_vals[i] = tmp[i];
+		ret_lens[i] = b.len;
+	}
+	free(tmp);
+	conn_trim(s->conn);
+	return 0;
+}
+
+CRUN_API int crun_store_multi_set(crun_store_t *s, const char *const *keys,
+				  const void *const *vals, const size_t *lens, size_t n)
+{
+	struct store_req req = { .op = STORE_OP_MULTI_SET, .nitems = n };
+	struct store_bytes *vb;
+	int r;
+
+	TRY(key_list(s, STORE_OP_MULTI_SET, keys, n));
+	if (n && (!vals || !lens))
+		return set_err(s->conn, CRUN_EINVAL, "MULTI_SET", NULL, 0, "NULL value arrays");
+	vb = calloc(n ? n : 1, sizeof(*vb));
+	if (!vb)
+		return set_err(s->conn, CRUN_ENOMEM, "MULTI_SET", NULL, 0, "out of memory");
+	for (size_t i = 0; i < n; i++) {
+		r = check_val(s->conn, "MULTI_SET", vals[i], lens[i]);
+		if (r < 0)
+			goto out_free;
+		vb[i] = (struct store_bytes){ vals[i], lens[i] };
+	}
+	req.keys = s->conn->kv;
+	req.vals = vb;
+	r = call(s->conn, &req, 0, op_deadline(s->conn, 0), NULL);
+out_free:
+	free(vb);
+	return r;
+}
+
+CRUN_API int crun_store_ping(crun_store_t *s, uint64_t *ret_rtt_us)
+{
+	struct store_req req = { .op = STORE_OP_PING };
+	struct store_reply rep;
+	uint64_t t0;
+
+	if (!s)
+		return CRUN_EINVAL;
+	TRY(enter(s, STORE_OP_PING));
+	req.u32 = next_rand(s->conn);
+	t0 = clock_now_us();
+	TRY(call(s->conn, &req, 0, op_deadline(s->conn, 0), &rep));
+	if (rep.u32 != req.u32) {
+		conn_break(s->conn);
+		return set_err(s->conn, CRUN_EPROTO, "PING", NULL, 0,
+			       "nonce %08x echoed as %08x", req.u32, rep.u32);
+	}
+	if (ret_rtt_us)
+		*ret_rtt_us = clock_now_us() - t0;
+	return 0;
+}
+
+CRUN_API int crun_store_queue_pop(crun_store_t *s, const char *key, int block,
+				  uint32_t timeout_ms, void **ret_val, size_t *ret_len)
+{
+	struct store_req req = { .op = STORE_OP_QUEUE_POP };
+	struct store_reply rep;
+	uint64_t deadline;
+	int r;
+
+	TRY(one_key(s, STORE_OP_QUEUE_POP, key, false));
+	if (!ret_val)
+		return set_err(s->conn, CRUN_EINVAL, "QUEUE_POP", NULL, 0, "NULL ret_val");
+	deadline = op_deadline(s->conn, timeout_ms);
+	if (block)
+		TRY(do_wait(s->conn, 1, deadline));
+	req.key = s->conn->kv[0];
+	TRY(call(s->conn, &req, 0, deadline, &rep));
+	if (rep.num <= 0)
+		return set_err(s->conn, CRUN_ENOTFOUND, "QUEUE_POP", key, strlen(key),
+			       "queue is empty");
+	r = dup_bytes(s->conn, "QUEUE_POP", &rep.val, ret_val, ret_len);
+	conn_trim(s->conn);
+	return r;
+}
+
+CRUN_API int crun_store_queue_len(crun_store_t *s, const char *key, int64_t *ret_len)
+{
+	struct store_req req = { .op = STORE_OP_QUEUE_LEN };
+	struct store_reply rep;
+
+	TRY(one_key(s, STORE_OP_QUEUE_LEN, key, false));
+	req.key = s->conn->kv[0];
+	TRY(call(s->conn, &req, 0, op_deadline(s->conn, 0), &rep));
+	if (ret_len)
+		*ret_len = rep.num;
+	return 0;
+}
+
+CRUN_API void crun_store_free_list(char **list, size_t n)
+{
+	if (!list)
+		return;
+	for (size_t i = 0; i < n; i++)
+		free(list[i]);
+	free(list);
+}
+
+CRUN_API int crun_store_list_keys(crun_store_t *s, char ***ret_keys, size_t *ret_n)
+{
+	struct store_req req = { .op = STORE_OP_LIST_KEYS };
+	struct store_reply rep;
+	const uint8_t *it;
+	char **list;
+	size_t n = 0;
+
+	if (!s || !ret_keys || !ret_n)
+		return CRUN_EINVAL;
+	TRY(enter(s, STORE_OP_LIST_KEYS));
+	TRY(call(s->conn, &req, 0, op_deadline(s->conn, 0), &rep));
+	/* The decoder has checked every string lies within the reply, so
+	 * nitems bounds the list by the reply's size. */
+	list = calloc(rep.nitems ? rep.nitems : 1, sizeof(*list));
+	if (!list)
+		return set_err(s->conn, CRUN_ENOMEM, "LIST_KEYS", NULL, 0, "out of memory");
+	it = rep.items;
+	for (uint64_t i = 0; i < rep.nitems; i++) {
+		struct store_bytes b;
+
+		store_items_next(&it, &b);
+		/* Like PyTorch: keep keys under our prefix, return them without it
+		 * (which also hides the raw "init/" key). */
+		if (b.len < s->pfx_len || memcmp(b.p, s->pfx, s->pfx_len))
+			continue;
+		list[n] = malloc(b.len - s->pfx_len + 1);
+		if (!list[n]) {
+			crun_store_free_list(list, n);
+			return set_err(s->conn, CRUN_ENOMEM, "LIST_KEYS", NULL, 0,
+				       "out of memory");
+		}
+		memcpy(list[n], b.p + s->pfx_len, b.len - s->pfx_len);
+		list[n][b.len - s->pfx_len] = '\0';
+		n++;
+	}
+	conn_trim(s->conn);
+	*ret_keys = list;
+	*ret_n = n;
+	return 0;
+}
+
+CRUN_API int crun_store_barrier(crun_store_t *s, const char *key, int64_t world_size,
+				uint32_t timeout_ms)
+{
+	struct store_req req = { .op = STORE_OP_BARRIER, .num = world_size };
+	uint64_t deadline;
+	int r;
+
+	TRY(one_key(s, STORE_OP_BARRIER, key, false));
+	if (world_size <= 0)
+		return set_err(s->conn, CRUN_EINVAL, "BARRIER", key, strlen(key),
+			       "world size %lld", (long long)world_size);
+	deadline = op_deadline(s->conn, timeout_ms);
+	req.key = s->conn->kv[0];
+	r = conn_send_req(s->conn, &req, deadline);
+	if (r < 0) {
+		conn_break(s->conn);
+		return set_err(s->conn, r, "BARRIER", req.key.p, req.key.len, "%s",
+			       cause_text(r));
+	}
+	return await_wake(s->conn, STORE_OP_BARRIER, &req.key, deadline);
+}

@@ -1,0 +1,101 @@
+/* server_int.h: private to store/server.c and store/kv.c. The server's key
+ * space is one chained hash table of byte-string keys (kv.c). An entry exists
+ * while it holds anything: a value, a FIFO queue (QUEUE_* ops), or a
+ * registration tying a connection to the key (a parked WAIT, a v1 WATCH_KEY).
+ * Single-threaded: everything runs on the server's event loop.
+ */
+#ifndef CRUN_STORE_SERVER_INT_H
+#define CRUN_STORE_SERVER_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- intrusive doubly linked lists ---------------------------------------- */
+
+struct dl {
+	struct dl *next, *prev;
+};
+
+#define DL_INIT(h) ((h)->next = (h)->prev = (h))
+#define DL_EMPTY(h) ((h)->next == (h))
+#define DL_ENTRY(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
+
+static inline void dl_add_tail(struct dl *h, struct dl *n)
+{
+	n->prev = h->prev;
+	n->next = h;
+	h->prev->next = n;
+	h->prev = n;
+}
+
+static inline void dl_del(struct dl *n)
+{
+	n->prev->next = n->next;
+	n->next->prev = n->prev;
+	n->next = n->prev = n;
+}
+
+/* ---- the key space -------------------------------------------------------- */
+
+/* One queued item of a QUEUE_PUSH. */
+struct kv_item {
+	struct kv_item *next;
+	size_t len;
+	uint8_t data[];
+};
+
+struct kv_ent {
+	struct kv_ent *next; /* hash chain */
+	uint64_t hash;
+	uint8_t *val; /* owned; NULL while val_cap is 0 */
+	size_t val_len;
+	size_t val_cap;
+	struct dl waiters;  /* struct kv_reg.key_link, oldest first */
+	struct dl watchers; /* v1 WATCH_KEY registrations */
+	struct kv_item *q_head, *q_tail;
+	uint64_t q_len;
+	uint32_t key_len;
+	bool present; /* has a value (an empty value counts) */
+	uint8_t key[];
+};
+
+struct kv_table {
+	struct kv_ent **buckets;
+	size_t mask;	   /* bucket count - 1; a power of two minus one */
+	size_t n_ents;	   /* every entry, for the load factor */
+	size_t n_keys;	   /* entries with a value: GETNUMKEYS */
+	size_t value_bytes; /* values plus queued items */
+};
+
+/* Ties a connection to a key: a missing key of a WAIT/BARRIER, or a watch. */
+struct kv_reg {
+	struct dl key_link;  /* in kv_ent.waiters or .watchers */
+	struct dl conn_link; /* in the owning connection's list */
+	struct store_conn *conn;
+	struct kv_ent *ent;
+};
+
+/* 0 or CRUN_ENOMEM. */
+int kv_init(struct kv_table *t);
+/* Frees every entry, value and queued item; registrations must be gone. */
+void kv_release(struct kv_table *t);
+/* The entry for key, or NULL. */
+struct kv_ent *kv_find(const struct kv_table *t, const uint8_t *key, size_t len);
+/* The entry for key, created empty if needed. 0 or CRUN_ENOMEM. */
+int kv_get_or_add(struct kv_table *t, const uint8_t *key, size_t len, struct kv_ent **ret_ent);
+/* Frees `e` if it holds nothing any more (no value, queue or registration). */
+void kv_gc(struct kv_table *t, struct kv_ent *e);
+/* Replaces (append = false) or extends the value; marks the key present.
+ * 0 or CRUN_ENOMEM (then the entry is unchanged). */
+int kv_put(struct kv_table *t, struct kv_ent *e, const uint8_t *v, size_t len, bool append);
+/* Drops the value (the key becomes absent); the entry is not freed. */
+void kv_drop_value(struct kv_table *t, struct kv_ent *e);
+/* Appends a copy of v to e's queue. 0 or CRUN_ENOMEM. */
+int kv_queue_push(struct kv_table *t, struct kv_ent *e, const uint8_t *v, size_t len);
+/* Unlinks the queue's front item (NULL when empty); the caller frees it. */
+struct kv_item *kv_queue_pop(struct kv_table *t, struct kv_ent *e);
+/* Calls fn on every entry; fn may kv_gc() the entry it was given. */
+void kv_foreach(struct kv_table *t, void (*fn)(struct kv_ent *e, void *arg), void *arg);
+
+#endif /* CRUN_STORE_SERVER_INT_H */

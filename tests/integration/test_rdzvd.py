@@ -1,0 +1,234 @@
+"""crun-rdzvd against real PyTorch TCPStore clients, both dialects: Debian's
+torch 1.13 (v1) and the venv's torch 2.x (v2). Every op each client API has,
+blocking get woken by another client, wait timeouts, many clients, PrefixStore,
+mixed versions on one key space; and the daemon itself: --help, bad flags,
+signals, limits, and a garbage frame that closes only its own connection.
+"""
+import os
+import signal
+import socket
+import struct
+import subprocess
+
+import pytest
+
+from conftest import HELPERS, bin_path, free_port, start_rdzvd, torch_python, wait_line
+
+CLIENT = os.path.join(HELPERS, "torch_store_client.py")
+VERSIONS = ["1", "2"]
+
+
+def run_client(version, mode, host, port, *args, timeout=180):
+    py = torch_python(version)
+    out = subprocess.run([py, CLIENT, mode, host, str(port), *map(str, args)],
+                         capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0 and "ALL OK" in out.stdout, (
+        f"torch {version} client mode {mode} failed (rc={out.returncode}):\n"
+        f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    return out.stdout
+
+
+def spawn_client(procs, version, mode, host, port, *args):
+    py = torch_python(version)
+    return procs.spawn([py, CLIENT, mode, host, str(port), *map(str, args)])
+
+
+def raw(port):
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+def recv_exact(s, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        assert chunk, f"connection closed after {len(buf)} of {n} bytes"
+        buf += chunk
+    return buf
+
+
+def assert_closed(s):
+    try:
+        assert s.recv(1) == b"", "expected the server to close this connection"
+    except ConnectionResetError:
+        pass
+
+
+def v1_set(s, key, val):
+    s.sendall(b"\x00" + struct.pack("<Q", len(key)) + key + struct.pack("<Q", len(val)) + val)
+
+
+def v1_numkeys(s):
+    s.sendall(b"\x06")
+    return struct.unpack("<q", recv_exact(s, 8))[0]
+
+
+# ---- PyTorch clients ----------------------------------------------------------
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_client_op(rdzvd, version):
+    _, host, port = rdzvd
+    out = run_client(version, "ops", host, port)
+    for name in ("set/get", "add", "compare_set", "num_keys/delete_key"):
+        assert f"CHECK {name}" in out
+    if version == "2":
+        for name in ("check", "append", "multi_get/multi_set", "queue", "list_keys",
+                     "barrier"):
+            assert f"CHECK {name}" in out, f"torch 2.x lacks {name}? {out}"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_blocking_get_is_woken_by_another_client(rdzvd, procs, version):
+    _, host, port = rdzvd
+    waiter = spawn_client(procs, version, "get", host, port, "late", 120)
+    wait_line(waiter.stdout, r"WAITING", 120)
+    # The waiter's TCPStore is connected and blocked in get(): set the key.
+    run_client(version, "set", host, port, "late", "hello")
+    m = wait_line(waiter.stdout, r"VALUE (\S+)", 60)
+    assert m.group(1) == "hello"
+    assert waiter.wait(timeout=60) == 0
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_wait_timeouts(rdzvd, version):
+    _, host, port = rdzvd
+    out = run_client(version, "wait_timeout", host, port)
+    assert "CHECK get timeout" in out
+    if version == "2":
+        assert "CHECK usable after timeout" in out
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_many_clients(rdzvd, version):
+    _, host, port = rdzvd
+    assert "CHECK 32 clients" in run_client(version, "many", host, port, 32, timeout=300)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_prefix_store(rdzvd, version):
+    _, host, port = rdzvd
+    run_client(version, "prefix", host, port)
+
+
+def test_blocking_queue_pop_and_barrier_torch2(rdzvd):
+    _, host, port = rdzvd
+    out = run_client("2", "blocking_extras", host, port)
+    assert "CHECK barrier of two" in out
+
+
+def test_both_versions_share_one_key_space(rdzvd, procs):
+    _, host, port = rdzvd
+    waiter = spawn_client(procs, "2", "get", host, port, "from113", 120)
+    wait_line(waiter.stdout, r"WAITING", 120)
+    run_client("1", "set", host, port, "from113", "v1-dialect")
+    assert wait_line(waiter.stdout, r"VALUE (\S+)", 60).group(1) == "v1-dialect"
+    assert waiter.wait(timeout=60) == 0
+
+
+# ---- the daemon -----------------------------------------------------------------
+
+def test_help_documents_every_flag():
+    out = subprocess.run([bin_path("crun-rdzvd"), "--help"], capture_output=True, text=True,
+                         timeout=10)
+    assert out.returncode == 0
+    for flag in ("--host", "--port", "--max-key-bytes", "--max-value-bytes",
+                 "--max-keys-per-request", "--max-conns", "--max-conn-buffer-bytes",
+                 "--max-total-value-bytes", "--backlog", "--log-level", "--help",
+                 "--version"):
+        assert flag in out.stdout, flag
+    ver = subprocess.run([bin_path("crun-rdzvd"), "--version"], capture_output=True,
+                         text=True, timeout=10)
+    assert ver.returncode == 0 and ver.stdout.startswith("crun-rdzvd ")
+
+
+@pytest.mark.parametrize("argv,named", [
+    (["--bogus"], "--bogus"),
+    (["--port", "70000"], "--port"),
+    (["--port", "x"], "--port"),
+    (["--max-conns", "0"], "--max-conns"),
+    (["--max-key-bytes", "-1"], "--max-key-bytes"),
+    (["--log-level", "loud"], "--log-level"),
+    (["--port"], "--port"),
+    (["stray"], "stray"),
+])
+def test_bad_flag_exits_2_naming_it(argv, named):
+    out = subprocess.run([bin_path("crun-rdzvd"), *argv], capture_output=True, text=True,
+                         timeout=10)
+    assert out.returncode == 2, out
+    assert named in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_exits_0_after_closing_clients(procs, sig):
+    p, _, port = start_rdzvd(procs)
+    clients = [raw(port) for _ in range(3)]
+    v1_set(clients[0], b"/k", b"v")
+    assert v1_numkeys(clients[0]) == 1
+    p.send_signal(sig)
+    assert p.wait(timeout=10) == 0
+    for c in clients:
+        assert_closed(c)
+        c.close()
+
+
+def test_busy_port_exits_1(procs, rdzvd):
+    _, _, port = rdzvd
+    out = subprocess.run([bin_path("crun-rdzvd"), "--host", "127.0.0.1", "--port", str(port)],
+                         capture_output=True, text=True, timeout=10)
+    assert out.returncode == 1
+    assert str(port) in out.stderr
+
+
+def test_port_flag_binds_that_port(procs):
+    port = free_port()
+    p = procs.spawn([bin_path("crun-rdzvd"), "--host", "127.0.0.1", "--port", str(port)])
+    m = wait_line(p.stdout, r"crun-rdzvd listening on (\S+):(\d+)", 10)
+    assert m.group(1) == "127.0.0.1" and int(m.group(2)) == port
+    s = raw(port)
+    assert v1_numkeys(s) == 0
+    s.close()
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_garbage_frame_closes_only_that_connection(rdzvd, procs, version):
+    p, host, port = rdzvd
+    waiter = spawn_client(procs, version, "get", host, port, "after-garbage", 120)
+    wait_line(waiter.stdout, r"WAITING", 120)
+    bad = raw(port)
+    bad.sendall(b"\x00\xce\xf7\x85\x3c\x63garbage")  # v2 handshake, then no such op
+    assert_closed(bad)
+    bad.close()
+    bad = raw(port)
+    bad.sendall(b"\xee" * 16)  # no such op in v1
+    assert_closed(bad)
+    bad.close()
+    run_client(version, "set", host, port, "after-garbage", "still-served")
+    assert wait_line(waiter.stdout, r"VALUE (\S+)", 60).group(1) == "still-served"
+    assert waiter.wait(timeout=60) == 0
+    assert p.poll() is None
+
+
+def test_limits_from_flags_close_the_offender(procs):
+    p, host, port = start_rdzvd(procs, "--max-key-bytes", "16", "--max-conns", "3")
+    good = raw(port)
+    v1_set(good, b"/0123456789abcde", b"ok")
+    bad = raw(port)
+    v1_set(bad, b"/0123456789abcdef", b"too long")
+    assert_closed(bad)
+    bad.close()
+    assert v1_numkeys(good) == 1
+    # max-conns 3: good + two more; the fourth is closed at accept.
+    extra = [raw(port), raw(port)]
+    assert v1_numkeys(extra[1]) == 1
+    over = raw(port)
+    assert_closed(over)
+    over.close()
+    assert v1_numkeys(good) == 1
+    for s in extra + [good]:
+        s.close()
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=10) == 0
+    err = p.stderr.read().decode()
+    assert "dropping client 127.0.0.1:" in err, err
+    assert "max_conns" in err, err

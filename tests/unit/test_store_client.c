@@ -1,0 +1,643 @@
+/* test_store_client.c: Check tests for the blocking store client
+ * (store/client.c). A scripted peer on a thread checks the exact bytes the
+ * client sends (key mangling, nested views, the v2 greeting, WAIT before GET,
+ * CANCEL_WAIT on timeout) and feeds it exact replies, including broken ones;
+ * then end-to-end tests run every call of include/crun/store.h against crun's
+ * own server (store_server_new on a libevent thread), in both dialects.
+ */
+#include <arpa/inet.h>
+#include <check.h>
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+#include <event2/thread.h>
+
+#include "crun/store.h"
+#include "store/store.h"
+#include "unit/check_main.h"
+
+/* ---- a scripted peer ---------------------------------------------------------- */
+
+/* One exchange: read exactly `expect` from the client (compared byte for
+ * byte), then write `reply`, then optionally close. */
+struct step {
+	uint8_t expect[256];
+	size_t elen;
+	uint8_t reply[64];
+	size_t rlen;
+	int close_after;
+};
+
+struct peer {
+	int lfd;
+	uint16_t port;
+	pthread_t th;
+	struct step steps[8];
+	size_t n;
+	int accept; /* 0: listen only, never accept (a server that never answers) */
+	int failed;
+	char why[512];
+};
+
+static int read_full(int fd, uint8_t *buf, size_t len, int timeout_ms)
+{
+	size_t got = 0;
+
+	while (got < len) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		ssize_t n;
+
+		if (poll(&p, 1, timeout_ms) <= 0)
+			return -1;
+		n = read(fd, buf + got, len - got);
+		if (n <= 0)
+			return -1;
+		got += (size_t)n;
+	}
+	return 0;
+}
+
+static void hexdump(char *out, size_t cap, const uint8_t *b, size_t len)
+{
+	size_t o = 0;
+
+	for (size_t i = 0; i < len && o + 4 < cap; i++)
+		o += (size_t)snprintf(out + o, cap - o, "%02x ", b[i]);
+	out[o] = '\0';
+}
+
+static void *peer_main(void *arg)
+{
+	struct peer *p = arg;
+	struct pollfd pl = { .fd = p->lfd, .events = POLLIN };
+	uint8_t buf[256];
+	int fd;
+
+	if (poll(&pl, 1, 10000) <= 0) {
+		p->failed = 1;
+		snprintf(p->why, sizeof(p->why), "no connection");
+		return NULL;
+	}
+	fd = accept4(p->lfd, NULL, NULL, SOCK_CLOEXEC);
+	if (fd < 0) {
+		p->failed = 1;
+		return NULL;
+	}
+	for (size_t i = 0; i < p->n; i++) {
+		struct step *s = &p->steps[i];
+
+		if (read_full(fd, buf, s->elen, 10000) < 0) {
+			p->failed = 1;
+			snprintf(p->why, sizeof(p->why), "step %zu: short read", i);
+			break;
+		}
+		if (memcmp(buf, s->expect, s->elen)) {
+			char got[256], want[256];
+
+			hexdump(got, sizeof(got), buf, s->elen);
+			hexdump(want, sizeof(want), s->expect, s->elen);
+			p->failed = 1;
+			snprintf(p->why, sizeof(p->why), "step %zu: got %s want %s", i, got, want);
+			break;
+		}
+		if (s->rlen && write(fd, s->reply, s->rlen) != (ssize_t)s->rlen) {
+			p->failed = 1;
+			break;
+		}
+		if (s->close_after) {
+			close(fd);
+			return NULL;
+		}
+	}
+	/* Drain until the client hangs up, so it never sees an early reset. */
+	for (int i = 0; i < 1000; i++) {
+		struct pollfd pf = { .fd = fd, .events = POLLIN };
+
+		if (poll(&pf, 1, 10000) <= 0 || read(fd, buf, sizeof(buf)) <= 0)
+			break;
+	}
+	close(fd);
+	return NULL;
+}
+
+static void peer_listen(struct peer *p)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t al = sizeof(a);
+
+	p->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	ck_assert_int_ge(p->lfd, 0);
+	ck_assert_int_eq(bind(p->lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+	ck_assert_int_eq(listen(p->lfd, 8), 0);
+	ck_assert_int_eq(getsockname(p->lfd, (struct sockaddr *)&a, &al), 0);
+	p->port = ntohs(a.sin_port);
+}
+
+static void peer_start(struct peer *p)
+{
+	peer_listen(p);
+	ck_assert_int_eq(pthread_create(&p->th, NULL, peer_main, p), 0);
+}
+
+static void peer_finish(struct peer *p)
+{
+	pthread_join(p->th, NULL);
+	close(p->lfd);
+	ck_assert_msg(!p->failed, "peer: %s", p->why);
+}
+
+/* Byte builders for the steps. */
+static size_t put_u64(uint8_t *b, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		b[i] = (uint8_t)(v >> (8 * i));
+	return 8;
+}
+
+static size_t put_str(uint8_t *b, const char *s, size_t len)
+{
+	put_u64(b, len);
+	memcpy(b + 8, s, len);
+	return 8 + len;
+}
+
+static void expect_op(struct step *s, uint8_t code, const char *key)
+{
+	s->elen = 0;
+	s->expect[s->elen++] = code;
+	s->elen += put_str(s->expect + s->elen, key, strlen(key));
+}
+
+static void expect_wait1(struct step *s, uint8_t code, const char *key)
+{
+	s->elen = 0;
+	s->expect[s->elen++] = code;
+	s->elen += put_u64(s->expect + s->elen, 1);
+	s->elen += put_str(s->expect + s->elen, key, strlen(key));
+}
+
+static void greeting(struct step *s)
+{
+	uint32_t pid = (uint32_t)getpid();
+	const uint8_t v[] = { 0x00, 0xce, 0xf7, 0x85, 0x3c, 0x0d };
+
+	memcpy(s->expect, v, sizeof(v));
+	memcpy(s->expect + 6, &pid, 4); /* little-endian hosts only, like PyTorch */
+	s->elen = 10;
+	memcpy(s->reply, &pid, 4);
+	s->rlen = 4;
+}
+
+static crun_store_t *open_at(uint16_t port, int dialect, const char *prefix, uint32_t cto,
+			     uint32_t to)
+{
+	crun_store_opts_t o = CRUN_STORE_OPTS_INIT;
+	crun_store_t *s = NULL;
+
+	o.port = port;
+	o.dialect = dialect;
+	o.prefix = prefix;
+	o.connect_timeout_ms = cto;
+	o.timeout_ms = to;
+	ck_assert_int_eq(crun_store_open(&o, &s), 0);
+	return s;
+}
+
+/* ---- wire bytes: mangling, views, greeting ------------------------------------ */
+
+START_TEST(set_sends_the_captured_113_bytes)
+{
+	/* torch-compat §1.9: set("k1", b"v1") from a 1.13 client. */
+	static const uint8_t want[] = { 0x00, 0x03, 0, 0, 0, 0, 0, 0, 0, 0x2f, 0x6b,
+					0x31, 0x02, 0, 0, 0, 0, 0, 0, 0, 0x76, 0x31 };
+	struct peer p = { 0 };
+	crun_store_t *s;
+
+	memcpy(p.steps[0].expect, want, sizeof(want));
+	p.steps[0].elen = sizeof(want);
+	p.n = 1;
+	peer_start(&p);
+	s = open_at(p.port, CRUN_STORE_V1, NULL, 5000, 5000);
+	ck_assert_int_eq(crun_store_set(s, "k1", "v1", 2), 0);
+	crun_store_close(s);
+	peer_finish(&p);
+}
+END_TEST
+
+START_TEST(get_sends_wait_then_get)
+{
+	struct peer p = { 0 };
+	crun_store_t *s;
+	void *val = NULL;
+	size_t len = 0;
+
+	expect_wait1(&p.steps[0], 0x05, "/k1");
+	p.steps[0].reply[0] = 0x00;
+	p.steps[0].rlen = 1;
+	expect_op(&p.steps[1], 0x02, "/k1");
+	p.steps[1].rlen = put_str(p.steps[1].reply, "v1", 2);
+	p.n = 2;
+	peer_start(&p);
+	s = open_at(p.port, CRUN_STORE_V1, NULL, 5000, 5000);
+	ck_assert_int_eq(crun_store_get(s, "k1", 0, &val, &len), 0);
+	ck_assert_uint_eq(len, 2);
+	ck_assert_str_eq(val, "v1"); /* NUL-terminated for convenience */
+	crun_free(val);
+	crun_store_close(s);
+	peer_finish(&p);
+}
+END_TEST
+
+START_TEST(prefix_and_nested_views_mangle_like_prefixstore)
+{
+	struct peer p = { 0 };
+	crun_store_t *s, *inner, *outer, *empty;
+	int64_t v = 0;
+
+	/* opts prefix "pfx": PrefixStore("pfx", tcp) → "/pfx/a" (§1.9 vector). */
+	expect_op(&p.steps[0], 0x03, "/pfx/a");
+	p.steps[0].elen += put_u64(p.steps[0].expect + p.steps[0].elen, 1);
+	p.steps[0].rlen = put_u64(p.steps[0].reply, 1);
+	/* PrefixStore("outer", PrefixStore("inner", ...)): newest innermost. */
+	expect_op(&p.steps[1], 0x03, "/pfx/inner/outer/a");
+	p.steps[1].elen += put_u64(p.steps[1].expect + p.steps[1].elen, 2);
+	p.steps[1].rlen = put_u64(p.steps[1].reply, 2);
+	/* An empty PrefixStore layer still adds its "/". */
+	expect_op(&p.steps[2], 0x03, "/pfx//a");
+	p.steps[2].elen += put_u64(p.steps[2].expect + p.steps[2].elen, 3);
+	p.steps[2].rlen = put_u64(p.steps[2].reply, 3);
+	/* add_raw: no mangling at all (PyTorch's "init/" check-in). */
+	expect_op(&p.steps[3], 0x03, "init/");
+	p.steps[3].elen += put_u64(p.steps[3].expect + p.steps[3].elen, 1);
+	p.steps[3].rlen = put_u64(p.steps[3].reply, 7);
+	p.n = 4;
+	peer_start(&p);
+	s = open_at(p.port, CRUN_STORE_V1, "pfx", 5000, 5000);
+	ck_assert_int_eq(crun_store_view_new(s, "inner", &inner), 0);
+	ck_assert_int_eq(crun_store_view_new(inner, "outer", &outer), 0);
+	ck_assert_int_eq(crun_store_view_new(s, "", &empty), 0);
+	ck_assert_int_eq(crun_store_add(s, "a", 1, &v), 0);
+	ck_assert_int_eq(v, 1);
+	ck_assert_int_eq(crun_store_add(outer, "a", 2, &v), 0);
+	ck_assert_int_eq(v, 2);
+	ck_assert_int_eq(crun_store_add(empty, "a", 3, &v), 0);
+	ck_assert_int_eq(v, 3);
+	ck_assert_int_eq(crun_store_add_raw(outer, "init/", 1, &v), 0);
+	ck_assert_int_eq(v, 7);
+	/* Closing views leaves the connection to the base. */
+	crun_store_close(outer);
+	crun_store_close(inner);
+	crun_store_close(empty);
+	crun_store_close(s);
+	peer_finish(&p);
+}
+END_TEST
+
+START_TEST(v2_greets_with_validate_and_ping)
+{
+	struct peer p = { 0 };
+	crun_store_t *s;
+	int64_t n = 0;
+
+	greeting(&p.steps[0]);
+	p.steps[1].expect[0] = 0x07; /* v2 GETNUMKEYS */
+	p.steps[1].elen = 1;
+	p.steps[1].rlen = put_u64(p.steps[1].reply, 42);
+	p.n = 2;
+	peer_start(&p);
+	s = open_at(p.port, CRUN_STORE_V2, NULL, 5000, 5000);
+	ck_assert_int_eq(crun_store_num_keys(s, &n), 0);
+	ck_assert_int_eq(n, 42);
+	crun_store_close(s);
+	peer_finish(&p);
+}
+END_TEST
+
+START_TEST(a_wrong_ping_echo_fails_open_with_eproto)
+{
+	struct peer p = { 0 };
+	crun_store_opts_t o = CRUN_STORE_OPTS_INIT;
+	crun_store_t *s = (crun_store_t *)&o; /* must stay untouched */
+
+	greeting(&p.steps[0]);
+	p.steps[0].reply[0] ^= 0xff;
+	p.n = 1;
+	peer_start(&p);
+	o.port = p.port;
+	o.connect_timeout_ms = 5000;
+	ck_assert_int_eq(crun_store_open(&o, &s), CRUN_EPROTO);
+	ck_assert_ptr_eq(s, (crun_store_t *)&o);
+	peer_finish(&p);
+}
+END_TEST
+
+/* ---- timeouts, broken streams ---------------------------------------------------- */
+
+START_TEST(v2_wait_timeout_cancels_and_keeps_the_connection)
+{
+	struct peer p = { 0 };
+	crun_store_t *s;
+	const char *k = "never";
+	int64_t n = 0;
+
+	greeting(&p.steps[0]);
+	expect_wait1(&p.steps[1], 0x06, "/never"); /* no answer: the client times out */
+	p.steps[2].expect[0] = 0x0c;		   /* CANCEL_WAIT */
+	p.steps[2].elen = 1;
+	/* The wake-up raced the cancel: a late STOP_WAITING, then WAIT_CANCELED. */
+	p.steps[2].reply[0] = 0x00;
+	p.steps[2].reply[1] = 0x01;
+	p.steps[2].rlen = 2;
+	p.steps[3].expect[0] = 0x07;
+	p.steps[3].elen = 1;
+	p.steps[3].rlen = put_u64(p.steps[3].reply, 5);
+	p.n = 4;
+	peer_start(&p);
+	s = open_at(p.port, CRUN_STORE_V2, NULL, 5000, 5000);
+	ck_assert_int_eq(crun_store_wait(s, &k, 1, 100), CRUN_ETIMEDOUT);
+	ck_assert_ptr_nonnull(strstr(crun_store_last_error(s), "/never"));
+	ck_assert_int_eq(crun_store_num_keys(s, &n), 0);
+	ck_assert_int_eq(n, 5);
+	crun_store_close(s);
+	peer_finish(&p);
+}
+END_TEST
+
+START_TEST(v1_wait_timeout_breaks_the_connection)
+{
+	struct peer p = { 0 };
+	crun_store_t *s;
+	const char *k = "never";
+	int64_t n = 0;
+	void *val = NULL;
+	size_t len;
+
+	expect_wait1(&p.steps[0], 0x05, "/never");
+	p.n = 1;
+	peer_start(&p);
+	s = open_at(p.port, CRUN_STORE_V1, NULL, 5000, 5000);
+	ck_assert_int_eq(crun_store_wait(s, &k, 1, 100), CRUN_ETIMEDOUT);
+	ck_assert_int_eq(crun_store_num_keys(s, &n), CRUN_ENOTCONN);
+	ck_assert_int_eq(crun_store_get(s, "x", 0, &val, &len), CRUN_ENOTCONN);
+	ck_assert_ptr_null(val);
+	crun_store_close(s);
+	peer_finish(&p);
+}
+END_TEST
+
+START_TEST(an_over_limit_reply_length_is_a_protocol_error)
+{
+	struct peer p = { 0 };
+	crun_store_t *s;
+	void *val = (void *)&p;
+	size_t len = 99;
+
+	expect_op(&p.steps[0], 0x01, "/k"); /* v1 COMPARE_SET */
+	p.steps[0].elen += put_str(p.steps[0].expect + p.steps[0].elen, "", 0);
+	p.steps[0].elen += put_str(p.steps[0].expect + p.steps[0].elen, "d", 1);
+	p.steps[0].rlen = put_u64(p.steps[0].reply, (uint64_t)1 << 40);
+	p.n = 1;
+	peer_start(&p);
+	s = open_at(p.port, CRUN_STORE_V1, NULL, 5000, 5000);
+	ck_assert_int_eq(crun_store_compare_set(s, "k", "", 0, "d", 1, &val, &len), CRUN_EPROTO);
+	ck_assert_ptr_eq(val, (void *)&p); /* ret_* untouched on failure */
+	ck_assert_uint_eq(len, 99);
+	ck_assert_int_eq(crun_store_set(s, "k", "v", 1), CRUN_ENOTCONN);
+	crun_store_close(s);
+	peer_finish(&p);
+}
+END_TEST
+
+START_TEST(a_server_closing_mid_reply_gives_eclosed)
+{
+	struct peer p = { 0 };
+	crun_store_t *s;
+	int64_t v = 0;
+	const char *err;
+
+	expect_op(&p.steps[0], 0x03, "/cnt");
+	p.steps[0].elen += put_u64(p.steps[0].expect + p.steps[0].elen, 1);
+	p.steps[0].reply[0] = 0x01; /* 3 of the 8 reply bytes, then EOF */
+	p.steps[0].rlen = 3;
+	p.steps[0].close_after = 1;
+	p.n = 1;
+	peer_start(&p);
+	s = open_at(p.port, CRUN_STORE_V1, NULL, 5000, 5000);
+	ck_assert_int_eq(crun_store_add(s, "cnt", 1, &v), CRUN_ECLOSED);
+	err = crun_store_last_error(s);
+	/* The message names the op, the key and the server. */
+	ck_assert_ptr_nonnull(strstr(err, "ADD"));
+	ck_assert_ptr_nonnull(strstr(err, "/cnt"));
+	ck_assert_ptr_nonnull(strstr(err, "127.0.0.1:"));
+	ck_assert_int_eq(crun_store_add(s, "cnt", 1, &v), CRUN_ENOTCONN);
+	crun_store_close(s);
+	peer_finish(&p);
+}
+END_TEST
+
+START_TEST(an_op_timeout_on_a_silent_server_breaks_the_connection)
+{
+	struct peer p = { 0 };
+	crun_store_t *s;
+	int64_t n;
+
+	greeting(&p.steps[0]);
+	p.steps[1].expect[0] = 0x07; /* GETNUMKEYS, never answered */
+	p.steps[1].elen = 1;
+	p.n = 2;
+	peer_start(&p);
+	s = open_at(p.port, CRUN_STORE_V2, NULL, 5000, 100);
+	ck_assert_int_eq(crun_store_num_keys(s, &n), CRUN_ETIMEDOUT);
+	ck_assert_int_eq(crun_store_ping(s, NULL), CRUN_ENOTCONN);
+	crun_store_close(s);
+	peer_finish(&p);
+}
+END_TEST
+
+/* ---- connecting ---------------------------------------------------------------- */
+
+START_TEST(a_closed_port_times_out_after_retrying)
+{
+	struct peer p = { 0 };
+	crun_store_opts_t o = CRUN_STORE_OPTS_INIT;
+	crun_store_t *s = NULL;
+
+	peer_listen(&p); /* take a free port, then close it: connects are refused */
+	close(p.lfd);
+	o.port = p.port;
+	o.dialect = _i ? CRUN_STORE_V2 : CRUN_STORE_V1;
+	o.connect_timeout_ms = 300;
+	ck_assert_int_eq(crun_store_open(&o, &s), CRUN_ETIMEDOUT);
+	ck_assert_ptr_null(s);
+}
+END_TEST
+
+START_TEST(a_listener_that_never_answers_ping_times_out)
+{
+	struct peer p = { 0 };
+	crun_store_opts_t o = CRUN_STORE_OPTS_INIT;
+	crun_store_t *s = NULL;
+
+	peer_listen(&p); /* the kernel completes the connect; nobody reads */
+	o.port = p.port;
+	o.connect_timeout_ms = 300;
+	ck_assert_int_eq(crun_store_open(&o, &s), CRUN_ETIMEDOUT);
+	ck_assert_ptr_null(s);
+	close(p.lfd);
+}
+END_TEST
+
+struct late {
+	struct peer *p;
+	int delay_ms;
+};
+
+static void *late_listen(void *arg)
+{
+	struct late *l = arg;
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(l->p->port),
+				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	int one = 1;
+
+	poll(NULL, 0, l->delay_ms);
+	l->p->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	setsockopt(l->p->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (bind(l->p->lfd, (struct sockaddr *)&a, sizeof(a)) < 0 || listen(l->p->lfd, 8) < 0) {
+		l->p->failed = 1;
+		snprintf(l->p->why, sizeof(l->p->why), "rebind: %s", strerror(errno));
+		return NULL;
+	}
+	return peer_main(l->p);
+}
+
+START_TEST(open_retries_until_the_server_appears)
+{
+	struct peer p = { 0 };
+	struct late l = { &p, 300 };
+	crun_store_t *s;
+
+	peer_listen(&p);
+	close(p.lfd);
+	greeting(&p.steps[0]);
+	p.n = 1;
+	ck_assert_int_eq(pthread_create(&p.th, NULL, late_listen, &l), 0);
+	s = open_at(p.port, CRUN_STORE_V2, NULL, 10000, 5000);
+	crun_store_close(s);
+	peer_finish(&p);
+}
+END_TEST
+
+/* ---- argument checks ------------------------------------------------------------- */
+
+START_TEST(open_rejects_bad_options)
+{
+	crun_store_opts_t o = CRUN_STORE_OPTS_INIT;
+	crun_store_t *s = NULL;
+
+	ck_assert_int_eq(crun_store_open(NULL, &s), CRUN_EINVAL);
+	ck_assert_int_eq(crun_store_open(&o, NULL), CRUN_EINVAL);
+	o.host = NULL;
+	ck_assert_int_eq(crun_store_open(&o, &s), CRUN_EINVAL);
+	o.host = "";
+	ck_assert_int_eq(crun_store_open(&o, &s), CRUN_EINVAL);
+	o.host = "127.0.0.1";
+	o.dialect = 3;
+	ck_assert_int_eq(crun_store_open(&o, &s), CRUN_EINVAL);
+	o.dialect = CRUN_STORE_V1;
+	o.struct_size = 4;
+	ck_assert_int_eq(crun_store_open(&o, &s), CRUN_EINVAL);
+	ck_assert_ptr_null(s);
+	/* NULL handles are refused, and close/last_error accept NULL. */
+	ck_assert_int_eq(crun_store_set(NULL, "k", "v", 1), CRUN_EINVAL);
+	ck_assert_int_eq(crun_store_ping(NULL, NULL), CRUN_EINVAL);
+	ck_assert_int_eq(crun_store_view_new(NULL, "p", &s), CRUN_EINVAL);
+	crun_store_close(NULL);
+	ck_assert_ptr_nonnull(crun_store_last_error(NULL));
+}
+END_TEST
+
+START_TEST(calls_reject_bad_arguments_and_v2_ops_on_v1)
+{
+	struct peer p = { 0 };
+	crun_store_t *s;
+	const char *keys[] = { "a", NULL };
+	const char *big_key;
+	char *big;
+	void *val;
+	size_t len;
+	char **list;
+	int64_t n;
+
+	peer_listen(&p); /* v1 needs no greeting: open succeeds without a reply */
+	s = open_at(p.port, CRUN_STORE_V1, NULL, 5000, 5000);
+	ck_assert_int_eq(crun_store_set(s, NULL, "v", 1), CRUN_EINVAL);
+	ck_assert_int_eq(crun_store_set(s, "k", NULL, 1), CRUN_EINVAL);
+	ck_assert_int_eq(crun_store_get(s, "k", 0, NULL, &len), CRUN_EINVAL);
+	ck_assert_int_eq(crun_store_check(s, keys, 2, NULL), CRUN_EINVAL);
+	ck_assert_int_eq(crun_store_wait(s, NULL, 1, 0), CRUN_EINVAL);
+	ck_assert_int_eq(crun_store_view_new(s, NULL, &s), CRUN_EINVAL);
+	big = malloc(70000);
+	ck_assert_ptr_nonnull(big);
+	memset(big, 'k', 69999);
+	big[69999] = '\0';
+	big_key = big;
+	ck_assert_int_eq(crun_store_set(s, big_key, "v", 1), CRUN_ETOOBIG);
+	free(big);
+	ck_assert_int_eq(crun_store_append(s, "k", "v", 1), CRUN_EDIALECT);
+	ck_assert_int_eq(crun_store_multi_get(s, keys, 1, 0, &val, &len), CRUN_EDIALECT);
+	ck_assert_int_eq(crun_store_multi_set(s, keys, (const void *const *)keys, &len, 1),
+			 CRUN_EDIALECT);
+	ck_assert_int_eq(crun_store_ping(s, NULL), CRUN_EDIALECT);
+	ck_assert_int_eq(crun_store_queue_push(s, "q", "v", 1), CRUN_EDIALECT);
+	ck_assert_int_eq(crun_store_queue_pop(s, "q", 0, 0, &val, &len), CRUN_EDIALECT);
+	ck_assert_int_eq(crun_store_queue_len(s, "q", &n), CRUN_EDIALECT);
+	ck_assert_int_eq(crun_store_list_keys(s, &list, &len), CRUN_EDIALECT);
+	ck_assert_int_eq(crun_store_barrier(s, "b", 2, 0), CRUN_EDIALECT);
+	ck_assert_ptr_nonnull(strstr(crun_store_last_error(s), "BARRIER"));
+	/* None of that sent a byte or broke the connection. */
+	ck_assert_int_eq(crun_store_set(s, "k", "", 0), 0);
+	crun_store_close(s);
+	close(p.lfd);
+}
+END_TEST
+
+Suite *store_client_wire_suite(void);
+Suite *store_client_wire_suite(void)
+{
+	Suite *s = suite_create("store_client_wire");
+	TCase *tc = tcase_create("bytes");
+	TCase *tt = tcase_create("failures");
+	TCase *tn = tcase_create("connect");
+
+	tcase_set_timeout(tc, 20);
+	tcase_add_test(tc, set_sends_the_captured_113_bytes);
+	tcase_add_test(tc, get_sends_wait_then_get);
+	tcase_add_test(tc, prefix_and_nested_views_mangle_like_prefixstore);
+	tcase_add_test(tc, v2_greets_with_validate_and_ping);
+	tcase_add_test(tc, a_wrong_ping_echo_fails_open_with_eproto);
+	suite_add_tcase(s, tc);
+	tcase_set_timeout(tt, 20);
+	tcase_add_test(tt, v2_wait_timeout_cancels_and_keeps_the_connection);
+	tcase_add_test(tt, v1_wait_timeout_breaks_the_connection);
+	tcase_add_test(tt, an_over_limit_reply_length_is_a_protocol_error);
+	tcase_add_test(tt, a_server_closing_mid_reply_gives_eclosed);
+	tcase_add_test(tt, an_op_timeout_on_a_silent_server_breaks_the_connection);
+	tcase_add_test(tt, calls_reject_bad_arguments_and_v2_ops_on_v1);
+	tcase_add_test(tt, open_rejects_bad_options);
+	suite_add_tcase(s, tt);
+	tcase_set_timeout(tn, 20);
+	tcase_add_loop_test(tn, a_closed_port_times_out_after_retrying, 0, 2);
+	tcase_add_test(tn, a_listener_that_never_answers_ping_times_out);
+	tcase_add_test(tn, open_retries_until_the_server_appears);
+	suite_add_tcase(s, tn);
+	return s;
+}
+
+CRUN_CHECK_MAIN(store_client_wire_suite)

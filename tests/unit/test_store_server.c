@@ -1,0 +1,1147 @@
+/* test_store_server.c: Check tests for the store server (store/server.c,
+ * store/kv.c). Each test runs a real server on 127.0.0.1 in a loop thread of
+ * its forked Check child and talks raw TCPStore bytes to it over blocking
+ * loopback sockets: exact reply bytes of every op in both dialects (the §1.9
+ * vectors), WAIT/CANCEL_WAIT/WATCH_KEY, segmentation, limits and closes.
+ */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+#include <event2/thread.h>
+
+#include "store/store.h"
+#include "unit/check_main.h"
+
+/* ---- a server in a loop thread ----------------------------------------------- */
+
+static struct event_base *g_base;
+static struct store_server *g_srv;
+static pthread_t g_thread;
+static uint16_t g_port;
+
+static void *loop_main(void *arg)
+{
+	(void)arg;
+	event_base_loop(g_base, EVLOOP_NO_EXIT_ON_EMPTY);
+	return NULL;
+}
+
+static void srv_start_cfg(const struct store_server_config *cfg)
+{
+	struct store_server_config c = *cfg;
+
+	ck_assert_int_eq(evthread_use_pthreads(), 0);
+	g_base = event_base_new();
+	ck_assert_ptr_nonnull(g_base);
+	c.host = "127.0.0.1";
+	c.port = 0;
+	ck_assert_int_eq(store_server_new(g_base, &c, &g_srv), 0);
+	g_port = store_server_port(g_srv);
+	ck_assert_uint_ne(g_port, 0);
+	ck_assert_int_eq(pthread_create(&g_thread, NULL, loop_main, NULL), 0);
+}
+
+static void srv_start(void)
+{
+	const struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
+
+	srv_start_cfg(&cfg);
+}
+
+static void srv_stop(void)
+{
+	event_base_loopbreak(g_base);
+	pthread_join(g_thread, NULL);
+	store_server_free(g_srv);
+	event_base_free(g_base);
+	g_srv = NULL;
+	g_base = NULL;
+}
+
+/* Runs fn(g_srv) on the loop thread and waits for it. */
+struct call {
+	void (*fn)(void *arg);
+	void *arg;
+	int done_fd;
+};
+
+static void call_on_loop(evutil_socket_t fd, short what, void *arg)
+{
+	struct call *c = arg;
+	char b = 1;
+
+	(void)fd;
+	(void)what;
+	c->fn(c->arg);
+	ck_assert_int_eq(write(c->done_fd, &b, 1), 1);
+}
+
+static void srv_call(void (*fn)(void *arg), void *arg)
+{
+	const struct timeval now = { 0, 0 };
+	int p[2];
+	char b;
+	struct call c = { fn, arg, -1 };
+
+	ck_assert_int_eq(pipe2(p, O_CLOEXEC), 0);
+	c.done_fd = p[1];
+	ck_assert_int_eq(event_base_once(g_base, -1, EV_TIMEOUT, call_on_loop, &c, &now), 0);
+	ck_assert_int_eq(read(p[0], &b, 1), 1);
+	close(p[0]);
+	close(p[1]);
+}
+
+static void do_clear(void *arg)
+{
+	(void)arg;
+	store_server_clear(g_srv);
+}
+
+static void do_stats(void *arg)
+{
+	store_server_get_stats(g_srv, arg);
+}
+
+/* ---- raw client helpers -------------------------------------------------------- */
+
+static int cli(void)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(g_port),
+				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	struct timeval tv = { 5, 0 };
+	int one = 1;
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	return fd;
+}
+
+/* A v2 connection: VALIDATE first, as a 2.x client sends it. */
+static int cli2(void)
+{
+	int fd = cli();
+
+	ck_assert_int_eq(send(fd, "\x00\xce\xf7\x85\x3c", 5, MSG_NOSIGNAL), 5);
+	return fd;
+}
+
+static void tx(int fd, const void *p, size_t n)
+{
+	ck_assert_int_eq(send(fd, p, n, MSG_NOSIGNAL), (ssize_t)n);
+}
+
+/* Parses "00 0a ff" (spaces optional) into buf; returns the byte count. */
+static size_t unhex(const char *hex, uint8_t *buf, size_t cap)
+{
+	size_t n = 0;
+	unsigned v;
+
+	while (*hex) {
+		if (*hex == ' ') {
+			hex++;
+			continue;
+		}
+		ck_assert_int_eq(sscanf(hex, "%2x", &v), 1);
+		ck_assert_uint_lt(n, cap);
+		buf[n++] = (uint8_t)v;
+		hex += 2;
+	}
+	return n;
+}
+
+static void txhex(int fd, const char *hex)
+{
+	uint8_t b[512];
+
+	tx(fd, b, unhex(hex, b, sizeof(b)));
+}
+
+static void rx(int fd, void *buf, size_t n)
+{
+	size_t got = 0;
+
+	while (got < n) {
+		ssize_t r = recv(fd, (char *)buf + got, n - got, 0);
+
+		ck_assert_msg(r > 0, "recv: got %zu of %zu bytes (r=%zd, %s)", got, n, r,
+			      strerror(errno));
+		got += (size_t)r;
+	}
+}
+
+static void rxeq(int fd, const void *want, size_t n)
+{
+	uint8_t got[4096];
+
+	ck_assert_uint_le(n, sizeof(got));
+	rx(fd, got, n);
+	ck_assert_mem_eq(got, want, n);
+}
+
+static void rxhex(int fd, const char *hex)
+{
+	uint8_t b[512];
+
+	rxeq(fd, b, unhex(hex, b, sizeof(b)));
+}
+
+/* Nothing arrives within ms (the server had its chance to answer). */
+static void rxnone(int fd, int ms)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+
+	ck_assert_int_eq(poll(&p, 1, ms), 0);
+}
+
+/* The server closed this connection (EOF or reset, no data first). */
+static void rxclosed(int fd)
+{
+	char b;
+	ssize_t r = recv(fd, &b, 1, 0);
+
+	ck_assert_msg(r == 0 || (r < 0 && errno == ECONNRESET), "expected close, got r=%zd (%s)",
+		      r, r < 0 ? strerror(errno) : "data");
+}
+
+static int64_t rxi64(int fd)
+{
+	uint8_t b[8];
+
+	rx(fd, b, 8);
+	return (int64_t)store_get_u64(b);
+}
+
+/* Request builder. */
+struct bb {
+	uint8_t b[8192];
+	size_t n;
+};
+
+static void b_u8(struct bb *b, uint8_t v)
+{
+	b->b[b->n++] = v;
+}
+
+static void b_u64(struct bb *b, uint64_t v)
+{
+	store_put_u64(b->b + b->n, v);
+	b->n += 8;
+}
+
+static void b_str(struct bb *b, const char *s)
+{
+	size_t len = strlen(s);
+
+	ck_assert_uint_lt(b->n + 8 + len, sizeof(b->b));
+	store_put_bytes(b->b + b->n, s, len);
+	b->n += 8 + len;
+}
+
+/* Sends op with one key (and optional value) in dialect d. */
+static void req(int fd, enum store_dialect d, enum store_op op, const char *k, const char *v)
+{
+	struct bb b = { .n = 0 };
+
+	b_u8(&b, (uint8_t)store_proto_opcode(d, op));
+	if (k)
+		b_str(&b, k);
+	if (v)
+		b_str(&b, v);
+	tx(fd, b.b, b.n);
+}
+
+static void req_add(int fd, enum store_dialect d, const char *k, int64_t delta)
+{
+	struct bb b = { .n = 0 };
+
+	b_u8(&b, (uint8_t)store_proto_opcode(d, STORE_OP_ADD));
+	b_str(&b, k);
+	b_u64(&b, (uint64_t)delta);
+	tx(fd, b.b, b.n);
+}
+
+/* WAIT, CHECK or MULTI_GET over up to 4 keys. */
+static void req_keys(int fd, enum store_dialect d, enum store_op op, int n, const char *k0,
+		     const char *k1)
+{
+	struct bb b = { .n = 0 };
+
+	b_u8(&b, (uint8_t)store_proto_opcode(d, op));
+	b_u64(&b, (uint64_t)n);
+	if (n > 0)
+		b_str(&b, k0);
+	if (n > 1)
+		b_str(&b, k1);
+	tx(fd, b.b, b.n);
+}
+
+static void rxstr(int fd, const char *want)
+{
+	size_t n = strlen(want);
+
+	ck_assert_int_eq(rxi64(fd), (int64_t)n);
+	if (n)
+		rxeq(fd, want, n);
+}
+
+/* GET in dialect d, expecting want. */
+static void get_eq(int fd, enum store_dialect d, const char *k, const char *want)
+{
+	req(fd, d, STORE_OP_GET, k, NULL);
+	rxstr(fd, want);
+}
+
+static int64_t numkeys(int fd)
+{
+	uint8_t op = (uint8_t)store_proto_opcode(STORE_V2, STORE_OP_GETNUMKEYS);
+
+	tx(fd, &op, 1);
+	return rxi64(fd);
+}
+
+static void ping(int fd)
+{
+	txhex(fd, "0d 39 30 00 00");
+	rxhex(fd, "39 30 00 00");
+}
+
+/* ---- §1.9 vectors, v1 ---------------------------------------------------------- */
+
+START_TEST(v1_set_wait_get_match_the_113_capture)
+{
+	int fd;
+
+	srv_start();
+	fd = cli();
+	txhex(fd, "00 03 00 00 00 00 00 00 00 2f 6b 31 02 00 00 00 00 00 00 00 76 31");
+	txhex(fd, "05 01 00 00 00 00 00 00 00 03 00 00 00 00 00 00 00 2f 6b 31");
+	rxhex(fd, "00");
+	txhex(fd, "02 03 00 00 00 00 00 00 00 2f 6b 31");
+	rxhex(fd, "02 00 00 00 00 00 00 00 76 31");
+	/* An empty value is a real value. */
+	txhex(fd, "00 03 00 00 00 00 00 00 00 2f 6b 32 00 00 00 00 00 00 00 00");
+	txhex(fd, "02 03 00 00 00 00 00 00 00 2f 6b 32");
+	rxhex(fd, "00 00 00 00 00 00 00 00");
+	/* num_keys, delete (exists / absent) */
+	txhex(fd, "06");
+	rxhex(fd, "02 00 00 00 00 00 00 00");
+	txhex(fd, "08 03 00 00 00 00 00 00 00 2f 6b 32");
+	rxhex(fd, "01 00 00 00 00 00 00 00");
+	txhex(fd, "08 03 00 00 00 00 00 00 00 2f 6b 32");
+	rxhex(fd, "00 00 00 00 00 00 00 00");
+	close(fd);
+	srv_stop();
+}
+END_TEST
+
+START_TEST(v1_add_stores_decimal_text_and_replies_binary)
+{
+	int fd;
+
+	srv_start();
+	fd = cli();
+	txhex(fd, "03 04 00 00 00 00 00 00 00 2f 63 6e 74 05 00 00 00 00 00 00 00");
+	rxhex(fd, "05 00 00 00 00 00 00 00");
+	txhex(fd, "03 04 00 00 00 00 00 00 00 2f 63 6e 74 fe ff ff ff ff ff ff ff");
+	rxhex(fd, "03 00 00 00 00 00 00 00");
+	txhex(fd, "02 04 00 00 00 00 00 00 00 2f 63 6e 74");
+	rxhex(fd, "01 00 00 00 00 00 00 00 33");
+	txhex(fd, "03 04 00 00 00 00 00 00 00 2f 62 69 67 00 00 00 00 00 01 00 00");
+	rxhex(fd, "00 00 00 00 00 01 00 00");
+	get_eq(fd, STORE_V1, "/big", "1099511627776");
+	req_add(fd, STORE_V1, "neg", -5);
+	ck_assert_int_eq(rxi64(fd), -5);
+	get_eq(fd, STORE_V1, "neg", "-5");
+	/* stoll: leading blanks and sign, trailing junk ignored */
+	req(fd, STORE_V1, STORE_OP_SET, "junk", " \t-7xyz");
+	req_add(fd, STORE_V1, "junk", 10);
+	ck_assert_int_eq(rxi64(fd), 3);
+	close(fd);
+	srv_stop();
+}
+END_TEST
+
+START_TEST(v1_compare_set_follows_the_table)
+{
+	int fd;
+
+	srv_start();
+	fd = cli();
+	txhex(fd, "00 03 00 00 00 00 00 00 00 2f 6b 31 02 00 00 00 00 00 00 00 76 31");
+	/* present, match: value becomes desired, reply desired */
+	txhex(fd, "01 03 00 00 00 00 00 00 00 2f 6b 31 02 00 00 00 00 00 00 00 76 31 "
+		  "02 00 00 00 00 00 00 00 76 32");
+	rxhex(fd, "02 00 00 00 00 00 00 00 76 32");
+	/* present, mismatch: reply current */
+	txhex(fd, "01 03 00 00 00 00 00 00 00 2f 6b 31 05 00 00 00 00 00 00 00 77 72 6f 6e 67 "
+		  "02 00 00 00 00 00 00 00 76 33");
+	rxhex(fd, "02 00 00 00 00 00 00 00 76 32");
+	/* absent, expected empty: stored, reply desired */
+	txhex(fd, "01 08 00 00 00 00 00 00 00 2f 6d 69 73 73 69 6e 67 00 00 00 00 00 00 00 00 "
+		  "03 00 00 00 00 00 00 00 6e 65 77");
+	rxhex(fd, "03 00 00 00 00 00 00 00 6e 65 77");
+	/* absent, expected non-empty: reply expected, nothing stored */
+	txhex(fd, "01 09 00 00 00 00 00 00 00 2f 6d 69 73 73 69 6e 67 32 03 00 00 00 00 00 00 00 "
+		  "65 78 70 01 00 00 00 00 00 00 00 78");
+	rxhex(fd, "03 00 00 00 00 00 00 00 65 78 70");
+	txhex(fd, "06");
+	rxhex(fd, "02 00 00 00 00 00 00 00");
+	get_eq(fd, STORE_V1, "/missing", "new");
+	close(fd);
+	srv_stop();
+}
+END_TEST
+
+START_TEST(v1_check_and_wait_on_present_and_empty_lists)
+{
+	int fd;
+
+	srv_start();
+	fd = cli();
+	req(fd, STORE_V1, STORE_OP_SET, "/a", "1");
+	req(fd, STORE_V1, STORE_OP_SET, "/k1", "1");
+	txhex(fd, "04 01 00 00 00 00 00 00 00 02 00 00 00 00 00 00 00 2f 61");
+	rxhex(fd, "00");
+	txhex(fd, "04 02 00 00 00 00 00 00 00 02 00 00 00 00 00 00 00 2f 61 "
+		  "03 00 00 00 00 00 00 00 2f 7a 7a");
+	rxhex(fd, "01");
+	txhex(fd, "04 00 00 00 00 00 00 00 00");
+	rxhex(fd, "00");
+	txhex(fd, "05 00 00 00 00 00 00 00 00");
+	rxhex(fd, "00");
+	req_keys(fd, STORE_V1, STORE_OP_WAIT, 2, "/a", "/k1");
+	rxhex(fd, "00");
+	close(fd);
+	srv_stop();
+}
+END_TEST
+
+START_TEST(v1_get_of_a_missing_key_closes_v2_replies_empty)
+{
+	int f1, f2;
+
+	srv_start();
+	f1 = cli();
+	f2 = cli2();
+	req(f2, STORE_V2, STORE_OP_GET, "/nope", NULL);
+	rxhex(f2, "00 00 00 00 00 00 00 00");
+	req(f1, STORE_V1, STORE_OP_GET, "/nope", NULL);
+	rxclosed(f1);
+	ping(f2);
+	close(f1);
+	close(f2);
+	srv_stop();
+}
+END_TEST
+
+START_TEST(bad_add_text_closes_only_that_connection)
+{
+	int f1, f2;
+	struct store_server_stats st;
+
+	srv_start();
+	f1 = cli();
+	f2 = cli();
+	req(f1, STORE_V1, STORE_OP_SET, "/x", "abc");
+	req_add(f1, STORE_V1, "/x", 1);
+	rxclosed(f1);
+	/* Overflowing text is an error too (std::out_of_range). */
+	req(f2, STORE_V1, STORE_OP_SET, "/y", "99999999999999999999");
+	txhex(f2, "06");
+	rxhex(f2, "02 00 00 00 00 00 00 00");
+	close(f2);
+	f2 = cli();
+	req_add(f2, STORE_V1, "/y", 1);
+	rxclosed(f2);
+	f1 = cli();
+	get_eq(f1, STORE_V1, "/x", "abc");
+	srv_call(do_stats, &st);
+	ck_assert_uint_eq(st.dropped_conns, 2);
+	close(f1);
+	close(f2);
+	srv_stop();
+}
+END_TEST
+
+/* ---- WAIT wake-ups ------------------------------------------------------------- */
+
+/* _i picks the key-creating op run on another connection. */
+START_TEST(wait_is_woken_by_every_key_creating_op)
+{
+	int w, o;
+	struct bb b = { .n = 0 };
+
+	srv_start();
+	w = cli2();
+	o = cli2();
+	req_keys(w, STORE_V2, STORE_OP_WAIT, 1, "/k", NULL);
+	rxnone(w, 50);
+	switch (_i) {
+	case 0:
+		req(o, STORE_V2, STORE_OP_SET, "/k", "v");
+		break;
+	case 1:
+		req_add(o, STORE_V2, "/k", 1);
+		rxi64(o);
+		break;
+	case 2:
+		req(o, STORE_V2, STORE_OP_APPEND, "/k", "v");
+		break;
+	case 3:
+		b_u8(&b, (uint8_t)store_proto_opcode(STORE_V2, STORE_OP_MULTI_SET));
+		b_u64(&b, 2);
+		b_str(&b, "/other");
+		b_str(&b, "1");
+		b_str(&b, "/k");
+		b_str(&b, "2");
+		tx(o, b.b, b.n);
+		break;
+	case 4:
+		b_u8(&b, (uint8_t)store_proto_opcode(STORE_V2, STORE_OP_COMPARE_SET));
+		b_str(&b, "/k");
+		b_str(&b, "");
+		b_str(&b, "new");
+		tx(o, b.b, b.n);
+		rxstr(o, "new");
+		break;
+	default:
+		/* v1 SET from a 1.13 client wakes a v2 waiter: one key space */
+		close(o);
+		o = cli();
+		req(o, STORE_V1, STORE_OP_SET, "/k", "v1");
+		break;
+	}
+	rxhex(w, "00");
+	ping(w);
+	if (_i < 5)
+		ping(o);
+	close(w);
+	close(o);
+	srv_stop();
+}
+END_TEST
+
+START_TEST(wait_counts_every_missing_key)
+{
+	int w, o;
+
+	srv_start();
+	w = cli();
+	o = cli();
+	req(o, STORE_V1, STORE_OP_SET, "/present", "1");
+	req_keys(w, STORE_V1, STORE_OP_WAIT, 2, "/a", "/b");
+	req(o, STORE_V1, STORE_OP_SET, "/a", "1");
+	rxnone(w, 50);
+	/* A failed COMPARE_SET on an absent key wakes nobody: it stays absent. */
+	{
+		struct bb b = { .n = 0 };
+
+		b_u8(&b, (uint8_t)store_proto_opcode(STORE_V1, STORE_OP_COMPARE_SET));
+		b_str(&b, "/b");
+		b_str(&b, "exp");
+		b_str(&b, "x");
+		tx(o, b.b, b.n);
+		rxstr(o, "exp");
+	}
+	rxnone(w, 50);
+	req(o, STORE_V1, STORE_OP_SET, "/b", "1");
+	rxhex(w, "00");
+	/* DELETE does not un-wake; recreating wakes a new waiter as usual. */
+	req(o, STORE_V1, STORE_OP_DELETE_KEY, "/a", NULL);
+	ck_assert_int_eq(rxi64(o), 1);
+	req_keys(w, STORE_V1, STORE_OP_WAIT, 1, "/a", NULL);
+	rxnone(w, 50);
+	req_add(o, STORE_V1, "/a", 3);
+	ck_assert_int_eq(rxi64(o), 3);
+	rxhex(w, "00");
+	close(w);
+	close(o);
+	srv_stop();
+}
+END_TEST
+
+/* A 1.13 client that gave up on a WAIT keeps using the connection; the server
+ * still answers its later requests and still sends the one STOP_WAITING. */
+START_TEST(v1_wait_does_not_block_later_requests_and_still_fires)
+{
+	int w, o;
+
+	srv_start();
+	w = cli();
+	o = cli();
+	req_keys(w, STORE_V1, STORE_OP_WAIT, 1, "/late", NULL);
+	txhex(w, "06");
+	rxhex(w, "00 00 00 00 00 00 00 00");
+	req(o, STORE_V1, STORE_OP_SET, "/late", "x");
+	rxhex(w, "00");
+	req(o, STORE_V1, STORE_OP_SET, "/late", "y");
+	rxnone(w, 50);
+	close(w);
+	close(o);
+	srv_stop();
+}
+END_TEST
+
+START_TEST(v2_parked_wait_keeps_later_requests_in_order)
+{
+	int w, o;
+
+	srv_start();
+	w = cli2();
+	o = cli2();
+	req_keys(w, STORE_V2, STORE_OP_WAIT, 1, "/late", NULL);
+	txhex(w, "0d 01 02 03 04");
+	rxnone(w, 50);
+	req(o, STORE_V2, STORE_OP_SET, "/late", "x");
+	rxhex(w, "00 01 02 03 04");
+	close(w);
+	close(o);
+	srv_stop();
+}
+END_TEST
+
+START_TEST(cancel_wait_replies_canceled_and_unregisters)
+{
+	int w, o;
+
+	srv_start();
+	w = cli2();
+	o = cli2();
+	/* Cancel with nothing pending still answers. */
+	txhex(w, "0c");
+	rxhex(w, "01");
+	req_keys(w, STORE_V2, STORE_OP_WAIT, 1, "/never", NULL);
+	rxnone(w, 50);
+	txhex(w, "0c");
+	rxhex(w, "01");
+	req(o, STORE_V2, STORE_OP_SET, "/never", "x");
+	ping(o);
+	ping(w); /* no stale STOP_WAITING before the echo */
+	/* The race: the wake-up came first, then the cancel. */
+	req_keys(w, STORE_V2, STORE_OP_WAIT, 1, "/race", NULL);
+	req(o, STORE_V2, STORE_OP_SET, "/race", "x");
+	rxhex(w, "00");
+	txhex(w, "0c");
+	rxhex(w, "01");
+	ping(w);
+	close(w);
+	close(o);
+	srv_stop();
+}
+END_TEST
+
+START_TEST(closing_a_waiting_connection_unregisters_it)
+{
+	int w, o;
+	struct store_server_stats st;
+
+	srv_start();
+	w = cli2();
+	o = cli2();
+	req_keys(w, STORE_V2, STORE_OP_WAIT, 2, "/x", "/y");
+	ping(o);
+	srv_call(do_stats, &st);
+	ck_assert_uint_eq(st.waiters, 2);
+	close(w);
+	for (int i = 0; i < 200; i++) {
+		srv_call(do_stats, &st);
+		if (st.conns == 1)
+			break;
+		usleep(10 * 1000);
+	}
+	ck_assert_uint_eq(st.conns, 1);
+	ck_assert_uint_eq(st.waiters, 0);
+	req(o, STORE_V2, STORE_OP_SET, "/x", "1");
+	req(o, STORE_V2, STORE_OP_SET, "/y", "1");
+	ck_assert_int_eq(numkeys(o), 2);
+	close(o);
+	srv_stop();
+}
+END_TEST
+
+/* ---- v1 WATCH_KEY (the §1.9 vectors) ------------------------------------------- */
+
+START_TEST(v1_watch_key_notifies_set_delete_and_create)
+{
+	int w, o;
+
+	srv_start();
+	w = cli();
+	o = cli();
+	req(o, STORE_V1, STORE_OP_SET, "/a", "1");
+	txhex(o, "06"); /* the SET has run before the watch starts */
+	rxhex(o, "01 00 00 00 00 00 00 00");
+	txhex(w, "07 02 00 00 00 00 00 00 00 2f 61");
+	rxhex(w, "03");
+	req(o, STORE_V1, STORE_OP_SET, "/a", "2");
+	rxhex(w, "00 02 00 00 00 00 00 00 00 2f 61 01 00 00 00 00 00 00 00 31 "
+		 "01 00 00 00 00 00 00 00 32");
+	req(o, STORE_V1, STORE_OP_SET, "/a", "4");
+	rxhex(w, "00 02 00 00 00 00 00 00 00 2f 61 01 00 00 00 00 00 00 00 32 "
+		 "01 00 00 00 00 00 00 00 34");
+	req(o, STORE_V1, STORE_OP_DELETE_KEY, "/a", NULL);
+	ck_assert_int_eq(rxi64(o), 1);
+	rxhex(w, "02 02 00 00 00 00 00 00 00 2f 61 01 00 00 00 00 00 00 00 34 "
+		 "00 00 00 00 00 00 00 00");
+	req(o, STORE_V1, STORE_OP_SET, "/a", "new");
+	rxhex(w, "01 02 00 00 00 00 00 00 00 2f 61 00 00 00 00 00 00 00 00 "
+		 "03 00 00 00 00 00 00 00 6e 65 77");
+	req_add(o, STORE_V1, "/a", 1);
+	close(o);
+	o = cli(); /* the ADD above hit "new": that connection was closed */
+	req(o, STORE_V1, STORE_OP_SET, "/a", "5");
+	rxhex(w, "00 02 00 00 00 00 00 00 00 2f 61 03 00 00 00 00 00 00 00 6e 65 77 "
+		 "01 00 00 00 00 00 00 00 35");
+	req_add(o, STORE_V1, "/a", 1);
+	ck_assert_int_eq(rxi64(o), 6);
+	rxhex(w, "00 02 00 00 00 00 00 00 00 2f 61 01 00 00 00 00 00 00 00 35 "
+		 "01 00 00 00 00 00 00 00 36");
+	close(w);
+	close(o);
+	srv_stop();
+}
+END_TEST
+
+/* ---- v2 ops --------------------------------------------------------------------- */
+
+START_TEST(v2_every_op_replies_the_right_bytes)
+{
+	int fd;
+	struct bb b = { .n = 0 };
+
+	srv_start();
+	fd = cli2();
+	ping(fd);
+	req(fd, STORE_V2, STORE_OP_SET, "/k1", "v1");
+	get_eq(fd, STORE_V2, "/k1", "v1");
+	req(fd, STORE_V2, STORE_OP_APPEND, "/k1", "+x");
+	req(fd, STORE_V2, STORE_OP_APPEND, "/new", "n");
+	get_eq(fd, STORE_V2, "/k1", "v1+x");
+	req_add(fd, STORE_V2, "/c", 7);
+	ck_assert_int_eq(rxi64(fd), 7);
+	/* MULTI_SET has no reply; MULTI_GET: values back to back, missing = empty */
+	b_u8(&b, 11);
+	b_u64(&b, 2);
+	b_str(&b, "/m1");
+	b_str(&b, "one");
+	b_str(&b, "/m2");
+	b_str(&b, "");
+	tx(fd, b.b, b.n);
+	req_keys(fd, STORE_V2, STORE_OP_MULTI_GET, 2, "/m1", "/nope");
+	rxstr(fd, "one");
+	rxstr(fd, "");
+	req_keys(fd, STORE_V2, STORE_OP_MULTI_GET, 2, "/m2", "/c");
+	rxstr(fd, "");
+	rxstr(fd, "7");
+	req_keys(fd, STORE_V2, STORE_OP_CHECK, 2, "/m1", "/m2");
+	rxhex(fd, "00");
+	req_keys(fd, STORE_V2, STORE_OP_CHECK, 2, "/m1", "/zz");
+	rxhex(fd, "01");
+	ck_assert_int_eq(numkeys(fd), 5);
+	txhex(fd, "08 03 00 00 00 00 00 00 00 2f 6d 32");
+	rxhex(fd, "01 00 00 00 00 00 00 00");
+	/* LIST_KEYS: count then every key (order is the table's) */
+	txhex(fd, "11");
+	ck_assert_int_eq(rxi64(fd), 4);
+	for (int i = 0; i < 4; i++) {
+		uint8_t kb[16];
+		int64_t n = rxi64(fd);
+
+		ck_assert_int_lt(n, (int64_t)sizeof(kb));
+		rx(fd, kb, (size_t)n);
+		ck_assert(kb[0] == '/');
+	}
+	/* A second VALIDATE mid-stream is accepted silently. */
+	txhex(fd, "00 ce f7 85 3c");
+	ping(fd);
+	close(fd);
+	srv_stop();
+}
+END_TEST
+
+START_TEST(queues_are_fifo_uncounted_and_push_wakes_one)
+{
+	int fd, w1, w2;
+
+	srv_start();
+	fd = cli2();
+	w1 = cli2();
+	w2 = cli2();
+	req(fd, STORE_V2, STORE_OP_QUEUE_PUSH, "/q", "x");
+	req(fd, STORE_V2, STORE_OP_QUEUE_PUSH, "/q", "yy");
+	req(fd, STORE_V2, STORE_OP_QUEUE_LEN, "/q", NULL);
+	ck_assert_int_eq(rxi64(fd), 2);
+	ck_assert_int_eq(numkeys(fd), 0);
+	txhex(fd, "11");
+	ck_assert_int_eq(rxi64(fd), 0);
+	/* CHECK sees a non-empty queue */
+	req_keys(fd, STORE_V2, STORE_OP_CHECK, 1, "/q", NULL);
+	rxhex(fd, "00");
+	req(fd, STORE_V2, STORE_OP_QUEUE_POP, "/q", NULL);
+	ck_assert_int_eq(rxi64(fd), 2);
+	rxstr(fd, "x");
+	req(fd, STORE_V2, STORE_OP_QUEUE_POP, "/q", NULL);
+	ck_assert_int_eq(rxi64(fd), 1);
+	rxstr(fd, "yy");
+	req(fd, STORE_V2, STORE_OP_QUEUE_POP, "/q", NULL);
+	ck_assert_int_eq(rxi64(fd), 0);
+	req(fd, STORE_V2, STORE_OP_QUEUE_LEN, "/nothing", NULL);
+	ck_assert_int_eq(rxi64(fd), 0);
+	/* Two blocking pops wait; one push wakes exactly one. */
+	req_keys(w1, STORE_V2, STORE_OP_WAIT, 1, "/q", NULL);
+	ping(fd);
+	req_keys(w2, STORE_V2, STORE_OP_WAIT, 1, "/q", NULL);
+	ping(fd);
+	req(fd, STORE_V2, STORE_OP_QUEUE_PUSH, "/q", "z");
+	rxhex(w1, "00");
+	rxnone(w2, 50);
+	req(fd, STORE_V2, STORE_OP_QUEUE_PUSH, "/q", "w");
+	rxhex(w2, "00");
+	close(fd);
+	close(w1);
+	close(w2);
+	srv_stop();
+}
+END_TEST
+
+START_TEST(barrier_releases_everyone_at_world_size)
+{
+	int a, b, c;
+	struct bb r = { .n = 0 };
+
+	srv_start();
+	a = cli2();
+	b = cli2();
+	c = cli2();
+	b_u8(&r, 18);
+	b_str(&r, "/bar");
+	b_u64(&r, 2);
+	tx(a, r.b, r.n);
+	rxnone(a, 50);
+	tx(b, r.b, r.n);
+	rxhex(b, "00");
+	rxhex(a, "00");
+	/* never reset: a later arrival passes at once */
+	tx(c, r.b, r.n);
+	rxhex(c, "00");
+	get_eq(c, STORE_V2, "/bar", "3");
+	close(a);
+	close(b);
+	close(c);
+	srv_stop();
+}
+END_TEST
+
+/* ---- framing ---------------------------------------------------------------------- */
+
+START_TEST(pipelined_requests_are_answered_in_order)
+{
+	int fd;
+	struct bb b = { .n = 0 };
+
+	srv_start();
+	fd = cli();
+	for (int i = 0; i < 200; i++) {
+		b_u8(&b, 3);
+		b_str(&b, "/p");
+		b_u64(&b, 1);
+	}
+	tx(fd, b.b, b.n);
+	for (int i = 1; i <= 200; i++)
+		ck_assert_int_eq(rxi64(fd), i);
+	/* the 1.13 capture: two ADDs in one segment */
+	txhex(fd, "03 02 00 00 00 00 00 00 00 2f 70 01 00 00 00 00 00 00 00 "
+		  "03 02 00 00 00 00 00 00 00 2f 70 01 00 00 00 00 00 00 00");
+	rxhex(fd, "c9 00 00 00 00 00 00 00 ca 00 00 00 00 00 00 00");
+	close(fd);
+	srv_stop();
+}
+END_TEST
+
+/* _i = 1: v1, 2: v2 (VALIDATE too arrives byte by byte). */
+START_TEST(byte_at_a_time_segmentation_is_reassembled)
+{
+	enum store_dialect d = _i == 1 ? STORE_V1 : STORE_V2;
+	struct bb b = { .n = 0 };
+	int fd;
+
+	srv_start();
+	fd = cli();
+	if (d == STORE_V2)
+		for (int i = 0; i < 5; i++)
+			b_u8(&b, (uint8_t)"\x00\xce\xf7\x85\x3c"[i]);
+	b_u8(&b, (uint8_t)store_proto_opcode(d, STORE_OP_SET));
+	b_str(&b, "/seg");
+	b_str(&b, "value");
+	b_u8(&b, (uint8_t)store_proto_opcode(d, STORE_OP_GET));
+	b_str(&b, "/seg");
+	for (size_t i = 0; i < b.n; i++) {
+		tx(fd, b.b + i, 1);
+		if (i % 7 == 0)
+			usleep(1000);
+	}
+	rxstr(fd, "value");
+	close(fd);
+	srv_stop();
+}
+END_TEST
+
+START_TEST(malformed_frame_closes_only_that_connection)
+{
+	int bad1, bad2, good;
+	struct store_server_stats st;
+
+	srv_start();
+	good = cli2();
+	bad1 = cli2();
+	bad2 = cli();
+	req(good, STORE_V2, STORE_OP_SET, "/k", "v");
+	txhex(bad1, "63");  /* no such opcode in v2 */
+	txhex(bad2, "0c");  /* CANCEL_WAIT does not exist in v1 */
+	rxclosed(bad1);
+	rxclosed(bad2);
+	get_eq(good, STORE_V2, "/k", "v");
+	srv_call(do_stats, &st);
+	ck_assert_uint_eq(st.dropped_conns, 2);
+	ck_assert_uint_eq(st.conns, 1);
+	close(bad1);
+	close(bad2);
+	close(good);
+	srv_stop();
+}
+END_TEST
+
+START_TEST(over_limit_requests_close_the_connection)
+{
+	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
+	struct bb b = { .n = 0 };
+	int fd, good;
+
+	cfg.limits.max_key_bytes = 16;
+	cfg.limits.max_value_bytes = 32;
+	cfg.limits.max_items = 4;
+	srv_start_cfg(&cfg);
+	good = cli();
+	/* Refused as soon as the length is seen, before the bytes arrive. */
+	fd = cli();
+	b_u8(&b, 0);
+	b_u64(&b, 17);
+	tx(fd, b.b, b.n);
+	rxclosed(fd);
+	close(fd);
+	fd = cli();
+	req(fd, STORE_V1, STORE_OP_SET, "/k", "0123456789abcdef0123456789abcdef+");
+	rxclosed(fd);
+	close(fd);
+	fd = cli();
+	b.n = 0;
+	b_u8(&b, 5);
+	b_u64(&b, 5);
+	tx(fd, b.b, b.n);
+	rxclosed(fd);
+	close(fd);
+	/* At the limits is fine. */
+	req(good, STORE_V1, STORE_OP_SET, "/234567890abcdef", "0123456789abcdef0123456789abcdef");
+	get_eq(good, STORE_V1, "/234567890abcdef", "0123456789abcdef0123456789abcdef");
+	close(good);
+	srv_stop();
+}
+END_TEST
+
+START_TEST(total_value_bytes_ceiling_closes_the_writer)
+{
+	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
+	int fd, good;
+
+	cfg.max_total_value_bytes = 10;
+	srv_start_cfg(&cfg);
+	good = cli2();
+	fd = cli2();
+	req(good, STORE_V2, STORE_OP_SET, "/a", "12345");
+	req(fd, STORE_V2, STORE_OP_SET, "/b", "123456");
+	rxclosed(fd);
+	/* Overwriting counts the old value out. */
+	req(good, STORE_V2, STORE_OP_SET, "/a", "1234567890");
+	get_eq(good, STORE_V2, "/a", "1234567890");
+	close(fd);
+	close(good);
+	srv_stop();
+}
+END_TEST
+
+START_TEST(max_conns_refuses_extra_connections)
+{
+	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
+	int a, b, c;
+
+	cfg.max_conns = 2;
+	srv_start_cfg(&cfg);
+	a = cli();
+	b = cli();
+	txhex(a, "06");
+	rxhex(a, "00 00 00 00 00 00 00 00");
+	txhex(b, "06");
+	rxhex(b, "00 00 00 00 00 00 00 00");
+	c = cli();
+	rxclosed(c);
+	close(c);
+	close(a);
+	/* A slot freed by a close is usable again (allow the close to land). */
+	for (int i = 0; i < 100; i++) {
+		struct store_server_stats st;
+
+		srv_call(do_stats, &st);
+		if (st.conns < 2)
+			break;
+		usleep(10 * 1000);
+	}
+	c = cli();
+	txhex(c, "06");
+	rxhex(c, "00 00 00 00 00 00 00 00");
+	close(b);
+	close(c);
+	srv_stop();
+}
+END_TEST
+
+START_TEST(idle_connections_are_held)
+{
+	int idle, fd;
+
+	srv_start();
+	idle = cli();
+	fd = cli();
+	usleep(100 * 1000);
+	txhex(fd, "06");
+	rxhex(fd, "00 00 00 00 00 00 00 00");
+	txhex(idle, "06");
+	rxhex(idle, "00 00 00 00 00 00 00 00");
+	close(idle);
+	close(fd);
+	srv_stop();
+}
+END_TEST
+
+START_TEST(clear_deletes_every_key_but_keeps_waiters)
+{
+	int fd, w;
+	struct store_server_stats st;
+
+	srv_start();
+	fd = cli2();
+	w = cli2();
+	for (int i = 0; i < 100; i++) {
+		char k[16];
+
+		snprintf(k, sizeof(k), "/k%d", i);
+		req(fd, STORE_V2, STORE_OP_SET, k, "value");
+	}
+	req(fd, STORE_V2, STORE_OP_QUEUE_PUSH, "/q", "x");
+	req_keys(w, STORE_V2, STORE_OP_WAIT, 1, "/later", NULL);
+	ck_assert_int_eq(numkeys(fd), 100);
+	srv_call(do_clear, NULL);
+	srv_call(do_stats, &st);
+	ck_assert_uint_eq(st.keys, 0);
+	ck_assert_uint_eq(st.value_bytes, 0);
+	ck_assert_uint_eq(st.waiters, 1);
+	ck_assert_int_eq(numkeys(fd), 0);
+	req(fd, STORE_V2, STORE_OP_QUEUE_LEN, "/q", NULL);
+	ck_assert_int_eq(rxi64(fd), 0);
+	req(fd, STORE_V2, STORE_OP_SET, "/later", "x");
+	rxhex(w, "00");
+	close(fd);
+	close(w);
+	srv_stop();
+}
+END_TEST
+
+START_TEST(many_keys_grow_the_table)
+{
+	int fd;
+	struct bb b;
+
+	srv_start();
+	fd = cli();
+	for (int round = 0; round < 20; round++) {
+		b.n = 0;
+		for (int i = 0; i < 250; i++) {
+			char k[32];
+
+			snprintf(k, sizeof(k), "/rank/%d", round * 250 + i);
+			b_u8(&b, 3);
+			b_str(&b, k);
+			b_u64(&b, (uint64_t)i);
+			ck_assert_uint_lt(b.n, sizeof(b.b) - 64);
+		}
+		tx(fd, b.b, b.n);
+		for (int i = 0; i < 250; i++)
+			ck_assert_int_eq(rxi64(fd), i);
+	}
+	txhex(fd, "06");
+	ck_assert_int_eq(rxi64(fd), 5000);
+	get_eq(fd, STORE_V1, "/rank/4999", "249");
+	get_eq(fd, STORE_V1, "/rank/0", "0");
+	close(fd);
+	srv_stop();
+}
+END_TEST
+
+Suite *store_server_suite(void);
+Suite *store_server_suite(void)
+{
+	Suite *s = suite_create("store_server");
+	TCase *ops = tcase_create("ops");
+	TCase *wait = tcase_create("wait");
+	TCase *frame = tcase_create("framing_and_limits");
+
+	tcase_set_timeout(ops, 20);
+	tcase_add_test(ops, v1_set_wait_get_match_the_113_capture);
+	tcase_add_test(ops, v1_add_stores_decimal_text_and_replies_binary);
+	tcase_add_test(ops, v1_compare_set_follows_the_table);
+	tcase_add_test(ops, v1_check_and_wait_on_present_and_empty_lists);
+	tcase_add_test(ops, v1_get_of_a_missing_key_closes_v2_replies_empty);
+	tcase_add_test(ops, bad_add_text_closes_only_that_connection);
+	tcase_add_test(ops, v1_watch_key_notifies_set_delete_and_create);
+	tcase_add_test(ops, v2_every_op_replies_the_right_bytes);
+	tcase_add_test(ops, queues_are_fifo_uncounted_and_push_wakes_one);
+	tcase_add_test(ops, barrier_releases_everyone_at_world_size);
+	tcase_add_test(ops, clear_deletes_every_key_but_keeps_waiters);
+	tcase_add_test(ops, many_keys_grow_the_table);
+	suite_add_tcase(s, ops);
+
+	tcase_set_timeout(wait, 20);
+	tcase_add_loop_test(wait, wait_is_woken_by_every_key_creating_op, 0, 6);
+	tcase_add_test(wait, wait_counts_every_missing_key);
+	tcase_add_test(wait, v1_wait_does_not_block_later_requests_and_still_fires);
+	tcase_add_test(wait, v2_parked_wait_keeps_later_requests_in_order);
+	tcase_add_test(wait, cancel_wait_replies_canceled_and_unregisters);
+	tcase_add_test(wait, closing_a_waiting_connection_unregisters_it);
+	suite_add_tcase(s, wait);
+
+	tcase_set_timeout(frame, 20);
+	tcase_add_test(frame, pipelined_requests_are_answered_in_order);
+	tcase_add_loop_test(frame, byte_at_a_time_segmentation_is_reassembled, 1, 3);
+	tcase_add_test(frame, malformed_frame_closes_only_that_connection);
+	tcase_add_test(frame, over_limit_requests_close_the_connection);
+	tcase_add_test(frame, total_value_bytes_ceiling_closes_the_writer);
+	tcase_add_test(frame, max_conns_refuses_extra_connections);
+	tcase_add_test(frame, idle_connections_are_held);
+	suite_add_tcase(s, frame);
+	return s;
+}
+
+CRUN_CHECK_MAIN(store_server_suite)

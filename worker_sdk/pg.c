@@ -1,0 +1,536 @@
+/* pg.c: process groups: creation (host discovery and transport set-up
+ * through the store), the public collective entry points with their
+ * argument checks, and asynchronous work (one FIFO and one progress thread
+ * per group, started on first use). Blocking calls run on the caller's
+ * thread when no async work is queued, so small collectives pay no thread
+ * hand-off.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "kernels/kernels.h"
+#include "worker_sdk/worker.h"
+
+enum pg_op_kind {
+	OP_BROADCAST,
+	OP_ALL_REDUCE,
+	OP_REDUCE,
+	OP_ALL_GATHER,
+	OP_GATHER,
+	OP_SCATTER,
+	OP_REDUCE_SCATTER,
+	OP_ALL_TO_ALL,
+	OP_BARRIER,
+	OP_SEND,
+	OP_RECV,
+	OP__MAX
+};
+
+struct pg_op {
+	int kind;
+	const void *sbuf;
+	void *rbuf;
+	size_t count;
+	int dtype, op, root; /* root doubles as the peer of send/recv */
+};
+
+struct crun_work {
+	struct crun_work *next;
+	struct crun_pg *pg; /* borrowed; the group outlives its work */
+	struct pg_op op;
+	int done;
+	int result;
+};
+
+size_t crun_dtype_size(int dtype)
+{
+	static const size_t sizes[CRUN_DTYPE__MAX] = {
+		[CRUN_F32] = 4, [CRUN_F64] = 8, [CRUN_F16] = 2, [CRUN_BF16] = 2,
+		[CRUN_I8] = 1,	[CRUN_U8] = 1,	[CRUN_I32] = 4, [CRUN_I64] = 8,
+	};
+
+	return dtype >= 0 && dtype < CRUN_DTYPE__MAX ? sizes[dtype] : 0;
+}
+
+/* ---- creation ------------------------------------------------------------------ */
+
+/* Ranks with the same boot id and hostname share /dev/shm. */
+static int host_id(char *buf, size_t cap)
+{
+	char boot[64] = "", host[128] = "";
+	int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+
+	if (fd >= 0) {
+		ssize_t n = read(fd, boot, sizeof(boot) - 1);
+
+		boot[n > 0 ? n : 0] = '\0';
+		boot[strcspn(boot, "\n")] = '\0';
+		fd_close(fd);
+	}
+	(void)gethostname(host, sizeof(host) - 1);
+	return pg_fmt(buf, cap, "%s/%s", boot, host);
+}
+
+static size_t env_size(const char *name, size_t def, size_t min, size_t max)
+{
+	const char *s = getenv(name);
+	uint64_t v;
+
+	if (!s || parse_uint_range(s, min, max, &v) < 0)
+		return def;
+	return (size_t)v;
+}
+
+/* Which peers go over shm and which over TCP. */
+static int pick_transports(struct crun_pg *pg, crun_store_t *st, const char *ns, int *is_shm,
+			   int *is_tcp)
+{
+	const char *mode = getenv("CRUN_PG_TRANSPORT");
+	char me[256], key[300];
+	int r;
+
+	if (mode && *mode && strcmp(mode, "tcp") && strcmp(mode, "shm") && strcmp(mode, "auto"))
+		return CRUN_ECONFIG;
+	TRY(host_id(me, sizeof(me)));
+	TRY(pg_fmt(key, sizeof(key), "%shost/%d", ns, pg->rank));
+	TRY(crun_store_set(st, key, me, strlen(me)));
+	for (int p = 0; p < pg->size; p++) {
+		void *v;
+		size_t len;
+		int same;
+
+		if (p == pg->rank)
+			continue;
+		TRY(pg_fmt(key, sizeof(key), "%shost/%d", ns, p));
+		TRY(crun_store_get(st, key, 0, &v, &len));
+		same = len == strlen(me) && memcmp(v, me, len) == 0;
+		crun_free(v);
+		if (mode && !strcmp(mode, "shm") && !same)
+			return CRUN_ECONFIG; /* shm forced across hosts */
+		r = same && !(mode && !strcmp(mode, "tcp"));
+		is_shm[p] = r;
+		is_tcp[p] = !r;
+	}
+	return 0;
+}
+
+void pg_destroy(struct crun_pg *pg)
+{
+	if (!pg)
+		return;
+	if (pg->peers) {
+		pg_shm_release(pg);
+		pg_tcp_release(pg);
+	}
+	if (pg->mu_ready) {
+		pthread_mutex_destroy(&pg->mu);
+		pthread_cond_destroy(&pg->cv);
+	}
+	free(pg->peers);
+	free(pg->world_ranks);
+	free(pg->scratch);
+	free(pg);
+}
+
+int pg_create(crun_store_t *st, int restart_count, const char *gname, const int *world_ranks,
+	      int n, int my_world_rank, uint32_t timeout_ms, struct crun_pg **ret_pg)
+{
+	struct crun_pg *pg;
+	int *is_shm = NULL, *is_tcp = NULL;
+	char ns[96];
+	int r;
+
+	pg = calloc(1, sizeof(*pg));
+	if (!pg)
+		return CRUN_ENOMEM;
+	pg->size = n;
+	pg->rank = -1;
+	pg->world_rank = my_world_rank;
+	atomic_store(&pg->timeout_ms, timeout_ms);
+	pg->ring_bytes = env_size("CRUN_SHM_RING_BYTES", PG_SHM_RING_BYTES_DEFAULT, 4096,
+				  1u << 30);
+	if (pg->ring_bytes & (pg->ring_bytes - 1))
+		pg->ring_bytes = PG_SHM_RING_BYTES_DEFAULT; /* must be a power of two */
+	pg->ring_threshold = env_size("CRUN_PG_RING_THRESHOLD", PG_RING_THRESHOLD_DEFAULT, 0,
+				      SIZE_MAX / 2);
+	r = pg_fmt(pg->name, sizeof(pg->name), "%s", gname);
+	if (r < 0)
+		goto fail;
+	r = CRUN_ENOMEM;
+	pg->world_ranks = calloc((size_t)n, sizeof(int));
+	pg->peers = calloc((size_t)n, sizeof(*pg->peers));
+	is_shm = calloc((size_t)n, sizeof(int));
+	is_tcp = calloc((size_t)n, sizeof(int));
+	if (!pg->world_ranks || !pg->peers || !is_shm || !is_tcp)
+		goto fail;
+	for (int p = 0; p < n; p++) {
+		pg->world_ranks[p] = world_ranks[p];
+		pg->peers[p].fd = -1;
+		pg->peers[p].pidfd = -1;
+		if (world_ranks[p] == my_world_rank)
+			pg->rank = p;
+	}
+	pg->peers[pg->rank].kind = PEER_SELF;
+	if (pthread_mutex_init(&pg->mu, NULL) || pthread_cond_init(&pg->cv, NULL))
+		goto fail;
+	pg->mu_ready = 1;
+	/* PyTorch 2.x group store "<group>/" under "default_pg", then crun's
+	 * own namespace with the attempt, so a reused agent store is safe. */
+	r = pg_fmt(ns, sizeof(ns), "%s//crun/a%d/", gname, restart_count);
+	if (r == 0)
+		r = pick_transports(pg, st, ns, is_shm, is_tcp);
+	if (r == 0)
+		r = pg_shm_setup(pg, st, ns, is_shm);
+	if (r == 0)
+		r = pg_tcp_setup(pg, st, ns, is_tcp);
+	if (r < 0)
+		goto fail;
+	free(is_shm);
+	free(is_tcp);
+	*ret_pg = pg;
+	return 0;
+fail:
+	free(is_shm);
+	free(is_tcp);
+	pg_destroy(pg);
+	return r;
+}
+
+/* ---- running work ----------------------------------------------------------------- */
+
+static int run_op(struct crun_pg *pg, const struct pg_op *o)
+{
+	struct xfer x = { .peer = o->root, .buf = (uint8_t *)o->rbuf,
+			  .len = o->count * crun_dtype_size(o->dtype) };
+	int b = atomic_load(&pg->broken);
+
+	if (b)
+		return b;
+	if (atomic_load(&pg->aborted))
+		return pg_fail(pg, CRUN_ECANCELED, "aborted");
+	switch (o->kind) {
+	case OP_BROADCAST:
+		return algo_broadcast(pg, o->rbuf, o->count, o->dtype, o->root);
+	case OP_ALL_REDUCE:
+		return algo_all_reduce(pg, o->sbuf, o->rbuf, o->count, o->dtype, o->op);
+	case OP_REDUCE:
+		return algo_reduce(pg, o->sbuf, o->rbuf, o->count, o->dtype, o->op, o->root);
+	case OP_ALL_GATHER:
+		return algo_all_gather(pg, o->sbuf, o->rbuf, o->count, o->dtype);
+	case OP_GATHER:
+		return algo_gather(pg, o->sbuf, o->rbuf, o->count, o->dtype, o->root);
+	case OP_SCATTER:
+		return algo_scatter(pg, o->sbuf, o->rbuf, o->count, o->dtype, o->root);
+	case OP_REDUCE_SCATTER:
+		return algo_reduce_scatter(pg, o->sbuf, o->rbuf, o->count, o->dtype, o->op);
+	case OP_ALL_TO_ALL:
+		return algo_all_to_all(pg, o->sbuf, o->rbuf, o->count, o->dtype);
+	case OP_BARRIER:
+		return pg->size > 1 ? algo_barrier(pg) : 0;
+	case OP_SEND:
+		x.dir = XF_SEND;
+		x.buf = (uint8_t *)o->sbuf;
+		return pg_xfer(pg, &x, 1);
+	case OP_RECV:
+		x.dir = XF_RECV;
+		return pg_xfer(pg, &x, 1);
+	default:
+		return CRUN_EINVAL;
+	}
+}
+
+static void *progress_main(void *arg)
+{
+	struct crun_pg *pg = arg;
+
+	pthread_mutex_lock(&pg->mu);
+	for (;;) {
+		struct crun_work *w;
+		int r;
+
+		while (!pg->q_head && !pg->stopping)
+			pthread_cond_wait(&pg->cv, &pg->mu);
+		if (!pg->q_head)
+			break;
+		w = pg->q_head;
+		pg->q_head = w->next;
+		if (!pg->q_head)
+			pg->q_tail = NULL;
+		pthread_mutex_unlock(&pg->mu);
+		r = run_op(pg, &w->op);
+		pthread_mutex_lock(&pg->mu);
+		w->result = r;
+		w->done = 1;
+		pg->pending--;
+		pthread_cond_broadcast(&pg->cv);
+	}
+	pthread_mutex_unlock(&pg->mu);
+	return NULL;
+}
+
+static int submit(struct crun_pg *pg, const struct pg_op *o, crun_work_t **ret_work)
+{
+	struct crun_work *w;
+	int r;
+
+	if (!ret_work) {
+		unsigned pending;
+
+		pthread_mutex_lock(&pg->mu);
+		pending = pg->pending;
+		pthread_mutex_unlock(&pg->mu);
+		/* Nothing queued: the progress thread is idle and only this
+		 * thread may submit, so running here keeps the order. */
+		if (!pending)
+			return run_op(pg, o);
+	}
+	w = calloc(1, sizeof(*w));
+	if (!w)
+		return CRUN_ENOMEM;
+	w->pg = pg;
+	w->op = *o;
+	pthread_mutex_lock(&pg->mu);
+	if (!pg->thread_started) {
+		r = pthread_create(&pg->thread, NULL, progress_main, pg);
+		if (r) {
+			pthread_mutex_unlock(&pg->mu);
+			free(w);
+			return -r;
+		}
+		pg->thread_started = 1;
+	}
+	if (pg->q_tail)
+		pg->q_tail->next = w;
+	else
+		pg->q_head = w;
+	pg->q_tail = w;
+	pg->pending++;
+	pthread_cond_broadcast(&pg->cv);
+	pthread_mutex_unlock(&pg->mu);
+	if (ret_work) {
+		*ret_work = w;
+		return 0;
+	}
+	r = crun_work_wait(w);
+	free(w);
+	return r;
+}
+
+int crun_work_wait(crun_work_t *w)
+{
+	int r;
+
+	if (!w)
+		return CRUN_EINVAL;
+	pthread_mutex_lock(&w->pg->mu);
+	while (!w->done)
+		pthread_cond_wait(&w->pg->cv, &w->pg->mu);
+	r = w->result;
+	pthread_mutex_unlock(&w->pg->mu);
+	return r;
+}
+
+int crun_work_test(crun_work_t *w, int *ret_done)
+{
+	if (!w || !ret_done)
+		return CRUN_EINVAL;
+	pthread_mutex_lock(&w->pg->mu);
+	*ret_done = w->done;
+	pthread_mutex_unlock(&w->pg->mu);
+	return 0;
+}
+
+void crun_work_free(crun_work_t *w)
+{
+	if (!w)
+		return;
+	(void)crun_work_wait(w);
+	free(w);
+}
+
+/* ---- public group calls --------------------------------------------------------------- */
+
+void pg_stop_and_destroy(struct crun_pg *pg)
+{
+	if (!pg)
+		return;
+	pthread_mutex_lock(&pg->mu);
+	while (pg->pending)
+		pthread_cond_wait(&pg->cv, &pg->mu);
+	pg->stopping = 1;
+	pthread_cond_broadcast(&pg->cv);
+	pthread_mutex_unlock(&pg->mu);
+	if (pg->thread_started)
+		pthread_join(pg->thread, NULL);
+	pg_destroy(pg);
+}
+
+int crun_pg_rank(const crun_pg_t *pg)
+{
+	return pg ? pg->rank : CRUN_EINVAL;
+}
+
+int crun_pg_size(const crun_pg_t *pg)
+{
+	return pg ? pg->size : CRUN_EINVAL;
+}
+
+void crun_pg_set_timeout(crun_pg_t *pg, uint32_t timeout_ms)
+{
+	if (pg)
+		atomic_store(&pg->timeout_ms, timeout_ms);
+}
+
+int crun_pg_abort(crun_pg_t *pg)
+{
+	if (!pg)
+		return CRUN_EINVAL;
+	atomic_store(&pg->aborted, 1);
+	(void)pg_fail(pg, CRUN_ECANCELED, "aborted by crun_pg_abort");
+	return 0;
+}
+
+const char *crun_pg_last_error(const crun_pg_t *pg)
+{
+	if (!pg)
+		return "no process group";
+	return atomic_load(&((crun_pg_t *)pg)->broken) ? pg->last_error : "";
+}
+
+/* Shared argument checks: every size product must fit in size_t. */
+static int check(const crun_pg_t *pg, size_t count, int dtype, int op, int root, int per_rank)
+{
+	size_t esz = crun_dtype_size(dtype), mult;
+
+	if (!pg || !esz || op < 0 || op >= CRUN_RED_OP__MAX || root < 0 || root >= pg->size)
+		return CRUN_EINVAL;
+	mult = per_rank ? (size_t)pg->size : 1;
+	if (count > SIZE_MAX / 8 / esz / mult)
+		return CRUN_ERANGE;
+	return 0;
+}
+
+#define NEED(p) ((p) || !count)
+
+int crun_broadcast(crun_pg_t *pg, void *buf, size_t count, int dtype, int root,
+		   crun_work_t **ret_work)
+{
+	struct pg_op o = { OP_BROADCAST, buf, buf, count, dtype, 0, root };
+
+	TRY(check(pg, count, dtype, 0, root, 0));
+	if (!NEED(buf))
+		return CRUN_EINVAL;
+	return submit(pg, &o, ret_work);
+}
+
+int crun_all_reduce(crun_pg_t *pg, const void *sbuf, void *rbuf, size_t count, int dtype, int op,
+		    crun_work_t **ret_work)
+{
+	struct pg_op o = { OP_ALL_REDUCE, sbuf, rbuf, count, dtype, op, 0 };
+
+	TRY(check(pg, count, dtype, op, 0, 0));
+	if (!NEED(sbuf) || !NEED(rbuf))
+		return CRUN_EINVAL;
+	return submit(pg, &o, ret_work);
+}
+
+int crun_reduce(crun_pg_t *pg, const void *sbuf, void *rbuf, size_t count, int dtype, int op,
+		int root, crun_work_t **ret_work)
+{
+	struct pg_op o = { OP_REDUCE, sbuf, rbuf, count, dtype, op, root };
+
+	TRY(check(pg, count, dtype, op, root, 0));
+	if (!NEED(sbuf) || (pg->rank == root && !NEED(rbuf)))
+		return CRUN_EINVAL;
+	return submit(pg, &o, ret_work);
+}
+
+int crun_all_gather(crun_pg_t *pg, const void *sbuf, void *rbuf, size_t count, int dtype,
+		    crun_work_t **ret_work)
+{
+	struct pg_op o = { OP_ALL_GATHER, sbuf, rbuf, count, dtype, 0, 0 };
+
+	TRY(check(pg, count, dtype, 0, 0, 1));
+	if (!NEED(sbuf) || !NEED(rbuf))
+		return CRUN_EINVAL;
+	return submit(pg, &o, ret_work);
+}
+
+int crun_gather(crun_pg_t *pg, const void *sbuf, void *rbuf, size_t count, int dtype, int root,
+		crun_work_t **ret_work)
+{
+	struct pg_op o = { OP_GATHER, sbuf, rbuf, count, dtype, 0, root };
+
+	TRY(check(pg, count, dtype, 0, root, 1));
+	if (!NEED(sbuf) || (pg->rank == root && !NEED(rbuf)))
+		return CRUN_EINVAL;
+	return submit(pg, &o, ret_work);
+}
+
+int crun_scatter(crun_pg_t *pg, const void *sbuf, void *rbuf, size_t count, int dtype, int root,
+		 crun_work_t **ret_work)
+{
+	struct pg_op o = { OP_SCATTER, sbuf, rbuf, count, dtype, 0, root };
+
+	TRY(check(pg, count, dtype, 0, root, 1));
+	if (!NEED(rbuf) || (pg->rank == root && !NEED(sbuf)))
+		return CRUN_EINVAL;
+	return submit(pg, &o, ret_work);
+}
+
+int crun_reduce_scatter(crun_pg_t *pg, const void *sbuf, void *rbuf, size_t count, int dtype,
+			int op, crun_work_t **ret_work)
+{
+	struct pg_op o = { OP_REDUCE_SCATTER, sbuf, rbuf, count, dtype, op, 0 };
+
+	TRY(check(pg, count, dtype, op, 0, 1));
+	if (!NEED(sbuf) || !NEED(rbuf))
+		return CRUN_EINVAL;
+	return submit(pg, &o, ret_work);
+}
+
+int crun_all_to_all(crun_pg_t *pg, const void *sbuf, void *rbuf, size_t count, int dtype,
+		    crun_work_t **ret_work)
+{
+	struct pg_op o = { OP_ALL_TO_ALL, sbuf, rbuf, count, dtype, 0, 0 };
+
+	TRY(check(pg, count, dtype, 0, 0, 1));
+	if (!NEED(sbuf) || !NEED(rbuf))
+		return CRUN_EINVAL;
+	return submit(pg, &o, ret_work);
+}
+
+int crun_barrier(crun_pg_t *pg, crun_work_t **ret_work)
+{
+	struct pg_op o = { OP_BARRIER, NULL, NULL, 0, CRUN_U8, 0, 0 };
+
+	TRY(check(pg, 0, CRUN_U8, 0, 0, 0));
+	return submit(pg, &o, ret_work);
+}
+
+int crun_send(crun_pg_t *pg, const void *buf, size_t count, int dtype, int peer,
+	      crun_work_t **ret_work)
+{
+	struct pg_op o = { OP_SEND, buf, NULL, count, dtype, 0, peer };
+
+	TRY(check(pg, count, dtype, 0, peer, 0));
+	if (!NEED(buf) || peer == pg->rank)
+		return CRUN_EINVAL;
+	return submit(pg, &o, ret_work);
+}
+
+int crun_recv(crun_pg_t *pg, void *buf, size_t count, int dtype, int peer,
+	      crun_work_t **ret_work)
+{
+	struct pg_op o = { OP_RECV, NULL, buf, count, dtype, 0, peer };
+
+	TRY(check(pg, count, dtype, 0, peer, 0));
+	if (!NEED(buf) || peer == pg->rank)
+		return CRUN_EINVAL;
+	return submit(pg, &o, ret_work);
+}

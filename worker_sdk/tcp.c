@@ -1,0 +1,290 @@
+/* tcp.c: the TCP transport between hosts (or between any ranks when
+ * CRUN_PG_TRANSPORT=tcp). Each rank listens on an ephemeral port, publishes
+ * "addr:port" in the store, connects to every lower TCP peer and accepts
+ * every higher one: one full-duplex, non-blocking, TCP_NODELAY socket per
+ * pair. A hello frame (magic, group rank) says who connected.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "kernels/kernels.h"
+#include "worker_sdk/worker.h"
+
+#define TCP_MAGIC 0x63727470u /* "crtp" */
+#define TCP_STAGE_BYTES (256u * 1024)
+#define TCP_SOCKBUF_BYTES (4 * 1024 * 1024)
+
+/* The address peers should dial: CRUN_PG_ADDR, else the local address the
+ * kernel would use to reach the store host (a UDP connect sends nothing). */
+static int local_addr(char *buf, size_t cap)
+{
+	const char *env = getenv("CRUN_PG_ADDR");
+	const char *master = getenv("MASTER_ADDR");
+	struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_DGRAM };
+	struct addrinfo *ai = NULL;
+	struct sockaddr_in sin;
+	socklen_t sl = sizeof(sin);
+	int fd, r = CRUN_ERESOLVE;
+
+	if (env && *env)
+		return pg_fmt(buf, cap, "%s", env);
+	if (!master || !*master)
+		master = "127.0.0.1";
+	if (getaddrinfo(master, "9", &hints, &ai) != 0 || !ai)
+		return CRUN_ERESOLVE;
+	fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+	    getsockname(fd, (struct sockaddr *)&sin, &sl) == 0 &&
+	    inet_ntop(AF_INET, &sin.sin_addr, buf, (socklen_t)cap))
+		r = 0;
+	if (fd >= 0)
+		fd_close(fd);
+	freeaddrinfo(ai);
+	return r;
+}
+
+static void tune(int fd)
+{
+	int one = 1, sz = TCP_SOCKBUF_BYTES;
+
+	(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	(void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
+	(void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
+}
+
+/* Blocking I/O with a deadline, for the hello frames only. */
+static int io_full(int fd, void *buf, size_t len, int rd, uint64_t deadline_ms)
+{
+	size_t done = 0;
+
+	while (done < len) {
+		struct pollfd pfd = { .fd = fd, .events = rd ? POLLIN : POLLOUT };
+		uint64_t now = clock_now_ms();
+		ssize_t n;
+
+		if (now >= deadline_ms)
+			return CRUN_ETIMEDOUT;
+		if (poll(&pfd, 1, (int)MIN(deadline_ms - now, 1000u)) <= 0)
+			continue;
+		n = rd ? recv(fd, (uint8_t *)buf + done, len - done, MSG_DONTWAIT)
+		       : send(fd, (uint8_t *)buf + done, len - done, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (n == 0)
+			return CRUN_EPEER;
+		if (n < 0) {
+			if (errno == EAGAIN || errno == EINTR)
+				continue;
+			return CRUN_EPEER;
+		}
+		done += (size_t)n;
+	}
+	return 0;
+}
+
+static int dial(const char *hostport, uint64_t deadline_ms, int *ret_fd)
+{
+	char host[128];
+	uint16_t port = 0;
+	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
+	struct addrinfo *ai = NULL;
+	char sport[8];
+	int fd, r;
+
+	TRY(parse_host_port(hostport, 0, host, sizeof(host), &port));
+	TRY(pg_fmt(sport, sizeof(sport), "%u", port));
+	if (getaddrinfo(host, sport, &hints, &ai) != 0 || !ai)
+		return CRUN_ERESOLVE;
+	fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0) {
+		r = -errno;
+		goto out;
+	}
+	tune(fd);
+	r = connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 || errno == EINPROGRESS ? 0 : -errno;
+	if (r == 0) {
+		struct pollfd pfd = { .fd = fd, .events = POLLOUT };
+		int err = 0;
+		socklen_t el = sizeof(err);
+		uint64_t now = clock_now_ms();
+
+		if (poll(&pfd, 1, now < deadline_ms ? (int)(deadline_ms - now) : 0) <= 0)
+			r = CRUN_ETIMEDOUT;
+		else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) < 0 || err)
+			r = err ? -err : CRUN_EPEER;
+	}
+	if (r < 0) {
+		fd_close(fd);
+		goto out;
+	}
+	*ret_fd = fd;
+out:
+	freeaddrinfo(ai);
+	return r;
+}
+
+static int do_listen(int *ret_fd, uint16_t *ret_port, const char *addr, int backlog)
+{
+	struct sockaddr_in sin = { .sin_family = AF_INET };
+	socklen_t sl = sizeof(sin);
+	int fd;
+
+	if (inet_pton(AF_INET, addr, &sin.sin_addr) != 1)
+		sin.sin_addr.s_addr = htonl(INADDR_ANY);
+	fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return -errno;
+	if (bind(fd, (struct sockaddr *)&sin, sizeof(sin)) < 0 || listen(fd, backlog) < 0 ||
+	    getsockname(fd, (struct sockaddr *)&sin, &sl) < 0) {
+		int r = -errno;
+
+		fd_close(fd);
+		return r;
+	}
+	*ret_fd = fd;
+	*ret_port = ntohs(sin.sin_port);
+	return 0;
+}
+
+static int accept_peers(struct crun_pg *pg, int lfd, int expect, uint64_t deadline_ms)
+{
+	while (expect > 0) {
+		struct pollfd pfd = { .fd = lfd, .events = POLLIN };
+		uint32_t hello[2];
+		uint64_t now = clock_now_ms();
+		int fd, r;
+
+		if (now >= deadline_ms)
+			return CRUN_ETIMEDOUT;
+		if (poll(&pfd, 1, (int)MIN(deadline_ms - now, 1000u)) <= 0)
+			continue;
+		fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+		if (fd < 0)
+			continue;
+		tune(fd);
+		r = io_full(fd, hello, sizeof(hello), 1, deadline_ms);
+		if (r < 0 || hello[0] != TCP_MAGIC || hello[1] <= (uint32_t)pg->rank ||
+		    hello[1] >= (uint32_t)pg->size || pg->peers[hello[1]].kind != PEER_TCP ||
+		    pg->peers[hello[1]].fd >= 0) {
+			fd_close(fd); /* a stranger or a duplicate: not one of ours */
+			continue;
+		}
+		pg->peers[hello[1]].fd = fd;
+		expect--;
+	}
+	return 0;
+}
+
+int pg_tcp_setup(struct crun_pg *pg, crun_store_t *st, const char *ns, const int *is_tcp)
+{
+	uint32_t tmo = atomic_load(&pg->timeout_ms);
+	uint64_t deadline = clock_now_ms() + (tmo ? tmo : PG_DEFAULT_TIMEOUT_MS);
+	char addr[64], key[256], val[128];
+	int lfd = -1, higher = 0, r;
+	uint16_t port = 0;
+
+	for (int p = 0; p < pg->size; p++) {
+		if (!is_tcp[p])
+			continue;
+		pg->peers[p].kind = PEER_TCP;
+		pg->peers[p].stage = malloc(TCP_STAGE_BYTES);
+		if (!pg->peers[p].stage)
+			return CRUN_ENOMEM;
+		higher += p > pg->rank;
+	}
+	if (higher) {
+		TRY(local_addr(addr, sizeof(addr)));
+		TRY(do_listen(&lfd, &port, addr, pg->size));
+		r = pg_fmt(val, sizeof(val), "%s:%u", addr, port);
+		if (r == 0)
+			r = pg_fmt(key, sizeof(key), "%stcp/%d", ns, pg->rank);
+		if (r == 0)
+			r = crun_store_set(st, key, val, strlen(val));
+		if (r < 0)
+			goto out;
+	}
+	/* Lower peers listen before they publish, so connects complete in
+	 * their backlog even before they get round to accept(). */
+	for (int p = 0; p < pg->rank; p++) {
+		uint32_t hello[2] = { TCP_MAGIC, (uint32_t)pg->rank };
+		void *v;
+		size_t vlen;
+
+		if (!is_tcp[p])
+			continue;
+		r = pg_fmt(key, sizeof(key), "%stcp/%d", ns, p);
+		if (r == 0)
+			r = crun_store_get(st, key, 0, &v, &vlen);
+		if (r < 0)
+			goto out;
+		r = dial(v, deadline, &pg->peers[p].fd);
+		crun_free(v);
+		if (r == 0)
+			r = io_full(pg->peers[p].fd, hello, sizeof(hello), 0, deadline);
+		if (r < 0)
+			goto out;
+	}
+	r = higher ? accept_peers(pg, lfd, higher, deadline) : 0;
+out:
+	if (lfd >= 0)
+		fd_close(lfd);
+	return r;
+}
+
+void pg_tcp_release(struct crun_pg *pg)
+{
+	for (int p = 0; p < pg->size; p++) {
+		struct pg_peer *peer = &pg->peers[p];
+
+		if (peer->fd >= 0)
+			fd_close(peer->fd);
+		peer->fd = -1;
+		free(peer->stage);
+		peer->stage = NULL;
+	}
+}
+
+ssize_t pg_tcp_progress(struct crun_pg *pg, struct xfer *x)
+{
+	struct pg_peer *p = &pg->peers[x->peer];
+	size_t esz, want, whole;
+	ssize_t n;
+
+	if (x->dir == XF_SEND)
+		n = send(p->fd, x->buf + x->done, x->len - x->done, MSG_DONTWAIT | MSG_NOSIGNAL);
+	else if (x->dir == XF_RECV)
+		n = recv(p->fd, x->buf + x->done, x->len - x->done, MSG_DONTWAIT);
+	else {
+		/* Receive into the staging buffer, reduce whole elements, keep
+		 * a partial element's bytes for the next round. */
+		want = MIN((size_t)TCP_STAGE_BYTES - p->stage_fill,
+			   x->len - x->done - p->stage_fill);
+		n = recv(p->fd, p->stage + p->stage_fill, want, MSG_DONTWAIT);
+		if (n > 0) {
+			esz = crun_dtype_size(x->dtype);
+			p->stage_fill += (size_t)n;
+			whole = p->stage_fill - p->stage_fill % esz;
+			(void)kernels_reduce(x->buf + x->done, p->stage, whole / esz, x->dtype,
+					     x->op);
+			x->done += whole;
+			p->stage_fill -= whole;
+			memmove(p->stage, p->stage + whole, p->stage_fill);
+			return n;
+		}
+	}
+	if (n == 0 && x->len)
+		return CRUN_EPEER; /* orderly EOF mid-operation: the peer left */
+	if (n < 0)
+		return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : CRUN_EPEER;
+	if (x->dir != XF_RECV_REDUCE)
+		x->done += (size_t)n;
+	return n;
+}

@@ -1,0 +1,168 @@
+/* worker.h: the worker SDK module's internal interface: the process group
+ * object, the per-peer transports (shared-memory rings, TCP sockets), the
+ * transfer engine that drives several sends and receives at once, and the
+ * collective algorithms built on it. The public API is include/crun/worker.h.
+ */
+#ifndef CRUN_WORKER_SDK_WORKER_H
+#define CRUN_WORKER_SDK_WORKER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "crun/store.h"
+#include "crun/worker.h"
+
+#define PG_MAX_WORLD 4096	    /* ceiling on group size (limits rule) */
+#define PG_DEFAULT_TIMEOUT_MS 300000 /* like PyTorch's 5 min store default */
+#define PG_SHM_RING_BYTES_DEFAULT (1u << 20)
+
+/* Message size (bytes) at and above which all_reduce switches from recursive
+ * doubling to the ring (reduce-scatter then all-gather). Measured with
+ * bench/coll_bench on the 2-core dev VM, shared memory, f32 sum: see the
+ * table in algo.c. CRUN_PG_RING_THRESHOLD overrides. */
+#define PG_RING_THRESHOLD_DEFAULT (64u * 1024)
+
+/* str_printf() returns the length; this yields 0 or CRUN_ETOOBIG. */
+#define pg_fmt(buf, cap, ...) (str_printf((buf), (cap), __VA_ARGS__) < 0 ? CRUN_ETOOBIG : 0)
+
+enum pg_peer_kind {
+	PEER_SELF,
+	PEER_SHM,
+	PEER_TCP,
+	PEER__MAX
+};
+
+/* One single-producer single-consumer byte ring in a shared segment. head is
+ * advanced by the writer, tail by the reader; both only grow (mod 2^64).
+ * Every message is padded to 8 bytes on the ring so the next one starts
+ * aligned for any element type (the reader reduces straight from the ring). */
+struct shm_ring {
+	_Alignas(64) _Atomic uint64_t head;
+	_Alignas(64) _Atomic uint64_t tail;
+	_Alignas(64) uint8_t data[];
+};
+
+/* Header of each rank's inbox segment: rings[p] is written by group rank p. */
+struct shm_seg_hdr {
+	uint64_t magic;
+	uint64_t ring_bytes; /* capacity of each ring (a power of two) */
+	uint32_t nranks;
+	_Alignas(64) _Atomic uint32_t abort; /* set by any rank whose group failed */
+};
+
+struct pg_peer {
+	int kind; /* enum pg_peer_kind */
+	/* shm */
+	struct shm_ring *tx; /* our ring in the peer's inbox; borrowed from its map */
+	struct shm_ring *rx; /* its ring in our inbox */
+	void *map;	     /* the peer's inbox segment, mapped */
+	size_t map_len;
+	int pidfd; /* to notice the peer's death; -1 if unsupported */
+	pid_t pid;
+	/* tcp */
+	int fd;
+	uint8_t *stage; /* receive-and-reduce staging buffer */
+	size_t stage_fill;
+};
+
+struct crun_pg {
+	int rank, size;
+	int world_rank;
+	int *world_ranks; /* group rank -> world rank */
+	char name[32];	  /* group name ("0" for the world) */
+	struct pg_peer *peers;
+	struct shm_seg_hdr *inbox; /* our own segment (also peers[rank].map) */
+	size_t ring_bytes;
+	size_t ring_threshold;
+	_Atomic uint32_t timeout_ms;
+	_Atomic int aborted;  /* crun_pg_abort() was called */
+	_Atomic int broken;   /* a transport failure: the code every call returns */
+	char last_error[256];
+	/* async work: a FIFO run by one progress thread */
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int mu_ready;
+	int thread_started;
+	int stopping;
+	pthread_t thread;
+	struct crun_work *q_head, *q_tail;
+	unsigned pending; /* queued + running */
+	uint8_t *scratch; /* per-group scratch, grown as needed */
+	size_t scratch_len;
+};
+
+/* ---- transfer engine -------------------------------------------------------- */
+
+enum xfer_dir {
+	XF_SEND,
+	XF_RECV,
+	XF_RECV_REDUCE, /* buf = buf op incoming, element-wise */
+};
+
+struct xfer {
+	int peer; /* group rank */
+	int dir;  /* enum xfer_dir */
+	uint8_t *buf;
+	size_t len; /* bytes */
+	int dtype, op;
+	size_t done; /* bytes of payload moved */
+	size_t wire; /* bytes moved on the ring, padding included (shm) */
+};
+
+/* Drives every op to completion, interleaving them so ring exchanges cannot
+ * deadlock. Returns 0, CRUN_EPEER, CRUN_ETIMEDOUT or CRUN_ECANCELED; any
+ * failure breaks the group (pg_fail). */
+int pg_xfer(struct crun_pg *pg, struct xfer *ops, int nops);
+/* Convenience: one send to `to` and one receive from `from` at once. */
+int pg_sendrecv(struct crun_pg *pg, int to, const void *sbuf, size_t slen, int from, void *rbuf,
+		size_t rlen, int reduce, int dtype, int op);
+
+/* Marks pg broken with `err` (first one wins), tells the peers (shm abort
+ * flags, TCP shutdown) and records the detail. Returns err. */
+int pg_fail(struct crun_pg *pg, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* ---- transports --------------------------------------------------------------- */
+
+/* Creates our inbox segment, publishes its name, maps every shm peer's,
+ * then unlinks ours once all have mapped it. `is_shm[p]` says which peers. */
+int pg_shm_setup(struct crun_pg *pg, crun_store_t *st, const char *ns, const int *is_shm);
+void pg_shm_release(struct crun_pg *pg);
+/* Moves what it can right now; returns bytes moved (0 = would block). */
+size_t pg_shm_progress(struct crun_pg *pg, struct xfer *x);
+
+/* Listens, publishes addr:port, connects the mesh for every TCP peer. */
+int pg_tcp_setup(struct crun_pg *pg, crun_store_t *st, const char *ns, const int *is_tcp);
+void pg_tcp_release(struct crun_pg *pg);
+/* Moves what it can right now: >= 0 bytes, or CRUN_EPEER on EOF/error. */
+ssize_t pg_tcp_progress(struct crun_pg *pg, struct xfer *x);
+
+/* ---- algorithms (group-rank arguments, byte counts derived from dtype) ------ */
+
+int algo_barrier(struct crun_pg *pg);
+int algo_broadcast(struct crun_pg *pg, void *buf, size_t count, int dtype, int root);
+int algo_all_reduce(struct crun_pg *pg, const void *sbuf, void *rbuf, size_t count, int dtype,
+		    int op);
+int algo_reduce(struct crun_pg *pg, const void *sbuf, void *rbuf, size_t count, int dtype,
+		int op, int root);
+int algo_all_gather(struct crun_pg *pg, const void *sbuf, void *rbuf, size_t count, int dtype);
+int algo_gather(struct crun_pg *pg, const void *sbuf, void *rbuf, size_t count, int dtype,
+		int root);
+int algo_scatter(struct crun_pg *pg, const void *sbuf, void *rbuf, size_t count, int dtype,
+		 int root);
+int algo_reduce_scatter(struct crun_pg *pg, const void *sbuf, void *rbuf, size_t count,
+			int dtype, int op);
+int algo_all_to_all(struct crun_pg *pg, const void *sbuf, void *rbuf, size_t count, int dtype);
+
+/* ---- shared by env.c and pg.c ------------------------------------------------ */
+
+/* Builds a group over world ranks (collective among the members only), with
+ * keys under `gname` in the worker store. */
+int pg_create(crun_store_t *st, int restart_count, const char *gname, const int *world_ranks,
+	      int n, int my_world_rank, uint32_t timeout_ms, struct crun_pg **ret_pg);
+void pg_destroy(struct crun_pg *pg);
+/* Waits for queued work, stops the progress thread, then pg_destroy(). */
+void pg_stop_and_destroy(struct crun_pg *pg);
+
+#endif /* CRUN_WORKER_SDK_WORKER_H */
