@@ -68,7 +68,7 @@ CU_SRCS := $(wildcard kernels/*.cu)
 
 ifeq ($(WITH_CUDA),1)
   ALL_CFLAGS += -DCRUN_WITH_CUDA=1 -I$(CUDA_HOME)/include
-  LIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lnccl
+  LIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lnccl -lstdc++
   CU_OBJS := $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CU_SRCS))
 else
   LIB_SRCS += $(wildcard kernels/kernels_stub.c)

@@ -23,7 +23,7 @@ extern char **environ;
 
 static void make_uuid4(char *buf, size_t cap)
 {
-	uint8_t b[16] = { 0 };
+	uint8_t b[16] = {0};
 
 	if (getrandom(b, sizeof(b), 0) != (ssize_t)sizeof(b)) {
 		uint64_t t = clock_now_us() ^ (uint64_t)getpid() << 32;
@@ -32,10 +32,9 @@ static void make_uuid4(char *buf, size_t cap)
 	}
 	b[6] = (uint8_t)((b[6] & 0x0f) | 0x40);
 	b[8] = (uint8_t)((b[8] & 0x3f) | 0x80);
-	snprintf(buf, cap,
-		 "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
-		 b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
-		 b[14], b[15]);
+	snprintf(buf, cap, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+		 b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12],
+		 b[13], b[14], b[15]);
 }
 
 static bool log_to_null(const struct crun_agent *a)
@@ -71,10 +70,10 @@ static int make_log_dirs(struct crun_agent *a)
 static void on_rdzv_event(enum rdzv_event ev, void *arg)
 {
 	static const enum agent_event map[] = {
-		[RDZV_EV_COMPLETE] = AE_RDZV_COMPLETE,
-		[RDZV_EV_FAILED] = AE_RDZV_FAILED,
-		[RDZV_EV_PEER_CHANGED] = AE_PEER_CHANGED,
-		[RDZV_EV_BARRIER_DONE] = AE_BARRIER_DONE,
+	    [RDZV_EV_COMPLETE] = AE_RDZV_COMPLETE,
+	    [RDZV_EV_FAILED] = AE_RDZV_FAILED,
+	    [RDZV_EV_PEER_CHANGED] = AE_PEER_CHANGED,
+	    [RDZV_EV_BARRIER_DONE] = AE_BARRIER_DONE,
 	};
 
 	agent_fire(arg, map[ev]);
@@ -85,6 +84,13 @@ static void on_kick(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	agent_fire(arg, AE_WORKER_EXIT);
+}
+
+static void on_linger(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	agent_fire(arg, AE_BARRIER_DONE);
 }
 
 static int serve_store(struct crun_agent *a)
@@ -145,7 +151,7 @@ static int copy_config(struct crun_agent *a, const crun_agent_config_t *cfg)
 CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_agent)
 {
 	struct crun_agent *a;
-	struct rdzv_params rp = { 0 };
+	struct rdzv_params rp = {0};
 	int r;
 
 	if (!cfg || !ret_agent || cfg->struct_size < offsetof(crun_agent_config_t, on_state))
@@ -168,8 +174,9 @@ CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_a
 			m = 1ull << SIGTERM | 1ull << SIGINT | 1ull << SIGHUP | 1ull << SIGQUIT;
 		for (int s = 1; s < 64; s++)
 			if (m & (1ull << s) && o + 16 < sizeof(a->signals_str))
-				o += (size_t)snprintf(a->signals_str + o, sizeof(a->signals_str) - o,
-						      "%s%s", o ? "," : "", supervise_signame(s));
+				o +=
+				    (size_t)snprintf(a->signals_str + o, sizeof(a->signals_str) - o,
+						     "%s%s", o ? "," : "", supervise_signame(s));
 	}
 	a->exe = spawn_resolve(a->argv[0]);
 	if (!a->exe)
@@ -200,7 +207,8 @@ CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_a
 			goto fail;
 	}
 	a->kick = event_new(a->base, -1, 0, on_kick, a);
-	if (!a->kick)
+	a->linger_timer = evtimer_new(a->base, on_linger, a);
+	if (!a->kick || !a->linger_timer)
 		goto fail;
 	rp.backend = a->cfg.rdzv_backend ? a->cfg.rdzv_backend : "static";
 	rp.standalone = a->cfg.standalone;
@@ -287,6 +295,8 @@ CRUN_API void crun_agent_free(crun_agent_t *a)
 	store_server_free(a->store);
 	if (a->kick)
 		event_free(a->kick);
+	if (a->linger_timer)
+		event_free(a->linger_timer);
 	if (a->own_base && a->base)
 		event_base_free(a->base);
 	if (a->argv)
@@ -311,8 +321,8 @@ static int exec_exit_code(int err)
 static int start_one(struct crun_agent *a, struct worker *w, const struct rdzv_info *ri,
 		     const char *attempt_dir)
 {
-	struct env_vars v = { 0 };
-	struct spawn_req req = { 0 };
+	struct env_vars v = {0};
+	struct spawn_req req = {0};
 	char wdir[PATH_MAX];
 	char **envp = NULL, **argv = NULL;
 	int out_wr = -1, err_wr = -1;

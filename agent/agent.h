@@ -61,16 +61,17 @@ enum agent_decision agent_decide(int nfailed, int nrunning, int restart_count, i
 enum agent_state agent_after_stop(struct crun_agent *a);
 
 /* agent.c, used by the actions: */
-int agent_start_attempt(struct crun_agent *a);   /* spawn every worker of the attempt */
-void agent_end_attempt(struct crun_agent *a);    /* close logs, drop failure records */
-int agent_collect_failures(struct crun_agent *a);/* record new failures; returns the count */
-void agent_report_failure(struct crun_agent *a); /* root-cause summary on stderr */
+int agent_start_attempt(struct crun_agent *a);	  /* spawn every worker of the attempt */
+void agent_end_attempt(struct crun_agent *a);	  /* close logs, drop failure records */
+int agent_collect_failures(struct crun_agent *a); /* record new failures; returns the count */
+void agent_report_failure(struct crun_agent *a);  /* root-cause summary on stderr */
 
 /* ---- workers ---------------------------------------------------------------- */
 
-#define AGENT_RING_LINES 8   /* stderr lines kept per worker for the summary */
-#define AGENT_RING_LINE 256  /* bytes per kept line */
-#define AGENT_LINE_MAX 16384 /* longer lines are emitted in pieces */
+#define AGENT_RING_LINES 8     /* stderr lines kept per worker for the summary */
+#define AGENT_RING_LINE	 256   /* bytes per kept line */
+#define AGENT_LINE_MAX	 16384 /* longer lines are emitted in pieces */
+#define AGENT_LINGER_MS	 5000  /* node 0 waits this long for the others to leave */
 
 enum worker_state { W_INIT, W_RUNNING, W_EXITED };
 
@@ -80,12 +81,12 @@ struct worker;
 struct agent_stream {
 	struct crun_agent *a;
 	struct worker *w;
-	int which;	  /* CRUN_STD_OUT or CRUN_STD_ERR */
-	int fd;		  /* read end, nonblocking, or -1 */
+	int which; /* CRUN_STD_OUT or CRUN_STD_ERR */
+	int fd;	   /* read end, nonblocking, or -1 */
 	struct event *ev;
-	int file_fd;	  /* stdout.log / stderr.log, or -1 */
-	bool console;	  /* echo lines to the agent's own stream */
-	bool prefixed;	  /* tee: echo with the line prefix */
+	int file_fd;   /* stdout.log / stderr.log, or -1 */
+	bool console;  /* echo lines to the agent's own stream */
+	bool prefixed; /* tee: echo with the line prefix */
 	size_t len;
 	char buf[AGENT_LINE_MAX];
 };
@@ -93,15 +94,15 @@ struct agent_stream {
 struct worker {
 	int local_rank;
 	int global_rank;
-	pid_t pid;		/* also the process group id */
+	pid_t pid; /* also the process group id */
 	enum worker_state state;
-	int exit_code;		/* shell convention: 128+sig, 127 exec failure */
-	int term_sig;		/* signal that ended it, or 0 */
-	int exec_err;		/* errno of a failed exec, or 0 */
-	bool stopping;		/* crun sent it a signal */
-	bool reported;		/* its exit went through on_worker_exit */
+	int exit_code; /* shell convention: 128+sig, 127 exec failure */
+	int term_sig;  /* signal that ended it, or 0 */
+	int exec_err;  /* errno of a failed exec, or 0 */
+	bool stopping; /* crun sent it a signal */
+	bool reported; /* its exit went through on_worker_exit */
 	bool sigkilled_by_us;
-	double exit_time;	/* wall seconds */
+	double exit_time; /* wall seconds */
 	char prefix[128];
 	char errfile[PATH_MAX];
 	struct agent_stream out, err;
@@ -113,7 +114,7 @@ struct worker {
 struct agent_failure {
 	int global_rank, local_rank;
 	pid_t pid;
-	int exitcode;		/* torchrun convention: -signal for signals */
+	int exitcode; /* torchrun convention: -signal for signals */
 	int exec_err;
 	bool maybe_oom;		/* SIGKILL that crun did not send */
 	double timestamp;	/* error file's, else the exit time */
@@ -131,21 +132,21 @@ struct crun_agent {
 	bool own_base;
 	enum agent_state state;
 	enum stop_reason stop_reason;
-	int stop_signal;		/* signal forwarded on STOP_SIGNAL */
-	int restart_count;		/* TORCHELASTIC_RESTART_COUNT */
-	int group_rank;			/* of the current round */
-	int exit_code;			/* crun_agent_run()'s *ret_exit_code */
-	int run_error;			/* crun_agent_run()'s return value */
+	int stop_signal;   /* signal forwarded on STOP_SIGNAL */
+	int restart_count; /* TORCHELASTIC_RESTART_COUNT */
+	int group_rank;	   /* of the current round */
+	int exit_code;	   /* crun_agent_run()'s *ret_exit_code */
+	int run_error;	   /* crun_agent_run()'s return value */
 	char role[64];
 	char run_id[256];
 	char host[256];
-	char signals_str[256];		/* TORCHELASTIC_SIGNALS_TO_HANDLE */
-	char log_base[PATH_MAX];	/* --log_dir or the temp dir */
-	char run_dir[PATH_MAX];		/* <log_base>/<run_id>_XXXXXXXX */
-	char **argv;			/* owned copy of the worker command */
-	char *exe;			/* resolved argv[0], or NULL */
-	int exe_errno;			/* why it did not resolve */
-	char **envp_base;		/* owned copy of the agent's environment */
+	char signals_str[256];	 /* TORCHELASTIC_SIGNALS_TO_HANDLE */
+	char log_base[PATH_MAX]; /* --log_dir or the temp dir */
+	char run_dir[PATH_MAX];	 /* <log_base>/<run_id>_XXXXXXXX */
+	char **argv;		 /* owned copy of the worker command */
+	char *exe;		 /* resolved argv[0], or NULL */
+	int exe_errno;		 /* why it did not resolve */
+	char **envp_base;	 /* owned copy of the agent's environment */
 	int nworkers;
 	struct worker *workers;
 	/* failures of the current attempt, in exit order */
@@ -155,11 +156,13 @@ struct crun_agent {
 	struct rdzv *rdzv;
 	struct event *sig_ev[65];
 	struct event *grace_timer;
-	struct event *kick;		/* deferred AE_WORKER_EXIT for exec failures */
-	struct event *stop_req;		/* crun_agent_stop() from another thread */
+	struct event *kick;	    /* deferred AE_WORKER_EXIT for exec failures */
+	struct event *linger_timer; /* re-fires AE_BARRIER_DONE while lingering */
+	uint64_t linger_until_ms;
+	struct event *stop_req; /* crun_agent_stop() from another thread */
 	int stop_req_fd[2];
 	volatile sig_atomic_t stop_req_sig;
-	int guard_fd;			/* write end to the guard process */
+	int guard_fd; /* write end to the guard process */
 	pid_t guard_pid;
 	sigset_t orig_mask;
 	char err[512];
@@ -186,7 +189,7 @@ char *spawn_resolve(const char *name);
 
 /* ---- supervise.c -------------------------------------------------------------- */
 
-int supervise_init(struct crun_agent *a);	/* subreaper, signal events, guard */
+int supervise_init(struct crun_agent *a); /* subreaper, signal events, guard */
 void supervise_fini(struct crun_agent *a);
 /* kill(-pgid, sig) for every worker not yet reaped. */
 void supervise_signal_workers(struct crun_agent *a, int sig);
@@ -211,8 +214,8 @@ void logs_close_worker(struct crun_agent *a, struct worker *w);
 /* Drains w's pipes without closing them (called at reap time). */
 void logs_drain_worker(struct crun_agent *a, struct worker *w);
 /* Expands $role_name $rank $local_rank $group_rank (and ${...}) in tmpl. */
-int logs_render_prefix(const char *tmpl, const char *role, int rank, int local_rank,
-		       int group_rank, char *buf, size_t cap);
+int logs_render_prefix(const char *tmpl, const char *role, int rank, int local_rank, int group_rank,
+		       char *buf, size_t cap);
 /* Copies the last `max` lines of w's stderr ring, '\n'-joined, malloc'd. */
 char *logs_stderr_tail(const struct worker *w);
 /* mkdir -p and rm -rf helpers for the log layout. */
@@ -243,7 +246,7 @@ struct env_vars {
 	int restart_count, max_restarts;
 	const char *run_id;
 	const char *error_file;
-	const char *signals;	/* TORCHELASTIC_SIGNALS_TO_HANDLE, or NULL */
+	const char *signals; /* TORCHELASTIC_SIGNALS_TO_HANDLE, or NULL */
 	bool virtual_local_rank;
 };
 
@@ -261,14 +264,14 @@ char **env_argv_subst(char *const *argv, int local_rank);
 /* The parsed command line; owns every string the config points to. */
 struct cli {
 	crun_agent_config_t cfg;
-	char **argv;		/* worker command */
+	char **argv; /* worker command */
 	int *redirects, *tee;
 	unsigned char *console_ranks;
-	char *strs[32];		/* owned strings */
+	char *strs[32]; /* owned strings */
 	int nstrs;
 	bool help, version;
-	char err[512];		/* message for exit code 2 */
-	char note[512];		/* informational banner (OMP_NUM_THREADS) */
+	char err[512];	/* message for exit code 2 */
+	char note[512]; /* informational banner (OMP_NUM_THREADS) */
 };
 
 /* Parses torchrun's flags (argv[1..]) with PET_* defaults from env. Returns

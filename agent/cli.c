@@ -19,95 +19,123 @@
 #include "common/common.h"
 
 enum opt_id {
-	O_NNODES, O_NPROC, O_RDZV_BACKEND, O_RDZV_ENDPOINT, O_RDZV_ID, O_RDZV_CONF, O_STANDALONE,
-	O_MAX_RESTARTS, O_MONITOR_INTERVAL, O_START_METHOD, O_EVENT_LOG_HANDLER, O_ROLE, O_MODULE,
-	O_NO_PYTHON, O_RUN_PATH, O_LOG_DIR, O_REDIRECTS, O_TEE, O_LOCAL_RANKS_FILTER,
-	O_DUP_STDOUT, O_DUP_STDERR, O_NODE_RANK, O_MASTER_ADDR, O_MASTER_PORT, O_LOCAL_ADDR,
-	O_LOGS_SPECS, O_NUMA_BINDING, O_SIGNALS, O_SHUTDOWN_TIMEOUT, O_VIRTUAL_LOCAL_RANK, O_HELP,
-	O_VERSION, O__MAX,
+	O_NNODES,
+	O_NPROC,
+	O_RDZV_BACKEND,
+	O_RDZV_ENDPOINT,
+	O_RDZV_ID,
+	O_RDZV_CONF,
+	O_STANDALONE,
+	O_MAX_RESTARTS,
+	O_MONITOR_INTERVAL,
+	O_START_METHOD,
+	O_EVENT_LOG_HANDLER,
+	O_ROLE,
+	O_MODULE,
+	O_NO_PYTHON,
+	O_RUN_PATH,
+	O_LOG_DIR,
+	O_REDIRECTS,
+	O_TEE,
+	O_LOCAL_RANKS_FILTER,
+	O_DUP_STDOUT,
+	O_DUP_STDERR,
+	O_NODE_RANK,
+	O_MASTER_ADDR,
+	O_MASTER_PORT,
+	O_LOCAL_ADDR,
+	O_LOGS_SPECS,
+	O_NUMA_BINDING,
+	O_SIGNALS,
+	O_SHUTDOWN_TIMEOUT,
+	O_VIRTUAL_LOCAL_RANK,
+	O_HELP,
+	O_VERSION,
+	O__MAX,
 };
 
 struct opt {
 	const char *name; /* underscore spelling (= argparse dest) */
 	char short_name;
-	bool flag;	  /* store_true */
-	bool env;	  /* has a PET_ alias */
+	bool flag; /* store_true */
+	bool env;  /* has a PET_ alias */
 };
 
 static const struct opt opts[O__MAX] = {
-	[O_NNODES] = { "nnodes", 0, false, true },
-	[O_NPROC] = { "nproc_per_node", 0, false, true },
-	[O_RDZV_BACKEND] = { "rdzv_backend", 0, false, true },
-	[O_RDZV_ENDPOINT] = { "rdzv_endpoint", 0, false, true },
-	[O_RDZV_ID] = { "rdzv_id", 0, false, true },
-	[O_RDZV_CONF] = { "rdzv_conf", 0, false, true },
-	[O_STANDALONE] = { "standalone", 0, true, true },
-	[O_MAX_RESTARTS] = { "max_restarts", 0, false, true },
-	[O_MONITOR_INTERVAL] = { "monitor_interval", 0, false, true },
-	[O_START_METHOD] = { "start_method", 0, false, true },
-	[O_EVENT_LOG_HANDLER] = { "event_log_handler", 0, false, true },
-	[O_ROLE] = { "role", 0, false, true },
-	[O_MODULE] = { "module", 'm', true, true },
-	[O_NO_PYTHON] = { "no_python", 0, true, true },
-	[O_RUN_PATH] = { "run_path", 0, true, true },
-	[O_LOG_DIR] = { "log_dir", 0, false, true },
-	[O_REDIRECTS] = { "redirects", 'r', false, true },
-	[O_TEE] = { "tee", 't', false, true },
-	[O_LOCAL_RANKS_FILTER] = { "local_ranks_filter", 0, false, true },
-	[O_DUP_STDOUT] = { "duplicate_stdout_filters", 0, false, true },
-	[O_DUP_STDERR] = { "duplicate_stderr_filters", 0, false, true },
-	[O_NODE_RANK] = { "node_rank", 0, false, true },
-	[O_MASTER_ADDR] = { "master_addr", 0, false, true },
-	[O_MASTER_PORT] = { "master_port", 0, false, true },
-	[O_LOCAL_ADDR] = { "local_addr", 0, false, true },
-	[O_LOGS_SPECS] = { "logs_specs", 0, false, false },
-	[O_NUMA_BINDING] = { "numa_binding", 0, false, false },
-	[O_SIGNALS] = { "signals_to_handle", 0, false, true },
-	[O_SHUTDOWN_TIMEOUT] = { "shutdown_timeout", 0, false, true },
-	[O_VIRTUAL_LOCAL_RANK] = { "virtual_local_rank", 0, true, true },
-	[O_HELP] = { "help", 'h', true, false },
-	[O_VERSION] = { "version", 0, true, false },
+    [O_NNODES] = {"nnodes", 0, false, true},
+    [O_NPROC] = {"nproc_per_node", 0, false, true},
+    [O_RDZV_BACKEND] = {"rdzv_backend", 0, false, true},
+    [O_RDZV_ENDPOINT] = {"rdzv_endpoint", 0, false, true},
+    [O_RDZV_ID] = {"rdzv_id", 0, false, true},
+    [O_RDZV_CONF] = {"rdzv_conf", 0, false, true},
+    [O_STANDALONE] = {"standalone", 0, true, true},
+    [O_MAX_RESTARTS] = {"max_restarts", 0, false, true},
+    [O_MONITOR_INTERVAL] = {"monitor_interval", 0, false, true},
+    [O_START_METHOD] = {"start_method", 0, false, true},
+    [O_EVENT_LOG_HANDLER] = {"event_log_handler", 0, false, true},
+    [O_ROLE] = {"role", 0, false, true},
+    [O_MODULE] = {"module", 'm', true, true},
+    [O_NO_PYTHON] = {"no_python", 0, true, true},
+    [O_RUN_PATH] = {"run_path", 0, true, true},
+    [O_LOG_DIR] = {"log_dir", 0, false, true},
+    [O_REDIRECTS] = {"redirects", 'r', false, true},
+    [O_TEE] = {"tee", 't', false, true},
+    [O_LOCAL_RANKS_FILTER] = {"local_ranks_filter", 0, false, true},
+    [O_DUP_STDOUT] = {"duplicate_stdout_filters", 0, false, true},
+    [O_DUP_STDERR] = {"duplicate_stderr_filters", 0, false, true},
+    [O_NODE_RANK] = {"node_rank", 0, false, true},
+    [O_MASTER_ADDR] = {"master_addr", 0, false, true},
+    [O_MASTER_PORT] = {"master_port", 0, false, true},
+    [O_LOCAL_ADDR] = {"local_addr", 0, false, true},
+    [O_LOGS_SPECS] = {"logs_specs", 0, false, false},
+    [O_NUMA_BINDING] = {"numa_binding", 0, false, false},
+    [O_SIGNALS] = {"signals_to_handle", 0, false, true},
+    [O_SHUTDOWN_TIMEOUT] = {"shutdown_timeout", 0, false, true},
+    [O_VIRTUAL_LOCAL_RANK] = {"virtual_local_rank", 0, true, true},
+    [O_HELP] = {"help", 'h', true, false},
+    [O_VERSION] = {"version", 0, true, false},
 };
 
 static const char help_text[] =
-	"usage: crun [options] training_script [training_script_args ...]\n"
-	"\n"
-	"torchrun-compatible launcher. Every option also takes its dash spelling\n"
-	"(--nproc-per-node) and a PET_<NAME> environment default (PET_NPROC_PER_NODE).\n"
-	"\n"
-	"  --nnodes N                  number of nodes (static: fixed N) [1]\n"
-	"  --nproc_per_node N|auto|cpu|gpu  workers per node [1]\n"
-	"  --rdzv_backend static       rendezvous backend (c10d, etcd: not yet) [static]\n"
-	"  --rdzv_endpoint HOST:PORT   static: the store of node 0 [master_addr:master_port]\n"
-	"  --rdzv_id ID                run id [none]\n"
-	"  --rdzv_conf K=V,...         static: timeout/join_timeout/read_timeout (seconds)\n"
-	"  --standalone                one node, private store on an ephemeral port\n"
-	"  --max_restarts N            restarts of the worker group on failure [0]\n"
-	"  --monitor_interval S        accepted; crun reacts to exits at once [0.1]\n"
-	"  --start_method M            spawn|fork|forkserver (scripts always exec) [spawn]\n"
-	"  --event_log_handler null    [null]\n"
-	"  --role NAME                 ROLE_NAME [default]\n"
-	"  -m, --module                run the program as python -m\n"
-	"  --no_python                 exec the program directly\n"
-	"  --log_dir DIR               logs and error files [a new /tmp/torchelastic_*]\n"
-	"  -r, --redirects 0-3|R:V,..  redirect stdout(1)/stderr(2)/both(3) to files [0]\n"
-	"  -t, --tee 0-3|R:V,..        redirect and echo with a prefix [0]\n"
-	"  --local_ranks_filter R,..   only these local ranks reach the console\n"
-	"  --node_rank N               static: this node's rank [0]\n"
-	"  --master_addr HOST          static: node 0's address [127.0.0.1]\n"
-	"  --master_port PORT          static: node 0's store port [29500]\n"
-	"  --local_addr HOST           standalone: address given to workers\n"
-	"  --signals_to_handle LIST    forwarded signals [SIGTERM,SIGINT,SIGHUP,SIGQUIT]\n"
-	"  --shutdown_timeout S        SIGTERM -> SIGKILL grace [TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30]\n"
-	"  --virtual_local_rank        LOCAL_RANK=0, CUDA_VISIBLE_DEVICES=<local rank>\n"
-	"  -h, --help                  this text\n"
-	"  --version                   crun's version\n"
-	"\n"
-	"Not supported yet (rejected): --rdzv_backend=c10d|etcd|etcd-v2 without --standalone,\n"
-	"--nnodes=MIN:MAX, --run_path, --logs_specs, --numa_binding,\n"
-	"--duplicate_stdout_filters, --duplicate_stderr_filters, --event_log_handler other than null.\n"
-	"Programs: *.py and -m run under $PYTHON_EXEC, $PYTHON or python3 with -u; ELF binaries\n"
-	"and non-Python scripts run directly.\n";
+    "usage: crun [options] training_script [training_script_args ...]\n"
+    "\n"
+    "torchrun-compatible launcher. Every option also takes its dash spelling\n"
+    "(--nproc-per-node) and a PET_<NAME> environment default (PET_NPROC_PER_NODE).\n"
+    "\n"
+    "  --nnodes N                  number of nodes (static: fixed N) [1]\n"
+    "  --nproc_per_node N|auto|cpu|gpu  workers per node [1]\n"
+    "  --rdzv_backend static       rendezvous backend (c10d, etcd: not yet) [static]\n"
+    "  --rdzv_endpoint HOST:PORT   static: the store of node 0 [master_addr:master_port]\n"
+    "  --rdzv_id ID                run id [none]\n"
+    "  --rdzv_conf K=V,...         static: timeout/join_timeout/read_timeout (seconds)\n"
+    "  --standalone                one node, private store on an ephemeral port\n"
+    "  --max_restarts N            restarts of the worker group on failure [0]\n"
+    "  --monitor_interval S        accepted; crun reacts to exits at once [0.1]\n"
+    "  --start_method M            spawn|fork|forkserver (scripts always exec) [spawn]\n"
+    "  --event_log_handler null    [null]\n"
+    "  --role NAME                 ROLE_NAME [default]\n"
+    "  -m, --module                run the program as python -m\n"
+    "  --no_python                 exec the program directly\n"
+    "  --log_dir DIR               logs and error files [a new /tmp/torchelastic_*]\n"
+    "  -r, --redirects 0-3|R:V,..  redirect stdout(1)/stderr(2)/both(3) to files [0]\n"
+    "  -t, --tee 0-3|R:V,..        redirect and echo with a prefix [0]\n"
+    "  --local_ranks_filter R,..   only these local ranks reach the console\n"
+    "  --node_rank N               static: this node's rank [0]\n"
+    "  --master_addr HOST          static: node 0's address [127.0.0.1]\n"
+    "  --master_port PORT          static: node 0's store port [29500]\n"
+    "  --local_addr HOST           standalone: address given to workers\n"
+    "  --signals_to_handle LIST    forwarded signals [SIGTERM,SIGINT,SIGHUP,SIGQUIT]\n"
+    "  --shutdown_timeout S        SIGTERM -> SIGKILL grace [TORCH_ELASTIC_SHUTDOWN_TIMEOUT or "
+    "30]\n"
+    "  --virtual_local_rank        LOCAL_RANK=0, CUDA_VISIBLE_DEVICES=<local rank>\n"
+    "  -h, --help                  this text\n"
+    "  --version                   crun's version\n"
+    "\n"
+    "Not supported yet (rejected): --rdzv_backend=c10d|etcd|etcd-v2 without --standalone,\n"
+    "--nnodes=MIN:MAX, --run_path, --logs_specs, --numa_binding,\n"
+    "--duplicate_stdout_filters, --duplicate_stderr_filters, --event_log_handler other than null.\n"
+    "Programs: *.py and -m run under $PYTHON_EXEC, $PYTHON or python3 with -u; ELF binaries\n"
+    "and non-Python scripts run directly.\n";
 
 const char *cli_help_text(void)
 {
@@ -221,8 +249,10 @@ static int parse_std(struct cli *c, const char *flag, const char *v, int nproc, 
 	*ret = arr;
 	if (!strchr(v, ':')) {
 		if (parse_uint_range(v, 0, 3, &x) < 0)
-			return fail(c, "argument %s: invalid value '%s' (expected 0-3 or a map "
-				    "like 0:1,1:2)", flag, v);
+			return fail(c,
+				    "argument %s: invalid value '%s' (expected 0-3 or a map "
+				    "like 0:1,1:2)",
+				    flag, v);
 		for (int i = 0; i < nproc; i++)
 			arr[i] = (int)x;
 		return 0;
@@ -266,18 +296,24 @@ static int parse_rdzv_conf(struct cli *c, const char *v)
 		item[len] = '\0';
 		eq = strchr(item, '=');
 		if (!eq || eq == item || !eq[1])
-			return fail(c, "argument --rdzv_conf: '%s' is not key=value with a non-empty "
-				    "key and value", item);
+			return fail(c,
+				    "argument --rdzv_conf: '%s' is not key=value with a non-empty "
+				    "key and value",
+				    item);
 		*eq = '\0';
 		if (strcmp(item, "timeout") == 0 || strcmp(item, "join_timeout") == 0 ||
 		    strcmp(item, "read_timeout") == 0) {
 			if (parse_seconds_ms(eq + 1, &ms) < 0 || ms == 0 || ms > UINT32_MAX)
-				return fail(c, "argument --rdzv_conf: %s=%s is not a number of "
-					    "seconds", item, eq + 1);
+				return fail(c,
+					    "argument --rdzv_conf: %s=%s is not a number of "
+					    "seconds",
+					    item, eq + 1);
 			c->cfg.join_timeout_ms = (uint32_t)ms;
 		} else {
-			return fail(c, "argument --rdzv_conf: key '%s' is not supported by the "
-				    "static backend yet", item);
+			return fail(c,
+				    "argument --rdzv_conf: key '%s' is not supported by the "
+				    "static backend yet",
+				    item);
 		}
 		if (!end)
 			break;
@@ -321,12 +357,14 @@ static bool runs_directly(const char *prog)
 	return false;
 }
 
-static int build_argv(struct cli *c, const char *py, bool module, bool no_python,
-		      char *const *rest, int nrest)
+static int build_argv(struct cli *c, const char *py, bool module, bool no_python, char *const *rest,
+		      int nrest)
 {
 	int n = 0;
 	const char *prog = rest[0];
-	bool direct = no_python || (!module && !strstr(prog, ".py") && runs_directly(prog));
+	size_t pl = strlen(prog);
+	bool is_py = pl >= 3 && strcmp(prog + pl - 3, ".py") == 0;
+	bool direct = no_python || (!module && !is_py && runs_directly(prog));
 
 	c->argv = calloc((size_t)nrest + 4, sizeof(char *));
 	if (!c->argv)
@@ -355,9 +393,9 @@ static const char *envval(char *const *env, const char *name)
 int cli_parse(struct cli *c, int argc, char *const *argv, char *const *env)
 {
 	crun_agent_config_t init = CRUN_AGENT_CONFIG_INIT;
-	const char *val[O__MAX] = { 0 };
-	const char *from[O__MAX] = { 0 }; /* how the user spelled it */
-	bool set[O__MAX] = { 0 };
+	const char *val[O__MAX] = {0};
+	const char *from[O__MAX] = {0}; /* how the user spelled it */
+	bool set[O__MAX] = {0};
 	char spelled[O__MAX][96];
 	char pet[80];
 	int i;
@@ -482,9 +520,10 @@ int cli_parse(struct cli *c, int argc, char *const *argv, char *const *env)
 			return fail(c, "argument %s: 'gpu' given but no NVIDIA GPU was found",
 				    from[O_NPROC]);
 		if (r < 0)
-			return fail(c, "argument %s: invalid value '%s' (expected an integer "
-				    "1-%d, auto, cpu or gpu)", from[O_NPROC], val[O_NPROC],
-				    CRUN_AGENT_MAX_LOCAL);
+			return fail(c,
+				    "argument %s: invalid value '%s' (expected an integer "
+				    "1-%d, auto, cpu or gpu)",
+				    from[O_NPROC], val[O_NPROC], CRUN_AGENT_MAX_LOCAL);
 	}
 	if (set[O_NNODES]) {
 		const char *v = val[O_NNODES], *colon = strchr(v, ':');
@@ -494,15 +533,19 @@ int cli_parse(struct cli *c, int argc, char *const *argv, char *const *env)
 			char a[32];
 
 			if ((size_t)(colon - v) >= sizeof(a))
-				return fail(c, "argument %s: invalid value '%s'", from[O_NNODES], v);
+				return fail(c, "argument %s: invalid value '%s'", from[O_NNODES],
+					    v);
 			memcpy(a, v, (size_t)(colon - v));
 			a[colon - v] = '\0';
 			if (parse_uint_range(a, 1, 65536, &lo) < 0 ||
 			    parse_uint_range(colon + 1, 1, 65536, &hi) < 0 || lo > hi)
-				return fail(c, "argument %s: invalid value '%s' (expected N or "
-					    "MIN:MAX with 0 < MIN <= MAX)", from[O_NNODES], v);
+				return fail(c,
+					    "argument %s: invalid value '%s' (expected N or "
+					    "MIN:MAX with 0 < MIN <= MAX)",
+					    from[O_NNODES], v);
 			if (lo != hi)
-				return fail(c, "argument %s=%s: elastic MIN:MAX needs the c10d "
+				return fail(c,
+					    "argument %s=%s: elastic MIN:MAX needs the c10d "
 					    "backend, which crun does not support yet",
 					    from[O_NNODES], v);
 		} else if (parse_uint_range(v, 1, 65536, &lo) < 0) {
@@ -514,14 +557,17 @@ int cli_parse(struct cli *c, int argc, char *const *argv, char *const *env)
 	if (set[O_RDZV_BACKEND]) {
 		const char *b = val[O_RDZV_BACKEND];
 
-		if (strcmp(b, "c10d") == 0 || strcmp(b, "etcd") == 0 ||
-		    strcmp(b, "etcd-v2") == 0) {
+		if (strcmp(b, "c10d") == 0 || strcmp(b, "etcd") == 0 || strcmp(b, "etcd-v2") == 0) {
 			if (!c->cfg.standalone)
-				return fail(c, "%s=%s is not supported by crun yet (use static or "
-					    "--standalone)", from[O_RDZV_BACKEND], b);
+				return fail(c,
+					    "%s=%s is not supported by crun yet (use static or "
+					    "--standalone)",
+					    from[O_RDZV_BACKEND], b);
 		} else if (strcmp(b, "static") != 0) {
-			return fail(c, "argument %s: invalid value '%s' (expected static, c10d, "
-				    "etcd or etcd-v2)", from[O_RDZV_BACKEND], b);
+			return fail(c,
+				    "argument %s: invalid value '%s' (expected static, c10d, "
+				    "etcd or etcd-v2)",
+				    from[O_RDZV_BACKEND], b);
 		}
 	}
 	if (c->cfg.standalone && c->cfg.nnodes != 1)
@@ -539,8 +585,10 @@ int cli_parse(struct cli *c, int argc, char *const *argv, char *const *env)
 	if (set[O_START_METHOD] && strcmp(val[O_START_METHOD], "spawn") != 0 &&
 	    strcmp(val[O_START_METHOD], "fork") != 0 &&
 	    strcmp(val[O_START_METHOD], "forkserver") != 0)
-		return fail(c, "argument %s: invalid choice '%s' (choose from spawn, fork, "
-			    "forkserver)", from[O_START_METHOD], val[O_START_METHOD]);
+		return fail(c,
+			    "argument %s: invalid choice '%s' (choose from spawn, fork, "
+			    "forkserver)",
+			    from[O_START_METHOD], val[O_START_METHOD]);
 	if (set[O_ROLE]) {
 		if (!*val[O_ROLE] || strlen(val[O_ROLE]) >= 64)
 			return fail(c, "argument %s: invalid value '%s'", from[O_ROLE],
@@ -549,7 +597,7 @@ int cli_parse(struct cli *c, int argc, char *const *argv, char *const *env)
 	}
 	if (set[O_MODULE] && set[O_NO_PYTHON])
 		return fail(c, "Don't use both the '--no-python' flag and the '--module' flag at "
-			    "the same time.");
+			       "the same time.");
 	if (set[O_LOG_DIR])
 		c->cfg.log_dir = keep(c, val[O_LOG_DIR]);
 	if (set[O_NODE_RANK]) {
@@ -560,8 +608,8 @@ int cli_parse(struct cli *c, int argc, char *const *argv, char *const *env)
 	}
 	if (c->cfg.node_rank >= c->cfg.nnodes)
 		return fail(c, "argument %s: %d is not below --nnodes=%d",
-			    from[O_NODE_RANK] ? from[O_NODE_RANK] : "--node_rank",
-			    c->cfg.node_rank, c->cfg.nnodes);
+			    from[O_NODE_RANK] ? from[O_NODE_RANK] : "--node_rank", c->cfg.node_rank,
+			    c->cfg.nnodes);
 	if (set[O_MASTER_ADDR]) {
 		if (!*val[O_MASTER_ADDR] || strlen(val[O_MASTER_ADDR]) >= 255)
 			return fail(c, "argument %s: invalid value '%s'", from[O_MASTER_ADDR],
@@ -589,7 +637,8 @@ int cli_parse(struct cli *c, int argc, char *const *argv, char *const *env)
 		c->cfg.master_port = port;
 	}
 	if (set[O_RDZV_ID] && !c->cfg.standalone) {
-		if (!*val[O_RDZV_ID] || strlen(val[O_RDZV_ID]) >= 200 || strchr(val[O_RDZV_ID], '/'))
+		if (!*val[O_RDZV_ID] || strlen(val[O_RDZV_ID]) >= 200 ||
+		    strchr(val[O_RDZV_ID], '/'))
 			return fail(c, "argument %s: invalid value '%s'", from[O_RDZV_ID],
 				    val[O_RDZV_ID]);
 		c->cfg.rdzv_id = keep(c, val[O_RDZV_ID]);
@@ -603,8 +652,9 @@ int cli_parse(struct cli *c, int argc, char *const *argv, char *const *env)
 		return fail(c, "argument %s: invalid signal list '%s'", from[O_SIGNALS],
 			    val[O_SIGNALS]);
 	{
-		const char *st = set[O_SHUTDOWN_TIMEOUT] ? val[O_SHUTDOWN_TIMEOUT]
-							 : envval(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+		const char *st = set[O_SHUTDOWN_TIMEOUT]
+				     ? val[O_SHUTDOWN_TIMEOUT]
+				     : envval(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
 		const char *who = set[O_SHUTDOWN_TIMEOUT] ? from[O_SHUTDOWN_TIMEOUT]
 							  : "TORCH_ELASTIC_SHUTDOWN_TIMEOUT";
 
@@ -614,12 +664,10 @@ int cli_parse(struct cli *c, int argc, char *const *argv, char *const *env)
 			c->cfg.shutdown_timeout_ms = (uint32_t)u;
 	}
 	c->cfg.virtual_local_rank = set[O_VIRTUAL_LOCAL_RANK];
-	if (set[O_REDIRECTS] &&
-	    parse_std(c, from[O_REDIRECTS], val[O_REDIRECTS], c->cfg.nproc_per_node,
-		      &c->redirects) < 0)
+	if (set[O_REDIRECTS] && parse_std(c, from[O_REDIRECTS], val[O_REDIRECTS],
+					  c->cfg.nproc_per_node, &c->redirects) < 0)
 		return CRUN_EINVAL;
-	if (set[O_TEE] &&
-	    parse_std(c, from[O_TEE], val[O_TEE], c->cfg.nproc_per_node, &c->tee) < 0)
+	if (set[O_TEE] && parse_std(c, from[O_TEE], val[O_TEE], c->cfg.nproc_per_node, &c->tee) < 0)
 		return CRUN_EINVAL;
 	c->cfg.redirects = c->redirects;
 	c->cfg.tee = c->tee;

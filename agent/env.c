@@ -103,7 +103,7 @@ static void eb_seti(struct envb *b, const char *name, long v)
 
 char **env_build(char *const *base, const struct env_vars *v)
 {
-	struct envb b = { 0 };
+	struct envb b = {0};
 	const char *inh;
 
 	for (size_t i = 0; base && base[i] && i < ENV_MAX_VARS; i++) {

@@ -20,7 +20,7 @@
 #include "agent/agent.h"
 #include "common/common.h"
 
-#define ERRFILE_MAX (4u << 20)
+#define ERRFILE_MAX  (4u << 20)
 #define NO_TRACEBACK "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
 
 static char *read_small_file(const char *path)
@@ -93,7 +93,7 @@ static int parse_errfile(const char *text, struct agent_failure *f)
 
 int errfile_record_failure(struct crun_agent *a, const struct worker *w, struct agent_failure *ret)
 {
-	struct agent_failure f = { 0 };
+	struct agent_failure f = {0};
 	char buf[512];
 	char *text = NULL;
 
@@ -233,7 +233,7 @@ static void format_one(struct sbuf *b, int idx, const char *host, const struct a
 char *errfile_format_summary(const char *entrypoint, const char *host,
 			     const struct agent_failure *f, int n)
 {
-	struct sbuf root = { 0 }, others = { 0 }, out = { 0 };
+	struct sbuf root = {0}, others = {0}, out = {0};
 	int ridx = errfile_root_cause(f, n);
 	char title[512];
 	size_t width;
@@ -244,7 +244,7 @@ char *errfile_format_summary(const char *entrypoint, const char *host,
 	/* Failures are numbered in local-rank order, like torchrun's dict. */
 	for (int lr = 0, idx = 0; lr <= CRUN_AGENT_MAX_LOCAL && idx < n; lr++) {
 		for (int i = 0; i < n; i++) {
-			struct sbuf one = { 0 };
+			struct sbuf one = {0};
 
 			if (f[i].local_rank != lr)
 				continue;

@@ -17,18 +17,18 @@
 #include "store/store.h"
 
 static const char *const state_names[AS__MAX] = {
-	[AS_INIT] = "init",	    [AS_RENDEZVOUS] = "rendezvous", [AS_RUNNING] = "running",
-	[AS_STOPPING] = "stopping", [AS_BARRIER] = "barrier",	    [AS_DONE] = "done",
+    [AS_INIT] = "init",		[AS_RENDEZVOUS] = "rendezvous", [AS_RUNNING] = "running",
+    [AS_STOPPING] = "stopping", [AS_BARRIER] = "barrier",	[AS_DONE] = "done",
 };
 static const char *const event_names[AE__MAX] = {
-	[AE_START] = "start",
-	[AE_RDZV_COMPLETE] = "rdzv-complete",
-	[AE_RDZV_FAILED] = "rdzv-failed",
-	[AE_WORKER_EXIT] = "worker-exit",
-	[AE_PEER_CHANGED] = "peer-changed",
-	[AE_TERM_SIGNAL] = "term-signal",
-	[AE_GRACE_EXPIRED] = "grace-expired",
-	[AE_BARRIER_DONE] = "barrier-done",
+    [AE_START] = "start",
+    [AE_RDZV_COMPLETE] = "rdzv-complete",
+    [AE_RDZV_FAILED] = "rdzv-failed",
+    [AE_WORKER_EXIT] = "worker-exit",
+    [AE_PEER_CHANGED] = "peer-changed",
+    [AE_TERM_SIGNAL] = "term-signal",
+    [AE_GRACE_EXPIRED] = "grace-expired",
+    [AE_BARRIER_DONE] = "barrier-done",
 };
 
 const char *agent_state_name(enum agent_state s)
@@ -192,23 +192,38 @@ static enum agent_state exit_on_signal(struct crun_agent *a)
 	return finish(a, 1);
 }
 
+/* The node serving the store leaves last: after the barrier it lingers
+ * (bounded) until every other agent has closed its store connection. */
 static enum agent_state barrier_done(struct crun_agent *a)
 {
+	struct store_server_stats st;
+
+	if (a->store && a->cfg.nnodes > 1) {
+		store_server_get_stats(a->store, &st);
+		if (!a->linger_until_ms)
+			a->linger_until_ms = clock_now_ms() + AGENT_LINGER_MS;
+		if (st.conns > 0 && clock_now_ms() < a->linger_until_ms) {
+			struct timeval tv = {0, 10000};
+
+			evtimer_add(a->linger_timer, &tv);
+			return AS_BARRIER;
+		}
+	}
 	return finish(a, 0);
 }
 
 const agent_action agent_fsm[AS__MAX][AE__MAX] = {
-	[AS_INIT] = { [AE_START] = open_round, [AE_TERM_SIGNAL] = exit_on_signal },
-	[AS_RENDEZVOUS] = { [AE_RDZV_COMPLETE] = start_workers,
-			    [AE_RDZV_FAILED] = on_rdzv_failed,
-			    [AE_TERM_SIGNAL] = exit_on_signal },
-	[AS_RUNNING] = { [AE_WORKER_EXIT] = on_worker_exit,
-			 [AE_PEER_CHANGED] = on_peer_changed,
-			 [AE_TERM_SIGNAL] = stop_for_exit },
-	[AS_STOPPING] = { [AE_WORKER_EXIT] = after_exit_while_stopping,
-			  [AE_GRACE_EXPIRED] = kill_all,
-			  [AE_TERM_SIGNAL] = signal_while_stopping },
-	[AS_BARRIER] = { [AE_BARRIER_DONE] = barrier_done, [AE_TERM_SIGNAL] = exit_on_signal },
+    [AS_INIT] = {[AE_START] = open_round, [AE_TERM_SIGNAL] = exit_on_signal},
+    [AS_RENDEZVOUS] = {[AE_RDZV_COMPLETE] = start_workers,
+		       [AE_RDZV_FAILED] = on_rdzv_failed,
+		       [AE_TERM_SIGNAL] = exit_on_signal},
+    [AS_RUNNING] = {[AE_WORKER_EXIT] = on_worker_exit,
+		    [AE_PEER_CHANGED] = on_peer_changed,
+		    [AE_TERM_SIGNAL] = stop_for_exit},
+    [AS_STOPPING] = {[AE_WORKER_EXIT] = after_exit_while_stopping,
+		     [AE_GRACE_EXPIRED] = kill_all,
+		     [AE_TERM_SIGNAL] = signal_while_stopping},
+    [AS_BARRIER] = {[AE_BARRIER_DONE] = barrier_done, [AE_TERM_SIGNAL] = exit_on_signal},
 };
 
 static crun_agent_state_t public_state(enum agent_state s)

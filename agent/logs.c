@@ -21,11 +21,11 @@
 #include "agent/agent.h"
 #include "common/common.h"
 
-int logs_render_prefix(const char *tmpl, const char *role, int rank, int local_rank,
-		       int group_rank, char *buf, size_t cap)
+int logs_render_prefix(const char *tmpl, const char *role, int rank, int local_rank, int group_rank,
+		       char *buf, size_t cap)
 {
-	static const char *const names[] = { "role_name", "rank", "local_rank", "group_rank",
-					     "node_rank" };
+	static const char *const names[] = {"role_name", "rank", "local_rank", "group_rank",
+					    "node_rank"};
 	size_t o = 0;
 
 	if (cap == 0)
@@ -124,7 +124,8 @@ char *logs_stderr_tail(const struct worker *w)
 static void emit_line(struct agent_stream *s, const char *line, size_t len)
 {
 	if (s->file_fd >= 0) {
-		if (fd_write_all(s->file_fd, line, len) < 0 || fd_write_all(s->file_fd, "\n", 1) < 0)
+		if (fd_write_all(s->file_fd, line, len) < 0 ||
+		    fd_write_all(s->file_fd, "\n", 1) < 0)
 			log_at(LL_WARN, SUB_AGENT, "worker log file: %s", strerror(errno));
 	}
 	if (s->which == CRUN_STD_ERR)
@@ -250,8 +251,8 @@ static int open_stream(struct crun_agent *a, struct worker *w, struct agent_stre
 	return 0;
 }
 
-int logs_open_worker(struct crun_agent *a, struct worker *w, const char *attempt_dir, int *ret_out_wr,
-		     int *ret_err_wr)
+int logs_open_worker(struct crun_agent *a, struct worker *w, const char *attempt_dir,
+		     int *ret_out_wr, int *ret_err_wr)
 {
 	const char *tmpl = a->cfg.line_prefix_template;
 	int r;

@@ -30,14 +30,12 @@ static const struct {
 	int sig;
 	const char *name;
 } sig_names[] = {
-	{ SIGHUP, "SIGHUP" },	{ SIGINT, "SIGINT" },	  { SIGQUIT, "SIGQUIT" },
-	{ SIGILL, "SIGILL" },	{ SIGTRAP, "SIGTRAP" },	  { SIGABRT, "SIGABRT" },
-	{ SIGBUS, "SIGBUS" },	{ SIGFPE, "SIGFPE" },	  { SIGKILL, "SIGKILL" },
-	{ SIGUSR1, "SIGUSR1" }, { SIGSEGV, "SIGSEGV" },	  { SIGUSR2, "SIGUSR2" },
-	{ SIGPIPE, "SIGPIPE" }, { SIGALRM, "SIGALRM" },	  { SIGTERM, "SIGTERM" },
-	{ SIGCHLD, "SIGCHLD" }, { SIGCONT, "SIGCONT" },	  { SIGSTOP, "SIGSTOP" },
-	{ SIGTSTP, "SIGTSTP" }, { SIGXCPU, "SIGXCPU" },	  { SIGXFSZ, "SIGXFSZ" },
-	{ SIGSYS, "SIGSYS" },	{ SIGVTALRM, "SIGVTALRM" }, { SIGPROF, "SIGPROF" },
+    {SIGHUP, "SIGHUP"},	  {SIGINT, "SIGINT"},	{SIGQUIT, "SIGQUIT"},	  {SIGILL, "SIGILL"},
+    {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},	  {SIGFPE, "SIGFPE"},
+    {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"},	  {SIGUSR2, "SIGUSR2"},
+    {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"},	  {SIGCHLD, "SIGCHLD"},
+    {SIGCONT, "SIGCONT"}, {SIGSTOP, "SIGSTOP"}, {SIGTSTP, "SIGTSTP"},	  {SIGXCPU, "SIGXCPU"},
+    {SIGXFSZ, "SIGXFSZ"}, {SIGSYS, "SIGSYS"},	{SIGVTALRM, "SIGVTALRM"}, {SIGPROF, "SIGPROF"},
 };
 
 const char *supervise_signame(int sig)
@@ -107,7 +105,7 @@ static void agent_reap(struct crun_agent *a)
 	bool any = false;
 
 	for (int guard = 0; guard < 100000; guard++) {
-		siginfo_t si = { 0 };
+		siginfo_t si = {0};
 		struct worker *w;
 		int status;
 
@@ -207,8 +205,8 @@ void supervise_signal_workers(struct crun_agent *a, int sig)
 
 void supervise_arm_grace(struct crun_agent *a)
 {
-	struct timeval tv = { .tv_sec = a->cfg.shutdown_timeout_ms / 1000,
-			      .tv_usec = (a->cfg.shutdown_timeout_ms % 1000) * 1000 };
+	struct timeval tv = {.tv_sec = a->cfg.shutdown_timeout_ms / 1000,
+			     .tv_usec = (a->cfg.shutdown_timeout_ms % 1000) * 1000};
 
 	evtimer_add(a->grace_timer, &tv);
 }
@@ -228,11 +226,14 @@ struct guard_rec {
 
 static void guard_send(struct crun_agent *a, char op, pid_t pgid)
 {
-	struct guard_rec rec = { .op = op, .pgid = (int32_t)pgid };
+	struct guard_rec rec;
 	ssize_t n;
 
 	if (a->guard_fd < 0)
 		return;
+	memset(&rec, 0, sizeof(rec)); /* no uninitialised padding on the wire */
+	rec.op = op;
+	rec.pgid = (int32_t)pgid;
 	/* 8 bytes < PIPE_BUF: atomic. Blocking is fine: the guard drains at once. */
 	do
 		n = write(a->guard_fd, &rec, sizeof(rec));

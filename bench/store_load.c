@@ -128,11 +128,13 @@ struct bench {
 	uint64_t t_start_ns, deadline_ns;
 	uint64_t measure_start_ns, measure_end_ns;
 	/* Progress counters for the setup phases. */
-	uint32_t connecting, connected, connect_failed, handshaken, prefilled, verified;
+	uint32_t connecting, handshaking, connected, connect_failed, handshaken, prefilled;
+	uint32_t verified;
 	/* Results of the measured window. */
 	uint64_t ops, reqs, per_op[OP__MIX];
 	uint64_t timeouts, closed, bad_reply, idle_dropped;
 	struct hist h_all, h_op[OP__MIX];
+	uint64_t cpu_start_us, cpu_us; /* this process's CPU time over the measured window */
 	uint32_t alive_load;
 };
 
@@ -142,6 +144,16 @@ static uint64_t now_ns(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t cpu_now_us(void)
+{
+	struct rusage ru;
+
+	if (getrusage(RUSAGE_SELF, &ru) < 0)
+		return 0;
+	return (uint64_t)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000u +
+	       (uint64_t)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
 }
 
 static uint64_t rng_next(uint64_t *s)
@@ -332,6 +344,9 @@ static void conn_kill(struct bench *b, struct conn *c)
 		return;
 	if (c->state == C_CONNECTING)
 		b->connecting--;
+	if (c->purpose == P_HANDSHAKE)
+		b->handshaking--;
+	c->purpose = P_NONE;
 	(void)epoll_ctl(b->ep, EPOLL_CTL_DEL, c->fd, NULL);
 	fd_close(c->fd);
 	c->fd = -1;
@@ -343,10 +358,10 @@ static void conn_kill(struct bench *b, struct conn *c)
 /* A connection closed under us: count it by phase, then drop it. */
 static void conn_lost(struct bench *b, struct conn *c)
 {
-	if (c->idle)
+	if (c->purpose == P_HANDSHAKE)
+		b->connect_failed++; /* e.g. a v1 server resetting a v2 handshake */
+	else if (c->idle)
 		b->idle_dropped++;
-	else if (b->phase == PH_MEASURE)
-		b->closed++;
 	else if (b->phase != PH_DONE)
 		b->closed++;
 	conn_kill(b, c);
@@ -438,6 +453,7 @@ static void issue_handshake(struct bench *b, struct conn *c)
 	append_req(b, c, OP_PING, (uint32_t)(c - b->c));
 	c->op = OP_PING;
 	c->purpose = P_HANDSHAKE;
+	b->handshaking++;
 	conn_flush(b, c);
 }
 
@@ -446,13 +462,12 @@ static void on_connected(struct bench *b, struct conn *c)
 	int err = 0;
 	socklen_t len = sizeof(err);
 
-	b->connecting--;
 	if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0 || err) {
 		b->connect_failed++;
-		c->state = C_OPEN; /* so conn_kill does not count it as connecting */
 		conn_kill(b, c);
 		return;
 	}
+	b->connecting--;
 	c->state = C_OPEN;
 	c->want_out = true;
 	conn_want_out(b, c, false);
@@ -574,6 +589,7 @@ static void on_reply(struct bench *b, struct conn *c, const uint8_t *p, size_t n
 	switch (c->purpose) {
 	case P_HANDSHAKE:
 		b->handshaken++;
+		b->handshaking--;
 		c->purpose = P_NONE;
 		return;
 	case P_PREFILL:
@@ -677,13 +693,10 @@ static bool past_deadline(const struct bench *b)
  * flight, and waits for the v2 handshakes. Returns how many are ready. */
 static uint32_t connect_range(struct bench *b, uint32_t first, uint32_t count, uint64_t limit_ns)
 {
-	uint32_t next = first, end = first + count;
-	uint32_t base_ok = b->handshaken, base_fail = b->connect_failed;
+	uint32_t next = first, end = first + count, ready = 0;
 	uint64_t until = MIN(now_ns() + limit_ns, b->deadline_ns);
 
 	while (now_ns() < until) {
-		uint32_t done = (b->handshaken - base_ok) + (b->connect_failed - base_fail);
-
 		while (next < end && b->connecting < CONNECT_INFLIGHT) {
 			struct conn *c = &b->c[next++];
 
@@ -692,47 +705,51 @@ static uint32_t connect_range(struct bench *b, uint32_t first, uint32_t count, u
 				c->state = C_DEAD;
 			}
 		}
-		if (next == end && done + (count - (next - first)) >= count &&
-		    b->connecting == 0) {
-			/* Every connect finished; wait for outstanding handshakes. */
-			bool busy = false;
-
-			for (uint32_t i = first; i < end && !busy; i++)
-				busy = b->c[i].state == C_OPEN && b->c[i].purpose == P_HANDSHAKE;
-			if (!busy)
-				break;
-		}
+		if (next == end && !b->connecting && !b->handshaking)
+			break;
 		poll_once(b, 10);
 	}
 	for (uint32_t i = first; i < end; i++) {
 		struct conn *c = &b->c[i];
 
-		if (c->state == C_CONNECTING || (c->state == C_OPEN && c->purpose == P_HANDSHAKE)) {
-			b->connect_failed++; /* timed out */
+		if (c->state == C_FREE || c->state == C_CONNECTING ||
+		    (c->state == C_OPEN && c->purpose == P_HANDSHAKE)) {
+			b->connect_failed++; /* not started or not finished in time */
+			if (c->state == C_FREE)
+				c->state = C_DEAD;
 			conn_kill(b, c);
 		}
+		ready += c->state == C_OPEN;
 	}
-	return b->handshaken - base_ok;
+	return ready;
 }
 
+/* Every key gets a value before the load starts: the legacy servers close the
+ * connection on a GET of a missing key (torch-compat §1.4). The key space is
+ * split over the open connections. */
 static int prefill(struct bench *b, uint32_t first, uint32_t count)
 {
-	uint32_t per = (b->o.keys + count - 1) / count, started = 0;
+	uint32_t open = 0, per, i, k = 0;
 
+	for (i = first; i < first + count; i++)
+		open += b->c[i].state == C_OPEN;
+	if (!open)
+		return CRUN_EIO;
+	per = (b->o.keys + open - 1) / open;
 	b->prefilled = 0;
-	for (uint32_t i = 0; i < count; i++) {
-		struct conn *c = &b->c[first + i];
+	for (i = first; i < first + count; i++) {
+		struct conn *c = &b->c[i];
 
-		c->prefill_next = MIN(i * per, b->o.keys);
-		c->prefill_end = MIN((i + 1) * per, b->o.keys);
-		if (c->state == C_OPEN) {
-			issue_prefill(b, c);
-			started++;
-		}
+		if (c->state != C_OPEN)
+			continue;
+		c->prefill_next = MIN(k * per, b->o.keys);
+		c->prefill_end = MIN((k + 1) * per, b->o.keys);
+		k++;
+		issue_prefill(b, c);
 	}
-	while (b->prefilled < started && b->alive_load && !past_deadline(b))
+	while (b->prefilled < open && b->alive_load == open && !past_deadline(b))
 		poll_once(b, 10);
-	return b->prefilled == started && started ? 0 : CRUN_EIO;
+	return b->prefilled == open ? 0 : CRUN_EIO;
 }
 
 static void check_op_timeouts(struct bench *b, uint32_t first, uint32_t count, uint64_t t)
@@ -758,14 +775,17 @@ static void run_load(struct bench *b, uint32_t first, uint32_t count)
 	b->phase = b->o.warmup_ms ? PH_WARMUP : PH_MEASURE;
 	b->measure_start_ns = b->phase == PH_MEASURE ? t : warm_end;
 	b->measure_end_ns = b->measure_start_ns + b->o.duration_ms * 1000000u;
+	b->cpu_start_us = cpu_now_us();
 	for (uint32_t i = first; i < first + count; i++)
 		if (b->c[i].state == C_OPEN)
 			issue_op(b, &b->c[i]);
 	while (b->alive_load) {
 		poll_once(b, 5);
 		t = now_ns();
-		if (b->phase == PH_WARMUP && t >= warm_end)
+		if (b->phase == PH_WARMUP && t >= warm_end) {
 			b->phase = PH_MEASURE;
+			b->cpu_start_us = cpu_now_us();
+		}
 		if (t >= b->measure_end_ns || t >= b->deadline_ns ||
 		    (b->o.ops_target && b->ops >= b->o.ops_target))
 			break;
@@ -774,6 +794,7 @@ static void run_load(struct bench *b, uint32_t first, uint32_t count)
 			last_scan = t;
 		}
 	}
+	b->cpu_us = cpu_now_us() - b->cpu_start_us;
 	b->measure_end_ns = MIN(t, b->measure_end_ns);
 	if (b->measure_end_ns < b->measure_start_ns)
 		b->measure_end_ns = b->measure_start_ns;
@@ -842,7 +863,10 @@ static void print_json(const struct bench *b, const char *error, uint32_t idle_r
 		printf("\"sets\":%llu,\"per_op\":{", (unsigned long long)b->per_op[OP_SET]);
 		for (int i = OP_GET; i < OP__MIX; i++)
 			print_hist(op_names[i], &b->h_op[i], i + 1 < OP__MIX);
-		printf("},\"conns_alive\":%u,", b->alive_load);
+		/* The generator shares the machine with the server: its own cost per op
+		 * bounds what any server can show here. */
+		printf("},\"client_cpu_us_per_op\":%.2f,\"conns_alive\":%u,",
+		       b->ops ? (double)b->cpu_us / (double)b->ops : 0.0, b->alive_load);
 	}
 	if (o->idle)
 		printf("\"idle\":{\"requested\":%u,\"ready\":%u,\"connect_ms\":%llu,"
@@ -1137,6 +1161,8 @@ int main(int argc, char **argv)
 		verify_idle(&b, 60000000000ull);
 		verify_ms = (now_ns() - t) / 1000000u;
 	}
+	if (!error && b.o.idle && !idle_ready)
+		error = "no idle connection could be opened";
 	if (!error && past_deadline(&b))
 		error = "max-time reached";
 	print_json(&b, error, idle_ready, idle_ms, verify_ms);

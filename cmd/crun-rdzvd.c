@@ -35,53 +35,54 @@ enum {
 };
 
 static const struct option long_opts[] = {
-	{ "host", required_argument, NULL, 'H' },
-	{ "port", required_argument, NULL, 'p' },
-	{ "max-key-bytes", required_argument, NULL, OPT_MAX_KEY },
-	{ "max-value-bytes", required_argument, NULL, OPT_MAX_VALUE },
-	{ "max-keys-per-request", required_argument, NULL, OPT_MAX_ITEMS },
-	{ "max-conns", required_argument, NULL, OPT_MAX_CONNS },
-	{ "max-conn-buffer-bytes", required_argument, NULL, OPT_MAX_CONN_BUF },
-	{ "max-total-value-bytes", required_argument, NULL, OPT_MAX_TOTAL },
-	{ "backlog", required_argument, NULL, OPT_BACKLOG },
-	{ "log-level", required_argument, NULL, OPT_LOG_LEVEL },
-	{ "help", no_argument, NULL, 'h' },
-	{ "version", no_argument, NULL, OPT_VERSION },
-	{ NULL, 0, NULL, 0 },
+    {"host", required_argument, NULL, 'H'},
+    {"port", required_argument, NULL, 'p'},
+    {"max-key-bytes", required_argument, NULL, OPT_MAX_KEY},
+    {"max-value-bytes", required_argument, NULL, OPT_MAX_VALUE},
+    {"max-keys-per-request", required_argument, NULL, OPT_MAX_ITEMS},
+    {"max-conns", required_argument, NULL, OPT_MAX_CONNS},
+    {"max-conn-buffer-bytes", required_argument, NULL, OPT_MAX_CONN_BUF},
+    {"max-total-value-bytes", required_argument, NULL, OPT_MAX_TOTAL},
+    {"backlog", required_argument, NULL, OPT_BACKLOG},
+    {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+    {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, OPT_VERSION},
+    {NULL, 0, NULL, 0},
 };
 
 static void usage(FILE *f)
 {
 	const struct store_server_config d = STORE_SERVER_CONFIG_DEFAULT;
 
-	fprintf(f,
-		"usage: " PROG " [--host ADDR] [--port N] [options]\n"
-		"\n"
-		"Serves a key-value store that speaks PyTorch's TCPStore protocol (torch 1.13\n"
-		"and 2.x clients, dialect detected per connection) in the foreground. Prints\n"
-		"'" PROG " listening on ADDR:PORT' once ready; exits 0 on SIGTERM or SIGINT.\n"
-		"\n"
-		"  -H, --host ADDR               address or name to bind (default: all\n"
-		"                                interfaces, IPv6 dual stack, else 0.0.0.0)\n"
-		"  -p, --port N                  TCP port, 0 picks a free one (default 29400)\n"
-		"      --max-key-bytes N         longest key accepted (default %zu)\n"
-		"      --max-value-bytes N       longest value accepted (default %zu)\n"
-		"      --max-keys-per-request N  keys per CHECK/WAIT/MULTI_* (default %llu)\n"
-		"      --max-conns N             open client connections (default %u)\n"
-		"      --max-conn-buffer-bytes N input or output buffered per connection\n"
-		"                                (default %zu)\n"
-		"      --max-total-value-bytes N all values and queued items together\n"
-		"                                (default %zu)\n"
-		"      --backlog N               listen backlog (default: SOMAXCONN)\n"
-		"      --log-level LEVEL         error, warn, info (default), debug, trace\n"
-		"  -h, --help                    show this help and exit\n"
-		"      --version                 print the version and exit\n"
-		"\n"
-		"A request over a limit, or a malformed one, closes that connection only.\n"
-		"Exit status: 0 after SIGTERM/SIGINT, 1 if the store cannot start, 2 for a bad flag.\n",
-		d.limits.max_key_bytes, d.limits.max_value_bytes,
-		(unsigned long long)d.limits.max_items, d.max_conns, d.max_conn_buffered_bytes,
-		d.max_total_value_bytes);
+	fprintf(
+	    f,
+	    "usage: " PROG " [--host ADDR] [--port N] [options]\n"
+	    "\n"
+	    "Serves a key-value store that speaks PyTorch's TCPStore protocol (torch 1.13\n"
+	    "and 2.x clients, dialect detected per connection) in the foreground. Prints\n"
+	    "'" PROG " listening on ADDR:PORT' once ready; exits 0 on SIGTERM or SIGINT.\n"
+	    "\n"
+	    "  -H, --host ADDR               address or name to bind (default: all\n"
+	    "                                interfaces, IPv6 dual stack, else 0.0.0.0)\n"
+	    "  -p, --port N                  TCP port, 0 picks a free one (default 29400)\n"
+	    "      --max-key-bytes N         longest key accepted (default %zu)\n"
+	    "      --max-value-bytes N       longest value accepted (default %zu)\n"
+	    "      --max-keys-per-request N  keys per CHECK/WAIT/MULTI_* (default %llu)\n"
+	    "      --max-conns N             open client connections (default %u)\n"
+	    "      --max-conn-buffer-bytes N input or output buffered per connection\n"
+	    "                                (default %zu)\n"
+	    "      --max-total-value-bytes N all values and queued items together\n"
+	    "                                (default %zu)\n"
+	    "      --backlog N               listen backlog (default: SOMAXCONN)\n"
+	    "      --log-level LEVEL         error, warn, info (default), debug, trace\n"
+	    "  -h, --help                    show this help and exit\n"
+	    "      --version                 print the version and exit\n"
+	    "\n"
+	    "A request over a limit, or a malformed one, closes that connection only.\n"
+	    "Exit status: 0 after SIGTERM/SIGINT, 1 if the store cannot start, 2 for a bad flag.\n",
+	    d.limits.max_key_bytes, d.limits.max_value_bytes,
+	    (unsigned long long)d.limits.max_items, d.max_conns, d.max_conn_buffered_bytes,
+	    d.max_total_value_bytes);
 }
 
 static _Noreturn void bad_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -106,17 +107,17 @@ static uint64_t flag_uint(const char *flag, const char *val, uint64_t min, uint6
 
 	if (parse_uint_range(val, min, max, &v) == 0)
 		return v;
-	if (str_printf(range, sizeof(range), "an integer in [%llu, %llu]",
-		       (unsigned long long)min, (unsigned long long)max) < 0)
+	if (str_printf(range, sizeof(range), "an integer in [%llu, %llu]", (unsigned long long)min,
+		       (unsigned long long)max) < 0)
 		range[0] = '\0';
-	fprintf(stderr, PROG ": --%s: expected %s, got '%s'\ntry '" PROG " --help'\n", flag,
-		range, val);
+	fprintf(stderr, PROG ": --%s: expected %s, got '%s'\ntry '" PROG " --help'\n", flag, range,
+		val);
 	exit(2);
 }
 
 static int level_from_name(const char *s)
 {
-	static const char *const names[] = { "error", "warn", "info", "debug", "trace" };
+	static const char *const names[] = {"error", "warn", "info", "debug", "trace"};
 
 	for (size_t i = 0; i < ARRAY_SIZE(names); i++)
 		if (!strcmp(s, names[i]))
@@ -152,11 +153,11 @@ static void parse_args(int argc, char **argv, struct store_server_config *cfg)
 			break;
 		case OPT_MAX_CONN_BUF:
 			cfg->max_conn_buffered_bytes =
-				flag_uint("max-conn-buffer-bytes", optarg, 64, big);
+			    flag_uint("max-conn-buffer-bytes", optarg, 64, big);
 			break;
 		case OPT_MAX_TOTAL:
 			cfg->max_total_value_bytes =
-				flag_uint("max-total-value-bytes", optarg, 1, big * 64);
+			    flag_uint("max-total-value-bytes", optarg, 1, big * 64);
 			break;
 		case OPT_BACKLOG:
 			cfg->backlog = (int)flag_uint("backlog", optarg, 1, 1 << 20);
@@ -202,7 +203,7 @@ static void raise_nofile(void)
 static void notify_ready(void)
 {
 	const char *path = getenv("NOTIFY_SOCKET");
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	size_t len;
 	int fd;
 
@@ -262,8 +263,8 @@ int main(int argc, char **argv)
 			cfg.host && *cfg.host ? cfg.host : "*", cfg.port, crun_strerror(r));
 		goto out;
 	}
-	printf(PROG " listening on %s:%u\n", cfg.host && *cfg.host ? cfg.host : "::",
-	       store_server_port(srv));
+	printf(PROG " listening on %s:%u\n",
+	       cfg.host && *cfg.host ? cfg.host : "::", store_server_port(srv));
 	fflush(stdout);
 	notify_ready();
 

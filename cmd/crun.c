@@ -23,8 +23,10 @@ int main(int argc, char **argv)
 
 	log_init("crun", LL_WARN);
 	if (cli_parse(&c, argc, argv, environ) < 0) {
-		fprintf(stderr, "usage: crun [options] training_script [training_script_args ...]\n"
-				"crun: error: %s\n", c.err);
+		fprintf(stderr,
+			"usage: crun [options] training_script [training_script_args ...]\n"
+			"crun: error: %s\n",
+			c.err);
 		cli_free(&c);
 		return 2;
 	}

@@ -16,10 +16,21 @@
 #include "crun/store.h"
 
 static const char *const vars[] = {
-	"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE",
-	"WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-	"TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
-	"TORCHELASTIC_USE_AGENT_STORE",
+    "RANK",
+    "LOCAL_RANK",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "LOCAL_WORLD_SIZE",
+    "WORLD_SIZE",
+    "GROUP_WORLD_SIZE",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
 };
 
 static long env_long(const char *name)
@@ -59,8 +70,8 @@ int main(void)
 	o.timeout_ms = 60000;
 	r = crun_store_open(&o, &base);
 	if (r < 0) {
-		fprintf(stderr, "rank_env: cannot reach the worker store %s:%ld: %s\n", o.host, port,
-			crun_strerror(r));
+		fprintf(stderr, "rank_env: cannot reach the worker store %s:%ld: %s\n", o.host,
+			port, crun_strerror(r));
 		return 1;
 	}
 	snprintf(prefix, sizeof(prefix), "/worker/attempt_%ld", attempt);
@@ -83,8 +94,8 @@ int main(void)
 		if (r < 0)
 			goto fail;
 		if (len != strlen(want) || memcmp(got, want, len) != 0) {
-			fprintf(stderr, "rank_env: rank %ld read a wrong value for rank %ld\n", rank,
-				peer);
+			fprintf(stderr, "rank_env: rank %ld read a wrong value for rank %ld\n",
+				rank, peer);
 			bad = 1;
 		}
 		crun_free(got);
@@ -100,7 +111,7 @@ int main(void)
 			r = crun_store_set(s, "rank_env/all_done", "1", 1);
 		if (r < 0)
 			goto fail;
-		r = crun_store_wait(s, (const char *const[]){ "rank_env/all_done" }, 1, 60000);
+		r = crun_store_wait(s, (const char *const[]){"rank_env/all_done"}, 1, 60000);
 		if (r < 0)
 			goto fail;
 	}

@@ -50,16 +50,14 @@ int kernels_gemm_f32(size_t m, size_t n, size_t k, const float *a, size_t lda, c
 int kernels_available(void);
 /* Device GEMM, same contract as kernels_gemm_f32 on device pointers,
  * enqueued on stream (a cudaStream_t, NULL = default). */
-int kernels_cuda_gemm_f32(size_t m, size_t n, size_t k, const float *a, size_t lda,
-			  const float *b, size_t ldb, float *c, size_t ldc, int accumulate,
-			  void *stream);
+int kernels_cuda_gemm_f32(size_t m, size_t n, size_t k, const float *a, size_t lda, const float *b,
+			  size_t ldb, float *c, size_t ldc, int accumulate, void *stream);
 /* Device dst = dst op src (dtype x op as kernels_reduce). */
-int kernels_cuda_reduce(void *dst, const void *src, size_t count, int dtype, int op,
-			void *stream);
+int kernels_cuda_reduce(void *dst, const void *src, size_t count, int dtype, int op, void *stream);
 /* Intra-node all_reduce step over peer-mapped (CUDA IPC) device buffers:
  * dst = bufs[0] op ... op bufs[nbufs - 1], AVG divides by nbufs. */
-int kernels_cuda_all_reduce(void *dst, const void *const *bufs, int nbufs, size_t count,
-			    int dtype, int op, void *stream);
+int kernels_cuda_all_reduce(void *dst, const void *const *bufs, int nbufs, size_t count, int dtype,
+			    int op, void *stream);
 /* Waits for stream; maps CUDA errors to crun codes. */
 int kernels_cuda_sync(void *stream);
 

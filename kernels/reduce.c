@@ -111,25 +111,25 @@ VEC_CLONES void kernels_f32_to_bf16(uint16_t *dst, const float *src, size_t coun
 
 /* Integer SUM and PROD go through the unsigned type so overflow wraps
  * instead of being undefined. */
-#define LOOP(name, T, EXPR)                                                    \
+#define LOOP(name, T, EXPR)                                                       \
 	VEC_CLONES static void name(T *restrict d, const T *restrict s, size_t n) \
-	{                                                                      \
-		for (size_t i = 0; i < n; i++) {                               \
-			T a = d[i], b = s[i];                                  \
-			d[i] = (EXPR);                                         \
-		}                                                              \
+	{                                                                         \
+		for (size_t i = 0; i < n; i++) {                                  \
+			T a = d[i], b = s[i];                                     \
+			d[i] = (EXPR);                                            \
+		}                                                                 \
 	}
 
-#define INT_LOOPS(sfx, T, U)                                                   \
-	LOOP(sum_##sfx, T, (T)((U)a + (U)b))                                   \
-	LOOP(prod_##sfx, T, (T)((U)a * (U)b))                                  \
-	LOOP(min_##sfx, T, a < b ? a : b)                                      \
+#define INT_LOOPS(sfx, T, U)                  \
+	LOOP(sum_##sfx, T, (T)((U)a + (U)b))  \
+	LOOP(prod_##sfx, T, (T)((U)a * (U)b)) \
+	LOOP(min_##sfx, T, a < b ? a : b)     \
 	LOOP(max_##sfx, T, a > b ? a : b)
 
-#define FLT_LOOPS(sfx, T)                                                      \
-	LOOP(sum_##sfx, T, a + b)                                              \
-	LOOP(prod_##sfx, T, a *b)                                              \
-	LOOP(min_##sfx, T, a < b ? a : b)                                      \
+#define FLT_LOOPS(sfx, T)                 \
+	LOOP(sum_##sfx, T, a + b)         \
+	LOOP(prod_##sfx, T, a *b)         \
+	LOOP(min_##sfx, T, a < b ? a : b) \
 	LOOP(max_##sfx, T, a > b ? a : b)
 
 FLT_LOOPS(f32, float)
@@ -141,13 +141,15 @@ INT_LOOPS(i64, int64_t, uint64_t)
 
 typedef void (*loop_fn)(void *restrict d, const void *restrict s, size_t n);
 
-#define ROW(sfx)                                                               \
-	{ (loop_fn)sum_##sfx, (loop_fn)prod_##sfx, (loop_fn)min_##sfx, (loop_fn)max_##sfx }
+#define ROW(sfx)                                                                                 \
+	{                                                                                        \
+		(loop_fn) sum_##sfx, (loop_fn)prod_##sfx, (loop_fn)min_##sfx, (loop_fn)max_##sfx \
+	}
 
 /* Indexed [dtype][op], ops in crun_red_op_t order without AVG (= SUM). */
 static const loop_fn loops[CRUN_DTYPE__MAX][4] = {
-	[CRUN_F32] = ROW(f32), [CRUN_F64] = ROW(f64), [CRUN_I8] = ROW(i8),
-	[CRUN_U8] = ROW(u8),   [CRUN_I32] = ROW(i32), [CRUN_I64] = ROW(i64),
+    [CRUN_F32] = ROW(f32), [CRUN_F64] = ROW(f64), [CRUN_I8] = ROW(i8),
+    [CRUN_U8] = ROW(u8),   [CRUN_I32] = ROW(i32), [CRUN_I64] = ROW(i64),
 };
 
 /* Half types: widen a block of both operands, reduce in f32, round once. */
@@ -190,11 +192,11 @@ int kernels_reduce(void *dst, const void *src, size_t count, int dtype, int op)
 	return 0;
 }
 
-#define DIV_LOOP(T, V)                                                         \
-	do {                                                                   \
-		T *p_ = buf;                                                   \
-		for (size_t i = 0; i < count; i++)                             \
-			p_[i] = (T)(p_[i] / (V));                              \
+#define DIV_LOOP(T, V)                             \
+	do {                                       \
+		T *p_ = buf;                       \
+		for (size_t i = 0; i < count; i++) \
+			p_[i] = (T)(p_[i] / (V));  \
 	} while (0)
 
 int kernels_div(void *buf, size_t count, int dtype, int64_t divisor)
@@ -216,8 +218,7 @@ int kernels_div(void *buf, size_t count, int dtype, int64_t divisor)
 		return 0;
 	case CRUN_BF16:
 		for (size_t i = 0; i < count; i++)
-			h[i] = kernels_float_to_bf16(kernels_bf16_to_float(h[i]) /
-						     (float)divisor);
+			h[i] = kernels_float_to_bf16(kernels_bf16_to_float(h[i]) / (float)divisor);
 		return 0;
 	case CRUN_I8:
 		DIV_LOOP(int8_t, divisor);

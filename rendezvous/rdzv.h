@@ -24,9 +24,9 @@ struct rdzv;
 struct rdzv_info {
 	int group_rank;
 	int group_world_size;
-	int base_rank;	     /* global rank of this node's local rank 0 */
-	int world_size;	     /* sum of every agent's nproc */
-	int role_base_rank;  /* same prefix sum within the role (one role here) */
+	int base_rank;	    /* global rank of this node's local rank 0 */
+	int world_size;	    /* sum of every agent's nproc */
+	int role_base_rank; /* same prefix sum within the role (one role here) */
 	int role_world_size;
 	char master_addr[RDZV_HOST_MAX]; /* worker store, MASTER_ADDR */
 	uint16_t master_port;
@@ -42,15 +42,15 @@ enum rdzv_event {
 typedef void (*rdzv_event_fn)(enum rdzv_event ev, void *arg);
 
 struct rdzv_params {
-	const char *backend;	 /* "static" */
+	const char *backend; /* "static" */
 	bool standalone;
-	const char *run_id;	 /* key prefix "<run_id>/" */
+	const char *run_id; /* key prefix "<run_id>/" */
 	int node_rank;
 	int nnodes;
 	int nproc;		 /* this agent's local world size */
 	const char *master_addr; /* static: where node 0 serves the store */
 	uint16_t master_port;
-	const char *local_addr;	 /* standalone: advertised address, or NULL */
+	const char *local_addr; /* standalone: advertised address, or NULL */
 	uint32_t join_timeout_ms;
 	uint32_t barrier_timeout_ms;
 	struct event_base *base; /* borrowed, the agent's loop */

@@ -56,9 +56,9 @@ struct rdzv {
 	uint16_t served_port;
 	bool have_info;
 	struct rdzv_info info;
-	struct event *kick;	/* deferred completion for one-node jobs */
+	struct event *kick; /* deferred completion for one-node jobs */
 	enum rdzv_event kick_ev;
-	struct rdzv_job *job;	/* running helper, or NULL */
+	struct rdzv_job *job; /* running helper, or NULL */
 	pthread_t thread;
 	int notify_rd;
 	struct event *notify_ev;
@@ -142,9 +142,10 @@ static int job_join(struct rdzv_job *j, crun_store_t *s)
 		r = crun_store_get(s, key, j->join_timeout_ms, &v, &len);
 		if (r < 0) {
 			snprintf(val, sizeof(val), "%d", i);
-			return job_fail(j, s, r, r == CRUN_ETIMEDOUT
-				? "timed out waiting for an agent to join (is every --node_rank started?)"
-				: "reading an agent's nproc");
+			return job_fail(j, s, r,
+					r == CRUN_ETIMEDOUT ? "timed out waiting for an agent to "
+							      "join (is every --node_rank started?)"
+							    : "reading an agent's nproc");
 		}
 		r = parse_uint_range(v, 1, 1u << 20, &np);
 		crun_free(v);
@@ -160,7 +161,7 @@ static int job_join(struct rdzv_job *j, crun_store_t *s)
 		if (r < 0)
 			return job_fail(j, s, r, "closing the start barrier");
 	}
-	r = crun_store_wait(s, (const char *const[]){ "crun/rdzv/all_joined" }, 1,
+	r = crun_store_wait(s, (const char *const[]){"crun/rdzv/all_joined"}, 1,
 			    j->join_timeout_ms);
 	if (r < 0)
 		return job_fail(j, s, r, "waiting at the start barrier");
@@ -198,7 +199,7 @@ static int job_barrier(struct rdzv_job *j, crun_store_t *s)
 			r = crun_store_set(s, "crun/rdzv/departed_all", "1", 1);
 		return r < 0 ? job_fail(j, s, r, "exit barrier") : 0;
 	}
-	r = crun_store_wait(s, (const char *const[]){ "crun/rdzv/departed_all" }, 1,
+	r = crun_store_wait(s, (const char *const[]){"crun/rdzv/departed_all"}, 1,
 			    j->barrier_timeout_ms);
 	return r < 0 ? job_fail(j, s, r, "exit barrier (waiting for agents to leave)") : 0;
 }
@@ -402,7 +403,7 @@ int rdzv_next_round(struct rdzv *r)
 	 * 0 clearing the store between attempts. */
 	if (r->have_info || r->p.nnodes == 1) {
 		if (!r->have_info) {
-			int one[1] = { r->p.nproc };
+			int one[1] = {r->p.nproc};
 
 			TRY(rdzv_assign_ranks(one, 1, 0, &r->info));
 			snprintf(r->info.master_addr, sizeof(r->info.master_addr), "%s",

@@ -58,10 +58,11 @@ struct store_conn {
 	uint8_t dialect;  /* 0 until sniffed, then enum store_dialect */
 	bool parked;	  /* v2 WAIT/BARRIER outstanding: input stays buffered */
 	bool throttled;	  /* output over the ceiling: reading paused */
+	bool writing;	  /* EV_WRITE on: the bufferevent flushes what write() left */
 	bool doomed;	  /* another connection's op overfilled our output */
 };
 
-static void conn_process(struct store_conn *c);
+static bool conn_process(struct store_conn *c);
 
 /* ---- connection teardown --------------------------------------------------- */
 
@@ -142,6 +143,27 @@ static struct evbuffer *conn_out(struct store_conn *c)
 	return bufferevent_get_output(c->bev);
 }
 
+/* Replies are written straight from the callback that made them: one
+ * writev, instead of arming EV_WRITE and writing on the next loop turn (two
+ * epoll_ctl calls per request). Only what the socket does not take, or an
+ * error, is left to the bufferevent, whose callbacks then finish the job. */
+static void conn_flush(struct store_conn *c)
+{
+	struct evbuffer *out = conn_out(c);
+
+	if (c->writing || !evbuffer_get_length(out))
+		return;
+	/* A socket bufferevent freezes its output's start so only it drains
+	 * it; write the way its own write callback does. */
+	evbuffer_unfreeze(out, 1);
+	(void)evbuffer_write(out, bufferevent_getfd(c->bev));
+	evbuffer_freeze(out, 1);
+	if (!evbuffer_get_length(out))
+		return;
+	c->writing = true;
+	bufferevent_enable(c->bev, EV_WRITE);
+}
+
 static int reply_u8(struct store_conn *c, uint8_t v)
 {
 	return evbuffer_add(conn_out(c), &v, 1) < 0 ? CRUN_ENOMEM : 0;
@@ -206,6 +228,7 @@ static bool wait_step(struct store_conn *c)
 		return false;
 	if (reply_u8(c, STORE_WAIT_STOP_WAITING) < 0)
 		c->doomed = true;
+	conn_flush(c);
 	conn_unpark(c);
 	conn_check_pushed(c);
 	return true;
@@ -296,6 +319,7 @@ static void notify_watchers(struct store_server *srv, struct kv_ent *e, uint8_t 
 			r |= evbuffer_add(out, nv, new_len);
 		if (r)
 			w->doomed = true;
+		conn_flush(w);
 		conn_check_pushed(w);
 	}
 }
@@ -620,7 +644,7 @@ static void list_one(struct kv_ent *e, void *arg)
 
 static int op_list_keys(struct store_conn *c)
 {
-	struct list_ctx lc = { .c = c, .r = 0 };
+	struct list_ctx lc = {.c = c, .r = 0};
 
 	TRY(reply_i64(c, (int64_t)c->srv->kv.n_keys));
 	kv_foreach(&c->srv->kv, list_one, &lc);
@@ -712,13 +736,19 @@ static int conn_dispatch(struct store_conn *c, const struct store_req *q)
 
 static void conn_throttle(struct store_conn *c, bool on);
 
+/* The bufferevent drained the output to the low watermark. */
 static void conn_on_write(struct bufferevent *bev, void *arg)
 {
 	struct store_conn *c = arg;
 
-	(void)bev;
-	if (c->throttled)
+	if (c->throttled) {
 		conn_throttle(c, false);
+		return;
+	}
+	if (!evbuffer_get_length(bufferevent_get_output(bev))) {
+		c->writing = false;
+		bufferevent_disable(bev, EV_WRITE);
+	}
 }
 
 /* Pauses reading while the peer does not read its replies; the write
@@ -728,9 +758,13 @@ static void conn_throttle(struct store_conn *c, bool on)
 	size_t cap = c->srv->cfg.max_conn_buffered_bytes;
 
 	c->throttled = on;
+	log_at(LL_DEBUG, SUB_STORE, "client %s reading: %zu reply bytes unsent",
+	       on ? "paused" : "resumed", evbuffer_get_length(conn_out(c)));
 	if (on) {
 		bufferevent_disable(c->bev, EV_READ);
 		bufferevent_setwatermark(c->bev, EV_WRITE, cap / 2, 0);
+		c->writing = true;
+		bufferevent_enable(c->bev, EV_WRITE);
 		return;
 	}
 	bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
@@ -753,8 +787,9 @@ static int conn_sniff(struct store_conn *c, struct evbuffer *in, size_t len)
 	return 1;
 }
 
-/* Decodes and runs every complete request in the input buffer, in order. */
-static void conn_process(struct store_conn *c)
+/* Decodes and runs every complete request in the input buffer, in order.
+ * Returns false when it closed the connection. */
+static bool conn_process(struct store_conn *c)
 {
 	struct store_server *srv = c->srv;
 	struct evbuffer *in = bufferevent_get_input(c->bev);
@@ -768,43 +803,45 @@ static void conn_process(struct store_conn *c)
 
 		if (c->doomed) {
 			conn_drop(c, CRUN_ETOOBIG, "undrained output");
-			return;
+			return false;
 		}
 		if (len == 0 || c->throttled)
-			return;
+			return true;
 		if (!c->dialect && !conn_sniff(c, in, len))
-			return;
+			return true;
 		len = evbuffer_get_length(in);
 		if (len == 0)
-			return;
+			return true;
 		if (evbuffer_get_length(conn_out(c)) > srv->cfg.max_conn_buffered_bytes) {
 			conn_throttle(c, true);
-			return;
+			return true;
 		}
 		/* Amortised: pullup grows its chain geometrically and new reads
 		 * land behind it, so a large frame is not copied per segment. */
 		p = evbuffer_pullup(in, (ev_ssize_t)len);
 		if (!p) {
 			conn_drop(c, CRUN_ENOMEM, "input");
-			return;
+			return false;
 		}
 		if (c->parked && p[0] != cancel)
-			return; /* answered in order once the WAIT completes */
+			return true; /* answered in order once the WAIT completes */
 		r = store_proto_decode_req(c->dialect, &srv->cfg.limits, p, len, &q, &used);
 		if (r == CRUN_EAGAIN) {
-			if (len >= srv->cfg.max_conn_buffered_bytes)
-				conn_drop(c, CRUN_ETOOBIG, "frame over the buffer ceiling");
-			return;
+			if (len < srv->cfg.max_conn_buffered_bytes)
+				return true;
+			conn_drop(c, CRUN_ETOOBIG, "frame over the buffer ceiling");
+			return false;
 		}
 		if (r < 0) {
-			conn_drop(c, r, r == CRUN_ETOOBIG ? "request over a limit" : "malformed request");
-			return;
+			conn_drop(c, r,
+				  r == CRUN_ETOOBIG ? "request over a limit" : "malformed request");
+			return false;
 		}
 		r = conn_dispatch(c, &q);
 		evbuffer_drain(in, used);
 		if (r < 0) {
 			conn_drop(c, r, store_proto_op_name(q.op));
-			return;
+			return false;
 		}
 	}
 }
@@ -812,7 +849,8 @@ static void conn_process(struct store_conn *c)
 static void conn_on_read(struct bufferevent *bev, void *arg)
 {
 	(void)bev;
-	conn_process(arg);
+	if (conn_process(arg))
+		conn_flush(arg);
 }
 
 static void conn_on_event(struct bufferevent *bev, short what, void *arg)
@@ -863,6 +901,8 @@ static void srv_on_accept(struct evconnlistener *lsn, evutil_socket_t fd, struct
 	srv->st.conns++;
 	bufferevent_setcb(c->bev, conn_on_read, conn_on_write, conn_on_event, c);
 	bufferevent_setwatermark(c->bev, EV_READ, 0, srv->cfg.max_conn_buffered_bytes);
+	/* EV_WRITE (on by default) only while output is left over: see conn_flush. */
+	bufferevent_disable(c->bev, EV_WRITE);
 	bufferevent_enable(c->bev, EV_READ);
 	return;
 fail:
@@ -885,7 +925,7 @@ static void srv_on_accept_retry(evutil_socket_t fd, short what, void *arg)
 static void srv_on_accept_error(struct evconnlistener *lsn, void *arg)
 {
 	struct store_server *srv = arg;
-	struct timeval tv = { 0, 100 * 1000 };
+	struct timeval tv = {0, 100 * 1000};
 	int err = EVUTIL_SOCKET_ERROR();
 
 	log_at(LL_WARN, SUB_STORE, "accept: %s; pausing 100 ms", strerror(err));
@@ -920,18 +960,20 @@ fail:
  * are resolved here, before the loop runs. */
 static int srv_listen(struct store_server *srv, const char *host, uint16_t port, int *ret_fd)
 {
-	struct addrinfo hints = { .ai_socktype = SOCK_STREAM,
-				  .ai_flags = AI_PASSIVE | AI_NUMERICSERV };
+	struct addrinfo hints = {.ai_socktype = SOCK_STREAM,
+				 .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
 	struct addrinfo *res, *ai;
 	char portstr[8];
 	int backlog = srv->cfg.backlog > 0 ? srv->cfg.backlog : SOMAXCONN;
 	int r = CRUN_EINVAL, g;
 
 	if (!host || !*host) {
-		struct sockaddr_in6 a6 = { .sin6_family = AF_INET6, .sin6_port = htons(port),
-					   .sin6_addr = IN6ADDR_ANY_INIT };
-		struct sockaddr_in a4 = { .sin_family = AF_INET, .sin_port = htons(port),
-					  .sin_addr.s_addr = htonl(INADDR_ANY) };
+		struct sockaddr_in6 a6 = {.sin6_family = AF_INET6,
+					  .sin6_port = htons(port),
+					  .sin6_addr = IN6ADDR_ANY_INIT};
+		struct sockaddr_in a4 = {.sin_family = AF_INET,
+					 .sin_port = htons(port),
+					 .sin_addr.s_addr = htonl(INADDR_ANY)};
 
 		r = bind_addr((struct sockaddr *)&a6, sizeof(a6), backlog, ret_fd);
 		if (r == 0 || r == CRUN_EADDRINUSE)

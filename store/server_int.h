@@ -17,8 +17,8 @@ struct dl {
 	struct dl *next, *prev;
 };
 
-#define DL_INIT(h) ((h)->next = (h)->prev = (h))
-#define DL_EMPTY(h) ((h)->next == (h))
+#define DL_INIT(h)		    ((h)->next = (h)->prev = (h))
+#define DL_EMPTY(h)		    ((h)->next == (h))
 #define DL_ENTRY(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 
 static inline void dl_add_tail(struct dl *h, struct dl *n)
@@ -62,9 +62,9 @@ struct kv_ent {
 
 struct kv_table {
 	struct kv_ent **buckets;
-	size_t mask;	   /* bucket count - 1; a power of two minus one */
-	size_t n_ents;	   /* every entry, for the load factor */
-	size_t n_keys;	   /* entries with a value: GETNUMKEYS */
+	size_t mask;	    /* bucket count - 1; a power of two minus one */
+	size_t n_ents;	    /* every entry, for the load factor */
+	size_t n_keys;	    /* entries with a value: GETNUMKEYS */
 	size_t value_bytes; /* values plus queued items */
 };
 

@@ -75,19 +75,34 @@ int algo_barrier(struct crun_pg *pg)
 
 /* ---- ring phases over blocks of a buffer ---------------------------------- */
 
-/* After it, rank r holds the full reduction of block r. */
-static int ring_reduce_scatter(struct crun_pg *pg, uint8_t *buf, size_t count, int dtype, int op)
+/* After it, rank r holds the full reduction of block r in buf. src is the
+ * input (src == buf: in place). Out of place, every block received is one
+ * buf has not held yet (the block sent at step s was received at s - 1),
+ * so it becomes src op incoming and src is never copied to buf up front. */
+static int ring_reduce_scatter(struct crun_pg *pg, const uint8_t *src, uint8_t *buf, size_t count,
+			       int dtype, int op)
 {
 	int n = pg->size, r = pg->rank;
 	size_t esz = crun_dtype_size(dtype);
 
 	for (int s = 0; s < n - 1; s++) {
 		int sb = (r - s - 1 + 2 * n) % n, rb = (r - s - 2 + 2 * n) % n;
+		size_t so = blk_off(count, n, sb) * esz, ro = blk_off(count, n, rb) * esz;
+		struct xfer x[2] = {
+		    {.peer = peer_of(pg, 1),
+		     .dir = XF_SEND,
+		     .buf = (uint8_t *)(s == 0 ? src : buf) + so,
+		     .len = blk_cnt(count, n, sb) * esz},
+		    {.peer = peer_of(pg, -1),
+		     .dir = XF_RECV_REDUCE,
+		     .buf = buf + ro,
+		     .len = blk_cnt(count, n, rb) * esz,
+		     .dtype = dtype,
+		     .op = op,
+		     .acc = src != buf ? src + ro : NULL},
+		};
 
-		TRY(pg_sendrecv(pg, peer_of(pg, 1), buf + blk_off(count, n, sb) * esz,
-				blk_cnt(count, n, sb) * esz, peer_of(pg, -1),
-				buf + blk_off(count, n, rb) * esz, blk_cnt(count, n, rb) * esz, 1,
-				dtype, op));
+		TRY(pg_xfer(pg, x, 2));
 	}
 	return 0;
 }
@@ -122,15 +137,19 @@ static int rd_all_reduce(struct crun_pg *pg, uint8_t *buf, size_t count, int dty
 	/* Ranks past the largest power of two hand their data to a partner
 	 * and get the result back at the end. */
 	if (r >= p2) {
-		struct xfer x = { .peer = r - p2, .dir = XF_SEND, .buf = buf, .len = bytes };
+		struct xfer x = {.peer = r - p2, .dir = XF_SEND, .buf = buf, .len = bytes};
 
 		TRY(pg_xfer(pg, &x, 1));
-		x = (struct xfer){ .peer = r - p2, .dir = XF_RECV, .buf = buf, .len = bytes };
+		x = (struct xfer){.peer = r - p2, .dir = XF_RECV, .buf = buf, .len = bytes};
 		return pg_xfer(pg, &x, 1);
 	}
 	if (r < rem) {
-		struct xfer x = { .peer = r + p2, .dir = XF_RECV_REDUCE, .buf = buf, .len = bytes,
-				  .dtype = dtype, .op = op };
+		struct xfer x = {.peer = r + p2,
+				 .dir = XF_RECV_REDUCE,
+				 .buf = buf,
+				 .len = bytes,
+				 .dtype = dtype,
+				 .op = op};
 
 		TRY(pg_xfer(pg, &x, 1));
 	}
@@ -144,20 +163,26 @@ static int rd_all_reduce(struct crun_pg *pg, uint8_t *buf, size_t count, int dty
 		TRY(kernels_reduce(buf, tmp, count, dtype, op));
 	}
 	if (r < rem) {
-		struct xfer x = { .peer = r + p2, .dir = XF_SEND, .buf = buf, .len = bytes };
+		struct xfer x = {.peer = r + p2, .dir = XF_SEND, .buf = buf, .len = bytes};
 
 		TRY(pg_xfer(pg, &x, 1));
 	}
 	return 0;
 }
 
-static int all_reduce_inplace(struct crun_pg *pg, uint8_t *buf, size_t count, int dtype, int op)
+/* src == buf: in place. Otherwise the ring reads src directly; recursive
+ * doubling copies it first. */
+static int all_reduce_core(struct crun_pg *pg, const uint8_t *src, uint8_t *buf, size_t count,
+			   int dtype, int op)
 {
 	size_t esz = crun_dtype_size(dtype);
 
-	if (count * esz < pg->ring_threshold || count < (size_t)pg->size)
+	if (count * esz < pg->ring_threshold || count < (size_t)pg->size) {
+		if (src != buf)
+			memcpy(buf, src, count * esz);
 		return rd_all_reduce(pg, buf, count, dtype, op);
-	TRY(ring_reduce_scatter(pg, buf, count, dtype, op));
+	}
+	TRY(ring_reduce_scatter(pg, src, buf, count, dtype, op));
 	return ring_all_gather(pg, buf, count, esz);
 }
 
@@ -168,18 +193,21 @@ int algo_all_reduce(struct crun_pg *pg, const void *sbuf, void *rbuf, size_t cou
 	int r;
 
 	if (!is_half(dtype)) {
-		if (sbuf != rbuf)
-			memcpy(rbuf, sbuf, count * crun_dtype_size(dtype));
-		if (pg->size == 1)
+		if (pg->size == 1) {
+			if (sbuf != rbuf)
+				memcpy(rbuf, sbuf, count * crun_dtype_size(dtype));
 			return 0;
-		TRY(all_reduce_inplace(pg, rbuf, count, dtype, op));
+		}
+		TRY(all_reduce_core(pg, sbuf, rbuf, count, dtype, op));
 		return op == CRUN_AVG ? kernels_div(rbuf, count, dtype, pg->size) : 0;
 	}
 	tmp = malloc(count * sizeof(float) + 1);
 	if (!tmp)
 		return CRUN_ENOMEM;
 	half_to_f32(tmp, sbuf, count, dtype);
-	r = pg->size == 1 ? 0 : all_reduce_inplace(pg, (uint8_t *)tmp, count, CRUN_F32, op);
+	r = pg->size == 1
+		? 0
+		: all_reduce_core(pg, (uint8_t *)tmp, (uint8_t *)tmp, count, CRUN_F32, op);
 	if (r == 0 && op == CRUN_AVG)
 		r = kernels_div(tmp, count, CRUN_F32, pg->size);
 	if (r == 0)
@@ -197,8 +225,10 @@ static int tree_broadcast(struct crun_pg *pg, void *buf, size_t bytes, int root)
 
 	while (mask < n) {
 		if (vr & mask) {
-			struct xfer x = { .peer = (vr - mask + root) % n, .dir = XF_RECV,
-					  .buf = buf, .len = bytes };
+			struct xfer x = {.peer = (vr - mask + root) % n,
+					 .dir = XF_RECV,
+					 .buf = buf,
+					 .len = bytes};
 
 			TRY(pg_xfer(pg, &x, 1));
 			break;
@@ -208,8 +238,10 @@ static int tree_broadcast(struct crun_pg *pg, void *buf, size_t bytes, int root)
 	/* Send to every child at once; they drain in parallel. */
 	for (mask >>= 1; mask > 0; mask >>= 1)
 		if (vr + mask < n)
-			xs[nx++] = (struct xfer){ .peer = (vr + mask + root) % n, .dir = XF_SEND,
-						  .buf = buf, .len = bytes };
+			xs[nx++] = (struct xfer){.peer = (vr + mask + root) % n,
+						 .dir = XF_SEND,
+						 .buf = buf,
+						 .len = bytes};
 	return nx ? pg_xfer(pg, xs, nx) : 0;
 }
 
@@ -233,17 +265,19 @@ int algo_broadcast(struct crun_pg *pg, void *buf, size_t count, int dtype, int r
 			return CRUN_ENOMEM;
 		for (int p = 0; p < n; p++)
 			if (p != root)
-				xs[nx++] = (struct xfer){ .peer = p, .dir = XF_SEND,
-							  .buf = (uint8_t *)buf +
-								 blk_off(count, n, p) * esz,
-							  .len = blk_cnt(count, n, p) * esz };
+				xs[nx++] = (struct xfer){.peer = p,
+							 .dir = XF_SEND,
+							 .buf = (uint8_t *)buf +
+								blk_off(count, n, p) * esz,
+							 .len = blk_cnt(count, n, p) * esz};
 		r = pg_xfer(pg, xs, nx);
 		free(xs);
 		TRY(r);
 	} else {
-		struct xfer x = { .peer = root, .dir = XF_RECV,
-				  .buf = (uint8_t *)buf + blk_off(count, n, pg->rank) * esz,
-				  .len = blk_cnt(count, n, pg->rank) * esz };
+		struct xfer x = {.peer = root,
+				 .dir = XF_RECV,
+				 .buf = (uint8_t *)buf + blk_off(count, n, pg->rank) * esz,
+				 .len = blk_cnt(count, n, pg->rank) * esz};
 
 		TRY(pg_xfer(pg, &x, 1));
 	}
@@ -252,14 +286,13 @@ int algo_broadcast(struct crun_pg *pg, void *buf, size_t count, int dtype, int r
 
 /* ---- reduce --------------------------------------------------------------------- */
 
-static int tree_reduce(struct crun_pg *pg, uint8_t *work, size_t count, int dtype, int op,
-		       int root)
+static int tree_reduce(struct crun_pg *pg, uint8_t *work, size_t count, int dtype, int op, int root)
 {
 	int n = pg->size, vr = (pg->rank - root + n) % n;
 	size_t bytes = count * crun_dtype_size(dtype);
 
 	for (int mask = 1; mask < n; mask <<= 1) {
-		struct xfer x = { .buf = work, .len = bytes, .dtype = dtype, .op = op };
+		struct xfer x = {.buf = work, .len = bytes, .dtype = dtype, .op = op};
 
 		if (vr & mask) {
 			x.peer = (vr - mask + root) % n;
@@ -276,26 +309,27 @@ static int tree_reduce(struct crun_pg *pg, uint8_t *work, size_t count, int dtyp
 }
 
 /* Large: ring reduce-scatter, then every rank sends its block to the root. */
-static int ring_reduce(struct crun_pg *pg, uint8_t *work, size_t count, int dtype, int op,
-		       int root)
+static int ring_reduce(struct crun_pg *pg, uint8_t *work, size_t count, int dtype, int op, int root)
 {
 	int n = pg->size, nx = 0, r;
 	size_t esz = crun_dtype_size(dtype);
 	struct xfer *xs;
 
-	TRY(ring_reduce_scatter(pg, work, count, dtype, op));
+	TRY(ring_reduce_scatter(pg, work, work, count, dtype, op));
 	xs = calloc((size_t)n, sizeof(*xs));
 	if (!xs)
 		return CRUN_ENOMEM;
 	for (int p = 0; p < n; p++) {
 		if (pg->rank == root && p != root)
-			xs[nx++] = (struct xfer){ .peer = p, .dir = XF_RECV,
-						  .buf = work + blk_off(count, n, p) * esz,
-						  .len = blk_cnt(count, n, p) * esz };
+			xs[nx++] = (struct xfer){.peer = p,
+						 .dir = XF_RECV,
+						 .buf = work + blk_off(count, n, p) * esz,
+						 .len = blk_cnt(count, n, p) * esz};
 		else if (pg->rank != root && p == pg->rank)
-			xs[nx++] = (struct xfer){ .peer = root, .dir = XF_SEND,
-						  .buf = work + blk_off(count, n, p) * esz,
-						  .len = blk_cnt(count, n, p) * esz };
+			xs[nx++] = (struct xfer){.peer = root,
+						 .dir = XF_SEND,
+						 .buf = work + blk_off(count, n, p) * esz,
+						 .len = blk_cnt(count, n, p) * esz};
 	}
 	r = pg_xfer(pg, xs, nx);
 	free(xs);
@@ -312,8 +346,8 @@ static int reduce_inplace(struct crun_pg *pg, uint8_t *work, size_t count, int d
 	return ring_reduce(pg, work, count, dtype, op, root);
 }
 
-int algo_reduce(struct crun_pg *pg, const void *sbuf, void *rbuf, size_t count, int dtype,
-		int op, int root)
+int algo_reduce(struct crun_pg *pg, const void *sbuf, void *rbuf, size_t count, int dtype, int op,
+		int root)
 {
 	int at_root = pg->rank == root, wdt = is_half(dtype) ? CRUN_F32 : dtype, r;
 	size_t bytes = count * crun_dtype_size(wdt);
@@ -360,9 +394,10 @@ static int root_fanout(struct crun_pg *pg, uint8_t *blocks, size_t bytes, int ro
 	struct xfer *xs;
 
 	if (pg->rank != root) {
-		struct xfer x = { .peer = root, .dir = dir == XF_SEND ? XF_RECV : XF_SEND,
-				  .buf = dir == XF_SEND ? mine_dst : (uint8_t *)mine_src,
-				  .len = bytes };
+		struct xfer x = {.peer = root,
+				 .dir = dir == XF_SEND ? XF_RECV : XF_SEND,
+				 .buf = dir == XF_SEND ? mine_dst : (uint8_t *)mine_src,
+				 .len = bytes};
 
 		return pg_xfer(pg, &x, 1);
 	}
@@ -371,15 +406,14 @@ static int root_fanout(struct crun_pg *pg, uint8_t *blocks, size_t bytes, int ro
 		return CRUN_ENOMEM;
 	for (int p = 0; p < n; p++)
 		if (p != root)
-			xs[nx++] = (struct xfer){ .peer = p, .dir = dir,
-						  .buf = blocks + (size_t)p * bytes, .len = bytes };
+			xs[nx++] = (struct xfer){
+			    .peer = p, .dir = dir, .buf = blocks + (size_t)p * bytes, .len = bytes};
 	r = pg_xfer(pg, xs, nx);
 	free(xs);
 	return r;
 }
 
-int algo_gather(struct crun_pg *pg, const void *sbuf, void *rbuf, size_t count, int dtype,
-		int root)
+int algo_gather(struct crun_pg *pg, const void *sbuf, void *rbuf, size_t count, int dtype, int root)
 {
 	size_t bytes = count * crun_dtype_size(dtype);
 
@@ -398,8 +432,8 @@ int algo_scatter(struct crun_pg *pg, const void *sbuf, void *rbuf, size_t count,
 	return root_fanout(pg, (uint8_t *)sbuf, bytes, root, XF_SEND, NULL, rbuf);
 }
 
-int algo_reduce_scatter(struct crun_pg *pg, const void *sbuf, void *rbuf, size_t count,
-			int dtype, int op)
+int algo_reduce_scatter(struct crun_pg *pg, const void *sbuf, void *rbuf, size_t count, int dtype,
+			int op)
 {
 	int n = pg->size, wdt = is_half(dtype) ? CRUN_F32 : dtype, r;
 	size_t total = count * (size_t)n, esz = crun_dtype_size(wdt);
@@ -410,9 +444,10 @@ int algo_reduce_scatter(struct crun_pg *pg, const void *sbuf, void *rbuf, size_t
 		return CRUN_ENOMEM;
 	if (is_half(dtype))
 		half_to_f32((float *)work, sbuf, total, dtype);
-	else
+	else if (n == 1)
 		memcpy(work, sbuf, total * esz);
-	r = n > 1 ? ring_reduce_scatter(pg, work, total, wdt, op) : 0;
+	/* Out of place from sbuf: the ring fills every block of work it uses. */
+	r = n > 1 ? ring_reduce_scatter(pg, is_half(dtype) ? work : sbuf, work, total, wdt, op) : 0;
 	mine = work + (size_t)pg->rank * count * esz; /* equal blocks: block r at r*count */
 	if (r == 0 && op == CRUN_AVG)
 		r = kernels_div(mine, count, wdt, n);

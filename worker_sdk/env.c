@@ -39,7 +39,7 @@ static struct {
 	crun_pg_t *world;
 	int next_group; /* name of the next crun_pg_new() group */
 	struct host *host;
-} g = { .rank = -1, .world_size = -1, .local_rank = -1, .local_world_size = -1 };
+} g = {.rank = -1, .world_size = -1, .local_rank = -1, .local_world_size = -1};
 
 static void host_on_stop(evutil_socket_t fd, short what, void *arg)
 {
@@ -118,7 +118,7 @@ static int wait_for_workers(crun_store_t *st, int world_size, uint32_t timeout_m
 	uint64_t deadline = clock_now_ms() + timeout_ms;
 
 	for (;;) {
-		struct timespec ts = { 0, 10 * 1000 * 1000 };
+		struct timespec ts = {0, 10 * 1000 * 1000};
 		int64_t v;
 
 		TRY(crun_store_add_raw(st, "init/", 0, &v));
@@ -234,6 +234,10 @@ int crun_init(void)
 	const char *agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
 	int port, tmo, dialect;
 
+	/* CRUN_LOG_LEVEL / CRUN_LOG_SUBSYS, like NCCL_DEBUG for NCCL users. */
+	if (getenv("CRUN_LOG_LEVEL"))
+		log_init("crun-worker", LL_WARN);
+
 	TRY(env_int("RANK", -1, PG_MAX_WORLD - 1, &o.rank));
 	TRY(env_int("WORLD_SIZE", -1, PG_MAX_WORLD, &o.world_size));
 	TRY(env_int("LOCAL_RANK", 0, PG_MAX_WORLD - 1, &o.local_rank));
@@ -270,7 +274,7 @@ void crun_finalize(void)
 		uint64_t deadline = clock_now_ms() + MIN(g.timeout_ms, 30000u);
 
 		while (v < g.world_size && clock_now_ms() < deadline) {
-			struct timespec ts = { 0, 10 * 1000 * 1000 };
+			struct timespec ts = {0, 10 * 1000 * 1000};
 
 			(void)nanosleep(&ts, NULL);
 			if (crun_store_add(g.dpg, key, 0, &v) < 0)

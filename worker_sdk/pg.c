@@ -50,8 +50,8 @@ struct crun_work {
 size_t crun_dtype_size(int dtype)
 {
 	static const size_t sizes[CRUN_DTYPE__MAX] = {
-		[CRUN_F32] = 4, [CRUN_F64] = 8, [CRUN_F16] = 2, [CRUN_BF16] = 2,
-		[CRUN_I8] = 1,	[CRUN_U8] = 1,	[CRUN_I32] = 4, [CRUN_I64] = 8,
+	    [CRUN_F32] = 4, [CRUN_F64] = 8, [CRUN_F16] = 2, [CRUN_BF16] = 2,
+	    [CRUN_I8] = 1,  [CRUN_U8] = 1,  [CRUN_I32] = 4, [CRUN_I64] = 8,
 	};
 
 	return dtype >= 0 && dtype < CRUN_DTYPE__MAX ? sizes[dtype] : 0;
@@ -59,10 +59,14 @@ size_t crun_dtype_size(int dtype)
 
 /* ---- creation ------------------------------------------------------------------ */
 
-/* Ranks with the same boot id and hostname share /dev/shm. */
+/* Ranks with the same boot id, hostname and network namespace are on one
+ * "host" and talk through /dev/shm. Different network namespaces (containers,
+ * or the namespace "hosts" of the tests) count as different hosts: they may
+ * not share /dev/shm, and their traffic is meant to cross the network. */
 static int host_id(char *buf, size_t cap)
 {
-	char boot[64] = "", host[128] = "";
+	char boot[64] = "", host[128] = "", netns[64] = "";
+	ssize_t nl = readlink("/proc/self/ns/net", netns, sizeof(netns) - 1);
 	int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
 
 	if (fd >= 0) {
@@ -73,7 +77,8 @@ static int host_id(char *buf, size_t cap)
 		fd_close(fd);
 	}
 	(void)gethostname(host, sizeof(host) - 1);
-	return pg_fmt(buf, cap, "%s/%s", boot, host);
+	netns[nl > 0 ? nl : 0] = '\0';
+	return pg_fmt(buf, cap, "%s/%s/%s", boot, host, netns);
 }
 
 static size_t env_size(const char *name, size_t def, size_t min, size_t max)
@@ -115,6 +120,8 @@ static int pick_transports(struct crun_pg *pg, crun_store_t *st, const char *ns,
 		r = same && !(mode && !strcmp(mode, "tcp"));
 		is_shm[p] = r;
 		is_tcp[p] = !r;
+		log_at(LL_DEBUG, SUB_PG, "pg %s: rank %d reaches rank %d over %s", pg->name,
+		       pg->rank, p, r ? "shm" : "tcp");
 	}
 	return 0;
 }
@@ -137,8 +144,8 @@ void pg_destroy(struct crun_pg *pg)
 	free(pg);
 }
 
-int pg_create(crun_store_t *st, int restart_count, const char *gname, const int *world_ranks,
-	      int n, int my_world_rank, uint32_t timeout_ms, struct crun_pg **ret_pg)
+int pg_create(crun_store_t *st, int restart_count, const char *gname, const int *world_ranks, int n,
+	      int my_world_rank, uint32_t timeout_ms, struct crun_pg **ret_pg)
 {
 	struct crun_pg *pg;
 	int *is_shm = NULL, *is_tcp = NULL;
@@ -152,12 +159,11 @@ int pg_create(crun_store_t *st, int restart_count, const char *gname, const int 
 	pg->rank = -1;
 	pg->world_rank = my_world_rank;
 	atomic_store(&pg->timeout_ms, timeout_ms);
-	pg->ring_bytes = env_size("CRUN_SHM_RING_BYTES", PG_SHM_RING_BYTES_DEFAULT, 4096,
-				  1u << 30);
+	pg->ring_bytes = env_size("CRUN_SHM_RING_BYTES", PG_SHM_RING_BYTES_DEFAULT, 4096, 1u << 30);
 	if (pg->ring_bytes & (pg->ring_bytes - 1))
 		pg->ring_bytes = PG_SHM_RING_BYTES_DEFAULT; /* must be a power of two */
-	pg->ring_threshold = env_size("CRUN_PG_RING_THRESHOLD", PG_RING_THRESHOLD_DEFAULT, 0,
-				      SIZE_MAX / 2);
+	pg->ring_threshold =
+	    env_size("CRUN_PG_RING_THRESHOLD", PG_RING_THRESHOLD_DEFAULT, 0, SIZE_MAX / 2);
 	r = pg_fmt(pg->name, sizeof(pg->name), "%s", gname);
 	if (r < 0)
 		goto fail;
@@ -205,8 +211,9 @@ fail:
 
 static int run_op(struct crun_pg *pg, const struct pg_op *o)
 {
-	struct xfer x = { .peer = o->root, .buf = (uint8_t *)o->rbuf,
-			  .len = o->count * crun_dtype_size(o->dtype) };
+	struct xfer x = {.peer = o->root,
+			 .buf = (uint8_t *)o->rbuf,
+			 .len = o->count * crun_dtype_size(o->dtype)};
 	int b = atomic_load(&pg->broken);
 
 	if (b)
@@ -420,7 +427,7 @@ static int check(const crun_pg_t *pg, size_t count, int dtype, int op, int root,
 int crun_broadcast(crun_pg_t *pg, void *buf, size_t count, int dtype, int root,
 		   crun_work_t **ret_work)
 {
-	struct pg_op o = { OP_BROADCAST, buf, buf, count, dtype, 0, root };
+	struct pg_op o = {OP_BROADCAST, buf, buf, count, dtype, 0, root};
 
 	TRY(check(pg, count, dtype, 0, root, 0));
 	if (!NEED(buf))
@@ -431,7 +438,7 @@ int crun_broadcast(crun_pg_t *pg, void *buf, size_t count, int dtype, int root,
 int crun_all_reduce(crun_pg_t *pg, const void *sbuf, void *rbuf, size_t count, int dtype, int op,
 		    crun_work_t **ret_work)
 {
-	struct pg_op o = { OP_ALL_REDUCE, sbuf, rbuf, count, dtype, op, 0 };
+	struct pg_op o = {OP_ALL_REDUCE, sbuf, rbuf, count, dtype, op, 0};
 
 	TRY(check(pg, count, dtype, op, 0, 0));
 	if (!NEED(sbuf) || !NEED(rbuf))
@@ -442,7 +449,7 @@ int crun_all_reduce(crun_pg_t *pg, const void *sbuf, void *rbuf, size_t count, i
 int crun_reduce(crun_pg_t *pg, const void *sbuf, void *rbuf, size_t count, int dtype, int op,
 		int root, crun_work_t **ret_work)
 {
-	struct pg_op o = { OP_REDUCE, sbuf, rbuf, count, dtype, op, root };
+	struct pg_op o = {OP_REDUCE, sbuf, rbuf, count, dtype, op, root};
 
 	TRY(check(pg, count, dtype, op, root, 0));
 	if (!NEED(sbuf) || (pg->rank == root && !NEED(rbuf)))
@@ -453,7 +460,7 @@ int crun_reduce(crun_pg_t *pg, const void *sbuf, void *rbuf, size_t count, int d
 int crun_all_gather(crun_pg_t *pg, const void *sbuf, void *rbuf, size_t count, int dtype,
 		    crun_work_t **ret_work)
 {
-	struct pg_op o = { OP_ALL_GATHER, sbuf, rbuf, count, dtype, 0, 0 };
+	struct pg_op o = {OP_ALL_GATHER, sbuf, rbuf, count, dtype, 0, 0};
 
 	TRY(check(pg, count, dtype, 0, 0, 1));
 	if (!NEED(sbuf) || !NEED(rbuf))
@@ -464,7 +471,7 @@ int crun_all_gather(crun_pg_t *pg, const void *sbuf, void *rbuf, size_t count, i
 int crun_gather(crun_pg_t *pg, const void *sbuf, void *rbuf, size_t count, int dtype, int root,
 		crun_work_t **ret_work)
 {
-	struct pg_op o = { OP_GATHER, sbuf, rbuf, count, dtype, 0, root };
+	struct pg_op o = {OP_GATHER, sbuf, rbuf, count, dtype, 0, root};
 
 	TRY(check(pg, count, dtype, 0, root, 1));
 	if (!NEED(sbuf) || (pg->rank == root && !NEED(rbuf)))
@@ -475,7 +482,7 @@ int crun_gather(crun_pg_t *pg, const void *sbuf, void *rbuf, size_t count, int d
 int crun_scatter(crun_pg_t *pg, const void *sbuf, void *rbuf, size_t count, int dtype, int root,
 		 crun_work_t **ret_work)
 {
-	struct pg_op o = { OP_SCATTER, sbuf, rbuf, count, dtype, 0, root };
+	struct pg_op o = {OP_SCATTER, sbuf, rbuf, count, dtype, 0, root};
 
 	TRY(check(pg, count, dtype, 0, root, 1));
 	if (!NEED(rbuf) || (pg->rank == root && !NEED(sbuf)))
@@ -486,7 +493,7 @@ int crun_scatter(crun_pg_t *pg, const void *sbuf, void *rbuf, size_t count, int 
 int crun_reduce_scatter(crun_pg_t *pg, const void *sbuf, void *rbuf, size_t count, int dtype,
 			int op, crun_work_t **ret_work)
 {
-	struct pg_op o = { OP_REDUCE_SCATTER, sbuf, rbuf, count, dtype, op, 0 };
+	struct pg_op o = {OP_REDUCE_SCATTER, sbuf, rbuf, count, dtype, op, 0};
 
 	TRY(check(pg, count, dtype, op, 0, 1));
 	if (!NEED(sbuf) || !NEED(rbuf))
@@ -497,7 +504,7 @@ int crun_reduce_scatter(crun_pg_t *pg, const void *sbuf, void *rbuf, size_t coun
 int crun_all_to_all(crun_pg_t *pg, const void *sbuf, void *rbuf, size_t count, int dtype,
 		    crun_work_t **ret_work)
 {
-	struct pg_op o = { OP_ALL_TO_ALL, sbuf, rbuf, count, dtype, 0, 0 };
+	struct pg_op o = {OP_ALL_TO_ALL, sbuf, rbuf, count, dtype, 0, 0};
 
 	TRY(check(pg, count, dtype, 0, 0, 1));
 	if (!NEED(sbuf) || !NEED(rbuf))
@@ -507,7 +514,7 @@ int crun_all_to_all(crun_pg_t *pg, const void *sbuf, void *rbuf, size_t count, i
 
 int crun_barrier(crun_pg_t *pg, crun_work_t **ret_work)
 {
-	struct pg_op o = { OP_BARRIER, NULL, NULL, 0, CRUN_U8, 0, 0 };
+	struct pg_op o = {OP_BARRIER, NULL, NULL, 0, CRUN_U8, 0, 0};
 
 	TRY(check(pg, 0, CRUN_U8, 0, 0, 0));
 	return submit(pg, &o, ret_work);
@@ -516,7 +523,7 @@ int crun_barrier(crun_pg_t *pg, crun_work_t **ret_work)
 int crun_send(crun_pg_t *pg, const void *buf, size_t count, int dtype, int peer,
 	      crun_work_t **ret_work)
 {
-	struct pg_op o = { OP_SEND, buf, NULL, count, dtype, 0, peer };
+	struct pg_op o = {OP_SEND, buf, NULL, count, dtype, 0, peer};
 
 	TRY(check(pg, count, dtype, 0, peer, 0));
 	if (!NEED(buf) || peer == pg->rank)
@@ -524,10 +531,9 @@ int crun_send(crun_pg_t *pg, const void *buf, size_t count, int dtype, int peer,
 	return submit(pg, &o, ret_work);
 }
 
-int crun_recv(crun_pg_t *pg, void *buf, size_t count, int dtype, int peer,
-	      crun_work_t **ret_work)
+int crun_recv(crun_pg_t *pg, void *buf, size_t count, int dtype, int peer, crun_work_t **ret_work)
 {
-	struct pg_op o = { OP_RECV, NULL, buf, count, dtype, 0, peer };
+	struct pg_op o = {OP_RECV, NULL, buf, count, dtype, 0, peer};
 
 	TRY(check(pg, count, dtype, 0, peer, 0));
 	if (!NEED(buf) || peer == pg->rank)

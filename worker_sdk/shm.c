@@ -22,7 +22,7 @@
 #include "kernels/kernels.h"
 #include "worker_sdk/worker.h"
 
-#define SHM_MAGIC 0x6372756e73686d31ull /* "crunshm1" */
+#define SHM_MAGIC     0x6372756e73686d31ull /* "crunshm1" */
 #define SEG_HDR_BYTES 4096u
 
 static size_t ring_stride(size_t ring_bytes)
@@ -56,7 +56,7 @@ static int seg_create(struct crun_pg *pg, char *name, size_t name_cap, size_t le
 	if (getrandom(&nonce, sizeof(nonce), 0) != sizeof(nonce))
 		nonce = clock_now_us() ^ ((uint64_t)getpid() << 32);
 	TRY(pg_fmt(name, name_cap, "/crun-%d-%s-%016llx", (int)getpid(), pg->name,
-		       (unsigned long long)nonce));
+		   (unsigned long long)nonce));
 	fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	if (fd < 0)
 		return -errno;
@@ -94,8 +94,8 @@ static int seg_map_peer(struct crun_pg *pg, int p, const char *val, size_t len)
 	const char *sp = memchr(val, ' ', len);
 	int fd;
 
-	if (!sp || (size_t)(sp - val) >= sizeof(name) ||
-	    parse_u64(sp + 1, &pid) < 0 || pid == 0 || pid > INT32_MAX)
+	if (!sp || (size_t)(sp - val) >= sizeof(name) || parse_u64(sp + 1, &pid) < 0 || pid == 0 ||
+	    pid > INT32_MAX)
 		return CRUN_EPROTO;
 	memcpy(name, val, (size_t)(sp - val));
 	name[sp - val] = '\0';
@@ -217,10 +217,12 @@ static void ring_copy(struct shm_ring *ring, size_t cap, uint64_t pos, uint8_t *
 /* Reduces len bytes at ring position pos into buf. Messages start 8-aligned
  * and cap is a multiple of 8, so both pieces hold whole elements. */
 static void ring_reduce(struct shm_ring *ring, size_t cap, uint64_t pos, uint8_t *buf,
-			size_t len, int dtype, int op, size_t esz)
+			const uint8_t *acc, size_t len, int dtype, int op, size_t esz)
 {
 	size_t off = (size_t)(pos & (cap - 1)), first = MIN(len, cap - off);
 
+	if (acc) /* a ring's worth at most: still in cache for the reduce */
+		memcpy(buf, acc, len);
 	(void)kernels_reduce(buf, ring->data + off, first / esz, dtype, op);
 	if (len > first)
 		(void)kernels_reduce(buf + first, ring->data, (len - first) / esz, dtype, op);
@@ -255,8 +257,9 @@ size_t pg_shm_progress(struct crun_pg *pg, struct xfer *x)
 
 				n -= n % esz;
 				if (n)
-					ring_reduce(p->rx, cap, tail, x->buf + x->wire, n,
-						    x->dtype, x->op, esz);
+					ring_reduce(p->rx, cap, tail, x->buf + x->wire,
+						    x->acc ? x->acc + x->wire : NULL, n, x->dtype,
+						    x->op, esz);
 			} else if (n) {
 				ring_copy(p->rx, cap, tail, x->buf + x->wire, n, 0);
 			}

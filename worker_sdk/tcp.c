@@ -20,8 +20,8 @@
 #include "kernels/kernels.h"
 #include "worker_sdk/worker.h"
 
-#define TCP_MAGIC 0x63727470u /* "crtp" */
-#define TCP_STAGE_BYTES (256u * 1024)
+#define TCP_MAGIC	  0x63727470u /* "crtp" */
+#define TCP_STAGE_BYTES	  (256u * 1024)
 #define TCP_SOCKBUF_BYTES (4 * 1024 * 1024)
 
 /* The address peers should dial: CRUN_PG_ADDR, else the local address the
@@ -30,7 +30,7 @@ static int local_addr(char *buf, size_t cap)
 {
 	const char *env = getenv("CRUN_PG_ADDR");
 	const char *master = getenv("MASTER_ADDR");
-	struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_DGRAM };
+	struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM};
 	struct addrinfo *ai = NULL;
 	struct sockaddr_in sin;
 	socklen_t sl = sizeof(sin);
@@ -68,7 +68,7 @@ static int io_full(int fd, void *buf, size_t len, int rd, uint64_t deadline_ms)
 	size_t done = 0;
 
 	while (done < len) {
-		struct pollfd pfd = { .fd = fd, .events = rd ? POLLIN : POLLOUT };
+		struct pollfd pfd = {.fd = fd, .events = rd ? POLLIN : POLLOUT};
 		uint64_t now = clock_now_ms();
 		ssize_t n;
 
@@ -94,7 +94,7 @@ static int dial(const char *hostport, uint64_t deadline_ms, int *ret_fd)
 {
 	char host[128];
 	uint16_t port = 0;
-	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
+	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
 	struct addrinfo *ai = NULL;
 	char sport[8];
 	int fd, r;
@@ -111,7 +111,7 @@ static int dial(const char *hostport, uint64_t deadline_ms, int *ret_fd)
 	tune(fd);
 	r = connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 || errno == EINPROGRESS ? 0 : -errno;
 	if (r == 0) {
-		struct pollfd pfd = { .fd = fd, .events = POLLOUT };
+		struct pollfd pfd = {.fd = fd, .events = POLLOUT};
 		int err = 0;
 		socklen_t el = sizeof(err);
 		uint64_t now = clock_now_ms();
@@ -133,7 +133,7 @@ out:
 
 static int do_listen(int *ret_fd, uint16_t *ret_port, const char *addr, int backlog)
 {
-	struct sockaddr_in sin = { .sin_family = AF_INET };
+	struct sockaddr_in sin = {.sin_family = AF_INET};
 	socklen_t sl = sizeof(sin);
 	int fd;
 
@@ -157,7 +157,7 @@ static int do_listen(int *ret_fd, uint16_t *ret_port, const char *addr, int back
 static int accept_peers(struct crun_pg *pg, int lfd, int expect, uint64_t deadline_ms)
 {
 	while (expect > 0) {
-		struct pollfd pfd = { .fd = lfd, .events = POLLIN };
+		struct pollfd pfd = {.fd = lfd, .events = POLLIN};
 		uint32_t hello[2];
 		uint64_t now = clock_now_ms();
 		int fd, r;
@@ -214,7 +214,7 @@ int pg_tcp_setup(struct crun_pg *pg, crun_store_t *st, const char *ns, const int
 	/* Lower peers listen before they publish, so connects complete in
 	 * their backlog even before they get round to accept(). */
 	for (int p = 0; p < pg->rank; p++) {
-		uint32_t hello[2] = { TCP_MAGIC, (uint32_t)pg->rank };
+		uint32_t hello[2] = {TCP_MAGIC, (uint32_t)pg->rank};
 		void *v;
 		size_t vlen;
 
@@ -265,13 +265,15 @@ ssize_t pg_tcp_progress(struct crun_pg *pg, struct xfer *x)
 	else {
 		/* Receive into the staging buffer, reduce whole elements, keep
 		 * a partial element's bytes for the next round. */
-		want = MIN((size_t)TCP_STAGE_BYTES - p->stage_fill,
-			   x->len - x->done - p->stage_fill);
+		want =
+		    MIN((size_t)TCP_STAGE_BYTES - p->stage_fill, x->len - x->done - p->stage_fill);
 		n = recv(p->fd, p->stage + p->stage_fill, want, MSG_DONTWAIT);
 		if (n > 0) {
 			esz = crun_dtype_size(x->dtype);
 			p->stage_fill += (size_t)n;
 			whole = p->stage_fill - p->stage_fill % esz;
+			if (x->acc)
+				memcpy(x->buf + x->done, x->acc + x->done, whole);
 			(void)kernels_reduce(x->buf + x->done, p->stage, whole / esz, x->dtype,
 					     x->op);
 			x->done += whole;

@@ -14,8 +14,8 @@
 #include "crun/store.h"
 #include "crun/worker.h"
 
-#define PG_MAX_WORLD 4096	    /* ceiling on group size (limits rule) */
-#define PG_DEFAULT_TIMEOUT_MS 300000 /* like PyTorch's 5 min store default */
+#define PG_MAX_WORLD		  4096	 /* ceiling on group size (limits rule) */
+#define PG_DEFAULT_TIMEOUT_MS	  300000 /* like PyTorch's 5 min store default */
 #define PG_SHM_RING_BYTES_DEFAULT (1u << 20)
 
 /* Message size (bytes) at and above which all_reduce switches from recursive
@@ -27,12 +27,7 @@
 /* str_printf() returns the length; this yields 0 or CRUN_ETOOBIG. */
 #define pg_fmt(buf, cap, ...) (str_printf((buf), (cap), __VA_ARGS__) < 0 ? CRUN_ETOOBIG : 0)
 
-enum pg_peer_kind {
-	PEER_SELF,
-	PEER_SHM,
-	PEER_TCP,
-	PEER__MAX
-};
+enum pg_peer_kind { PEER_SELF, PEER_SHM, PEER_TCP, PEER__MAX };
 
 /* One single-producer single-consumer byte ring in a shared segment. head is
  * advanced by the writer, tail by the reader; both only grow (mod 2^64).
@@ -77,8 +72,8 @@ struct crun_pg {
 	size_t ring_bytes;
 	size_t ring_threshold;
 	_Atomic uint32_t timeout_ms;
-	_Atomic int aborted;  /* crun_pg_abort() was called */
-	_Atomic int broken;   /* a transport failure: the code every call returns */
+	_Atomic int aborted; /* crun_pg_abort() was called */
+	_Atomic int broken;  /* a transport failure: the code every call returns */
 	char last_error[256];
 	/* async work: a FIFO run by one progress thread */
 	pthread_mutex_t mu;
@@ -106,6 +101,9 @@ struct xfer {
 	int dir;  /* enum xfer_dir */
 	uint8_t *buf;
 	size_t len; /* bytes */
+	/* XF_RECV_REDUCE only: when set, buf = acc op incoming (buf is not
+	 * read), which saves copying the input into the output first. */
+	const uint8_t *acc;
 	int dtype, op;
 	size_t done; /* bytes of payload moved */
 	size_t wire; /* bytes moved on the ring, padding included (shm) */
@@ -121,7 +119,8 @@ int pg_sendrecv(struct crun_pg *pg, int to, const void *sbuf, size_t slen, int f
 
 /* Marks pg broken with `err` (first one wins), tells the peers (shm abort
  * flags, TCP shutdown) and records the detail. Returns err. */
-int pg_fail(struct crun_pg *pg, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int pg_fail(struct crun_pg *pg, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* ---- transports --------------------------------------------------------------- */
 
@@ -144,23 +143,23 @@ int algo_barrier(struct crun_pg *pg);
 int algo_broadcast(struct crun_pg *pg, void *buf, size_t count, int dtype, int root);
 int algo_all_reduce(struct crun_pg *pg, const void *sbuf, void *rbuf, size_t count, int dtype,
 		    int op);
-int algo_reduce(struct crun_pg *pg, const void *sbuf, void *rbuf, size_t count, int dtype,
-		int op, int root);
+int algo_reduce(struct crun_pg *pg, const void *sbuf, void *rbuf, size_t count, int dtype, int op,
+		int root);
 int algo_all_gather(struct crun_pg *pg, const void *sbuf, void *rbuf, size_t count, int dtype);
 int algo_gather(struct crun_pg *pg, const void *sbuf, void *rbuf, size_t count, int dtype,
 		int root);
 int algo_scatter(struct crun_pg *pg, const void *sbuf, void *rbuf, size_t count, int dtype,
 		 int root);
-int algo_reduce_scatter(struct crun_pg *pg, const void *sbuf, void *rbuf, size_t count,
-			int dtype, int op);
+int algo_reduce_scatter(struct crun_pg *pg, const void *sbuf, void *rbuf, size_t count, int dtype,
+			int op);
 int algo_all_to_all(struct crun_pg *pg, const void *sbuf, void *rbuf, size_t count, int dtype);
 
 /* ---- shared by env.c and pg.c ------------------------------------------------ */
 
 /* Builds a group over world ranks (collective among the members only), with
  * keys under `gname` in the worker store. */
-int pg_create(crun_store_t *st, int restart_count, const char *gname, const int *world_ranks,
-	      int n, int my_world_rank, uint32_t timeout_ms, struct crun_pg **ret_pg);
+int pg_create(crun_store_t *st, int restart_count, const char *gname, const int *world_ranks, int n,
+	      int my_world_rank, uint32_t timeout_ms, struct crun_pg **ret_pg);
 void pg_destroy(struct crun_pg *pg);
 /* Waits for queued work, stops the progress thread, then pg_destroy(). */
 void pg_stop_and_destroy(struct crun_pg *pg);

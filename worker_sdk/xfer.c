@@ -64,7 +64,7 @@ static int xfer_complete(const struct xfer *x, const struct crun_pg *pg)
 /* A peer's process has exited (its pidfd polls readable). */
 static int peer_dead(const struct pg_peer *p)
 {
-	struct pollfd pfd = { .fd = p->pidfd, .events = POLLIN };
+	struct pollfd pfd = {.fd = p->pidfd, .events = POLLIN};
 
 	if (p->pidfd < 0)
 		return 0;
@@ -72,8 +72,8 @@ static int peer_dead(const struct pg_peer *p)
 }
 
 /* The slow checks, run only while nothing moves. */
-static int check_stalled(struct crun_pg *pg, const struct xfer *ops, int nops,
-			 uint64_t deadline_ms, int *dead_seen)
+static int check_stalled(struct crun_pg *pg, const struct xfer *ops, int nops, uint64_t deadline_ms,
+			 int *dead_seen)
 {
 	int b = atomic_load(&pg->broken);
 
@@ -89,6 +89,8 @@ static int check_stalled(struct crun_pg *pg, const struct xfer *ops, int nops,
 		/* A peer may write its last bytes and exit between our last
 		 * look at the ring and this check: only a death seen twice
 		 * with nothing moving in between is a failure. */
+		if (xfer_complete(&ops[i], pg)) /* a peer done with us may leave */
+			continue;
 		if (p->kind == PEER_SHM && peer_dead(p) && (*dead_seen)++)
 			return pg_fail(pg, CRUN_EPEER, "group rank %d (pid %d) died", ops[i].peer,
 				       (int)p->pid);
@@ -118,7 +120,7 @@ static void idle_wait(struct crun_pg *pg, const struct xfer *ops, int nops, int 
 	if (n) {
 		(void)poll(pfds, (nfds_t)n, long_idle ? 10 : 1);
 	} else if (long_idle) {
-		struct timespec ts = { 0, 200 * 1000 };
+		struct timespec ts = {0, 200 * 1000};
 
 		(void)nanosleep(&ts, NULL);
 	} else {
@@ -157,8 +159,8 @@ int pg_xfer(struct crun_pg *pg, struct xfer *ops, int nops)
 			} else if (p->kind == PEER_TCP) {
 				n = pg_tcp_progress(pg, x);
 				if (n < 0)
-					return pg_fail(pg, (int)n, "connection to group rank %d lost",
-						       x->peer);
+					return pg_fail(pg, (int)n,
+						       "connection to group rank %d lost", x->peer);
 				moved += (size_t)n;
 			} else {
 				return pg_fail(pg, CRUN_EINVAL, "transfer to self");
@@ -194,9 +196,13 @@ int pg_sendrecv(struct crun_pg *pg, int to, const void *sbuf, size_t slen, int f
 		size_t rlen, int reduce, int dtype, int op)
 {
 	struct xfer x[2] = {
-		{ .peer = to, .dir = XF_SEND, .buf = (uint8_t *)sbuf, .len = slen },
-		{ .peer = from, .dir = reduce ? XF_RECV_REDUCE : XF_RECV, .buf = rbuf,
-		  .len = rlen, .dtype = dtype, .op = op },
+	    {.peer = to, .dir = XF_SEND, .buf = (uint8_t *)sbuf, .len = slen},
+	    {.peer = from,
+	     .dir = reduce ? XF_RECV_REDUCE : XF_RECV,
+	     .buf = rbuf,
+	     .len = rlen,
+	     .dtype = dtype,
+	     .op = op},
 	};
 
 	return pg_xfer(pg, x, 2);

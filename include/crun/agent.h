@@ -34,34 +34,34 @@ typedef void (*crun_agent_state_fn)(crun_agent_state_t state, int restart_count,
 
 /* Redirect / tee values per stream, as torchrun's Std: bit 1 stdout, bit 2
  * stderr (0 none, 1 out, 2 err, 3 both). */
-#define CRUN_STD_NONE 0
-#define CRUN_STD_OUT 1
-#define CRUN_STD_ERR 2
-#define CRUN_STD_ALL 3
+#define CRUN_STD_NONE	     0
+#define CRUN_STD_OUT	     1
+#define CRUN_STD_ERR	     2
+#define CRUN_STD_ALL	     3
 #define CRUN_AGENT_MAX_LOCAL 1024 /* nproc_per_node ceiling */
 
 typedef struct crun_agent_config {
-	size_t struct_size;	    /* set by CRUN_AGENT_CONFIG_INIT; append-only */
-	int nproc_per_node;	    /* workers on this node, 1..CRUN_AGENT_MAX_LOCAL */
-	int nnodes;		    /* static: number of agents */
-	int node_rank;		    /* static: this agent's group rank */
-	int standalone;		    /* 1: one node, private store on 127.0.0.1:0 */
-	const char *rdzv_backend;   /* "static" (c10d and etcd: CRUN_ENOTSUP for now) */
-	const char *rdzv_id;	    /* run id; NULL = "none" (standalone: a uuid4) */
-	const char *master_addr;    /* static: node 0's agent store address */
-	uint16_t master_port;	    /* static: its port */
-	const char *local_addr;	    /* standalone: address advertised as MASTER_ADDR */
-	uint32_t join_timeout_ms;   /* static: time to wait for every agent */
-	uint32_t barrier_timeout_ms;/* exit barrier (torchrun: 300 s) */
-	int max_restarts;	    /* failed attempts restarted before giving up */
+	size_t struct_size;	      /* set by CRUN_AGENT_CONFIG_INIT; append-only */
+	int nproc_per_node;	      /* workers on this node, 1..CRUN_AGENT_MAX_LOCAL */
+	int nnodes;		      /* static: number of agents */
+	int node_rank;		      /* static: this agent's group rank */
+	int standalone;		      /* 1: one node, private store on 127.0.0.1:0 */
+	const char *rdzv_backend;     /* "static" (c10d and etcd: CRUN_ENOTSUP for now) */
+	const char *rdzv_id;	      /* run id; NULL = "none" (standalone: a uuid4) */
+	const char *master_addr;      /* static: node 0's agent store address */
+	uint16_t master_port;	      /* static: its port */
+	const char *local_addr;	      /* standalone: address advertised as MASTER_ADDR */
+	uint32_t join_timeout_ms;     /* static: time to wait for every agent */
+	uint32_t barrier_timeout_ms;  /* exit barrier (torchrun: 300 s) */
+	int max_restarts;	      /* failed attempts restarted before giving up */
 	uint32_t shutdown_timeout_ms; /* SIGTERM -> SIGKILL grace */
-	const char *role;	    /* ROLE_NAME; NULL = "default" */
+	const char *role;	      /* ROLE_NAME; NULL = "default" */
 	/* Worker command, NULL-terminated; borrowed until crun_agent_free().
 	 * argv[0] is resolved through PATH when it has no slash. The entry point
 	 * name in the failure summary is `entrypoint` (NULL: argv[0]). */
 	const char *const *argv;
 	const char *entrypoint;
-	const char *log_dir;	    /* NULL: a fresh /tmp/torchelastic_XXXXXX */
+	const char *log_dir; /* NULL: a fresh /tmp/torchelastic_XXXXXX */
 	/* Per local rank redirect/tee masks (CRUN_STD_*); NULL = all 0. Arrays of
 	 * nproc_per_node entries, borrowed. */
 	const int *redirects;
@@ -75,26 +75,32 @@ typedef struct crun_agent_config {
 	/* Signals forwarded to the workers (bitmask of 1u << signo); 0 = TERM,
 	 * INT, HUP, QUIT. */
 	uint64_t signals_to_handle;
-	int virtual_local_rank;	    /* LOCAL_RANK=0, CUDA_VISIBLE_DEVICES=<rank> */
+	int virtual_local_rank; /* LOCAL_RANK=0, CUDA_VISIBLE_DEVICES=<rank> */
 	crun_agent_state_fn on_state;
 	void *on_state_arg;
 	/* struct event_base * to run on (borrowed); NULL = the agent makes one. */
 	void *event_base;
 } crun_agent_config_t;
 
-#define CRUN_AGENT_CONFIG_INIT                                                 \
-	{ sizeof(crun_agent_config_t), 1, 1, 0, 0, "static", NULL, "127.0.0.1", \
-	  29500, NULL, 900000, 300000, 0, 30000, NULL, NULL, NULL, NULL, NULL,  \
-	  NULL, NULL, NULL, 0, 0, NULL, NULL, NULL }
+#define CRUN_AGENT_CONFIG_INIT                                                                     \
+	{                                                                                          \
+		sizeof(crun_agent_config_t), 1, 1, 0, 0, "static", NULL, "127.0.0.1", 29500, NULL, \
+		    900000, 300000, 0, 30000, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0,   \
+		    0, NULL, NULL, NULL                                                            \
+	}
 
-/* Validates cfg and prepares the agent: the log directory, the parent-death
- * guard process, the signal events. Nothing is spawned yet. Returns 0 and
- * *ret_agent, or CRUN_EINVAL / CRUN_ECONFIG (detail in crun_agent_last_error
- * of NULL is not available: the message is logged), CRUN_ENOTSUP for a backend
- * not built yet, CRUN_ENOMEM, or -errno. */
+/* Validates cfg and prepares the agent: the log directory, the guard process
+ * that kills the workers' process groups if the agent dies, the signal
+ * events, the worker store (when this agent serves it). Nothing is spawned
+ * yet. Returns 0 and *ret_agent, or CRUN_EINVAL (bad config), CRUN_ECONFIG
+ * (inconsistent ranks), CRUN_ENOTSUP (a backend not built yet),
+ * CRUN_EADDRINUSE (store port taken), CRUN_ENOMEM or -errno; the detail is
+ * logged through the log hook. *ret_agent is untouched on failure. */
 CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_agent);
 
-/* Runs the job to its end on the agent's loop. *ret_exit_code (may be NULL)
+/* Runs the job to its end on the agent's loop. Workers get PR_SET_PDEATHSIG
+ * tied to the calling thread, so call it from a thread that lives until it
+ * returns (the main thread, in practice). *ret_exit_code (may be NULL)
  * receives what torchrun would exit with: 0 when every worker of every node
  * succeeded, 1 otherwise. Returns 0, or a negative code when the agent itself
  * could not run (store port in use, rendezvous failed). */

@@ -66,8 +66,8 @@ typedef struct crun_init_opts {
 	size_t struct_size; /* set by CRUN_INIT_OPTS_INIT; append-only */
 	int rank;
 	int world_size;
-	int local_rank;       /* informational */
-	int local_world_size; /* informational */
+	int local_rank;		 /* informational */
+	int local_world_size;	 /* informational */
 	const char *master_addr; /* worker store host; borrowed, copied */
 	uint16_t master_port;
 	int restart_count;   /* TORCHELASTIC_RESTART_COUNT */
@@ -77,9 +77,10 @@ typedef struct crun_init_opts {
 	int store_dialect;   /* crun_store_dialect_t; 0 = v2 */
 } crun_init_opts_t;
 
-#define CRUN_INIT_OPTS_INIT                                                    \
-	{ sizeof(crun_init_opts_t), 0, 1, 0, 1, "127.0.0.1", 29500, 0, 1, 0,   \
-	  NULL, 0 }
+#define CRUN_INIT_OPTS_INIT                                                                \
+	{                                                                                  \
+		sizeof(crun_init_opts_t), 0, 1, 0, 1, "127.0.0.1", 29500, 0, 1, 0, NULL, 0 \
+	}
 
 /* Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
  * MASTER_PORT, TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_USE_AGENT_STORE
@@ -154,19 +155,19 @@ CRUN_API int crun_broadcast(crun_pg_t *pg, void *buf, size_t count, int dtype, i
 			    crun_work_t **ret_work);
 CRUN_API int crun_all_reduce(crun_pg_t *pg, const void *sendbuf, void *recvbuf, size_t count,
 			     int dtype, int op, crun_work_t **ret_work);
-CRUN_API int crun_reduce(crun_pg_t *pg, const void *sendbuf, void *recvbuf, size_t count,
-			 int dtype, int op, int root, crun_work_t **ret_work);
+CRUN_API int crun_reduce(crun_pg_t *pg, const void *sendbuf, void *recvbuf, size_t count, int dtype,
+			 int op, int root, crun_work_t **ret_work);
 /* recvbuf holds size * count elements, rank i's at offset i * count. */
 CRUN_API int crun_all_gather(crun_pg_t *pg, const void *sendbuf, void *recvbuf, size_t count,
 			     int dtype, crun_work_t **ret_work);
-CRUN_API int crun_gather(crun_pg_t *pg, const void *sendbuf, void *recvbuf, size_t count,
-			 int dtype, int root, crun_work_t **ret_work);
+CRUN_API int crun_gather(crun_pg_t *pg, const void *sendbuf, void *recvbuf, size_t count, int dtype,
+			 int root, crun_work_t **ret_work);
 /* sendbuf (root only) holds size * count elements. */
 CRUN_API int crun_scatter(crun_pg_t *pg, const void *sendbuf, void *recvbuf, size_t count,
 			  int dtype, int root, crun_work_t **ret_work);
 /* sendbuf holds size * count elements; rank i receives reduced block i. */
-CRUN_API int crun_reduce_scatter(crun_pg_t *pg, const void *sendbuf, void *recvbuf,
-				 size_t count, int dtype, int op, crun_work_t **ret_work);
+CRUN_API int crun_reduce_scatter(crun_pg_t *pg, const void *sendbuf, void *recvbuf, size_t count,
+				 int dtype, int op, crun_work_t **ret_work);
 /* Block i (count elements) of sendbuf goes to rank i, landing in block
  * `rank` of its recvbuf. */
 CRUN_API int crun_all_to_all(crun_pg_t *pg, const void *sendbuf, void *recvbuf, size_t count,

@@ -6,7 +6,14 @@
  * own libevent loop) and the ranks connect as clients, as under an agent;
  * without it rank 0 hosts the store, as in PyTorch's non-agent mode.
  *
- *   coll_launch -n N [--agent-store] [--timeout S] [--env K=V]... -- PROG ARGS
+ *   coll_launch -n N [--agent-store | --store-port P] [--timeout S] [--env K=V]...
+ *               -- PROG ARGS
+ *
+ * --store-port P: the ranks are clients (agent mode) of a store someone else
+ * runs on MASTER_ADDR:P (a PyTorch TCPStore, crun-rdzvd, ...).
+ * --world W --rank-base B --master-addr A: this launcher is one "node" that
+ * starts ranks B..B+N-1 of W, with the store at A (bound there when hosted;
+ * it prints "coll_launch: store on A:PORT"); used with network namespaces.
  *
  * Prints "coll_launch: rank R exit CODE" per rank; exits 0 when all exited
  * 0, 1 when one did not, 124 on the deadline.
@@ -33,7 +40,7 @@
 extern char **environ;
 
 #define MAX_RANKS 64
-#define MAX_ENV 32
+#define MAX_ENV	  32
 
 static struct event_base *srv_base;
 
@@ -46,7 +53,7 @@ static void *srv_main(void *arg)
 
 static int pick_port(void)
 {
-	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
 	socklen_t sl = sizeof(sin);
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), port = -1;
 
@@ -60,12 +67,21 @@ static int pick_port(void)
 
 /* envp for one rank: the parent's, minus what we set, plus ours. Built
  * before fork: nothing but exec runs in the child. */
+/* A slice [base, base + n) of a world of `world` ranks, as one node. */
+static const char *master = "127.0.0.1";
+static int world, base;
+
 static char **make_env(int rank, int n, int port, int agent, char **extra, int nextra)
 {
-	static const char *const ours[] = { "RANK=", "WORLD_SIZE=", "LOCAL_RANK=",
-					    "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=",
-					    "TORCHELASTIC_RESTART_COUNT=",
-					    "TORCHELASTIC_USE_AGENT_STORE=", "GROUP_RANK=" };
+	static const char *const ours[] = {"RANK=",
+					   "WORLD_SIZE=",
+					   "LOCAL_RANK=",
+					   "LOCAL_WORLD_SIZE=",
+					   "MASTER_ADDR=",
+					   "MASTER_PORT=",
+					   "TORCHELASTIC_RESTART_COUNT=",
+					   "TORCHELASTIC_USE_AGENT_STORE=",
+					   "GROUP_RANK="};
 	size_t ne = 0, k = 0;
 	char **env;
 
@@ -82,11 +98,11 @@ static char **make_env(int rank, int n, int port, int agent, char **extra, int n
 		if (!skip)
 			env[k++] = environ[i];
 	}
-	if (asprintf(&env[k++], "RANK=%d", rank) < 0 ||
-	    asprintf(&env[k++], "WORLD_SIZE=%d", n) < 0 ||
+	if (asprintf(&env[k++], "RANK=%d", base + rank) < 0 ||
+	    asprintf(&env[k++], "WORLD_SIZE=%d", world ? world : n) < 0 ||
 	    asprintf(&env[k++], "LOCAL_RANK=%d", rank) < 0 ||
 	    asprintf(&env[k++], "LOCAL_WORLD_SIZE=%d", n) < 0 ||
-	    asprintf(&env[k++], "MASTER_ADDR=127.0.0.1") < 0 ||
+	    asprintf(&env[k++], "MASTER_ADDR=%s", master) < 0 ||
 	    asprintf(&env[k++], "MASTER_PORT=%d", port) < 0 ||
 	    asprintf(&env[k++], "TORCHELASTIC_RESTART_COUNT=0") < 0 ||
 	    asprintf(&env[k++], "GROUP_RANK=0") < 0 ||
@@ -99,7 +115,8 @@ static char **make_env(int rank, int n, int port, int agent, char **extra, int n
 
 int main(int argc, char **argv)
 {
-	int n = 2, agent = 0, timeout_s = 120, nextra = 0, port, argi = 1, failed = 0, left;
+	int n = 2, agent = 0, store_port = 0, timeout_s = 120, nextra = 0, port, argi = 1,
+	    failed = 0, left;
 	char *extra[MAX_ENV];
 	pid_t pids[MAX_RANKS];
 	int codes[MAX_RANKS];
@@ -120,11 +137,29 @@ int main(int argc, char **argv)
 			timeout_s = (int)v;
 		} else if (!strcmp(argv[argi], "--agent-store")) {
 			agent = 1;
+		} else if (!strcmp(argv[argi], "--world") && argi + 1 < argc) {
+			if (parse_uint_range(argv[++argi], 1, 4096, &v) < 0)
+				return 2;
+			world = (int)v;
+		} else if (!strcmp(argv[argi], "--rank-base") && argi + 1 < argc) {
+			if (parse_uint_range(argv[++argi], 0, 4095, &v) < 0)
+				return 2;
+			base = (int)v;
+		} else if (!strcmp(argv[argi], "--master-addr") && argi + 1 < argc) {
+			master = argv[++argi];
+		} else if (!strcmp(argv[argi], "--store-port") && argi + 1 < argc) {
+			if (parse_uint_range(argv[++argi], 1, 65535, &v) < 0)
+				return 2;
+			store_port = (int)v; /* someone else's store: agent mode */
 		} else if (!strcmp(argv[argi], "--env") && argi + 1 < argc && nextra < MAX_ENV) {
 			extra[nextra++] = argv[++argi];
 		} else {
-			fprintf(stderr, "usage: coll_launch -n N [--agent-store] [--timeout S] "
-					"[--env K=V]... -- PROG ARGS\n");
+			fprintf(
+			    stderr,
+			    "usage: coll_launch -n N [--agent-store | --store-port P] [--world W] "
+			    "[--rank-base B] [--master-addr A] "
+			    "[--timeout S] "
+			    "[--env K=V]... -- PROG ARGS\n");
 			return 2;
 		}
 	}
@@ -132,10 +167,10 @@ int main(int argc, char **argv)
 		return 2;
 	argi++;
 	port = pick_port();
-	if (agent) {
+	if (agent && !store_port) {
 		struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
 
-		cfg.host = "127.0.0.1";
+		cfg.host = master;
 		cfg.port = 0;
 		srv_base = event_base_new();
 		if (!srv_base || store_server_new(srv_base, &cfg, &srv) < 0) {
@@ -145,6 +180,12 @@ int main(int argc, char **argv)
 		port = store_server_port(srv);
 		if (pthread_create(&th, NULL, srv_main, NULL))
 			return 2;
+		printf("coll_launch: store on %s:%d\n", master, port);
+		fflush(stdout);
+	}
+	if (store_port) {
+		agent = 1;
+		port = store_port;
 	}
 	if (port <= 0)
 		return 2;
@@ -182,7 +223,8 @@ int main(int argc, char **argv)
 			continue;
 		}
 		if (clock_now_ms() >= deadline) {
-			fprintf(stderr, "coll_launch: deadline of %d s passed, killing\n", timeout_s);
+			fprintf(stderr, "coll_launch: deadline of %d s passed, killing\n",
+				timeout_s);
 			for (int r = 0; r < n; r++)
 				if (codes[r] < 0)
 					(void)kill(pids[r], SIGKILL);
@@ -193,7 +235,7 @@ int main(int argc, char **argv)
 		usleep(5000);
 	}
 	for (int r = 0; r < n; r++) {
-		printf("coll_launch: rank %d exit %d\n", r, codes[r]);
+		printf("coll_launch: rank %d exit %d\n", base + r, codes[r]);
 		failed |= codes[r] != 0;
 	}
 	(void)srv; /* the server dies with the process */

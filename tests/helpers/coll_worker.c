@@ -21,22 +21,22 @@
 
 static int rank, nranks, checks, fails;
 
-#define FAILF(...)                                                             \
-	do {                                                                   \
-		fprintf(stderr, "coll_worker rank %d: ", rank);                \
-		fprintf(stderr, __VA_ARGS__);                                  \
-		fputc('\n', stderr);                                           \
-		fails++;                                                       \
+#define FAILF(...)                                              \
+	do {                                                    \
+		fprintf(stderr, "coll_worker rank %d: ", rank); \
+		fprintf(stderr, __VA_ARGS__);                   \
+		fputc('\n', stderr);                            \
+		fails++;                                        \
 	} while (0)
 
-#define CALL(expr)                                                             \
-	do {                                                                   \
-		int r_ = (expr);                                               \
-		if (r_ < 0) {                                                  \
+#define CALL(expr)                                                                    \
+	do {                                                                          \
+		int r_ = (expr);                                                      \
+		if (r_ < 0) {                                                         \
 			fprintf(stderr, "coll_worker rank %d: %s: %s\n", rank, #expr, \
-				crun_err_name(r_));                            \
-			exit(3);                                               \
-		}                                                              \
+				crun_err_name(r_));                                   \
+			exit(3);                                                      \
+		}                                                                     \
 	} while (0)
 
 /* Input element i of group rank r: small integers, so every reduction is
@@ -51,14 +51,30 @@ static double input_val(int r, size_t i, int op)
 static void put(void *buf, size_t i, int dtype, double v)
 {
 	switch (dtype) {
-	case CRUN_F32: ((float *)buf)[i] = (float)v; break;
-	case CRUN_F64: ((double *)buf)[i] = v; break;
-	case CRUN_F16: ((uint16_t *)buf)[i] = kernels_float_to_f16((float)v); break;
-	case CRUN_BF16: ((uint16_t *)buf)[i] = kernels_float_to_bf16((float)v); break;
-	case CRUN_I8: ((int8_t *)buf)[i] = (int8_t)(int64_t)v; break;
-	case CRUN_U8: ((uint8_t *)buf)[i] = (uint8_t)(int64_t)v; break;
-	case CRUN_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
-	case CRUN_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+	case CRUN_F32:
+		((float *)buf)[i] = (float)v;
+		break;
+	case CRUN_F64:
+		((double *)buf)[i] = v;
+		break;
+	case CRUN_F16:
+		((uint16_t *)buf)[i] = kernels_float_to_f16((float)v);
+		break;
+	case CRUN_BF16:
+		((uint16_t *)buf)[i] = kernels_float_to_bf16((float)v);
+		break;
+	case CRUN_I8:
+		((int8_t *)buf)[i] = (int8_t)(int64_t)v;
+		break;
+	case CRUN_U8:
+		((uint8_t *)buf)[i] = (uint8_t)(int64_t)v;
+		break;
+	case CRUN_I32:
+		((int32_t *)buf)[i] = (int32_t)v;
+		break;
+	case CRUN_I64:
+		((int64_t *)buf)[i] = (int64_t)v;
+		break;
 	}
 }
 
@@ -74,9 +90,12 @@ static double as_stored(int dtype, double v)
 
 	put(tmp, 0, dtype, v);
 	switch (dtype) {
-	case CRUN_U8: return *(uint8_t *)tmp;
-	case CRUN_I8: return *(int8_t *)tmp;
-	default: return v;
+	case CRUN_U8:
+		return *(uint8_t *)tmp;
+	case CRUN_I8:
+		return *(int8_t *)tmp;
+	default:
+		return v;
 	}
 }
 
@@ -92,10 +111,22 @@ static void reference(void *out, size_t i, int dtype, int op, int n)
 
 		switch (op) {
 		case CRUN_SUM:
-		case CRUN_AVG: acc += v; iacc += iv; break;
-		case CRUN_PROD: acc *= v; iacc *= iv; break;
-		case CRUN_MIN: acc = v < acc ? v : acc; iacc = (uint64_t)(int64_t)acc; break;
-		case CRUN_MAX: acc = v > acc ? v : acc; iacc = (uint64_t)(int64_t)acc; break;
+		case CRUN_AVG:
+			acc += v;
+			iacc += iv;
+			break;
+		case CRUN_PROD:
+			acc *= v;
+			iacc *= iv;
+			break;
+		case CRUN_MIN:
+			acc = v < acc ? v : acc;
+			iacc = (uint64_t)(int64_t)acc;
+			break;
+		case CRUN_MAX:
+			acc = v > acc ? v : acc;
+			iacc = (uint64_t)(int64_t)acc;
+			break;
 		}
 	}
 	if (is_float(dtype)) {
@@ -106,10 +137,26 @@ static void reference(void *out, size_t i, int dtype, int op, int n)
 	}
 	/* Integers wrap modulo 2^bits, then AVG divides the wrapped sum. */
 	switch (dtype) {
-	case CRUN_I8: { int8_t x = (int8_t)iacc; ((int8_t *)out)[i] = op == CRUN_AVG ? (int8_t)(x / n) : x; break; }
-	case CRUN_U8: { uint8_t x = (uint8_t)iacc; ((uint8_t *)out)[i] = op == CRUN_AVG ? (uint8_t)(x / n) : x; break; }
-	case CRUN_I32: { int32_t x = (int32_t)iacc; ((int32_t *)out)[i] = op == CRUN_AVG ? x / n : x; break; }
-	case CRUN_I64: { int64_t x = (int64_t)iacc; ((int64_t *)out)[i] = op == CRUN_AVG ? x / n : x; break; }
+	case CRUN_I8: {
+		int8_t x = (int8_t)iacc;
+		((int8_t *)out)[i] = op == CRUN_AVG ? (int8_t)(x / n) : x;
+		break;
+	}
+	case CRUN_U8: {
+		uint8_t x = (uint8_t)iacc;
+		((uint8_t *)out)[i] = op == CRUN_AVG ? (uint8_t)(x / n) : x;
+		break;
+	}
+	case CRUN_I32: {
+		int32_t x = (int32_t)iacc;
+		((int32_t *)out)[i] = op == CRUN_AVG ? x / n : x;
+		break;
+	}
+	case CRUN_I64: {
+		int64_t x = (int64_t)iacc;
+		((int64_t *)out)[i] = op == CRUN_AVG ? x / n : x;
+		break;
+	}
 	}
 }
 
@@ -248,14 +295,15 @@ static void test_movement(crun_pg_t *pg, size_t count, int dtype, int inplace)
 
 static void run_matrix(crun_pg_t *pg, int quick)
 {
-	static const size_t counts[] = { 0, 1, 7, 1001 };
+	static const size_t counts[] = {0, 1, 7, 1001};
 	size_t big = 70001; /* over the ring threshold for every dtype >= 1 byte */
 
 	for (size_t c = 0; c < ARRAY_SIZE(counts); c++)
 		for (int dt = 0; dt < CRUN_DTYPE__MAX; dt++) {
 			for (int op = 0; op < CRUN_RED_OP__MAX; op++)
 				if (!quick || op == (int)((c + (size_t)dt) % CRUN_RED_OP__MAX))
-					test_reductions(pg, counts[c], dt, op, (int)(c + (size_t)op) % 2);
+					test_reductions(pg, counts[c], dt, op,
+							(int)(c + (size_t)op) % 2);
 			test_movement(pg, counts[c], dt, (int)(c + (size_t)dt) % 2);
 		}
 	/* Large messages take the ring paths; sample dtypes and ops. */
@@ -363,7 +411,7 @@ static void run_async(crun_pg_t *pg)
 /* Expected failure modes: print the code the survivors got. */
 static int run_failure(crun_pg_t *pg, const char *mode, int victim)
 {
-	float buf[4096] = { 0 };
+	float buf[4096] = {0};
 	int r = 0;
 
 	CALL(crun_barrier(pg, NULL));

@@ -12,7 +12,7 @@ import pytest
 from conftest import BUILD, HELPERS, torch_python, wait_line
 
 sys.path.insert(0, HELPERS)
-from storecli import StoreCli, arg, esc, torch_client  # noqa: E402
+from storecli import StoreCli, TorchClient, arg, esc  # noqa: E402
 
 # (torch version, use_libuv or None for 1.13, crun dialect)
 SERVERS = {
@@ -48,8 +48,9 @@ def server(request):
     try:
         version, libuv, dialect = SERVERS[request.param]
         py, port = start_torch_server(procs, version, libuv)
+        torch = TorchClient(procs, py, "127.0.0.1", port)
         yield {"name": request.param, "py": py, "port": port, "dialect": dialect,
-               "libuv": libuv}
+               "libuv": libuv, "torch": torch}
     finally:
         procs.cleanup()
 
@@ -158,8 +159,7 @@ def test_torch_client_reads_what_crun_wrote(procs, server, ns):
     c = cli(procs, server, ns)
     run_script(c, [("set bin \\x00\\xff", "OK"), ("add cnt 7", "INT 7"),
                    ("set k hello", "OK")])
-    out = torch_client(server["py"], "127.0.0.1", server["port"],
-                       f"s = P({ns!r})\n"
+    out = server["torch"].run(f"s = P({ns!r})\n"
                        "print(s.get('bin').hex(), s.get('cnt'), s.get('k'))\n"
                        "s.set('fromtorch', b'\\x01\\x02')\n"
                        "s.add('cnt', 3)\n")
@@ -172,18 +172,16 @@ def test_blocking_wait_and_get_are_woken_by_a_torch_set(procs, server, ns):
     c = cli(procs, server, ns)
     c.send("wait late1 late2")
     assert not c.pending(0.3), "wait returned before the keys existed"
-    torch_client(server["py"], "127.0.0.1", server["port"],
-                 f"P({ns!r}).set('late1', b'1')\nP({ns!r}).add('late2', 1)\n")
+    server["torch"].run(f"P({ns!r}).set('late1', b'1')\nP({ns!r}).add('late2', 1)\n")
     assert c.read_line(30) == "OK"
     c.send("get late3")
     assert not c.pending(0.3), "get returned before the key existed"
-    torch_client(server["py"], "127.0.0.1", server["port"], f"P({ns!r}).set('late3', b'x y')\n")
+    server["torch"].run(f"P({ns!r}).set('late3', b'x y')\n")
     assert c.read_line(30) == 'VAL "x y"'
     if server["dialect"] == 2:
         c.send("mget late1 late4")
         assert not c.pending(0.3)
-        torch_client(server["py"], "127.0.0.1", server["port"],
-                     f"P({ns!r}).set('late4', b'4')\n")
+        server["torch"].run(f"P({ns!r}).set('late4', b'4')\n")
         assert c.read_line(30) == 'VALS "1" "4"'
     c.close()
 
@@ -193,8 +191,7 @@ def test_prefixes_interoperate_with_prefixstore(procs, server, ns):
     c = cli(procs, server, ns)
     run_script(c, [("view p", "OK"), ("set k v", "OK"), ("view q", "OK"), ("set k2 w", "OK"),
                    ("view -", "OK")])
-    out = torch_client(server["py"], "127.0.0.1", server["port"],
-                       f"n = {ns!r}\n"
+    out = server["torch"].run(f"n = {ns!r}\n"
                        "print(P(n, 'p').get('k'), P(n, 'p', 'q').get('k2'),"
                        " store.get(n + '/p/k'))\n"
                        "P(n, 'p').set('fromtorch', b'1')\n"
@@ -218,8 +215,7 @@ def test_wait_timeout_behaviour(procs, server, ns):
     if server["dialect"] == 2:
         # Canceled on the server: the stream stays in sync even after the
         # key appears later (no late STOP_WAITING is sent or mistaken).
-        torch_client(server["py"], "127.0.0.1", server["port"],
-                     f"P({ns!r}).set('never', b'n')\n")
+        server["torch"].run(f"P({ns!r}).set('never', b'n')\n")
         run_script(c, [("get a", 'VAL "1"'), ("ping", "OK"), ("get never", 'VAL "n"'),
                        ("get never2", "ERR CRUN_ETIMEDOUT"), ("numkeys", "+0"),
                        ("barrier bb 2", "ERR CRUN_ETIMEDOUT"), ("get a", 'VAL "1"')])
@@ -240,8 +236,7 @@ def test_many_crun_clients_and_a_torch_client_share_one_counter(procs, server, n
             c.send("add shared 1")
         for c in clients:
             assert c.read_line(30).startswith("INT ")
-    out = torch_client(server["py"], "127.0.0.1", server["port"],
-                       f"print(P({ns!r}).add('shared', 0))\n")
+    out = server["torch"].run(f"print(P({ns!r}).add('shared', 0))\n")
     assert out.strip() == "40"
     for c in clients:
         c.close()
@@ -253,7 +248,6 @@ def test_binary_keys_and_values_round_trip(procs, server, ns):
     val = bytes(range(256))
     assert c.cmd(f"set {arg(key)} {arg(val)}") == "OK"
     assert c.cmd(f"get {arg(key)}") == "VAL " + esc(val)
-    out = torch_client(server["py"], "127.0.0.1", server["port"],
-                       f"print(P({ns!r}).get({key.decode('latin-1')!r}).hex())\n")
+    out = server["torch"].run(f"print(P({ns!r}).get({key.decode('latin-1')!r}).hex())\n")
     assert out.strip() == val.hex()
     c.close()

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import HELPERS, bin_path, free_port, start_rdzvd, torch_python, wait_line
 
-CLIENT = os.path.join(HELPERS, "torch_store_client.py")
+CLIENT = os.path.join(HELPERS, "rdzvd_torch_client.py")
 VERSIONS = ["1", "2"]
 
 
@@ -232,3 +232,33 @@ def test_limits_from_flags_close_the_offender(procs):
     err = p.stderr.read().decode()
     assert "dropping client 127.0.0.1:" in err, err
     assert "max_conns" in err, err
+
+
+def test_default_host_is_dual_stack(procs):
+    p = procs.spawn([bin_path("crun-rdzvd"), "--port", "0"])
+    port = int(wait_line(p.stdout, r"crun-rdzvd listening on \S+:(\d+)", 10).group(1))
+    s = raw(port)
+    assert v1_numkeys(s) == 0
+    s.close()
+    if socket.has_ipv6:
+        try:
+            s6 = socket.create_connection(("::1", port), timeout=10)
+        except OSError:
+            return  # no IPv6 loopback on this machine: the IPv4 fallback was checked
+        s6.sendall(b"\x06")
+        assert recv_exact(s6, 8) == b"\0" * 8
+        s6.close()
+
+
+def test_notify_socket_gets_ready(procs, tmp_path):
+    path = str(tmp_path / "notify.sock")
+    ns = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    ns.bind(path)
+    ns.settimeout(10)
+    try:
+        p = procs.spawn([bin_path("crun-rdzvd"), "--host", "127.0.0.1", "--port", "0"],
+                        env={**os.environ, "NOTIFY_SOCKET": path})
+        wait_line(p.stdout, r"crun-rdzvd listening on", 10)
+        assert ns.recv(64) == b"READY=1"
+    finally:
+        ns.close()

@@ -20,6 +20,7 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 
+#include "common/common.h"
 #include "store/store.h"
 #include "unit/check_main.h"
 
@@ -41,6 +42,7 @@ static void srv_start_cfg(const struct store_server_config *cfg)
 {
 	struct store_server_config c = *cfg;
 
+	log_init("test_store_server", LL_WARN); /* CRUN_LOG_LEVEL=debug for more */
 	ck_assert_int_eq(evthread_use_pthreads(), 0);
 	g_base = event_base_new();
 	ck_assert_ptr_nonnull(g_base);
@@ -1100,6 +1102,104 @@ START_TEST(many_keys_grow_the_table)
 }
 END_TEST
 
+
+/* A value far larger than one TCP segment round-trips byte-exact. */
+START_TEST(large_values_round_trip)
+{
+	const size_t n = 9u << 20;
+	uint8_t *v = malloc(n), *got = malloc(n);
+	uint8_t hdr[32];
+	int fd;
+
+	ck_assert_ptr_nonnull(v);
+	ck_assert_ptr_nonnull(got);
+	for (size_t i = 0; i < n; i++)
+		v[i] = (uint8_t)(i * 131 + 7);
+	srv_start();
+	fd = cli2();
+	hdr[0] = (uint8_t)store_proto_opcode(STORE_V2, STORE_OP_SET);
+	store_put_bytes(hdr + 1, "/big", 4);
+	store_put_u64(hdr + 13, n);
+	tx(fd, hdr, 21);
+	for (size_t off = 0; off < n; off += 65536)
+		tx(fd, v + off, MIN(65536, n - off));
+	req(fd, STORE_V2, STORE_OP_GET, "/big", NULL);
+	ck_assert_int_eq(rxi64(fd), (int64_t)n);
+	rx(fd, got, n);
+	ck_assert(memcmp(got, v, n) == 0);
+	close(fd);
+	srv_stop();
+	free(v);
+	free(got);
+}
+END_TEST
+
+/* A client that pipelines requests without reading its replies is paused
+ * at the output ceiling, not buffered without bound; once it reads, every
+ * reply arrives in order. */
+START_TEST(unread_replies_throttle_the_reader_not_the_server)
+{
+	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
+	static char val[4001];
+	struct bb b;
+	int fd, other;
+
+	cfg.max_conn_buffered_bytes = 64 * 1024;
+	srv_start_cfg(&cfg);
+	fd = cli2();
+	other = cli2();
+	memset(val, 'v', sizeof(val) - 1);
+	req(fd, STORE_V2, STORE_OP_SET, "/v", val);
+	for (int round = 0; round < 40; round++) {
+		b.n = 0;
+		for (int i = 0; i < 100; i++) {
+			b_u8(&b, (uint8_t)store_proto_opcode(STORE_V2, STORE_OP_GET));
+			b_str(&b, "/v");
+		}
+		tx(fd, b.b, b.n);
+	}
+	/* 4000 replies of 4 KB = 16 MB requested; the server holds ~64 KB. */
+	ping(other);
+	for (int i = 0; i < 4000; i++) {
+		static char got[4000];
+
+		ck_assert_int_eq(rxi64(fd), 4000);
+		rx(fd, got, sizeof(got));
+		ck_assert(got[0] == 'v' && got[3999] == 'v');
+	}
+	ping(fd);
+	close(fd);
+	close(other);
+	srv_stop();
+}
+END_TEST
+
+START_TEST(frame_over_the_buffer_ceiling_closes)
+{
+	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
+	static uint8_t blob[16384];
+	uint8_t hdr[32];
+	int fd, good;
+
+	cfg.max_conn_buffered_bytes = 4096;
+	srv_start_cfg(&cfg);
+	good = cli();
+	fd = cli();
+	/* The value is under max_value_bytes but the frame cannot fit. */
+	hdr[0] = 0;
+	store_put_bytes(hdr + 1, "/k", 2);
+	store_put_u64(hdr + 11, sizeof(blob));
+	tx(fd, hdr, 19);
+	(void)send(fd, blob, sizeof(blob), MSG_NOSIGNAL);
+	rxclosed(fd);
+	txhex(good, "06");
+	rxhex(good, "00 00 00 00 00 00 00 00");
+	close(fd);
+	close(good);
+	srv_stop();
+}
+END_TEST
+
 Suite *store_server_suite(void);
 Suite *store_server_suite(void)
 {
@@ -1140,6 +1240,9 @@ Suite *store_server_suite(void)
 	tcase_add_test(frame, total_value_bytes_ceiling_closes_the_writer);
 	tcase_add_test(frame, max_conns_refuses_extra_connections);
 	tcase_add_test(frame, idle_connections_are_held);
+	tcase_add_test(frame, large_values_round_trip);
+	tcase_add_test(frame, unread_replies_throttle_the_reader_not_the_server);
+	tcase_add_test(frame, frame_over_the_buffer_ceiling_closes);
 	suite_add_tcase(s, frame);
 	return s;
 }

@@ -4,6 +4,7 @@ commands to, one line in, one line out. Also runs small PyTorch client
 snippets against a store. Every read has a deadline; processes are started
 through the conftest `procs` fixture, which kills them at teardown.
 """
+import json
 import os
 import select
 import subprocess
@@ -92,24 +93,26 @@ def arg(b):
     return "".join(out)
 
 
-TORCH_CLIENT = r"""
-import datetime, sys
-import torch.distributed as dist
-host, port = sys.argv[1], int(sys.argv[2])
-store = dist.TCPStore(host, port, is_master=False, wait_for_workers=False,
-                      timeout=datetime.timedelta(seconds=30))
-def P(*prefixes):
-    s = store
-    for p in prefixes:
-        s = dist.PrefixStore(p, s)
-    return s
-"""
+class TorchClient:
+    """A persistent PyTorch client (helpers/torch_store_client.py) that runs
+    snippets with `store` and `P(prefix, ...)` in scope; run() returns what a
+    snippet printed."""
 
+    def __init__(self, procs, py, host, port):
+        here = os.path.dirname(os.path.abspath(__file__))
+        self.p = procs.spawn([py, os.path.join(here, "torch_store_client.py"), host, str(port)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+        self.reader = StoreCli.__new__(StoreCli)
+        self.reader.p = self.p
+        self.reader.buf = b""
+        first = self.reader.read_line(120)
+        assert first == "READY", f"torch client did not start: {first!r}"
 
-def torch_client(py, host, port, body, timeout_s=60):
-    """Runs `body` in a PyTorch client connected to host:port; returns its
-    stdout. `store` and `P(prefix, ...)` (nested PrefixStores) are defined."""
-    out = subprocess.run([py, "-c", TORCH_CLIENT + body, host, str(port)],
-                         capture_output=True, text=True, timeout=timeout_s)
-    assert out.returncode == 0, f"torch client failed: {out.stderr[-3000:]}"
-    return out.stdout
+    def run(self, code, timeout_s=60):
+        self.p.stdin.write(json.dumps(code).encode() + b"\n")
+        self.p.stdin.flush()
+        line = self.reader.read_line(timeout_s)
+        kind, _, payload = line.partition(" ")
+        assert kind == "DONE", f"torch client failed: {json.loads(payload)}"
+        return json.loads(payload)

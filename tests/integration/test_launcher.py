@@ -1,0 +1,470 @@
+"""The torchrun-compatible launcher: real `crun` processes, tiny Python
+workers (tests/integration/helpers/launch_task.py) run under /usr/bin/python3.
+Covers the worker environment contract, flags, exit codes, restarts, the
+failure summary, signals, orphans and logs."""
+import json
+import os
+import shutil
+import tempfile
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import HELPERS, bin_path, free_port
+
+TASK = os.path.join(HELPERS, "launch_task.py")
+PY = "/usr/bin/python3"
+
+
+
+_TMP = {}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _private_tmpdir():
+    """crun's default log dir is a new $TMPDIR/torchelastic_*: keep them all
+    in one directory removed after the module."""
+    _TMP["dir"] = tempfile.mkdtemp(prefix="crun-launch-")
+    yield
+    shutil.rmtree(_TMP.pop("dir"), ignore_errors=True)
+
+def crun_env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PET_") and k not in ("OMP_NUM_THREADS", "TORCHELASTIC_ERROR_FILE")}
+    env["PYTHON"] = PY
+    env["TMPDIR"] = _TMP["dir"]
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def start(procs, args, env=None, **kw):
+    return procs.spawn([bin_path("crun"), *args], env=env or crun_env(), **kw)
+
+
+def run(procs, args, env=None, timeout=60):
+    p = start(procs, args, env)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"crun {args} did not finish within {timeout}s")
+    return p.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def wait_files(d, suffix, n, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = [f for f in os.listdir(d) if f.endswith(suffix)]
+        if len(got) >= n:
+            return sorted(got)
+        time.sleep(0.02)
+    pytest.fail(f"only {os.listdir(d)} in {d}, wanted {n} *{suffix}")
+
+
+def pid_alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def load_envs(d, n):
+    wait_files(d, ".json", n)
+    return {int(f.split(".")[0]): json.load(open(os.path.join(d, f)))
+            for f in os.listdir(d) if f.endswith(".json")}
+
+
+# ---- environment ---------------------------------------------------------------
+
+def test_standalone_env_matches_torchrun_contract(procs, tmp_path):
+    rc, out, err = run(procs, ["--standalone", "--nproc_per_node=3", "--max_restarts=2",
+                               TASK, "env", str(tmp_path)])
+    assert rc == 0, err
+    envs = load_envs(tmp_path, 3)
+    assert sorted(envs) == [0, 1, 2]
+    run_ids = {e["TORCHELASTIC_RUN_ID"] for e in envs.values()}
+    assert len(run_ids) == 1 and len(run_ids.pop()) == 36  # a uuid4
+    ports = {e["MASTER_PORT"] for e in envs.values()}
+    assert len(ports) == 1
+    for r, e in envs.items():
+        assert e["LOCAL_RANK"] == str(r) and e["RANK"] == str(r) and e["ROLE_RANK"] == str(r)
+        assert e["GROUP_RANK"] == "0" and e["GROUP_WORLD_SIZE"] == "1"
+        assert e["LOCAL_WORLD_SIZE"] == "3" and e["WORLD_SIZE"] == "3"
+        assert e["ROLE_WORLD_SIZE"] == "3" and e["ROLE_NAME"] == "default"
+        assert e["MASTER_ADDR"] == "127.0.0.1" and int(e["MASTER_PORT"]) > 0
+        assert e["TORCHELASTIC_RESTART_COUNT"] == "0"
+        assert e["TORCHELASTIC_MAX_RESTARTS"] == "2"
+        assert e["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+        assert e["NCCL_ASYNC_ERROR_HANDLING"] == "1"
+        assert e["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+        assert e["OMP_NUM_THREADS"] == "1"
+        ef = e["TORCHELASTIC_ERROR_FILE"]
+        assert ef.endswith(f"/attempt_0/{r}/error.json"), ef
+        assert os.path.basename(os.path.dirname(os.path.dirname(os.path.dirname(ef)))) \
+            .startswith(e["TORCHELASTIC_RUN_ID"] + "_")
+    assert "Setting OMP_NUM_THREADS environment variable for each process to be 1" in err
+
+
+def test_inherited_values_win_over_defaults(procs, tmp_path):
+    env = crun_env(OMP_NUM_THREADS=7, NCCL_ASYNC_ERROR_HANDLING=0, MY_VAR="kept")
+    rc, _, err = run(procs, ["--nproc_per_node=2", f"--master_port={free_port()}",
+                             "--role=trainer", "--rdzv_id=job7", TASK, "env", str(tmp_path)], env)
+    assert rc == 0, err
+    assert "Setting OMP_NUM_THREADS" not in err
+    for r, e in load_envs(tmp_path, 2).items():
+        assert e["OMP_NUM_THREADS"] == "7" and e["NCCL_ASYNC_ERROR_HANDLING"] == "0"
+        assert e["MY_VAR"] == "kept" and e["ROLE_NAME"] == "trainer"
+        assert e["TORCHELASTIC_RUN_ID"] == "job7"
+
+
+def test_static_two_agents_heterogeneous_nproc(procs, tmp_path):
+    port = free_port()
+    common = ["--nnodes=2", f"--master_port={port}", "--master_addr=127.0.0.1"]
+    a1 = start(procs, [*common, "--node_rank=1", "--nproc_per_node=3", TASK, "env", str(tmp_path)])
+    a0 = start(procs, [*common, "--node_rank=0", "--nproc_per_node=1", TASK, "env", str(tmp_path)])
+    assert a0.wait(timeout=60) == 0, a0.stderr.read().decode()
+    assert a1.wait(timeout=60) == 0, a1.stderr.read().decode()
+    envs = load_envs(tmp_path, 4)
+    want = {0: (0, 0), 1: (1, 0), 2: (1, 1), 3: (1, 2)}  # rank: (group rank, local rank)
+    for r, e in envs.items():
+        g, lr = want[r]
+        assert (e["GROUP_RANK"], e["LOCAL_RANK"]) == (str(g), str(lr))
+        assert e["WORLD_SIZE"] == "4" and e["GROUP_WORLD_SIZE"] == "2"
+        assert e["LOCAL_WORLD_SIZE"] == ("1" if g == 0 else "3")
+        assert e["MASTER_ADDR"] == "127.0.0.1" and e["MASTER_PORT"] == str(port)
+        assert e["TORCHELASTIC_RUN_ID"] == "none" and e["ROLE_RANK"] == str(r)
+
+
+def test_pet_env_aliases_and_cli_precedence(procs, tmp_path):
+    d1, d2 = tmp_path / "a", tmp_path / "b"
+    d1.mkdir()
+    d2.mkdir()
+    env = crun_env(PET_NPROC_PER_NODE=2, PET_STANDALONE=1, PET_MAX_RESTARTS=4)
+    rc, _, err = run(procs, [TASK, "env", str(d1)], env)
+    assert rc == 0, err
+    envs = load_envs(d1, 2)
+    assert len(envs) == 2 and envs[0]["TORCHELASTIC_MAX_RESTARTS"] == "4"
+    rc, _, err = run(procs, ["--nproc-per-node", "3", "--max-restarts=1", TASK, "env", str(d2)], env)
+    assert rc == 0, err
+    envs = load_envs(d2, 3)
+    assert len(envs) == 3 and envs[0]["TORCHELASTIC_MAX_RESTARTS"] == "1"
+
+
+def test_both_spellings_and_abbreviations(procs, tmp_path):
+    rc, _, err = run(procs, ["--standalone", "--nproc_per", "2", "--max-restarts", "0",
+                             "--local_ranks_filter=0", "--tee", "3", TASK, "print"])
+    assert rc == 0, err
+    assert "[default0]:err-line rank=0" in err and "rank=1" not in err
+
+
+# ---- command line ------------------------------------------------------------------
+
+@pytest.mark.parametrize("args,env,needle", [
+    (["--nproc_per_node=0"], {}, "--nproc_per_node"),
+    (["--nproc-per-node=lots"], {}, "--nproc-per-node"),
+    (["--max_restarts=-1"], {}, "--max_restarts"),
+    (["--rdzv_backend=etcd"], {}, "--rdzv_backend=etcd"),
+    (["--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:1"], {}, "--rdzv-backend=c10d"),
+    (["--rdzv_backend=zookeeper"], {}, "--rdzv_backend"),
+    (["--run_path"], {}, "--run_path"),
+    (["--numa-binding=node"], {}, "--numa-binding"),
+    (["--logs_specs=x"], {}, "--logs_specs"),
+    (["--duplicate_stdout_filters=err"], {}, "--duplicate_stdout_filters"),
+    (["--event_log_handler=console"], {}, "--event_log_handler"),
+    (["--bogus=1"], {}, "--bogus"),
+    (["--master_port=70000"], {}, "--master_port"),
+    (["--nnodes=1:2"], {}, "--nnodes"),
+    (["--nnodes=2", "--node_rank=2"], {}, "--node_rank"),
+    (["-m", "--no_python"], {}, "--no-python"),
+    (["--redirects=5"], {}, "--redirects"),
+    (["--tee", "0:9"], {}, "--tee"),
+    (["--signals_to_handle=SIGNOPE"], {}, "--signals_to_handle"),
+    (["--shutdown_timeout=soon"], {}, "--shutdown_timeout"),
+    (["--rdzv_conf=is_host=1"], {}, "is_host"),
+    (["--nproc_per_node"], {}, "--nproc_per_node"),
+    ([], {"PET_NPROC_PER_NODE": "x"}, "PET_NPROC_PER_NODE"),
+    ([], {"PET_STANDALONE": "yes"}, "PET_STANDALONE"),
+    ([], {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "x"}, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"),
+])
+def test_bad_flags_exit_2_naming_the_flag(procs, args, env, needle):
+    rc, out, err = run(procs, [*args, TASK, "print"], crun_env(**env))
+    assert rc == 2, (rc, err)
+    assert needle in err, err
+
+
+def test_missing_program_exits_2(procs):
+    rc, _, err = run(procs, ["--nproc_per_node=2"])
+    assert rc == 2 and "training_script" in err
+
+
+def test_nproc_gpu_without_gpus_and_cpu_auto(procs, tmp_path):
+    has_gpu = os.path.isdir("/proc/driver/nvidia/gpus") or any(
+        n[len("nvidia"):].isdigit() for n in os.listdir("/dev") if n.startswith("nvidia"))
+    rc, _, err = run(procs, ["--nproc_per_node=gpu", "--standalone", TASK, "print"])
+    if has_gpu:
+        assert rc == 0, err
+    else:
+        assert rc == 2 and "gpu" in err
+    rc, out, err = run(procs, ["--nproc_per_node=cpu", "--standalone", TASK, "print"])
+    assert rc == 0, err
+    assert out.count("out-line") == os.cpu_count()
+
+
+def test_help_and_version(procs):
+    rc, out, _ = run(procs, ["--help"])
+    assert rc == 0 and "--nproc_per_node" in out and "--max_restarts" in out
+    rc, out, _ = run(procs, ["--version"])
+    assert rc == 0 and out.startswith("crun ")
+
+
+def test_options_end_at_the_program(procs, tmp_path):
+    script = tmp_path / "args.py"
+    script.write_text("import sys, os\nprint('ARGS', os.environ['LOCAL_RANK'], sys.argv[1:])\n")
+    rc, out, err = run(procs, ["--standalone", "--nproc_per_node=2", str(script),
+                               "--nproc_per_node=9", "-m", "x${local_rank}y"])
+    assert rc == 0, err
+    assert "ARGS 0 ['--nproc_per_node=9', '-m', 'x0y']" in out
+    assert "ARGS 1 ['--nproc_per_node=9', '-m', 'x1y']" in out
+
+
+def test_module_mode_runs_python_dash_m(procs, tmp_path):
+    (tmp_path / "mymod.py").write_text("import sys\nprint('MOD', '-u' in sys.orig_argv)\n")
+    env = crun_env(PYTHONPATH=str(tmp_path))
+    rc, out, err = run(procs, ["--standalone", "-m", "mymod"], env)
+    assert rc == 0, err
+    assert "MOD True" in out  # -u as torchrun
+
+
+def test_elf_and_shell_scripts_run_directly(procs, tmp_path):
+    rc, out, err = run(procs, ["--standalone", "--nproc_per_node=2", "/bin/echo", "hi"])
+    assert rc == 0, err
+    assert out.count("hi\n") == 2
+    sh = tmp_path / "w.sh"
+    sh.write_text("#!/bin/sh\necho \"sh rank $RANK\"\n")
+    sh.chmod(0o755)
+    rc, out, err = run(procs, ["--standalone", "--nproc_per_node=2", str(sh)])
+    assert rc == 0, err
+    assert "sh rank 0" in out and "sh rank 1" in out
+    rc, out, err = run(procs, ["--standalone", "--no_python", "echo", "np"])
+    assert rc == 0 and "np" in out
+
+
+def test_exec_failure_is_127_with_errno_text(procs):
+    rc, _, err = run(procs, ["--standalone", "--nproc_per_node=2", "--no_python",
+                             "/nonexistent/prog"])
+    assert rc == 1
+    assert "exitcode  : 127" in err
+    assert "No such file or directory" in err
+    assert "/nonexistent/prog FAILED" in err
+
+
+# ---- failures and restarts ------------------------------------------------------------
+
+def test_restart_recovers_with_restart_count(procs, tmp_path):
+    rc, out, err = run(procs, ["--standalone", "--nproc_per_node=2", "--max_restarts=2",
+                               f"--log_dir={tmp_path}", TASK, "exit", "3", "1", "1"])
+    assert rc == 0, err
+    assert "attempt 1 rank 0" in out and "attempt 1 rank 1" in out
+    assert "restarting workers" in err
+    runs = os.listdir(tmp_path)
+    assert len(runs) == 1
+    assert sorted(os.listdir(tmp_path / runs[0])) == ["attempt_0", "attempt_1"]
+
+
+def test_restarts_exhausted_prints_root_cause_and_exits_1(procs):
+    rc, out, err = run(procs, ["--standalone", "--nproc_per_node=2", "--max_restarts=1",
+                               TASK, "exit", "3", "1", "99"])
+    assert rc == 1
+    assert "attempt 1 rank 1" in out
+    assert f"{TASK} FAILED" in err
+    block = err[err.index("Root Cause (first observed failure):"):]
+    assert "rank      : 1 (local_rank: 1)" in block
+    assert "exitcode  : 3 (pid: " in block
+    assert "error_file: <N/A>" in block
+    assert "rank 1 exits 3" in block  # last stderr lines of the failed worker
+    assert "Failures:\n  <NO_OTHER_FAILURES>" in err  # rank 0 was stopped, not failed
+    assert err.count("=" * 60) >= 2 and "-" * 60 in err
+
+
+def test_worker_exit_code_is_not_passed_through(procs):
+    rc, _, _ = run(procs, ["--standalone", TASK, "exit", "7", "-1", "99"])
+    assert rc == 1
+
+
+def test_error_file_message_and_copy_to_agent_error_file(procs, tmp_path):
+    own = tmp_path / "agent_error.json"
+    rc, _, err = run(procs, ["--standalone", "--nproc_per_node=2", TASK, "errfile"],
+                     crun_env(TORCHELASTIC_ERROR_FILE=own))
+    assert rc == 1
+    assert "boom line" in err and "ValueError: launch_task boom" in err
+    assert "/attempt_0/0/error.json" in err
+    data = json.loads(own.read_text())
+    assert data["message"]["message"] == "ValueError: launch_task boom"
+    assert data["message"]["errorCode"] == 1
+
+
+def test_sigkill_not_sent_by_crun_names_the_oom_killer(procs):
+    rc, _, err = run(procs, ["--standalone", "--nproc_per_node=2", TASK, "selfkill"])
+    assert rc == 1
+    assert "exitcode  : -9" in err
+    assert "Signal 9 (SIGKILL)" in err and "OOM killer" in err
+
+
+# ---- signals and orphans -------------------------------------------------------------
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_signals_are_forwarded_and_crun_exits_1(procs, tmp_path, sig):
+    p = start(procs, ["--standalone", "--nproc_per_node=2", TASK, "trap", str(tmp_path), "0"])
+    wait_files(tmp_path, ".ready", 2)
+    p.send_signal(sig)
+    assert p.wait(timeout=30) == 1
+    for r in (0, 1):
+        assert (tmp_path / f"{r}.sig").read_text().split() == [str(int(sig))]
+
+
+def test_signals_to_handle_is_configurable(procs, tmp_path):
+    p = start(procs, ["--standalone", "--signals_to_handle=SIGUSR1,SIGTERM", TASK, "trap",
+                      str(tmp_path), "0"])
+    wait_files(tmp_path, ".ready", 1)
+    p.send_signal(signal.SIGUSR1)
+    assert p.wait(timeout=30) == 1
+    assert (tmp_path / "0.sig").read_text().split() == [str(int(signal.SIGUSR1))]
+
+
+def test_shutdown_timeout_then_sigkill(procs, tmp_path):
+    p = start(procs, ["--standalone", "--nproc_per_node=2", "--shutdown_timeout=0.5", TASK,
+                      "trap", str(tmp_path), "1"])
+    wait_files(tmp_path, ".ready", 2)
+    pids = [int((tmp_path / f"{r}.ready").read_text()) for r in (0, 1)]
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 1
+    assert not any(pid_alive(x) for x in pids)
+    assert (tmp_path / "0.sig").read_text().split() == ["15"]
+
+
+def test_second_sigint_skips_the_grace_period(procs, tmp_path):
+    p = start(procs, ["--standalone", "--nproc_per_node=2", "--shutdown_timeout=600", TASK,
+                      "trap", str(tmp_path), "1"])
+    wait_files(tmp_path, ".ready", 2)
+    p.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:  # both workers saw the first one
+        if all((tmp_path / f"{r}.sig").exists() for r in (0, 1)):
+            break
+        time.sleep(0.02)
+    p.send_signal(signal.SIGINT)
+    assert p.wait(timeout=30) == 1  # far below the 600 s grace
+
+
+def test_no_worker_or_grandchild_survives_sigkill_of_the_agent(procs, tmp_path):
+    p = start(procs, ["--standalone", "--nproc_per_node=2", TASK, "grandchild", str(tmp_path)])
+    wait_files(tmp_path, ".ready", 2)
+    pids = []
+    for r in (0, 1):
+        pids += [int(x) for x in (tmp_path / f"{r}.pids").read_text().split()]
+    assert all(pid_alive(x) for x in pids)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait(timeout=10)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(pid_alive(x) for x in pids):
+        time.sleep(0.05)
+    assert not [x for x in pids if pid_alive(x)]
+
+
+# ---- logs --------------------------------------------------------------------------------
+
+def test_redirect_and_tee_write_torchrun_log_layout(procs, tmp_path):
+    rc, out, err = run(procs, ["--standalone", "--nproc_per_node=2", f"--log_dir={tmp_path}",
+                               "--redirects=1", "--tee=2", TASK, "print"])
+    assert rc == 0, err
+    assert "out-line" not in out  # redirected only
+    assert "[default0]:err-line rank=0" in err and "[default1]:err-line rank=1" in err
+    (run_dir,) = os.listdir(tmp_path)
+    for r in (0, 1):
+        d = tmp_path / run_dir / "attempt_0" / str(r)
+        assert (d / "stdout.log").read_text() == f"out-line rank={r}\n"
+        assert (d / "stderr.log").read_text() == f"err-line rank={r}\n"
+
+
+def test_per_rank_redirect_map_and_prefix_template(procs, tmp_path):
+    env = crun_env(TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="<$role_name:$rank:${local_rank}> ")
+    rc, out, err = run(procs, ["--standalone", "--nproc_per_node=2", f"--log_dir={tmp_path}",
+                               "--tee=0:1", "-r", "1:3", TASK, "print"], env)
+    assert rc == 0, err
+    assert "<default:0:0> out-line rank=0" in out
+    assert "err-line rank=0\n" in err and "[default" not in err
+    assert "rank=1" not in out + err
+
+
+def test_lines_stay_whole(procs):
+    rc, out, err = run(procs, ["--standalone", "--nproc_per_node=2", TASK, "chunks", "5"])
+    assert rc == 0, err
+    lines = [ln for ln in out.splitlines() if ln]
+    assert len(lines) == 10
+    assert all(ln in ("a" * 1000, "b" * 1000) for ln in lines)
+
+
+def test_log_dir_dev_null_sets_empty_error_file(procs, tmp_path):
+    rc, _, err = run(procs, ["--standalone", "--log_dir=/dev/null", TASK, "env", str(tmp_path)])
+    assert rc == 0, err
+    assert load_envs(tmp_path, 1)[0]["TORCHELASTIC_ERROR_FILE"] == ""
+
+
+# ---- static exit barrier ------------------------------------------------------------------
+
+def test_static_node0_leaves_last(procs, tmp_path):
+    port = free_port()
+    common = ["--nnodes=2", f"--master_port={port}", "--nproc_per_node=1"]
+    slow = tmp_path / "slow.sh"
+    slow.write_text("#!/bin/sh\n[ \"$GROUP_RANK\" = 1 ] && sleep 1\nexit 0\n")
+    slow.chmod(0o755)
+    a0 = start(procs, [*common, "--node_rank=0", str(slow)])
+    a1 = start(procs, [*common, "--node_rank=1", str(slow)])
+    deadline = time.monotonic() + 60
+    while a0.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # Node 1's worker is the slow one, yet node 0 (serving the store) waits
+    # for it: node 1 passes the whole exit barrier against node 0's store.
+    assert a0.returncode == 0, a0.stderr.read().decode()
+    assert a1.wait(timeout=30) == 0
+    err1 = a1.stderr.read().decode()
+    assert "exit barrier" not in err1, err1
+
+
+def test_store_port_in_use_fails_with_exit_1(procs):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        rc, _, err = run(procs, [f"--master_port={port}", TASK, "print"])
+    assert rc == 1
+    assert str(port) in err and "agent store" in err
+
+
+def test_static_join_timeout_names_the_missing_agents(procs):
+    rc, _, err = run(procs, ["--nnodes=2", "--node_rank=1", f"--master_port={free_port()}",
+                             "--rdzv_conf=timeout=1", TASK, "print"])
+    assert rc == 1
+    assert "rendezvous failed" in err and "agent store" in err
+
+
+def test_static_duplicate_node_rank_is_refused(procs):
+    port = free_port()
+    common = ["--nnodes=3", f"--master_port={port}", "--rdzv_conf=timeout=20", TASK, "print"]
+    a0 = start(procs, ["--node_rank=0", *common])
+    b1 = start(procs, ["--node_rank=1", *common])
+    c1 = start(procs, ["--node_rank=1", *common])
+    deadline = time.monotonic() + 30
+    while b1.poll() is None and c1.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    loser = b1 if b1.poll() is not None else c1
+    assert loser.wait(timeout=5) == 1
+    assert "--node_rank=1" in loser.stderr.read().decode()
+    for p in (a0, b1, c1):
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(timeout=30) == 1
