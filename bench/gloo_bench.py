@@ -6,12 +6,20 @@ tests/helpers/coll_launch), with either PyTorch version:
 
     coll_launch -n 4 -- /usr/bin/python3 bench/gloo_bench.py -b 8 -e 268435456
     coll_launch -n 4 -- ~/.cache/crun/venv-torch2/bin/python bench/gloo_bench.py
+
+`gloo_bench.py compare BUILD [--ranks 2,4] [--repeats 2] [--out FILE]` is the
+side-by-side driver (`make bench` runs it): for each world size it runs
+BUILD/bench/coll_bench and this script under both PyTorch versions through
+BUILD/tests/helpers/coll_launch, keeps each size's best of --repeats runs
+(the dev machine is shared and noisy), and prints a markdown table with the
+issue's goals checked: busbw at 64 MiB >= 3x gloo's, 8-byte latency <= half.
 """
 import argparse
+import os
+import re
+import subprocess
+import sys
 import time
-
-import torch
-import torch.distributed as dist
 
 BUS = {
     "all_reduce": lambda n: 2.0 * (n - 1) / n,
@@ -24,6 +32,9 @@ BUS = {
 
 
 def make_op(name, nbytes, n):
+    import torch
+    import torch.distributed as dist
+
     count = nbytes // 4
     if name == "all_reduce":
         t = torch.zeros(count)
@@ -65,6 +76,8 @@ def make_op(name, nbytes, n):
 
 
 def main():
+    import torch
+    import torch.distributed as dist
     ap = argparse.ArgumentParser()
     ap.add_argument("-b", type=int, default=8)
     ap.add_argument("-e", type=int, default=256 << 20)
@@ -110,5 +123,80 @@ def main():
     dist.destroy_process_group()
 
 
+ROW = re.compile(r"^all_reduce\s+(\d+)\s+\d+\s+\d+\s+([\d.]+)\s+[\d.]+\s+([\d.]+)")
+TORCH2 = os.path.expanduser("~/.cache/crun/venv-torch2/bin/python")
+
+
+def run_rows(argv, timeout_s):
+    """{size: (time_us, busbw)} from one benchmark run."""
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed: {out.stdout[-2000:]}{out.stderr[-2000:]}")
+    rows = {}
+    for line in out.stdout.splitlines():
+        m = ROW.match(line)
+        if m:
+            rows[int(m.group(1))] = (float(m.group(2)), float(m.group(3)))
+    return rows
+
+
+def best(runs):
+    sizes = set().union(*runs)
+    return {b: min((r[b] for r in runs if b in r), key=lambda t: t[0]) for b in sizes}
+
+
+def compare(argv):
+    ap = argparse.ArgumentParser(prog="gloo_bench.py compare")
+    ap.add_argument("build")
+    ap.add_argument("--ranks", default="2,4")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--max-bytes", type=int, default=256 << 20)
+    ap.add_argument("--out")
+    a = ap.parse_args(argv)
+    launch = os.path.join(a.build, "tests", "helpers", "coll_launch")
+    if not os.access(launch, os.X_OK):  # `make bench` builds `all`, not the test helpers
+        subprocess.run(["make", "--no-print-directory", f"BUILD={a.build}", launch], check=True)
+    sizes = ["-b", "8", "-e", str(a.max_bytes), "-f", "2", "-n", "20", "-w", "5"]
+    here = os.path.abspath(__file__)
+    impls = [("crun", [os.path.join(a.build, "bench", "coll_bench")]),
+             ("gloo 1.13", ["/usr/bin/python3", here]), ("gloo 2.x", [TORCH2, here])]
+    lines = []
+    for n in [int(x) for x in a.ranks.split(",")]:
+        res = {}
+        for name, prog in impls:
+            runs = [run_rows([launch, "-n", str(n), "--timeout", "900", "--", *prog, *sizes], 1000)
+                    for _ in range(a.repeats)]
+            res[name] = best(runs)
+        lines.append(f"\n### all_reduce, f32, {n} ranks on one host (best of {a.repeats})\n")
+        lines.append("| size (B) | crun time (us) | crun busbw (GB/s) | gloo 1.13 time | "
+                     "gloo 1.13 busbw | gloo 2.x time | gloo 2.x busbw |")
+        lines.append("|---:|---:|---:|---:|---:|---:|---:|")
+        for b in sorted(res["crun"]):
+            cells = [f"{b}"]
+            for name, _ in impls:
+                t, bw = res[name].get(b, (float("nan"), float("nan")))
+                cells += [f"{t:.1f}", f"{bw:.3f}"]
+            lines.append("| " + " | ".join(cells) + " |")
+        for g in ("gloo 1.13", "gloo 2.x"):
+            big = 64 << 20
+            if big in res["crun"] and big in res[g]:
+                ratio = res["crun"][big][1] / max(res[g][big][1], 1e-9)
+                lines.append(f"\ngoal busbw@64MiB >= 3x {g}: {ratio:.2f}x "
+                             f"{'MET' if ratio >= 3 else 'NOT MET'}")
+            if 8 in res["crun"] and 8 in res[g]:
+                ratio = res["crun"][8][0] / res[g][8][0]
+                lines.append(f"goal latency@8B <= 0.5x {g}: {ratio:.3f}x "
+                             f"{'MET' if ratio <= 0.5 else 'NOT MET'}")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if a.out:
+        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+        with open(a.out, "w") as f:
+            f.write(text)
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 1 and sys.argv[1] == "compare":
+        compare(sys.argv[2:])
+    else:
+        main()

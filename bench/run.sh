@@ -7,3 +7,9 @@ cd "$(dirname "$0")/.."
 
 # PyTorch TCPStore servers (1.13, 2.x legacy, 2.x libuv) against crun-rdzvd.
 /usr/bin/python3 bench/store_bench.py "$BUILD" --out "$BUILD/bench/store.md"
+
+# Collectives: crun's CPU backend (coll_bench) against gloo on PyTorch 1.13 and 2.x.
+/usr/bin/python3 bench/gloo_bench.py compare "$BUILD" --out "$BUILD/bench/collectives.md"
+
+# Launcher: crun against torchrun 1.13 and 2.x (launch time, restart latency, agent RSS).
+/usr/bin/python3 bench/launch_bench.py "$BUILD" --out "$BUILD/bench/launch.md"

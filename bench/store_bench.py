@@ -16,6 +16,7 @@ PyTorch 2.x's server resolves each client's address with a blocking reverse-DNS
 lookup on its event loop, which would otherwise query the host's resolver.
 """
 import argparse
+import ctypes
 import json
 import os
 import re
@@ -59,6 +60,18 @@ def raise_nofile():
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
+def die_with_parent():
+    """preexec_fn: SIGKILL this child when the benchmark dies, however it dies."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def on_term(signum, frame):
+    raise SystemExit(128 + signum)      # runs every finally: servers get stopped
+
+
 class Server:
     """One server process, started in its own session; stop() kills its group."""
 
@@ -72,10 +85,11 @@ class Server:
         self.ready = threading.Event()
 
     def start(self):
-        # stdin is a pipe we never write: the torch wrapper exits when it closes.
-        self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE,
+        # The torch wrapper exits by itself when this process dies.
+        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     start_new_session=True, text=True)
+                                     start_new_session=True, text=True,
+                                     preexec_fn=die_with_parent)
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
@@ -120,11 +134,10 @@ class Server:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
-        for f in (self.proc.stdin, self.proc.stdout):
-            try:
-                f.close()
-            except (OSError, ValueError):
-                pass
+        try:
+            self.proc.stdout.close()
+        except (OSError, ValueError):
+            pass
 
 
 def server_argv(kind, build):
@@ -183,8 +196,7 @@ def run_load(load_bin, srv, dialect, args, timeout):
     """One store_load run; returns its JSON dict plus the server's RSS and CPU."""
     argv = [load_bin, "--host", "127.0.0.1", "--port", str(srv.port),
             "--dialect", str(dialect), "--label", srv.key] + args
-    before = proc_status(srv.proc.pid)
-    held = {}
+    held, out = {}, []
     with RssSampler(srv.proc.pid) as sampler:
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -194,20 +206,28 @@ def run_load(load_bin, srv, dialect, args, timeout):
                     time.sleep(0.3)      # let the server settle, then read RSS once
                     s = proc_status(srv.proc.pid)
                     held["rss_kb"] = s[0] if s else None
+                elif line.startswith("store_load: measuring"):
+                    held["cpu0"] = proc_status(srv.proc.pid)
+                elif line.startswith("store_load: measured"):
+                    held["cpu1"] = proc_status(srv.proc.pid)
                 held.setdefault("lines", []).append(line.rstrip())
 
-        th = threading.Thread(target=watch_stderr, daemon=True)
-        th.start()
+        def read_stdout():
+            out.extend(p.stdout)
+
+        ths = [threading.Thread(target=f, daemon=True) for f in (watch_stderr, read_stdout)]
+        for th in ths:
+            th.start()
         try:
-            out, _ = p.communicate(timeout=timeout)
+            p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             p.kill()
-            out, _ = p.communicate()
-            out = ""
-        th.join(2)
+            p.wait()
+        for th in ths:
+            th.join(5)
     after = proc_status(srv.proc.pid)
     res = {}
-    for line in out.splitlines():
+    for line in out:
         if line.startswith("{"):
             try:
                 res = json.loads(line)
@@ -219,45 +239,51 @@ def run_load(load_bin, srv, dialect, args, timeout):
     res["rss_peak_kb"] = max(sampler.peak_kb, after[0] if after else 0)
     res["rss_held_kb"] = held.get("rss_kb")
     res["rss_after_kb"] = after[0] if after else None
-    res["server_cpu_s"] = (after[2] - before[2]) if before and after else None
+    c0, c1 = held.get("cpu0"), held.get("cpu1")
+    # Server CPU seconds over the measured window only (CLK_TCK resolution).
+    res["server_cpu_s"] = (c1[2] - c0[2]) if c0 and c1 else None
     res["server_alive"] = srv.alive()
     return res
 
 
-def bench_server(key, dialect, srv, load_bin, cfg, deadline):
-    r = {"key": key, "dialect": dialect, "version": srv.version, "load": {}, "idle": None}
-    base = proc_status(srv.proc.pid)
-    r["rss_base_kb"] = base[0] if base else None
-    common = ["--keys", "1000", "--value-size", str(cfg.value_size), "--mix", cfg.mix,
-              "--get", cfg.get]
-    for n in CONNS:
-        if time.monotonic() > deadline or not srv.alive():
-            r["load"][n] = {"error": "skipped: time budget spent or server died"}
-            continue
-        r["load"][n] = run_load(load_bin, srv, dialect,
-                                ["--conns", str(n), "--warmup", str(cfg.warmup),
-                                 "--duration", str(cfg.duration), "--max-time",
-                                 str(cfg.warmup + cfg.duration + 30)] + common,
-                                timeout=cfg.warmup + cfg.duration + 40)
-        log(f"{key} conns={n}: {summ(r['load'][n])}")
-    if time.monotonic() > deadline or not srv.alive():
-        r["idle"] = {"error": "skipped: time budget spent or server died"}
-        return r
-    r["idle"] = run_load(load_bin, srv, dialect,
-                         ["--idle", str(cfg.idle), "--conns", "16", "--hold", "1",
-                          "--warmup", "0.3", "--duration", str(cfg.idle_duration),
-                          "--max-time", "100"] + common, timeout=110)
-    log(f"{key} idle={cfg.idle}: {json.dumps(r['idle'].get('idle'))} "
-        f"rss_held={r['idle'].get('rss_held_kb')} kB, load {summ(r['idle'])}")
-    return r
+def load_args(cfg, n):
+    return ["--conns", str(n), "--warmup", str(cfg.warmup), "--duration", str(cfg.duration),
+            "--max-time", str(cfg.warmup + cfg.duration + 30), "--keys", "1000",
+            "--value-size", str(cfg.value_size), "--mix", cfg.mix, "--get", cfg.get]
+
+
+def median_run(runs):
+    """The run with the median ops/s (its latencies come with it), plus the spread."""
+    good = sorted((r for r in runs if ok(r)), key=lambda r: r["ops_per_s"])
+    if not good:
+        return runs[-1] if runs else {"error": "not run"}
+    med = dict(good[len(good) // 2])
+    med["runs"] = len(runs)
+    med["ops_min"] = good[0]["ops_per_s"]
+    med["ops_max"] = good[-1]["ops_per_s"]
+    cpus = sorted(r["server_cpu_s"] / r["ops"] for r in good if r.get("server_cpu_s"))
+    med["cpu_us_per_op"] = 1e6 * cpus[len(cpus) // 2] if cpus else None
+    return med
+
+
+def idle_test(key, dialect, srv, load_bin, cfg, budget_s):
+    args = load_args(cfg, 16)
+    args[args.index("--duration") + 1] = str(cfg.idle_duration)
+    args[args.index("--max-time") + 1] = f"{min(100, budget_s - 5):.0f}"
+    res = run_load(load_bin, srv, dialect, ["--idle", str(cfg.idle), "--hold", "1"] + args,
+                   timeout=min(110, budget_s))
+    log(f"{key} idle={cfg.idle}: {json.dumps(res.get('idle'))} "
+        f"rss_held={res.get('rss_held_kb')} kB, load {summ(res)}")
+    return res
 
 
 def summ(res):
     if "ops_per_s" not in res:
         return res.get("error", "no result")
     e = res.get("errors", {})
+    bad = {k: v for k, v in e.items() if v}
     return (f"{res['ops_per_s']:.0f} ops/s p50 {res['p50_us']:.0f} us p99 {res['p99_us']:.0f} us"
-            f" rss {res['rss_peak_kb'] / 1024:.1f} MB errors {e}")
+            f" rss {res['rss_peak_kb'] / 1024:.1f} MB{' errors ' + str(bad) if bad else ''}")
 
 
 # ---- tables ----------------------------------------------------------------
@@ -285,8 +311,8 @@ def tables(results, cfg, env):
     crun_keys = [k for k in keys if k.startswith("crun")]
     label = {k: lab for k, lab, *_ in SERVERS}
     lines.append(f"Run: {env}. Mix set:get:add:check = {cfg.mix}, {cfg.value_size}-byte values, "
-                 f"1000 keys, GET mode `{cfg.get}`, {cfg.duration} s measured after "
-                 f"{cfg.warmup} s warm-up per cell.")
+                 f"1000 keys, GET mode `{cfg.get}`; each cell is the median of {cfg.passes} "
+                 f"pass(es) of {cfg.duration} s measured after {cfg.warmup} s warm-up.")
     lines.append("")
     lines.append("### Throughput: ops/s (p50/p99 latency in µs)")
     lines.append("")
@@ -316,22 +342,28 @@ def tables(results, cfg, env):
                 row += ["none"] + ["n/a"] * len(crun_keys)
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
-    lines.append("### Server memory and CPU under load")
+    lines.append("### Server CPU per op, memory, spread over the passes")
     lines.append("")
-    lines.append("| server | version | RSS at start (MB) | peak RSS, 64 conns (MB) | "
-                 "server CPU µs/op at 16 / 64 conns |")
-    lines.append("|---|---|---|---|---|")
+    lines.append("Server CPU µs/op is the server's user+system time over the measured window "
+                 "divided by the ops: what one server core can sustain, independent of the "
+                 "load generator sharing the machine.")
+    lines.append("")
+    lines.append("| server | version | CPU µs/op at 1 / 16 / 64 conns | ops/s range at 1 / 16 / 64 conns | "
+                 "client CPU µs/op at 64 | RSS at start (MB) | peak RSS, 64 conns (MB) |")
+    lines.append("|---|---|---|---|---|---|---|")
     for k in keys:
         r = results[k]
-        cpu = []
-        for n in (16, 64):
+        cpu, rng = [], []
+        for n in CONNS:
             res = r["load"].get(n, {})
-            if ok(res) and res.get("server_cpu_s") is not None:
-                cpu.append(f"{1e6 * res['server_cpu_s'] / max(1, res['ops']):.1f}")
-            else:
-                cpu.append("n/a")
-        lines.append(f"| {label[k]} | {r['version'] or 'n/a'} | {mb(r['rss_base_kb'])} | "
-                     f"{mb(r['load'].get(64, {}).get('rss_peak_kb'))} | {' / '.join(cpu)} |")
+            cpu.append(f"{res['cpu_us_per_op']:.1f}" if res.get("cpu_us_per_op") else "n/a")
+            rng.append(f"{res['ops_min'] / 1000:.0f}k–{res['ops_max'] / 1000:.0f}k"
+                       if res.get("ops_min") is not None else "n/a")
+        r64 = r["load"].get(64, {})
+        ccpu = r64.get("client_cpu_us_per_op")
+        lines.append(f"| {label[k]} | {r['version'] or 'n/a'} | {' / '.join(cpu)} | "
+                     f"{' / '.join(rng)} | {ccpu if ccpu is not None else 'n/a'} | "
+                     f"{mb(r['rss_base_kb'])} | {mb(r64.get('rss_peak_kb'))} |")
     lines.append("")
     lines.append(f"### {cfg.idle:,} idle connections (v1: silent; v2: VALIDATE + PING each), "
                  "16 loaded connections alongside")
@@ -402,7 +434,12 @@ def in_own_netns(argv):
         return None
     if probe.returncode != 0 or not shutil.which("ip"):
         return None
-    return subprocess.call(cmd + argv, env=env)
+    p = subprocess.Popen(cmd + argv, env=env)
+    # unshare and sh exec, so p is the inner benchmark: pass a stop on to it.
+    forward = lambda signum, frame: p.send_signal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    return p.wait()
 
 
 def main():
@@ -418,7 +455,10 @@ def main():
     ap.add_argument("--get", choices=["raw", "torch"], default="raw")
     ap.add_argument("--value-size", type=int, default=64)
     ap.add_argument("--idle", type=int, default=IDLE)
+    ap.add_argument("--passes", type=int, default=None,
+                    help="load passes over all servers; the table shows the median (default 3)")
     cfg = ap.parse_args()
+    signal.signal(signal.SIGTERM, on_term)
     if not cfg.no_netns and os.environ.get("CRUN_BENCH_NETNS") != "1":
         rc = in_own_netns(sys.argv[1:])
         if rc is not None:
@@ -427,7 +467,9 @@ def main():
             "(PyTorch 2.x will send reverse-DNS queries for 127.0.0.1)")
     netns = os.environ.get("CRUN_BENCH_NETNS") == "1"
     cfg.build = os.path.abspath(cfg.build)
-    cfg.warmup, cfg.duration, cfg.idle_duration = (0.2, 0.5, 0.5) if cfg.quick else (0.5, 2.5, 2)
+    cfg.warmup, cfg.duration, cfg.idle_duration = (0.2, 0.5, 0.5) if cfg.quick else (0.5, 2, 2)
+    if cfg.passes is None:
+        cfg.passes = 1 if cfg.quick else 3
     wanted = cfg.servers.split(",")
     load_bin = os.path.join(cfg.build, "bench", "store_load")
     if not os.access(load_bin, os.X_OK):
@@ -439,45 +481,68 @@ def main():
         cfg.idle = max(0, nofile - 200)
 
     t0 = time.monotonic()
-    deadline = t0 + TOTAL_BUDGET_S - 45
+    load_deadline = t0 + TOTAL_BUDGET_S - 100   # the idle tests need up to ~80 s
     servers, results = {}, {}
     env = (f"{os.cpu_count()} CPUs, loopback"
            f"{' in a private network namespace' if netns else ''}, "
-           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+           f"load average {os.getloadavg()[0]:.1f} at the start")
     try:
-        # Start every server up front (imports of torch run in parallel), then
-        # measure them one at a time; an idle server costs no CPU.
+        # Start every server up front (the torch imports overlap), then measure
+        # them in turn, in passes that rotate the order: the machine is shared,
+        # and the median of the passes is what the table shows.
         for key, _, dialect, kind in SERVERS:
             if key not in wanted:
                 continue
             argv = server_argv(kind, cfg.build)
+            results[key] = {"key": key, "dialect": dialect, "version": "", "load": {},
+                            "runs": {n: [] for n in CONNS}, "idle": None, "rss_base_kb": None}
             if not os.access(argv[0], os.X_OK):
                 log(f"{key}: {argv[0]} missing, skipped")
-                results[key] = {"key": key, "dialect": dialect, "version": "", "load": {},
-                                "idle": {"error": f"{os.path.basename(argv[0])} missing"},
-                                "rss_base_kb": None}
+                results[key]["idle"] = {"error": f"{os.path.basename(argv[0])} missing"}
                 continue
             servers[key] = Server(key, argv)
             servers[key].start()
+        active = []
         for key, _, dialect, kind in SERVERS:
             srv = servers.get(key)
             if srv is None:
                 continue
             if not srv.wait_ready(max(5, t0 + START_TIMEOUT_S - time.monotonic())):
                 log(f"{key}: did not come up: {' | '.join(srv.lines[-5:])}")
-                results[key] = {"key": key, "dialect": dialect, "version": "", "load": {},
-                                "idle": {"error": "did not start"}, "rss_base_kb": None}
+                results[key]["idle"] = {"error": "did not start"}
                 srv.stop()
                 continue
             if kind == "crun":
                 srv.version = "this tree"
-            time.sleep(0.3)
+            results[key]["version"] = srv.version
+            st = proc_status(srv.proc.pid)
+            results[key]["rss_base_kb"] = st[0] if st else None
             log(f"{key}: port {srv.port}, {srv.version}")
-            results[key] = bench_server(key, dialect, srv, load_bin, cfg, deadline)
+            active.append((key, dialect, srv))
+        for p in range(cfg.passes):
+            order = active[p % max(1, len(active)):] + active[:p % max(1, len(active))]
+            for n in CONNS:
+                for key, dialect, srv in order:
+                    if time.monotonic() > load_deadline or not srv.alive():
+                        continue
+                    res = run_load(load_bin, srv, dialect, load_args(cfg, n),
+                                   timeout=cfg.warmup + cfg.duration + 40)
+                    results[key]["runs"][n].append(res)
+                    log(f"pass {p + 1} {key} conns={n}: {summ(res)}")
+        for key, dialect, srv in active:
+            r = results[key]
+            r["load"] = {n: median_run(r["runs"][n]) for n in CONNS}
+            left = t0 + TOTAL_BUDGET_S - time.monotonic()
+            if left < 25 or not srv.alive():
+                r["idle"] = {"error": "skipped: time budget spent or server died"}
+            else:
+                r["idle"] = idle_test(key, dialect, srv, load_bin, cfg, left)
             srv.stop()
     finally:
         for srv in servers.values():
             srv.stop()
+    env += f", load average {os.getloadavg()[0]:.1f} at the end"
     md = tables(results, cfg, env)
     goals = goal_lines(results)
     print(md)

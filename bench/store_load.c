@@ -23,15 +23,15 @@
 
 #include "common/common.h"
 
-#define KEY_LEN 16		 /* "/bench/k00000042": fixed width, so frames have fixed size */
-#define MAX_KEYS 10000000u	 /* key space ceiling */
-#define MAX_VALUE (16u << 20)	 /* value size ceiling */
-#define MAX_CONNS 60000u	 /* load + idle; RLIMIT_NOFILE is the practical bound */
-#define MAX_BATCH_SETS 64	 /* SETs (no reply) sent ahead of one request with a reply */
-#define CONNECT_INFLIGHT 256	 /* concurrent non-blocking connects: stay below listen backlogs */
-#define SMALL_IN 16		 /* inline read buffer of idle connections */
-#define H_SUB 64		 /* histogram sub-buckets per power of two: <= 1.6% error */
-#define H_BUCKETS (2 * H_SUB + 58 * H_SUB)
+#define KEY_LEN		 16	   /* "/bench/k00000042": fixed width, so frames have fixed size */
+#define MAX_KEYS	 10000000u /* key space ceiling */
+#define MAX_VALUE	 (16u << 20) /* value size ceiling */
+#define MAX_CONNS	 60000u	     /* load + idle; RLIMIT_NOFILE is the practical bound */
+#define MAX_BATCH_SETS	 64	     /* SETs (no reply) sent ahead of one request with a reply */
+#define CONNECT_INFLIGHT 256 /* concurrent non-blocking connects: stay below listen backlogs */
+#define SMALL_IN	 16  /* inline read buffer of idle connections */
+#define H_SUB		 64  /* histogram sub-buckets per power of two: <= 1.6% error */
+#define H_BUCKETS	 (2 * H_SUB + 58 * H_SUB)
 
 /* Logical operations of the mix, then the internal ones. */
 enum op {
@@ -47,14 +47,14 @@ enum op {
 	OP__MAX,
 };
 
-static const char *const op_names[OP__MAX] = { "set",  "get",	  "add",  "check",
-					       "wait", "numkeys", "ping", "validate" };
+static const char *const op_names[OP__MAX] = {"set",  "get",	 "add",	 "check",
+					      "wait", "numkeys", "ping", "validate"};
 
 /* Opcode bytes per dialect (torch-compat §1.2); v2 shifts codes 0-6 by one. */
 static uint8_t opcode(int dialect, enum op op)
 {
-	static const uint8_t v1[OP__MAX] = { 0, 2, 3, 4, 5, 6, 0xff, 0xff };
-	static const uint8_t v2[OP__MAX] = { 1, 3, 4, 5, 6, 7, 13, 0 };
+	static const uint8_t v1[OP__MAX] = {0, 2, 3, 4, 5, 6, 0xff, 0xff};
+	static const uint8_t v2[OP__MAX] = {1, 3, 4, 5, 6, 7, 13, 0};
 
 	return dialect == 1 ? v1[op] : v2[op];
 }
@@ -76,11 +76,11 @@ struct conn {
 	enum cstate state;
 	enum purpose purpose;
 	bool idle;
-	bool want_out;	 /* EPOLLOUT registered */
-	enum op op;	 /* the request whose reply is awaited */
-	uint32_t nsets;	 /* SETs batched ahead of it */
-	uint32_t key;	 /* key index of the request */
-	uint64_t t0_ns;	 /* when the logical op started */
+	bool want_out;	/* EPOLLOUT registered */
+	enum op op;	/* the request whose reply is awaited */
+	uint32_t nsets; /* SETs batched ahead of it */
+	uint32_t key;	/* key index of the request */
+	uint64_t t0_ns; /* when the logical op started */
 	uint64_t rng;
 	uint32_t prefill_next, prefill_end; /* this connection's share of the prefill */
 	uint8_t *out;
@@ -369,8 +369,8 @@ static void conn_lost(struct bench *b, struct conn *c)
 
 static void conn_want_out(struct bench *b, struct conn *c, bool on)
 {
-	struct epoll_event ev = { .events = EPOLLIN | EPOLLRDHUP | (on ? EPOLLOUT : 0),
-				  .data.ptr = c };
+	struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | (on ? EPOLLOUT : 0),
+				 .data.ptr = c};
 
 	if (c->want_out == on)
 		return;
@@ -381,8 +381,7 @@ static void conn_want_out(struct bench *b, struct conn *c, bool on)
 static void conn_flush(struct bench *b, struct conn *c)
 {
 	while (c->out_off < c->out_len) {
-		ssize_t n = send(c->fd, c->out + c->out_off, c->out_len - c->out_off,
-				 MSG_NOSIGNAL);
+		ssize_t n = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
 
 		if (n < 0 && errno == EINTR)
 			continue;
@@ -419,7 +418,7 @@ static int conn_alloc_bufs(struct bench *b, struct conn *c)
 
 static int conn_start(struct bench *b, struct conn *c)
 {
-	struct epoll_event ev = { .events = EPOLLOUT, .data.ptr = c };
+	struct epoll_event ev = {.events = EPOLLOUT, .data.ptr = c};
 	int one = 1;
 	int fd;
 
@@ -767,6 +766,12 @@ static void check_op_timeouts(struct bench *b, uint32_t first, uint32_t count, u
 	}
 }
 
+/* A watcher (store_bench.py) reads the server's CPU time at these lines. */
+static void note_measuring(void)
+{
+	fputs("store_load: measuring\n", stderr);
+}
+
 static void run_load(struct bench *b, uint32_t first, uint32_t count)
 {
 	uint64_t t = now_ns(), last_scan = t;
@@ -776,6 +781,8 @@ static void run_load(struct bench *b, uint32_t first, uint32_t count)
 	b->measure_start_ns = b->phase == PH_MEASURE ? t : warm_end;
 	b->measure_end_ns = b->measure_start_ns + b->o.duration_ms * 1000000u;
 	b->cpu_start_us = cpu_now_us();
+	if (b->phase == PH_MEASURE)
+		note_measuring();
 	for (uint32_t i = first; i < first + count; i++)
 		if (b->c[i].state == C_OPEN)
 			issue_op(b, &b->c[i]);
@@ -785,6 +792,7 @@ static void run_load(struct bench *b, uint32_t first, uint32_t count)
 		if (b->phase == PH_WARMUP && t >= warm_end) {
 			b->phase = PH_MEASURE;
 			b->cpu_start_us = cpu_now_us();
+			note_measuring();
 		}
 		if (t >= b->measure_end_ns || t >= b->deadline_ns ||
 		    (b->o.ops_target && b->ops >= b->o.ops_target))
@@ -795,6 +803,7 @@ static void run_load(struct bench *b, uint32_t first, uint32_t count)
 		}
 	}
 	b->cpu_us = cpu_now_us() - b->cpu_start_us;
+	fputs("store_load: measured\n", stderr); /* a watcher may sample the server now */
 	b->measure_end_ns = MIN(t, b->measure_end_ns);
 	if (b->measure_end_ns < b->measure_start_ns)
 		b->measure_end_ns = b->measure_start_ns;
@@ -851,8 +860,8 @@ static void print_json(const struct bench *b, const char *error, uint32_t idle_r
 
 	printf("{\"label\":\"%s\",\"dialect\":%d,\"conns\":%u,\"get\":\"%s\","
 	       "\"mix\":\"%u:%u:%u:%u\",\"keys\":%u,\"value_bytes\":%u,",
-	       o->label, o->dialect, o->conns, o->torch_get ? "torch" : "raw", o->mix[0],
-	       o->mix[1], o->mix[2], o->mix[3], o->keys, o->value_bytes);
+	       o->label, o->dialect, o->conns, o->torch_get ? "torch" : "raw", o->mix[0], o->mix[1],
+	       o->mix[2], o->mix[3], o->keys, o->value_bytes);
 	if (o->conns) {
 		printf("\"seconds\":%.3f,\"ops\":%llu,\"ops_per_s\":%.0f,\"reqs_per_s\":%.0f,"
 		       "\"p50_us\":%.1f,\"p99_us\":%.1f,\"p999_us\":%.1f,\"max_us\":%.1f,",
@@ -886,27 +895,27 @@ static void print_json(const struct bench *b, const char *error, uint32_t idle_r
 /* ---- set-up ---------------------------------------------------------------------- */
 
 static const char usage[] =
-	"usage: store_load --port N [options]\n"
-	"Closed-loop TCPStore load: one request with a reply in flight per connection.\n"
-	"  --host ADDR         server address (default 127.0.0.1)\n"
-	"  --port N            server port (required)\n"
-	"  --dialect 1|2       1: torch 1.13/2.0 numbering; 2: torch 2.1+ (VALIDATE + PING first)\n"
-	"  --conns N           load connections (default 16; 0 with --idle only)\n"
-	"  --mix S:G:A:C       weights of set:get:add:check (default 20:50:20:10); SETs have no\n"
-	"                      reply and go out with the next request that has one\n"
-	"  --get raw|torch     raw: one GET request; torch: WAIT([k]) then GET(k) as PyTorch's\n"
-	"                      get() does, timed as one op (default raw)\n"
-	"  --keys N            key space, prefilled before the run (default 1000)\n"
-	"  --value-size N      bytes per value, >= 1 (default 64)\n"
-	"  --duration SEC      measured time (default 5)\n"
-	"  --ops N             stop after N measured ops instead (duration still bounds it)\n"
-	"  --warmup SEC        unmeasured load first (default 1)\n"
-	"  --idle N            also hold N idle connections (v1: silent; v2: VALIDATE + PING)\n"
-	"  --hold SEC          hold the idle connections this long before the load (default 1)\n"
-	"  --op-timeout SEC    a request unanswered this long counts as a timeout (default 10)\n"
-	"  --max-time SEC      hard bound on the whole run (default warmup+duration+hold+120)\n"
-	"  --label TEXT        copied into the JSON ([A-Za-z0-9._:-])\n"
-	"Prints one JSON line: ops_per_s, p50_us, p99_us, p999_us, per-op histograms, errors.\n";
+    "usage: store_load --port N [options]\n"
+    "Closed-loop TCPStore load: one request with a reply in flight per connection.\n"
+    "  --host ADDR         server address (default 127.0.0.1)\n"
+    "  --port N            server port (required)\n"
+    "  --dialect 1|2       1: torch 1.13/2.0 numbering; 2: torch 2.1+ (VALIDATE + PING first)\n"
+    "  --conns N           load connections (default 16; 0 with --idle only)\n"
+    "  --mix S:G:A:C       weights of set:get:add:check (default 20:50:20:10); SETs have no\n"
+    "                      reply and go out with the next request that has one\n"
+    "  --get raw|torch     raw: one GET request; torch: WAIT([k]) then GET(k) as PyTorch's\n"
+    "                      get() does, timed as one op (default raw)\n"
+    "  --keys N            key space, prefilled before the run (default 1000)\n"
+    "  --value-size N      bytes per value, >= 1 (default 64)\n"
+    "  --duration SEC      measured time (default 5)\n"
+    "  --ops N             stop after N measured ops instead (duration still bounds it)\n"
+    "  --warmup SEC        unmeasured load first (default 1)\n"
+    "  --idle N            also hold N idle connections (v1: silent; v2: VALIDATE + PING)\n"
+    "  --hold SEC          hold the idle connections this long before the load (default 1)\n"
+    "  --op-timeout SEC    a request unanswered this long counts as a timeout (default 10)\n"
+    "  --max-time SEC      hard bound on the whole run (default warmup+duration+hold+120)\n"
+    "  --label TEXT        copied into the JSON ([A-Za-z0-9._:-])\n"
+    "Prints one JSON line: ops_per_s, p50_us, p99_us, p999_us, per-op histograms, errors.\n";
 
 static int parse_weights(const char *s, uint32_t *w)
 {
@@ -937,7 +946,8 @@ static int parse_label(const char *s)
 	if (strlen(s) > 100)
 		return CRUN_EINVAL;
 	for (; *s; s++)
-		if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-", *s))
+		if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-",
+			    *s))
 			return CRUN_EINVAL;
 	return 0;
 }
@@ -1005,23 +1015,31 @@ static int parse_opt(struct opts *o, int opt, const char *arg)
 static int parse_args(int argc, char **argv, struct opts *o)
 {
 	static const struct option lo[] = {
-		{ "host", 1, NULL, 'H' },     { "port", 1, NULL, 'p' },
-		{ "dialect", 1, NULL, 'D' },  { "conns", 1, NULL, 'c' },
-		{ "idle", 1, NULL, 'i' },     { "mix", 1, NULL, 'm' },
-		{ "get", 1, NULL, 'g' },      { "keys", 1, NULL, 'k' },
-		{ "value-size", 1, NULL, 'v' }, { "duration", 1, NULL, 'd' },
-		{ "ops", 1, NULL, 'n' },      { "warmup", 1, NULL, 'w' },
-		{ "hold", 1, NULL, 'h' },     { "op-timeout", 1, NULL, 't' },
-		{ "max-time", 1, NULL, 'T' }, { "label", 1, NULL, 'l' },
-		{ "help", 0, NULL, '?' },     { NULL, 0, NULL, 0 },
+	    {"host", 1, NULL, 'H'},	{"port", 1, NULL, 'p'},	      {"dialect", 1, NULL, 'D'},
+	    {"conns", 1, NULL, 'c'},	{"idle", 1, NULL, 'i'},	      {"mix", 1, NULL, 'm'},
+	    {"get", 1, NULL, 'g'},	{"keys", 1, NULL, 'k'},	      {"value-size", 1, NULL, 'v'},
+	    {"duration", 1, NULL, 'd'}, {"ops", 1, NULL, 'n'},	      {"warmup", 1, NULL, 'w'},
+	    {"hold", 1, NULL, 'h'},	{"op-timeout", 1, NULL, 't'}, {"max-time", 1, NULL, 'T'},
+	    {"label", 1, NULL, 'l'},	{"help", 0, NULL, 'u'},	      {NULL, 0, NULL, 0},
 	};
 	int opt, idx;
 
-	*o = (struct opts){ .host = "127.0.0.1", .dialect = 1, .conns = 16,
-			    .mix = { 20, 50, 20, 10 }, .keys = 1000, .value_bytes = 64,
-			    .duration_ms = 5000, .warmup_ms = 1000, .hold_ms = 1000,
-			    .op_timeout_ms = 10000, .label = "" };
+	*o = (struct opts){.host = "127.0.0.1",
+			   .dialect = 1,
+			   .conns = 16,
+			   .mix = {20, 50, 20, 10},
+			   .keys = 1000,
+			   .value_bytes = 64,
+			   .duration_ms = 5000,
+			   .warmup_ms = 1000,
+			   .hold_ms = 1000,
+			   .op_timeout_ms = 10000,
+			   .label = ""};
 	while ((opt = getopt_long(argc, argv, "", lo, &idx)) != -1) {
+		if (opt == 'u') {
+			fputs(usage, stdout);
+			exit(0);
+		}
 		if (opt == '?') {
 			fputs(usage, stderr);
 			return CRUN_EINVAL;
@@ -1066,7 +1084,7 @@ static int raise_nofile(uint32_t need)
 
 static int resolve(struct bench *b)
 {
-	struct addrinfo hints = { .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV };
+	struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
 	struct addrinfo *res;
 	char port[8];
 

@@ -6,8 +6,8 @@ Run it with the interpreter whose PyTorch you want to measure:
   venv-torch2/bin/python bench/torch_store_server.py --libuv 1  # 2.x libuv daemon, v2
   venv-torch2/bin/python bench/torch_store_server.py --libuv 0  # 2.x legacy daemon, v2
 Prints one line `torch_store_server listening on 127.0.0.1:PORT torch=VER backend=NAME pid=PID`
-when ready, then serves until SIGTERM/SIGINT, until its stdin closes (the parent died), or
-until --max-seconds pass, whichever comes first. The daemon is a thread of this process, so
+when ready, then serves until SIGTERM/SIGINT, until its parent process dies, or until
+--max-seconds pass, whichever comes first. The daemon is a thread of this process, so
 this process's RSS is the server's RSS (it includes libtorch itself).
 """
 import argparse
@@ -46,15 +46,14 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
 
-    def watch_stdin():
-        try:
-            while sys.stdin.buffer.read(4096):
-                pass
-        except (OSError, ValueError):
-            pass
-        done.set()
+    def watch_parent(ppid):
+        # Exits with the parent that started it (a benchmark killed hard must not
+        # leave servers behind); an orphan at start is bounded by --max-seconds.
+        while not done.wait(0.5):
+            if os.getppid() != ppid:
+                done.set()
 
-    threading.Thread(target=watch_stdin, daemon=True).start()
+    threading.Thread(target=watch_parent, args=(os.getppid(),), daemon=True).start()
     print(f"torch_store_server listening on {args.host}:{store.port} "
           f"torch={torch.__version__} backend={backend} pid={os.getpid()}", flush=True)
     done.wait(args.max_seconds)

@@ -135,6 +135,11 @@ static void parse_args(int argc, char **argv, struct store_server_config *cfg)
 		switch (o) {
 		case 'H':
 			cfg->host = optarg;
+			/* "[::1]" as in host:port notation: bind "::1". */
+			if (optarg[0] == '[' && optarg[strlen(optarg) - 1] == ']') {
+				optarg[strlen(optarg) - 1] = '\0';
+				cfg->host = optarg + 1;
+			}
 			break;
 		case 'p':
 			cfg->port = (uint16_t)flag_uint("port", optarg, 0, 65535);

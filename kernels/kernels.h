@@ -37,6 +37,11 @@ uint16_t kernels_float_to_f16(float f);
 float kernels_bf16_to_float(uint16_t h);
 uint16_t kernels_float_to_bf16(float f);
 
+/* memcpy for a large destination that will not be read again soon: non-
+ * temporal stores (x86-64), so the copy neither reads the destination nor
+ * evicts the source. Ordered (sfence) before the function returns. */
+void kernels_copy_stream(void *dst, const void *src, size_t n);
+
 /* ---- CPU GEMM ----------------------------------------------------------------
  * C[m x n] (+)= A[m x k] * B[k x n], row-major with leading dimensions lda,
  * ldb, ldc (elements). accumulate = 0 overwrites C. Blocked for the caches,

@@ -19,17 +19,17 @@
 #include "store/store.h"
 
 #define NO_DEADLINE UINT64_MAX
-#define RBUF_MIN 4096
-#define RBUF_KEEP (256u * 1024) /* a bigger read buffer is freed after the op */
+#define RBUF_MIN    4096
+#define RBUF_KEEP   (256u * 1024) /* a bigger read buffer is freed after the op */
 /* Ceiling on one buffered reply (MULTI_GET of many big values included); a
  * reply that needs more is treated as a protocol error, like an over-limit
  * length field, so a bad peer cannot make us allocate without bound. */
 #define REPLY_MAX ((size_t)1 << 30)
 /* How long we wait for WAIT_CANCELED after CANCEL_WAIT. PyTorch waits without
  * a bound; we bound it and mark the connection broken if it passes. */
-#define CANCEL_REPLY_MS 30000
+#define CANCEL_REPLY_MS	 30000
 #define BACKOFF_START_MS 50
-#define BACKOFF_CAP_MS 2000
+#define BACKOFF_CAP_MS	 2000
 
 struct client_conn {
 	unsigned refs; /* the base handle plus each open view */
@@ -38,8 +38,9 @@ struct client_conn {
 	bool broken;
 	uint32_t timeout_ms; /* default per op; 0 = no deadline */
 	struct store_limits lim;
-	char peer[300]; /* "host:port" for messages */
-	char err[640];	/* last_error of the base and of every view */
+	char peer[300];	 /* "host:port" for messages */
+	char err[640];	 /* last_error of the base and of every view */
+	char broke[400]; /* the failure that broke the connection, for later calls */
 	/* Buffered reader: bytes [rpos, rlen) of rbuf are received, unparsed. */
 	uint8_t *rbuf;
 	size_t rcap, rpos, rlen;
@@ -89,9 +90,9 @@ static void key_desc(const void *key, size_t len, char *out, size_t cap)
 
 /* Records "OP key 'K' on HOST:PORT: cause" as the handle's last error and
  * returns r. `key` may be NULL for ops without one. */
-__attribute__((format(printf, 6, 7))) static int
-set_err(struct client_conn *c, int r, const char *op, const void *key, size_t key_len,
-	const char *fmt, ...)
+__attribute__((format(printf, 6, 7))) static int set_err(struct client_conn *c, int r,
+							 const char *op, const void *key,
+							 size_t key_len, const char *fmt, ...)
 {
 	char kd[128] = "";
 	char cause[384];
@@ -112,6 +113,8 @@ set_err(struct client_conn *c, int r, const char *op, const void *key, size_t ke
 		n = snprintf(c->err, sizeof(c->err), "%s on %s: %s (%s)", op, c->peer, cause,
 			     crun_err_name(r));
 	(void)n;
+	if (c->broken && !c->broke[0])
+		memcpy(c->broke, c->err, sizeof(c->broke) - 1);
 	log_at(LL_DEBUG, SUB_STORE, "%s", c->err);
 	return r;
 }
@@ -152,7 +155,7 @@ static int poll_ms(uint64_t deadline)
 static int wait_fd(int fd, short events, uint64_t deadline)
 {
 	for (;;) {
-		struct pollfd p = { .fd = fd, .events = events };
+		struct pollfd p = {.fd = fd, .events = events};
 		int ms = poll_ms(deadline);
 		int n;
 
@@ -344,8 +347,7 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem)
 
 /* Fills c->kv[0..n) with the handle's prefix + each key (all in c->kbuf).
  * raw: keys go on the wire unchanged. Over-limit keys give CRUN_ETOOBIG. */
-static int mangle(struct crun_store *s, const char *op, const char *const *keys, size_t n,
-		  bool raw)
+static int mangle(struct crun_store *s, const char *op, const char *const *keys, size_t n, bool raw)
 {
 	struct client_conn *c = s->conn;
 	size_t plen = raw ? 0 : s->pfx_len;
@@ -391,7 +393,7 @@ static int enter(struct crun_store *s, enum store_op op)
 			       "not in the v%d store dialect", (int)c->dialect);
 	if (c->broken)
 		return set_err(c, CRUN_ENOTCONN, store_proto_op_name(op), NULL, 0,
-			       "connection is closed after an earlier failure");
+			       "connection closed after an earlier failure: %s", c->broke);
 	return 0;
 }
 
@@ -410,8 +412,8 @@ static uint64_t op_deadline(struct client_conn *c, uint32_t timeout_ms)
 	return deadline_after(timeout_ms ? timeout_ms : c->timeout_ms);
 }
 
-/* One request and its reply, no waiting semantics: any failure breaks the
- * connection. `key` (may be NULL) only names the request in messages. */
+/* One request and its reply, no waiting semantics: any failure after a byte
+ * may have been sent breaks the connection. */
 static int call(struct client_conn *c, const struct store_req *req, uint64_t nitems,
 		uint64_t deadline, struct store_reply *out)
 {
@@ -440,7 +442,7 @@ static int await_wake(struct client_conn *c, enum store_op op, const struct stor
 		      uint64_t deadline)
 {
 	const char *name = store_proto_op_name(op);
-	struct store_req cancel = { .op = STORE_OP_CANCEL_WAIT };
+	struct store_req cancel = {.op = STORE_OP_CANCEL_WAIT};
 	struct store_reply rep;
 	int r;
 
@@ -454,9 +456,9 @@ static int await_wake(struct client_conn *c, enum store_op op, const struct stor
 	}
 	if (r != CRUN_ETIMEDOUT || c->dialect == STORE_V1) {
 		conn_break(c);
-		return set_err(c, r, name, key ? key->p : NULL, key ? key->len : 0, "%s%s",
-			       cause_text(r),
-			       r == CRUN_ETIMEDOUT ? "; v1 connection closed (no CANCEL_WAIT)" : "");
+		return set_err(
+		    c, r, name, key ? key->p : NULL, key ? key->len : 0, "%s%s", cause_text(r),
+		    r == CRUN_ETIMEDOUT ? "; v1 connection closed (no CANCEL_WAIT)" : "");
 	}
 	deadline = deadline_after(CANCEL_REPLY_MS);
 	r = conn_send_req(c, &cancel, deadline);
@@ -480,7 +482,7 @@ static int await_wake(struct client_conn *c, enum store_op op, const struct stor
 /* WAIT on c->kv[0..n): the first half of GET, MULTI_GET and blocking POP. */
 static int do_wait(struct client_conn *c, size_t n, uint64_t deadline)
 {
-	struct store_req req = { .op = STORE_OP_WAIT, .nitems = n, .keys = c->kv };
+	struct store_req req = {.op = STORE_OP_WAIT, .nitems = n, .keys = c->kv};
 	int r;
 
 	r = conn_send_req(c, &req, deadline);
@@ -519,8 +521,8 @@ static int make_prefix(const char *base, size_t base_len, const char *add, char 
 /* One connect attempt to one address, bounded by the deadline. */
 static int try_connect(const struct addrinfo *ai, uint64_t deadline, int *ret_fd)
 {
-	int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-			ai->ai_protocol);
+	int fd =
+	    socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
 	int one = 1, soerr = 0;
 	socklen_t sl = sizeof(soerr);
 	int r;
@@ -557,8 +559,8 @@ out_close:
  * the pid as nonce, both in one segment; the server must echo the nonce. */
 static int handshake(struct client_conn *c, uint64_t deadline)
 {
-	struct store_req v = { .op = STORE_OP_VALIDATE, .u32 = STORE_VALIDATE_MAGIC };
-	struct store_req p = { .op = STORE_OP_PING, .u32 = (uint32_t)getpid() };
+	struct store_req v = {.op = STORE_OP_VALIDATE, .u32 = STORE_VALIDATE_MAGIC};
+	struct store_req p = {.op = STORE_OP_PING, .u32 = (uint32_t)getpid()};
 	uint8_t buf[64];
 	size_t l1, l2;
 	struct store_reply rep;
@@ -576,9 +578,10 @@ static int handshake(struct client_conn *c, uint64_t deadline)
  * jitter between rounds (every address is tried once per round). */
 static int conn_connect(struct client_conn *c, const char *host, uint16_t port, uint32_t total_ms)
 {
-	uint64_t deadline = total_ms ? clock_now_ms() + total_ms : NO_DEADLINE;
-	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-				  .ai_flags = AI_NUMERICSERV };
+	/* connect_timeout_ms = 0: one round, bounded by the op timeout. */
+	uint64_t deadline = deadline_after(total_ms ? total_ms : c->timeout_ms);
+	struct addrinfo hints = {
+	    .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
 	uint32_t backoff = BACKOFF_START_MS;
 	char port_s[8];
 	int last = CRUN_ETIMEDOUT;
@@ -632,9 +635,9 @@ static int conn_connect(struct client_conn *c, const char *host, uint16_t port, 
 		}
 	}
 	return last == CRUN_ETIMEDOUT || last == CRUN_ECONNREFUSED || last == CRUN_ECLOSED ||
-			       last == CRUN_ECONNRESET
-		       ? CRUN_ETIMEDOUT
-		       : last;
+		       last == CRUN_ECONNRESET
+		   ? CRUN_ETIMEDOUT
+		   : last;
 }
 
 CRUN_API int crun_store_open(const crun_store_opts_t *opts, crun_store_t **ret_store)
@@ -690,8 +693,8 @@ CRUN_API int crun_store_open(const crun_store_opts_t *opts, crun_store_t **ret_s
 		goto fail;
 	r = conn_connect(c, opts->host, opts->port, cto);
 	if (r < 0) {
-		log_at(LL_INFO, SUB_STORE, "cannot connect to store %s (v%d): %s", c->peer,
-		       dialect, crun_strerror(r));
+		log_at(LL_INFO, SUB_STORE, "cannot connect to store %s (v%d): %s", c->peer, dialect,
+		       crun_strerror(r));
 		goto fail;
 	}
 	*ret_store = s;
@@ -774,26 +777,25 @@ static int one_key(struct crun_store *s, enum store_op op, const char *key, bool
 		return CRUN_EINVAL;
 	TRY(enter(s, op));
 	if (!key)
-		return set_err(s->conn, CRUN_EINVAL, store_proto_op_name(op), NULL, 0,
-			       "NULL key");
+		return set_err(s->conn, CRUN_EINVAL, store_proto_op_name(op), NULL, 0, "NULL key");
 	return mangle(s, store_proto_op_name(op), &key, 1, raw);
 }
 
 CRUN_API int crun_store_set(crun_store_t *s, const char *key, const void *val, size_t len)
 {
-	struct store_req req = { .op = STORE_OP_SET };
+	struct store_req req = {.op = STORE_OP_SET};
 
 	TRY(one_key(s, STORE_OP_SET, key, false));
 	TRY(check_val(s->conn, "SET", val, len));
 	req.key = s->conn->kv[0];
-	req.val = (struct store_bytes){ val, len };
+	req.val = (struct store_bytes){val, len};
 	return call(s->conn, &req, 0, op_deadline(s->conn, 0), NULL);
 }
 
-CRUN_API int crun_store_get(crun_store_t *s, const char *key, uint32_t timeout_ms,
-			    void **ret_val, size_t *ret_len)
+CRUN_API int crun_store_get(crun_store_t *s, const char *key, uint32_t timeout_ms, void **ret_val,
+			    size_t *ret_len)
 {
-	struct store_req req = { .op = STORE_OP_GET };
+	struct store_req req = {.op = STORE_OP_GET};
 	struct store_reply rep;
 	uint64_t deadline;
 	int r;
@@ -810,10 +812,9 @@ CRUN_API int crun_store_get(crun_store_t *s, const char *key, uint32_t timeout_m
 	return r;
 }
 
-static int add_common(crun_store_t *s, const char *key, int64_t delta, int64_t *ret_value,
-		      bool raw)
+static int add_common(crun_store_t *s, const char *key, int64_t delta, int64_t *ret_value, bool raw)
 {
-	struct store_req req = { .op = STORE_OP_ADD, .num = delta };
+	struct store_req req = {.op = STORE_OP_ADD, .num = delta};
 	struct store_reply rep;
 
 	TRY(one_key(s, STORE_OP_ADD, key, raw));
@@ -839,7 +840,7 @@ CRUN_API int crun_store_compare_set(crun_store_t *s, const char *key, const void
 				    size_t expected_len, const void *desired, size_t desired_len,
 				    void **ret_val, size_t *ret_len)
 {
-	struct store_req req = { .op = STORE_OP_COMPARE_SET };
+	struct store_req req = {.op = STORE_OP_COMPARE_SET};
 	struct store_reply rep;
 	int r;
 
@@ -847,8 +848,8 @@ CRUN_API int crun_store_compare_set(crun_store_t *s, const char *key, const void
 	TRY(check_val(s->conn, "COMPARE_SET", expected, expected_len));
 	TRY(check_val(s->conn, "COMPARE_SET", desired, desired_len));
 	req.key = s->conn->kv[0];
-	req.val = (struct store_bytes){ expected, expected_len };
-	req.val2 = (struct store_bytes){ desired, desired_len };
+	req.val = (struct store_bytes){expected, expected_len};
+	req.val2 = (struct store_bytes){desired, desired_len};
 	TRY(call(s->conn, &req, 0, op_deadline(s->conn, 0), &rep));
 	if (!ret_val)
 		return 0;
@@ -871,7 +872,7 @@ static int key_list(struct crun_store *s, enum store_op op, const char *const *k
 CRUN_API int crun_store_check(crun_store_t *s, const char *const *keys, size_t nkeys,
 			      int *ret_ready)
 {
-	struct store_req req = { .op = STORE_OP_CHECK, .nitems = nkeys };
+	struct store_req req = {.op = STORE_OP_CHECK, .nitems = nkeys};
 	struct store_reply rep;
 
 	TRY(key_list(s, STORE_OP_CHECK, keys, nkeys));
@@ -879,8 +880,7 @@ CRUN_API int crun_store_check(crun_store_t *s, const char *const *keys, size_t n
 	TRY(call(s->conn, &req, 0, op_deadline(s->conn, 0), &rep));
 	if (rep.status != STORE_CHECK_READY && rep.status != STORE_CHECK_NOT_READY) {
 		conn_break(s->conn);
-		return set_err(s->conn, CRUN_EPROTO, "CHECK", NULL, 0, "bad status %u",
-			       rep.status);
+		return set_err(s->conn, CRUN_EPROTO, "CHECK", NULL, 0, "bad status %u", rep.status);
 	}
 	if (ret_ready)
 		*ret_ready = rep.status == STORE_CHECK_READY;
@@ -896,7 +896,7 @@ CRUN_API int crun_store_wait(crun_store_t *s, const char *const *keys, size_t nk
 
 CRUN_API int crun_store_num_keys(crun_store_t *s, int64_t *ret_count)
 {
-	struct store_req req = { .op = STORE_OP_GETNUMKEYS };
+	struct store_req req = {.op = STORE_OP_GETNUMKEYS};
 	struct store_reply rep;
 
 	if (!s)
@@ -910,7 +910,7 @@ CRUN_API int crun_store_num_keys(crun_store_t *s, int64_t *ret_count)
 
 CRUN_API int crun_store_delete_key(crun_store_t *s, const char *key, int *ret_deleted)
 {
-	struct store_req req = { .op = STORE_OP_DELETE_KEY };
+	struct store_req req = {.op = STORE_OP_DELETE_KEY};
 	struct store_reply rep;
 
 	TRY(one_key(s, STORE_OP_DELETE_KEY, key, false));
@@ -923,15 +923,14 @@ CRUN_API int crun_store_delete_key(crun_store_t *s, const char *key, int *ret_de
 
 /* ---- v2 only ------------------------------------------------------------------ */
 
-static int key_val(crun_store_t *s, enum store_op op, const char *key, const void *val,
-		   size_t len)
+static int key_val(crun_store_t *s, enum store_op op, const char *key, const void *val, size_t len)
 {
-	struct store_req req = { .op = op };
+	struct store_req req = {.op = op};
 
 	TRY(one_key(s, op, key, false));
 	TRY(check_val(s->conn, store_proto_op_name(op), val, len));
 	req.key = s->conn->kv[0];
-	req.val = (struct store_bytes){ val, len };
+	req.val = (struct store_bytes){val, len};
 	return call(s->conn, &req, 0, op_deadline(s->conn, 0), NULL);
 }
 
@@ -940,8 +939,7 @@ CRUN_API int crun_store_append(crun_store_t *s, const char *key, const void *val
 	return key_val(s, STORE_OP_APPEND, key, val, len);
 }
 
-CRUN_API int crun_store_queue_push(crun_store_t *s, const char *key, const void *val,
-				   size_t len)
+CRUN_API int crun_store_queue_push(crun_store_t *s, const char *key, const void *val, size_t len)
 {
 	return key_val(s, STORE_OP_QUEUE_PUSH, key, val, len);
 }
@@ -949,7 +947,7 @@ CRUN_API int crun_store_queue_push(crun_store_t *s, const char *key, const void 
 CRUN_API int crun_store_multi_get(crun_store_t *s, const char *const *keys, size_t nkeys,
 				  uint32_t timeout_ms, void **ret_vals, size_t *ret_lens)
 {
-	struct store_req req = { .op = STORE_OP_MULTI_GET, .nitems = nkeys };
+	struct store_req req = {.op = STORE_OP_MULTI_GET, .nitems = nkeys};
 	struct store_reply rep;
 	const uint8_t *it;
 	uint64_t deadline;
@@ -992,10 +990,10 @@ CRUN_API int crun_store_multi_get(crun_store_t *s, const char *const *keys, size
 	return 0;
 }
 
-CRUN_API int crun_store_multi_set(crun_store_t *s, const char *const *keys,
-				  const void *const *vals, const size_t *lens, size_t n)
+CRUN_API int crun_store_multi_set(crun_store_t *s, const char *const *keys, const void *const *vals,
+				  const size_t *lens, size_t n)
 {
-	struct store_req req = { .op = STORE_OP_MULTI_SET, .nitems = n };
+	struct store_req req = {.op = STORE_OP_MULTI_SET, .nitems = n};
 	struct store_bytes *vb;
 	int r;
 
@@ -1009,7 +1007,7 @@ CRUN_API int crun_store_multi_set(crun_store_t *s, const char *const *keys,
 		r = check_val(s->conn, "MULTI_SET", vals[i], lens[i]);
 		if (r < 0)
 			goto out_free;
-		vb[i] = (struct store_bytes){ vals[i], lens[i] };
+		vb[i] = (struct store_bytes){vals[i], lens[i]};
 	}
 	req.keys = s->conn->kv;
 	req.vals = vb;
@@ -1021,7 +1019,7 @@ out_free:
 
 CRUN_API int crun_store_ping(crun_store_t *s, uint64_t *ret_rtt_us)
 {
-	struct store_req req = { .op = STORE_OP_PING };
+	struct store_req req = {.op = STORE_OP_PING};
 	struct store_reply rep;
 	uint64_t t0;
 
@@ -1033,18 +1031,18 @@ CRUN_API int crun_store_ping(crun_store_t *s, uint64_t *ret_rtt_us)
 	TRY(call(s->conn, &req, 0, op_deadline(s->conn, 0), &rep));
 	if (rep.u32 != req.u32) {
 		conn_break(s->conn);
-		return set_err(s->conn, CRUN_EPROTO, "PING", NULL, 0,
-			       "nonce %08x echoed as %08x", req.u32, rep.u32);
+		return set_err(s->conn, CRUN_EPROTO, "PING", NULL, 0, "nonce %08x echoed as %08x",
+			       req.u32, rep.u32);
 	}
 	if (ret_rtt_us)
 		*ret_rtt_us = clock_now_us() - t0;
 	return 0;
 }
 
-CRUN_API int crun_store_queue_pop(crun_store_t *s, const char *key, int block,
-				  uint32_t timeout_ms, void **ret_val, size_t *ret_len)
+CRUN_API int crun_store_queue_pop(crun_store_t *s, const char *key, int block, uint32_t timeout_ms,
+				  void **ret_val, size_t *ret_len)
 {
-	struct store_req req = { .op = STORE_OP_QUEUE_POP };
+	struct store_req req = {.op = STORE_OP_QUEUE_POP};
 	struct store_reply rep;
 	uint64_t deadline;
 	int r;
@@ -1067,7 +1065,7 @@ CRUN_API int crun_store_queue_pop(crun_store_t *s, const char *key, int block,
 
 CRUN_API int crun_store_queue_len(crun_store_t *s, const char *key, int64_t *ret_len)
 {
-	struct store_req req = { .op = STORE_OP_QUEUE_LEN };
+	struct store_req req = {.op = STORE_OP_QUEUE_LEN};
 	struct store_reply rep;
 
 	TRY(one_key(s, STORE_OP_QUEUE_LEN, key, false));
@@ -1089,7 +1087,7 @@ CRUN_API void crun_store_free_list(char **list, size_t n)
 
 CRUN_API int crun_store_list_keys(crun_store_t *s, char ***ret_keys, size_t *ret_n)
 {
-	struct store_req req = { .op = STORE_OP_LIST_KEYS };
+	struct store_req req = {.op = STORE_OP_LIST_KEYS};
 	struct store_reply rep;
 	const uint8_t *it;
 	char **list;
@@ -1116,8 +1114,7 @@ CRUN_API int crun_store_list_keys(crun_store_t *s, char ***ret_keys, size_t *ret
 		list[n] = malloc(b.len - s->pfx_len + 1);
 		if (!list[n]) {
 			crun_store_free_list(list, n);
-			return set_err(s->conn, CRUN_ENOMEM, "LIST_KEYS", NULL, 0,
-				       "out of memory");
+			return set_err(s->conn, CRUN_ENOMEM, "LIST_KEYS", NULL, 0, "out of memory");
 		}
 		memcpy(list[n], b.p + s->pfx_len, b.len - s->pfx_len);
 		list[n][b.len - s->pfx_len] = '\0';
@@ -1132,21 +1129,20 @@ CRUN_API int crun_store_list_keys(crun_store_t *s, char ***ret_keys, size_t *ret
 CRUN_API int crun_store_barrier(crun_store_t *s, const char *key, int64_t world_size,
 				uint32_t timeout_ms)
 {
-	struct store_req req = { .op = STORE_OP_BARRIER, .num = world_size };
+	struct store_req req = {.op = STORE_OP_BARRIER, .num = world_size};
 	uint64_t deadline;
 	int r;
 
 	TRY(one_key(s, STORE_OP_BARRIER, key, false));
 	if (world_size <= 0)
-		return set_err(s->conn, CRUN_EINVAL, "BARRIER", key, strlen(key),
-			       "world size %lld", (long long)world_size);
+		return set_err(s->conn, CRUN_EINVAL, "BARRIER", key, strlen(key), "world size %lld",
+			       (long long)world_size);
 	deadline = op_deadline(s->conn, timeout_ms);
 	req.key = s->conn->kv[0];
 	r = conn_send_req(s->conn, &req, deadline);
 	if (r < 0) {
 		conn_break(s->conn);
-		return set_err(s->conn, r, "BARRIER", req.key.p, req.key.len, "%s",
-			       cause_text(r));
+		return set_err(s->conn, r, "BARRIER", req.key.p, req.key.len, "%s", cause_text(r));
 	}
 	return await_wake(s->conn, STORE_OP_BARRIER, &req.key, deadline);
 }

@@ -1,7 +1,8 @@
-/* server_int.h: private to store/server.c and store/kv.c. The server's key
- * space is one chained hash table of byte-string keys (kv.c). An entry exists
- * while it holds anything: a value, a FIFO queue (QUEUE_* ops), or a
- * registration tying a connection to the key (a parked WAIT, a v1 WATCH_KEY).
+/* server_int.h: private to the store server: server.c (connections, I/O),
+ * server_ops.c (operations) and kv.c (key space). The key space is one
+ * chained hash table of byte-string keys. An entry exists while it holds
+ * anything: a value, a FIFO queue (QUEUE_* ops), or a registration tying a
+ * connection to the key (a pending WAIT, a v1 WATCH_KEY).
  * Single-threaded: everything runs on the server's event loop.
  */
 #ifndef CRUN_STORE_SERVER_INT_H
@@ -10,6 +11,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include <event2/bufferevent.h>
+
+#include "store/store.h"
 
 /* ---- intrusive doubly linked lists ---------------------------------------- */
 
@@ -97,5 +102,56 @@ int kv_queue_push(struct kv_table *t, struct kv_ent *e, const uint8_t *v, size_t
 struct kv_item *kv_queue_pop(struct kv_table *t, struct kv_ent *e);
 /* Calls fn on every entry; fn may kv_gc() the entry it was given. */
 void kv_foreach(struct kv_table *t, void (*fn)(struct kv_ent *e, void *arg), void *arg);
+
+/* ---- server and connections ------------------------------------------------ */
+
+struct store_server {
+	struct event_base *base; /* borrowed */
+	struct evconnlistener *lsn;
+	struct event *accept_retry; /* re-enables accept after EMFILE */
+	struct store_server_config cfg;
+	struct kv_table kv;
+	bool kv_ready;
+	struct dl conns;
+	uint16_t port;
+	bool full_logged; /* max_conns warning printed since the last accept */
+	struct store_server_stats st;
+};
+
+struct store_conn {
+	struct dl link;	   /* in store_server.conns */
+	struct dl waits;   /* struct kv_reg.conn_link of WAIT/BARRIER keys */
+	struct dl watches; /* v1 WATCH_KEY registrations */
+	struct store_server *srv;
+	struct bufferevent *bev;
+	uint64_t pending; /* keys this connection still waits for */
+	uint32_t n_regs;  /* waits + watches, bounded by limits.max_items */
+	uint8_t dialect;  /* 0 until sniffed, then enum store_dialect */
+	bool parked;	  /* v2 WAIT/BARRIER outstanding: input stays buffered */
+	bool throttled;	  /* output over the ceiling: reading paused */
+	bool writing;	  /* EV_WRITE on: the bufferevent flushes what write() left */
+	bool doomed;	  /* another connection's op overfilled our output */
+};
+
+static inline struct evbuffer *store_conn_out(struct store_conn *c)
+{
+	return bufferevent_get_output(c->bev);
+}
+
+/* server.c: writes c's pending output now (what the socket refuses is left
+ * to the bufferevent). */
+void store_conn_flush(struct store_conn *c);
+/* server.c: a parked connection resumes reading (from a deferred callback). */
+void store_conn_unpark(struct store_conn *c);
+/* server.c: closes c later, from its own callback, if output pushed to it by
+ * other connections' ops has piled up past the ceiling. */
+void store_conn_check_pushed(struct store_conn *c);
+
+/* server_ops.c: runs one decoded request; pointers in q point into c's input
+ * buffer, so whatever is kept is copied. 0, or a negative crun code after
+ * which the caller closes c. */
+int store_conn_dispatch(struct store_conn *c, const struct store_req *q);
+/* server_ops.c: drops every wait and watch registration of c (close path). */
+void store_conn_unregister(struct store_conn *c);
 
 #endif /* CRUN_STORE_SERVER_INT_H */

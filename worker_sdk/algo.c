@@ -47,7 +47,7 @@ static int is_half(int dtype)
 	return dtype == CRUN_F16 || dtype == CRUN_BF16;
 }
 
-static void half_to_f32(float *dst, const void *src, size_t count, int dtype)
+static void half_to_f32(void *dst, const void *src, size_t count, int dtype)
 {
 	if (dtype == CRUN_BF16)
 		kernels_bf16_to_f32(dst, src, count);
@@ -55,7 +55,7 @@ static void half_to_f32(float *dst, const void *src, size_t count, int dtype)
 		kernels_f16_to_f32(dst, src, count);
 }
 
-static void f32_to_half(void *dst, const float *src, size_t count, int dtype)
+static void f32_to_half(void *dst, const void *src, size_t count, int dtype)
 {
 	if (dtype == CRUN_BF16)
 		kernels_f32_to_bf16(dst, src, count);
@@ -358,14 +358,14 @@ int algo_reduce(struct crun_pg *pg, const void *sbuf, void *rbuf, size_t count, 
 	if (!work)
 		return CRUN_ENOMEM;
 	if (is_half(dtype))
-		half_to_f32((float *)work, sbuf, count, dtype);
+		half_to_f32(work, sbuf, count, dtype);
 	else if (work != sbuf)
 		memcpy(work, sbuf, bytes);
 	r = reduce_inplace(pg, work, count, wdt, op, root);
 	if (r == 0 && at_root && op == CRUN_AVG)
 		r = kernels_div(work, count, wdt, pg->size);
 	if (r == 0 && at_root && is_half(dtype))
-		f32_to_half(rbuf, (float *)work, count, dtype);
+		f32_to_half(rbuf, work, count, dtype);
 	if (is_half(dtype))
 		free(work);
 	return r;
@@ -443,7 +443,7 @@ int algo_reduce_scatter(struct crun_pg *pg, const void *sbuf, void *rbuf, size_t
 	if (!work)
 		return CRUN_ENOMEM;
 	if (is_half(dtype))
-		half_to_f32((float *)work, sbuf, total, dtype);
+		half_to_f32(work, sbuf, total, dtype);
 	else if (n == 1)
 		memcpy(work, sbuf, total * esz);
 	/* Out of place from sbuf: the ring fills every block of work it uses. */
@@ -453,7 +453,7 @@ int algo_reduce_scatter(struct crun_pg *pg, const void *sbuf, void *rbuf, size_t
 		r = kernels_div(mine, count, wdt, n);
 	if (r == 0) {
 		if (is_half(dtype))
-			f32_to_half(rbuf, (float *)mine, count, dtype);
+			f32_to_half(rbuf, mine, count, dtype);
 		else
 			memmove(rbuf, mine, count * esz);
 	}

@@ -199,15 +199,20 @@ void pg_shm_release(struct crun_pg *pg)
 	pg->inbox = NULL;
 }
 
-/* Copies len bytes at ring position pos (wrapping) to or from buf. */
+/* Copies len bytes at ring position pos (wrapping) to or from buf. A
+ * receive into a message larger than PG_STREAM_BYTES streams past the
+ * cache: the destination is too big to stay cached anyway. */
 static void ring_copy(struct shm_ring *ring, size_t cap, uint64_t pos, uint8_t *buf, size_t len,
-		      int to_ring)
+		      int to_ring, int stream)
 {
 	size_t off = (size_t)(pos & (cap - 1)), first = MIN(len, cap - off);
 
 	if (to_ring) {
 		memcpy(ring->data + off, buf, first);
 		memcpy(ring->data, buf + first, len - first);
+	} else if (stream) {
+		kernels_copy_stream(buf, ring->data + off, first);
+		kernels_copy_stream(buf + first, ring->data, len - first);
 	} else {
 		memcpy(buf, ring->data + off, first);
 		memcpy(buf + first, ring->data, len - first);
@@ -242,7 +247,7 @@ size_t pg_shm_progress(struct crun_pg *pg, struct xfer *x)
 			return 0;
 		pay = x->wire < x->len ? MIN(n, x->len - x->wire) : 0;
 		if (pay)
-			ring_copy(p->tx, cap, head, x->buf + x->wire, pay, 1);
+			ring_copy(p->tx, cap, head, x->buf + x->wire, pay, 1, 0);
 		atomic_store_explicit(&p->tx->head, head + n, memory_order_release);
 	} else {
 		tail = atomic_load_explicit(&p->rx->tail, memory_order_relaxed);
@@ -261,7 +266,8 @@ size_t pg_shm_progress(struct crun_pg *pg, struct xfer *x)
 						    x->acc ? x->acc + x->wire : NULL, n, x->dtype,
 						    x->op, esz);
 			} else if (n) {
-				ring_copy(p->rx, cap, tail, x->buf + x->wire, n, 0);
+				ring_copy(p->rx, cap, tail, x->buf + x->wire, n, 0,
+					  x->len >= PG_STREAM_BYTES);
 			}
 		}
 		if (!n)

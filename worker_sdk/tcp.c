@@ -22,7 +22,6 @@
 
 #define TCP_MAGIC	  0x63727470u /* "crtp" */
 #define TCP_STAGE_BYTES	  (256u * 1024)
-#define TCP_SOCKBUF_BYTES (4 * 1024 * 1024)
 
 /* The address peers should dial: CRUN_PG_ADDR, else the local address the
  * kernel would use to reach the store host (a UDP connect sends nothing). */
@@ -53,13 +52,14 @@ static int local_addr(char *buf, size_t cap)
 	return r;
 }
 
+/* Small collectives are latency-bound: no Nagle. Buffer sizes are left to
+ * the kernel's autotuning (a fixed SO_RCVBUF would switch it off and cap the
+ * window at net.core.rmem_max). */
 static void tune(int fd)
 {
-	int one = 1, sz = TCP_SOCKBUF_BYTES;
+	int one = 1;
 
 	(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-	(void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
-	(void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
 }
 
 /* Blocking I/O with a deadline, for the hello frames only. */

@@ -18,14 +18,25 @@
 #define PG_DEFAULT_TIMEOUT_MS	  300000 /* like PyTorch's 5 min store default */
 #define PG_SHM_RING_BYTES_DEFAULT (1u << 20)
 
-/* Message size (bytes) at and above which all_reduce switches from recursive
- * doubling to the ring (reduce-scatter then all-gather). Measured with
- * bench/coll_bench on the 2-core dev VM, shared memory, f32 sum: see the
- * table in algo.c. CRUN_PG_RING_THRESHOLD overrides. */
-#define PG_RING_THRESHOLD_DEFAULT (64u * 1024)
+/* Message size (bytes) at and above which all_reduce, reduce and broadcast
+ * switch from recursive doubling / trees to the ring algorithms.
+ * CRUN_PG_RING_THRESHOLD overrides. Measured with bench/coll_bench on the
+ * 2-core dev VM (shared and noisy: best of 3 runs, 200 iterations), shared
+ * memory, f32 sum, time per all_reduce in us, recursive doubling / ring:
+ *   bytes       256        4 KiB      16 KiB     64 KiB     256 KiB    1 MiB
+ *   2 ranks     0.5/0.7    4.8/4.8    2.4/2.3    8.0/6.9    35/21      237/146
+ *   4 ranks     19.8/22.5  57/41      28.7/32.4  64.2/72.6  207/162    813/463
+ * The ring wins from 256 KiB on both; at 64 KiB and below recursive
+ * doubling holds its own (4 ranks) or ties (2 ranks): the switch is 128 KiB. */
+#define PG_RING_THRESHOLD_DEFAULT (128u * 1024)
 
 /* str_printf() returns the length; this yields 0 or CRUN_ETOOBIG. */
 #define pg_fmt(buf, cap, ...) (str_printf((buf), (cap), __VA_ARGS__) < 0 ? CRUN_ETOOBIG : 0)
+
+/* Receives of messages this large copy out of the shm ring with streaming
+ * stores (kernels_copy_stream): beyond the caches, that skips reading the
+ * destination first. */
+#define PG_STREAM_BYTES (4u << 20)
 
 enum pg_peer_kind { PEER_SELF, PEER_SHM, PEER_TCP, PEER__MAX };
 

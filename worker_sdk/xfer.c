@@ -141,7 +141,7 @@ int pg_xfer(struct crun_pg *pg, struct xfer *ops, int nops)
 		return r;
 	for (;;) {
 		size_t moved = 0;
-		int left = 0;
+		int left = 0, shm_left = 0;
 
 		r = atomic_load_explicit(&pg->broken, memory_order_relaxed);
 		if (r)
@@ -165,8 +165,10 @@ int pg_xfer(struct crun_pg *pg, struct xfer *ops, int nops)
 			} else {
 				return pg_fail(pg, CRUN_EINVAL, "transfer to self");
 			}
-			if (!xfer_complete(x, pg))
+			if (!xfer_complete(x, pg)) {
 				left++;
+				shm_left += p->kind == PEER_SHM;
+			}
 		}
 		if (!left)
 			return 0;
@@ -178,12 +180,14 @@ int pg_xfer(struct crun_pg *pg, struct xfer *ops, int nops)
 		if (idle++ == 0)
 			idle_since = clock_now_ms();
 		/* Spin a little (the peer is usually mid-copy), then yield the
-		 * core (2 cores, up to 8 ranks), then sleep in short steps. */
-		if (idle < 64) {
+		 * core (2 cores, up to 8 ranks), then sleep in short steps.
+		 * Sockets skip the spin: each turn would be two syscalls, and
+		 * poll() wakes us as soon as they are ready. */
+		if (idle < 64 && shm_left) {
 			cpu_relax();
 			continue;
 		}
-		if ((idle & 63) == 0) {
+		if ((idle & 63) == 0 || (!shm_left && (idle & 7) == 0)) {
 			r = check_stalled(pg, ops, nops, deadline, &dead_seen);
 			if (r)
 				return r;

@@ -87,9 +87,16 @@ typedef struct crun_init_opts {
  * ("True" = client of the agent's store; anything else = rank 0 hosts a store
  * server on MASTER_PORT inside this process, on its own thread, as PyTorch's
  * rank 0 does), plus crun's own CRUN_PG_TIMEOUT_MS, CRUN_PG_BACKEND and
- * CRUN_STORE_DIALECT (1 or 2), then calls crun_init_explicit(). Returns 0,
+ * CRUN_STORE_DIALECT (1 or 2), and CRUN_LOG_LEVEL / CRUN_LOG_SUBSYS (SDK
+ * debug lines on stderr), then calls crun_init_explicit(). Returns 0,
  * CRUN_ECONFIG (a missing or malformed variable), CRUN_EALREADY, or what the
- * store and the world group's creation return. */
+ * store and the world group's creation return.
+ *
+ * Tuning variables read whenever a group is made: CRUN_PG_TRANSPORT
+ * (auto|shm|tcp), CRUN_PG_ADDR (address TCP peers dial; default: the local
+ * address that routes to MASTER_ADDR), CRUN_SHM_RING_BYTES (per-pair ring,
+ * a power of two, default 1 MiB), CRUN_PG_RING_THRESHOLD (bytes from which
+ * the ring algorithms replace recursive doubling and trees, default 128 KiB). */
 CRUN_API int crun_init(void);
 
 /* Connects to (or hosts) the store, checks in with ADD "init/" +1 (rank 0 of

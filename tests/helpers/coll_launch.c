@@ -14,6 +14,7 @@
  * --world W --rank-base B --master-addr A: this launcher is one "node" that
  * starts ranks B..B+N-1 of W, with the store at A (bound there when hosted;
  * it prints "coll_launch: store on A:PORT"); used with network namespaces.
+ * --master-port P: MASTER_PORT for the non-agent mode (rank 0 hosts there).
  *
  * Prints "coll_launch: rank R exit CODE" per rank; exits 0 when all exited
  * 0, 1 when one did not, 124 on the deadline.
@@ -69,7 +70,7 @@ static int pick_port(void)
  * before fork: nothing but exec runs in the child. */
 /* A slice [base, base + n) of a world of `world` ranks, as one node. */
 static const char *master = "127.0.0.1";
-static int world, base;
+static int world, base, fixed_port;
 
 static char **make_env(int rank, int n, int port, int agent, char **extra, int nextra)
 {
@@ -113,6 +114,18 @@ static char **make_env(int rank, int n, int port, int agent, char **extra, int n
 	return env;
 }
 
+/* The nine variables make_env() allocated sit just before the extras. */
+static void free_env(char **env, int nextra)
+{
+	size_t k = 0;
+
+	while (env[k])
+		k++;
+	for (size_t i = k - (size_t)nextra - 9; i < k - (size_t)nextra; i++)
+		free(env[i]);
+	free(env);
+}
+
 int main(int argc, char **argv)
 {
 	int n = 2, agent = 0, store_port = 0, timeout_s = 120, nextra = 0, port, argi = 1,
@@ -145,6 +158,10 @@ int main(int argc, char **argv)
 			if (parse_uint_range(argv[++argi], 0, 4095, &v) < 0)
 				return 2;
 			base = (int)v;
+		} else if (!strcmp(argv[argi], "--master-port") && argi + 1 < argc) {
+			if (parse_uint_range(argv[++argi], 1, 65535, &v) < 0)
+				return 2;
+			fixed_port = (int)v; /* rank 0 hosts the store there */
 		} else if (!strcmp(argv[argi], "--master-addr") && argi + 1 < argc) {
 			master = argv[++argi];
 		} else if (!strcmp(argv[argi], "--store-port") && argi + 1 < argc) {
@@ -157,7 +174,7 @@ int main(int argc, char **argv)
 			fprintf(
 			    stderr,
 			    "usage: coll_launch -n N [--agent-store | --store-port P] [--world W] "
-			    "[--rank-base B] [--master-addr A] "
+			    "[--rank-base B] [--master-addr A] [--master-port P] "
 			    "[--timeout S] "
 			    "[--env K=V]... -- PROG ARGS\n");
 			return 2;
@@ -166,7 +183,7 @@ int main(int argc, char **argv)
 	if (argi + 1 >= argc)
 		return 2;
 	argi++;
-	port = pick_port();
+	port = fixed_port ? fixed_port : pick_port();
 	if (agent && !store_port) {
 		struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
 
@@ -195,6 +212,7 @@ int main(int argc, char **argv)
 
 		if (pid < 0) {
 			perror("fork");
+			free_env(env, nextra);
 			failed = 1;
 			n = r;
 			break;
@@ -207,6 +225,7 @@ int main(int argc, char **argv)
 		}
 		pids[r] = pid;
 		codes[r] = -1;
+		free_env(env, nextra);
 	}
 	deadline = clock_now_ms() + (uint64_t)timeout_s * 1000;
 	for (left = n; left > 0;) {

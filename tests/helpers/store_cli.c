@@ -29,7 +29,7 @@
 #include "crun/store.h"
 
 #define MAX_TOKENS 256
-#define MAX_LINE (1 << 20)
+#define MAX_LINE   (1 << 20)
 
 struct tok {
 	char *p; /* NUL-terminated after unescaping (may hold NULs inside) */
@@ -132,10 +132,10 @@ static int run(crun_store_t *s, crun_store_t **view, crun_store_t *base, struct 
 
 	for (int i = 1; i < n; i++)
 		keys[i - 1] = t[i].p;
-#define NEED(k)                                                                \
-	do {                                                                   \
-		if (n != (k) + 1)                                              \
-			return CRUN_EINVAL;                                    \
+#define NEED(k)                             \
+	do {                                \
+		if (n != (k) + 1)           \
+			return CRUN_EINVAL; \
 	} while (0)
 	if (!strcmp(cmd, "set") || !strcmp(cmd, "append") || !strcmp(cmd, "qpush")) {
 		NEED(2);

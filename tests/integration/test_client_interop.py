@@ -251,3 +251,35 @@ def test_binary_keys_and_values_round_trip(procs, server, ns):
     out = server["torch"].run(f"print(P({ns!r}).get({key.decode('latin-1')!r}).hex())\n")
     assert out.strip() == val.hex()
     c.close()
+
+
+def test_a_wrong_dialect_fails_cleanly(procs, server, ns):
+    """torch-compat §1.8: the dialects cannot talk to each other. crun's client
+    must fail (not hang, not misread), and PyTorch's server must keep serving."""
+    if server["name"] == "torch113":
+        # The 1.13 server reads VALIDATE as a SET with a huge key length and
+        # resets: the v2 greeting never gets its PING echo.
+        argv = [cli_path(), "--host", "127.0.0.1", "--port", str(server["port"]),
+                "--dialect", "2", "--connect-timeout-ms", "500"]
+        out = __import__("subprocess").run(argv, input=b"", capture_output=True, timeout=30)
+        assert out.stdout.decode().strip() == "ERR CRUN_ETIMEDOUT"
+    elif server["name"] == "torch2-legacy":
+        # The 2.x legacy server closes a connection whose first request is
+        # not VALIDATE.
+        c = StoreCli(procs, cli_path(), "127.0.0.1", server["port"], 1, prefix=ns)
+        assert c.cmd("numkeys") in ("ERR CRUN_ECLOSED", "ERR CRUN_ECONNRESET")
+        assert c.cmd("numkeys") == "ERR CRUN_ENOTCONN"
+        c.close()
+    else:
+        # libuv re-reads a v1 stream in the v2 numbering: v1 GETNUMKEYS (06)
+        # is a v2 WAIT waiting for its key count. The client must time out,
+        # not take some other answer for its own.
+        c = StoreCli(procs, cli_path(), "127.0.0.1", server["port"], 1, prefix=ns,
+                     timeout_ms=300)
+        assert c.cmd("numkeys") == "ERR CRUN_ETIMEDOUT"
+        assert c.cmd("numkeys") == "ERR CRUN_ENOTCONN"
+        c.close()
+    c = cli(procs, server, ns)
+    assert c.cmd("set alive 1") == "OK"
+    assert c.cmd("get alive") == 'VAL "1"'
+    c.close()

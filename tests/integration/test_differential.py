@@ -146,8 +146,8 @@ def gen_ops(seed, dialect, queues=False):
         elif kind == "barrier":
             key = k()
             cur = stoll(model[key]) if key in model else 0
-            if cur is None:
-                continue
+            if cur is None or cur < 0:
+                continue  # a count still below 1 after the +1 would park
             model[key] = str(cur + 1).encode()  # world size 1: passes at once
             cmd = f"barrier {arg(key.encode())} 1"
         elif kind == "qpush":

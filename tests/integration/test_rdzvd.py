@@ -4,6 +4,7 @@ blocking get woken by another client, wait timeouts, many clients, PrefixStore,
 mixed versions on one key space; and the daemon itself: --help, bad flags,
 signals, limits, and a garbage frame that closes only its own connection.
 """
+import functools
 import os
 import signal
 import socket
@@ -16,10 +17,12 @@ from conftest import HELPERS, bin_path, free_port, start_rdzvd, torch_python, wa
 
 CLIENT = os.path.join(HELPERS, "rdzvd_torch_client.py")
 VERSIONS = ["1", "2"]
+# torch_python() imports torch to check the version: once per version is enough.
+_torch_python = functools.lru_cache(maxsize=None)(torch_python)
 
 
 def run_client(version, mode, host, port, *args, timeout=180):
-    py = torch_python(version)
+    py = _torch_python(version)
     out = subprocess.run([py, CLIENT, mode, host, str(port), *map(str, args)],
                          capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0 and "ALL OK" in out.stdout, (
@@ -29,7 +32,7 @@ def run_client(version, mode, host, port, *args, timeout=180):
 
 
 def spawn_client(procs, version, mode, host, port, *args):
-    py = torch_python(version)
+    py = _torch_python(version)
     return procs.spawn([py, CLIENT, mode, host, str(port), *map(str, args)])
 
 
@@ -262,3 +265,43 @@ def test_notify_socket_gets_ready(procs, tmp_path):
         assert ns.recv(64) == b"READY=1"
     finally:
         ns.close()
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_holds_10k_idle_connections_in_little_memory(procs):
+    """The benchmark goal, as a check: 10,000 idle clients (half silent v1
+    callback connections, half v2 after VALIDATE + PING) under 64 MB RSS."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    n = min(10000, hard - 256)
+    if soft < n + 256:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, n + 256), hard))
+    p, _, port = start_rdzvd(procs)
+    conns = []
+    try:
+        for i in range(n):
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            if i % 2:
+                s.sendall(b"\x00\xce\xf7\x85\x3c\x0d\x01\x00\x00\x00")
+            conns.append(s)
+        for s in conns[1::2]:
+            assert recv_exact(s, 4) == b"\x01\x00\x00\x00"
+        probe = raw(port)
+        v1_set(probe, b"/still", b"here")
+        assert v1_numkeys(probe) == 1
+        probe.close()
+        rss = rss_kib(p.pid)
+        assert rss < 64 * 1024, f"{n} idle connections took {rss} KiB"
+        print(f"{n} idle connections: crun-rdzvd RSS {rss} KiB")
+    finally:
+        for s in conns:
+            s.close()
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 0

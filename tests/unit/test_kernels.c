@@ -244,6 +244,29 @@ START_TEST(gemm_matches_a_naive_triple_loop)
 }
 END_TEST
 
+/* _i: destination misalignment 0..15, lengths around the 64-byte loop. */
+START_TEST(stream_copy_copies_every_byte_at_any_alignment)
+{
+	static const size_t lens[] = {0, 1, 255, 256, 257, 1000, 4096 + 63, 100003};
+	uint8_t *src = malloc(100003 + 16), *dst = malloc(100003 + 64);
+
+	ck_assert_ptr_nonnull(src);
+	ck_assert_ptr_nonnull(dst);
+	for (size_t i = 0; i < 100003 + 16; i++)
+		src[i] = (uint8_t)(i * 31 + 7);
+	for (size_t l = 0; l < ARRAY_SIZE(lens); l++) {
+		memset(dst, 0xaa, 100003 + 64);
+		kernels_copy_stream(dst + _i, src + 3, lens[l]);
+		ck_assert_mem_eq(dst + _i, src + 3, lens[l]);
+		ck_assert_uint_eq(dst[_i + lens[l]], 0xaa); /* nothing past the end */
+		if (_i)
+			ck_assert_uint_eq(dst[_i - 1], 0xaa);
+	}
+	free(src);
+	free(dst);
+}
+END_TEST
+
 START_TEST(cuda_door_reports_no_device_here)
 {
 	float x = 0;
@@ -273,6 +296,7 @@ static Suite *kernels_suite(void)
 	tcase_add_test(tc, half_sums_accumulate_in_f32_and_round_once);
 	tcase_add_test(tc, div_truncates_integers_and_divides_floats);
 	tcase_add_loop_test(tc, gemm_matches_a_naive_triple_loop, 0, 6);
+	tcase_add_loop_test(tc, stream_copy_copies_every_byte_at_any_alignment, 0, 16);
 	tcase_add_test(tc, cuda_door_reports_no_device_here);
 	suite_add_tcase(s, tc);
 	return s;

@@ -43,7 +43,7 @@ struct peer {
 	size_t n;
 	int accept; /* 0: listen only, never accept (a server that never answers) */
 	int failed;
-	char why[512];
+	char why[1100];
 };
 
 static int read_full(int fd, uint8_t *buf, size_t len, int timeout_ms)
@@ -51,7 +51,7 @@ static int read_full(int fd, uint8_t *buf, size_t len, int timeout_ms)
 	size_t got = 0;
 
 	while (got < len) {
-		struct pollfd p = { .fd = fd, .events = POLLIN };
+		struct pollfd p = {.fd = fd, .events = POLLIN};
 		ssize_t n;
 
 		if (poll(&p, 1, timeout_ms) <= 0)
@@ -76,7 +76,7 @@ static void hexdump(char *out, size_t cap, const uint8_t *b, size_t len)
 static void *peer_main(void *arg)
 {
 	struct peer *p = arg;
-	struct pollfd pl = { .fd = p->lfd, .events = POLLIN };
+	struct pollfd pl = {.fd = p->lfd, .events = POLLIN};
 	uint8_t buf[256];
 	int fd;
 
@@ -118,7 +118,7 @@ static void *peer_main(void *arg)
 	}
 	/* Drain until the client hangs up, so it never sees an early reset. */
 	for (int i = 0; i < 1000; i++) {
-		struct pollfd pf = { .fd = fd, .events = POLLIN };
+		struct pollfd pf = {.fd = fd, .events = POLLIN};
 
 		if (poll(&pf, 1, 10000) <= 0 || read(fd, buf, sizeof(buf)) <= 0)
 			break;
@@ -129,7 +129,7 @@ static void *peer_main(void *arg)
 
 static void peer_listen(struct peer *p)
 {
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
 	socklen_t al = sizeof(a);
 
 	p->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -186,7 +186,7 @@ static void expect_wait1(struct step *s, uint8_t code, const char *key)
 static void greeting(struct step *s)
 {
 	uint32_t pid = (uint32_t)getpid();
-	const uint8_t v[] = { 0x00, 0xce, 0xf7, 0x85, 0x3c, 0x0d };
+	const uint8_t v[] = {0x00, 0xce, 0xf7, 0x85, 0x3c, 0x0d};
 
 	memcpy(s->expect, v, sizeof(v));
 	memcpy(s->expect + 6, &pid, 4); /* little-endian hosts only, like PyTorch */
@@ -215,9 +215,9 @@ static crun_store_t *open_at(uint16_t port, int dialect, const char *prefix, uin
 START_TEST(set_sends_the_captured_113_bytes)
 {
 	/* torch-compat §1.9: set("k1", b"v1") from a 1.13 client. */
-	static const uint8_t want[] = { 0x00, 0x03, 0, 0, 0, 0, 0, 0, 0, 0x2f, 0x6b,
-					0x31, 0x02, 0, 0, 0, 0, 0, 0, 0, 0x76, 0x31 };
-	struct peer p = { 0 };
+	static const uint8_t want[] = {0x00, 0x03, 0, 0, 0, 0, 0, 0, 0, 0x2f, 0x6b,
+				       0x31, 0x02, 0, 0, 0, 0, 0, 0, 0, 0x76, 0x31};
+	struct peer p = {0};
 	crun_store_t *s;
 
 	memcpy(p.steps[0].expect, want, sizeof(want));
@@ -233,7 +233,7 @@ END_TEST
 
 START_TEST(get_sends_wait_then_get)
 {
-	struct peer p = { 0 };
+	struct peer p = {0};
 	crun_store_t *s;
 	void *val = NULL;
 	size_t len = 0;
@@ -257,7 +257,7 @@ END_TEST
 
 START_TEST(prefix_and_nested_views_mangle_like_prefixstore)
 {
-	struct peer p = { 0 };
+	struct peer p = {0};
 	crun_store_t *s, *inner, *outer, *empty;
 	int64_t v = 0;
 
@@ -302,7 +302,7 @@ END_TEST
 
 START_TEST(v2_greets_with_validate_and_ping)
 {
-	struct peer p = { 0 };
+	struct peer p = {0};
 	crun_store_t *s;
 	int64_t n = 0;
 
@@ -322,7 +322,7 @@ END_TEST
 
 START_TEST(a_wrong_ping_echo_fails_open_with_eproto)
 {
-	struct peer p = { 0 };
+	struct peer p = {0};
 	crun_store_opts_t o = CRUN_STORE_OPTS_INIT;
 	crun_store_t *s = (crun_store_t *)&o; /* must stay untouched */
 
@@ -342,7 +342,7 @@ END_TEST
 
 START_TEST(v2_wait_timeout_cancels_and_keeps_the_connection)
 {
-	struct peer p = { 0 };
+	struct peer p = {0};
 	crun_store_t *s;
 	const char *k = "never";
 	int64_t n = 0;
@@ -372,7 +372,7 @@ END_TEST
 
 START_TEST(v1_wait_timeout_breaks_the_connection)
 {
-	struct peer p = { 0 };
+	struct peer p = {0};
 	crun_store_t *s;
 	const char *k = "never";
 	int64_t n = 0;
@@ -394,7 +394,7 @@ END_TEST
 
 START_TEST(an_over_limit_reply_length_is_a_protocol_error)
 {
-	struct peer p = { 0 };
+	struct peer p = {0};
 	crun_store_t *s;
 	void *val = (void *)&p;
 	size_t len = 99;
@@ -417,7 +417,7 @@ END_TEST
 
 START_TEST(a_server_closing_mid_reply_gives_eclosed)
 {
-	struct peer p = { 0 };
+	struct peer p = {0};
 	crun_store_t *s;
 	int64_t v = 0;
 	const char *err;
@@ -444,7 +444,7 @@ END_TEST
 
 START_TEST(an_op_timeout_on_a_silent_server_breaks_the_connection)
 {
-	struct peer p = { 0 };
+	struct peer p = {0};
 	crun_store_t *s;
 	int64_t n;
 
@@ -465,7 +465,7 @@ END_TEST
 
 START_TEST(a_closed_port_times_out_after_retrying)
 {
-	struct peer p = { 0 };
+	struct peer p = {0};
 	crun_store_opts_t o = CRUN_STORE_OPTS_INIT;
 	crun_store_t *s = NULL;
 
@@ -481,13 +481,18 @@ END_TEST
 
 START_TEST(a_listener_that_never_answers_ping_times_out)
 {
-	struct peer p = { 0 };
+	struct peer p = {0};
 	crun_store_opts_t o = CRUN_STORE_OPTS_INIT;
 	crun_store_t *s = NULL;
 
 	peer_listen(&p); /* the kernel completes the connect; nobody reads */
 	o.port = p.port;
 	o.connect_timeout_ms = 300;
+	ck_assert_int_eq(crun_store_open(&o, &s), CRUN_ETIMEDOUT);
+	ck_assert_ptr_null(s);
+	/* connect_timeout_ms = 0: one attempt, bounded by the op timeout. */
+	o.connect_timeout_ms = 0;
+	o.timeout_ms = 200;
 	ck_assert_int_eq(crun_store_open(&o, &s), CRUN_ETIMEDOUT);
 	ck_assert_ptr_null(s);
 	close(p.lfd);
@@ -502,8 +507,9 @@ struct late {
 static void *late_listen(void *arg)
 {
 	struct late *l = arg;
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(l->p->port),
-				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	struct sockaddr_in a = {.sin_family = AF_INET,
+				.sin_port = htons(l->p->port),
+				.sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
 	int one = 1;
 
 	poll(NULL, 0, l->delay_ms);
@@ -519,8 +525,8 @@ static void *late_listen(void *arg)
 
 START_TEST(open_retries_until_the_server_appears)
 {
-	struct peer p = { 0 };
-	struct late l = { &p, 300 };
+	struct peer p = {0};
+	struct late l = {&p, 300};
 	crun_store_t *s;
 
 	peer_listen(&p);
@@ -565,9 +571,9 @@ END_TEST
 
 START_TEST(calls_reject_bad_arguments_and_v2_ops_on_v1)
 {
-	struct peer p = { 0 };
+	struct peer p = {0};
 	crun_store_t *s;
-	const char *keys[] = { "a", NULL };
+	const char *keys[] = {"a", NULL};
 	const char *big_key;
 	char *big;
 	void *val;
@@ -640,4 +646,318 @@ Suite *store_client_wire_suite(void)
 	return s;
 }
 
-CRUN_CHECK_MAIN(store_client_wire_suite)
+/* ---- end to end against crun's own server ----------------------------------------- */
+
+static struct event_base *e2e_base;
+static struct store_server *e2e_srv;
+static uint16_t e2e_port;
+static pthread_t e2e_thread;
+
+static void *e2e_loop(void *arg)
+{
+	(void)arg;
+	event_base_loop(e2e_base, EVLOOP_NO_EXIT_ON_EMPTY);
+	return NULL;
+}
+
+/* Checked fixture: a store server on its own libevent thread, per test. */
+static void e2e_setup(void)
+{
+	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
+
+	cfg.host = "127.0.0.1";
+	ck_assert_int_eq(evthread_use_pthreads(), 0);
+	e2e_base = event_base_new();
+	ck_assert_ptr_nonnull(e2e_base);
+	ck_assert_int_eq(store_server_new(e2e_base, &cfg, &e2e_srv), 0);
+	e2e_port = store_server_port(e2e_srv);
+	ck_assert_int_ne(e2e_port, 0);
+	ck_assert_int_eq(pthread_create(&e2e_thread, NULL, e2e_loop, NULL), 0);
+}
+
+static void e2e_teardown(void)
+{
+	event_base_loopexit(e2e_base, NULL);
+	pthread_join(e2e_thread, NULL);
+	store_server_free(e2e_srv);
+	event_base_free(e2e_base);
+}
+
+static crun_store_t *e2e_open(int dialect)
+{
+	return open_at(e2e_port, dialect, NULL, 5000, 10000);
+}
+
+static void assert_get(crun_store_t *s, const char *key, const char *want)
+{
+	void *val = NULL;
+	size_t len = 0;
+
+	ck_assert_msg(crun_store_get(s, key, 2000, &val, &len) == 0, "get %s: %s", key,
+		      crun_store_last_error(s));
+	ck_assert_uint_eq(len, strlen(want));
+	ck_assert_mem_eq(val, want, len);
+	crun_free(val);
+}
+
+static void assert_cas(crun_store_t *s, const char *key, const char *exp, const char *des,
+		       const char *want)
+{
+	void *val = NULL;
+	size_t len = 0;
+
+	ck_assert_int_eq(
+	    crun_store_compare_set(s, key, exp, strlen(exp), des, strlen(des), &val, &len), 0);
+	ck_assert_uint_eq(len, strlen(want));
+	ck_assert_mem_eq(val, want, len);
+	crun_free(val);
+}
+
+/* _i = 0: v1, 1: v2. */
+START_TEST(every_common_call_works_in_both_dialects)
+{
+	crun_store_t *s = e2e_open(_i ? CRUN_STORE_V2 : CRUN_STORE_V1);
+	const char *both[] = {"k1", "cnt"};
+	const char *missing[] = {"k1", "zz"};
+	int64_t v = 0;
+	int ready = -1, deleted = -1;
+
+	ck_assert_int_eq(crun_store_set(s, "k1", "v1", 2), 0);
+	assert_get(s, "k1", "v1");
+	ck_assert_int_eq(crun_store_set(s, "empty", "", 0), 0);
+	assert_get(s, "empty", "");
+	ck_assert_int_eq(crun_store_add(s, "cnt", 5, &v), 0);
+	ck_assert_int_eq(v, 5);
+	ck_assert_int_eq(crun_store_add(s, "cnt", -2, &v), 0);
+	ck_assert_int_eq(v, 3);
+	assert_get(s, "cnt", "3"); /* ADD stores decimal text */
+	assert_cas(s, "k1", "v1", "v2", "v2");
+	assert_cas(s, "k1", "wrong", "v3", "v2");
+	assert_cas(s, "new", "", "n", "n");
+	assert_cas(s, "absent", "exp", "x", "exp");
+	ck_assert_int_eq(crun_store_check(s, both, 2, &ready), 0);
+	ck_assert_int_eq(ready, 1);
+	ck_assert_int_eq(crun_store_check(s, missing, 2, &ready), 0);
+	ck_assert_int_eq(ready, 0);
+	ck_assert_int_eq(crun_store_check(s, NULL, 0, &ready), 0);
+	ck_assert_int_eq(ready, 1);
+	ck_assert_int_eq(crun_store_wait(s, both, 2, 0), 0);
+	ck_assert_int_eq(crun_store_num_keys(s, &v), 0);
+	ck_assert_int_eq(v, 4);
+	ck_assert_int_eq(crun_store_delete_key(s, "empty", &deleted), 0);
+	ck_assert_int_eq(deleted, 1);
+	ck_assert_int_eq(crun_store_delete_key(s, "empty", &deleted), 0);
+	ck_assert_int_eq(deleted, 0);
+	ck_assert_int_eq(crun_store_add_raw(s, "init/", 1, &v), 0);
+	ck_assert_int_eq(crun_store_num_keys(s, &v), 0);
+	ck_assert_int_eq(v, 4);
+	crun_store_close(s);
+}
+END_TEST
+
+START_TEST(every_v2_call_works)
+{
+	crun_store_t *s = e2e_open(CRUN_STORE_V2);
+	crun_store_t *view;
+	const char *mk[] = {"m1", "m2", "m3"};
+	const void *mv[] = {"a", "", "\x00\xff"};
+	const size_t ml[] = {1, 0, 2};
+	void *vals[3];
+	size_t lens[3];
+	void *val;
+	size_t len;
+	int64_t n;
+	char **list;
+	uint64_t rtt = 0;
+
+	ck_assert_int_eq(crun_store_append(s, "ap", "x", 1), 0);
+	ck_assert_int_eq(crun_store_append(s, "ap", "yz", 2), 0);
+	assert_get(s, "ap", "xyz");
+	ck_assert_int_eq(crun_store_multi_set(s, mk, mv, ml, 3), 0);
+	ck_assert_int_eq(crun_store_multi_get(s, mk, 3, 0, vals, lens), 0);
+	ck_assert_uint_eq(lens[0], 1);
+	ck_assert_uint_eq(lens[1], 0);
+	ck_assert_uint_eq(lens[2], 2);
+	ck_assert_mem_eq(vals[2], "\x00\xff", 2);
+	for (int i = 0; i < 3; i++)
+		crun_free(vals[i]);
+	ck_assert_int_eq(crun_store_ping(s, &rtt), 0);
+	ck_assert_int_eq(crun_store_queue_push(s, "q", "one", 3), 0);
+	ck_assert_int_eq(crun_store_queue_push(s, "q", "two", 3), 0);
+	ck_assert_int_eq(crun_store_queue_len(s, "q", &n), 0);
+	ck_assert_int_eq(n, 2);
+	ck_assert_int_eq(crun_store_queue_pop(s, "q", 0, 0, &val, &len), 0);
+	ck_assert_str_eq(val, "one");
+	crun_free(val);
+	ck_assert_int_eq(crun_store_queue_pop(s, "q", 1, 1000, &val, &len), 0);
+	ck_assert_str_eq(val, "two");
+	crun_free(val);
+	ck_assert_int_eq(crun_store_queue_pop(s, "q", 0, 0, &val, &len), CRUN_ENOTFOUND);
+	ck_assert_int_eq(crun_store_barrier(s, "bar", 1, 1000), 0);
+	assert_get(s, "bar", "1");
+	ck_assert_int_eq(crun_store_view_new(s, "p", &view), 0);
+	ck_assert_int_eq(crun_store_set(view, "inside", "1", 1), 0);
+	ck_assert_int_eq(crun_store_add_raw(s, "init/", 1, &n), 0);
+	ck_assert_int_eq(crun_store_list_keys(view, &list, &len), 0);
+	ck_assert_uint_eq(len, 1);
+	ck_assert_str_eq(list[0], "inside");
+	crun_store_free_list(list, len);
+	ck_assert_int_eq(crun_store_list_keys(s, &list, &len), 0);
+	ck_assert_uint_eq(len, 6); /* ap m1 m2 m3 bar p/inside; no init/, no queue */
+	crun_store_free_list(list, len);
+	crun_store_close(view);
+	crun_store_close(s);
+}
+END_TEST
+
+struct later {
+	int dialect;
+	int delay_ms;
+	int what; /* 0: set "late"; 1: barrier "b" of 2; 2: push to "q" */
+	int rc;
+};
+
+static void *do_later(void *arg)
+{
+	struct later *l = arg;
+	crun_store_t *s = open_at(e2e_port, l->dialect, NULL, 5000, 10000);
+
+	poll(NULL, 0, l->delay_ms);
+	if (l->what == 0)
+		l->rc = crun_store_set(s, "late", "L", 1);
+	else if (l->what == 1)
+		l->rc = crun_store_barrier(s, "b", 2, 10000);
+	else
+		l->rc = crun_store_queue_push(s, "q", "item", 4);
+	/* A round trip makes sure a reply-less request was applied. */
+	if (l->rc == 0)
+		l->rc = crun_store_check(s, NULL, 0, NULL);
+	crun_store_close(s);
+	return NULL;
+}
+
+START_TEST(blocking_get_is_woken_by_another_client)
+{
+	struct later l = {_i ? CRUN_STORE_V2 : CRUN_STORE_V1, 100, 0, -1};
+	crun_store_t *s = e2e_open(l.dialect);
+	pthread_t th;
+
+	ck_assert_int_eq(pthread_create(&th, NULL, do_later, &l), 0);
+	assert_get(s, "late", "L");
+	pthread_join(th, NULL);
+	ck_assert_int_eq(l.rc, 0);
+	crun_store_close(s);
+}
+END_TEST
+
+START_TEST(barrier_and_blocking_pop_wait_for_the_other_client)
+{
+	struct later lb = {CRUN_STORE_V2, 100, 1, -1};
+	struct later lq = {CRUN_STORE_V2, 100, 2, -1};
+	crun_store_t *s = e2e_open(CRUN_STORE_V2);
+	pthread_t th;
+	void *val;
+	size_t len;
+
+	ck_assert_int_eq(pthread_create(&th, NULL, do_later, &lb), 0);
+	ck_assert_int_eq(crun_store_barrier(s, "b", 2, 10000), 0);
+	pthread_join(th, NULL);
+	ck_assert_int_eq(lb.rc, 0);
+	ck_assert_int_eq(pthread_create(&th, NULL, do_later, &lq), 0);
+	ck_assert_int_eq(crun_store_queue_pop(s, "q", 1, 10000, &val, &len), 0);
+	ck_assert_uint_eq(len, 4);
+	ck_assert_str_eq(val, "item");
+	crun_free(val);
+	pthread_join(th, NULL);
+	ck_assert_int_eq(lq.rc, 0);
+	crun_store_close(s);
+}
+END_TEST
+
+START_TEST(v2_wait_timeout_keeps_the_connection_usable)
+{
+	crun_store_t *s = e2e_open(CRUN_STORE_V2);
+	crun_store_t *other = e2e_open(CRUN_STORE_V2);
+	const char *k = "never";
+	void *val = NULL;
+	size_t len;
+	int64_t n;
+
+	ck_assert_int_eq(crun_store_wait(s, &k, 1, 100), CRUN_ETIMEDOUT);
+	ck_assert_int_eq(crun_store_get(s, "never2", 100, &val, &len), CRUN_ETIMEDOUT);
+	ck_assert_ptr_null(val);
+	ck_assert_int_eq(crun_store_barrier(s, "bb", 2, 100), CRUN_ETIMEDOUT);
+	/* The key appears after the cancel: no stale wake-up may reach s. */
+	ck_assert_int_eq(crun_store_set(other, "never", "n", 1), 0);
+	ck_assert_int_eq(crun_store_ping(other, NULL), 0);
+	ck_assert_int_eq(crun_store_ping(s, NULL), 0);
+	ck_assert_int_eq(crun_store_num_keys(s, &n), 0);
+	ck_assert_int_eq(n, 2); /* never, and the barrier counter bb */
+	assert_get(s, "never", "n");
+	crun_store_close(other);
+	crun_store_close(s);
+}
+END_TEST
+
+START_TEST(v1_wait_timeout_closes_the_connection)
+{
+	crun_store_t *s = e2e_open(CRUN_STORE_V1);
+	const char *k = "never";
+	int64_t n;
+
+	ck_assert_int_eq(crun_store_wait(s, &k, 1, 100), CRUN_ETIMEDOUT);
+	ck_assert_int_eq(crun_store_num_keys(s, &n), CRUN_ENOTCONN);
+	ck_assert_ptr_nonnull(strstr(crun_store_last_error(s), "closed"));
+	crun_store_close(s);
+}
+END_TEST
+
+START_TEST(large_values_round_trip)
+{
+	crun_store_t *s = e2e_open(CRUN_STORE_V2);
+	size_t big = 8u << 20;
+	uint8_t *v = malloc(big);
+	const char *keys[] = {"big1", "big2"};
+	const void *vals[] = {v, v};
+	const size_t lens[] = {big, big - 1};
+	void *got[2];
+	size_t got_len[2];
+
+	ck_assert_ptr_nonnull(v);
+	for (size_t i = 0; i < big; i++)
+		v[i] = (uint8_t)(i * 2654435761u >> 13);
+	ck_assert_int_eq(crun_store_multi_set(s, keys, vals, lens, 2), 0);
+	ck_assert_int_eq(crun_store_multi_get(s, keys, 2, 0, got, got_len), 0);
+	ck_assert_uint_eq(got_len[0], big);
+	ck_assert_uint_eq(got_len[1], big - 1);
+	ck_assert(memcmp(got[0], v, big) == 0);
+	ck_assert(memcmp(got[1], v, big - 1) == 0);
+	crun_free(got[0]);
+	crun_free(got[1]);
+	free(v);
+	/* The buffers shrink back; small ops keep working. */
+	ck_assert_int_eq(crun_store_ping(s, NULL), 0);
+	crun_store_close(s);
+}
+END_TEST
+
+Suite *store_client_e2e_suite(void);
+Suite *store_client_e2e_suite(void)
+{
+	Suite *s = suite_create("store_client_e2e");
+	TCase *tc = tcase_create("crun_server");
+
+	tcase_add_checked_fixture(tc, e2e_setup, e2e_teardown);
+	tcase_set_timeout(tc, 30);
+	tcase_add_loop_test(tc, every_common_call_works_in_both_dialects, 0, 2);
+	tcase_add_test(tc, every_v2_call_works);
+	tcase_add_loop_test(tc, blocking_get_is_woken_by_another_client, 0, 2);
+	tcase_add_test(tc, barrier_and_blocking_pop_wait_for_the_other_client);
+	tcase_add_test(tc, v2_wait_timeout_keeps_the_connection_usable);
+	tcase_add_test(tc, v1_wait_timeout_closes_the_connection);
+	tcase_add_test(tc, large_values_round_trip);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+CRUN_CHECK_MAIN(store_client_wire_suite, store_client_e2e_suite)

@@ -11,6 +11,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,7 @@ static void srv_start_cfg(const struct store_server_config *cfg)
 	struct store_server_config c = *cfg;
 
 	log_init("test_store_server", LL_WARN); /* CRUN_LOG_LEVEL=debug for more */
+	signal(SIGPIPE, SIG_IGN); /* libevent writes with writev: callers ignore SIGPIPE */
 	ck_assert_int_eq(evthread_use_pthreads(), 0);
 	g_base = event_base_new();
 	ck_assert_ptr_nonnull(g_base);
@@ -113,6 +115,19 @@ static void do_clear(void *arg)
 static void do_stats(void *arg)
 {
 	store_server_get_stats(g_srv, arg);
+}
+
+/* Polls the server until it holds n wait registrations (bounded). */
+static void wait_for_waiters(uint64_t n)
+{
+	struct store_server_stats st = { 0 };
+
+	for (int i = 0; i < 500 && st.waiters != n; i++) {
+		srv_call(do_stats, &st);
+		if (st.waiters != n)
+			usleep(2000);
+	}
+	ck_assert_uint_eq(st.waiters, n);
 }
 
 /* ---- raw client helpers -------------------------------------------------------- */
@@ -655,9 +670,7 @@ START_TEST(closing_a_waiting_connection_unregisters_it)
 	w = cli2();
 	o = cli2();
 	req_keys(w, STORE_V2, STORE_OP_WAIT, 2, "/x", "/y");
-	ping(o);
-	srv_call(do_stats, &st);
-	ck_assert_uint_eq(st.waiters, 2);
+	wait_for_waiters(2);
 	close(w);
 	for (int i = 0; i < 200; i++) {
 		srv_call(do_stats, &st);
@@ -805,14 +818,41 @@ START_TEST(queues_are_fifo_uncounted_and_push_wakes_one)
 	ck_assert_int_eq(rxi64(fd), 0);
 	/* Two blocking pops wait; one push wakes exactly one. */
 	req_keys(w1, STORE_V2, STORE_OP_WAIT, 1, "/q", NULL);
-	ping(fd);
+	wait_for_waiters(1);
 	req_keys(w2, STORE_V2, STORE_OP_WAIT, 1, "/q", NULL);
-	ping(fd);
+	wait_for_waiters(2);
 	req(fd, STORE_V2, STORE_OP_QUEUE_PUSH, "/q", "z");
 	rxhex(w1, "00");
 	rxnone(w2, 50);
 	req(fd, STORE_V2, STORE_OP_QUEUE_PUSH, "/q", "w");
 	rxhex(w2, "00");
+	close(fd);
+	close(w1);
+	close(w2);
+	srv_stop();
+}
+END_TEST
+
+
+/* torch's libuv server: a push decrements every waiter it passes, so a
+ * two-key waiter passed over once completes on the next push. */
+START_TEST(queue_push_decrements_waiters_it_passes)
+{
+	int fd, w1, w2;
+
+	srv_start();
+	fd = cli2();
+	w1 = cli2();
+	w2 = cli2();
+	req_keys(w1, STORE_V2, STORE_OP_WAIT, 2, "/q", "/other");
+	wait_for_waiters(2); /* w1 is first in /q's list */
+	req_keys(w2, STORE_V2, STORE_OP_WAIT, 1, "/q", NULL);
+	wait_for_waiters(3);
+	req(fd, STORE_V2, STORE_OP_QUEUE_PUSH, "/q", "x");
+	rxhex(w2, "00");
+	rxnone(w1, 50);
+	req(fd, STORE_V2, STORE_OP_QUEUE_PUSH, "/q", "y");
+	rxhex(w1, "00");
 	close(fd);
 	close(w1);
 	close(w2);
@@ -1054,6 +1094,7 @@ START_TEST(clear_deletes_every_key_but_keeps_waiters)
 	}
 	req(fd, STORE_V2, STORE_OP_QUEUE_PUSH, "/q", "x");
 	req_keys(w, STORE_V2, STORE_OP_WAIT, 1, "/later", NULL);
+	wait_for_waiters(1);
 	ck_assert_int_eq(numkeys(fd), 100);
 	srv_call(do_clear, NULL);
 	srv_call(do_stats, &st);
@@ -1200,6 +1241,103 @@ START_TEST(frame_over_the_buffer_ceiling_closes)
 }
 END_TEST
 
+
+/* Seeded random op mixes, some corrupted or cut short, on 300 connections
+ * closed at random points: the server must keep serving and end clean. */
+static void rand_frame(struct bb *b, unsigned *seed)
+{
+	char k[8];
+
+	snprintf(k, sizeof(k), "/k%d", rand_r(seed) % 6);
+	switch (rand_r(seed) % 12) {
+	case 0:
+		b_u8(b, 1), b_str(b, k), b_str(b, "12");
+		break;
+	case 1:
+		b_u8(b, 3), b_str(b, k);
+		break;
+	case 2:
+		b_u8(b, 4), b_str(b, k), b_u64(b, (uint64_t)(rand_r(seed) % 9 - 4));
+		break;
+	case 3:
+		b_u8(b, 6), b_u64(b, 1), b_str(b, k);
+		break;
+	case 4:
+		b_u8(b, 12);
+		break;
+	case 5:
+		b_u8(b, 14), b_str(b, "/q"), b_str(b, "x");
+		break;
+	case 6:
+		b_u8(b, 15), b_str(b, "/q");
+		break;
+	case 7:
+		b_u8(b, 18), b_str(b, "/bar"), b_u64(b, 3);
+		break;
+	case 8:
+		b_u8(b, 17);
+		break;
+	case 9:
+		b_u8(b, 9), b_str(b, k), b_str(b, "z");
+		break;
+	case 10:
+		b_u8(b, 10), b_u64(b, 2), b_str(b, k), b_str(b, "/k9");
+		break;
+	default:
+		b_u8(b, 8), b_str(b, k);
+		break;
+	}
+}
+
+START_TEST(random_traffic_never_takes_the_server_down)
+{
+	unsigned seed = 12345;
+	struct store_server_stats st = { 0 };
+	int keep[64], nkeep = 0, fd;
+
+	srv_start();
+	for (int i = 0; i < 300; i++) {
+		struct bb b = { .n = 0 };
+		struct timeval tv = { 0, 20 * 1000 };
+		char junk[4096];
+		int n = 1 + rand_r(&seed) % 20;
+
+		fd = cli();
+		setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+		if (rand_r(&seed) % 10 < 7)
+			tx(fd, "\x00\xce\xf7\x85\x3c", 5);
+		for (int j = 0; j < n && b.n < sizeof(b.b) - 64; j++)
+			rand_frame(&b, &seed);
+		if (rand_r(&seed) % 10 < 3)
+			for (int j = 0; j < 3; j++)
+				b.b[rand_r(&seed) % b.n] = (uint8_t)rand_r(&seed);
+		if (rand_r(&seed) % 10 < 2)
+			b.n = (size_t)rand_r(&seed) % b.n;
+		(void)send(fd, b.b, b.n, MSG_NOSIGNAL);
+		(void)recv(fd, junk, sizeof(junk), 0);
+		if (nkeep < 64 && rand_r(&seed) % 2)
+			keep[nkeep++] = fd;
+		else
+			close(fd);
+	}
+	while (nkeep)
+		close(keep[--nkeep]);
+	fd = cli();
+	txhex(fd, "06");
+	ck_assert_int_ge(rxi64(fd), 0);
+	for (int i = 0; i < 500; i++) {
+		srv_call(do_stats, &st);
+		if (st.conns == 1)
+			break;
+		usleep(2000);
+	}
+	ck_assert_uint_eq(st.conns, 1);
+	ck_assert_uint_eq(st.waiters, 0);
+	close(fd);
+	srv_stop();
+}
+END_TEST
+
 Suite *store_server_suite(void);
 Suite *store_server_suite(void)
 {
@@ -1218,6 +1356,7 @@ Suite *store_server_suite(void)
 	tcase_add_test(ops, v1_watch_key_notifies_set_delete_and_create);
 	tcase_add_test(ops, v2_every_op_replies_the_right_bytes);
 	tcase_add_test(ops, queues_are_fifo_uncounted_and_push_wakes_one);
+	tcase_add_test(ops, queue_push_decrements_waiters_it_passes);
 	tcase_add_test(ops, barrier_releases_everyone_at_world_size);
 	tcase_add_test(ops, clear_deletes_every_key_but_keeps_waiters);
 	tcase_add_test(ops, many_keys_grow_the_table);
@@ -1243,6 +1382,7 @@ Suite *store_server_suite(void)
 	tcase_add_test(frame, large_values_round_trip);
 	tcase_add_test(frame, unread_replies_throttle_the_reader_not_the_server);
 	tcase_add_test(frame, frame_over_the_buffer_ceiling_closes);
+	tcase_add_test(frame, random_traffic_never_takes_the_server_down);
 	suite_add_tcase(s, frame);
 	return s;
 }

@@ -59,12 +59,16 @@ class StoreCli:
         return bool(r)
 
     def close(self):
-        if self.p.poll() is None:
-            self.p.stdin.close()
-            try:
-                self.p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
+        """Ends the session; store_cli must exit 0 (under SAN=1 that also
+        means no leak or memory error was reported)."""
+        self.p.stdin.close()
+        try:
+            rc = self.p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            raise AssertionError("store_cli did not exit after stdin closed")
+        err = self.p.stderr.read().decode(errors="replace")
+        assert rc == 0, f"store_cli exited {rc}: {err[-3000:]}"
 
 
 def esc(b):
