@@ -37,6 +37,15 @@ enum rdzv_event {
 	RDZV_EV_FAILED,	      /* the round failed: rdzv_last_error() says why */
 	RDZV_EV_PEER_CHANGED, /* membership changed: restart without counting */
 	RDZV_EV_BARRIER_DONE, /* exit barrier passed (or timed out, logged) */
+	RDZV_EV_SPARE_DONE,   /* c10d: this agent waited as a spare; the job ended */
+};
+
+/* What a RDZV_EV_PEER_CHANGED means (c10d). */
+enum rdzv_change {
+	RDZV_CHANGE_NONE,
+	RDZV_CHANGE_RESTART,	/* a worker failed somewhere: counts as a restart */
+	RDZV_CHANGE_MEMBERSHIP, /* a node joined or died: not counted */
+	RDZV_CHANGE_FAILED,	/* the job was closed as failed: stop and exit 1 */
 };
 
 typedef void (*rdzv_event_fn)(enum rdzv_event ev, void *arg);
@@ -53,6 +62,10 @@ struct rdzv_params {
 	const char *local_addr; /* standalone: advertised address, or NULL */
 	uint32_t join_timeout_ms;
 	uint32_t barrier_timeout_ms;
+	/* c10d: master_addr/master_port are the rendezvous endpoint */
+	int min_nodes, max_nodes;
+	const char *conf;     /* rdzv_conf "k=v,..." or NULL */
+	const char *hostname; /* for records and messages */
 	struct event_base *base; /* borrowed, the agent's loop */
 	rdzv_event_fn on_event;
 	void *arg;
@@ -81,6 +94,16 @@ const struct rdzv_info *rdzv_info(const struct rdzv *r);
 int rdzv_exit_barrier(struct rdzv *r);
 
 const char *rdzv_last_error(const struct rdzv *r);
+
+/* c10d: the kind of the last RDZV_EV_PEER_CHANGED. */
+enum rdzv_change rdzv_change_kind(const struct rdzv *r);
+/* c10d: closes the job as failed (why = root cause, or NULL when a peer
+ * closed it) so every agent stops; the agent serving the rendezvous store
+ * waits (bounded) for the others to read it. Ends with RDZV_EV_BARRIER_DONE.
+ * CRUN_ENOTSUP for backends without a shared job state. */
+int rdzv_close_failed(struct rdzv *r, const char *why);
+/* Checks a --rdzv_conf value for `backend`; 0 or CRUN_EINVAL with err. */
+int rdzv_conf_check(const char *backend, const char *conf, char *err, size_t cap);
 
 /* Frees the backend. A helper thread still blocked in the store client is
  * detached and frees its own state when its call returns. NULL: no-op. */

@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <linux/futex.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -233,6 +234,26 @@ static void ring_reduce(struct shm_ring *ring, size_t cap, uint64_t pos, uint8_t
 		(void)kernels_reduce(buf + first, ring->data, (len - first) / esz, dtype, op);
 }
 
+void pg_shm_ring_bell(struct shm_seg_hdr *h, int force)
+{
+	/* Pairs with the fence in pg_xfer between setting `sleeping` and
+	 * looking at the rings: either we see the sleeper, or it sees our
+	 * ring update and does not sleep. */
+	atomic_thread_fence(memory_order_seq_cst);
+	if (force || atomic_load_explicit(&h->sleeping, memory_order_relaxed)) {
+		atomic_fetch_add(&h->bell, 1);
+		(void)syscall(SYS_futex, &h->bell, FUTEX_WAKE, 1, NULL, NULL, 0);
+	}
+}
+
+void pg_shm_sleep(struct crun_pg *pg, uint32_t seen, unsigned timeout_ms)
+{
+	struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000};
+
+	/* Shared mapping: a plain (not PRIVATE) futex, across processes. */
+	(void)syscall(SYS_futex, &pg->inbox->bell, FUTEX_WAIT, seen, &ts, NULL, 0);
+}
+
 size_t pg_shm_progress(struct crun_pg *pg, struct xfer *x)
 {
 	struct pg_peer *p = &pg->peers[x->peer];
@@ -249,6 +270,7 @@ size_t pg_shm_progress(struct crun_pg *pg, struct xfer *x)
 		if (pay)
 			ring_copy(p->tx, cap, head, x->buf + x->wire, pay, 1, 0);
 		atomic_store_explicit(&p->tx->head, head + n, memory_order_release);
+		pg_shm_ring_bell(p->map, 0);
 	} else {
 		tail = atomic_load_explicit(&p->rx->tail, memory_order_relaxed);
 		head = atomic_load_explicit(&p->rx->head, memory_order_acquire);
@@ -273,6 +295,7 @@ size_t pg_shm_progress(struct crun_pg *pg, struct xfer *x)
 		if (!n)
 			return 0;
 		atomic_store_explicit(&p->rx->tail, tail + n, memory_order_release);
+		pg_shm_ring_bell(p->map, 0); /* the writer may wait for space */
 	}
 	x->wire += n;
 	x->done = MIN(x->wire, x->len);

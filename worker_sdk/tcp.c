@@ -20,8 +20,8 @@
 #include "kernels/kernels.h"
 #include "worker_sdk/worker.h"
 
-#define TCP_MAGIC	  0x63727470u /* "crtp" */
-#define TCP_STAGE_BYTES	  (256u * 1024)
+#define TCP_MAGIC	0x63727470u /* "crtp" */
+#define TCP_STAGE_BYTES (256u * 1024)
 
 /* The address peers should dial: CRUN_PG_ADDR, else the local address the
  * kernel would use to reach the store host (a UDP connect sends nothing). */

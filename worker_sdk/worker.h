@@ -56,6 +56,11 @@ struct shm_seg_hdr {
 	uint64_t ring_bytes; /* capacity of each ring (a power of two) */
 	uint32_t nranks;
 	_Alignas(64) _Atomic uint32_t abort; /* set by any rank whose group failed */
+	/* Doorbell: the owner sleeps on `bell` (a futex) with `sleeping` set;
+	 * a peer that moves data into, or frees space out of, a ring the owner
+	 * waits on bumps it and wakes the owner. */
+	_Alignas(64) _Atomic uint32_t bell;
+	_Atomic uint32_t sleeping;
 };
 
 struct pg_peer {
@@ -141,6 +146,10 @@ int pg_shm_setup(struct crun_pg *pg, crun_store_t *st, const char *ns, const int
 void pg_shm_release(struct crun_pg *pg);
 /* Moves what it can right now; returns bytes moved (0 = would block). */
 size_t pg_shm_progress(struct crun_pg *pg, struct xfer *x);
+/* Wakes the owner of hdr if it sleeps on its doorbell (force: always). */
+void pg_shm_ring_bell(struct shm_seg_hdr *hdr, int force);
+/* Sleeps on our doorbell until it moves from `seen` or timeout_ms passes. */
+void pg_shm_sleep(struct crun_pg *pg, uint32_t seen, unsigned timeout_ms);
 
 /* Listens, publishes addr:port, connects the mesh for every TCP peer. */
 int pg_tcp_setup(struct crun_pg *pg, crun_store_t *st, const char *ns, const int *is_tcp);

@@ -44,13 +44,16 @@ int pg_fail(struct crun_pg *pg, int err, const char *fmt, ...)
 	for (int p = 0; p < pg->size; p++) {
 		struct pg_peer *peer = &pg->peers[p];
 
-		if (peer->kind == PEER_SHM && peer->map)
+		if (peer->kind == PEER_SHM && peer->map) {
 			atomic_store(&((struct shm_seg_hdr *)peer->map)->abort, 1);
-		else if (peer->kind == PEER_TCP && peer->fd >= 0)
+			pg_shm_ring_bell(peer->map, 1);
+		} else if (peer->kind == PEER_TCP && peer->fd >= 0)
 			(void)shutdown(peer->fd, SHUT_RDWR);
 	}
-	if (pg->inbox)
+	if (pg->inbox) {
 		atomic_store(&pg->inbox->abort, 1);
+		pg_shm_ring_bell(pg->inbox, 1); /* our own thread may sleep on it */
+	}
 	return err;
 }
 
@@ -128,20 +131,20 @@ static void idle_wait(struct crun_pg *pg, const struct xfer *ops, int nops, int 
 	}
 }
 
-int pg_xfer(struct crun_pg *pg, struct xfer *ops, int nops)
+static int xfer_loop(struct crun_pg *pg, struct xfer *ops, int nops)
 {
-	uint32_t tmo = atomic_load(&pg->timeout_ms);
+	uint32_t tmo = atomic_load(&pg->timeout_ms), bell = 0;
 	uint64_t start = clock_now_ms(), deadline = tmo ? start + tmo : 0;
 	uint64_t idle_since = 0;
 	unsigned idle = 0;
-	int dead_seen = 0, r;
+	int dead_seen = 0, armed = 0, r;
 
 	r = atomic_load(&pg->broken);
 	if (r)
 		return r;
 	for (;;) {
 		size_t moved = 0;
-		int left = 0, shm_left = 0;
+		int left = 0, shm_left = 0, tcp_left = 0;
 
 		r = atomic_load_explicit(&pg->broken, memory_order_relaxed);
 		if (r)
@@ -168,6 +171,7 @@ int pg_xfer(struct crun_pg *pg, struct xfer *ops, int nops)
 			if (!xfer_complete(x, pg)) {
 				left++;
 				shm_left += p->kind == PEER_SHM;
+				tcp_left += p->kind == PEER_TCP;
 			}
 		}
 		if (!left)
@@ -175,6 +179,9 @@ int pg_xfer(struct crun_pg *pg, struct xfer *ops, int nops)
 		if (moved) {
 			idle = 0;
 			dead_seen = 0;
+			if (armed)
+				atomic_store(&pg->inbox->sleeping, 0);
+			armed = 0;
 			continue;
 		}
 		if (idle++ == 0)
@@ -192,8 +199,33 @@ int pg_xfer(struct crun_pg *pg, struct xfer *ops, int nops)
 			if (r)
 				return r;
 		}
+		/* Only rings left and the short spin is over: sleep on our
+		 * doorbell, so waiting ranks leave the cores to the ranks
+		 * that have work (several ranks per core is common here). */
+		if (shm_left && !tcp_left && pg->inbox && idle >= 64 + 16) {
+			if (!armed) {
+				atomic_store(&pg->inbox->sleeping, 1);
+				atomic_thread_fence(memory_order_seq_cst);
+				bell = atomic_load(&pg->inbox->bell);
+				armed = 1;
+				continue; /* one more look at the rings first */
+			}
+			pg_shm_sleep(pg, bell, 5);
+			atomic_store(&pg->inbox->sleeping, 0);
+			armed = 0;
+			continue;
+		}
 		idle_wait(pg, ops, nops, clock_now_ms() - idle_since > 20);
 	}
+}
+
+int pg_xfer(struct crun_pg *pg, struct xfer *ops, int nops)
+{
+	int r = xfer_loop(pg, ops, nops);
+
+	if (pg->inbox)
+		atomic_store(&pg->inbox->sleeping, 0);
+	return r;
 }
 
 int pg_sendrecv(struct crun_pg *pg, int to, const void *sbuf, size_t slen, int from, void *rbuf,

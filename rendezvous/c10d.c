@@ -1,0 +1,1063 @@
+/* c10d.c: the elastic c10d rendezvous (DESIGN.md "Rendezvous: O(N) per
+ * round, O(1) per failure"), written against coord.h.
+ *
+ * Keys (under "crun-c10d/<run_id>/"):
+ *   conf              "MIN:MAX" of the first agent; others must match
+ *   closed            "done <round>" or "failed: <why>": the run id is spent
+ *   round             the current round number (decimal counter)
+ *   r<n>/joined       ticket counter of round n
+ *   r<n>/node/<t>     ticket t's record: prev_grank nproc is_host wport addr host
+ *   r<n>/closed       N, written once by COMPARE_SET (first writer wins)
+ *   r<n>/assign/<t>   ticket t's result, written by ticket 1
+ *   r<n>/change       why round n is over ("restart ...", "join ...",
+ *                     "dead ...", "failed"); every member watches it
+ *   r<n>/lease/<g>/hb keep-alive counter of group rank g (see coord.h)
+ *   r<n>/exit, departed, departed_all, failed_ack, failed_acked: barriers
+ *
+ * Threads: a round, the exit barrier and the close-as-failed step each run
+ * on a helper thread with their own connection (one at a time); a monitor
+ * thread per completed round keeps this agent's lease alive, watches its
+ * ring neighbour's lease and blocks on r<n>/change. Both post back to the
+ * loop through pipes; the loop (which may serve the rendezvous store
+ * in-process) never blocks.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include "common/common.h"
+#include "rendezvous/c10d.h"
+#include "rendezvous/coord.h"
+#include "store/store.h"
+
+#define C10D_PROGRESS_MS 3000
+#define C10D_SPARE_MAX_MS (7u * 24 * 3600 * 1000) /* a spare waits at most a week */
+#define C10D_DEPART_MS 10000
+
+enum job_kind { JOB_ROUND, JOB_BARRIER, JOB_FAIL, JOB_MONITOR };
+
+/* Results of a round job. */
+enum round_outcome { RO_OK, RO_SPARE_DONE };
+
+/* State shared with one helper thread; two references (see static.c). */
+struct job {
+	atomic_int refs;
+	atomic_int stop; /* monitor: the loop no longer wants it */
+	enum job_kind kind;
+	char host[RDZV_HOST_MAX];
+	uint16_t port;
+	char prefix[320];
+	struct c10d_conf conf;
+	int min, max, nproc, is_host;
+	int prev_round, prev_grank;
+	uint16_t wport;
+	char addr[RDZV_HOST_MAX];
+	char hostname[RDZV_HOST_MAX];
+	char why[512]; /* JOB_FAIL: root cause, "" when a peer closed the job */
+	/* the round (input to BARRIER/FAIL/MONITOR, output of ROUND) */
+	int round, nnodes, host_member;
+	char nbr_host[RDZV_HOST_MAX];
+	int notify_fd;
+	/* results, read by the loop only after the notify byte */
+	int result;
+	enum round_outcome outcome;
+	struct rdzv_info info;
+	enum rdzv_change change;
+	char err[512];
+};
+
+struct c10d {
+	struct rdzv_params p;
+	struct c10d_conf conf;
+	char run_id[256];
+	char ep_host[RDZV_HOST_MAX];
+	uint16_t ep_port;
+	char hostname[RDZV_HOST_MAX];
+	char addr[RDZV_HOST_MAX]; /* advertised as MASTER_ADDR */
+	struct store_server *rdzv_store; /* served in-process, or NULL */
+	uint16_t wport;			 /* this agent's worker store */
+	bool have_info;
+	struct rdzv_info info;
+	int round, nnodes, host_member, prev_grank;
+	char nbr_host[RDZV_HOST_MAX];
+	enum rdzv_change change;
+	struct job *job, *mon;
+	pthread_t job_thr, mon_thr;
+	int job_rd, mon_rd;
+	struct event *job_ev, *mon_ev;
+	char err[512];
+};
+
+/* ---- pure parts ------------------------------------------------------------ */
+
+static int conf_secs(const char *k, const char *v, uint32_t *ret, char *err, size_t cap)
+{
+	uint64_t ms;
+
+	if (parse_seconds_ms(v, &ms) < 0 || ms == 0 || ms > UINT32_MAX) {
+		snprintf(err, cap, "argument --rdzv_conf: %s=%s is not a number of seconds", k, v);
+		return CRUN_EINVAL;
+	}
+	*ret = (uint32_t)ms;
+	return 0;
+}
+
+int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap)
+{
+	struct c10d_conf c = {
+	    .join_ms = 600000,
+	    .last_call_ms = 30000,
+	    .close_ms = 30000,
+	    .read_ms = 60000,
+	    .hb_ms = 1000,
+	    .ttl_ms = 3000,
+	    .is_host = -1,
+	};
+
+	for (const char *p = s ? s : ""; *p;) {
+		const char *end = strchr(p, ',');
+		size_t len = end ? (size_t)(end - p) : strlen(p);
+		char item[256], *eq, *v;
+		uint32_t *dst = NULL;
+		bool b;
+
+		if (len >= sizeof(item)) {
+			snprintf(err, cap, "argument --rdzv_conf: item too long");
+			return CRUN_EINVAL;
+		}
+		memcpy(item, p, len);
+		item[len] = '\0';
+		eq = strchr(item, '=');
+		if (!eq || eq == item || !eq[1]) {
+			snprintf(err, cap,
+				 "argument --rdzv_conf: '%s' is not key=value with a non-empty key "
+				 "and value",
+				 item);
+			return CRUN_EINVAL;
+		}
+		*eq = '\0';
+		v = eq + 1;
+		if (strcmp(item, "join_timeout") == 0 || strcmp(item, "timeout") == 0)
+			dst = &c.join_ms;
+		else if (strcmp(item, "last_call_timeout") == 0)
+			dst = &c.last_call_ms;
+		else if (strcmp(item, "close_timeout") == 0)
+			dst = &c.close_ms;
+		else if (strcmp(item, "read_timeout") == 0)
+			dst = &c.read_ms;
+		else if (strcmp(item, "heartbeat_interval") == 0)
+			dst = &c.hb_ms;
+		else if (strcmp(item, "lease_ttl") == 0)
+			dst = &c.ttl_ms;
+		if (dst) {
+			TRY(conf_secs(item, v, dst, err, cap));
+		} else if (strcmp(item, "is_host") == 0) {
+			if (parse_bool(v, &b) < 0) {
+				snprintf(err, cap, "argument --rdzv_conf: is_host=%s is not a boolean",
+					 v);
+				return CRUN_EINVAL;
+			}
+			c.is_host = b;
+		} else {
+			snprintf(err, cap,
+				 "argument --rdzv_conf: unknown key '%s' (expected join_timeout, "
+				 "last_call_timeout, close_timeout, read_timeout, is_host, "
+				 "heartbeat_interval, lease_ttl)",
+				 item);
+			return CRUN_EINVAL;
+		}
+		if (!end)
+			break;
+		p = end + 1;
+	}
+	if (c.ttl_ms < c.hb_ms) {
+		snprintf(err, cap, "argument --rdzv_conf: lease_ttl must not be below "
+				   "heartbeat_interval");
+		return CRUN_EINVAL;
+	}
+	*ret = c;
+	return 0;
+}
+
+int c10d_order(const int *prev_grank, int n, int *ret_grank)
+{
+	int next = 0;
+
+	if (!prev_grank || n < 1)
+		return CRUN_EINVAL;
+	/* Survivors first, by their old group rank (O(n^2) worst case would be
+	 * too slow for thousands of nodes: old ranks are < n_old, so bucket
+	 * them by a counting pass over the ranks seen). */
+	{
+		int maxp = -1;
+		int *slot;
+
+		for (int i = 0; i < n; i++)
+			if (prev_grank[i] > maxp)
+				maxp = prev_grank[i];
+		slot = malloc(sizeof(int) * (size_t)(maxp + 2));
+		if (!slot)
+			return CRUN_ENOMEM;
+		for (int g = 0; g <= maxp; g++)
+			slot[g] = -1;
+		for (int i = 0; i < n; i++) {
+			if (prev_grank[i] < 0)
+				continue;
+			if (slot[prev_grank[i]] >= 0) {
+				free(slot);
+				return CRUN_EINVAL; /* two nodes claim one old rank */
+			}
+			slot[prev_grank[i]] = i;
+		}
+		for (int g = 0; g <= maxp; g++)
+			if (slot[g] >= 0)
+				ret_grank[slot[g]] = next++;
+		free(slot);
+	}
+	for (int i = 0; i < n; i++)
+		if (prev_grank[i] < 0)
+			ret_grank[i] = next++;
+	return 0;
+}
+
+/* ---- helper threads ---------------------------------------------------------- */
+
+static void job_put(struct job *j)
+{
+	if (atomic_fetch_sub(&j->refs, 1) != 1)
+		return;
+	fd_close(j->notify_fd);
+	free(j);
+}
+
+static int jfail(struct job *j, struct coord *c, int r, const char *what)
+{
+	snprintf(j->err, sizeof(j->err), "%s: %s%s%s", what, crun_strerror(r), c ? " - " : "",
+		 c ? coord_last_error(c) : "");
+	return r;
+}
+
+#define KEY(buf, ...) TRY(str_printf(buf, sizeof(buf), __VA_ARGS__))
+
+static int get_int(struct coord *c, const char *key, uint32_t timeout_ms, int64_t *ret)
+{
+	char *v = NULL;
+	int64_t x;
+	int r = coord_get(c, key, timeout_ms, &v);
+
+	if (r < 0)
+		return r;
+	r = sscanf(v, "%" SCNd64, &x) == 1 ? 0 : CRUN_EPROTO;
+	crun_free(v);
+	if (r == 0)
+		*ret = x;
+	return r;
+}
+
+/* Configuration checks before joining: the same MIN:MAX for every agent,
+ * and no joining a run id that already ended. */
+static int check_job(struct job *j, struct coord *c)
+{
+	char want[64], *cur = NULL, *closed = NULL;
+	int r;
+
+	KEY(want, "%d:%d", j->min, j->max);
+	r = coord_compare_set(c, "conf", "", want, &cur);
+	if (r < 0)
+		return jfail(j, c, r, "reading the job configuration");
+	if (strcmp(cur, want) != 0) {
+		snprintf(j->err, sizeof(j->err),
+			 "conflicting settings: this agent has --nnodes=%s but run '%s' was started "
+			 "with --nnodes=%s",
+			 want, j->prefix, cur);
+		crun_free(cur);
+		return CRUN_ECONFIG;
+	}
+	crun_free(cur);
+	r = coord_try_get(c, "closed", &closed);
+	if (r == 0) {
+		snprintf(j->err, sizeof(j->err),
+			 "run id already used: the rendezvous '%s' was closed (%s); use a new "
+			 "--rdzv_id",
+			 j->prefix, closed);
+		crun_free(closed);
+		return CRUN_ECONFIG;
+	}
+	return r == CRUN_ENOTFOUND ? 0 : jfail(j, c, r, "reading the job state");
+}
+
+static void progress(struct job *j, struct coord *c, int rd, int64_t joined, uint64_t left_ms)
+{
+	char hosts[512] = "", key[128];
+	size_t o = 0;
+
+	for (int64_t t = 1; t <= joined && t <= 8 && o + 64 < sizeof(hosts); t++) {
+		char *v = NULL, h[RDZV_HOST_MAX];
+
+		if (str_printf(key, sizeof(key), "r%d/node/%" PRId64, rd, t) < 0 ||
+		    coord_try_get(c, key, &v) < 0)
+			continue;
+		if (sscanf(v, "%*d %*d %*d %*u %*s %255s", h) == 1)
+			o += (size_t)snprintf(hosts + o, sizeof(hosts) - o, "%s%s", o ? ", " : "",
+					      h);
+		crun_free(v);
+	}
+	log_at(LL_WARN, SUB_RDZV,
+	       "rendezvous '%s' round %d: %" PRId64 " of %d/%d nodes joined (hosts: %s%s), "
+	       "%" PRIu64 " s left",
+	       j->prefix, rd, joined, j->min, j->max, hosts, joined > 8 ? ", ..." : "",
+	       left_ms / 1000);
+}
+
+/* Ticket 1's part: read the N records, order them, write N assignments. */
+static int assign_round(struct job *j, struct coord *c, int rd, int n)
+{
+	char **keys = calloc((size_t)n, sizeof(char *));
+	char **vals = calloc((size_t)n, sizeof(char *));
+	int *prev = calloc((size_t)n, sizeof(int)), *nproc = calloc((size_t)n, sizeof(int));
+	int *grank = calloc((size_t)n, sizeof(int)), *isho = calloc((size_t)n, sizeof(int));
+	int *by_rank = calloc((size_t)n, sizeof(int));
+	unsigned *wport = calloc((size_t)n, sizeof(unsigned));
+	char(*addr)[RDZV_HOST_MAX] = calloc((size_t)n, RDZV_HOST_MAX);
+	char(*host)[RDZV_HOST_MAX] = calloc((size_t)n, RDZV_HOST_MAX);
+	int r = CRUN_ENOMEM, host_member = 0;
+	int64_t base = 0;
+
+	if (!keys || !vals || !prev || !nproc || !grank || !isho || !by_rank || !wport || !addr ||
+	    !host)
+		goto out;
+	for (int i = 0; i < n; i++) {
+		keys[i] = malloc(64);
+		if (!keys[i])
+			goto out;
+		snprintf(keys[i], 64, "r%d/node/%d", rd, i + 1);
+	}
+	r = coord_multi_get(c, (const char *const *)keys, (size_t)n, j->conf.read_ms, vals);
+	if (r < 0) {
+		jfail(j, c, r, "reading the node records");
+		goto out;
+	}
+	for (int i = 0; i < n; i++) {
+		if (sscanf(vals[i], "%d %d %d %u %255s %255s", &prev[i], &nproc[i], &isho[i],
+			   &wport[i], addr[i], host[i]) != 6 ||
+		    nproc[i] < 1) {
+			r = jfail(j, NULL, CRUN_EPROTO, "bad node record");
+			goto out;
+		}
+		host_member |= isho[i];
+	}
+	r = c10d_order(prev, n, grank);
+	if (r < 0) {
+		jfail(j, NULL, r, "ordering the nodes");
+		goto out;
+	}
+	for (int i = 0; i < n; i++)
+		by_rank[grank[i]] = i;
+	for (int g = 0; g < n; g++) {
+		int i = by_rank[g], nb = by_rank[(g + 1) % n], m = by_rank[0];
+		char key[64], val[1024];
+		int64_t total = 0;
+
+		for (int k = 0; k < n; k++)
+			total += nproc[k];
+		r = str_printf(key, sizeof(key), "r%d/assign/%d", rd, i + 1);
+		if (r == 0)
+			r = str_printf(val, sizeof(val), "%d %d %" PRId64 " %" PRId64 " %u %s %s %d",
+				       g, n, base, total, wport[m], addr[m], host[nb],
+				       host_member);
+		if (r == 0)
+			r = coord_set(c, key, val);
+		if (r < 0) {
+			jfail(j, c, r, "writing an assignment");
+			goto out;
+		}
+		base += nproc[i];
+	}
+	r = 0;
+out:
+	for (int i = 0; keys && vals && i < n; i++) {
+		free(keys[i]);
+		crun_free(vals[i]);
+	}
+	free(keys);
+	free(vals);
+	free(prev);
+	free(nproc);
+	free(grank);
+	free(isho);
+	free(by_rank);
+	free(wport);
+	free(addr);
+	free(host);
+	return r;
+}
+
+/* Waits for round rd+1 to open (a late joiner or a spare). RO_SPARE_DONE when
+ * the job ended instead. */
+static int wait_next_round(struct job *j, struct coord *c, int rd, bool spare, uint64_t deadline)
+{
+	char key[64];
+	uint64_t last_log = clock_now_ms();
+
+	KEY(key, "r%d/joined", rd + 1);
+	for (int i = 0; i < 1 << 30; i++) {
+		uint64_t now = clock_now_ms();
+		int r;
+
+		if (now >= deadline) {
+			snprintf(j->err, sizeof(j->err),
+				 "timed out waiting for the next round of rendezvous '%s'",
+				 j->prefix);
+			return CRUN_ETIMEDOUT;
+		}
+		r = coord_wait(c, key, (uint32_t)MIN(1000, deadline - now));
+		if (r == 0)
+			return 0;
+		if (r != CRUN_ETIMEDOUT)
+			return jfail(j, c, r, "waiting for the next round");
+		r = coord_exists(c, "closed");
+		if (r < 0)
+			return jfail(j, c, r, "reading the job state");
+		if (r == 1) {
+			j->outcome = RO_SPARE_DONE;
+			return 0;
+		}
+		if (clock_now_ms() - last_log >= C10D_PROGRESS_MS * 2) {
+			last_log = clock_now_ms();
+			log_at(LL_WARN, SUB_RDZV,
+			       "rendezvous '%s': round %d is full (%d/%d nodes); waiting %s",
+			       j->prefix, rd, j->nnodes, j->max,
+			       spare ? "as a spare" : "for the next round");
+		}
+	}
+	return CRUN_ETIMEDOUT;
+}
+
+/* Joins rounds until one that counts this agent in completes. */
+static int job_round(struct job *j, struct coord *c)
+{
+	uint64_t deadline = clock_now_ms() + j->conf.join_ms;
+	char key[128], val[1024], *v = NULL;
+	int64_t rd, t, n, joined;
+	int r;
+
+	TRY(check_job(j, c));
+	if (j->prev_round >= 0) {
+		/* Whoever comes back first moves the job to the next round; the
+		 * round's change key says why, if nobody said it yet. */
+		KEY(key, "r%d/change", j->prev_round);
+		KEY(val, "restart %s", j->hostname);
+		r = coord_compare_set(c, key, "", val, NULL);
+		if (r == 0) {
+			char cur[32], nxt[32];
+
+			KEY(cur, "%d", j->prev_round);
+			KEY(nxt, "%d", j->prev_round + 1);
+			r = coord_compare_set(c, "round", cur, nxt, NULL);
+		}
+		if (r < 0)
+			return jfail(j, c, r, "opening the next round");
+	}
+	for (int attempt = 0; attempt < 1 << 20; attempt++) {
+		uint64_t min_seen = 0, last_log = clock_now_ms();
+
+		r = coord_add(c, "round", 0, &rd);
+		if (r < 0)
+			return jfail(j, c, r, "reading the round");
+		KEY(key, "r%" PRId64 "/joined", rd);
+		r = coord_add(c, key, 1, &t);
+		if (r < 0)
+			return jfail(j, c, r, "joining");
+		KEY(key, "r%" PRId64 "/node/%" PRId64, rd, t);
+		KEY(val, "%d %d %d %u %s %s", j->prev_grank, j->nproc, j->is_host, j->wport,
+		    j->addr, j->hostname);
+		r = coord_set(c, key, val);
+		if (r < 0)
+			return jfail(j, c, r, "writing the node record");
+		/* Close the round: at MAX at once, else MIN plus last call. */
+		KEY(key, "r%" PRId64 "/closed", rd);
+		for (int i = 0; i < 1 << 30; i++) {
+			uint64_t now = clock_now_ms();
+			char jk[64], cnt[32];
+
+			if (now >= deadline) {
+				snprintf(j->err, sizeof(j->err),
+					 "timed out after %u s waiting for %d nodes to join "
+					 "rendezvous '%s' round %" PRId64,
+					 j->conf.join_ms / 1000, j->min, j->prefix, rd);
+				return CRUN_ETIMEDOUT;
+			}
+			KEY(jk, "r%" PRId64 "/joined", rd);
+			r = coord_add(c, jk, 0, &joined);
+			if (r < 0)
+				return jfail(j, c, r, "counting the nodes");
+			if (joined >= j->min && !min_seen)
+				min_seen = now;
+			if (joined >= j->max ||
+			    (min_seen && now - min_seen >= j->conf.last_call_ms)) {
+				KEY(cnt, "%" PRId64, MIN(joined, (int64_t)j->max));
+				r = coord_compare_set(c, key, "", cnt, NULL);
+				if (r < 0)
+					return jfail(j, c, r, "closing the round");
+			}
+			r = coord_wait(c, key, (uint32_t)MIN(200, deadline - now));
+			if (r == 0)
+				break;
+			if (r != CRUN_ETIMEDOUT)
+				return jfail(j, c, r, "waiting for the round to close");
+			if (clock_now_ms() - last_log >= C10D_PROGRESS_MS) {
+				last_log = clock_now_ms();
+				progress(j, c, (int)rd, joined, deadline - clock_now_ms());
+			}
+		}
+		r = get_int(c, key, j->conf.read_ms, &n);
+		if (r < 0)
+			return jfail(j, c, r, "reading the round size");
+		j->nnodes = (int)n;
+		if (t > n) {
+			bool spare = n >= j->max;
+
+			if (!spare) {
+				/* Scale up: ask the running round to make room. */
+				KEY(key, "r%" PRId64 "/change", rd);
+				KEY(val, "join %s", j->hostname);
+				r = coord_compare_set(c, key, "", val, NULL);
+				if (r < 0)
+					return jfail(j, c, r, "asking for a new round");
+			}
+			log_at(LL_WARN, SUB_RDZV,
+			       "rendezvous '%s': round %" PRId64 " closed with %" PRId64
+			       " nodes; %s",
+			       j->prefix, rd, n,
+			       spare ? "waiting as a spare" : "a new round will include this node");
+			r = wait_next_round(j, c, (int)rd, spare,
+					    spare ? clock_now_ms() + C10D_SPARE_MAX_MS : deadline);
+			if (r < 0 || j->outcome == RO_SPARE_DONE)
+				return r;
+			if (spare)
+				deadline = clock_now_ms() + j->conf.join_ms;
+			continue;
+		}
+		if (t == 1)
+			TRY(assign_round(j, c, (int)rd, (int)n));
+		KEY(key, "r%" PRId64 "/assign/%" PRId64, rd, t);
+		r = coord_get(c, key, j->conf.read_ms, &v);
+		if (r < 0)
+			return jfail(j, c, r, "waiting for the rank assignment");
+		{
+			struct rdzv_info *in = &j->info;
+			unsigned mport;
+
+			if (sscanf(v, "%d %d %d %d %u %255s %255s %d", &in->group_rank,
+				   &in->group_world_size, &in->base_rank, &in->world_size, &mport,
+				   in->master_addr, j->nbr_host, &j->host_member) != 8 ||
+			    mport == 0 || mport > 65535) {
+				crun_free(v);
+				return jfail(j, NULL, CRUN_EPROTO, "bad rank assignment");
+			}
+			in->master_port = (uint16_t)mport;
+			in->role_base_rank = in->base_rank;
+			in->role_world_size = in->world_size;
+		}
+		crun_free(v);
+		j->round = (int)rd;
+		return 0;
+	}
+	return CRUN_ETIMEDOUT;
+}
+
+/* Counts key up by one; the caller that reaches `target` sets done_key. */
+static int count_in(struct coord *c, const char *rkey, const char *done_key, int64_t target)
+{
+	int64_t n;
+
+	TRY(coord_add(c, rkey, 1, &n));
+	if (n == target)
+		TRY(coord_set(c, done_key, "1"));
+	return 0;
+}
+
+static int job_barrier(struct job *j, struct coord *c)
+{
+	char k1[64], k2[64], val[64];
+	int64_t n;
+	int r;
+
+	KEY(k1, "r%d/exit", j->round);
+	r = coord_add(c, k1, 1, &n);
+	if (r < 0)
+		return jfail(j, c, r, "exit barrier");
+	if (n == j->nnodes) {
+		KEY(val, "done %d", j->round);
+		r = coord_compare_set(c, "closed", "", val, NULL);
+		if (r < 0)
+			return jfail(j, c, r, "exit barrier");
+	}
+	r = coord_wait(c, "closed", j->conf.join_ms);
+	if (r < 0)
+		return jfail(j, c, r, "exit barrier");
+	KEY(k1, "r%d/departed", j->round);
+	KEY(k2, "r%d/departed_all", j->round);
+	if (!j->is_host)
+		return count_in(c, k1, k2, j->nnodes - j->host_member);
+	if (j->nnodes - j->host_member > 0) {
+		r = coord_wait(c, k2, C10D_DEPART_MS);
+		if (r < 0)
+			log_at(LL_WARN, SUB_RDZV,
+			       "not every agent left within %u s; leaving anyway",
+			       C10D_DEPART_MS / 1000);
+	}
+	return 0;
+}
+
+static int job_fail(struct job *j, struct coord *c)
+{
+	char key[64], val[600];
+	int r;
+
+	if (j->why[0]) {
+		KEY(val, "failed: %s", j->why);
+		r = coord_compare_set(c, "closed", "", val, NULL);
+		if (r == 0) {
+			KEY(key, "r%d/change", j->round);
+			r = coord_compare_set(c, key, "", "failed", NULL);
+			if (r == 0) /* a change already set: say it is a failure */
+				r = coord_set(c, key, "failed");
+		}
+		if (r < 0)
+			return jfail(j, c, r, "closing the rendezvous as failed");
+	}
+	/* The agent serving the store waits for the others to have read it. */
+	if (j->is_host && j->nnodes > 1) {
+		KEY(key, "r%d/failed_acked", j->round);
+		r = coord_wait(c, key, j->conf.close_ms);
+		if (r < 0)
+			log_at(LL_WARN, SUB_RDZV, "not every agent saw the failure within %u s",
+			       j->conf.close_ms / 1000);
+	}
+	return 0;
+}
+
+static void monitor_post(struct job *j, enum rdzv_change ch)
+{
+	char one = 1;
+	ssize_t n;
+
+	j->change = ch;
+	do
+		n = write(j->notify_fd, &one, 1);
+	while (n < 0 && errno == EINTR);
+}
+
+/* Keeps our lease alive, watches the ring neighbour's and the round's change
+ * key; posts one change and ends. */
+static int job_monitor(struct job *j, struct coord *c)
+{
+	char me[64], nbr[64], chk[64], k1[64], k2[64], why[512], *v = NULL;
+	int64_t cnt, last = -1;
+	uint64_t last_move = clock_now_ms();
+	int r;
+
+	KEY(me, "r%d/lease/%d", j->round, j->info.group_rank);
+	KEY(nbr, "r%d/lease/%d", j->round, (j->info.group_rank + 1) % j->nnodes);
+	KEY(chk, "r%d/change", j->round);
+	for (int i = 0; i < 1 << 30 && !atomic_load(&j->stop); i++) {
+		r = coord_lease_keepalive(c, me);
+		if (r == 0)
+			r = coord_watch(c, chk, j->conf.hb_ms);
+		if (r == 0)
+			break;
+		if (r != CRUN_ETIMEDOUT) {
+			snprintf(j->err, sizeof(j->err), "lost the rendezvous store at %s:%u: %s",
+				 j->host, j->port, coord_last_error(c));
+			monitor_post(j, RDZV_CHANGE_FAILED);
+			return r;
+		}
+		if (j->nnodes < 2)
+			continue;
+		r = coord_lease_peek(c, nbr, &cnt);
+		if (r < 0)
+			continue;
+		if (cnt != last) {
+			last = cnt;
+			last_move = clock_now_ms();
+		} else if (clock_now_ms() - last_move > j->conf.ttl_ms) {
+			KEY(why, "dead %s (lease of group rank %d expired)", j->nbr_host,
+			    (j->info.group_rank + 1) % j->nnodes);
+			log_at(LL_WARN, SUB_RDZV, "node %s: no keep-alive for %u ms", j->nbr_host,
+			       j->conf.ttl_ms);
+			(void)coord_lease_expire(c, chk, why);
+		}
+	}
+	if (atomic_load(&j->stop))
+		return 0;
+	r = coord_get(c, chk, j->conf.read_ms, &v);
+	if (r < 0) {
+		monitor_post(j, RDZV_CHANGE_FAILED);
+		return r;
+	}
+	snprintf(j->err, sizeof(j->err), "%s", v);
+	if (strncmp(v, "failed", 6) == 0) {
+		char *why2 = NULL;
+
+		if (coord_get(c, "closed", j->conf.read_ms, &why2) == 0) {
+			snprintf(j->err, sizeof(j->err), "%s", why2);
+			crun_free(why2);
+		}
+		KEY(k1, "r%d/failed_ack", j->round);
+		KEY(k2, "r%d/failed_acked", j->round);
+		/* Everyone but the failing agent acknowledges. */
+		(void)count_in(c, k1, k2, j->nnodes - 1);
+		monitor_post(j, RDZV_CHANGE_FAILED);
+	} else {
+		monitor_post(j, strncmp(v, "restart", 7) == 0 ? RDZV_CHANGE_RESTART
+							      : RDZV_CHANGE_MEMBERSHIP);
+	}
+	crun_free(v);
+	return 0;
+}
+
+static void *job_main(void *arg)
+{
+	struct job *j = arg;
+	struct coord_opts o = {0};
+	struct coord *c = NULL;
+	char one = 1;
+	ssize_t n;
+	int r;
+
+	o.host = j->host;
+	o.port = j->port;
+	o.prefix = j->prefix;
+	o.connect_timeout_ms = j->kind == JOB_ROUND ? j->conf.join_ms : j->conf.read_ms;
+	o.timeout_ms = j->conf.read_ms;
+	r = coord_open(&o, &c);
+	if (r < 0) {
+		snprintf(j->err, sizeof(j->err), "cannot reach the rendezvous store at %s:%u: %s",
+			 j->host, j->port, crun_strerror(r));
+		if (j->kind == JOB_MONITOR) {
+			monitor_post(j, RDZV_CHANGE_FAILED);
+			job_put(j);
+			return NULL;
+		}
+	} else {
+		switch (j->kind) {
+		case JOB_ROUND:
+			r = job_round(j, c);
+			break;
+		case JOB_BARRIER:
+			r = job_barrier(j, c);
+			break;
+		case JOB_FAIL:
+			r = job_fail(j, c);
+			break;
+		case JOB_MONITOR:
+			r = job_monitor(j, c);
+			coord_close(c);
+			job_put(j);
+			return NULL; /* it posted (or was told to stop) */
+		}
+		coord_close(c);
+	}
+	j->result = r;
+	/* The write is the release point for the results above. */
+	do
+		n = write(j->notify_fd, &one, 1);
+	while (n < 0 && errno == EINTR);
+	job_put(j);
+	return NULL;
+}
+
+/* ---- the loop side ----------------------------------------------------------- */
+
+static void drop_monitor(struct c10d *c)
+{
+	if (!c->mon)
+		return;
+	atomic_store(&c->mon->stop, 1);
+	pthread_detach(c->mon_thr);
+	job_put(c->mon);
+	c->mon = NULL;
+	if (c->mon_ev)
+		event_free(c->mon_ev);
+	c->mon_ev = NULL;
+	fd_close(c->mon_rd);
+	c->mon_rd = -1;
+}
+
+static void on_job(evutil_socket_t fd, short what, void *arg);
+static void on_mon(evutil_socket_t fd, short what, void *arg);
+
+static int start(struct c10d *c, enum job_kind kind, const char *why)
+{
+	struct job *j;
+	struct event **evp = kind == JOB_MONITOR ? &c->mon_ev : &c->job_ev;
+	int *rdp = kind == JOB_MONITOR ? &c->mon_rd : &c->job_rd;
+	pthread_t *thr = kind == JOB_MONITOR ? &c->mon_thr : &c->job_thr;
+	sigset_t all, saved;
+	int pfd[2], err;
+
+	if (kind != JOB_MONITOR && c->job)
+		return CRUN_EBUSY;
+	j = calloc(1, sizeof(*j));
+	if (!j)
+		return CRUN_ENOMEM;
+	if (pipe2(pfd, O_CLOEXEC | O_NONBLOCK) < 0) {
+		err = -errno;
+		free(j);
+		return err;
+	}
+	atomic_init(&j->refs, 2);
+	atomic_init(&j->stop, 0);
+	j->kind = kind;
+	snprintf(j->host, sizeof(j->host), "%s", c->ep_host);
+	j->port = c->ep_port;
+	snprintf(j->prefix, sizeof(j->prefix), "crun-c10d/%s", c->run_id);
+	j->conf = c->conf;
+	j->min = c->p.min_nodes;
+	j->max = c->p.max_nodes;
+	j->nproc = c->p.nproc;
+	j->is_host = c->rdzv_store != NULL;
+	j->prev_round = c->have_info ? c->round : -1;
+	j->prev_grank = c->prev_grank;
+	j->wport = c->wport;
+	snprintf(j->addr, sizeof(j->addr), "%s", c->addr);
+	snprintf(j->hostname, sizeof(j->hostname), "%s", c->hostname);
+	snprintf(j->why, sizeof(j->why), "%s", why ? why : "");
+	j->round = c->round;
+	j->nnodes = c->nnodes;
+	j->host_member = c->host_member;
+	j->info = c->info;
+	snprintf(j->nbr_host, sizeof(j->nbr_host), "%s", c->nbr_host);
+	j->notify_fd = pfd[1];
+	if (*evp) {
+		event_free(*evp);
+		fd_close(*rdp);
+	}
+	*rdp = pfd[0];
+	*evp = event_new(c->p.base, pfd[0], EV_READ | EV_PERSIST,
+			 kind == JOB_MONITOR ? on_mon : on_job, c);
+	if (!*evp || event_add(*evp, NULL) < 0) {
+		job_put(j);
+		job_put(j);
+		return CRUN_ENOMEM;
+	}
+	if (kind == JOB_MONITOR)
+		c->mon = j;
+	else
+		c->job = j;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &saved);
+	err = pthread_create(thr, NULL, job_main, j);
+	pthread_sigmask(SIG_SETMASK, &saved, NULL);
+	if (err) {
+		if (kind == JOB_MONITOR)
+			c->mon = NULL;
+		else
+			c->job = NULL;
+		job_put(j);
+		job_put(j);
+		return -err;
+	}
+	return 0;
+}
+
+static void on_job(evutil_socket_t fd, short what, void *arg)
+{
+	struct c10d *c = arg;
+	struct job *j = c->job;
+	enum rdzv_event ev;
+	char buf[8];
+
+	(void)what;
+	if (read(fd, buf, sizeof(buf)) <= 0 || !j)
+		return;
+	pthread_join(c->job_thr, NULL);
+	c->job = NULL;
+	if (j->kind == JOB_BARRIER || j->kind == JOB_FAIL) {
+		if (j->result < 0)
+			log_at(LL_WARN, SUB_RDZV, "%s", j->err);
+		drop_monitor(c);
+		ev = RDZV_EV_BARRIER_DONE;
+	} else if (j->result < 0) {
+		snprintf(c->err, sizeof(c->err), "%s", j->err);
+		ev = RDZV_EV_FAILED;
+	} else if (j->outcome == RO_SPARE_DONE) {
+		ev = RDZV_EV_SPARE_DONE;
+	} else {
+		c->info = j->info;
+		c->round = j->round;
+		c->nnodes = j->nnodes;
+		c->host_member = j->host_member;
+		c->prev_grank = j->info.group_rank;
+		snprintf(c->nbr_host, sizeof(c->nbr_host), "%s", j->nbr_host);
+		c->have_info = true;
+		c->change = RDZV_CHANGE_NONE;
+		ev = RDZV_EV_COMPLETE;
+		log_at(LL_WARN, SUB_RDZV,
+		       "rendezvous '%s' round %d complete: %d nodes, group_rank=%d world_size=%d "
+		       "master=%s:%u",
+		       c->run_id, c->round, c->nnodes, c->info.group_rank, c->info.world_size,
+		       c->info.master_addr, c->info.master_port);
+		if (start(c, JOB_MONITOR, NULL) < 0)
+			log_at(LL_ERROR, SUB_RDZV, "cannot start the lease monitor");
+	}
+	job_put(j);
+	c->p.on_event(ev, c->p.arg);
+}
+
+static void on_mon(evutil_socket_t fd, short what, void *arg)
+{
+	struct c10d *c = arg;
+	struct job *j = c->mon;
+	char buf[8];
+
+	(void)what;
+	if (read(fd, buf, sizeof(buf)) <= 0 || !j)
+		return;
+	c->change = j->change;
+	snprintf(c->err, sizeof(c->err), "%s", j->err);
+	log_at(LL_WARN, SUB_RDZV, "rendezvous '%s' round %d is over: %s", c->run_id, c->round,
+	       j->err);
+	c->p.on_event(RDZV_EV_PEER_CHANGED, c->p.arg);
+}
+
+/* Serves the rendezvous store here when the endpoint is ours: is_host=1, or
+ * auto and the endpoint address binds (a local address whose port is free). */
+static void maybe_serve(struct c10d *c)
+{
+	struct store_server_config sc = STORE_SERVER_CONFIG_DEFAULT;
+	int r;
+
+	if (c->conf.is_host == 0)
+		return;
+	sc.host = c->conf.is_host == 1 ? NULL : c->ep_host;
+	sc.port = c->ep_port;
+	r = store_server_new(c->p.base, &sc, &c->rdzv_store);
+	if (r < 0) {
+		c->rdzv_store = NULL;
+		log_at(LL_INFO, SUB_RDZV, "not serving the rendezvous store on %s:%u (%s)",
+		       c->ep_host, c->ep_port, crun_strerror(r));
+		return;
+	}
+	log_at(LL_WARN, SUB_RDZV, "serving the rendezvous store on %s:%u", c->ep_host,
+	       c->ep_port);
+}
+
+int c10d_new(const struct rdzv_params *p, struct c10d **ret)
+{
+	struct c10d *c;
+	int r;
+
+	if (p->min_nodes < 1 || p->max_nodes < p->min_nodes || !p->master_addr ||
+	    !p->master_port)
+		return CRUN_ECONFIG;
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return CRUN_ENOMEM;
+	c->p = *p;
+	c->job_rd = c->mon_rd = -1;
+	c->prev_grank = -1;
+	r = c10d_parse_conf(p->conf, &c->conf, c->err, sizeof(c->err));
+	if (r < 0) {
+		log_at(LL_ERROR, SUB_RDZV, "%s", c->err);
+		free(c);
+		return CRUN_ECONFIG;
+	}
+	snprintf(c->run_id, sizeof(c->run_id), "%s", p->run_id ? p->run_id : "none");
+	c->p.run_id = c->run_id;
+	snprintf(c->ep_host, sizeof(c->ep_host), "%s", p->master_addr);
+	c->ep_port = p->master_port;
+	snprintf(c->hostname, sizeof(c->hostname), "%s",
+		 p->hostname && *p->hostname ? p->hostname : "localhost");
+	/* MASTER_ADDR of this node: --local_addr, else the endpoint address
+	 * when it is a loopback one (every node on this host), else the name. */
+	if (p->local_addr && *p->local_addr)
+		snprintf(c->addr, sizeof(c->addr), "%s", p->local_addr);
+	else if (strncmp(c->ep_host, "127.", 4) == 0 || strcmp(c->ep_host, "localhost") == 0 ||
+		 strcmp(c->ep_host, "::1") == 0)
+		snprintf(c->addr, sizeof(c->addr), "%s", c->ep_host);
+	else
+		snprintf(c->addr, sizeof(c->addr), "%s", c->hostname);
+	for (char *s = c->hostname; *s; s++)
+		if (*s == ' ')
+			*s = '_';
+	maybe_serve(c);
+	*ret = c;
+	return 0;
+}
+
+void c10d_free(struct c10d *c)
+{
+	if (!c)
+		return;
+	drop_monitor(c);
+	if (c->job) {
+		pthread_detach(c->job_thr);
+		job_put(c->job);
+	}
+	if (c->job_ev)
+		event_free(c->job_ev);
+	if (c->job_rd >= 0)
+		fd_close(c->job_rd);
+	store_server_free(c->rdzv_store);
+	free(c);
+}
+
+int c10d_store_to_serve(const struct c10d *c, const char **ret_host, uint16_t *ret_port)
+{
+	(void)c;
+	/* Every agent serves a worker store on an ephemeral port; the round's
+	 * group rank 0 publishes its own as MASTER_ADDR:MASTER_PORT. */
+	*ret_host = NULL;
+	*ret_port = 0;
+	return 1;
+}
+
+void c10d_set_served_port(struct c10d *c, uint16_t port)
+{
+	c->wport = port;
+}
+
+int c10d_next_round(struct c10d *c)
+{
+	drop_monitor(c);
+	return start(c, JOB_ROUND, NULL);
+}
+
+const struct rdzv_info *c10d_info(const struct c10d *c)
+{
+	return c->have_info ? &c->info : NULL;
+}
+
+int c10d_exit_barrier(struct c10d *c)
+{
+	if (!c->have_info)
+		return CRUN_EINVAL;
+	return start(c, JOB_BARRIER, NULL);
+}
+
+int c10d_close_failed(struct c10d *c, const char *why)
+{
+	if (!c->have_info)
+		return CRUN_EINVAL;
+	return start(c, JOB_FAIL, why && *why ? why : NULL);
+}
+
+enum rdzv_change c10d_change_kind(const struct c10d *c)
+{
+	return c->change;
+}
+
+const char *c10d_last_error(const struct c10d *c)
+{
+	return c->err;
+}

@@ -1,0 +1,46 @@
+/* c10d.h: the c10d rendezvous backend behind rdzv.h (static.c dispatches to
+ * it), plus its pure parts for unit tests: rdzv_conf parsing and the group
+ * rank order of a round.
+ */
+#ifndef CRUN_RENDEZVOUS_C10D_H
+#define CRUN_RENDEZVOUS_C10D_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rendezvous/rdzv.h"
+
+struct c10d;
+
+struct c10d_conf {
+	uint32_t join_ms;      /* join_timeout: a round must complete within it */
+	uint32_t last_call_ms; /* last_call_timeout: wait after MIN for more nodes */
+	uint32_t close_ms;     /* close_timeout: how long the host waits for acks */
+	uint32_t read_ms;      /* read_timeout: one store operation */
+	uint32_t hb_ms;	       /* heartbeat_interval */
+	uint32_t ttl_ms;       /* lease_ttl */
+	int is_host;	       /* -1 auto (endpoint local), 0, 1 */
+};
+
+/* Parses torchrun's rdzv_conf ("k=v,...", seconds) over the defaults. 0, or
+ * CRUN_EINVAL with err naming the key. */
+int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap);
+
+/* Group rank order of a round: n joined nodes (in ticket order) with their
+ * previous group rank (-1 when new). Nodes that were in the previous round
+ * keep their relative order in front; new ones follow in ticket order.
+ * ret_grank[i] is ticket i+1's group rank. 0 or CRUN_EINVAL. */
+int c10d_order(const int *prev_grank, int n, int *ret_grank);
+
+int c10d_new(const struct rdzv_params *p, struct c10d **ret);
+void c10d_free(struct c10d *c);
+int c10d_store_to_serve(const struct c10d *c, const char **ret_host, uint16_t *ret_port);
+void c10d_set_served_port(struct c10d *c, uint16_t port);
+int c10d_next_round(struct c10d *c);
+const struct rdzv_info *c10d_info(const struct c10d *c);
+int c10d_exit_barrier(struct c10d *c);
+int c10d_close_failed(struct c10d *c, const char *why);
+enum rdzv_change c10d_change_kind(const struct c10d *c);
+const char *c10d_last_error(const struct c10d *c);
+
+#endif /* CRUN_RENDEZVOUS_C10D_H */
