@@ -74,6 +74,7 @@ static void on_rdzv_event(enum rdzv_event ev, void *arg)
 	    [RDZV_EV_FAILED] = AE_RDZV_FAILED,
 	    [RDZV_EV_PEER_CHANGED] = AE_PEER_CHANGED,
 	    [RDZV_EV_BARRIER_DONE] = AE_BARRIER_DONE,
+	    [RDZV_EV_SPARE_DONE] = AE_SPARE_DONE,
 	};
 
 	agent_fire(arg, map[ev]);
@@ -121,6 +122,7 @@ static int copy_config(struct crun_agent *a, const crun_agent_config_t *cfg)
 {
 	size_t n = 0;
 
+	/* Fields past the caller's struct_size keep their zero (default). */
 	memcpy(&a->cfg, cfg, MIN(cfg->struct_size, sizeof(a->cfg)));
 	if (a->cfg.nproc_per_node < 1 || a->cfg.nproc_per_node > CRUN_AGENT_MAX_LOCAL ||
 	    !a->cfg.argv || !a->cfg.argv[0] || a->cfg.max_restarts < 0) {
@@ -221,6 +223,10 @@ CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_a
 	rp.local_addr = a->cfg.local_addr;
 	rp.join_timeout_ms = a->cfg.join_timeout_ms;
 	rp.barrier_timeout_ms = a->cfg.barrier_timeout_ms;
+	rp.min_nodes = a->cfg.min_nnodes > 0 ? a->cfg.min_nnodes : a->cfg.nnodes;
+	rp.max_nodes = a->cfg.max_nnodes > 0 ? a->cfg.max_nnodes : a->cfg.nnodes;
+	rp.conf = a->cfg.rdzv_conf;
+	rp.hostname = a->host;
 	rp.base = a->base;
 	rp.on_event = on_rdzv_event;
 	rp.arg = a;
@@ -490,4 +496,21 @@ void agent_report_failure(struct crun_agent *a)
 	}
 	if (own && *own && errfile_copy_root(&a->failures[root], own) < 0)
 		log_at(LL_WARN, SUB_AGENT, "cannot copy the root cause to %s", own);
+}
+
+void agent_root_cause_line(struct crun_agent *a, char *buf, size_t cap)
+{
+	int root = errfile_root_cause(a->failures, a->nfailures);
+	const struct agent_failure *f;
+
+	buf[0] = '\0';
+	if (root < 0)
+		return;
+	f = &a->failures[root];
+	snprintf(buf, cap, "node %s (group_rank %d): rank %d (local_rank %d, pid %d) exitcode %d: %s",
+		 a->host, a->group_rank, f->global_rank, f->local_rank, (int)f->pid, f->exitcode,
+		 f->message ? f->message : "");
+	for (char *p = buf; *p; p++)
+		if (*p == '\n')
+			*p = ' ';
 }

@@ -38,11 +38,12 @@ enum agent_event {
 	AE_TERM_SIGNAL,	  /* operator signal or crun_agent_stop() */
 	AE_GRACE_EXPIRED, /* shutdown timeout passed */
 	AE_BARRIER_DONE,
+	AE_SPARE_DONE, /* c10d: the job ended while this node waited as a spare */
 	AE__MAX,
 };
 
 /* Why the workers are being stopped; decides what follows AS_STOPPING. */
-enum stop_reason { STOP_NONE, STOP_RESTART, STOP_FAILED, STOP_SIGNAL, STOP_PEER };
+enum stop_reason { STOP_NONE, STOP_RESTART, STOP_FAILED, STOP_SIGNAL, STOP_PEER, STOP_PEER_FAILED };
 
 struct crun_agent;
 typedef enum agent_state (*agent_action)(struct crun_agent *a);
@@ -65,6 +66,8 @@ int agent_start_attempt(struct crun_agent *a);	  /* spawn every worker of the at
 void agent_end_attempt(struct crun_agent *a);	  /* close logs, drop failure records */
 int agent_collect_failures(struct crun_agent *a); /* record new failures; returns the count */
 void agent_report_failure(struct crun_agent *a);  /* root-cause summary on stderr */
+/* One line naming the root cause's node, rank and exit code ("" if none). */
+void agent_root_cause_line(struct crun_agent *a, char *buf, size_t cap);
 
 /* ---- workers ---------------------------------------------------------------- */
 
@@ -136,6 +139,7 @@ struct crun_agent {
 	int restart_count; /* TORCHELASTIC_RESTART_COUNT */
 	int group_rank;	   /* of the current round */
 	int exit_code;	   /* crun_agent_run()'s *ret_exit_code */
+	bool failing;	   /* c10d: closing the job as failed, exit 1 after */
 	int run_error;	   /* crun_agent_run()'s return value */
 	char role[64];
 	char run_id[256];

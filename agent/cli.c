@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "agent/agent.h"
+#include "rendezvous/rdzv.h"
 #include "common/common.h"
 
 enum opt_id {
@@ -102,12 +103,16 @@ static const char help_text[] =
     "torchrun-compatible launcher. Every option also takes its dash spelling\n"
     "(--nproc-per-node) and a PET_<NAME> environment default (PET_NPROC_PER_NODE).\n"
     "\n"
-    "  --nnodes N                  number of nodes (static: fixed N) [1]\n"
+    "  --nnodes N|MIN:MAX          number of nodes (static: N; c10d: elastic) [1]\n"
     "  --nproc_per_node N|auto|cpu|gpu  workers per node [1]\n"
-    "  --rdzv_backend static       rendezvous backend (c10d, etcd: not yet) [static]\n"
-    "  --rdzv_endpoint HOST:PORT   static: the store of node 0 [master_addr:master_port]\n"
+    "  --rdzv_backend static|c10d  rendezvous backend (etcd: not yet) [static]\n"
+    "  --rdzv_endpoint HOST:PORT   static: the store of node 0 [master_addr:master_port];\n"
+    "                              c10d: the rendezvous store (served by the agent whose\n"
+    "                              address it is, else by another agent or crun-rdzvd)\n"
     "  --rdzv_id ID                run id [none]\n"
-    "  --rdzv_conf K=V,...         static: timeout/join_timeout/read_timeout (seconds)\n"
+    "  --rdzv_conf K=V,...         static: timeout/join_timeout/read_timeout (seconds);\n"
+    "                              c10d: join_timeout, last_call_timeout, close_timeout,\n"
+    "                              read_timeout, is_host, heartbeat_interval, lease_ttl\n"
     "  --standalone                one node, private store on an ephemeral port\n"
     "  --max_restarts N            restarts of the worker group on failure [0]\n"
     "  --monitor_interval S        accepted; crun reacts to exits at once [0.1]\n"
@@ -131,8 +136,8 @@ static const char help_text[] =
     "  -h, --help                  this text\n"
     "  --version                   crun's version\n"
     "\n"
-    "Not supported yet (rejected): --rdzv_backend=c10d|etcd|etcd-v2 without --standalone,\n"
-    "--nnodes=MIN:MAX, --run_path, --logs_specs, --numa_binding,\n"
+    "Not supported yet (rejected): --rdzv_backend=etcd|etcd-v2 without --standalone,\n"
+    "--run_path, --logs_specs, --numa_binding,\n"
     "--duplicate_stdout_filters, --duplicate_stderr_filters, --event_log_handler other than null.\n"
     "Programs: *.py and -m run under $PYTHON_EXEC, $PYTHON or python3 with -u; ELF binaries\n"
     "and non-Python scripts run directly.\n";
@@ -543,11 +548,14 @@ int cli_parse(struct cli *c, int argc, char *const *argv, char *const *env)
 					    "argument %s: invalid value '%s' (expected N or "
 					    "MIN:MAX with 0 < MIN <= MAX)",
 					    from[O_NNODES], v);
-			if (lo != hi)
+			if (lo != hi && !(set[O_RDZV_BACKEND] &&
+					  strcmp(val[O_RDZV_BACKEND], "c10d") == 0))
 				return fail(c,
-					    "argument %s=%s: elastic MIN:MAX needs the c10d "
-					    "backend, which crun does not support yet",
+					    "argument %s=%s: elastic MIN:MAX needs "
+					    "--rdzv_backend=c10d",
 					    from[O_NNODES], v);
+			c->cfg.min_nnodes = (int)lo;
+			c->cfg.max_nnodes = (int)hi;
 		} else if (parse_uint_range(v, 1, 65536, &lo) < 0) {
 			return fail(c, "argument %s: invalid value '%s' (expected N or MIN:MAX)",
 				    from[O_NNODES], v);
@@ -557,7 +565,14 @@ int cli_parse(struct cli *c, int argc, char *const *argv, char *const *env)
 	if (set[O_RDZV_BACKEND]) {
 		const char *b = val[O_RDZV_BACKEND];
 
-		if (strcmp(b, "c10d") == 0 || strcmp(b, "etcd") == 0 || strcmp(b, "etcd-v2") == 0) {
+		if (strcmp(b, "c10d") == 0 && !c->cfg.standalone) {
+			c->cfg.rdzv_backend = "c10d";
+			if (!c->cfg.max_nnodes)
+				c->cfg.min_nnodes = c->cfg.max_nnodes = c->cfg.nnodes;
+			/* torchrun's c10d endpoint port when none is given */
+			c->cfg.master_port = 29400;
+		} else if (strcmp(b, "c10d") == 0 || strcmp(b, "etcd") == 0 ||
+			   strcmp(b, "etcd-v2") == 0) {
 			if (!c->cfg.standalone)
 				return fail(c,
 					    "%s=%s is not supported by crun yet (use static or "
@@ -630,6 +645,8 @@ int cli_parse(struct cli *c, int argc, char *const *argv, char *const *env)
 		    !host[0])
 			return fail(c, "argument %s: invalid endpoint '%s'", from[O_RDZV_ENDPOINT],
 				    val[O_RDZV_ENDPOINT]);
+		if (port == 0 && c->cfg.rdzv_backend && strcmp(c->cfg.rdzv_backend, "c10d") == 0)
+			port = 29400;
 		if (port == 0)
 			return fail(c, "argument %s: the static backend needs a port: '%s'",
 				    from[O_RDZV_ENDPOINT], val[O_RDZV_ENDPOINT]);
@@ -643,8 +660,15 @@ int cli_parse(struct cli *c, int argc, char *const *argv, char *const *env)
 				    val[O_RDZV_ID]);
 		c->cfg.rdzv_id = keep(c, val[O_RDZV_ID]);
 	}
-	if (set[O_RDZV_CONF] && *val[O_RDZV_CONF] && parse_rdzv_conf(c, val[O_RDZV_CONF]) < 0)
+	if (set[O_RDZV_CONF] && *val[O_RDZV_CONF] && c->cfg.rdzv_backend &&
+	    strcmp(c->cfg.rdzv_backend, "c10d") == 0 && !c->cfg.standalone) {
+		if (rdzv_conf_check("c10d", val[O_RDZV_CONF], c->err, sizeof(c->err)) < 0)
+			return CRUN_EINVAL;
+		c->cfg.rdzv_conf = keep(c, val[O_RDZV_CONF]);
+	} else if (set[O_RDZV_CONF] && *val[O_RDZV_CONF] &&
+		   parse_rdzv_conf(c, val[O_RDZV_CONF]) < 0) {
 		return CRUN_EINVAL;
+	}
 	if (set[O_LOCAL_ADDR])
 		c->cfg.local_addr = keep(c, val[O_LOCAL_ADDR]);
 	if (set[O_SIGNALS] &&

@@ -29,6 +29,7 @@ static const char *const event_names[AE__MAX] = {
     [AE_TERM_SIGNAL] = "term-signal",
     [AE_GRACE_EXPIRED] = "grace-expired",
     [AE_BARRIER_DONE] = "barrier-done",
+    [AE_SPARE_DONE] = "spare-done",
 };
 
 const char *agent_state_name(enum agent_state s)
@@ -121,9 +122,30 @@ enum agent_state agent_after_stop(struct crun_agent *a)
 		if (a->store)
 			store_server_clear(a->store);
 		return open_round(a);
-	case STOP_FAILED:
+	case STOP_FAILED: {
+		char why[768] = "";
+
 		agent_report_failure(a);
+		agent_root_cause_line(a, why, sizeof(why));
 		agent_end_attempt(a);
+		/* Shared job state (c10d): close the job so every node stops. */
+		if (rdzv_close_failed(a->rdzv, why) == 0) {
+			a->failing = true;
+			return AS_BARRIER;
+		}
+		return finish(a, 1);
+	}
+	case STOP_PEER_FAILED:
+		agent_end_attempt(a);
+		fprintf(stderr, "crun: error: the job failed on another node: %s\n",
+			rdzv_last_error(a->rdzv));
+		fflush(stderr);
+		snprintf(a->err, sizeof(a->err), "the job failed on another node: %s",
+			 rdzv_last_error(a->rdzv));
+		if (rdzv_close_failed(a->rdzv, NULL) == 0) {
+			a->failing = true;
+			return AS_BARRIER;
+		}
 		return finish(a, 1);
 	default:
 		agent_end_attempt(a);
@@ -151,9 +173,37 @@ static enum agent_state on_worker_exit(struct crun_agent *a)
 	}
 }
 
+/* c10d: the round is over somewhere else. A worker failure on another node
+ * counts as a restart here too (TORCHELASTIC_RESTART_COUNT stays equal on
+ * every node); a node joining or dying does not. */
 static enum agent_state on_peer_changed(struct crun_agent *a)
 {
-	return begin_stop(a, STOP_PEER, SIGTERM);
+	switch (rdzv_change_kind(a->rdzv)) {
+	case RDZV_CHANGE_FAILED:
+		return begin_stop(a, STOP_PEER_FAILED, SIGTERM);
+	case RDZV_CHANGE_RESTART:
+		return begin_stop(a, STOP_RESTART, SIGTERM);
+	default:
+		log_at(LL_WARN, SUB_AGENT, "membership changed: %s; re-rendezvous",
+		       rdzv_last_error(a->rdzv));
+		return begin_stop(a, STOP_PEER, SIGTERM);
+	}
+}
+
+/* A peer change while waiting for our own workers' stop is already being
+ * handled, except a failure of the job, which must win. */
+static enum agent_state peer_changed_while_stopping(struct crun_agent *a)
+{
+	if (rdzv_change_kind(a->rdzv) == RDZV_CHANGE_FAILED && a->stop_reason != STOP_FAILED &&
+	    a->stop_reason != STOP_SIGNAL)
+		a->stop_reason = STOP_PEER_FAILED;
+	return AS_STOPPING;
+}
+
+static enum agent_state spare_done(struct crun_agent *a)
+{
+	log_at(LL_WARN, SUB_AGENT, "the job ended while this node waited as a spare");
+	return finish(a, 0);
 }
 
 static enum agent_state stop_for_exit(struct crun_agent *a)
@@ -198,7 +248,11 @@ static enum agent_state barrier_done(struct crun_agent *a)
 {
 	struct store_server_stats st;
 
-	if (a->store && a->cfg.nnodes > 1) {
+	if (a->failing)
+		return finish(a, 1);
+	/* Static: node 0's store is the agents' one; c10d lingers in the backend. */
+	if (a->store && a->cfg.nnodes > 1 &&
+	    (!a->cfg.rdzv_backend || strcmp(a->cfg.rdzv_backend, "c10d") != 0)) {
 		store_server_get_stats(a->store, &st);
 		if (!a->linger_until_ms)
 			a->linger_until_ms = clock_now_ms() + AGENT_LINGER_MS;
@@ -216,12 +270,14 @@ const agent_action agent_fsm[AS__MAX][AE__MAX] = {
     [AS_INIT] = {[AE_START] = open_round, [AE_TERM_SIGNAL] = exit_on_signal},
     [AS_RENDEZVOUS] = {[AE_RDZV_COMPLETE] = start_workers,
 		       [AE_RDZV_FAILED] = on_rdzv_failed,
+		       [AE_SPARE_DONE] = spare_done,
 		       [AE_TERM_SIGNAL] = exit_on_signal},
     [AS_RUNNING] = {[AE_WORKER_EXIT] = on_worker_exit,
 		    [AE_PEER_CHANGED] = on_peer_changed,
 		    [AE_TERM_SIGNAL] = stop_for_exit},
     [AS_STOPPING] = {[AE_WORKER_EXIT] = after_exit_while_stopping,
 		     [AE_GRACE_EXPIRED] = kill_all,
+		     [AE_PEER_CHANGED] = peer_changed_while_stopping,
 		     [AE_TERM_SIGNAL] = signal_while_stopping},
     [AS_BARRIER] = {[AE_BARRIER_DONE] = barrier_done, [AE_TERM_SIGNAL] = exit_on_signal},
 };

@@ -341,6 +341,28 @@ def tables(results, cfg, env):
             else:
                 row += ["none"] + ["n/a"] * len(crun_keys)
         lines.append("| " + " | ".join(row) + " |")
+    if crun_keys and torch_keys:
+        lines.append("")
+        lines.append("Per server core (steadier than ops/s on a shared machine): the most "
+                     "efficient PyTorch server's CPU µs/op divided by crun's, so 2.00x means "
+                     "crun serves twice the ops per CPU second.")
+        lines.append("")
+        lines.append("| conns | most efficient PyTorch (µs/op) | " + " | ".join(
+            f"{label[k]} (µs/op)" for k in crun_keys) + " |")
+        lines.append("|---|---|" + "---|" * len(crun_keys))
+        for n in CONNS:
+            cands = [(results[k]["load"][n]["cpu_us_per_op"], k) for k in torch_keys
+                     if ok(results[k]["load"].get(n)) and
+                     results[k]["load"][n].get("cpu_us_per_op")]
+            if not cands:
+                continue
+            best_cpu, best = min(cands)
+            row = [str(n), f"{label[best]} ({best_cpu:.1f})"]
+            for k in crun_keys:
+                res = results[k]["load"].get(n)
+                c = res.get("cpu_us_per_op") if ok(res) else None
+                row.append(f"**{best_cpu / c:.2f}x** ({c:.1f})" if c else "n/a")
+            lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     lines.append("### Server CPU per op, memory, spread over the passes")
     lines.append("")
@@ -407,7 +429,10 @@ def goal_lines(results):
             best = max(cands, key=lambda x: x["ops_per_s"])
             ratio = res["ops_per_s"] / best["ops_per_s"]
             good = ratio >= 2 and res["p99_us"] < best["p99_us"]
-            verdicts.append(f"{n} conns {ratio:.2f}x, p99 {res['p99_us']:.0f} vs "
+            cpus = [c["cpu_us_per_op"] for c in cands if c.get("cpu_us_per_op")]
+            eff = (f", per core {min(cpus) / res['cpu_us_per_op']:.2f}x"
+                   if cpus and res.get("cpu_us_per_op") else "")
+            verdicts.append(f"{n} conns {ratio:.2f}x{eff}, p99 {res['p99_us']:.0f} vs "
                             f"{best['p99_us']:.0f} µs: {'MET' if good else 'MISSED'}")
         i = r.get("idle") or {}
         ii = i.get("idle") or {}

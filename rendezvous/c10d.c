@@ -23,12 +23,15 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <event2/event.h>
@@ -93,6 +96,8 @@ struct c10d {
 	pthread_t job_thr, mon_thr;
 	int job_rd, mon_rd;
 	struct event *job_ev, *mon_ev;
+	struct event *linger; /* host: waits for the other agents to hang up */
+	uint64_t linger_until;
 	char err[512];
 };
 
@@ -369,11 +374,11 @@ static int assign_round(struct job *j, struct coord *c, int rd, int n)
 		for (int k = 0; k < n; k++)
 			total += nproc[k];
 		r = str_printf(key, sizeof(key), "r%d/assign/%d", rd, i + 1);
-		if (r == 0)
+		if (r >= 0)
 			r = str_printf(val, sizeof(val), "%d %d %" PRId64 " %" PRId64 " %u %s %s %d",
 				       g, n, base, total, wport[m], addr[m], host[nb],
 				       host_member);
-		if (r == 0)
+		if (r >= 0)
 			r = coord_set(c, key, val);
 		if (r < 0) {
 			jfail(j, c, r, "writing an assignment");
@@ -482,8 +487,16 @@ static int job_round(struct job *j, struct coord *c)
 		r = coord_set(c, key, val);
 		if (r < 0)
 			return jfail(j, c, r, "writing the node record");
-		/* Close the round: at MAX at once, else MIN plus last call. */
+		/* Close the round: at MAX at once (the MAX-th ticket closes), else
+		 * ticket 1 closes it after MIN plus the last call; the others only
+		 * wait on the closed key (no polling). */
 		KEY(key, "r%" PRId64 "/closed", rd);
+		if (t == j->max) {
+			KEY(val, "%d", j->max);
+			r = coord_compare_set(c, key, "", val, NULL);
+			if (r < 0)
+				return jfail(j, c, r, "closing the round");
+		}
 		for (int i = 0; i < 1 << 30; i++) {
 			uint64_t now = clock_now_ms();
 			char jk[64], cnt[32];
@@ -495,26 +508,31 @@ static int job_round(struct job *j, struct coord *c)
 					 j->conf.join_ms / 1000, j->min, j->prefix, rd);
 				return CRUN_ETIMEDOUT;
 			}
+			joined = -1;
 			KEY(jk, "r%" PRId64 "/joined", rd);
-			r = coord_add(c, jk, 0, &joined);
-			if (r < 0)
-				return jfail(j, c, r, "counting the nodes");
-			if (joined >= j->min && !min_seen)
-				min_seen = now;
-			if (joined >= j->max ||
-			    (min_seen && now - min_seen >= j->conf.last_call_ms)) {
-				KEY(cnt, "%" PRId64, MIN(joined, (int64_t)j->max));
-				r = coord_compare_set(c, key, "", cnt, NULL);
+			if (t == 1) {
+				r = coord_add(c, jk, 0, &joined);
 				if (r < 0)
-					return jfail(j, c, r, "closing the round");
+					return jfail(j, c, r, "counting the nodes");
+				if (joined >= j->min && !min_seen)
+					min_seen = now;
+				if (joined >= j->max ||
+				    (min_seen && now - min_seen >= j->conf.last_call_ms)) {
+					KEY(cnt, "%" PRId64, MIN(joined, (int64_t)j->max));
+					r = coord_compare_set(c, key, "", cnt, NULL);
+					if (r < 0)
+						return jfail(j, c, r, "closing the round");
+				}
 			}
-			r = coord_wait(c, key, (uint32_t)MIN(200, deadline - now));
+			r = coord_wait(c, key, (uint32_t)MIN(t == 1 ? 100 : 1000, deadline - now));
 			if (r == 0)
 				break;
 			if (r != CRUN_ETIMEDOUT)
 				return jfail(j, c, r, "waiting for the round to close");
 			if (clock_now_ms() - last_log >= C10D_PROGRESS_MS) {
 				last_log = clock_now_ms();
+				if (joined < 0 && coord_add(c, jk, 0, &joined) < 0)
+					joined = t;
 				progress(j, c, (int)rd, joined, deadline - clock_now_ms());
 			}
 		}
@@ -546,6 +564,8 @@ static int job_round(struct job *j, struct coord *c)
 				deadline = clock_now_ms() + j->conf.join_ms;
 			continue;
 		}
+		log_at(LL_DEBUG, SUB_RDZV, "round %" PRId64 " closed with %" PRId64 ", ticket %" PRId64,
+		       rd, n, t);
 		if (t == 1)
 			TRY(assign_round(j, c, (int)rd, (int)n));
 		KEY(key, "r%" PRId64 "/assign/%" PRId64, rd, t);
@@ -627,10 +647,10 @@ static int job_fail(struct job *j, struct coord *c)
 		KEY(val, "failed: %s", j->why);
 		r = coord_compare_set(c, "closed", "", val, NULL);
 		if (r == 0) {
+			/* Overwrites any earlier reason: members still watching
+			 * must learn that this is the end. */
 			KEY(key, "r%d/change", j->round);
-			r = coord_compare_set(c, key, "", "failed", NULL);
-			if (r == 0) /* a change already set: say it is a failure */
-				r = coord_set(c, key, "failed");
+			r = coord_set(c, key, "failed");
 		}
 		if (r < 0)
 			return jfail(j, c, r, "closing the rendezvous as failed");
@@ -657,50 +677,83 @@ static void monitor_post(struct job *j, enum rdzv_change ch)
 	while (n < 0 && errno == EINTR);
 }
 
-/* Keeps our lease alive, watches the ring neighbour's and the round's change
- * key; posts one change and ends. */
-static int job_monitor(struct job *j, struct coord *c)
+/* Opens the monitor's connection (the lease lives and dies with it). */
+static int mon_open(struct job *j, struct coord **ret)
+{
+	struct coord_opts o = {0};
+
+	o.host = j->host;
+	o.port = j->port;
+	o.prefix = j->prefix;
+	o.connect_timeout_ms = j->conf.read_ms;
+	o.timeout_ms = j->conf.read_ms;
+	return coord_open(&o, ret);
+}
+
+/* Holds this agent's lease on the round (its expiry, or our connection
+ * closing, sets the round's change key on the server) and blocks on the
+ * change key; posts one change and ends. Against a store without leases it
+ * falls back to heartbeats, watching its ring neighbour's. On stop (the
+ * agent moved on) the lease is revoked, so leaving is not a failure. */
+static int job_monitor(struct job *j, struct coord **cp)
 {
 	char me[64], nbr[64], chk[64], k1[64], k2[64], why[512], *v = NULL;
 	int64_t cnt, last = -1;
-	uint64_t last_move = clock_now_ms();
+	uint64_t last_move = clock_now_ms(), lease = 0;
+	bool hb = false;
 	int r;
 
 	KEY(me, "r%d/lease/%d", j->round, j->info.group_rank);
 	KEY(nbr, "r%d/lease/%d", j->round, (j->info.group_rank + 1) % j->nnodes);
 	KEY(chk, "r%d/change", j->round);
-	for (int i = 0; i < 1 << 30 && !atomic_load(&j->stop); i++) {
-		r = coord_lease_keepalive(c, me);
+	KEY(why, "dead %s (group rank %d: lease expired or connection lost)", j->hostname,
+	    j->info.group_rank);
+	r = coord_lease_grant(*cp, j->conf.ttl_ms, chk, why, &lease);
+	if (r == CRUN_ENOTSUP) {
+		log_at(LL_WARN, SUB_RDZV,
+		       "the rendezvous store has no leases; falling back to heartbeats");
+		coord_close(*cp);
+		*cp = NULL;
+		r = mon_open(j, cp);
+		hb = true;
+	}
+	for (int i = 0; r == 0 && i < 1 << 30 && !atomic_load(&j->stop); i++) {
+		r = hb ? coord_heartbeat(*cp, me) : coord_lease_keepalive(*cp, lease);
+		if (r == CRUN_ENOTFOUND)
+			r = 0; /* our lease lapsed: the change key is set already */
 		if (r == 0)
-			r = coord_watch(c, chk, j->conf.hb_ms);
+			r = coord_watch(*cp, chk, j->conf.hb_ms);
 		if (r == 0)
 			break;
-		if (r != CRUN_ETIMEDOUT) {
-			snprintf(j->err, sizeof(j->err), "lost the rendezvous store at %s:%u: %s",
-				 j->host, j->port, coord_last_error(c));
-			monitor_post(j, RDZV_CHANGE_FAILED);
-			return r;
-		}
-		if (j->nnodes < 2)
-			continue;
-		r = coord_lease_peek(c, nbr, &cnt);
-		if (r < 0)
+		if (r != CRUN_ETIMEDOUT)
+			break;
+		r = 0;
+		if (!hb || j->nnodes < 2 || coord_heartbeat_peek(*cp, nbr, &cnt) < 0)
 			continue;
 		if (cnt != last) {
 			last = cnt;
 			last_move = clock_now_ms();
 		} else if (clock_now_ms() - last_move > j->conf.ttl_ms) {
-			KEY(why, "dead %s (lease of group rank %d expired)", j->nbr_host,
-			    (j->info.group_rank + 1) % j->nnodes);
-			log_at(LL_WARN, SUB_RDZV, "node %s: no keep-alive for %u ms", j->nbr_host,
-			       j->conf.ttl_ms);
-			(void)coord_lease_expire(c, chk, why);
+			KEY(why, "dead %s (group rank %d: no heartbeat for %u ms)", j->nbr_host,
+			    (j->info.group_rank + 1) % j->nnodes, j->conf.ttl_ms);
+			(void)coord_expire(*cp, chk, why);
 		}
 	}
-	if (atomic_load(&j->stop))
+	if (atomic_load(&j->stop)) {
+		if (lease && *cp)
+			(void)coord_lease_revoke(*cp, lease);
 		return 0;
-	r = coord_get(c, chk, j->conf.read_ms, &v);
+	}
 	if (r < 0) {
+		snprintf(j->err, sizeof(j->err), "lost the rendezvous store at %s:%u: %s",
+			 j->host, j->port, *cp ? coord_last_error(*cp) : crun_strerror(r));
+		monitor_post(j, RDZV_CHANGE_FAILED);
+		return r;
+	}
+	r = coord_get(*cp, chk, j->conf.read_ms, &v);
+	if (r < 0) {
+		snprintf(j->err, sizeof(j->err), "lost the rendezvous store at %s:%u: %s",
+			 j->host, j->port, coord_last_error(*cp));
 		monitor_post(j, RDZV_CHANGE_FAILED);
 		return r;
 	}
@@ -708,20 +761,29 @@ static int job_monitor(struct job *j, struct coord *c)
 	if (strncmp(v, "failed", 6) == 0) {
 		char *why2 = NULL;
 
-		if (coord_get(c, "closed", j->conf.read_ms, &why2) == 0) {
+		if (coord_get(*cp, "closed", j->conf.read_ms, &why2) == 0) {
 			snprintf(j->err, sizeof(j->err), "%s", why2);
 			crun_free(why2);
 		}
 		KEY(k1, "r%d/failed_ack", j->round);
 		KEY(k2, "r%d/failed_acked", j->round);
 		/* Everyone but the failing agent acknowledges. */
-		(void)count_in(c, k1, k2, j->nnodes - 1);
+		(void)count_in(*cp, k1, k2, j->nnodes - 1);
 		monitor_post(j, RDZV_CHANGE_FAILED);
 	} else {
 		monitor_post(j, strncmp(v, "restart", 7) == 0 ? RDZV_CHANGE_RESTART
 							      : RDZV_CHANGE_MEMBERSHIP);
 	}
 	crun_free(v);
+	/* Stay connected (lease held) until the agent moves on: closing now
+	 * would look like a failure of this node to the others. */
+	for (int i = 0; i < 1 << 30 && !atomic_load(&j->stop); i++) {
+		if (lease && coord_lease_keepalive(*cp, lease) < 0)
+			break;
+		usleep(j->conf.hb_ms * 1000u < 1000000u ? j->conf.hb_ms * 1000u : 999999u);
+	}
+	if (lease && atomic_load(&j->stop))
+		(void)coord_lease_revoke(*cp, lease);
 	return 0;
 }
 
@@ -760,7 +822,7 @@ static void *job_main(void *arg)
 			r = job_fail(j, c);
 			break;
 		case JOB_MONITOR:
-			r = job_monitor(j, c);
+			r = job_monitor(j, &c);
 			coord_close(c);
 			job_put(j);
 			return NULL; /* it posted (or was told to stop) */
@@ -870,6 +932,21 @@ static int start(struct c10d *c, enum job_kind kind, const char *why)
 	return 0;
 }
 
+static void on_linger(evutil_socket_t fd, short what, void *arg)
+{
+	struct c10d *c = arg;
+	struct store_server_stats st;
+	struct timeval tv = {0, 10000};
+
+	(void)fd;
+	(void)what;
+	store_server_get_stats(c->rdzv_store, &st);
+	if (st.conns > 0 && clock_now_ms() < c->linger_until && c->linger &&
+	    evtimer_add(c->linger, &tv) == 0)
+		return;
+	c->p.on_event(RDZV_EV_BARRIER_DONE, c->p.arg);
+}
+
 static void on_job(evutil_socket_t fd, short what, void *arg)
 {
 	struct c10d *c = arg;
@@ -886,7 +963,16 @@ static void on_job(evutil_socket_t fd, short what, void *arg)
 		if (j->result < 0)
 			log_at(LL_WARN, SUB_RDZV, "%s", j->err);
 		drop_monitor(c);
-		ev = RDZV_EV_BARRIER_DONE;
+		job_put(j);
+		if (c->rdzv_store) {
+			/* The store leaves last: wait for every other agent to
+			 * hang up (bounded), then report the barrier done. */
+			c->linger_until = clock_now_ms() + C10D_DEPART_MS;
+			on_linger(-1, 0, c);
+			return;
+		}
+		c->p.on_event(RDZV_EV_BARRIER_DONE, c->p.arg);
+		return;
 	} else if (j->result < 0) {
 		snprintf(c->err, sizeof(c->err), "%s", j->err);
 		ev = RDZV_EV_FAILED;
@@ -930,6 +1016,32 @@ static void on_mon(evutil_socket_t fd, short what, void *arg)
 	c->p.on_event(RDZV_EV_PEER_CHANGED, c->p.arg);
 }
 
+/* Whether host:port can be bound here (a local address, a free port):
+ * probing first keeps the store's own "cannot listen" error for real
+ * failures. */
+static bool endpoint_bindable(const char *host, uint16_t port)
+{
+	struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+	struct addrinfo *res = NULL;
+	char ps[8];
+	bool ok = false;
+	int one = 1;
+
+	if (str_printf(ps, sizeof(ps), "%u", port) < 0 || getaddrinfo(host, ps, &hints, &res))
+		return false;
+	for (struct addrinfo *ai = res; ai && !ok; ai = ai->ai_next) {
+		int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+		if (fd < 0)
+			continue;
+		(void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+		ok = bind(fd, ai->ai_addr, ai->ai_addrlen) == 0;
+		fd_close(fd);
+	}
+	freeaddrinfo(res);
+	return ok;
+}
+
 /* Serves the rendezvous store here when the endpoint is ours: is_host=1, or
  * auto and the endpoint address binds (a local address whose port is free). */
 static void maybe_serve(struct c10d *c)
@@ -938,6 +1050,8 @@ static void maybe_serve(struct c10d *c)
 	int r;
 
 	if (c->conf.is_host == 0)
+		return;
+	if (c->conf.is_host < 0 && !endpoint_bindable(c->ep_host, c->ep_port))
 		return;
 	sc.host = c->conf.is_host == 1 ? NULL : c->ep_host;
 	sc.port = c->ep_port;
@@ -990,6 +1104,11 @@ int c10d_new(const struct rdzv_params *p, struct c10d **ret)
 	for (char *s = c->hostname; *s; s++)
 		if (*s == ' ')
 			*s = '_';
+	c->linger = evtimer_new(p->base, on_linger, c);
+	if (!c->linger) {
+		free(c);
+		return CRUN_ENOMEM;
+	}
 	maybe_serve(c);
 	*ret = c;
 	return 0;
@@ -1008,6 +1127,8 @@ void c10d_free(struct c10d *c)
 		event_free(c->job_ev);
 	if (c->job_rd >= 0)
 		fd_close(c->job_rd);
+	if (c->linger)
+		event_free(c->linger);
 	store_server_free(c->rdzv_store);
 	free(c);
 }

@@ -5,12 +5,13 @@
  * one thread at a time.
  *
  * Liveness ("lease"): a lease has a TTL and is kept alive by its holder; when
- * it lapses the coordination service must set the lease's expiry key so every
- * waiter on it wakes. coord_store.c implements it over crun's store client
- * with heartbeat counters (the holder bumps "<name>/hb"; a watcher that sees
- * the counter stand still for a TTL sets the expiry key on the holder's
- * behalf): the server-side lease op codes of the store extension are not
- * wired into the server yet.
+ * it lapses, or the holder's connection closes, the coordination service sets
+ * the lease's expiry key so every waiter on it wakes. coord_store.c maps it
+ * onto crun's store extension (store/store_ext.h: LEASE_GRANT, KEEPALIVE,
+ * REVOKE). Against a store without the extension, callers fall back to
+ * heartbeat counters (coord_heartbeat/coord_heartbeat_peek): the holder bumps
+ * "<name>/hb", a watcher that sees it stand still for a TTL sets the expiry
+ * key on the holder's behalf.
  */
 #ifndef CRUN_RENDEZVOUS_COORD_H
 #define CRUN_RENDEZVOUS_COORD_H
@@ -50,14 +51,21 @@ int coord_wait(struct coord *c, const char *key, uint32_t timeout_ms);
 /* 1 when the key exists, 0 when not. */
 int coord_exists(struct coord *c, const char *key);
 
-/* Leases (see the file comment). `name` identifies the holder's liveness
- * record; expiry_key is set by whoever sees the lease lapse. */
-int coord_lease_keepalive(struct coord *c, const char *name);
-/* Checks a peer's lease: *ret_counter is its keep-alive counter (0 when it
- * never kept alive). The caller decides staleness against its TTL. */
-int coord_lease_peek(struct coord *c, const char *name, int64_t *ret_counter);
-/* Marks the peer's lease expired: sets expiry_key to `why` unless set. */
-int coord_lease_expire(struct coord *c, const char *expiry_key, const char *why);
+/* Leases (see the file comment): granted on this handle's connection; on
+ * expiry expiry_key is set to `why`. CRUN_ENOTSUP (and the handle is
+ * unusable) when the store lacks leases. */
+int coord_lease_grant(struct coord *c, uint32_t ttl_ms, const char *expiry_key, const char *why,
+		      uint64_t *ret_id);
+/* CRUN_ENOTFOUND when the lease already ended. */
+int coord_lease_keepalive(struct coord *c, uint64_t id);
+int coord_lease_revoke(struct coord *c, uint64_t id);
+
+/* Heartbeat fallback. `name` identifies the holder's liveness record. */
+int coord_heartbeat(struct coord *c, const char *name);
+/* *ret_counter: the peer's heartbeat counter (0 when it never beat). */
+int coord_heartbeat_peek(struct coord *c, const char *name, int64_t *ret_counter);
+/* Marks a peer dead: sets expiry_key to `why` unless set. */
+int coord_expire(struct coord *c, const char *expiry_key, const char *why);
 
 /* Watch: waits (up to timeout_ms) for the key to appear; 0 when it did,
  * CRUN_ETIMEDOUT when not. Same as coord_wait; named for the interface. */

@@ -18,7 +18,7 @@ struct coord {
 
 static int fail(struct coord *c, int r, const char *what, const char *key)
 {
-	snprintf(c->err, sizeof(c->err), "%s '%s': %s - %s", what, key, crun_strerror(r),
+	snprintf(c->err, sizeof(c->err), "%s '%.200s': %s - %.240s", what, key, crun_strerror(r),
 		 crun_store_last_error(c->s));
 	return r;
 }
@@ -151,7 +151,33 @@ int coord_watch(struct coord *c, const char *key, uint32_t timeout_ms)
 	return coord_wait(c, key, timeout_ms);
 }
 
-int coord_lease_keepalive(struct coord *c, const char *name)
+int coord_lease_grant(struct coord *c, uint32_t ttl_ms, const char *expiry_key, const char *why,
+		      uint64_t *ret_id)
+{
+	int r = crun_store_lease_grant(c->s, ttl_ms, expiry_key, why, strlen(why), ret_id);
+
+	if (r == CRUN_ECLOSED || r == CRUN_EPROTO) {
+		fail(c, r, "lease_grant", expiry_key);
+		return CRUN_ENOTSUP;
+	}
+	return r < 0 ? fail(c, r, "lease_grant", expiry_key) : 0;
+}
+
+int coord_lease_keepalive(struct coord *c, uint64_t id)
+{
+	int r = crun_store_lease_keepalive(c->s, id);
+
+	return r < 0 && r != CRUN_ENOTFOUND ? fail(c, r, "lease_keepalive", "") : r;
+}
+
+int coord_lease_revoke(struct coord *c, uint64_t id)
+{
+	int r = crun_store_lease_revoke(c->s, id);
+
+	return r < 0 && r != CRUN_ENOTFOUND ? fail(c, r, "lease_revoke", "") : r;
+}
+
+int coord_heartbeat(struct coord *c, const char *name)
 {
 	char key[512];
 
@@ -159,7 +185,7 @@ int coord_lease_keepalive(struct coord *c, const char *name)
 	return coord_add(c, key, 1, NULL);
 }
 
-int coord_lease_peek(struct coord *c, const char *name, int64_t *ret_counter)
+int coord_heartbeat_peek(struct coord *c, const char *name, int64_t *ret_counter)
 {
 	char key[512];
 
@@ -167,7 +193,7 @@ int coord_lease_peek(struct coord *c, const char *name, int64_t *ret_counter)
 	return coord_add(c, key, 0, ret_counter);
 }
 
-int coord_lease_expire(struct coord *c, const char *expiry_key, const char *why)
+int coord_expire(struct coord *c, const char *expiry_key, const char *why)
 {
 	return coord_compare_set(c, expiry_key, "", why, NULL);
 }

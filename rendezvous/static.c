@@ -24,6 +24,7 @@
 
 #include "common/common.h"
 #include "crun/store.h"
+#include "rendezvous/c10d.h"
 #include "rendezvous/rdzv.h"
 
 #define RDZV_MAX_NODES 65536
@@ -49,6 +50,7 @@ struct rdzv_job {
 };
 
 struct rdzv {
+	struct c10d *c10d; /* the c10d backend, when chosen: every call goes there */
 	struct rdzv_params p;
 	char run_id[256];
 	char master_addr[RDZV_HOST_MAX];
@@ -351,7 +353,21 @@ int rdzv_new(const struct rdzv_params *p, struct rdzv **ret_rdzv)
 
 	if (!p->base || !p->on_event || p->nproc < 1)
 		return CRUN_EINVAL;
-	if (strcmp(p->backend, "static") != 0)
+	if (strcmp(p->backend, "c10d") == 0 && !p->standalone) {
+		struct c10d *c;
+
+		TRY(c10d_new(p, &c));
+		r = calloc(1, sizeof(*r));
+		if (!r) {
+			c10d_free(c);
+			return CRUN_ENOMEM;
+		}
+		r->c10d = c;
+		r->notify_rd = -1;
+		*ret_rdzv = r;
+		return 0;
+	}
+	if (strcmp(p->backend, "static") != 0 && !p->standalone)
 		return CRUN_ENOTSUP;
 	if (p->standalone && p->nnodes != 1)
 		return CRUN_ECONFIG;
@@ -382,6 +398,8 @@ int rdzv_new(const struct rdzv_params *p, struct rdzv **ret_rdzv)
 
 int rdzv_store_to_serve(const struct rdzv *r, const char **ret_host, uint16_t *ret_port)
 {
+	if (r->c10d)
+		return c10d_store_to_serve(r->c10d, ret_host, ret_port);
 	if (!r->serve)
 		return 0;
 	*ret_host = r->master_addr;
@@ -391,6 +409,10 @@ int rdzv_store_to_serve(const struct rdzv *r, const char **ret_host, uint16_t *r
 
 void rdzv_set_served_port(struct rdzv *r, uint16_t port)
 {
+	if (r->c10d) {
+		c10d_set_served_port(r->c10d, port);
+		return;
+	}
 	r->served_port = port;
 	if (r->p.standalone)
 		r->p.master_port = port;
@@ -398,6 +420,8 @@ void rdzv_set_served_port(struct rdzv *r, uint16_t port)
 
 int rdzv_next_round(struct rdzv *r)
 {
+	if (r->c10d)
+		return c10d_next_round(r->c10d);
 	/* Static membership never changes: later rounds (restarts) reuse the
 	 * first round's answer; re-running the exchange would race with node
 	 * 0 clearing the store between attempts. */
@@ -420,11 +444,15 @@ int rdzv_next_round(struct rdzv *r)
 
 const struct rdzv_info *rdzv_info(const struct rdzv *r)
 {
+	if (r->c10d)
+		return c10d_info(r->c10d);
 	return r->have_info ? &r->info : NULL;
 }
 
 int rdzv_exit_barrier(struct rdzv *r)
 {
+	if (r->c10d)
+		return c10d_exit_barrier(r->c10d);
 	if (r->p.nnodes == 1) {
 		r->kick_ev = RDZV_EV_BARRIER_DONE;
 		event_active(r->kick, 0, 0);
@@ -435,13 +463,33 @@ int rdzv_exit_barrier(struct rdzv *r)
 
 const char *rdzv_last_error(const struct rdzv *r)
 {
-	return r->err;
+	return r->c10d ? c10d_last_error(r->c10d) : r->err;
+}
+
+enum rdzv_change rdzv_change_kind(const struct rdzv *r)
+{
+	return r->c10d ? c10d_change_kind(r->c10d) : RDZV_CHANGE_NONE;
+}
+
+int rdzv_close_failed(struct rdzv *r, const char *why)
+{
+	return r->c10d ? c10d_close_failed(r->c10d, why) : CRUN_ENOTSUP;
+}
+
+int rdzv_conf_check(const char *backend, const char *conf, char *err, size_t cap)
+{
+	struct c10d_conf c;
+
+	if (strcmp(backend, "c10d") != 0)
+		return CRUN_ENOTSUP;
+	return c10d_parse_conf(conf, &c, err, cap);
 }
 
 void rdzv_free(struct rdzv *r)
 {
 	if (!r)
 		return;
+	c10d_free(r->c10d);
 	if (r->job) {
 		pthread_detach(r->thread);
 		job_put(r->job);

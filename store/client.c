@@ -17,6 +17,7 @@
 
 #include "common/common.h"
 #include "store/store.h"
+#include "store/store_ext.h"
 
 #define NO_DEADLINE UINT64_MAX
 #define RBUF_MIN    4096
@@ -51,6 +52,7 @@ struct client_conn {
 	struct store_bytes *kv; /* views into kbuf */
 	size_t kvcap;
 	uint64_t rng;
+	bool ext; /* HELLO answered: crun's extension ops allowed */
 };
 
 struct crun_store {
@@ -1145,4 +1147,126 @@ CRUN_API int crun_store_barrier(crun_store_t *s, const char *key, int64_t world_
 		return set_err(s->conn, r, "BARRIER", req.key.p, req.key.len, "%s", cause_text(r));
 	}
 	return await_wake(s->conn, STORE_OP_BARRIER, &req.key, deadline);
+}
+
+/* ---- crun's extension ops (store/store_ext.h) -------------------------------- */
+
+/* Sends one extension request and reads its fixed-size reply into rep. */
+static int ext_call(struct crun_store *s, const struct store_ext_req *q, uint8_t *rep)
+{
+	struct client_conn *c = s->conn;
+	const char *name = store_ext_op_name(q->op);
+	size_t need = store_ext_req_size(q), want = store_ext_reply_size(q->op), len;
+	uint64_t deadline = op_deadline(c, 0);
+	int r;
+
+	if (c->broken)
+		return set_err(c, CRUN_ENOTCONN, name, NULL, 0,
+			       "connection closed after an earlier failure: %s", c->broke);
+	if (grow((void **)&c->wbuf, &c->wcap, need, 1) < 0)
+		return set_err(c, CRUN_ENOMEM, name, NULL, 0, "out of memory");
+	r = store_ext_encode_req(q, c->wbuf, c->wcap, &len);
+	if (r < 0)
+		return set_err(c, r, name, NULL, 0, "%s", cause_text(r));
+	r = send_all(c->fd, c->wbuf, len, deadline);
+	while (r == 0 && c->rlen - c->rpos < want)
+		r = conn_fill(c, deadline);
+	if (r < 0) {
+		conn_break(c);
+		return set_err(c, r, name, NULL, 0, "%s", r == CRUN_ECLOSED
+							 ? "closed by the server (no "
+							   "crun extension support?)"
+							 : cause_text(r));
+	}
+	memcpy(rep, c->rbuf + c->rpos, want);
+	c->rpos += want;
+	conn_trim(c);
+	return 0;
+}
+
+static int ext_hello(struct crun_store *s)
+{
+	struct store_ext_req q = {.op = STORE_EXT_HELLO,
+				  .magic = STORE_EXT_MAGIC,
+				  .version = STORE_EXT_VERSION};
+	uint8_t rep[4];
+
+	if (s->conn->ext)
+		return 0;
+	TRY(ext_call(s, &q, rep));
+	if (store_get_u32(rep) < 1) {
+		conn_break(s->conn);
+		return set_err(s->conn, CRUN_EPROTO, "HELLO", NULL, 0, "bad version %u",
+			       store_get_u32(rep));
+	}
+	s->conn->ext = true;
+	return 0;
+}
+
+static int ext_status(struct crun_store *s, const char *op, uint8_t st)
+{
+	if (st == STORE_EXT_OK)
+		return 0;
+	return set_err(s->conn, CRUN_ENOTFOUND, op, NULL, 0, "no such lease (expired?)");
+}
+
+CRUN_API int crun_store_lease_grant(crun_store_t *s, uint32_t ttl_ms, const char *expiry_key,
+				    const void *expiry_val, size_t expiry_len, uint64_t *ret_id)
+{
+	struct store_ext_req q = {.op = STORE_EXT_LEASE_GRANT, .ttl_ms = ttl_ms};
+	uint8_t rep[8];
+
+	if (!s || !ret_id || ttl_ms < 1 || ttl_ms > STORE_EXT_TTL_MAX)
+		return CRUN_EINVAL;
+	TRY(ext_hello(s));
+	if (expiry_key) {
+		TRY(check_val(s->conn, "LEASE_GRANT", expiry_val, expiry_len));
+		TRY(mangle(s, "LEASE_GRANT", &expiry_key, 1, false));
+		q.key = s->conn->kv[0];
+		q.val = (struct store_bytes){expiry_val, expiry_len};
+	}
+	TRY(ext_call(s, &q, rep));
+	*ret_id = store_get_u64(rep);
+	return 0;
+}
+
+CRUN_API int crun_store_lease_keepalive(crun_store_t *s, uint64_t id)
+{
+	struct store_ext_req q = {.op = STORE_EXT_LEASE_KEEPALIVE, .id = id};
+	uint8_t rep[1];
+
+	if (!s)
+		return CRUN_EINVAL;
+	TRY(ext_hello(s));
+	TRY(ext_call(s, &q, rep));
+	return ext_status(s, "LEASE_KEEPALIVE", rep[0]);
+}
+
+CRUN_API int crun_store_lease_revoke(crun_store_t *s, uint64_t id)
+{
+	struct store_ext_req q = {.op = STORE_EXT_LEASE_REVOKE, .id = id};
+	uint8_t rep[1];
+
+	if (!s)
+		return CRUN_EINVAL;
+	TRY(ext_hello(s));
+	TRY(ext_call(s, &q, rep));
+	return ext_status(s, "LEASE_REVOKE", rep[0]);
+}
+
+CRUN_API int crun_store_set_leased(crun_store_t *s, uint64_t id, const char *key, const void *val,
+				   size_t len)
+{
+	struct store_ext_req q = {.op = STORE_EXT_SET_LEASED, .id = id};
+	uint8_t rep[1];
+
+	if (!s || !key)
+		return CRUN_EINVAL;
+	TRY(ext_hello(s));
+	TRY(check_val(s->conn, "SET_LEASED", val, len));
+	TRY(mangle(s, "SET_LEASED", &key, 1, false));
+	q.key = s->conn->kv[0];
+	q.val = (struct store_bytes){val, len};
+	TRY(ext_call(s, &q, rep));
+	return ext_status(s, "SET_LEASED", rep[0]);
 }

@@ -36,6 +36,7 @@
 
 #include "common/common.h"
 #include "store/server_int.h"
+#include "store/store_ext.h"
 
 /* ---- connection teardown ----------------------------------------------------- */
 
@@ -46,6 +47,7 @@ static void conn_close(struct store_conn *c)
 	struct store_server *srv = c->srv;
 
 	store_conn_unregister(c);
+	store_ext_conn_closed(c); /* after the waits are gone: it may SET keys */
 	dl_del(&c->link);
 	bufferevent_free(c->bev);
 	srv->st.conns--;
@@ -228,6 +230,22 @@ static bool conn_process(struct store_conn *c)
 		}
 		if (c->parked && p[0] != cancel)
 			return true; /* answered in order once the WAIT completes */
+		if (store_ext_is_op(p[0])) {
+			/* crun's extension ops (store_ext.h), only after HELLO. */
+			r = store_ext_process(c, p, len, &used);
+			if (r == CRUN_EAGAIN) {
+				if (len < srv->cfg.max_conn_buffered_bytes)
+					return true;
+				conn_drop(c, CRUN_ETOOBIG, "frame over the buffer ceiling");
+				return false;
+			}
+			if (r < 0) {
+				conn_drop(c, r, store_ext_op_name(p[0]));
+				return false;
+			}
+			evbuffer_drain(in, used);
+			continue;
+		}
 		r = store_proto_decode_req(c->dialect, &srv->cfg.limits, p, len, &q, &used);
 		if (r == CRUN_EAGAIN) {
 			if (len < srv->cfg.max_conn_buffered_bytes)
@@ -300,6 +318,7 @@ static void srv_on_accept(struct evconnlistener *lsn, evutil_socket_t fd, struct
 	c->srv = srv;
 	DL_INIT(&c->waits);
 	DL_INIT(&c->watches);
+	DL_INIT(&c->leases);
 	dl_add_tail(&srv->conns, &c->link);
 	srv->st.conns++;
 	bufferevent_setcb(c->bev, conn_on_read, conn_on_write, conn_on_event, c);

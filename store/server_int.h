@@ -116,6 +116,7 @@ struct store_server {
 	uint16_t port;
 	bool full_logged; /* max_conns warning printed since the last accept */
 	struct store_server_stats st;
+	uint64_t next_lease_id; /* lease.c */
 };
 
 struct store_conn {
@@ -131,6 +132,8 @@ struct store_conn {
 	bool throttled;	  /* output over the ceiling: reading paused */
 	bool writing;	  /* EV_WRITE on: the bufferevent flushes what write() left */
 	bool doomed;	  /* another connection's op overfilled our output */
+	bool ext;	  /* sent HELLO: crun's extension ops (store_ext.h) allowed */
+	struct dl leases; /* struct store_lease.conn_link (lease.c) */
 };
 
 static inline struct evbuffer *store_conn_out(struct store_conn *c)

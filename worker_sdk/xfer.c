@@ -4,7 +4,11 @@
  * one after the other would deadlock). pg_xfer() polls every op's transport
  * until all are done, and while nothing moves it checks, in order: a local
  * abort, a peer's failure flag, a peer's death (pidfd), and the deadline, so
- * a wait always ends.
+ * a wait always ends. Waiting is a short spin, then a few yields, then a
+ * sleep on the rank's futex doorbell (rings only; peers ring it when they
+ * move data) or in poll() (sockets), so idle ranks leave the cores to busy
+ * ones: measured on 2 cores, 64 MiB all_reduce busbw went from ~3.3 to ~6.9
+ * GB/s with 2 ranks when the yield loop became a doorbell sleep.
  */
 #include <errno.h>
 #include <poll.h>
@@ -194,7 +198,7 @@ static int xfer_loop(struct crun_pg *pg, struct xfer *ops, int nops)
 			cpu_relax();
 			continue;
 		}
-		if ((idle & 63) == 0 || (!shm_left && (idle & 7) == 0)) {
+		if ((idle & 63) == 0 || ((!shm_left || idle > 80) && (idle & 7) == 0)) {
 			r = check_stalled(pg, ops, nops, deadline, &dead_seen);
 			if (r)
 				return r;

@@ -80,13 +80,20 @@ typedef struct crun_agent_config {
 	void *on_state_arg;
 	/* struct event_base * to run on (borrowed); NULL = the agent makes one. */
 	void *event_base;
+	/* c10d (rdzv_backend "c10d"): elastic membership MIN..MAX nodes (0 =
+	 * nnodes); master_addr/master_port are the rendezvous endpoint; rdzv_conf
+	 * is torchrun's "k=v,..." (join_timeout, last_call_timeout, close_timeout,
+	 * read_timeout, is_host, heartbeat_interval, lease_ttl). */
+	int min_nnodes;
+	int max_nnodes;
+	const char *rdzv_conf;
 } crun_agent_config_t;
 
 #define CRUN_AGENT_CONFIG_INIT                                                                     \
 	{                                                                                          \
 		sizeof(crun_agent_config_t), 1, 1, 0, 0, "static", NULL, "127.0.0.1", 29500, NULL, \
 		    900000, 300000, 0, 30000, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0,   \
-		    0, NULL, NULL, NULL                                                            \
+		    0, NULL, NULL, NULL, 0, 0, NULL                                               \
 	}
 
 /* Validates cfg and prepares the agent: the log directory, the guard process

@@ -135,6 +135,26 @@ CRUN_API int crun_store_barrier(crun_store_t *s, const char *key, int64_t world_
 CRUN_API int crun_store_add_raw(crun_store_t *s, const char *wire_key, int64_t delta,
 				int64_t *ret_value);
 
+/* ---- crun extension (crun stores only; see store/store_ext.h) ----
+ * The first call sends HELLO on the connection; a server without the
+ * extension (PyTorch's) closes the connection instead (CRUN_ECLOSED, and the
+ * handle is broken). */
+
+/* Grants a lease of ttl_ms (1 ms .. 1 h) owned by this connection. When it
+ * lapses without a keep-alive, or the connection closes, every key set with
+ * crun_store_set_leased() under it is deleted and, if expiry_key is not
+ * NULL and not set yet, expiry_key (mangled like any key) is set to
+ * expiry_val, waking every WAIT on it. */
+CRUN_API int crun_store_lease_grant(crun_store_t *s, uint32_t ttl_ms, const char *expiry_key,
+				    const void *expiry_val, size_t expiry_len, uint64_t *ret_id);
+/* Restarts the lease's TTL. CRUN_ENOTFOUND when it already ended. */
+CRUN_API int crun_store_lease_keepalive(crun_store_t *s, uint64_t id);
+/* Ends the lease cleanly: its keys are deleted, its expiry key is NOT set. */
+CRUN_API int crun_store_lease_revoke(crun_store_t *s, uint64_t id);
+/* SET whose key is deleted when the lease ends. CRUN_ENOTFOUND: no lease. */
+CRUN_API int crun_store_set_leased(crun_store_t *s, uint64_t id, const char *key, const void *val,
+				   size_t len);
+
 #ifdef __cplusplus
 }
 #endif

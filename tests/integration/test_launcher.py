@@ -167,7 +167,9 @@ def test_both_spellings_and_abbreviations(procs, tmp_path):
     (["--nproc-per-node=lots"], {}, "--nproc-per-node"),
     (["--max_restarts=-1"], {}, "--max_restarts"),
     (["--rdzv_backend=etcd"], {}, "--rdzv_backend=etcd"),
-    (["--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:1"], {}, "--rdzv-backend=c10d"),
+    # c10d is supported (tests/integration/test_elastic.py); its rdzv_conf is checked.
+    (["--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:1", "--rdzv_conf=bogus=1"], {},
+     "--rdzv_conf"),
     (["--rdzv_backend=zookeeper"], {}, "--rdzv_backend"),
     (["--run_path"], {}, "--run_path"),
     (["--numa-binding=node"], {}, "--numa-binding"),

@@ -168,7 +168,7 @@ static const struct {
 	{ "--nproc-per-node=x", "--nproc-per-node" },
 	{ "--rdzv_backend=etcd", "--rdzv_backend=etcd" },
 	{ "--rdzv-backend=etcd-v2", "--rdzv-backend=etcd-v2" },
-	{ "--rdzv_backend=c10d", "--rdzv_backend=c10d" },
+	/* --rdzv_backend=c10d is accepted now: tests/unit/test_rdzv_c10d.c */
 	{ "--rdzv_backend=nope", "--rdzv_backend" },
 	{ "--run-path", "--run-path" },
 	{ "--numa_binding=node", "--numa_binding" },

@@ -1,0 +1,174 @@
+/* proto_ext.c: the codec of crun's store extension (store_ext.h), pure like
+ * proto.c: no I/O, no allocation. */
+#include <string.h>
+
+#include "common/common.h"
+#include "store/store_ext.h"
+
+bool store_ext_is_op(uint8_t code)
+{
+	return code >= STORE_EXT_HELLO && code <= STORE_EXT_SET_LEASED;
+}
+
+const char *store_ext_op_name(uint8_t code)
+{
+	switch (code) {
+	case STORE_EXT_HELLO:
+		return "HELLO";
+	case STORE_EXT_LEASE_GRANT:
+		return "LEASE_GRANT";
+	case STORE_EXT_LEASE_KEEPALIVE:
+		return "LEASE_KEEPALIVE";
+	case STORE_EXT_LEASE_REVOKE:
+		return "LEASE_REVOKE";
+	case STORE_EXT_SET_LEASED:
+		return "SET_LEASED";
+	default:
+		return "?";
+	}
+}
+
+size_t store_ext_reply_size(uint8_t op)
+{
+	switch (op) {
+	case STORE_EXT_HELLO:
+		return 4;
+	case STORE_EXT_LEASE_GRANT:
+		return 8;
+	case STORE_EXT_LEASE_KEEPALIVE:
+	case STORE_EXT_LEASE_REVOKE:
+	case STORE_EXT_SET_LEASED:
+		return 1;
+	default:
+		return 0;
+	}
+}
+
+/* A cursor over the input; every read checks the bytes are there. */
+struct cur {
+	const uint8_t *p;
+	size_t left;
+};
+
+static int take_u64(struct cur *c, uint64_t *ret)
+{
+	if (c->left < 8)
+		return CRUN_EAGAIN;
+	*ret = store_get_u64(c->p);
+	c->p += 8;
+	c->left -= 8;
+	return 0;
+}
+
+static int take_u32(struct cur *c, uint32_t *ret)
+{
+	if (c->left < 4)
+		return CRUN_EAGAIN;
+	*ret = store_get_u32(c->p);
+	c->p += 4;
+	c->left -= 4;
+	return 0;
+}
+
+static int take_bytes(struct cur *c, size_t max, struct store_bytes *ret)
+{
+	uint64_t n;
+
+	TRY(take_u64(c, &n));
+	if (n > max)
+		return CRUN_ETOOBIG;
+	if (c->left < n)
+		return CRUN_EAGAIN;
+	ret->p = c->p;
+	ret->len = (size_t)n;
+	c->p += n;
+	c->left -= (size_t)n;
+	return 0;
+}
+
+int store_ext_decode_req(const struct store_limits *lim, const uint8_t *buf, size_t len,
+			 struct store_ext_req *out, size_t *used)
+{
+	struct store_ext_req q = {0};
+	struct cur c = {buf + 1, len ? len - 1 : 0};
+
+	if (len == 0)
+		return CRUN_EAGAIN;
+	if (!store_ext_is_op(buf[0]))
+		return CRUN_EPROTO;
+	q.op = buf[0];
+	switch (q.op) {
+	case STORE_EXT_HELLO:
+		TRY(take_u32(&c, &q.magic));
+		TRY(take_u32(&c, &q.version));
+		break;
+	case STORE_EXT_LEASE_GRANT:
+		TRY(take_u64(&c, &q.ttl_ms));
+		TRY(take_bytes(&c, lim->max_key_bytes, &q.key));
+		TRY(take_bytes(&c, lim->max_value_bytes, &q.val));
+		break;
+	case STORE_EXT_LEASE_KEEPALIVE:
+	case STORE_EXT_LEASE_REVOKE:
+		TRY(take_u64(&c, &q.id));
+		break;
+	case STORE_EXT_SET_LEASED:
+		TRY(take_u64(&c, &q.id));
+		TRY(take_bytes(&c, lim->max_key_bytes, &q.key));
+		TRY(take_bytes(&c, lim->max_value_bytes, &q.val));
+		break;
+	default:
+		return CRUN_EPROTO;
+	}
+	*out = q;
+	*used = len - c.left;
+	return 0;
+}
+
+size_t store_ext_req_size(const struct store_ext_req *q)
+{
+	switch (q->op) {
+	case STORE_EXT_HELLO:
+		return 1 + 4 + 4;
+	case STORE_EXT_LEASE_GRANT:
+	case STORE_EXT_SET_LEASED:
+		return 1 + 8 + 8 + q->key.len + 8 + q->val.len;
+	case STORE_EXT_LEASE_KEEPALIVE:
+	case STORE_EXT_LEASE_REVOKE:
+		return 1 + 8;
+	default:
+		return 0;
+	}
+}
+
+int store_ext_encode_req(const struct store_ext_req *q, uint8_t *buf, size_t cap, size_t *ret_len)
+{
+	size_t need = store_ext_req_size(q);
+	uint8_t *p = buf;
+
+	if (need == 0)
+		return CRUN_EINVAL;
+	if (cap < need)
+		return CRUN_ENOSPC;
+	*p++ = q->op;
+	switch (q->op) {
+	case STORE_EXT_HELLO:
+		p = store_put_u32(p, q->magic);
+		p = store_put_u32(p, q->version);
+		break;
+	case STORE_EXT_LEASE_GRANT:
+		p = store_put_u64(p, q->ttl_ms);
+		p = store_put_bytes(p, q->key.p, q->key.len);
+		p = store_put_bytes(p, q->val.p, q->val.len);
+		break;
+	case STORE_EXT_SET_LEASED:
+		p = store_put_u64(p, q->id);
+		p = store_put_bytes(p, q->key.p, q->key.len);
+		p = store_put_bytes(p, q->val.p, q->val.len);
+		break;
+	default:
+		p = store_put_u64(p, q->id);
+		break;
+	}
+	*ret_len = (size_t)(p - buf);
+	return 0;
+}

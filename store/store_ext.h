@@ -1,0 +1,90 @@
+/* store_ext.h: crun's extensions to the TCPStore protocol - leases, keys
+ * attached to a lease, and "on expiry, set key K" - for the elastic
+ * rendezvous (DESIGN.md "Rendezvous: O(N) per round, O(1) per failure").
+ *
+ * Op codes are 0x80 and up, outside both PyTorch dialects (v1 uses 0..~12,
+ * v2 0..~20). The server decodes them only on a connection that opted in
+ * with HELLO (sent after the usual VALIDATE/PING handshake); on any other
+ * connection a byte >= 0x80 is an unknown op code, exactly as before, so
+ * PyTorch clients never see them. Little-endian integers; `bytes` is a u64
+ * length then the bytes, as everywhere in TCPStore.
+ *
+ *   op    name             request after the op byte             reply
+ *   0x80  HELLO            u32 magic 0x4352554e, u32 version     u32 version
+ *   0x81  LEASE_GRANT      u64 ttl_ms, bytes expiry_key,          u64 lease id (> 0)
+ *                          bytes expiry_value
+ *   0x82  LEASE_KEEPALIVE  u64 lease id                          u8 status
+ *   0x83  LEASE_REVOKE     u64 lease id                          u8 status
+ *   0x84  SET_LEASED       u64 lease id, bytes key, bytes value  u8 status
+ *
+ * status: 0 ok, 1 no such lease (expired, revoked, or another connection's).
+ *
+ * Semantics. A lease belongs to the connection that granted it. It ends when
+ * its TTL passes without a keep-alive, or when its connection closes; then
+ * every key set through SET_LEASED under it is deleted, and, if expiry_key
+ * is not empty and does not exist yet (the first reason wins), expiry_key is
+ * SET to expiry_value - waking every WAIT on it,
+ * which is how one failure reaches every agent at O(1) cost. LEASE_REVOKE
+ * ends a lease cleanly: its keys are deleted but the expiry key is not set.
+ * Keys are given as on the wire (already mangled with "/" and prefixes).
+ * ttl_ms is 1 ms .. 1 hour.
+ */
+#ifndef CRUN_STORE_STORE_EXT_H
+#define CRUN_STORE_STORE_EXT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "store/store.h"
+
+enum store_ext_op {
+	STORE_EXT_HELLO = 0x80,
+	STORE_EXT_LEASE_GRANT = 0x81,
+	STORE_EXT_LEASE_KEEPALIVE = 0x82,
+	STORE_EXT_LEASE_REVOKE = 0x83,
+	STORE_EXT_SET_LEASED = 0x84,
+};
+
+#define STORE_EXT_MAGIC	  0x4352554eu
+#define STORE_EXT_VERSION 1u
+#define STORE_EXT_TTL_MAX (3600u * 1000)
+
+enum { STORE_EXT_OK = 0, STORE_EXT_NO_LEASE = 1 };
+
+struct store_ext_req {
+	uint8_t op;
+	uint32_t magic, version;   /* HELLO */
+	uint64_t id;		   /* KEEPALIVE REVOKE SET_LEASED */
+	uint64_t ttl_ms;	   /* GRANT */
+	struct store_bytes key;	   /* GRANT: expiry key; SET_LEASED: key */
+	struct store_bytes val;	   /* GRANT: expiry value; SET_LEASED: value */
+};
+
+/* True for an op code of the extension range. */
+bool store_ext_is_op(uint8_t code);
+/* "LEASE_GRANT"...; static text. */
+const char *store_ext_op_name(uint8_t code);
+/* Same contract as store_proto_decode_req (pure; CRUN_EAGAIN on a prefix,
+ * CRUN_EPROTO for an unknown op, CRUN_ETOOBIG over a limit). */
+int store_ext_decode_req(const struct store_limits *lim, const uint8_t *buf, size_t len,
+			 struct store_ext_req *out, size_t *used);
+size_t store_ext_req_size(const struct store_ext_req *req);
+int store_ext_encode_req(const struct store_ext_req *req, uint8_t *buf, size_t cap,
+			 size_t *ret_len);
+/* Size of the reply to op (4, 8 or 1), 0 for an unknown op. */
+size_t store_ext_reply_size(uint8_t op);
+
+/* ---- server side (lease.c) ---- */
+
+struct store_server;
+struct store_conn;
+
+/* Runs one extension request from c's input (buf[0] is an extension op
+ * code). Returns 0 with *used, CRUN_EAGAIN for a partial frame, or a negative
+ * code after which the caller closes c (also: an extension op before HELLO). */
+int store_ext_process(struct store_conn *c, const uint8_t *buf, size_t len, size_t *used);
+/* c is closing: its leases end as if they expired. */
+void store_ext_conn_closed(struct store_conn *c);
+
+#endif /* CRUN_STORE_STORE_EXT_H */
