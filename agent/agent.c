@@ -70,10 +70,8 @@ static int make_log_dirs(struct crun_agent *a)
 static void on_rdzv_event(enum rdzv_event ev, void *arg)
 {
 	static const enum agent_event map[] = {
-	    [RDZV_EV_COMPLETE] = AE_RDZV_COMPLETE,
-	    [RDZV_EV_FAILED] = AE_RDZV_FAILED,
-	    [RDZV_EV_PEER_CHANGED] = AE_PEER_CHANGED,
-	    [RDZV_EV_BARRIER_DONE] = AE_BARRIER_DONE,
+	    [RDZV_EV_COMPLETE] = AE_RDZV_COMPLETE,    [RDZV_EV_FAILED] = AE_RDZV_FAILED,
+	    [RDZV_EV_PEER_CHANGED] = AE_PEER_CHANGED, [RDZV_EV_BARRIER_DONE] = AE_BARRIER_DONE,
 	    [RDZV_EV_SPARE_DONE] = AE_SPARE_DONE,
 	};
 
@@ -507,7 +505,8 @@ void agent_root_cause_line(struct crun_agent *a, char *buf, size_t cap)
 	if (root < 0)
 		return;
 	f = &a->failures[root];
-	snprintf(buf, cap, "node %s (group_rank %d): rank %d (local_rank %d, pid %d) exitcode %d: %s",
+	snprintf(buf, cap,
+		 "node %s (group_rank %d): rank %d (local_rank %d, pid %d) exitcode %d: %s",
 		 a->host, a->group_rank, f->global_rank, f->local_rank, (int)f->pid, f->exitcode,
 		 f->message ? f->message : "");
 	for (char *p = buf; *p; p++)

@@ -548,8 +548,8 @@ int cli_parse(struct cli *c, int argc, char *const *argv, char *const *env)
 					    "argument %s: invalid value '%s' (expected N or "
 					    "MIN:MAX with 0 < MIN <= MAX)",
 					    from[O_NNODES], v);
-			if (lo != hi && !(set[O_RDZV_BACKEND] &&
-					  strcmp(val[O_RDZV_BACKEND], "c10d") == 0))
+			if (lo != hi &&
+			    !(set[O_RDZV_BACKEND] && strcmp(val[O_RDZV_BACKEND], "c10d") == 0))
 				return fail(c,
 					    "argument %s=%s: elastic MIN:MAX needs "
 					    "--rdzv_backend=c10d",

@@ -41,9 +41,9 @@
 #include "rendezvous/coord.h"
 #include "store/store.h"
 
-#define C10D_PROGRESS_MS 3000
+#define C10D_PROGRESS_MS  3000
 #define C10D_SPARE_MAX_MS (7u * 24 * 3600 * 1000) /* a spare waits at most a week */
-#define C10D_DEPART_MS 10000
+#define C10D_DEPART_MS	  10000
 
 enum job_kind { JOB_ROUND, JOB_BARRIER, JOB_FAIL, JOB_MONITOR };
 
@@ -84,7 +84,7 @@ struct c10d {
 	char ep_host[RDZV_HOST_MAX];
 	uint16_t ep_port;
 	char hostname[RDZV_HOST_MAX];
-	char addr[RDZV_HOST_MAX]; /* advertised as MASTER_ADDR */
+	char addr[RDZV_HOST_MAX];	 /* advertised as MASTER_ADDR */
 	struct store_server *rdzv_store; /* served in-process, or NULL */
 	uint16_t wport;			 /* this agent's worker store */
 	bool have_info;
@@ -166,8 +166,8 @@ int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap)
 			TRY(conf_secs(item, v, dst, err, cap));
 		} else if (strcmp(item, "is_host") == 0) {
 			if (parse_bool(v, &b) < 0) {
-				snprintf(err, cap, "argument --rdzv_conf: is_host=%s is not a boolean",
-					 v);
+				snprintf(err, cap,
+					 "argument --rdzv_conf: is_host=%s is not a boolean", v);
 				return CRUN_EINVAL;
 			}
 			c.is_host = b;
@@ -184,8 +184,9 @@ int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap)
 		p = end + 1;
 	}
 	if (c.ttl_ms < c.hb_ms) {
-		snprintf(err, cap, "argument --rdzv_conf: lease_ttl must not be below "
-				   "heartbeat_interval");
+		snprintf(err, cap,
+			 "argument --rdzv_conf: lease_ttl must not be below "
+			 "heartbeat_interval");
 		return CRUN_EINVAL;
 	}
 	*ret = c;
@@ -279,10 +280,11 @@ static int check_job(struct job *j, struct coord *c)
 	if (r < 0)
 		return jfail(j, c, r, "reading the job configuration");
 	if (strcmp(cur, want) != 0) {
-		snprintf(j->err, sizeof(j->err),
-			 "conflicting settings: this agent has --nnodes=%s but run '%s' was started "
-			 "with --nnodes=%s",
-			 want, j->prefix, cur);
+		snprintf(
+		    j->err, sizeof(j->err),
+		    "conflicting settings: this agent has --nnodes=%s but run '%s' was started "
+		    "with --nnodes=%s",
+		    want, j->prefix, cur);
 		crun_free(cur);
 		return CRUN_ECONFIG;
 	}
@@ -375,9 +377,9 @@ static int assign_round(struct job *j, struct coord *c, int rd, int n)
 			total += nproc[k];
 		r = str_printf(key, sizeof(key), "r%d/assign/%d", rd, i + 1);
 		if (r >= 0)
-			r = str_printf(val, sizeof(val), "%d %d %" PRId64 " %" PRId64 " %u %s %s %d",
-				       g, n, base, total, wport[m], addr[m], host[nb],
-				       host_member);
+			r = str_printf(val, sizeof(val),
+				       "%d %d %" PRId64 " %" PRId64 " %u %s %s %d", g, n, base,
+				       total, wport[m], addr[m], host[nb], host_member);
 		if (r >= 0)
 			r = coord_set(c, key, val);
 		if (r < 0) {
@@ -564,8 +566,8 @@ static int job_round(struct job *j, struct coord *c)
 				deadline = clock_now_ms() + j->conf.join_ms;
 			continue;
 		}
-		log_at(LL_DEBUG, SUB_RDZV, "round %" PRId64 " closed with %" PRId64 ", ticket %" PRId64,
-		       rd, n, t);
+		log_at(LL_DEBUG, SUB_RDZV,
+		       "round %" PRId64 " closed with %" PRId64 ", ticket %" PRId64, rd, n, t);
 		if (t == 1)
 			TRY(assign_round(j, c, (int)rd, (int)n));
 		KEY(key, "r%" PRId64 "/assign/%" PRId64, rd, t);
@@ -745,15 +747,15 @@ static int job_monitor(struct job *j, struct coord **cp)
 		return 0;
 	}
 	if (r < 0) {
-		snprintf(j->err, sizeof(j->err), "lost the rendezvous store at %s:%u: %s",
-			 j->host, j->port, *cp ? coord_last_error(*cp) : crun_strerror(r));
+		snprintf(j->err, sizeof(j->err), "lost the rendezvous store at %s:%u: %s", j->host,
+			 j->port, *cp ? coord_last_error(*cp) : crun_strerror(r));
 		monitor_post(j, RDZV_CHANGE_FAILED);
 		return r;
 	}
 	r = coord_get(*cp, chk, j->conf.read_ms, &v);
 	if (r < 0) {
-		snprintf(j->err, sizeof(j->err), "lost the rendezvous store at %s:%u: %s",
-			 j->host, j->port, coord_last_error(*cp));
+		snprintf(j->err, sizeof(j->err), "lost the rendezvous store at %s:%u: %s", j->host,
+			 j->port, coord_last_error(*cp));
 		monitor_post(j, RDZV_CHANGE_FAILED);
 		return r;
 	}
@@ -836,6 +838,74 @@ static void *job_main(void *arg)
 	while (n < 0 && errno == EINTR);
 	job_put(j);
 	return NULL;
+}
+
+static struct job *join_job(const struct c10d_join_args *a)
+{
+	struct job *j = calloc(1, sizeof(*j));
+
+	if (!j)
+		return NULL;
+	j->kind = JOB_ROUND;
+	snprintf(j->host, sizeof(j->host), "%s", a->host ? a->host : "");
+	j->port = a->port;
+	snprintf(j->prefix, sizeof(j->prefix), "crun-c10d/%s", a->run_id);
+	j->conf = a->conf;
+	j->min = a->min;
+	j->max = a->max;
+	j->nproc = a->nproc;
+	j->prev_round = a->prev_round;
+	j->prev_grank = a->prev_grank;
+	j->wport = a->wport;
+	snprintf(j->addr, sizeof(j->addr), "%s", a->addr);
+	snprintf(j->hostname, sizeof(j->hostname), "%s", a->hostname);
+	return j;
+}
+
+int c10d_join_on(struct coord *c, const struct c10d_join_args *a, struct rdzv_info *ret_info,
+		 int *ret_round, char *err, size_t cap)
+{
+	struct job *j = join_job(a);
+	int r;
+
+	if (!j)
+		return CRUN_ENOMEM;
+	r = job_round(j, c);
+	if (r < 0) {
+		snprintf(err, cap, "%s", j->err);
+	} else if (j->outcome == RO_SPARE_DONE) {
+		snprintf(err, cap, "the job ended while this node waited as a spare");
+		r = CRUN_ERDZVCLOSED;
+	} else {
+		*ret_info = j->info;
+		*ret_round = j->round;
+	}
+	free(j);
+	return r;
+}
+
+int c10d_join_blocking(const struct c10d_join_args *a, struct rdzv_info *ret_info, int *ret_round,
+		       char *err, size_t cap)
+{
+	struct coord_opts o = {0};
+	struct coord *c = NULL;
+	char prefix[320];
+	int r;
+
+	TRY(str_printf(prefix, sizeof(prefix), "crun-c10d/%s", a->run_id));
+	o.host = a->host;
+	o.port = a->port;
+	o.prefix = prefix;
+	o.connect_timeout_ms = a->conf.join_ms;
+	o.timeout_ms = a->conf.read_ms;
+	r = coord_open(&o, &c);
+	if (r < 0) {
+		snprintf(err, cap, "cannot reach the rendezvous store: %s", crun_strerror(r));
+		return r;
+	}
+	r = c10d_join_on(c, a, ret_info, ret_round, err, cap);
+	coord_close(c);
+	return r;
 }
 
 /* ---- the loop side ----------------------------------------------------------- */
@@ -1016,6 +1086,32 @@ static void on_mon(evutil_socket_t fd, short what, void *arg)
 	c->p.on_event(RDZV_EV_PEER_CHANGED, c->p.arg);
 }
 
+/* The local address this host uses to reach host:port (a UDP connect sends
+ * nothing): what the other nodes can reach this one at, even where the host
+ * name does not resolve to it (network namespaces, several interfaces). */
+static int route_addr(const char *host, uint16_t port, char *buf, size_t cap)
+{
+	struct addrinfo hints = {.ai_socktype = SOCK_DGRAM, .ai_flags = AI_NUMERICSERV};
+	struct addrinfo *res = NULL;
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	char ps[8];
+	int fd, r = CRUN_ERESOLVE;
+
+	if (str_printf(ps, sizeof(ps), "%u", port) < 0 || getaddrinfo(host, ps, &hints, &res))
+		return CRUN_ERESOLVE;
+	fd = socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+	    getsockname(fd, (struct sockaddr *)&ss, &sl) == 0 &&
+	    getnameinfo((struct sockaddr *)&ss, sl, buf, (socklen_t)cap, NULL, 0, NI_NUMERICHOST) ==
+		0)
+		r = 0;
+	if (fd >= 0)
+		fd_close(fd);
+	freeaddrinfo(res);
+	return r;
+}
+
 /* Whether host:port can be bound here (a local address, a free port):
  * probing first keeps the store's own "cannot listen" error for real
  * failures. */
@@ -1062,8 +1158,7 @@ static void maybe_serve(struct c10d *c)
 		       c->ep_host, c->ep_port, crun_strerror(r));
 		return;
 	}
-	log_at(LL_WARN, SUB_RDZV, "serving the rendezvous store on %s:%u", c->ep_host,
-	       c->ep_port);
+	log_at(LL_WARN, SUB_RDZV, "serving the rendezvous store on %s:%u", c->ep_host, c->ep_port);
 }
 
 int c10d_new(const struct rdzv_params *p, struct c10d **ret)
@@ -1071,8 +1166,7 @@ int c10d_new(const struct rdzv_params *p, struct c10d **ret)
 	struct c10d *c;
 	int r;
 
-	if (p->min_nodes < 1 || p->max_nodes < p->min_nodes || !p->master_addr ||
-	    !p->master_port)
+	if (p->min_nodes < 1 || p->max_nodes < p->min_nodes || !p->master_addr || !p->master_port)
 		return CRUN_ECONFIG;
 	c = calloc(1, sizeof(*c));
 	if (!c)
@@ -1099,7 +1193,7 @@ int c10d_new(const struct rdzv_params *p, struct c10d **ret)
 	else if (strncmp(c->ep_host, "127.", 4) == 0 || strcmp(c->ep_host, "localhost") == 0 ||
 		 strcmp(c->ep_host, "::1") == 0)
 		snprintf(c->addr, sizeof(c->addr), "%s", c->ep_host);
-	else
+	else if (route_addr(c->ep_host, c->ep_port, c->addr, sizeof(c->addr)) < 0)
 		snprintf(c->addr, sizeof(c->addr), "%s", c->hostname);
 	for (char *s = c->hostname; *s; s++)
 		if (*s == ' ')

@@ -32,6 +32,27 @@ int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap)
  * ret_grank[i] is ticket i+1's group rank. 0 or CRUN_EINVAL. */
 int c10d_order(const int *prev_grank, int n, int *ret_grank);
 
+/* One agent's join of the next round, run synchronously on the calling
+ * thread (what the agent's helper thread does): for benchmarks and tests
+ * that drive many rendezvous clients in one process. */
+struct c10d_join_args {
+	const char *host; /* rendezvous store */
+	uint16_t port;
+	const char *run_id;
+	struct c10d_conf conf;
+	int min, max, nproc;
+	int prev_round, prev_grank; /* -1, -1 for a first join */
+	uint16_t wport;		    /* this agent's worker store port */
+	const char *addr, *hostname;
+};
+int c10d_join_blocking(const struct c10d_join_args *a, struct rdzv_info *ret_info, int *ret_round,
+		       char *err, size_t cap);
+/* The same on an open coordination handle (coord.h; e.g. in-memory). A spare
+ * whose job ended returns CRUN_ERDZVCLOSED. */
+struct coord;
+int c10d_join_on(struct coord *c, const struct c10d_join_args *a, struct rdzv_info *ret_info,
+		 int *ret_round, char *err, size_t cap);
+
 int c10d_new(const struct rdzv_params *p, struct c10d **ret);
 void c10d_free(struct c10d *c);
 int c10d_store_to_serve(const struct c10d *c, const char **ret_host, uint16_t *ret_port);

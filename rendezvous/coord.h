@@ -30,6 +30,14 @@ struct coord_opts {
 };
 
 int coord_open(const struct coord_opts *o, struct coord **ret_c);
+
+/* In-memory coordination shared by handles of one process (no sockets, no
+ * leases: CRUN_ENOTSUP), for unit tests of the round algorithm. */
+struct coord_mem;
+int coord_mem_new(struct coord_mem **ret);
+void coord_mem_free(struct coord_mem *m); /* after every handle is closed */
+uint64_t coord_mem_ops(struct coord_mem *m);
+int coord_open_mem(struct coord_mem *m, const char *prefix, struct coord **ret_c);
 void coord_close(struct coord *c);
 const char *coord_last_error(const struct coord *c);
 

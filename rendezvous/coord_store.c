@@ -3,16 +3,37 @@
  * dialect so that a timed-out WAIT is canceled and the connection stays
  * usable.
  */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/common.h"
 #include "crun/store.h"
 #include "rendezvous/coord.h"
 
+/* In-memory coordination (coord_mem_*): a key list under one lock, WAIT as a
+ * condition variable. No sockets: lets the round algorithm run in unit tests
+ * with many "agents" as threads of one process. */
+struct mkv {
+	struct mkv *next;
+	char *key, *val;
+};
+
+struct coord_mem {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct mkv *head;
+	uint64_t ops;
+};
+
 struct coord {
 	crun_store_t *s;
+	struct coord_mem *mem; /* instead of s */
+	char prefix[320];
 	char err[512];
 };
 
@@ -20,6 +41,180 @@ static int fail(struct coord *c, int r, const char *what, const char *key)
 {
 	snprintf(c->err, sizeof(c->err), "%s '%.200s': %s - %.240s", what, key, crun_strerror(r),
 		 crun_store_last_error(c->s));
+	return r;
+}
+
+int coord_mem_new(struct coord_mem **ret)
+{
+	struct coord_mem *m = calloc(1, sizeof(*m));
+
+	if (!m)
+		return CRUN_ENOMEM;
+	pthread_mutex_init(&m->mu, NULL);
+	pthread_cond_init(&m->cv, NULL);
+	*ret = m;
+	return 0;
+}
+
+void coord_mem_free(struct coord_mem *m)
+{
+	if (!m)
+		return;
+	while (m->head) {
+		struct mkv *n = m->head->next;
+
+		free(m->head->key);
+		free(m->head->val);
+		free(m->head);
+		m->head = n;
+	}
+	pthread_cond_destroy(&m->cv);
+	pthread_mutex_destroy(&m->mu);
+	free(m);
+}
+
+uint64_t coord_mem_ops(struct coord_mem *m)
+{
+	uint64_t n;
+
+	pthread_mutex_lock(&m->mu);
+	n = m->ops;
+	pthread_mutex_unlock(&m->mu);
+	return n;
+}
+
+int coord_open_mem(struct coord_mem *m, const char *prefix, struct coord **ret_c)
+{
+	struct coord *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return CRUN_ENOMEM;
+	c->mem = m;
+	if (str_printf(c->prefix, sizeof(c->prefix), "%s/", prefix ? prefix : "") < 0) {
+		free(c);
+		return CRUN_ETOOBIG;
+	}
+	*ret_c = c;
+	return 0;
+}
+
+/* Locked: the entry of the prefixed key, or NULL. */
+static struct mkv *mfind(struct coord *c, const char *key)
+{
+	size_t pl = strlen(c->prefix);
+
+	for (struct mkv *e = c->mem->head; e; e = e->next)
+		if (strncmp(e->key, c->prefix, pl) == 0 && strcmp(e->key + pl, key) == 0)
+			return e;
+	return NULL;
+}
+
+/* Locked: stores val under key; 0 or CRUN_ENOMEM. */
+static int mput(struct coord *c, const char *key, const char *val)
+{
+	struct mkv *e = mfind(c, key);
+	char *v = str_dup(val);
+
+	if (!v)
+		return CRUN_ENOMEM;
+	if (!e) {
+		size_t kl = strlen(c->prefix) + strlen(key) + 1;
+
+		e = calloc(1, sizeof(*e));
+		if (e)
+			e->key = malloc(kl);
+		if (!e || !e->key) {
+			free(e);
+			free(v);
+			return CRUN_ENOMEM;
+		}
+		snprintf(e->key, kl, "%s%s", c->prefix, key);
+		e->next = c->mem->head;
+		c->mem->head = e;
+	}
+	free(e->val);
+	e->val = v;
+	pthread_cond_broadcast(&c->mem->cv);
+	return 0;
+}
+
+/* Locked: waits until key exists or the deadline (0 = none) passes. */
+static int mwait(struct coord *c, const char *key, uint32_t timeout_ms)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += timeout_ms / 1000;
+	ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
+	while (!mfind(c, key))
+		if (pthread_cond_timedwait(&c->mem->cv, &c->mem->mu, &ts) == ETIMEDOUT &&
+		    !mfind(c, key))
+			return CRUN_ETIMEDOUT;
+	return 0;
+}
+
+static int mem_add(struct coord *c, const char *key, int64_t delta, int64_t *ret)
+{
+	struct mkv *e;
+	char buf[32];
+	int64_t v = 0;
+	int r;
+
+	pthread_mutex_lock(&c->mem->mu);
+	c->mem->ops++;
+	e = mfind(c, key);
+	if (e && sscanf(e->val, "%" SCNd64, &v) != 1)
+		v = 0;
+	v += delta;
+	snprintf(buf, sizeof(buf), "%" PRId64, v);
+	r = mput(c, key, buf);
+	pthread_mutex_unlock(&c->mem->mu);
+	if (r == 0 && ret)
+		*ret = v;
+	return r;
+}
+
+static int mem_get(struct coord *c, const char *key, uint32_t timeout_ms, char **ret)
+{
+	int r;
+
+	pthread_mutex_lock(&c->mem->mu);
+	c->mem->ops++;
+	r = mwait(c, key, timeout_ms ? timeout_ms : 60000);
+	if (r == 0) {
+		*ret = str_dup(mfind(c, key)->val);
+		r = *ret ? 0 : CRUN_ENOMEM;
+	}
+	pthread_mutex_unlock(&c->mem->mu);
+	if (r < 0)
+		snprintf(c->err, sizeof(c->err), "get '%.200s': %s", key, crun_strerror(r));
+	return r;
+}
+
+static int mem_cas(struct coord *c, const char *key, const char *expected, const char *desired,
+		   char **ret_cur)
+{
+	struct mkv *e;
+	const char *cur;
+	int r = 0;
+
+	pthread_mutex_lock(&c->mem->mu);
+	c->mem->ops++;
+	e = mfind(c, key);
+	if ((!e && !*expected) || (e && strcmp(e->val, expected) == 0))
+		r = mput(c, key, desired);
+	e = mfind(c, key);
+	cur = e ? e->val : expected;
+	if (r == 0 && ret_cur) {
+		*ret_cur = str_dup(cur);
+		if (!*ret_cur)
+			r = CRUN_ENOMEM;
+	}
+	pthread_mutex_unlock(&c->mem->mu);
 	return r;
 }
 
@@ -51,7 +246,8 @@ void coord_close(struct coord *c)
 {
 	if (!c)
 		return;
-	crun_store_close(c->s);
+	if (c->s)
+		crun_store_close(c->s);
 	free(c);
 }
 
@@ -62,15 +258,27 @@ const char *coord_last_error(const struct coord *c)
 
 int coord_add(struct coord *c, const char *key, int64_t delta, int64_t *ret_value)
 {
-	int r = crun_store_add(c->s, key, delta, ret_value);
+	int r;
+
+	if (c->mem)
+		return mem_add(c, key, delta, ret_value);
+	r = crun_store_add(c->s, key, delta, ret_value);
 
 	return r < 0 ? fail(c, r, "add", key) : 0;
 }
 
 int coord_set(struct coord *c, const char *key, const char *val)
 {
-	int r = crun_store_set(c->s, key, val, strlen(val));
+	int r;
 
+	if (c->mem) {
+		pthread_mutex_lock(&c->mem->mu);
+		c->mem->ops++;
+		r = mput(c, key, val);
+		pthread_mutex_unlock(&c->mem->mu);
+		return r;
+	}
+	r = crun_store_set(c->s, key, val, strlen(val));
 	return r < 0 ? fail(c, r, "set", key) : 0;
 }
 
@@ -78,7 +286,11 @@ int coord_get(struct coord *c, const char *key, uint32_t timeout_ms, char **ret_
 {
 	void *v = NULL;
 	size_t len;
-	int r = crun_store_get(c->s, key, timeout_ms, &v, &len);
+	int r;
+
+	if (c->mem)
+		return mem_get(c, key, timeout_ms, ret_val);
+	r = crun_store_get(c->s, key, timeout_ms, &v, &len);
 
 	if (r < 0)
 		return fail(c, r, "get", key);
@@ -89,7 +301,16 @@ int coord_get(struct coord *c, const char *key, uint32_t timeout_ms, char **ret_
 int coord_exists(struct coord *c, const char *key)
 {
 	int ready = 0;
-	int r = crun_store_check(c->s, (const char *const[]){key}, 1, &ready);
+	int r;
+
+	if (c->mem) {
+		pthread_mutex_lock(&c->mem->mu);
+		c->mem->ops++;
+		r = mfind(c, key) ? 1 : 0;
+		pthread_mutex_unlock(&c->mem->mu);
+		return r;
+	}
+	r = crun_store_check(c->s, (const char *const[]){key}, 1, &ready);
 
 	if (r < 0)
 		return fail(c, r, "check", key);
@@ -110,9 +331,22 @@ int coord_try_get(struct coord *c, const char *key, char **ret_val)
 int coord_multi_get(struct coord *c, const char *const *keys, size_t n, uint32_t timeout_ms,
 		    char **ret_vals)
 {
-	size_t *lens = calloc(n ? n : 1, sizeof(*lens));
+	size_t *lens;
 	int r;
 
+	if (c->mem) {
+		for (size_t i = 0; i < n; i++) {
+			r = mem_get(c, keys[i], timeout_ms, &ret_vals[i]);
+
+			if (r < 0) {
+				for (size_t k = 0; k < i; k++)
+					free(ret_vals[k]);
+				return r;
+			}
+		}
+		return 0;
+	}
+	lens = calloc(n ? n : 1, sizeof(*lens));
 	if (!lens)
 		return CRUN_ENOMEM;
 	r = crun_store_multi_get(c->s, keys, n, timeout_ms, (void **)ret_vals, lens);
@@ -125,8 +359,12 @@ int coord_compare_set(struct coord *c, const char *key, const char *expected, co
 {
 	void *v = NULL;
 	size_t len;
-	int r = crun_store_compare_set(c->s, key, expected, strlen(expected), desired,
-				       strlen(desired), &v, &len);
+	int r;
+
+	if (c->mem)
+		return mem_cas(c, key, expected, desired, ret_cur);
+	r = crun_store_compare_set(c->s, key, expected, strlen(expected), desired, strlen(desired),
+				   &v, &len);
 
 	if (r < 0)
 		return fail(c, r, "compare_set", key);
@@ -139,7 +377,16 @@ int coord_compare_set(struct coord *c, const char *key, const char *expected, co
 
 int coord_wait(struct coord *c, const char *key, uint32_t timeout_ms)
 {
-	int r = crun_store_wait(c->s, (const char *const[]){key}, 1, timeout_ms ? timeout_ms : 1);
+	int r;
+
+	if (c->mem) {
+		pthread_mutex_lock(&c->mem->mu);
+		c->mem->ops++;
+		r = mwait(c, key, timeout_ms ? timeout_ms : 1);
+		pthread_mutex_unlock(&c->mem->mu);
+		return r;
+	}
+	r = crun_store_wait(c->s, (const char *const[]){key}, 1, timeout_ms ? timeout_ms : 1);
 
 	if (r == CRUN_ETIMEDOUT)
 		return r;
@@ -154,7 +401,11 @@ int coord_watch(struct coord *c, const char *key, uint32_t timeout_ms)
 int coord_lease_grant(struct coord *c, uint32_t ttl_ms, const char *expiry_key, const char *why,
 		      uint64_t *ret_id)
 {
-	int r = crun_store_lease_grant(c->s, ttl_ms, expiry_key, why, strlen(why), ret_id);
+	int r;
+
+	if (c->mem)
+		return CRUN_ENOTSUP;
+	r = crun_store_lease_grant(c->s, ttl_ms, expiry_key, why, strlen(why), ret_id);
 
 	if (r == CRUN_ECLOSED || r == CRUN_EPROTO) {
 		fail(c, r, "lease_grant", expiry_key);
@@ -165,14 +416,22 @@ int coord_lease_grant(struct coord *c, uint32_t ttl_ms, const char *expiry_key, 
 
 int coord_lease_keepalive(struct coord *c, uint64_t id)
 {
-	int r = crun_store_lease_keepalive(c->s, id);
+	int r;
+
+	if (c->mem)
+		return CRUN_ENOTSUP;
+	r = crun_store_lease_keepalive(c->s, id);
 
 	return r < 0 && r != CRUN_ENOTFOUND ? fail(c, r, "lease_keepalive", "") : r;
 }
 
 int coord_lease_revoke(struct coord *c, uint64_t id)
 {
-	int r = crun_store_lease_revoke(c->s, id);
+	int r;
+
+	if (c->mem)
+		return CRUN_ENOTSUP;
+	r = crun_store_lease_revoke(c->s, id);
 
 	return r < 0 && r != CRUN_ENOTFOUND ? fail(c, r, "lease_revoke", "") : r;
 }

@@ -64,8 +64,8 @@ struct rdzv_params {
 	uint32_t barrier_timeout_ms;
 	/* c10d: master_addr/master_port are the rendezvous endpoint */
 	int min_nodes, max_nodes;
-	const char *conf;     /* rdzv_conf "k=v,..." or NULL */
-	const char *hostname; /* for records and messages */
+	const char *conf;	 /* rdzv_conf "k=v,..." or NULL */
+	const char *hostname;	 /* for records and messages */
 	struct event_base *base; /* borrowed, the agent's loop */
 	rdzv_event_fn on_event;
 	void *arg;

@@ -1173,10 +1173,10 @@ static int ext_call(struct crun_store *s, const struct store_ext_req *q, uint8_t
 		r = conn_fill(c, deadline);
 	if (r < 0) {
 		conn_break(c);
-		return set_err(c, r, name, NULL, 0, "%s", r == CRUN_ECLOSED
-							 ? "closed by the server (no "
-							   "crun extension support?)"
-							 : cause_text(r));
+		return set_err(c, r, name, NULL, 0, "%s",
+			       r == CRUN_ECLOSED ? "closed by the server (no "
+						   "crun extension support?)"
+						 : cause_text(r));
 	}
 	memcpy(rep, c->rbuf + c->rpos, want);
 	c->rpos += want;
@@ -1186,9 +1186,8 @@ static int ext_call(struct crun_store *s, const struct store_ext_req *q, uint8_t
 
 static int ext_hello(struct crun_store *s)
 {
-	struct store_ext_req q = {.op = STORE_EXT_HELLO,
-				  .magic = STORE_EXT_MAGIC,
-				  .version = STORE_EXT_VERSION};
+	struct store_ext_req q = {
+	    .op = STORE_EXT_HELLO, .magic = STORE_EXT_MAGIC, .version = STORE_EXT_VERSION};
 	uint8_t rep[4];
 
 	if (s->conn->ext)

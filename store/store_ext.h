@@ -54,11 +54,11 @@ enum { STORE_EXT_OK = 0, STORE_EXT_NO_LEASE = 1 };
 
 struct store_ext_req {
 	uint8_t op;
-	uint32_t magic, version;   /* HELLO */
-	uint64_t id;		   /* KEEPALIVE REVOKE SET_LEASED */
-	uint64_t ttl_ms;	   /* GRANT */
-	struct store_bytes key;	   /* GRANT: expiry key; SET_LEASED: key */
-	struct store_bytes val;	   /* GRANT: expiry value; SET_LEASED: value */
+	uint32_t magic, version; /* HELLO */
+	uint64_t id;		 /* KEEPALIVE REVOKE SET_LEASED */
+	uint64_t ttl_ms;	 /* GRANT */
+	struct store_bytes key;	 /* GRANT: expiry key; SET_LEASED: key */
+	struct store_bytes val;	 /* GRANT: expiry value; SET_LEASED: value */
 };
 
 /* True for an op code of the extension range. */

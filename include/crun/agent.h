@@ -93,7 +93,7 @@ typedef struct crun_agent_config {
 	{                                                                                          \
 		sizeof(crun_agent_config_t), 1, 1, 0, 0, "static", NULL, "127.0.0.1", 29500, NULL, \
 		    900000, 300000, 0, 30000, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0,   \
-		    0, NULL, NULL, NULL, 0, 0, NULL                                               \
+		    0, NULL, NULL, NULL, 0, 0, NULL                                                \
 	}
 
 /* Validates cfg and prepares the agent: the log directory, the guard process

@@ -1,0 +1,457 @@
+/* test_rdzv_c10d.c: Check tests for the c10d rendezvous' pure parts: group
+ * rank order across rounds (survivors keep their order, new nodes follow in
+ * ticket order), prefix-sum global ranks for heterogeneous nproc, rdzv_conf
+ * parsing, and the command line accepting c10d with MIN:MAX.
+ */
+#include <check.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "agent/agent.h"
+#include "rendezvous/c10d.h"
+#include "rendezvous/coord.h"
+#include "rendezvous/rdzv.h"
+#include "common/common.h"
+#include "unit/check_main.h"
+
+START_TEST(order_first_round_is_ticket_order)
+{
+	int prev[4] = {-1, -1, -1, -1}, g[4];
+
+	ck_assert_int_eq(c10d_order(prev, 4, g), 0);
+	for (int i = 0; i < 4; i++)
+		ck_assert_int_eq(g[i], i);
+}
+END_TEST
+
+START_TEST(order_keeps_survivors_stable)
+{
+	/* Round 2 after group rank 1 died: tickets arrive in any order; the
+	 * survivors (old 0, 2, 3) keep their relative order, the newcomer
+	 * goes last. */
+	int prev[4] = {3, -1, 0, 2}, g[4];
+
+	ck_assert_int_eq(c10d_order(prev, 4, g), 0);
+	ck_assert_int_eq(g[2], 0); /* old 0 */
+	ck_assert_int_eq(g[3], 1); /* old 2 */
+	ck_assert_int_eq(g[0], 2); /* old 3 */
+	ck_assert_int_eq(g[1], 3); /* new */
+}
+END_TEST
+
+START_TEST(order_rejects_duplicates_and_empty)
+{
+	int prev[3] = {0, 0, -1}, g[3];
+
+	ck_assert_int_eq(c10d_order(prev, 3, g), CRUN_EINVAL);
+	ck_assert_int_eq(c10d_order(prev, 0, g), CRUN_EINVAL);
+}
+END_TEST
+
+START_TEST(heterogeneous_prefix_sums)
+{
+	const int nprocs[3] = {1, 3, 2};
+	struct rdzv_info in;
+
+	ck_assert_int_eq(rdzv_assign_ranks(nprocs, 3, 0, &in), 0);
+	ck_assert_int_eq(in.base_rank, 0);
+	ck_assert_int_eq(in.world_size, 6);
+	ck_assert_int_eq(rdzv_assign_ranks(nprocs, 3, 1, &in), 0);
+	ck_assert_int_eq(in.base_rank, 1);
+	ck_assert_int_eq(rdzv_assign_ranks(nprocs, 3, 2, &in), 0);
+	ck_assert_int_eq(in.base_rank, 4);
+	ck_assert_int_eq(in.group_world_size, 3);
+}
+END_TEST
+
+START_TEST(conf_defaults_and_keys)
+{
+	struct c10d_conf c;
+	char err[256];
+
+	ck_assert_int_eq(c10d_parse_conf(NULL, &c, err, sizeof(err)), 0);
+	ck_assert_uint_eq(c.hb_ms, 1000);
+	ck_assert_uint_eq(c.ttl_ms, 3000);
+	ck_assert_int_eq(c.is_host, -1);
+	ck_assert_int_eq(c10d_parse_conf("last_call_timeout=0.5,lease_ttl=2,heartbeat_interval=0.2,"
+					 "is_host=true,join_timeout=9,read_timeout=3,"
+					 "close_timeout=4",
+					 &c, err, sizeof(err)),
+			 0);
+	ck_assert_uint_eq(c.last_call_ms, 500);
+	ck_assert_uint_eq(c.ttl_ms, 2000);
+	ck_assert_uint_eq(c.hb_ms, 200);
+	ck_assert_int_eq(c.is_host, 1);
+	ck_assert_uint_eq(c.join_ms, 9000);
+	ck_assert_uint_eq(c.read_ms, 3000);
+	ck_assert_uint_eq(c.close_ms, 4000);
+}
+END_TEST
+
+START_TEST(conf_errors_name_the_key)
+{
+	struct c10d_conf c;
+	char err[256];
+
+	ck_assert_int_eq(c10d_parse_conf("bogus=1", &c, err, sizeof(err)), CRUN_EINVAL);
+	ck_assert_ptr_nonnull(strstr(err, "bogus"));
+	ck_assert_int_eq(c10d_parse_conf("lease_ttl=soon", &c, err, sizeof(err)), CRUN_EINVAL);
+	ck_assert_ptr_nonnull(strstr(err, "lease_ttl"));
+	ck_assert_int_eq(c10d_parse_conf("is_host=maybe", &c, err, sizeof(err)), CRUN_EINVAL);
+	ck_assert_int_eq(c10d_parse_conf("lease_ttl=1,heartbeat_interval=2", &c, err, sizeof(err)),
+			 CRUN_EINVAL);
+	ck_assert_int_eq(rdzv_conf_check("c10d", "x", err, sizeof(err)), CRUN_EINVAL);
+}
+END_TEST
+
+static char *const no_env[] = {NULL};
+
+START_TEST(cli_accepts_elastic_c10d)
+{
+	char *argv[] = {"crun", "--nnodes=1:3", "--nproc_per_node=2", "--rdzv_backend=c10d",
+			"--rdzv_endpoint=10.0.0.1", "--rdzv_id=job",
+			"--rdzv_conf=last_call_timeout=1,lease_ttl=2", "x.py", NULL};
+	struct cli c;
+
+	ck_assert_int_eq(cli_parse(&c, 8, argv, no_env), 0);
+	ck_assert_str_eq(c.cfg.rdzv_backend, "c10d");
+	ck_assert_int_eq(c.cfg.min_nnodes, 1);
+	ck_assert_int_eq(c.cfg.max_nnodes, 3);
+	ck_assert_str_eq(c.cfg.master_addr, "10.0.0.1");
+	ck_assert_uint_eq(c.cfg.master_port, 29400); /* torchrun's c10d default */
+	ck_assert_str_eq(c.cfg.rdzv_conf, "last_call_timeout=1,lease_ttl=2");
+	cli_free(&c);
+}
+END_TEST
+
+START_TEST(cli_min_max_needs_c10d)
+{
+	char *argv[] = {"crun", "--nnodes=1:3", "x.py", NULL};
+	struct cli c;
+
+	ck_assert_int_eq(cli_parse(&c, 3, argv, no_env), CRUN_EINVAL);
+	ck_assert_ptr_nonnull(strstr(c.err, "--nnodes"));
+	cli_free(&c);
+}
+END_TEST
+
+/* ---- rounds over the in-memory coordination (no sockets) ---------------------- */
+
+struct ag {
+	pthread_t thr;
+	struct coord_mem *mem;
+	struct c10d_join_args a;
+	char host[32], addr[32];
+	int result, round;
+	struct rdzv_info info;
+	char err[512];
+};
+
+static void *ag_main(void *arg)
+{
+	struct ag *g = arg;
+	struct coord *c;
+
+	g->result = coord_open_mem(g->mem, "crun-c10d/job", &c);
+	if (g->result == 0) {
+		g->result = c10d_join_on(c, &g->a, &g->info, &g->round, g->err, sizeof(g->err));
+		coord_close(c);
+	}
+	return NULL;
+}
+
+static void ag_init(struct ag *g, struct coord_mem *m, int idx, int min, int max, int nproc,
+		    const char *conf)
+{
+	memset(g, 0, sizeof(*g));
+	g->mem = m;
+	snprintf(g->host, sizeof(g->host), "host%d", idx);
+	snprintf(g->addr, sizeof(g->addr), "10.0.0.%d", idx);
+	ck_assert_int_eq(c10d_parse_conf(conf, &g->a.conf, g->err, sizeof(g->err)), 0);
+	g->a.run_id = "job";
+	g->a.min = min;
+	g->a.max = max;
+	g->a.nproc = nproc;
+	g->a.prev_round = g->a.prev_grank = -1;
+	g->a.wport = (uint16_t)(1000 + idx);
+	g->a.addr = g->addr;
+	g->a.hostname = g->host;
+	g->result = 1;
+}
+
+static void ag_start(struct ag *g)
+{
+	ck_assert_int_eq(pthread_create(&g->thr, NULL, ag_main, g), 0);
+}
+
+static void ag_join(struct ag *g)
+{
+	pthread_join(g->thr, NULL);
+}
+
+static char *mem_val(struct coord_mem *m, const char *key)
+{
+	struct coord *c;
+	char *v = NULL;
+
+	ck_assert_int_eq(coord_open_mem(m, "crun-c10d/job", &c), 0);
+	if (coord_try_get(c, key, &v) < 0)
+		v = NULL;
+	coord_close(c);
+	return v;
+}
+
+static void wait_key(struct coord_mem *m, const char *key)
+{
+	struct coord *c;
+
+	ck_assert_int_eq(coord_open_mem(m, "crun-c10d/job", &c), 0);
+	ck_assert_int_eq(coord_wait(c, key, 10000), 0);
+	coord_close(c);
+}
+
+START_TEST(round_closes_at_max_with_prefix_sums)
+{
+	struct coord_mem *m;
+	struct ag g[4];
+	int seen[4] = {0}, nproc_of[4];
+
+	ck_assert_int_eq(coord_mem_new(&m), 0);
+	for (int i = 0; i < 4; i++) {
+		ag_init(&g[i], m, i, 4, 4, i + 1, "last_call_timeout=60");
+		ag_start(&g[i]);
+	}
+	for (int i = 0; i < 4; i++)
+		ag_join(&g[i]);
+	for (int i = 0; i < 4; i++) {
+		ck_assert_msg(g[i].result == 0, "%s", g[i].err);
+		ck_assert_int_eq(g[i].round, 0);
+		ck_assert_int_eq(g[i].info.group_world_size, 4);
+		ck_assert_int_eq(g[i].info.world_size, 1 + 2 + 3 + 4);
+		seen[g[i].info.group_rank]++;
+		nproc_of[g[i].info.group_rank] = i + 1;
+	}
+	for (int i = 0; i < 4; i++) {
+		int base = 0;
+
+		ck_assert_int_eq(seen[i], 1);
+		for (int k = 0; k < g[i].info.group_rank; k++)
+			base += nproc_of[k];
+		ck_assert_int_eq(g[i].info.base_rank, base);
+	}
+	/* One worker store: group rank 0's. */
+	for (int i = 0; i < 4; i++) {
+		if (g[i].info.group_rank != 0)
+			continue;
+		for (int k = 0; k < 4; k++) {
+			ck_assert_uint_eq(g[k].info.master_port, g[i].a.wport);
+			ck_assert_str_eq(g[k].info.master_addr, g[i].addr);
+		}
+	}
+	coord_mem_free(m);
+}
+END_TEST
+
+START_TEST(round_closes_after_min_and_last_call)
+{
+	struct coord_mem *m;
+	struct ag g[2];
+	char *closed;
+
+	ck_assert_int_eq(coord_mem_new(&m), 0);
+	for (int i = 0; i < 2; i++) {
+		ag_init(&g[i], m, i, 2, 8, 1, "last_call_timeout=0.05");
+		ag_start(&g[i]);
+	}
+	for (int i = 0; i < 2; i++) {
+		ag_join(&g[i]);
+		ck_assert_msg(g[i].result == 0, "%s", g[i].err);
+		ck_assert_int_eq(g[i].info.group_world_size, 2);
+	}
+	closed = mem_val(m, "r0/closed");
+	ck_assert_str_eq(closed, "2");
+	free(closed);
+	coord_mem_free(m);
+}
+END_TEST
+
+START_TEST(late_joiner_triggers_next_round_and_ranks_stay)
+{
+	struct coord_mem *m;
+	struct ag g[3];
+	char *ch;
+
+	ck_assert_int_eq(coord_mem_new(&m), 0);
+	for (int i = 0; i < 2; i++) {
+		ag_init(&g[i], m, i, 2, 3, 2, "last_call_timeout=0.05");
+		ag_start(&g[i]);
+	}
+	for (int i = 0; i < 2; i++) {
+		ag_join(&g[i]);
+		ck_assert_msg(g[i].result == 0, "%s", g[i].err);
+	}
+	/* A third node: round 0 is closed with 2 < MAX, so it asks for more. */
+	ag_init(&g[2], m, 2, 2, 3, 2, "last_call_timeout=0.05");
+	ag_start(&g[2]);
+	wait_key(m, "r0/change");
+	ch = mem_val(m, "r0/change");
+	ck_assert_str_eq(ch, "join host2");
+	free(ch);
+	/* The members come back for round 1 with their old group ranks. */
+	for (int i = 0; i < 2; i++) {
+		g[i].a.prev_round = 0;
+		g[i].a.prev_grank = g[i].info.group_rank;
+		ag_start(&g[i]);
+	}
+	for (int i = 0; i < 3; i++) {
+		ag_join(&g[i]);
+		ck_assert_msg(g[i].result == 0, "%s", g[i].err);
+		ck_assert_int_eq(g[i].round, 1);
+		ck_assert_int_eq(g[i].info.group_world_size, 3);
+		ck_assert_int_eq(g[i].info.world_size, 6);
+	}
+	for (int i = 0; i < 2; i++)
+		ck_assert_int_eq(g[i].info.group_rank, g[i].a.prev_grank);
+	ck_assert_int_eq(g[2].info.group_rank, 2);
+	coord_mem_free(m);
+}
+END_TEST
+
+START_TEST(restart_marks_the_round_and_bumps_it)
+{
+	struct coord_mem *m;
+	struct ag g[2];
+	char *ch;
+
+	ck_assert_int_eq(coord_mem_new(&m), 0);
+	for (int i = 0; i < 2; i++) {
+		ag_init(&g[i], m, i, 2, 2, 1, NULL);
+		ag_start(&g[i]);
+	}
+	for (int i = 0; i < 2; i++)
+		ag_join(&g[i]);
+	for (int i = 0; i < 2; i++) {
+		g[i].a.prev_round = 0;
+		g[i].a.prev_grank = g[i].info.group_rank;
+		ag_start(&g[i]);
+	}
+	for (int i = 0; i < 2; i++) {
+		ag_join(&g[i]);
+		ck_assert_msg(g[i].result == 0, "%s", g[i].err);
+		ck_assert_int_eq(g[i].round, 1);
+		ck_assert_int_eq(g[i].info.group_rank, g[i].a.prev_grank);
+	}
+	ch = mem_val(m, "r0/change");
+	ck_assert_ptr_nonnull(ch);
+	ck_assert_int_eq(strncmp(ch, "restart ", 8), 0);
+	free(ch);
+	coord_mem_free(m);
+}
+END_TEST
+
+START_TEST(spare_waits_then_job_ends)
+{
+	struct coord_mem *m;
+	struct coord *c;
+	struct ag g[3];
+
+	ck_assert_int_eq(coord_mem_new(&m), 0);
+	for (int i = 0; i < 2; i++) {
+		ag_init(&g[i], m, i, 1, 2, 1, "last_call_timeout=5");
+		ag_start(&g[i]);
+	}
+	for (int i = 0; i < 2; i++) {
+		ag_join(&g[i]);
+		ck_assert_msg(g[i].result == 0, "%s", g[i].err);
+	}
+	ag_init(&g[2], m, 2, 1, 2, 1, NULL);
+	ag_start(&g[2]);
+	wait_key(m, "r0/joined");
+	/* MAX reached: no change is asked for; the job ends. */
+	ck_assert_int_eq(coord_open_mem(m, "crun-c10d/job", &c), 0);
+	for (int i = 0; i < 200; i++) {
+		int64_t n = 0;
+
+		ck_assert_int_eq(coord_add(c, "r0/joined", 0, &n), 0);
+		if (n == 3)
+			break;
+		usleep(10000);
+	}
+	ck_assert_int_eq(coord_exists(c, "r0/change"), 0);
+	ck_assert_int_eq(coord_set(c, "closed", "done 0"), 0);
+	coord_close(c);
+	ag_join(&g[2]);
+	ck_assert_int_eq(g[2].result, CRUN_ERDZVCLOSED);
+	coord_mem_free(m);
+}
+END_TEST
+
+START_TEST(conflicts_and_reuse_are_errors)
+{
+	struct coord_mem *m;
+	struct coord *c;
+	struct ag g;
+
+	ck_assert_int_eq(coord_mem_new(&m), 0);
+	ck_assert_int_eq(coord_open_mem(m, "crun-c10d/job", &c), 0);
+	ck_assert_int_eq(coord_set(c, "conf", "2:2"), 0);
+	ag_init(&g, m, 0, 2, 3, 1, NULL);
+	ag_main(&g);
+	ck_assert_int_eq(g.result, CRUN_ECONFIG);
+	ck_assert_ptr_nonnull(strstr(g.err, "conflicting settings"));
+	ck_assert_int_eq(coord_set(c, "closed", "done 0"), 0);
+	ag_init(&g, m, 0, 2, 2, 1, NULL);
+	ag_main(&g);
+	ck_assert_int_eq(g.result, CRUN_ECONFIG);
+	ck_assert_ptr_nonnull(strstr(g.err, "run id already used"));
+	coord_close(c);
+	coord_mem_free(m);
+}
+END_TEST
+
+START_TEST(too_few_nodes_time_out)
+{
+	struct coord_mem *m;
+	struct ag g;
+
+	ck_assert_int_eq(coord_mem_new(&m), 0);
+	ag_init(&g, m, 0, 2, 2, 1, "join_timeout=0.3");
+	ag_main(&g);
+	ck_assert_int_eq(g.result, CRUN_ETIMEDOUT);
+	ck_assert_ptr_nonnull(strstr(g.err, "waiting for 2 nodes"));
+	coord_mem_free(m);
+}
+END_TEST
+
+static Suite *c10d_suite(void)
+{
+	Suite *s = suite_create("rdzv_c10d");
+	TCase *tc = tcase_create("pure");
+
+	tcase_add_test(tc, order_first_round_is_ticket_order);
+	tcase_add_test(tc, order_keeps_survivors_stable);
+	tcase_add_test(tc, order_rejects_duplicates_and_empty);
+	tcase_add_test(tc, heterogeneous_prefix_sums);
+	tcase_add_test(tc, conf_defaults_and_keys);
+	tcase_add_test(tc, conf_errors_name_the_key);
+	tcase_add_test(tc, cli_accepts_elastic_c10d);
+	tcase_add_test(tc, cli_min_max_needs_c10d);
+	tcase_set_timeout(tc, 10);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("rounds");
+	tcase_add_test(tc, round_closes_at_max_with_prefix_sums);
+	tcase_add_test(tc, round_closes_after_min_and_last_call);
+	tcase_add_test(tc, late_joiner_triggers_next_round_and_ranks_stay);
+	tcase_add_test(tc, restart_marks_the_round_and_bumps_it);
+	tcase_add_test(tc, spare_waits_then_job_ends);
+	tcase_add_test(tc, conflicts_and_reuse_are_errors);
+	tcase_add_test(tc, too_few_nodes_time_out);
+	tcase_set_timeout(tc, 30);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+CRUN_CHECK_MAIN(c10d_suite)
