@@ -209,4 +209,7 @@ bench: all
 clean:
 	rm -rf build build-san build-fuzz
 
+# Objects of programs are not intermediates: keep them so a rerun relinks nothing.
+.SECONDARY:
+
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -13,9 +13,9 @@
 #include "crun/crun.h"
 
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
-#define MIN(a, b) ((a) < (b) ? (a) : (b))
-#define MAX(a, b) ((a) > (b) ? (a) : (b))
-#define WARN_UNUSED __attribute__((warn_unused_result))
+#define MIN(a, b)     ((a) < (b) ? (a) : (b))
+#define MAX(a, b)     ((a) > (b) ? (a) : (b))
+#define WARN_UNUSED   __attribute__((warn_unused_result))
 
 /* ---- logging ------------------------------------------------------------ */
 
@@ -30,8 +30,8 @@ enum log_subsys {
 };
 
 #define LL_ERROR CRUN_LOG_ERROR
-#define LL_WARN CRUN_LOG_WARN
-#define LL_INFO CRUN_LOG_INFO
+#define LL_WARN	 CRUN_LOG_WARN
+#define LL_INFO	 CRUN_LOG_INFO
 #define LL_DEBUG CRUN_LOG_DEBUG
 #define LL_TRACE CRUN_LOG_TRACE
 
@@ -45,27 +45,27 @@ extern unsigned log_subsys_mask;
  * (comma list of agent,rdzv,store,pg,cuda,cmd or all). `prog` prefixes lines. */
 void log_init(const char *prog, int default_level);
 void log_emit(int level, unsigned sub, const char *file, int line, const char *fmt, ...)
-	__attribute__((format(printf, 5, 6)));
+    __attribute__((format(printf, 5, 6)));
 
 /* Level and mask are checked before any argument is formatted. */
-#define log_at(lvl, sub, ...)                                                  \
-	((int)(lvl) <= log_max_level && ((sub)&log_subsys_mask)                \
-		 ? log_emit((lvl), (sub), __FILE__, __LINE__, __VA_ARGS__)     \
-		 : (void)0)
+#define log_at(lvl, sub, ...)                                          \
+	((int)(lvl) <= log_max_level && ((sub)&log_subsys_mask)        \
+	     ? log_emit((lvl), (sub), __FILE__, __LINE__, __VA_ARGS__) \
+	     : (void)0)
 
 /* Log at ERROR with the code's text appended, then yield the code:
  *     return log_fail(SUB_STORE, r, "cannot listen on port %u", port);  */
-#define log_fail(sub, r, fmt, ...)                                             \
+#define log_fail(sub, r, fmt, ...) \
 	(log_at(LL_ERROR, (sub), fmt ": %s", ##__VA_ARGS__, crun_strerror(r)), (r))
 
 /* The only control-flow macro: use it where there is nothing to clean up. */
-#define TRY(expr)                                                              \
-	do {                                                                   \
-		int try_r_ = (expr);                                           \
-		if (try_r_ < 0) {                                              \
+#define TRY(expr)                                                                  \
+	do {                                                                       \
+		int try_r_ = (expr);                                               \
+		if (try_r_ < 0) {                                                  \
 			log_at(LL_TRACE, SUB_ALL, "-> %s", crun_err_name(try_r_)); \
-			return try_r_;                                         \
-		}                                                              \
+			return try_r_;                                             \
+		}                                                                  \
 	} while (0)
 
 /* ---- number parsing (nothing else in crun parses integers) --------------- */
@@ -104,8 +104,8 @@ void fd_close(int fd);
 /* ---- strings -------------------------------------------------------------- */
 
 /* snprintf that reports truncation as CRUN_ETOOBIG instead of silently cutting. */
-int str_printf(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)))
-WARN_UNUSED;
+int str_printf(char *buf, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4))) WARN_UNUSED;
 /* strdup / memdup returning NULL only on allocation failure. */
 char *str_dup(const char *s);
 void *mem_dup(const void *p, size_t len);

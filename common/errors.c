@@ -49,8 +49,8 @@ CRUN_API const char *crun_version_string(void)
 CRUN_API const char *crun_strerror(int err)
 {
 	switch (err) {
-#define CRUN_X_(name, value, text)                                             \
-	case value:                                                            \
+#define CRUN_X_(name, value, text) \
+	case value:                \
 		return text;
 		CRUN_ERR_MAP(CRUN_X_)
 #undef CRUN_X_
@@ -65,8 +65,8 @@ CRUN_API const char *crun_strerror(int err)
 CRUN_API const char *crun_err_name(int err)
 {
 	switch (err) {
-#define CRUN_X_(name, value, text)                                             \
-	case value:                                                            \
+#define CRUN_X_(name, value, text) \
+	case value:                \
 		return #name;
 		CRUN_ERR_MAP(CRUN_X_)
 #undef CRUN_X_

@@ -23,7 +23,7 @@ static const char *const level_letter = "EWIDT";
 
 static int level_from_name(const char *s, int fallback)
 {
-	static const char *const names[] = { "error", "warn", "info", "debug", "trace" };
+	static const char *const names[] = {"error", "warn", "info", "debug", "trace"};
 
 	for (size_t i = 0; i < ARRAY_SIZE(names); i++)
 		if (!strcasecmp(s, names[i]))
@@ -38,9 +38,8 @@ static unsigned subsys_from_list(const char *s)
 	static const struct {
 		const char *name;
 		unsigned bit;
-	} map[] = { { "agent", SUB_AGENT }, { "rdzv", SUB_RDZV }, { "store", SUB_STORE },
-		    { "pg", SUB_PG },	    { "cuda", SUB_CUDA }, { "cmd", SUB_CMD },
-		    { "all", SUB_ALL } };
+	} map[] = {{"agent", SUB_AGENT}, {"rdzv", SUB_RDZV}, {"store", SUB_STORE}, {"pg", SUB_PG},
+		   {"cuda", SUB_CUDA},	 {"cmd", SUB_CMD},   {"all", SUB_ALL}};
 	unsigned mask = 0;
 	const char *p = s;
 

@@ -94,8 +94,8 @@ int parse_seconds_ms(const char *s, uint64_t *ret_ms)
 
 int parse_bool(const char *s, bool *ret)
 {
-	static const char *const yes[] = { "1", "true", "t", "yes", "y" };
-	static const char *const no[] = { "0", "false", "f", "no", "n" };
+	static const char *const yes[] = {"1", "true", "t", "yes", "y"};
+	static const char *const no[] = {"0", "false", "f", "no", "n"};
 
 	if (!s)
 		return CRUN_EINVAL;

@@ -74,6 +74,11 @@ struct job {
 	enum round_outcome outcome;
 	struct rdzv_info info;
 	enum rdzv_change change;
+	/* ROUND -> MONITOR: the connection holding this agent's lease, taken
+	 * before the round is reported complete (no unguarded window) */
+	struct coord *mon_c;
+	uint64_t lease;
+	bool hb;
 	char err[512];
 };
 
@@ -96,6 +101,9 @@ struct c10d {
 	pthread_t job_thr, mon_thr;
 	int job_rd, mon_rd;
 	struct event *job_ev, *mon_ev;
+	struct coord *pend_c; /* lease connection handed from the round job */
+	uint64_t pend_lease;
+	bool pend_hb;
 	struct event *linger; /* host: waits for the other agents to hang up */
 	uint64_t linger_until;
 	char err[512];
@@ -241,6 +249,7 @@ static void job_put(struct job *j)
 	if (atomic_fetch_sub(&j->refs, 1) != 1)
 		return;
 	fd_close(j->notify_fd);
+	coord_close(j->mon_c);
 	free(j);
 }
 
@@ -710,15 +719,10 @@ static int job_monitor(struct job *j, struct coord **cp)
 	KEY(chk, "r%d/change", j->round);
 	KEY(why, "dead %s (group rank %d: lease expired or connection lost)", j->hostname,
 	    j->info.group_rank);
-	r = coord_lease_grant(*cp, j->conf.ttl_ms, chk, why, &lease);
-	if (r == CRUN_ENOTSUP) {
-		log_at(LL_WARN, SUB_RDZV,
-		       "the rendezvous store has no leases; falling back to heartbeats");
-		coord_close(*cp);
-		*cp = NULL;
-		r = mon_open(j, cp);
-		hb = true;
-	}
+	(void)why;
+	lease = j->lease;
+	hb = j->hb;
+	r = 0;
 	for (int i = 0; r == 0 && i < 1 << 30 && !atomic_load(&j->stop); i++) {
 		r = hb ? coord_heartbeat(*cp, me) : coord_lease_keepalive(*cp, lease);
 		if (r == CRUN_ENOTFOUND)
@@ -789,6 +793,31 @@ static int job_monitor(struct job *j, struct coord **cp)
 	return 0;
 }
 
+/* After a round: opens the monitor's connection and takes this agent's lease
+ * on the round's change key (a store without leases: heartbeats). */
+static int lease_take(struct job *j)
+{
+	char chk[64], why[512];
+	int r;
+
+	KEY(chk, "r%d/change", j->round);
+	KEY(why, "dead %s (group rank %d: lease expired or connection lost)", j->hostname,
+	    j->info.group_rank);
+	r = mon_open(j, &j->mon_c);
+	if (r < 0)
+		return jfail(j, NULL, r, "connecting the lease monitor");
+	r = coord_lease_grant(j->mon_c, j->conf.ttl_ms, chk, why, &j->lease);
+	if (r == CRUN_ENOTSUP) {
+		log_at(LL_WARN, SUB_RDZV,
+		       "the rendezvous store has no leases; falling back to heartbeats");
+		coord_close(j->mon_c);
+		j->mon_c = NULL;
+		j->hb = true;
+		r = mon_open(j, &j->mon_c);
+	}
+	return r < 0 ? jfail(j, j->mon_c, r, "taking the lease") : 0;
+}
+
 static void *job_main(void *arg)
 {
 	struct job *j = arg;
@@ -816,6 +845,8 @@ static void *job_main(void *arg)
 		switch (j->kind) {
 		case JOB_ROUND:
 			r = job_round(j, c);
+			if (r == 0 && j->outcome == RO_OK)
+				r = lease_take(j);
 			break;
 		case JOB_BARRIER:
 			r = job_barrier(j, c);
@@ -824,6 +855,9 @@ static void *job_main(void *arg)
 			r = job_fail(j, c);
 			break;
 		case JOB_MONITOR:
+			coord_close(c);
+			c = j->mon_c;
+			j->mon_c = NULL;
 			r = job_monitor(j, &c);
 			coord_close(c);
 			job_put(j);
@@ -1032,8 +1066,12 @@ static void on_job(evutil_socket_t fd, short what, void *arg)
 	if (j->kind == JOB_BARRIER || j->kind == JOB_FAIL) {
 		if (j->result < 0)
 			log_at(LL_WARN, SUB_RDZV, "%s", j->err);
-		drop_monitor(c);
 		job_put(j);
+		/* An agent that is not the host keeps its monitor connection (and
+		 * lease) until it exits, so the host, which waits for every
+		 * connection to close, leaves after the others' processes. */
+		if (c->rdzv_store)
+			drop_monitor(c);
 		if (c->rdzv_store) {
 			/* The store leaves last: wait for every other agent to
 			 * hang up (bounded), then report the barrier done. */

@@ -107,22 +107,24 @@ struct store_req {
 /* Per-request ceilings; a frame over any of them is rejected with
  * CRUN_ETOOBIG as soon as its length field is seen, before its bytes arrive. */
 struct store_limits {
-	size_t max_key_bytes;	/* default 8 KiB... see STORE_LIMITS_DEFAULT */
+	size_t max_key_bytes; /* default 8 KiB... see STORE_LIMITS_DEFAULT */
 	size_t max_value_bytes;
-	uint64_t max_items;	/* keys per CHECK/WAIT/MULTI_*, pairs per MULTI_SET */
+	uint64_t max_items; /* keys per CHECK/WAIT/MULTI_*, pairs per MULTI_SET */
 };
 
 /* Generous defaults, at least PyTorch's libuv limits (torch-compat §1.4). */
-#define STORE_LIMITS_DEFAULT                                                   \
-	{ .max_key_bytes = 64 * 1024, .max_value_bytes = 64u * 1024 * 1024,    \
-	  .max_items = 1u << 20 }
+#define STORE_LIMITS_DEFAULT                                                      \
+	{                                                                         \
+		.max_key_bytes = 64 * 1024, .max_value_bytes = 64u * 1024 * 1024, \
+		.max_items = 1u << 20                                             \
+	}
 
 /* Decodes one request from buf[0..len). Returns 0 with *out and *used (bytes
  * consumed) set; CRUN_EAGAIN when buf holds only a strict prefix of a frame;
  * CRUN_EPROTO for an opcode unknown in the dialect; CRUN_ETOOBIG when a length
  * or count exceeds `lim`. Pure: no I/O, no allocation. */
-int store_proto_decode_req(enum store_dialect d, const struct store_limits *lim,
-			   const uint8_t *buf, size_t len, struct store_req *out, size_t *used);
+int store_proto_decode_req(enum store_dialect d, const struct store_limits *lim, const uint8_t *buf,
+			   size_t len, struct store_req *out, size_t *used);
 
 /* Iterates an `items` list from a decoded request: *it starts at req->items.
  * Each call yields the next string. Only valid on lists the decoder accepted. */
@@ -184,19 +186,21 @@ struct event_base;
 struct store_server;
 
 struct store_server_config {
-	const char *host;   /* bind address; NULL or "" = dual-stack any ("::") */
-	uint16_t port;	    /* 0 = ephemeral; read back with store_server_port() */
-	int backlog;	    /* listen backlog; 0 = SOMAXCONN */
+	const char *host; /* bind address; NULL or "" = dual-stack any ("::") */
+	uint16_t port;	  /* 0 = ephemeral; read back with store_server_port() */
+	int backlog;	  /* listen backlog; 0 = SOMAXCONN */
 	struct store_limits limits;
 	uint32_t max_conns;		/* further connections are closed at accept */
 	size_t max_conn_buffered_bytes; /* per-connection input + output ceiling */
 	size_t max_total_value_bytes;	/* whole key space */
 };
 
-#define STORE_SERVER_CONFIG_DEFAULT                                            \
-	{ .host = NULL, .port = 0, .backlog = 0, .limits = STORE_LIMITS_DEFAULT,  \
-	  .max_conns = 65536, .max_conn_buffered_bytes = 256u * 1024 * 1024,    \
-	  .max_total_value_bytes = (size_t)8 * 1024 * 1024 * 1024 }
+#define STORE_SERVER_CONFIG_DEFAULT                                                    \
+	{                                                                              \
+		.host = NULL, .port = 0, .backlog = 0, .limits = STORE_LIMITS_DEFAULT, \
+		.max_conns = 65536, .max_conn_buffered_bytes = 256u * 1024 * 1024,     \
+		.max_total_value_bytes = (size_t)8 * 1024 * 1024 * 1024                \
+	}
 
 /* Creates a server listening on cfg->host:cfg->port, driven by `base`
  * (borrowed; must outlive the server). Returns 0, CRUN_EADDRINUSE, CRUN_ENOMEM,

@@ -28,43 +28,43 @@ extern "C" {
 /* X(name, value, text). 0 is success; errno-backed codes equal -errno on
  * Linux (static asserts in common/errors.c); crun's own codes start at -1000.
  * A number is never renumbered or reused. */
-#define CRUN_ERR_MAP(X)                                                        \
-	X(CRUN_OK, 0, "success")                                               \
-	X(CRUN_EPERM, -1, "operation not permitted")                           \
-	X(CRUN_ENOENT, -2, "no such file, directory or key")                   \
-	X(CRUN_EINTR, -4, "interrupted")                                       \
-	X(CRUN_EIO, -5, "input/output error")                                  \
-	X(CRUN_EBADF, -9, "bad file descriptor")                               \
-	X(CRUN_ECHILD, -10, "no child process")                                \
-	X(CRUN_EAGAIN, -11, "try again")                                       \
-	X(CRUN_ENOMEM, -12, "out of memory")                                   \
-	X(CRUN_EACCES, -13, "permission denied")                               \
-	X(CRUN_EBUSY, -16, "resource busy")                                    \
-	X(CRUN_EEXIST, -17, "already exists")                                  \
-	X(CRUN_EINVAL, -22, "invalid argument")                                \
-	X(CRUN_EMFILE, -24, "too many open files")                             \
-	X(CRUN_ENOSPC, -28, "no space left")                                   \
-	X(CRUN_EPIPE, -32, "broken pipe")                                      \
-	X(CRUN_ERANGE, -34, "value out of range")                              \
-	X(CRUN_ENOTSUP, -95, "not supported")                                  \
-	X(CRUN_EADDRINUSE, -98, "address already in use")                      \
-	X(CRUN_ENETUNREACH, -101, "network unreachable")                       \
-	X(CRUN_ECONNABORTED, -103, "connection aborted")                       \
-	X(CRUN_ECONNRESET, -104, "connection reset by peer")                   \
-	X(CRUN_ENOTCONN, -107, "not connected")                                \
-	X(CRUN_ETIMEDOUT, -110, "timed out")                                   \
-	X(CRUN_ECONNREFUSED, -111, "connection refused")                       \
-	X(CRUN_EHOSTUNREACH, -113, "host unreachable")                         \
-	X(CRUN_EALREADY, -114, "operation already in progress")                \
-	X(CRUN_ECANCELED, -125, "canceled by abort")                           \
-	X(CRUN_EPROTO, -1000, "protocol error")                                \
-	X(CRUN_ERDZVCLOSED, -1001, "rendezvous is closed")                     \
-	X(CRUN_EPEER, -1002, "a peer failed or left")                          \
-	X(CRUN_ETOOBIG, -1003, "over a configured limit")                      \
-	X(CRUN_EDIALECT, -1004, "operation not in this store dialect")         \
-	X(CRUN_ERESOLVE, -1005, "cannot resolve host name")                    \
-	X(CRUN_ECONFIG, -1006, "invalid configuration")                        \
-	X(CRUN_ECLOSED, -1007, "connection closed by peer")                    \
+#define CRUN_ERR_MAP(X)                                                \
+	X(CRUN_OK, 0, "success")                                       \
+	X(CRUN_EPERM, -1, "operation not permitted")                   \
+	X(CRUN_ENOENT, -2, "no such file, directory or key")           \
+	X(CRUN_EINTR, -4, "interrupted")                               \
+	X(CRUN_EIO, -5, "input/output error")                          \
+	X(CRUN_EBADF, -9, "bad file descriptor")                       \
+	X(CRUN_ECHILD, -10, "no child process")                        \
+	X(CRUN_EAGAIN, -11, "try again")                               \
+	X(CRUN_ENOMEM, -12, "out of memory")                           \
+	X(CRUN_EACCES, -13, "permission denied")                       \
+	X(CRUN_EBUSY, -16, "resource busy")                            \
+	X(CRUN_EEXIST, -17, "already exists")                          \
+	X(CRUN_EINVAL, -22, "invalid argument")                        \
+	X(CRUN_EMFILE, -24, "too many open files")                     \
+	X(CRUN_ENOSPC, -28, "no space left")                           \
+	X(CRUN_EPIPE, -32, "broken pipe")                              \
+	X(CRUN_ERANGE, -34, "value out of range")                      \
+	X(CRUN_ENOTSUP, -95, "not supported")                          \
+	X(CRUN_EADDRINUSE, -98, "address already in use")              \
+	X(CRUN_ENETUNREACH, -101, "network unreachable")               \
+	X(CRUN_ECONNABORTED, -103, "connection aborted")               \
+	X(CRUN_ECONNRESET, -104, "connection reset by peer")           \
+	X(CRUN_ENOTCONN, -107, "not connected")                        \
+	X(CRUN_ETIMEDOUT, -110, "timed out")                           \
+	X(CRUN_ECONNREFUSED, -111, "connection refused")               \
+	X(CRUN_EHOSTUNREACH, -113, "host unreachable")                 \
+	X(CRUN_EALREADY, -114, "operation already in progress")        \
+	X(CRUN_ECANCELED, -125, "canceled by abort")                   \
+	X(CRUN_EPROTO, -1000, "protocol error")                        \
+	X(CRUN_ERDZVCLOSED, -1001, "rendezvous is closed")             \
+	X(CRUN_EPEER, -1002, "a peer failed or left")                  \
+	X(CRUN_ETOOBIG, -1003, "over a configured limit")              \
+	X(CRUN_EDIALECT, -1004, "operation not in this store dialect") \
+	X(CRUN_ERESOLVE, -1005, "cannot resolve host name")            \
+	X(CRUN_ECONFIG, -1006, "invalid configuration")                \
+	X(CRUN_ECLOSED, -1007, "connection closed by peer")            \
 	X(CRUN_ENOTFOUND, -1008, "key not found")
 
 typedef enum crun_err {
