@@ -44,6 +44,7 @@
 #define C10D_PROGRESS_MS  3000
 #define C10D_SPARE_MAX_MS (7u * 24 * 3600 * 1000) /* a spare waits at most a week */
 #define C10D_DEPART_MS	  10000
+#define C10D_GRACE_MS	  100 /* host: after the last hang-up */
 
 enum job_kind { JOB_ROUND, JOB_BARRIER, JOB_FAIL, JOB_MONITOR };
 
@@ -78,7 +79,7 @@ struct job {
 	 * before the round is reported complete (no unguarded window) */
 	struct coord *mon_c;
 	uint64_t lease;
-	bool hb;
+	bool hb, take_lease;
 	char err[512];
 };
 
@@ -106,6 +107,7 @@ struct c10d {
 	bool pend_hb;
 	struct event *linger; /* host: waits for the other agents to hang up */
 	uint64_t linger_until;
+	bool lingered;
 	char err[512];
 };
 
@@ -457,6 +459,40 @@ static int wait_next_round(struct job *j, struct coord *c, int rd, bool spare, u
 	return CRUN_ETIMEDOUT;
 }
 
+static int mon_open(struct job *j, struct coord **ret);
+
+/* Takes this agent's lease for round rd as soon as it holds a ticket, on the
+ * connection the monitor will keep: from then on its death (connection
+ * closed, or silence for a TTL) sets r<rd>/change, even before the round
+ * completes. A store without leases: heartbeats (monitor) instead. */
+static int lease_for(struct job *j, int64_t rd, int64_t t)
+{
+	char chk[64], why[512];
+	int r = 0;
+
+	if (!j->take_lease || j->hb)
+		return 0;
+	KEY(chk, "r%" PRId64 "/change", rd);
+	KEY(why, "dead %s (ticket %" PRId64 ": lease expired or connection lost)", j->hostname, t);
+	if (j->mon_c && j->lease)
+		(void)coord_lease_revoke(j->mon_c, j->lease);
+	j->lease = 0;
+	if (!j->mon_c)
+		r = mon_open(j, &j->mon_c);
+	if (r < 0)
+		return jfail(j, NULL, r, "connecting the lease monitor");
+	r = coord_lease_grant(j->mon_c, j->conf.ttl_ms, chk, why, &j->lease);
+	if (r == CRUN_ENOTSUP) {
+		log_at(LL_WARN, SUB_RDZV,
+		       "the rendezvous store has no leases; falling back to heartbeats");
+		coord_close(j->mon_c);
+		j->mon_c = NULL;
+		j->hb = true;
+		r = mon_open(j, &j->mon_c);
+	}
+	return r < 0 ? jfail(j, j->mon_c, r, "taking the lease") : 0;
+}
+
 /* Joins rounds until one that counts this agent in completes. */
 static int job_round(struct job *j, struct coord *c)
 {
@@ -492,6 +528,7 @@ static int job_round(struct job *j, struct coord *c)
 		r = coord_add(c, key, 1, &t);
 		if (r < 0)
 			return jfail(j, c, r, "joining");
+		TRY(lease_for(j, rd, t));
 		KEY(key, "r%" PRId64 "/node/%" PRId64, rd, t);
 		KEY(val, "%d %d %d %u %s %s", j->prev_grank, j->nproc, j->is_host, j->wport,
 		    j->addr, j->hostname);
@@ -554,6 +591,11 @@ static int job_round(struct job *j, struct coord *c)
 		if (t > n) {
 			bool spare = n >= j->max;
 
+			if (spare && j->lease) {
+				/* A spare's death must not disturb the running job. */
+				(void)coord_lease_revoke(j->mon_c, j->lease);
+				j->lease = 0;
+			}
 			if (!spare) {
 				/* Scale up: ask the running round to make room. */
 				KEY(key, "r%" PRId64 "/change", rd);
@@ -721,7 +763,7 @@ static int job_monitor(struct job *j, struct coord **cp)
 	    j->info.group_rank);
 	(void)why;
 	lease = j->lease;
-	hb = j->hb;
+	hb = j->hb || !lease;
 	r = 0;
 	for (int i = 0; r == 0 && i < 1 << 30 && !atomic_load(&j->stop); i++) {
 		r = hb ? coord_heartbeat(*cp, me) : coord_lease_keepalive(*cp, lease);
@@ -793,31 +835,6 @@ static int job_monitor(struct job *j, struct coord **cp)
 	return 0;
 }
 
-/* After a round: opens the monitor's connection and takes this agent's lease
- * on the round's change key (a store without leases: heartbeats). */
-static int lease_take(struct job *j)
-{
-	char chk[64], why[512];
-	int r;
-
-	KEY(chk, "r%d/change", j->round);
-	KEY(why, "dead %s (group rank %d: lease expired or connection lost)", j->hostname,
-	    j->info.group_rank);
-	r = mon_open(j, &j->mon_c);
-	if (r < 0)
-		return jfail(j, NULL, r, "connecting the lease monitor");
-	r = coord_lease_grant(j->mon_c, j->conf.ttl_ms, chk, why, &j->lease);
-	if (r == CRUN_ENOTSUP) {
-		log_at(LL_WARN, SUB_RDZV,
-		       "the rendezvous store has no leases; falling back to heartbeats");
-		coord_close(j->mon_c);
-		j->mon_c = NULL;
-		j->hb = true;
-		r = mon_open(j, &j->mon_c);
-	}
-	return r < 0 ? jfail(j, j->mon_c, r, "taking the lease") : 0;
-}
-
 static void *job_main(void *arg)
 {
 	struct job *j = arg;
@@ -832,7 +849,13 @@ static void *job_main(void *arg)
 	o.prefix = j->prefix;
 	o.connect_timeout_ms = j->kind == JOB_ROUND ? j->conf.join_ms : j->conf.read_ms;
 	o.timeout_ms = j->conf.read_ms;
-	r = coord_open(&o, &c);
+	if (j->kind == JOB_MONITOR && j->mon_c) {
+		c = j->mon_c; /* the round's lease connection */
+		j->mon_c = NULL;
+		r = 0;
+	} else {
+		r = coord_open(&o, &c);
+	}
 	if (r < 0) {
 		snprintf(j->err, sizeof(j->err), "cannot reach the rendezvous store at %s:%u: %s",
 			 j->host, j->port, crun_strerror(r));
@@ -844,9 +867,8 @@ static void *job_main(void *arg)
 	} else {
 		switch (j->kind) {
 		case JOB_ROUND:
+			j->take_lease = true;
 			r = job_round(j, c);
-			if (r == 0 && j->outcome == RO_OK)
-				r = lease_take(j);
 			break;
 		case JOB_BARRIER:
 			r = job_barrier(j, c);
@@ -855,9 +877,6 @@ static void *job_main(void *arg)
 			r = job_fail(j, c);
 			break;
 		case JOB_MONITOR:
-			coord_close(c);
-			c = j->mon_c;
-			j->mon_c = NULL;
 			r = job_monitor(j, &c);
 			coord_close(c);
 			job_put(j);
@@ -1004,6 +1023,12 @@ static int start(struct c10d *c, enum job_kind kind, const char *why)
 	j->info = c->info;
 	snprintf(j->nbr_host, sizeof(j->nbr_host), "%s", c->nbr_host);
 	j->notify_fd = pfd[1];
+	if (kind == JOB_MONITOR) {
+		j->mon_c = c->pend_c;
+		j->lease = c->pend_lease;
+		j->hb = c->pend_hb;
+		c->pend_c = NULL;
+	}
 	if (*evp) {
 		event_free(*evp);
 		fd_close(*rdp);
@@ -1048,6 +1073,15 @@ static void on_linger(evutil_socket_t fd, short what, void *arg)
 	if (st.conns > 0 && clock_now_ms() < c->linger_until && c->linger &&
 	    evtimer_add(c->linger, &tv) == 0)
 		return;
+	/* The others hung up as their processes exited; give those exits a
+	 * moment to finish so this node is really the last one up. */
+	if (!c->lingered && c->linger) {
+		struct timeval grace = {0, C10D_GRACE_MS * 1000};
+
+		c->lingered = true;
+		if (evtimer_add(c->linger, &grace) == 0)
+			return;
+	}
 	c->p.on_event(RDZV_EV_BARRIER_DONE, c->p.arg);
 }
 
@@ -1095,6 +1129,11 @@ static void on_job(evutil_socket_t fd, short what, void *arg)
 		snprintf(c->nbr_host, sizeof(c->nbr_host), "%s", j->nbr_host);
 		c->have_info = true;
 		c->change = RDZV_CHANGE_NONE;
+		coord_close(c->pend_c);
+		c->pend_c = j->mon_c;
+		c->pend_lease = j->lease;
+		c->pend_hb = j->hb;
+		j->mon_c = NULL;
 		ev = RDZV_EV_COMPLETE;
 		log_at(LL_WARN, SUB_RDZV,
 		       "rendezvous '%s' round %d complete: %d nodes, group_rank=%d world_size=%d "
@@ -1251,6 +1290,7 @@ void c10d_free(struct c10d *c)
 	if (!c)
 		return;
 	drop_monitor(c);
+	coord_close(c->pend_c);
 	if (c->job) {
 		pthread_detach(c->job_thr);
 		job_put(c->job);
