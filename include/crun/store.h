@@ -27,8 +27,8 @@ typedef enum crun_store_dialect {
 } crun_store_dialect_t;
 
 typedef struct crun_store_opts {
-	size_t struct_size;	     /* set by CRUN_STORE_OPTS_INIT; append-only */
-	const char *host;	     /* borrowed; copied by crun_store_open() */
+	size_t struct_size; /* set by CRUN_STORE_OPTS_INIT; append-only */
+	const char *host;   /* borrowed; copied by crun_store_open() */
 	uint16_t port;
 	uint32_t connect_timeout_ms; /* total time for connect + retries */
 	uint32_t timeout_ms;	     /* default for every op; 0 = wait forever */
@@ -36,9 +36,10 @@ typedef struct crun_store_opts {
 	const char *prefix;	     /* optional PrefixStore-style prefix; copied */
 } crun_store_opts_t;
 
-#define CRUN_STORE_OPTS_INIT                                                   \
-	{ sizeof(crun_store_opts_t), "127.0.0.1", 29500, 30000, 300000,        \
-	  CRUN_STORE_V2, NULL }
+#define CRUN_STORE_OPTS_INIT                                                                      \
+	{                                                                                         \
+		sizeof(crun_store_opts_t), "127.0.0.1", 29500, 30000, 300000, CRUN_STORE_V2, NULL \
+	}
 
 /* Connects, retrying with exponential backoff and jitter (start 50 ms, x1.5,
  * cap 2 s) until connect_timeout_ms. v2 sends VALIDATE + PING as PyTorch 2.x
@@ -49,8 +50,7 @@ CRUN_API int crun_store_open(const crun_store_opts_t *opts, crun_store_t **ret_s
 /* A view on base's connection with `prefix` added, like PyTorch's
  * PrefixStore(prefix, base). base is borrowed and must outlive the view.
  * Close it with crun_store_close() (which leaves the connection open). */
-CRUN_API int crun_store_view_new(crun_store_t *base, const char *prefix,
-				 crun_store_t **ret_view);
+CRUN_API int crun_store_view_new(crun_store_t *base, const char *prefix, crun_store_t **ret_view);
 
 /* Closes the connection (or only the view). NULL: no-op. */
 CRUN_API void crun_store_close(crun_store_t *store);
@@ -71,8 +71,8 @@ CRUN_API int crun_store_set(crun_store_t *s, const char *key, const void *val, s
 /* WAIT then GET, like TCPStore.get(): blocks until the key exists or
  * timeout_ms passes (0 = the handle's default). *ret_val is allocated (plus a
  * NUL after len bytes for convenience); free it with crun_free(). */
-CRUN_API int crun_store_get(crun_store_t *s, const char *key, uint32_t timeout_ms,
-			    void **ret_val, size_t *ret_len);
+CRUN_API int crun_store_get(crun_store_t *s, const char *key, uint32_t timeout_ms, void **ret_val,
+			    size_t *ret_len);
 
 /* Adds delta to the decimal counter at key (missing = 0); *ret_value is the
  * new value (may be NULL). */
@@ -108,16 +108,15 @@ CRUN_API int crun_store_append(crun_store_t *s, const char *key, const void *val
  * each with crun_free(). On failure nothing is allocated. */
 CRUN_API int crun_store_multi_get(crun_store_t *s, const char *const *keys, size_t nkeys,
 				  uint32_t timeout_ms, void **ret_vals, size_t *ret_lens);
-CRUN_API int crun_store_multi_set(crun_store_t *s, const char *const *keys,
-				  const void *const *vals, const size_t *lens, size_t n);
+CRUN_API int crun_store_multi_set(crun_store_t *s, const char *const *keys, const void *const *vals,
+				  const size_t *lens, size_t n);
 /* Round trip with a nonce; *ret_rtt_us may be NULL. */
 CRUN_API int crun_store_ping(crun_store_t *s, uint64_t *ret_rtt_us);
-CRUN_API int crun_store_queue_push(crun_store_t *s, const char *key, const void *val,
-				   size_t len);
+CRUN_API int crun_store_queue_push(crun_store_t *s, const char *key, const void *val, size_t len);
 /* block = 1: WAIT on the key first (timeout_ms, 0 = default), as PyTorch's
  * blocking pop does; block = 0: CRUN_ENOTFOUND at once if the queue is empty. */
-CRUN_API int crun_store_queue_pop(crun_store_t *s, const char *key, int block,
-				  uint32_t timeout_ms, void **ret_val, size_t *ret_len);
+CRUN_API int crun_store_queue_pop(crun_store_t *s, const char *key, int block, uint32_t timeout_ms,
+				  void **ret_val, size_t *ret_len);
 CRUN_API int crun_store_queue_len(crun_store_t *s, const char *key, int64_t *ret_len);
 /* Keys under this handle's mangling ("/" + prefix), returned without it, as
  * PyTorch's list_keys does. *ret_keys is an array of *ret_n NUL-terminated
