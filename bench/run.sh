@@ -13,3 +13,7 @@ cd "$(dirname "$0")/.."
 
 # Launcher: crun against torchrun 1.13 and 2.x (launch time, restart latency, agent RSS).
 /usr/bin/python3 bench/launch_bench.py "$BUILD" --out "$BUILD/bench/launch.md"
+
+# Rendezvous: K clients in one process (rdzv_bench), then K real agents, crun vs torchrun.
+"$BUILD/bench/rdzv_bench" 16 64 256 1024
+/usr/bin/python3 bench/rdzv_vs_torchrun.py "$BUILD" --out "$BUILD/bench/rdzv_vs_torchrun.md"
