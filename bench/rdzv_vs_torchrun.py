@@ -200,8 +200,8 @@ class Bench:
                 return {"ok": False, "k": k,
                         "why": f"{len(pending)} agents still running {EXIT_WAIT_S} s after "
                                "their workers started"}
-            return {"ok": True, "k": k, "s": t_all / 1e9, "spawn_s": t_spawned / 1e9, "bytes": lo_bytes() - b0,
-                    "rss_mb": rss_kb / 1024, "bad_exits": len(bad)}
+            return {"ok": True, "k": k, "s": t_all / 1e9, "spawn_s": t_spawned / 1e9,
+                    "bytes": lo_bytes() - b0, "rss_mb": rss_kb / 1024, "bad_exits": len(bad)}
         finally:
             self.kill(pids)
 
@@ -297,8 +297,8 @@ def collect(b, cfg, t_start):
 
 
 def table(res, cfg, elapsed, failures):
-    rows = ["| launcher | K | all K spawned (s) | all K workers started (s) | loopback bytes | bytes / agent "
-            "| agents' peak RSS, total (MB) | RSS / agent (MB) |",
+    rows = ["| launcher | K | all K spawned (s) | all K workers started (s) | loopback bytes "
+            "| bytes / agent | agents' peak RSS, total (MB) | RSS / agent (MB) |",
             "|---|---|---|---|---|---|---|---|"]
     for (who, k), r in res.items():
         if not r["ok"]:
