@@ -35,18 +35,13 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TORCH1 = "/usr/bin/python3"
-TORCH2 = os.path.join(os.environ.get("CRUN_TORCH2_VENV",
-                                     os.path.expanduser("~/.cache/crun/venv-torch2")),
-                      "bin", "torchrun")
+from benchlib import ROOT, TORCH1, TORCH2, free_port, in_own_netns, ints, kill_recorded_workers
 PY_WORKER_EXEC = "/usr/bin/python3"  # the same interpreter runs every Python worker
 BUDGET_S = 170             # past this, torchrun cells get one rep each (goal: < 4 min)
 RUN_TIMEOUT_S = 90         # one launcher run; launch_run sends SIGTERM, then SIGKILL
@@ -62,12 +57,6 @@ GOAL_RSS_MB = 5.0
 
 def log(msg):
     print(f"launch_bench: {msg}", file=sys.stderr, flush=True)
-
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Bench:
@@ -182,25 +171,7 @@ class Bench:
 
     def kill_workers(self):
         """Workers of restart runs that a launcher may have left behind."""
-        for rec in self.record_files:
-            try:
-                lines = open(rec).read().split("\n")
-            except OSError:
-                continue
-            for line in lines:
-                parts = line.split()
-                if len(parts) != 5:
-                    continue
-                pid = int(parts[3])
-                try:
-                    cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
-                except OSError:
-                    continue
-                if b"launch_worker" in cmdline:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+        kill_recorded_workers(self.record_files)
 
     def cleanup(self):
         for pgid in list(self.live):
@@ -372,26 +343,6 @@ def table(res, cfg, b, elapsed):
     return "\n".join(head + rows + notes) + "\n"
 
 
-def in_own_netns(argv):
-    """Re-runs this script in a new network namespace with only loopback up."""
-    if not shutil.which("unshare") or not shutil.which("ip"):
-        return None
-    try:
-        probe = subprocess.run(["unshare", "--net", "true"], capture_output=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if probe.returncode != 0:
-        return None
-    env = dict(os.environ, CRUN_BENCH_NETNS="1")
-    inner = "ip link set lo up && exec \"$0\" \"$@\""
-    return subprocess.call(["unshare", "--net", "sh", "-c", inner, sys.executable,
-                            os.path.abspath(__file__)] + argv, env=env)
-
-
-def ints(s):
-    return tuple(int(x) for x in s.split(",") if x)
-
-
 def main():
     ap = argparse.ArgumentParser(description="crun vs torchrun launcher benchmark")
     ap.add_argument("build", nargs="?", default=os.environ.get("CRUN_BUILD",
@@ -415,7 +366,7 @@ def main():
                     help="seconds after which torchrun rows stop at their first rep")
     cfg = ap.parse_args()
     if not cfg.no_netns and os.environ.get("CRUN_BENCH_NETNS") != "1":
-        rc = in_own_netns(sys.argv[1:])
+        rc = in_own_netns(__file__, sys.argv[1:])
         if rc is not None:
             return rc
         log("cannot create a network namespace; torchrun 1.13 gets an explicit c10d port")

@@ -40,18 +40,13 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TORCH1 = "/usr/bin/python3"
-TORCH2 = os.path.join(os.environ.get("CRUN_TORCH2_VENV",
-                                     os.path.expanduser("~/.cache/crun/venv-torch2")),
-                      "bin", "torchrun")
+from benchlib import ROOT, TORCH1, TORCH2, free_port, in_own_netns, ints, kill_recorded_workers
 LABEL = {"crun": "crun", "torch2": "torchrun 2.x", "torch113": "torchrun 1.13"}
 KS_CRUN = (2, 4, 8, 16, 32, 64, 128, 256)
 KS_TORCH = (2, 4, 8, 16, 32)
@@ -62,12 +57,6 @@ BUDGET_S = 170         # past this, no new torchrun K is started (goal: whole ru
 
 def log(msg):
     print(f"rdzv_vs_torchrun: {msg}", file=sys.stderr, flush=True)
-
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def mem_available_mb():
@@ -230,21 +219,7 @@ class Bench:
 
     def cleanup(self):
         self.kill(list(self.live))
-        for rec in self.records:      # workers of killed runs that left their agent's group
-            try:
-                lines = open(rec).read().split("\n")
-            except OSError:
-                continue
-            for line in lines:
-                parts = line.split()
-                if len(parts) != 5:
-                    continue
-                try:
-                    with open(f"/proc/{int(parts[3])}/cmdline", "rb") as f:
-                        if b"launch_worker" in f.read():
-                            os.kill(int(parts[3]), signal.SIGKILL)
-                except (OSError, ValueError):
-                    pass
+        kill_recorded_workers(self.records)  # workers that left their agent's group
         if not self.cfg.keep:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
@@ -327,26 +302,6 @@ def table(res, cfg, elapsed, failures):
     return "\n".join(rows) + "\n\n" + "\n".join("- " + n for n in notes) + "\n"
 
 
-def in_own_netns(argv):
-    """Re-runs this script in a new network namespace with only loopback up."""
-    if not shutil.which("unshare") or not shutil.which("ip"):
-        return None
-    try:
-        probe = subprocess.run(["unshare", "--net", "true"], capture_output=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if probe.returncode != 0:
-        return None
-    env = dict(os.environ, CRUN_BENCH_NETNS="1")
-    inner = "ip link set lo up && exec \"$0\" \"$@\""
-    return subprocess.call(["unshare", "--net", "sh", "-c", inner, sys.executable,
-                            os.path.abspath(__file__)] + argv, env=env)
-
-
-def ints(s):
-    return tuple(int(x) for x in s.split(",") if x)
-
-
 def main():
     ap = argparse.ArgumentParser(description="K real agents: crun vs torchrun rendezvous")
     ap.add_argument("build", nargs="?", default=os.environ.get("CRUN_BUILD",
@@ -364,7 +319,7 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the temp dir with the logs")
     cfg = ap.parse_args()
     if not cfg.no_netns and os.environ.get("CRUN_BENCH_NETNS") != "1":
-        rc = in_own_netns(sys.argv[1:])
+        rc = in_own_netns(__file__, sys.argv[1:])
         if rc is not None:
             return rc
         log("cannot create a network namespace; loopback bytes include other traffic")

@@ -1,0 +1,66 @@
+"""benchlib.py: what the launcher-level benchmarks (launch_bench.py,
+rdzv_vs_torchrun.py) share: where torchrun lives, free ports, re-running a
+script in a private network namespace, and killing the workers a launcher run
+may have left behind."""
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TORCH1 = "/usr/bin/python3"
+TORCH2 = os.path.join(os.environ.get("CRUN_TORCH2_VENV",
+                                     os.path.expanduser("~/.cache/crun/venv-torch2")),
+                      "bin", "torchrun")
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ints(s):
+    return tuple(int(x) for x in s.split(",") if x)
+
+
+def in_own_netns(script, argv):
+    """Re-runs `script` in a new network namespace with only loopback up, so
+    torchrun's fixed ports and reverse-DNS lookups stay private. Returns its
+    exit code, or None when namespaces are unavailable."""
+    if not shutil.which("unshare") or not shutil.which("ip"):
+        return None
+    try:
+        probe = subprocess.run(["unshare", "--net", "true"], capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if probe.returncode != 0:
+        return None
+    env = dict(os.environ, CRUN_BENCH_NETNS="1")
+    inner = "ip link set lo up && exec \"$0\" \"$@\""
+    return subprocess.call(["unshare", "--net", "sh", "-c", inner, sys.executable,
+                            os.path.abspath(script)] + argv, env=env)
+
+
+def kill_recorded_workers(record_files):
+    """SIGKILLs every launch_worker whose pid a record file lists (lines of 5
+    fields, pid 4th): workers of killed runs that left their agent's group."""
+    for rec in record_files:
+        try:
+            with open(rec) as f:
+                lines = f.read().split("\n")
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            if len(parts) != 5:
+                continue
+            try:
+                pid = int(parts[3])
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"launch_worker" in f.read():
+                        os.kill(pid, signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
