@@ -4,12 +4,13 @@ Every test talks only to 127.0.0.1 (or to network namespaces it creates), bounds
 every loop in count and time, and kills every process it started, also on
 failure: processes go through `procs.spawn`, which the fixture reaps.
 """
+import glob
+import json
 import os
 import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import pytest
@@ -106,6 +107,26 @@ def wait_line(stream, pattern, timeout_s):
         if m:
             return m
     raise AssertionError(f"no line matching {pattern!r} within {timeout_s}s; got {seen[-20:]}")
+
+
+def records(d):
+    """Every JSON record that workers wrote into directory d."""
+    out = []
+    for f in glob.glob(os.path.join(d, "*.json")):
+        with open(f) as fh:
+            out.append(json.load(fh))
+    return out
+
+
+def wait_records(d, pred, what, timeout=60):
+    """Polls d (bounded by timeout) until some record satisfies pred."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = [x for x in records(d) if pred(x)]
+        if r:
+            return r
+        time.sleep(0.05)
+    pytest.fail(f"no worker record with {what} in {d}: {records(d)}")
 
 
 def start_rdzvd(procs, *extra):

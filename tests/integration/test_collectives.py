@@ -13,7 +13,6 @@ import os
 import re
 import socket
 import subprocess
-import time
 
 import pytest
 

@@ -14,13 +14,12 @@ design there and crun follows torch-compat §1.4's recommendation instead:
 - ADD on a value with no leading number or on overflow (every server closes
   the connection; the sequence would end there), and queues (libuv only).
 """
-import os
 import random
 import sys
 
 import pytest
 
-from conftest import HELPERS, start_rdzvd, torch_python, wait_line
+from conftest import HELPERS, start_rdzvd
 
 sys.path.insert(0, HELPERS)
 from storecli import StoreCli, arg  # noqa: E402

@@ -8,8 +8,6 @@ real PyTorch gloo job under both PyTorch versions.
 
 Short timings through --rdzv_conf keep the module fast; no test asserts a
 wall-clock bound."""
-import glob
-import json
 import os
 import shutil
 import signal
@@ -20,7 +18,8 @@ import time
 
 import pytest
 
-from conftest import HELPERS, bin_path, free_port, start_rdzvd, torch_python
+from conftest import (HELPERS, bin_path, free_port, records, start_rdzvd, torch_python,
+                      wait_records)
 
 TASK = os.path.join(HELPERS, "elastic_task.py")
 JOB = os.path.join(HELPERS, "launch_worker.py")
@@ -65,24 +64,6 @@ def finish(p, timeout=90):
     except subprocess.TimeoutExpired:
         pytest.fail("crun agent did not finish in time")
     return p.returncode, o.decode(errors="replace"), e.decode(errors="replace")
-
-
-def records(d):
-    recs = []
-    for f in glob.glob(os.path.join(d, "*.json")):
-        with open(f) as fh:
-            recs.append(json.load(fh))
-    return recs
-
-
-def wait_records(d, pred, what, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        r = [x for x in records(d) if pred(x)]
-        if r:
-            return r
-        time.sleep(0.05)
-    pytest.fail(f"no worker record with {what} in {d}: {records(d)}")
 
 
 def wait_line_in(p, buf, pattern, timeout=30):

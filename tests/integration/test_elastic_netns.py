@@ -5,8 +5,6 @@ A real 3-node job (2:3); then node 3's link is cut (`ip link set eth0 down`:
 no FIN, no RST - only its lease's TTL can tell); the survivors re-rendezvous
 and continue; the link is restored and node 3's agent restarted, and the node
 rejoins through a scale-up round. Needs root and iproute2."""
-import glob
-import json
 import os
 import shutil
 import signal
@@ -16,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import HELPERS, bin_path
+from conftest import HELPERS, bin_path, records, wait_records
 
 TASK = os.path.join(HELPERS, "elastic_task.py")
 PY = "/usr/bin/python3"
@@ -80,24 +78,6 @@ def crun_env(tmp):
     env["PYTHON"] = PY
     env["TMPDIR"] = tmp
     return env
-
-
-def records(d):
-    out = []
-    for f in glob.glob(os.path.join(d, "*.json")):
-        with open(f) as fh:
-            out.append(json.load(fh))
-    return out
-
-
-def wait_records(d, pred, what, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        r = [x for x in records(d) if pred(x)]
-        if r:
-            return r
-        time.sleep(0.05)
-    pytest.fail(f"no worker record with {what}: {records(d)}")
 
 
 def test_three_hosts_link_cut_and_rejoin(procs, net):

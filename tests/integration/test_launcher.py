@@ -8,7 +8,6 @@ import shutil
 import tempfile
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
