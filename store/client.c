@@ -266,6 +266,16 @@ static void conn_trim(struct client_conn *c)
 	}
 }
 
+/* Frees a write buffer that a big request grew, as conn_trim does for reads. */
+static void wbuf_trim(struct client_conn *c)
+{
+	if (c->wcap > RBUF_KEEP) {
+		free(c->wbuf);
+		c->wbuf = NULL;
+		c->wcap = 0;
+	}
+}
+
 /* Encodes req into the connection's write buffer and sends it in one go. */
 static int conn_send_req(struct client_conn *c, const struct store_req *req, uint64_t deadline)
 {
@@ -287,11 +297,7 @@ static int conn_send_req(struct client_conn *c, const struct store_req *req, uin
 	if (r < 0)
 		return r;
 	r = send_all(c->fd, c->wbuf, len, deadline);
-	if (c->wcap > RBUF_KEEP) {
-		free(c->wbuf);
-		c->wbuf = NULL;
-		c->wcap = 0;
-	}
+	wbuf_trim(c);
 	return r;
 }
 
@@ -1169,6 +1175,7 @@ static int ext_call(struct crun_store *s, const struct store_ext_req *q, uint8_t
 	if (r < 0)
 		return set_err(c, r, name, NULL, 0, "%s", cause_text(r));
 	r = send_all(c->fd, c->wbuf, len, deadline);
+	wbuf_trim(c);
 	while (r == 0 && c->rlen - c->rpos < want)
 		r = conn_fill(c, deadline);
 	if (r < 0) {

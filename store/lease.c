@@ -109,6 +109,7 @@ static void lease_end(struct store_lease *l, bool expired)
 		log_at(LL_INFO, SUB_STORE, "lease %llu ended (%s)", (unsigned long long)l->id,
 		       "expired or its connection closed");
 	dl_del(&l->conn_link);
+	l->conn->n_regs--;
 	if (l->timer)
 		event_free(l->timer);
 	free(l->exp_key);
@@ -154,7 +155,7 @@ static int op_grant(struct store_conn *c, const struct store_ext_req *q)
 		goto nomem;
 	if (q->key.len) {
 		l->exp_key = mem_dup(q->key.p, q->key.len);
-		l->exp_val = mem_dup(q->val.p, q->val.len ? q->val.len : 1);
+		l->exp_val = mem_dup(q->val.p, q->val.len); /* 0 bytes: malloc(1) */
 		if (!l->exp_key || !l->exp_val)
 			goto nomem;
 		l->exp_key_len = q->key.len;
@@ -163,6 +164,7 @@ static int op_grant(struct store_conn *c, const struct store_ext_req *q)
 	if (arm(l) < 0)
 		goto nomem;
 	dl_add_tail(&c->leases, &l->conn_link);
+	c->n_regs++; /* leases count against max_items like waits */
 	store_put_u64(b, l->id);
 	return reply(c, b, 8);
 nomem:

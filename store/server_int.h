@@ -126,7 +126,7 @@ struct store_conn {
 	struct store_server *srv;
 	struct bufferevent *bev;
 	uint64_t pending; /* keys this connection still waits for */
-	uint32_t n_regs;  /* waits + watches, bounded by limits.max_items */
+	uint32_t n_regs;  /* waits + watches + leases, at most limits.max_items */
 	uint8_t dialect;  /* 0 until sniffed, then enum store_dialect */
 	bool parked;	  /* v2 WAIT/BARRIER outstanding: input stays buffered */
 	bool throttled;	  /* output over the ceiling: reading paused */

@@ -185,7 +185,9 @@ static void notify_watchers(struct store_server *srv, struct kv_ent *e, uint8_t 
 }
 
 /* Stores (or appends) a value under e, enforcing the key space's total value
- * ceiling, and tells v1 watchers. The caller replies, then wakes waiters. */
+ * ceiling, and tells v1 watchers. The caller replies, then wakes waiters. On
+ * failure an entry left holding nothing (a key just created for this write) is
+ * freed, so e must not be used after an error. */
 static int put_value(struct store_server *srv, struct kv_ent *e, const uint8_t *v, size_t len,
 		     bool append)
 {
@@ -195,23 +197,29 @@ static int put_value(struct store_server *srv, struct kv_ent *e, const uint8_t *
 	uint8_t *old = NULL;
 	int r;
 
-	if (after > srv->cfg.max_total_value_bytes)
-		return CRUN_ETOOBIG;
+	if (after > srv->cfg.max_total_value_bytes) {
+		r = CRUN_ETOOBIG;
+		goto fail;
+	}
 	if (!DL_EMPTY(&e->watchers) && old_len) {
 		old = mem_dup(e->val, old_len);
-		if (!old)
-			return CRUN_ENOMEM;
+		if (!old) {
+			r = CRUN_ENOMEM;
+			goto fail;
+		}
 	}
 	r = kv_put(&srv->kv, e, v, len, append);
-	if (r < 0) {
-		free(old);
-		return r;
-	}
+	if (r < 0)
+		goto fail;
 	if (!DL_EMPTY(&e->watchers))
 		notify_watchers(srv, e, created ? STORE_WATCH_CREATED : STORE_WATCH_UPDATED, old,
 				old ? old_len : 0, e->val, e->val_len);
 	free(old);
 	return 0;
+fail:
+	free(old);
+	kv_gc(&srv->kv, e);
+	return r;
 }
 
 static int set_key(struct store_server *srv, const struct store_bytes *k,
