@@ -291,9 +291,7 @@ CRUN_API void crun_agent_free(crun_agent_t *a)
 {
 	if (!a)
 		return;
-	for (int i = 0; i < a->nworkers; i++)
-		logs_close_worker(a, &a->workers[i]);
-	agent_end_attempt(a);
+	agent_end_attempt(a); /* closes every worker's log streams */
 	supervise_fini(a);
 	rdzv_free(a->rdzv);
 	store_server_free(a->store);
@@ -338,7 +336,10 @@ static int start_one(struct crun_agent *a, struct worker *w, const struct rdzv_i
 		TRY(logs_mkdirs(wdir));
 		TRY(str_printf(w->errfile, sizeof(w->errfile), "%s/error.json", wdir));
 	}
-	TRY(logs_open_worker(a, w, attempt_dir, &out_wr, &err_wr));
+	/* It may hand out one write end and then fail: close it at out. */
+	r = logs_open_worker(a, w, attempt_dir, &out_wr, &err_wr);
+	if (r < 0)
+		goto out;
 	v.local_rank = w->local_rank;
 	v.rank = w->global_rank;
 	v.group_rank = ri->group_rank;

@@ -209,7 +209,9 @@ const char *supervise_signame(int sig); /* "SIGTERM"; static */
 
 /* ---- logs.c ------------------------------------------------------------------- */
 
-/* Creates the pipes, files and events of worker w for this attempt. */
+/* Creates the pipes, files and events of worker w for this attempt. The
+ * write ends go to *ret_out_wr and *ret_err_wr, which the caller closes (set to
+ * -1 beforehand): one may already be set when a later step fails. */
 int logs_open_worker(struct crun_agent *a, struct worker *w, const char *attempt_dir,
 		     int *ret_out_wr, int *ret_err_wr);
 /* Reads what is left in w's pipes (nonblocking), emits the last partial
@@ -220,7 +222,8 @@ void logs_drain_worker(struct crun_agent *a, struct worker *w);
 /* Expands $role_name $rank $local_rank $group_rank (and ${...}) in tmpl. */
 int logs_render_prefix(const char *tmpl, const char *role, int rank, int local_rank, int group_rank,
 		       char *buf, size_t cap);
-/* Copies the last `max` lines of w's stderr ring, '\n'-joined, malloc'd. */
+/* Copies the kept stderr lines of w (at most AGENT_RING_LINES), '\n'-joined,
+ * malloc'd; NULL when none. */
 char *logs_stderr_tail(const struct worker *w);
 /* mkdir -p and rm -rf helpers for the log layout. */
 int logs_mkdirs(const char *path);

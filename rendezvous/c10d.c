@@ -366,7 +366,7 @@ static int assign_round(struct job *j, struct coord *c, int rd, int n)
 	for (int i = 0; i < n; i++) {
 		if (sscanf(vals[i], "%d %d %d %u %255s %255s", &prev[i], &nproc[i], &isho[i],
 			   &wport[i], addr[i], host[i]) != 6 ||
-		    nproc[i] < 1) {
+		    nproc[i] < 1 || prev[i] >= j->max) { /* c10d_order sizes by prev */
 			r = jfail(j, NULL, CRUN_EPROTO, "bad node record");
 			goto out;
 		}
@@ -759,9 +759,6 @@ static int job_monitor(struct job *j, struct coord **cp)
 	KEY(me, "r%d/lease/%d", j->round, j->info.group_rank);
 	KEY(nbr, "r%d/lease/%d", j->round, (j->info.group_rank + 1) % j->nnodes);
 	KEY(chk, "r%d/change", j->round);
-	KEY(why, "dead %s (group rank %d: lease expired or connection lost)", j->hostname,
-	    j->info.group_rank);
-	(void)why;
 	lease = j->lease;
 	hb = j->hb || !lease;
 	r = 0;
@@ -1029,10 +1026,9 @@ static int start(struct c10d *c, enum job_kind kind, const char *why)
 		j->hb = c->pend_hb;
 		c->pend_c = NULL;
 	}
-	if (*evp) {
+	if (*evp)
 		event_free(*evp);
-		fd_close(*rdp);
-	}
+	fd_close(*rdp); /* also when a failed start left no event */
 	*rdp = pfd[0];
 	*evp = event_new(c->p.base, pfd[0], EV_READ | EV_PERSIST,
 			 kind == JOB_MONITOR ? on_mon : on_job, c);
@@ -1097,6 +1093,9 @@ static void on_job(evutil_socket_t fd, short what, void *arg)
 		return;
 	pthread_join(c->job_thr, NULL);
 	c->job = NULL;
+	/* The write end closes with the job's last reference: stop watching
+	 * the pipe, or its EOF would wake the loop until the next job. */
+	event_del(c->job_ev);
 	if (j->kind == JOB_BARRIER || j->kind == JOB_FAIL) {
 		if (j->result < 0)
 			log_at(LL_WARN, SUB_RDZV, "%s", j->err);
@@ -1297,8 +1296,10 @@ void c10d_free(struct c10d *c)
 	}
 	if (c->job_ev)
 		event_free(c->job_ev);
-	if (c->job_rd >= 0)
-		fd_close(c->job_rd);
+	fd_close(c->job_rd);
+	if (c->mon_ev) /* left by a monitor that failed to start */
+		event_free(c->mon_ev);
+	fd_close(c->mon_rd);
 	if (c->linger)
 		event_free(c->linger);
 	store_server_free(c->rdzv_store);

@@ -6,8 +6,9 @@
  * blocking store client run it on a helper thread and post back).
  *
  * Backends: "static" (fixed node ranks, node 0's agent serves the store; also
- * --standalone, a one-node static job with a private store). c10d and etcd
- * plug in behind the same ops table.
+ * --standalone, a one-node static job with a private store) and "c10d"
+ * (elastic membership, c10d.h; static.c forwards every call to it). etcd is
+ * not implemented.
  */
 #ifndef CRUN_RENDEZVOUS_RDZV_H
 #define CRUN_RENDEZVOUS_RDZV_H
@@ -51,7 +52,7 @@ enum rdzv_change {
 typedef void (*rdzv_event_fn)(enum rdzv_event ev, void *arg);
 
 struct rdzv_params {
-	const char *backend; /* "static" */
+	const char *backend; /* "static" or "c10d" */
 	bool standalone;
 	const char *run_id; /* key prefix "<run_id>/" */
 	int node_rank;

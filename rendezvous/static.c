@@ -142,13 +142,11 @@ static int job_join(struct rdzv_job *j, crun_store_t *s)
 
 		TRY(key_printf(key, sizeof(key), "nproc", i));
 		r = crun_store_get(s, key, j->join_timeout_ms, &v, &len);
-		if (r < 0) {
-			snprintf(val, sizeof(val), "%d", i);
+		if (r < 0)
 			return job_fail(j, s, r,
 					r == CRUN_ETIMEDOUT ? "timed out waiting for an agent to "
 							      "join (is every --node_rank started?)"
 							    : "reading an agent's nproc");
-		}
 		r = parse_uint_range(v, 1, 1u << 20, &np);
 		crun_free(v);
 		if (r < 0)
@@ -244,6 +242,9 @@ static void finish_job(struct rdzv *r)
 
 	pthread_join(r->thread, NULL);
 	r->job = NULL;
+	/* The write end closes with the job's last reference: stop watching
+	 * the pipe, or its EOF would wake the loop until the next job. */
+	event_del(r->notify_ev);
 	if (j->kind == JOB_BARRIER) {
 		if (j->result < 0)
 			log_at(LL_WARN, SUB_RDZV, "%s", j->err);
@@ -320,10 +321,9 @@ static int start_job(struct rdzv *r, enum job_kind kind)
 	j->join_timeout_ms = r->p.join_timeout_ms;
 	j->barrier_timeout_ms = r->p.barrier_timeout_ms;
 	j->notify_fd = pfd[1];
-	if (r->notify_ev) {
+	if (r->notify_ev)
 		event_free(r->notify_ev);
-		fd_close(r->notify_rd);
-	}
+	fd_close(r->notify_rd); /* also when a failed start left no event */
 	r->notify_rd = pfd[0];
 	r->notify_ev = event_new(r->p.base, pfd[0], EV_READ | EV_PERSIST, on_notify, r);
 	if (!r->notify_ev || event_add(r->notify_ev, NULL) < 0) {

@@ -61,7 +61,7 @@ typedef struct crun_agent_config {
 	 * name in the failure summary is `entrypoint` (NULL: argv[0]). */
 	const char *const *argv;
 	const char *entrypoint;
-	const char *log_dir; /* NULL: a fresh /tmp/torchelastic_XXXXXX */
+	const char *log_dir; /* NULL: a fresh $TMPDIR/torchelastic_XXXXXXXX */
 	/* Per local rank redirect/tee masks (CRUN_STD_*); NULL = all 0. Arrays of
 	 * nproc_per_node entries, borrowed. */
 	const int *redirects;
