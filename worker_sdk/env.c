@@ -166,7 +166,7 @@ static int check_backend(const char *b)
 	if (!b || !strcmp(b, "auto") || !strcmp(b, "cpu"))
 		return 0;
 	if (!strcmp(b, "nccl"))
-		return CRUN_ENOTSUP; /* no NCCL backend in this build */
+		return CRUN_ENOTSUP; /* crun has no NCCL backend yet */
 	return CRUN_EINVAL;
 }
 

@@ -109,7 +109,8 @@ static int check_stalled(struct crun_pg *pg, const struct xfer *ops, int nops, u
 }
 
 /* Sleeps briefly while idle: in poll() on the TCP sockets involved (so data
- * wakes us), or a short nanosleep when only shm is involved. */
+ * wakes us); with only rings left, a yield (a short nanosleep once idle for
+ * long) until xfer_loop moves on to the doorbell sleep. */
 static void idle_wait(struct crun_pg *pg, const struct xfer *ops, int nops, int long_idle)
 {
 	struct pollfd pfds[16];

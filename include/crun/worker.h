@@ -124,8 +124,8 @@ CRUN_API crun_store_t *crun_worker_store(void);
 /* Makes a group of the world ranks ranks[0..n-1] (distinct, in group-rank
  * order). Collective over the WHOLE world, like torch new_group(): every rank
  * calls it in the same order; a rank that is not listed gets *ret_pg = NULL.
- * backend: "cpu", "auto" (= cpu) or "nccl" (CRUN_ENOTSUP unless built with
- * NCCL support); NULL = "auto". Transport: shared memory between ranks on one
+ * backend: "cpu", "auto" (= cpu) or "nccl" (CRUN_ENOTSUP: crun has no NCCL
+ * backend yet); NULL = "auto". Transport: shared memory between ranks on one
  * host, TCP otherwise; CRUN_PG_TRANSPORT=tcp|shm|auto overrides. Free with
  * crun_pg_free(). */
 CRUN_API int crun_pg_new(const int *ranks, int n, const char *backend, crun_pg_t **ret_pg);

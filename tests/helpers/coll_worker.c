@@ -326,6 +326,11 @@ static void run_subgroups(void)
 	int n = crun_world_size(), evens[8], odds[8], rev[8], ne = 0, no = 0;
 	crun_pg_t *ge = NULL, *go = NULL, *gr = NULL;
 
+	if (n > (int)ARRAY_SIZE(rev)) {
+		fprintf(stderr, "coll_worker: subgroup mode takes at most %d ranks\n",
+			(int)ARRAY_SIZE(rev));
+		exit(2);
+	}
 	for (int r = 0; r < n; r++) {
 		if (r % 2 == 0)
 			evens[ne++] = r;
