@@ -87,13 +87,29 @@ typedef struct crun_agent_config {
 	int min_nnodes;
 	int max_nnodes;
 	const char *rdzv_conf;
+	/* Appended fields (ABI: only ever add at the end, and extend the _INIT
+	 * macro below in the same order). */
+	int run_path; /* 1: run argv[0] as a Python file path (runpy semantics) */
+	/* torchrun's --duplicate-std{out,err}-filters: comma-separated substrings;
+	 * matching worker lines are copied to filtered_std{out,err}.log under the
+	 * log directory. NULL = off. */
+	const char *duplicate_stdout_filters;
+	const char *duplicate_stderr_filters;
+	const char *numa_binding; /* NULL, "node", "socket", "exclusive", "core-complex" */
+	/* Restart the workers when one stops beating for this long; 0 = off. */
+	uint32_t worker_heartbeat_timeout_ms;
+	/* Shared secret (file path) for crun-to-crun connections; NULL = none. */
+	const char *auth_secret_file;
+	/* 1: the worker store accepts any peer address (NAT); 0: loopback and
+	 * the current round's node addresses only. */
+	int worker_store_allow_any;
 } crun_agent_config_t;
 
 #define CRUN_AGENT_CONFIG_INIT                                                                     \
 	{                                                                                          \
 		sizeof(crun_agent_config_t), 1, 1, 0, 0, "static", NULL, "127.0.0.1", 29500, NULL, \
 		    900000, 300000, 0, 30000, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0,   \
-		    0, NULL, NULL, NULL, 0, 0, NULL                                                \
+		    0, NULL, NULL, NULL, 0, 0, NULL, 0, NULL, NULL, NULL, 0, NULL, 0               \
 	}
 
 /* Validates cfg and prepares the agent: the log directory, the guard process
