@@ -503,6 +503,7 @@ void store_server_free(struct store_server *srv)
 		return;
 	while (!DL_EMPTY(&srv->conns))
 		conn_close(DL_ENTRY(srv->conns.next, struct store_conn, link));
+	store_ext_server_free(srv); /* leases outlive connections, not the server */
 	if (srv->lsn)
 		evconnlistener_free(srv->lsn);
 	if (srv->accept_retry)
