@@ -1,15 +1,19 @@
-"""A transient reset of the agents' connections to the rendezvous store is not
-a node failure (issue 8, item 5). `ss -K` destroys the sockets to the store's
+"""Store faults that are not node failures (issue 8, items 4 and 5), with real
+crun agents on 127.0.0.1. A transient reset of the agents' connections to the
+rendezvous store (item 5). `ss -K` destroys the sockets to the store's
 port with a RST, as a middlebox or a NIC reset would; the agents' store
 clients redial, redo the greeting and re-attach their leases by id, and the
 job finishes with its first world: no re-rendezvous, no restart, exit 0.
 Before the store client reconnected, the first reset made each agent's lease
-monitor fail and every agent exit 1.
+monitor fail and every agent exit 1. And the store host SIGSTOPped past the
+lease TTL (item 4): on resume no healthy peer is evicted.
 
-Needs `ss -K` (root and CONFIG_INET_DIAG_DESTROY); skipped where it cannot
-destroy a loopback socket. No wall-clock bound is asserted."""
+The reset test needs `ss -K` (root and CONFIG_INET_DIAG_DESTROY); it is
+skipped where that cannot destroy a loopback socket. No wall-clock bound is
+asserted."""
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -94,4 +98,33 @@ def test_resetting_the_store_connections_is_not_a_node_failure(procs, out):
         assert "re-rendezvous" not in err and "dead" not in err, err[-3000:]
     recs = records(out)
     assert sorted(int(r["RANK"]) for r in recs) == [0, 1, 2, 3]  # one world, never restarted
+    assert {r["TORCHELASTIC_RESTART_COUNT"] for r in recs} == {"0"}
+
+
+def test_a_store_host_stopped_past_the_ttl_evicts_no_one(procs, out):
+    """The agent that serves the rendezvous store is SIGSTOPped for twice the
+    lease TTL, then continued: its store measures the stall and extends every
+    lease by it, so the healthy peer (which kept alive all along, its
+    keep-alives queued in the kernel) is not declared dead, and nobody
+    restarts. Before, the leases' timers fired on resume and evicted the
+    peer: every worker restarted."""
+    port = free_port()
+    host = agent(procs, port, "stop", 8, out)
+    time.sleep(0.3)
+    other = agent(procs, port, "stop", 8, out)
+    assert wait_records(out, lambda r: r["WORLD_SIZE"] == "4", "WORLD_SIZE=4")
+    wait_records(out, lambda r: len(records(out)) >= 4, "4 workers")
+    os.kill(host.pid, signal.SIGSTOP)
+    time.sleep(6)  # lease_ttl=3
+    os.kill(host.pid, signal.SIGCONT)
+    for p in (host, other):
+        try:
+            _, err = p.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            pytest.fail("crun agent did not finish in time")
+        err = err.decode(errors="replace")
+        assert p.returncode == 0, err[-3000:]
+        assert "re-rendezvous" not in err and "dead" not in err, err[-3000:]
+    recs = records(out)
+    assert sorted(int(r["RANK"]) for r in recs) == [0, 1, 2, 3]
     assert {r["TORCHELASTIC_RESTART_COUNT"] for r in recs} == {"0"}
