@@ -87,6 +87,7 @@ struct client_conn {
 	uint8_t *unacked; /* encoded SET/MULTI_SET sent since the last reply */
 	size_t ulen, ucap;
 	const char *lossy; /* an unconfirmed write that cannot be replayed, or NULL */
+	bool replayed;	   /* unacked was replayed once: a second loss drops it */
 };
 
 struct crun_store {
@@ -269,6 +270,15 @@ static int conn_fill(struct client_conn *c, uint64_t deadline)
 	}
 }
 
+/* A reply arrived. Replies come in request order: every write sent before
+ * its request was applied, so nothing is left to replay. */
+static void confirm(struct client_conn *c)
+{
+	c->ulen = 0;
+	c->lossy = NULL;
+	c->replayed = false;
+}
+
 /* Reads one reply to `op`. *out points into the read buffer and stays valid
  * until the next read on this connection. */
 static int conn_read_reply(struct client_conn *c, enum store_op op, uint64_t nitems,
@@ -283,10 +293,7 @@ static int conn_read_reply(struct client_conn *c, enum store_op op, uint64_t nit
 						     c->rlen - c->rpos, out, &used);
 			if (r == 0) {
 				c->rpos += used;
-				/* Replies come in request order: every write
-				 * sent before this request was applied. */
-				c->ulen = 0;
-				c->lossy = NULL;
+				confirm(c);
 				return 0;
 			}
 			if (r != CRUN_EAGAIN)
@@ -797,8 +804,7 @@ static int ext_rpc(struct client_conn *c, const struct store_ext_req *q, uint8_t
 	}
 	memcpy(rep, c->rbuf + c->rpos, want);
 	c->rpos += want;
-	c->ulen = 0; /* a reply: everything sent before was applied */
-	c->lossy = NULL;
+	confirm(c);
 	conn_trim(c);
 	return 0;
 }
@@ -877,12 +883,20 @@ static int conn_revive(struct client_conn *c, const char *name, uint64_t deadlin
 	uint64_t d = deadline_after(c->reconnect_ms);
 	size_t log_len = c->ulen;
 	const char *lossy = c->lossy;
+	bool replayed = c->replayed;
 	char why[sizeof(c->broke)];
 	int r;
 
 	if (!c->reconnect_ms)
 		return set_err(c, CRUN_ENOTCONN, name, NULL, 0,
 			       "connection closed after an earlier failure: %s", c->broke);
+	/* Replayed once and lost again before a reply: maybe the server closes
+	 * on that very write (over its limits). Not again: fail, saying so. */
+	if (log_len && replayed) {
+		lossy = "SET (already replayed once)";
+		log_len = 0;
+		replayed = false;
+	}
 	memcpy(why, c->broke, sizeof(why));
 	if (deadline < d)
 		d = deadline;
@@ -890,10 +904,13 @@ static int conn_revive(struct client_conn *c, const char *name, uint64_t deadlin
 	r = conn_dial(c, d, false); /* its PING reply clears ulen: restored below */
 	if (r == 0 && c->ext_used)
 		r = ext_reopen(c, d);
-	if (r == 0 && log_len)
+	if (r == 0 && log_len) {
 		r = send_all(c->fd, c->unacked, log_len, d);
+		replayed = true;
+	}
 	c->ulen = log_len; /* still unconfirmed until the next reply */
 	c->lossy = lossy;
+	c->replayed = replayed;
 	if (r < 0) {
 		conn_break(c);
 		return set_err(c, r, name, NULL, 0, "connection lost (%s); reconnecting failed: %s",

@@ -125,8 +125,9 @@ static void await_conns(uint64_t n)
 }
 
 /* A store server in a child process, which the test can SIGSTOP or kill:
- * listens on 127.0.0.1:port (0: any) and reports the port it got. */
-static pid_t fork_server(uint16_t port, uint16_t *ret_port)
+ * listens on 127.0.0.1:port (0: any) and reports the port it got.
+ * max_value: its value size limit (0: the default). */
+static pid_t fork_server_lim(uint16_t port, size_t max_value, uint16_t *ret_port)
 {
 	int pfd[2];
 	pid_t pid;
@@ -147,6 +148,8 @@ static pid_t fork_server(uint16_t port, uint16_t *ret_port)
 		base = event_base_new();
 		c.host = "127.0.0.1";
 		c.port = port;
+		if (max_value)
+			c.limits.max_value_bytes = max_value;
 		if (!base || store_server_new(base, &c, &srv) < 0)
 			_exit(1);
 		got = store_server_port(srv);
@@ -159,6 +162,11 @@ static pid_t fork_server(uint16_t port, uint16_t *ret_port)
 	ck_assert_int_eq(read(pfd[0], ret_port, sizeof(*ret_port)), (ssize_t)sizeof(*ret_port));
 	close(pfd[0]);
 	return pid;
+}
+
+static pid_t fork_server(uint16_t port, uint16_t *ret_port)
+{
+	return fork_server_lim(port, 0, ret_port);
 }
 
 static void kill_server(pid_t pid)
@@ -494,6 +502,32 @@ START_TEST(extension_ops_need_hello)
 }
 END_TEST
 
+/* A SET the server refuses by closing the connection (over its value limit)
+ * has no reply: the client replays it once after redialing, and when that
+ * connection is closed too it stops and fails one call, saying so, instead
+ * of replaying it on every later call. */
+START_TEST(a_write_the_server_refuses_is_replayed_once_not_forever)
+{
+	uint16_t port;
+	pid_t pid = fork_server_lim(0, 64, &port);
+	crun_store_t *a = client_at(port, 20000);
+	char big[100];
+	int r;
+
+	memset(big, 'x', sizeof(big));
+	ck_assert_int_eq(crun_store_set(a, "big", big, sizeof(big)), 0); /* no reply */
+	r = crun_store_ping(a, NULL);
+	ck_assert_int_lt(r, 0);
+	ck_assert_msg(strstr(crun_store_last_error(a), "SET"), "%s", crun_store_last_error(a));
+	ck_assert_msg(crun_store_ping(a, NULL) == 0, "%s", crun_store_last_error(a));
+	ck_assert_int_eq(crun_store_set(a, "k", "1", 1), 0);
+	expect_val(a, "k", "1");
+	ck_assert_int_eq(exists(a, "big"), 0);
+	crun_store_close(a);
+	kill_server(pid);
+}
+END_TEST
+
 static Suite *lease_suite(void)
 {
 	Suite *s = suite_create("store_lease");
@@ -509,6 +543,7 @@ static Suite *lease_suite(void)
 	tcase_add_test(tc, attach_moves_a_lease_between_connections);
 	tcase_add_test(tc, a_stalled_server_does_not_evict_a_client_that_keeps_alive);
 	tcase_add_test(tc, a_restarted_server_is_redialed_and_old_leases_are_gone);
+	tcase_add_test(tc, a_write_the_server_refuses_is_replayed_once_not_forever);
 	tcase_add_test(tc, revoke_deletes_keys_without_expiry);
 	tcase_add_test(tc, first_reason_wins);
 	tcase_add_test(tc, leases_belong_to_their_connection);
