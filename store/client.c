@@ -165,6 +165,13 @@ static void conn_break(struct client_conn *c)
 	c->broken = true;
 	c->ext = false;
 	if (c->fd >= 0) {
+		/* Abortive close (RST): the server keeps this connection's
+		 * leases for their TTL, for the re-attach after the redial. An
+		 * orderly close (crun_store_close, or the process exiting)
+		 * ends them at once (store_ext.h). */
+		struct linger lg = {1, 0};
+
+		(void)setsockopt(c->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
 		fd_close(c->fd);
 		c->fd = -1;
 	}

@@ -5,8 +5,11 @@
  *
  * Every lease is in one table by id (random, so ids from before a server
  * restart are not found after it). A lease is held by at most one
- * connection; its holder's close only detaches it: it ends TTL after its last
- * sign of life (grant, keep-alive, attach), held or not. Deadlines are kept
+ * connection. An orderly close by the holder's peer (FIN: its process closed
+ * the socket or exited) ends its leases at once, as an expiry; any other end
+ * of the connection (a reset, an error, the server dropping it) only detaches
+ * them: they end TTL after their last sign of life (grant, keep-alive,
+ * attach), held or not, unless re-attached. Deadlines are kept
  * here on CLOCK_MONOTONIC (the loop's timer clock); a lease's timer is only a
  * wake-up that checks the deadline, so moving deadlines later (stall_check)
  * needs no timer surgery: an early timer re-arms itself.
@@ -266,10 +269,13 @@ static void lease_end(struct store_lease *l, bool expired)
 			log_at(LL_WARN, SUB_STORE, "lease %016llx: cannot set its expiry key",
 			       (unsigned long long)l->id);
 	}
-	if (expired)
+	if (expired && l->holder && l->holder->peer_eof)
+		log_at(LL_INFO, SUB_STORE, "lease %016llx ended: its holder closed the connection",
+		       (unsigned long long)l->id);
+	else if (expired)
 		log_at(LL_INFO, SUB_STORE, "lease %016llx expired: no keep-alive for %u ms (%s)",
 		       (unsigned long long)l->id, l->ttl_ms,
-		       l->holder ? "its connection is open" : "its connection is gone");
+		       l->holder ? "its connection is open" : "its connection was reset");
 	lease_free(l);
 }
 
@@ -466,7 +472,13 @@ void store_ext_conn_closed(struct store_conn *c)
 	while (!DL_EMPTY(&c->leases)) {
 		struct store_lease *l = DL_ENTRY(c->leases.next, struct store_lease, conn_link);
 
-		log_at(LL_DEBUG, SUB_STORE, "lease %016llx: its connection closed; kept %s",
+		if (c->peer_eof) {
+			/* The holder's process closed the socket or died (its
+			 * kernel sent FIN): nobody will re-attach. */
+			lease_end(l, true);
+			continue;
+		}
+		log_at(LL_DEBUG, SUB_STORE, "lease %016llx: its connection was reset; kept %s",
 		       (unsigned long long)l->id, "for the rest of its TTL");
 		detach(l);
 	}

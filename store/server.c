@@ -282,6 +282,7 @@ static void conn_on_event(struct bufferevent *bev, short what, void *arg)
 	if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)) {
 		log_at(LL_DEBUG, SUB_STORE, "client closed (%s)",
 		       what & BEV_EVENT_EOF ? "eof" : strerror(EVUTIL_SOCKET_ERROR()));
+		c->peer_eof = (what & BEV_EVENT_EOF) != 0; /* leases: store_ext.h */
 		conn_close(c);
 	}
 }

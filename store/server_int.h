@@ -133,6 +133,7 @@ struct store_conn {
 	bool writing;	  /* EV_WRITE on: the bufferevent flushes what write() left */
 	bool doomed;	  /* another connection's op overfilled our output */
 	bool ext;	  /* sent HELLO: crun's extension ops (store_ext.h) allowed */
+	bool peer_eof;	  /* closing because the peer closed in order (FIN), not reset */
 	struct dl leases; /* struct store_lease.conn_link (lease.c) */
 };
 

@@ -32,17 +32,23 @@
  *
  * Ownership and reconnects (version 2). A lease is held by one connection at
  * a time: only its holder may keep it alive, revoke it or set keys under it.
- * When the holder's connection closes the lease does NOT end: it stays, held
- * by nobody, until its TTL runs out from its last sign of life, so a client
- * whose connection was reset reconnects and sends LEASE_ATTACH with the id
- * (which also counts as a keep-alive) and nothing has failed. LEASE_ATTACH
- * takes the lease from whatever connection holds it (the client may know its
- * old connection is dead before the server does). A lease whose TTL lapsed
- * stays dead: attaching it answers "no such lease". Consequences: a process
- * that dies is noticed after its TTL, not when its socket closes, and a
- * process that leaves cleanly must LEASE_REVOKE, or its expiry key is set
- * a TTL later. Ids are random 64-bit numbers, so an id from before a server
- * restart is not found after it.
+ * How the holder's connection ends decides what happens to its leases:
+ *   - an orderly close by the peer (FIN: the client closed its handle, or
+ *     its process exited or was killed, and its kernel closed the socket):
+ *     its leases end at once, as an expiry (expiry key set). A dead agent is
+ *     noticed in a round trip, not a TTL;
+ *   - anything else (a reset from the network, the client aborting a stream
+ *     it gave up on - crun's client closes those with RST - a read error, the
+ *     server dropping the connection): its leases stay, held by nobody,
+ *     until their TTL runs out from their last sign of life. A client that
+ *     reconnects sends LEASE_ATTACH with the id (which also counts as a
+ *     keep-alive) and nothing has failed.
+ * LEASE_ATTACH takes the lease from whatever connection holds it (the client
+ * may know its old connection is dead before the server does). A lease whose
+ * TTL lapsed stays dead: attaching it answers "no such lease". A process that
+ * leaves cleanly LEASE_REVOKEs first, or its expiry key is set as it closes.
+ * Ids are random 64-bit numbers, so an id from before a server restart is
+ * not found after it.
  *
  * Stalls. If the server's own loop was stalled (the process was SIGSTOPped,
  * or one loop iteration ran long), its clients' keep-alives could not be

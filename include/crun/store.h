@@ -161,10 +161,11 @@ CRUN_API int crun_store_add_raw(crun_store_t *s, const char *wire_key, int64_t d
  * passes without a keep-alive (or attach), every key set with
  * crun_store_set_leased() under it is deleted and, if expiry_key is not
  * NULL and not set yet, expiry_key (mangled like any key) is set to
- * expiry_val, waking every WAIT on it. Closing the connection does NOT end
- * it (see store/store_ext.h): the handle re-attaches its leases after a
- * reconnect, and a process that leaves cleanly must revoke its lease or its
- * expiry key is set a TTL later. */
+ * expiry_val, waking every WAIT on it. The same happens at once when the
+ * handle is closed or the process exits (the server sees the socket close);
+ * revoke first to leave cleanly. A connection lost otherwise (a reset, a
+ * timeout) does NOT end it: the handle redials and re-attaches its leases
+ * within their TTL (see store/store_ext.h). */
 CRUN_API int crun_store_lease_grant(crun_store_t *s, uint32_t ttl_ms, const char *expiry_key,
 				    const void *expiry_val, size_t expiry_len, uint64_t *ret_id);
 /* Restarts the lease's TTL. CRUN_ENOTFOUND when it already ended. */

@@ -2,7 +2,8 @@
  * the codec (proto_ext.c) and, against a real server on 127.0.0.1 driven by
  * a loop thread, leases through the public client: keep-alive, TTL expiry
  * setting the expiry key and waking a WAIT on it, a closed connection keeping
- * its leases for their TTL (re-attachable by id; a lapsed one stays dead),
+ * its leases for their TTL (re-attachable by id; a lapsed one stays dead)
+ * while an orderly close (the holder's process closed or died) ends them,
  * revoke (keys go, no expiry key), the first reason winning, and extension
  * op codes refused on a connection that did not send HELLO. A server in a
  * child process is SIGSTOPped past the TTL (the stall must not evict a client
@@ -282,27 +283,83 @@ START_TEST(ttl_expiry_sets_key_and_deletes_leased_keys)
 }
 END_TEST
 
-/* Failed before: the close ended the lease at once (expiry key set), so a
- * reconnecting client found nothing to re-attach. */
-START_TEST(a_closed_connection_keeps_its_lease_for_the_ttl)
+/* Sends one extension request on a raw socket and reads its reply. */
+static void raw_ext(int fd, const struct store_ext_req *q, uint8_t *rep)
 {
-	crun_store_t *a, *b, *c;
+	uint8_t buf[256];
+	size_t len, want = store_ext_reply_size(q->op), got = 0;
+
+	ck_assert_int_eq(store_ext_encode_req(q, buf, sizeof(buf), &len), 0);
+	ck_assert_int_eq(write(fd, buf, len), (ssize_t)len);
+	while (got < want) {
+		ssize_t n = read(fd, rep + got, want - got);
+
+		ck_assert_int_gt(n, 0);
+		got += (size_t)n;
+	}
+}
+
+/* A raw v2 connection (VALIDATE, HELLO) holding a lease on "job/change"
+ * with "job/member/a" set under it, as crun_store_lease_grant would. */
+static int raw_lease_holder(uint32_t ttl_ms, uint64_t *ret_id)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	struct store_ext_req q = {.op = STORE_EXT_HELLO, .magic = STORE_EXT_MAGIC, .version = 2};
+	uint8_t v[5] = {0}, rep[8];
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	sa.sin_port = htons(g_port);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	store_put_u32(v + 1, STORE_VALIDATE_MAGIC);
+	ck_assert_int_eq(write(fd, v, 5), 5);
+	raw_ext(fd, &q, rep);
+	q = (struct store_ext_req){.op = STORE_EXT_LEASE_GRANT, .ttl_ms = ttl_ms};
+	q.key = (struct store_bytes){(const uint8_t *)"/job/change", 11};
+	q.val = (struct store_bytes){(const uint8_t *)"gone", 4};
+	raw_ext(fd, &q, rep);
+	*ret_id = store_get_u64(rep);
+	q = (struct store_ext_req){.op = STORE_EXT_SET_LEASED, .id = *ret_id};
+	q.key = (struct store_bytes){(const uint8_t *)"/job/member/a", 13};
+	q.val = (struct store_bytes){(const uint8_t *)"1", 1};
+	raw_ext(fd, &q, rep);
+	ck_assert_uint_eq(rep[0], STORE_EXT_OK);
+	return fd;
+}
+
+/* Failed before: a reset ended the lease at once (expiry key set), so a
+ * reconnecting client found nothing to re-attach. */
+START_TEST(a_reset_connection_keeps_its_lease_for_the_ttl)
+{
+	struct linger lg = {1, 0};
+	crun_store_t *b, *c;
 	uint64_t id;
+	int fd;
 
 	srv_start();
-	a = client();
 	b = client();
-	ck_assert_int_eq(crun_store_lease_grant(a, 3000, "change", "gone", 4, &id), 0);
-	ck_assert_int_eq(crun_store_set_leased(a, id, "member/a", "1", 1), 0);
-	crun_store_close(a); /* like a reset, or kill -9: the socket closes */
+	fd = raw_lease_holder(3000, &id);
+	ck_assert_int_eq(exists(b, "member/a"), 1);
+	/* A reset, as a middlebox or a dead NIC would cause. */
+	ck_assert_int_eq(setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
+	close(fd);
 	await_conns(1);
-	/* The server has seen the close; the lease is still there. */
+	/* The server has seen the reset; the lease is still there. */
 	c = client();
 	ck_assert_msg(crun_store_lease_attach(c, id) == 0, "%s", crun_store_last_error(c));
 	ck_assert_int_eq(exists(b, "member/a"), 1);
 	ck_assert_int_eq(exists(b, "change"), 0);
-	/* Nobody keeps it alive any more: it ends a TTL later, as an expiry. */
+	/* b takes it over: c's orderly close then does not touch it, and b
+	 * revokes it cleanly (no expiry key). */
+	ck_assert_int_eq(crun_store_lease_attach(b, id), 0);
 	crun_store_close(c);
+	ck_assert_int_eq(crun_store_lease_revoke(b, id), 0);
+	ck_assert_int_eq(exists(b, "change"), 0);
+	/* A lease reset away and never re-attached ends a TTL later. */
+	fd = raw_lease_holder(300, &id);
+	ck_assert_int_eq(setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
+	close(fd);
 	ck_assert_int_eq(crun_store_wait(b, (const char *const[]){"change"}, 1, 30000), 0);
 	expect_val(b, "change", "gone");
 	ck_assert_int_eq(exists(b, "member/a"), 0);
@@ -311,6 +368,28 @@ START_TEST(a_closed_connection_keeps_its_lease_for_the_ttl)
 	ck_assert_int_eq(crun_store_lease_attach(c, id), CRUN_ENOTFOUND);
 	ck_assert_int_eq(crun_store_lease_keepalive(c, id), CRUN_ENOTFOUND);
 	crun_store_close(c);
+	crun_store_close(b);
+	srv_stop();
+}
+END_TEST
+
+/* The holder's process closes its socket or dies (its kernel sends FIN):
+ * nobody will re-attach, so its leases end at once, as an expiry. */
+START_TEST(an_orderly_close_ends_its_leases_at_once)
+{
+	crun_store_t *a, *b;
+	uint64_t id;
+
+	srv_start();
+	a = client();
+	b = client();
+	ck_assert_int_eq(crun_store_lease_grant(a, 60000, "change", "gone", 4, &id), 0);
+	ck_assert_int_eq(crun_store_set_leased(a, id, "member/a", "1", 1), 0);
+	crun_store_close(a); /* like kill -9: the kernel closes the socket */
+	ck_assert_int_eq(crun_store_wait(b, (const char *const[]){"change"}, 1, 5000), 0);
+	expect_val(b, "change", "gone");
+	ck_assert_int_eq(exists(b, "member/a"), 0);
+	ck_assert_int_eq(crun_store_lease_attach(b, id), CRUN_ENOTFOUND);
 	crun_store_close(b);
 	srv_stop();
 }
@@ -539,7 +618,8 @@ static Suite *lease_suite(void)
 	suite_add_tcase(s, tc);
 	tc = tcase_create("server");
 	tcase_add_test(tc, ttl_expiry_sets_key_and_deletes_leased_keys);
-	tcase_add_test(tc, a_closed_connection_keeps_its_lease_for_the_ttl);
+	tcase_add_test(tc, a_reset_connection_keeps_its_lease_for_the_ttl);
+	tcase_add_test(tc, an_orderly_close_ends_its_leases_at_once);
 	tcase_add_test(tc, attach_moves_a_lease_between_connections);
 	tcase_add_test(tc, a_stalled_server_does_not_evict_a_client_that_keeps_alive);
 	tcase_add_test(tc, a_restarted_server_is_redialed_and_old_leases_are_gone);
