@@ -395,10 +395,10 @@ static const char *cause_text(int r)
  * (the answer changes), QUEUE_* and BARRIER (they count) do not. WATCH_KEY
  * and CANCEL_WAIT belong to the socket they were sent on. */
 static const bool retry_safe[STORE_OP__MAX] = {
-    [STORE_OP_SET] = true,	  [STORE_OP_COMPARE_SET] = true, [STORE_OP_GET] = true,
-    [STORE_OP_CHECK] = true,	  [STORE_OP_WAIT] = true,	 [STORE_OP_GETNUMKEYS] = true,
-    [STORE_OP_MULTI_GET] = true,  [STORE_OP_MULTI_SET] = true,	 [STORE_OP_PING] = true,
-    [STORE_OP_QUEUE_LEN] = true,  [STORE_OP_LIST_KEYS] = true,
+    [STORE_OP_SET] = true,	 [STORE_OP_COMPARE_SET] = true, [STORE_OP_GET] = true,
+    [STORE_OP_CHECK] = true,	 [STORE_OP_WAIT] = true,	[STORE_OP_GETNUMKEYS] = true,
+    [STORE_OP_MULTI_GET] = true, [STORE_OP_MULTI_SET] = true,	[STORE_OP_PING] = true,
+    [STORE_OP_QUEUE_LEN] = true, [STORE_OP_LIST_KEYS] = true,
 };
 
 /* Failures a new connection may cure: the peer or the path went away. A

@@ -77,10 +77,10 @@ enum store_ext_op {
 	STORE_EXT_LEASE_ATTACH = 0x85,
 };
 
-#define STORE_EXT_MAGIC	  0x4352554eu
-#define STORE_EXT_VERSION 2u
+#define STORE_EXT_MAGIC		 0x4352554eu
+#define STORE_EXT_VERSION	 2u
 #define STORE_EXT_VERSION_ATTACH 2u /* first version with LEASE_ATTACH */
-#define STORE_EXT_TTL_MAX (3600u * 1000)
+#define STORE_EXT_TTL_MAX	 (3600u * 1000)
 
 enum { STORE_EXT_OK = 0, STORE_EXT_NO_LEASE = 1 };
 

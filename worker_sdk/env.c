@@ -192,9 +192,8 @@ int crun_init_explicit(const crun_init_opts_t *opts)
 	 * its extra tail to itself. */
 	memcpy(&full, opts, MIN(opts->struct_size, sizeof(full)));
 	full.struct_size = sizeof(full);
-	if (o->world_size < 1 ||
-	    o->world_size > PG_MAX_WORLD || o->rank < 0 || o->rank >= o->world_size ||
-	    !o->master_addr || o->restart_count < 0)
+	if (o->world_size < 1 || o->world_size > PG_MAX_WORLD || o->rank < 0 ||
+	    o->rank >= o->world_size || !o->master_addr || o->restart_count < 0)
 		return CRUN_EINVAL;
 	TRY(check_backend(o->backend));
 	tmo = o->timeout_ms ? o->timeout_ms : PG_DEFAULT_TIMEOUT_MS;

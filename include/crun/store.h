@@ -40,10 +40,10 @@ typedef struct crun_store_opts {
 /* Also what a caller built before reconnect_ms existed gets. */
 #define CRUN_STORE_RECONNECT_MS_DEFAULT 10000
 
-#define CRUN_STORE_OPTS_INIT                                                           \
-	{                                                                              \
-		sizeof(crun_store_opts_t), "127.0.0.1", 29500, 30000, 300000,          \
-		    CRUN_STORE_V2, NULL, CRUN_STORE_RECONNECT_MS_DEFAULT               \
+#define CRUN_STORE_OPTS_INIT                                                                       \
+	{                                                                                          \
+		sizeof(crun_store_opts_t), "127.0.0.1", 29500, 30000, 300000, CRUN_STORE_V2, NULL, \
+		    CRUN_STORE_RECONNECT_MS_DEFAULT                                                \
 	}
 
 /* Connects, retrying with exponential backoff and jitter (start 50 ms, x1.5,
