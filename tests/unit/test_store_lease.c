@@ -459,6 +459,56 @@ START_TEST(a_stalled_server_does_not_evict_a_client_that_keeps_alive)
 }
 END_TEST
 
+/* One loop iteration blocks the server for three TTLs (here a callback that
+ * sleeps on the loop thread, as a huge request or a slow disk would). When it
+ * returns, the lease's timer is long past; the stall is measured first and
+ * the client, which keeps alive once the loop answers again, keeps its lease. */
+struct hog {
+	useconds_t us;
+	int done[2];
+};
+
+static void hog_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct hog *h = arg;
+
+	(void)fd;
+	(void)what;
+	usleep(h->us);
+	if (write(h->done[1], "x", 1) != 1)
+		abort();
+}
+
+START_TEST(a_long_loop_iteration_does_not_evict_a_client_that_keeps_alive)
+{
+	const uint32_t ttl = 500;
+	struct hog h = {.us = 3 * ttl * 1000};
+	struct timeval now = {0, 0};
+	crun_store_t *a, *b;
+	uint64_t id;
+	char c;
+
+	srv_start();
+	a = client();
+	b = client();
+	ck_assert_int_eq(crun_store_lease_grant(a, ttl, "change", "dead a", 6, &id), 0);
+	ck_assert_int_eq(pipe2(h.done, O_CLOEXEC), 0);
+	ck_assert_int_eq(event_base_once(g_base, -1, EV_TIMEOUT, hog_cb, &h, &now), 0);
+	ck_assert_int_eq(read(h.done[0], &c, 1), 1);
+	for (int i = 0; i < 5; i++) {
+		ck_assert_msg(crun_store_lease_keepalive(a, id) == 0, "keep-alive %d: %s", i,
+			      crun_store_last_error(a));
+		usleep(ttl / 5 * 1000);
+	}
+	ck_assert_int_eq(exists(b, "change"), 0);
+	close(h.done[0]);
+	close(h.done[1]);
+	crun_store_close(a);
+	crun_store_close(b);
+	srv_stop();
+}
+END_TEST
+
 /* The server is killed and a new one takes its port: the client redials,
  * replays a SET the dead server never confirmed, and its old lease is gone
  * (ids are random: the new server does not know it). */
@@ -622,6 +672,7 @@ static Suite *lease_suite(void)
 	tcase_add_test(tc, an_orderly_close_ends_its_leases_at_once);
 	tcase_add_test(tc, attach_moves_a_lease_between_connections);
 	tcase_add_test(tc, a_stalled_server_does_not_evict_a_client_that_keeps_alive);
+	tcase_add_test(tc, a_long_loop_iteration_does_not_evict_a_client_that_keeps_alive);
 	tcase_add_test(tc, a_restarted_server_is_redialed_and_old_leases_are_gone);
 	tcase_add_test(tc, a_write_the_server_refuses_is_replayed_once_not_forever);
 	tcase_add_test(tc, revoke_deletes_keys_without_expiry);
