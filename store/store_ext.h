@@ -22,8 +22,9 @@
  * HELLO answers the server's version; a client sends LEASE_ATTACH only to a
  * server that answered 2 or more (a version-1 server closes on it).
  *
- * Semantics. A lease ends "TTL after its last sign of life": the
- * grant, a keep-alive or an attach. Then every key set through SET_LEASED
+ * Semantics. A lease ends when ttl_ms pass after its last sign of life
+ * (the grant, a keep-alive or an attach), or when its holder closes its
+ * connection in order (below). Then every key set through SET_LEASED
  * under it is deleted, and, if expiry_key is not empty and does not exist
  * yet (the first reason wins), expiry_key is SET to expiry_value - waking
  * every WAIT on it, which is how one failure reaches every agent at O(1)
@@ -54,7 +55,9 @@
  * or one loop iteration ran long), its clients' keep-alives could not be
  * read: a tick measures the loop's lag (CLOCK_MONOTONIC, the clock of the
  * loop's timers) and every lease's deadline is moved later by it, so a
- * stalled server does not evict the healthy clients it could not hear.
+ * stalled server does not evict the healthy clients it could not hear. (A
+ * suspended host needs no measuring: CLOCK_MONOTONIC, and so every lease
+ * timer, stands still while it sleeps.)
  *
  * Keys are given as on the wire (already mangled with "/" and prefixes).
  * ttl_ms is 1 ms .. 1 hour.
