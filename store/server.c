@@ -802,7 +802,7 @@ static uint16_t fd_port(int fd)
 /* Every tunable, once: crun-rdzvd's flags and help, rdzv_conf's store_* keys
  * and the README table are generated from it. */
 static const struct store_server_limit limit_rows[] = {
-    {"max-conns", "count", "open client connections (0: min(65536, fd limit less a reserve))", 0,
+    {"max-conns", "count", "open client connections; auto: min(65536, the fd limit less an eighth)", 0,
      UINT32_MAX, "auto", CFG_FIELD(max_conns)},
     {"max-key-bytes", "bytes", "longest key accepted", 1, BIG, NULL, CFG_FIELD(limits.max_key_bytes)},
     {"max-value-bytes", "bytes", "longest value accepted", 1, BIG, NULL,
@@ -819,7 +819,7 @@ static const struct store_server_limit limit_rows[] = {
     {"max-waiters", "count", "WAIT/BARRIER/WATCH_KEY registrations, all clients", 1, BIG, NULL,
      CFG_FIELD(max_waiters)},
     {"max-conn-buffer-bytes", "bytes",
-     "unprocessed input per connection; a frame must fit (0: the largest legal frame)", 0, BIG,
+     "unprocessed input per connection, so a frame must fit; auto: the largest frame the key and value limits allow", 0, BIG,
      "auto", CFG_FIELD(max_conn_buffered_bytes)},
     {"max-total-input-bytes", "bytes",
      "unprocessed input, all connections; over it the largest holder is closed", 4096, BIG * 64,
@@ -885,7 +885,7 @@ int store_server_config_set(struct store_server_config *cfg, const char *name, c
 		if (l->name[k] || name[k])
 			continue;
 		if (parse_uint_range(text, l->min, l->max, &v) < 0) {
-			if (str_printf(err, cap, "%s: expected %s in [%llu, %llu], got '%s'",
+			if (str_printf(err, cap, "%s: expected an integer (%s) in [%llu, %llu], got '%s'",
 				       l->name, l->unit, (unsigned long long)l->min,
 				       (unsigned long long)l->max, text) < 0 && cap)
 				err[0] = '\0';
