@@ -236,6 +236,31 @@ static void log_limits(const struct store_server *srv)
 		       c->max_conns, (unsigned long long)rl.rlim_cur);
 }
 
+/* At exit, one INFO line with every non-zero refusal/limit counter (the
+ * store's metric table), so an operator sees what was refused and why. */
+static void log_metrics(const struct store_server *srv)
+{
+	char line[1024];
+	size_t off = 0;
+
+	if (!srv)
+		return;
+	line[0] = '\0';
+	for (int m = 0; m < STORE_M__MAX; m++) {
+		uint64_t v = store_server_metric(srv, (enum store_metric)m);
+		int n;
+
+		if (!v)
+			continue;
+		n = snprintf(line + off, sizeof(line) - off, " %s=%llu",
+			     store_metric_name((enum store_metric)m), (unsigned long long)v);
+		if (n < 0 || (size_t)n >= sizeof(line) - off)
+			break;
+		off += (size_t)n;
+	}
+	log_at(LL_INFO, SUB_CMD, "store metrics:%s", off ? line : " none");
+}
+
 /* systemd Type=notify readiness without libsystemd: one datagram to
  * $NOTIFY_SOCKET ('@' = abstract namespace). Best effort. */
 static void notify_ready(void)
@@ -313,6 +338,7 @@ int main(int argc, char **argv)
 	}
 	rc = 0;
 out:
+	log_metrics(srv);
 	store_server_free(srv); /* closes every client connection */
 	if (sig_int)
 		event_free(sig_int);

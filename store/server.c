@@ -144,6 +144,8 @@ static void conn_close(struct store_conn *c)
 	bufferevent_free(c->bev);
 	srv->st.conns--;
 	free(c);
+	if (!DL_EMPTY(&srv->stalled))
+		event_active(srv->unstall, EV_TIMEOUT, 0); /* its output budget is free */
 }
 
 static void peer_name(int fd, char *buf, size_t cap)
@@ -282,8 +284,9 @@ static void conn_on_out_change(struct evbuffer *b, const struct evbuffer_cb_info
 	srv->out_bytes += info->n_added;
 	srv->out_bytes -= info->n_deleted;
 	c->tx_bytes += info->n_deleted;
+	/* Only once the smallest waiting reply fits: no wake-up per write. */
 	if (info->n_deleted && !DL_EMPTY(&srv->stalled) &&
-	    srv->out_bytes < srv->cfg.max_total_output_bytes)
+	    (srv->out_bytes == 0 || srv->out_bytes + srv->stall_min <= srv->cfg.max_total_output_bytes))
 		event_active(srv->unstall, EV_TIMEOUT, 0);
 }
 
@@ -295,6 +298,7 @@ static void srv_on_unstall(evutil_socket_t fd, short what, void *arg)
 
 	(void)fd;
 	(void)what;
+	srv->stall_min = SIZE_MAX;
 	while (!DL_EMPTY(&srv->stalled)) {
 		struct store_conn *c = DL_ENTRY(srv->stalled.next, struct store_conn, stall_link);
 
@@ -367,6 +371,7 @@ static bool conn_output_budget(struct store_conn *c, const struct store_req *q)
 		return true;
 	c->stalled = true;
 	dl_add_tail(&srv->stalled, &c->stall_link);
+	srv->stall_min = MIN(srv->stall_min, cost);
 	bufferevent_disable(c->bev, EV_READ);
 	srv->metrics[STORE_M_PAUSE_TOTAL_OUTPUT]++;
 	log_at(LL_DEBUG, SUB_STORE, "client paused: %zu output bytes in total", srv->out_bytes);
@@ -802,7 +807,7 @@ static uint16_t fd_port(int fd)
 /* Every tunable, once: crun-rdzvd's flags and help, rdzv_conf's store_* keys
  * and the README table are generated from it. */
 static const struct store_server_limit limit_rows[] = {
-    {"max-conns", "count", "open client connections; auto: min(65536, the fd limit less an eighth)", 0,
+    {"max-conns", "count", "open client connections; auto: min(65536, the fd limit less an eighth)", 1,
      UINT32_MAX, "auto", CFG_FIELD(max_conns)},
     {"max-key-bytes", "bytes", "longest key accepted", 1, BIG, NULL, CFG_FIELD(limits.max_key_bytes)},
     {"max-value-bytes", "bytes", "longest value accepted", 1, BIG, NULL,
@@ -819,7 +824,7 @@ static const struct store_server_limit limit_rows[] = {
     {"max-waiters", "count", "WAIT/BARRIER/WATCH_KEY registrations, all clients", 1, BIG, NULL,
      CFG_FIELD(max_waiters)},
     {"max-conn-buffer-bytes", "bytes",
-     "unprocessed input per connection, so a frame must fit; auto: the largest frame the key and value limits allow", 0, BIG,
+     "unprocessed input per connection, so a frame must fit; auto: the largest frame the key and value limits allow", 64, BIG,
      "auto", CFG_FIELD(max_conn_buffered_bytes)},
     {"max-total-input-bytes", "bytes",
      "unprocessed input, all connections; over it the largest holder is closed", 4096, BIG * 64,
@@ -948,6 +953,7 @@ int store_server_new(struct event_base *base, const struct store_server_config *
 		return CRUN_ENOMEM;
 	srv->base = base;
 	srv->reserve_fd = -1;
+	srv->stall_min = SIZE_MAX;
 	cfg_fill(&srv->cfg, cfg);
 	srv->out_hard_cap = srv->cfg.max_conn_output_bytes + srv->cfg.max_conn_buffered_bytes;
 	DL_INIT(&srv->conns);

@@ -136,6 +136,7 @@ struct store_server {
 	size_t in_bytes;     /* unprocessed input, all connections */
 	size_t out_bytes;    /* unsent output, all connections */
 	size_t out_hard_cap; /* one connection's output past which pushes doom it */
+	size_t stall_min;    /* smallest reply a stalled connection waits to send */
 	uint64_t metrics[STORE_M__MAX];
 	struct lograte lr;
 	uint64_t next_lease_id; /* lease.c */

@@ -315,8 +315,8 @@ void store_server_get_stats(const struct store_server *srv, struct store_server_
  * which closes nothing. For an exporter: iterate 0..STORE_M__MAX. */
 #define STORE_METRIC_MAP(X)                                                                   \
 	X(CONNS_ACCEPTED, "conns_accepted", "connections accepted")                          \
-	X(REFUSED_MAX_CONNS, "refused_max_conns", "refused: max-conns connections open")      \
-	X(REFUSED_FD_LIMIT, "refused_fd_limit", "refused: out of file descriptors")           \
+	X(REFUSED_MAX_CONNS, "refused_max_conns", "connection limit reached (max_conns)")    \
+	X(REFUSED_FD_LIMIT, "refused_fd_limit", "out of file descriptors")                   \
 	X(DROP_MALFORMED, "drop_malformed", "malformed request")                              \
 	X(DROP_REQUEST_LIMIT, "drop_request_limit", "request over a per-request limit")       \
 	X(DROP_EXT_BEFORE_HELLO, "drop_ext_before_hello", "extension op before HELLO")        \
