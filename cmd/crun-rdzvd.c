@@ -48,7 +48,8 @@ static void build_opts(void)
 
 	memcpy(long_opts, fixed_opts, sizeof(fixed_opts));
 	for (size_t i = 0; i < n && k < ARRAY_SIZE(long_opts) - 1; i++, k++)
-		long_opts[k] = (struct option){l[i].name, required_argument, NULL, OPT_LIMIT + (int)i};
+		long_opts[k] =
+		    (struct option){l[i].name, required_argument, NULL, OPT_LIMIT + (int)i};
 }
 
 /* "--max-keys N", then its help and default word-wrapped under it. */
@@ -114,7 +115,8 @@ static void usage(FILE *f)
 		"A request over a limit, a malformed one, or a client over a budget closes that\n"
 		"connection only, with a WARN line (at most 10 a second) naming the reason.\n"
 		"A client whose replies are not read is not read either (backpressure).\n"
-		"Exit status: 0 after SIGTERM/SIGINT, 1 if the store cannot start, 2 for a bad flag.\n");
+		"Exit status: 0 after SIGTERM/SIGINT, 1 if the store cannot start, 2 for a bad "
+		"flag.\n");
 }
 
 static _Noreturn void bad_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -175,8 +177,9 @@ static void parse_args(int argc, char **argv, struct store_server_config *cfg)
 			break;
 		case OPT_BACKLOG:
 			if (parse_uint_range(optarg, 1, 1 << 20, &v) < 0)
-				bad_usage("--backlog: expected an integer in [1, 1048576], got '%s'",
-					  optarg);
+				bad_usage(
+				    "--backlog: expected an integer in [1, 1048576], got '%s'",
+				    optarg);
 			cfg->backlog = (int)v;
 			break;
 		case OPT_LOG_LEVEL:

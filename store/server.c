@@ -65,21 +65,21 @@
 /* A reply this small is never held back by the total output budget while
  * the connection has nothing else unsent: one per connection at a time, so a
  * client filling the budget cannot stall everyone's small requests. */
-#define SMALL_REPLY 4096
+#define SMALL_REPLY   4096
 #define LOGRATE_PER_S 10
-#define SWEEP_MS 1000
+#define SWEEP_MS      1000
 
 /* ---- metrics and rate-limited logging -------------------------------------- */
 
 static const char *const metric_names[] = {
 #define X_(id, name, help) name,
-	STORE_METRIC_MAP(X_)
+    STORE_METRIC_MAP(X_)
 #undef X_
 };
 
 static const char *const metric_help[] = {
 #define X_(id, name, help) help,
-	STORE_METRIC_MAP(X_)
+    STORE_METRIC_MAP(X_)
 #undef X_
 };
 
@@ -286,7 +286,8 @@ static void conn_on_out_change(struct evbuffer *b, const struct evbuffer_cb_info
 	c->tx_bytes += info->n_deleted;
 	/* Only once the smallest waiting reply fits: no wake-up per write. */
 	if (info->n_deleted && !DL_EMPTY(&srv->stalled) &&
-	    (srv->out_bytes == 0 || srv->out_bytes + srv->stall_min <= srv->cfg.max_total_output_bytes))
+	    (srv->out_bytes == 0 ||
+	     srv->out_bytes + srv->stall_min <= srv->cfg.max_total_output_bytes))
 		event_active(srv->unstall, EV_TIMEOUT, 0);
 }
 
@@ -801,15 +802,17 @@ static uint16_t fd_port(int fd)
 
 /* ---- configuration ------------------------------------------------------- */
 
-#define CFG_FIELD(f) offsetof(struct store_server_config, f), sizeof(((struct store_server_config *)0)->f)
-#define BIG	     ((uint64_t)1 << 40) /* 1 TiB: keeps size arithmetic safe */
+#define CFG_FIELD(f) \
+	offsetof(struct store_server_config, f), sizeof(((struct store_server_config *)0)->f)
+#define BIG ((uint64_t)1 << 40) /* 1 TiB: keeps size arithmetic safe */
 
 /* Every tunable, once: crun-rdzvd's flags and help, rdzv_conf's store_* keys
  * and the README table are generated from it. */
 static const struct store_server_limit limit_rows[] = {
-    {"max-conns", "count", "open client connections; auto: min(65536, the fd limit less an eighth)", 1,
-     UINT32_MAX, "auto", CFG_FIELD(max_conns)},
-    {"max-key-bytes", "bytes", "longest key accepted", 1, BIG, NULL, CFG_FIELD(limits.max_key_bytes)},
+    {"max-conns", "count", "open client connections; auto: min(65536, the fd limit less an eighth)",
+     1, UINT32_MAX, "auto", CFG_FIELD(max_conns)},
+    {"max-key-bytes", "bytes", "longest key accepted", 1, BIG, NULL,
+     CFG_FIELD(limits.max_key_bytes)},
     {"max-value-bytes", "bytes", "longest value accepted", 1, BIG, NULL,
      CFG_FIELD(limits.max_value_bytes)},
     {"max-keys-per-request", "count",
@@ -824,8 +827,9 @@ static const struct store_server_limit limit_rows[] = {
     {"max-waiters", "count", "WAIT/BARRIER/WATCH_KEY registrations, all clients", 1, BIG, NULL,
      CFG_FIELD(max_waiters)},
     {"max-conn-buffer-bytes", "bytes",
-     "unprocessed input per connection, so a frame must fit; auto: the largest frame the key and value limits allow", 64, BIG,
-     "auto", CFG_FIELD(max_conn_buffered_bytes)},
+     "unprocessed input per connection, so a frame must fit; auto: the largest frame the key and "
+     "value limits allow",
+     64, BIG, "auto", CFG_FIELD(max_conn_buffered_bytes)},
     {"max-total-input-bytes", "bytes",
      "unprocessed input, all connections; over it the largest holder is closed", 4096, BIG * 64,
      NULL, CFG_FIELD(max_total_input_bytes)},
@@ -837,11 +841,11 @@ static const struct store_server_limit limit_rows[] = {
     {"keepalive", "seconds", "TCP keepalive idle time; a vanished peer goes after ~5/3 of it", 0,
      32767, "off", CFG_FIELD(keepalive_s)},
     {"stall-timeout", "seconds",
-     "close a connection whose partial frame or unread output makes no progress", 0, 86400,
-     "off", CFG_FIELD(stall_timeout_s)},
+     "close a connection whose partial frame or unread output makes no progress", 0, 86400, "off",
+     CFG_FIELD(stall_timeout_s)},
     {"idle-timeout", "seconds",
-     "close a connection silent this long (torch 1.13 keeps an idle one per store)", 0,
-     UINT32_MAX, "off", CFG_FIELD(idle_timeout_s)},
+     "close a connection silent this long (torch 1.13 keeps an idle one per store)", 0, UINT32_MAX,
+     "off", CFG_FIELD(idle_timeout_s)},
 };
 
 const struct store_server_limit *store_server_limits(size_t *ret_n)
@@ -885,14 +889,17 @@ int store_server_config_set(struct store_server_config *cfg, const char *name, c
 		size_t k = 0;
 		uint64_t v;
 
-		while (l->name[k] && (name[k] == l->name[k] || (name[k] == '_' && l->name[k] == '-')))
+		while (l->name[k] &&
+		       (name[k] == l->name[k] || (name[k] == '_' && l->name[k] == '-')))
 			k++;
 		if (l->name[k] || name[k])
 			continue;
 		if (parse_uint_range(text, l->min, l->max, &v) < 0) {
-			if (str_printf(err, cap, "%s: expected an integer (%s) in [%llu, %llu], got '%s'",
+			if (str_printf(err, cap,
+				       "%s: expected an integer (%s) in [%llu, %llu], got '%s'",
 				       l->name, l->unit, (unsigned long long)l->min,
-				       (unsigned long long)l->max, text) < 0 && cap)
+				       (unsigned long long)l->max, text) < 0 &&
+			    cap)
 				err[0] = '\0';
 			return CRUN_EINVAL;
 		}

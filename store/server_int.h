@@ -67,12 +67,12 @@ struct kv_ent {
 
 struct kv_table {
 	struct kv_ent **buckets;
-	size_t mask;	    /* bucket count - 1; a power of two minus one */
-	size_t n_ents;	    /* every entry, for the load factor */
-	size_t n_keys;	    /* entries with a value: GETNUMKEYS */
-	size_t value_bytes; /* values plus queued items */
-	size_t key_bytes;   /* key lengths of every entry */
-	size_t max_ents;    /* kv_get_or_add refuses to create more... */
+	size_t mask;	      /* bucket count - 1; a power of two minus one */
+	size_t n_ents;	      /* every entry, for the load factor */
+	size_t n_keys;	      /* entries with a value: GETNUMKEYS */
+	size_t value_bytes;   /* values plus queued items */
+	size_t key_bytes;     /* key lengths of every entry */
+	size_t max_ents;      /* kv_get_or_add refuses to create more... */
 	size_t max_key_bytes; /* ...or to go past this many key bytes */
 };
 
@@ -143,18 +143,18 @@ struct store_server {
 };
 
 struct store_conn {
-	struct dl link;	   /* in store_server.conns */
-	struct dl waits;   /* struct kv_reg.conn_link of WAIT/BARRIER keys */
-	struct dl watches; /* v1 WATCH_KEY registrations */
+	struct dl link;	      /* in store_server.conns */
+	struct dl waits;      /* struct kv_reg.conn_link of WAIT/BARRIER keys */
+	struct dl watches;    /* v1 WATCH_KEY registrations */
 	struct dl stall_link; /* in store_server.stalled while stalled */
 	struct store_server *srv;
 	struct bufferevent *bev;
 	struct evbuffer_cb_entry *in_cb, *out_cb; /* keep srv->in/out_bytes */
-	struct store_dec_state dec; /* how far the front frame was validated */
-	uint64_t rx_bytes, tx_bytes; /* totals, for the sweep's progress check */
-	uint64_t rx_seen, tx_seen;   /* the totals at the last sweep */
-	uint32_t stall_s, idle_s;    /* seconds without progress, by the sweep */
-	uint64_t pending; /* keys this connection still waits for */
+	struct store_dec_state dec;		  /* how far the front frame was validated */
+	uint64_t rx_bytes, tx_bytes;		  /* totals, for the sweep's progress check */
+	uint64_t rx_seen, tx_seen;		  /* the totals at the last sweep */
+	uint32_t stall_s, idle_s;		  /* seconds without progress, by the sweep */
+	uint64_t pending;			  /* keys this connection still waits for */
 	uint32_t n_regs;  /* waits + watches + leases, at most limits.max_items */
 	uint8_t dialect;  /* 0 until sniffed, then enum store_dialect */
 	uint8_t why;	  /* enum store_metric of a refusal an op reported */

@@ -172,8 +172,8 @@ struct hello_wait {
 /* Reads what c's hello has so far. 1: complete, 0: not yet, < 0: gone. */
 static int hello_read(struct hello_wait *h)
 {
-	ssize_t n = recv(h->fd, (uint8_t *)h->hello + h->got, sizeof(h->hello) - h->got,
-			 MSG_DONTWAIT);
+	ssize_t n =
+	    recv(h->fd, (uint8_t *)h->hello + h->got, sizeof(h->hello) - h->got, MSG_DONTWAIT);
 
 	if (n == 0)
 		return CRUN_EPEER;
@@ -243,7 +243,8 @@ static int accept_peers(struct crun_pg *pg, int lfd, int expect, uint64_t deadli
 				fd_close(hw[0].fd); /* the oldest: closest to its deadline */
 				hw[0] = hw[--np];
 			}
-			hw[np++] = (struct hello_wait){fd, MIN(now + TCP_HELLO_MS, deadline_ms), 0, {0}};
+			hw[np++] =
+			    (struct hello_wait){fd, MIN(now + TCP_HELLO_MS, deadline_ms), 0, {0}};
 		}
 	}
 	while (np > 0)
