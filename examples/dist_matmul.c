@@ -62,8 +62,10 @@ struct opts {
 
 static int usage(const char *why)
 {
-	fprintf(stderr, "dist_matmul: %s\nusage: dist_matmul [--backend cpu|nccl|auto] "
-			"[--gemm cpu|gpu] [n]\n", why);
+	fprintf(stderr,
+		"dist_matmul: %s\nusage: dist_matmul [--backend cpu|nccl|auto] "
+		"[--gemm cpu|gpu] [n]\n",
+		why);
 	return 2;
 }
 

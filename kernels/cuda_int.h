@@ -36,11 +36,11 @@ int kernels_cu_gemm_tc(size_t m, size_t n, size_t k, int dtype, const void *a, s
 int kernels_cu_reduce(void *dst, const void *src, size_t count, int dtype, int op, void *stream);
 /* buf[i] /= divisor (integers truncate), as kernels_div. */
 int kernels_cu_div(void *buf, size_t count, int dtype, int64_t divisor, void *stream);
-int kernels_cu_reduce_multi(void *dst, const void *const *bufs, int nbufs, size_t count,
-			    int dtype, int op, void *stream);
+int kernels_cu_reduce_multi(void *dst, const void *const *bufs, int nbufs, size_t count, int dtype,
+			    int op, void *stream);
 
-int kernels_cu_ipc_all_reduce(const struct kernels_ipc_args *a, void *dst, size_t count,
-			      int dtype, int op, void *stream);
+int kernels_cu_ipc_all_reduce(const struct kernels_ipc_args *a, void *dst, size_t count, int dtype,
+			      int op, void *stream);
 
 #ifdef __cplusplus
 }

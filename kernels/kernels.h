@@ -59,8 +59,8 @@ int kernels_gemm_f32(size_t m, size_t n, size_t k, const float *a, size_t lda, c
  * for any other CUDA error); the CUDA text of the last failure on the
  * calling thread is in last_error(). Thread-safe as the CUDA runtime is. */
 
-#define KERNELS_CUDA_ABI 1
-#define KERNELS_CUDA_SONAME "libcrun-cuda.so.0"
+#define KERNELS_CUDA_ABI      1
+#define KERNELS_CUDA_SONAME   "libcrun-cuda.so.0"
 #define KERNELS_CUDA_MAX_BUFS 8 /* buffers one reduce_multi call may combine */
 
 /* ---- intra-node all_reduce over CUDA IPC -------------------------------------
@@ -101,9 +101,8 @@ struct kernels_cuda_ops {
 	 * leading dimensions in elements, the contract of kernels_gemm_f32.
 	 * Any shape; 16-byte-aligned pointers and leading dimensions that are
 	 * multiples of 4 take the vectorised path. */
-	int (*gemm_f32)(size_t m, size_t n, size_t k, const float *a, size_t lda,
-			const float *b, size_t ldb, float *c, size_t ldc, int accumulate,
-			void *stream);
+	int (*gemm_f32)(size_t m, size_t n, size_t k, const float *a, size_t lda, const float *b,
+			size_t ldb, float *c, size_t ldc, int accumulate, void *stream);
 	/* The same with f16 or bf16 A and B (dtype CRUN_F16 / CRUN_BF16) on the
 	 * tensor cores, f32 accumulation and f32 C. Any shape; lda and ldb that
 	 * are multiples of 8 with 16-byte-aligned A and B take cp.async. */
@@ -115,15 +114,15 @@ struct kernels_cuda_ops {
 	/* dst = bufs[0] op ... op bufs[nbufs - 1], 1 <= nbufs <=
 	 * KERNELS_CUDA_MAX_BUFS device (or peer-mapped) pointers; AVG divides
 	 * by nbufs. dst may be one of bufs. */
-	int (*reduce_multi)(void *dst, const void *const *bufs, int nbufs, size_t count,
-			    int dtype, int op, void *stream);
+	int (*reduce_multi)(void *dst, const void *const *bufs, int nbufs, size_t count, int dtype,
+			    int op, void *stream);
 	/* buf[i] /= divisor (integers truncate), as kernels_div. */
 	int (*div)(void *buf, size_t count, int dtype, int64_t divisor, void *stream);
 	/* dst = the op over every rank's data buffer (count elements; AVG
 	 * divides by nranks), the own buffer already holding this rank's
 	 * input. Enqueued on stream; it waits for the peers on the device. */
-	int (*ipc_all_reduce)(const struct kernels_ipc_args *a, void *dst, size_t count,
-			      int dtype, int op, void *stream);
+	int (*ipc_all_reduce)(const struct kernels_ipc_args *a, void *dst, size_t count, int dtype,
+			      int op, void *stream);
 	/* Text of the last CUDA failure on this thread; never NULL. */
 	const char *(*last_error)(void);
 };

@@ -86,15 +86,16 @@ struct ptrs {
 	const void *p[KERNELS_CUDA_MAX_BUFS];
 };
 
-/* The reduction of element i over n buffers, in the accumulator type; the
- * ld.global.cg loads skip L1, which matters for peer-mapped buffers whose
- * contents another GPU has just written. */
+/* The reduction of element i over n buffers, in the accumulator type. PEER:
+ * the buffers are peer-mapped and another GPU has just rewritten them, so
+ * the loads are ld.global.cv (fetch again, never a line cached by an
+ * earlier call). */
 template <typename T, bool PEER>
 __device__ __forceinline__ typename acc_of<T>::type reduce_at(const ptrs &b, int n, size_t i,
 							       int op, int avg)
 {
 	typedef typename acc_of<T>::type A;
-	A acc = load<T>(PEER ? __ldcg((const T *)b.p[0] + i) : ((const T *)b.p[0])[i]);
+	A acc = load<T>(PEER ? __ldcv((const T *)b.p[0] + i) : ((const T *)b.p[0])[i]);
 
 	/* Unrolled with constant indices: a runtime index into b would copy
 	 * the whole parameter struct to local memory. */
@@ -102,7 +103,7 @@ __device__ __forceinline__ typename acc_of<T>::type reduce_at(const ptrs &b, int
 	for (int j = 1; j < KERNELS_CUDA_MAX_BUFS; j++)
 		if (j < n)
 			acc = apply<A>(acc,
-				       load<T>(PEER ? __ldcg((const T *)b.p[j] + i)
+				       load<T>(PEER ? __ldcv((const T *)b.p[j] + i)
 						    : ((const T *)b.p[j])[i]),
 				       op);
 	if (avg)
@@ -219,6 +220,7 @@ __device__ __forceinline__ uint32_t ld_acquire_sys(const uint32_t *p)
  * otherwise hold us here forever). */
 __device__ int ipc_barrier(const kernels_ipc_args &a, int ph)
 {
+	unsigned spins = 0;
 	int bail = 0;
 
 	__syncthreads(); /* the whole block is done with the previous phase */
@@ -230,7 +232,8 @@ __device__ int ipc_barrier(const kernels_ipc_args &a, int ph)
 		st_release_sys(a.signal[threadIdx.x] + slot + a.rank, a.epoch);
 		while ((int32_t)(ld_acquire_sys(a.signal[a.rank] + slot + threadIdx.x) -
 				 a.epoch) < 0) {
-			if (*a.abort_flag) {
+			/* The flag is host memory across PCIe: look now and then. */
+			if ((++spins & 1023) == 0 && *a.abort_flag) {
 				bail = 1;
 				break;
 			}
@@ -295,7 +298,7 @@ __global__ void __launch_bounds__(IPC_THREADS) ipc_kernel(kernels_ipc_args a, T 
 				continue;
 			block_range(r1 - r0, &lo, &hi);
 			for (size_t i = r0 + lo + threadIdx.x; i < r0 + hi; i += blockDim.x)
-				dst[i] = __ldcg(src + i);
+				dst[i] = __ldcv(src + i);
 		}
 	}
 	(void)ipc_barrier(a, 2); /* nobody reads our buffer any more */

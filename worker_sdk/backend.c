@@ -39,7 +39,8 @@ static int cpu_init(const struct pg_backend_args *a, void **ret_ctx, char *err, 
 		if (p == a->rank)
 			continue;
 		if (mode && !strcmp(mode, "shm") && !a->same_host[p]) {
-			snprintf(err, cap, "CRUN_PG_TRANSPORT=shm but rank %d is on another host", p);
+			snprintf(err, cap, "CRUN_PG_TRANSPORT=shm but rank %d is on another host",
+				 p);
 			goto out;
 		}
 		shm = a->same_host[p] && !(mode && !strcmp(mode, "tcp"));
@@ -118,10 +119,8 @@ static int cpu_barrier(void *ctx)
 
 static int cpu_p2p(struct crun_pg *pg, int dir, const void *buf, size_t count, int dtype, int peer)
 {
-	struct xfer x = {.peer = peer,
-			 .dir = dir,
-			 .buf = (uint8_t *)buf,
-			 .len = count * crun_dtype_size(dtype)};
+	struct xfer x = {
+	    .peer = peer, .dir = dir, .buf = (uint8_t *)buf, .len = count * crun_dtype_size(dtype)};
 
 	return pg_xfer(pg, &x, 1);
 }
@@ -192,7 +191,8 @@ static int load_nccl(const struct pg_backend **ret_be, char *err, size_t cap)
 	why[0] = '\0';
 	be = fn(PG_BACKEND_ABI, why, sizeof(why));
 	if (!be) {
-		snprintf(err, cap, "nccl backend unavailable: %s", why[0] ? why : "no usable device");
+		snprintf(err, cap, "nccl backend unavailable: %s",
+			 why[0] ? why : "no usable device");
 		return CRUN_ENOTSUP;
 	}
 	*ret_be = be;

@@ -33,7 +33,7 @@ struct pg_backend_args {
 	int (*store_get)(void *store, const char *key, uint32_t timeout_ms, void **ret_val,
 			 size_t *ret_len);
 	void (*free_val)(void *val);
-	void *core; /* the struct crun_pg being built; only the cpu backend looks */
+	void *core;	      /* the struct crun_pg being built; only the cpu backend looks */
 	const int *same_host; /* [size]: 1 where that member shares our host */
 };
 
@@ -51,8 +51,7 @@ struct pg_backend {
 	int (*init)(const struct pg_backend_args *a, void **ret_ctx, char *err, size_t cap);
 	void (*fini)(void *ctx); /* NULL and half-built contexts OK */
 	int (*broadcast)(void *ctx, void *buf, size_t count, int dtype, int root);
-	int (*all_reduce)(void *ctx, const void *sbuf, void *rbuf, size_t count, int dtype,
-			  int op);
+	int (*all_reduce)(void *ctx, const void *sbuf, void *rbuf, size_t count, int dtype, int op);
 	int (*reduce)(void *ctx, const void *sbuf, void *rbuf, size_t count, int dtype, int op,
 		      int root);
 	int (*all_gather)(void *ctx, const void *sbuf, void *rbuf, size_t count, int dtype);

@@ -48,11 +48,11 @@ struct stage {
 };
 
 /* The GPU object links nothing of libcrun, so not common.h's TRY either. */
-#define TRY_NC(expr)                    \
-	do {                            \
-		int r_ = (expr);        \
-		if (r_ < 0)             \
-			return r_;      \
+#define TRY_NC(expr)               \
+	do {                       \
+		int r_ = (expr);   \
+		if (r_ < 0)        \
+			return r_; \
 	} while (0)
 
 static uint64_t now_ms(void)
@@ -256,8 +256,8 @@ static int stage_ptr(struct nccl_ctx *c, int slot, const void *p, size_t bytes, 
 		c->scratch_len[slot] = bytes;
 	}
 	if (in) {
-		cudaError_t e = cudaMemcpyAsync(c->scratch[slot], p, bytes,
-						cudaMemcpyHostToDevice, c->stream);
+		cudaError_t e =
+		    cudaMemcpyAsync(c->scratch[slot], p, bytes, cudaMemcpyHostToDevice, c->stream);
 
 		if (e != cudaSuccess)
 			return cfail(c, e, "staging copy in");
@@ -315,9 +315,9 @@ static int finish(struct nccl_ctx *c, int r, const struct stage *st, const char 
 static ncclDataType_t nccl_type(int dtype)
 {
 	static const ncclDataType_t map[CRUN_DTYPE__MAX] = {
-		[CRUN_F32] = ncclFloat32, [CRUN_F64] = ncclFloat64, [CRUN_F16] = ncclFloat16,
-		[CRUN_BF16] = ncclBfloat16, [CRUN_I8] = ncclInt8,   [CRUN_U8] = ncclUint8,
-		[CRUN_I32] = ncclInt32,	    [CRUN_I64] = ncclInt64,
+	    [CRUN_F32] = ncclFloat32,	[CRUN_F64] = ncclFloat64, [CRUN_F16] = ncclFloat16,
+	    [CRUN_BF16] = ncclBfloat16, [CRUN_I8] = ncclInt8,	  [CRUN_U8] = ncclUint8,
+	    [CRUN_I32] = ncclInt32,	[CRUN_I64] = ncclInt64,
 	};
 
 	return map[dtype];
@@ -333,8 +333,8 @@ static int is_float(int dtype)
 static ncclRedOp_t nccl_op(int op, int dtype)
 {
 	static const ncclRedOp_t map[CRUN_RED_OP__MAX] = {
-		[CRUN_SUM] = ncclSum, [CRUN_PROD] = ncclProd, [CRUN_MIN] = ncclMin,
-		[CRUN_MAX] = ncclMax, [CRUN_AVG] = ncclAvg,
+	    [CRUN_SUM] = ncclSum, [CRUN_PROD] = ncclProd, [CRUN_MIN] = ncclMin,
+	    [CRUN_MAX] = ncclMax, [CRUN_AVG] = ncclAvg,
 	};
 
 	return op == CRUN_AVG && !is_float(dtype) ? ncclSum : map[op];
@@ -346,8 +346,8 @@ static int int_avg(struct nccl_ctx *c, void *buf, size_t count, int dtype, int o
 	if (op != CRUN_AVG || is_float(dtype) || !count)
 		return 0;
 	return kernels_cu_div(buf, count, dtype, c->size, c->stream) < 0
-		       ? fail(c, CRUN_EIO, "%s", kernels_cu_last_error())
-		       : 0;
+		   ? fail(c, CRUN_EIO, "%s", kernels_cu_last_error())
+		   : 0;
 }
 
 static size_t bytes_of(size_t count, int dtype)
@@ -370,8 +370,8 @@ static int nc_all_reduce(void *ctx, const void *s, void *r, size_t count, int dt
 	rc = stage_in(c, s, b, r, b, &ds, &dr, &st);
 	if (rc == 0 && nccl_ipc_fits(c->ipc, b))
 		rc = nccl_ipc_all_reduce(c->ipc, ds, dr, count, dtype, op, c->stream) < 0
-			     ? fail(c, CRUN_EIO, "%s", kernels_cu_last_error())
-			     : 0;
+			 ? fail(c, CRUN_EIO, "%s", kernels_cu_last_error())
+			 : 0;
 	else if (rc == 0) {
 		rc = enqueued(c,
 			      ncclAllReduce(ds, dr, count, nccl_type(dtype), nccl_op(op, dtype),
@@ -395,10 +395,9 @@ static int nc_broadcast(void *ctx, void *buf, size_t count, int dtype, int root)
 	TRY_NC(begin(c));
 	rc = stage_in(c, buf, b, buf, b, &ds, &dr, &st);
 	if (rc == 0)
-		rc = enqueued(c,
-			      ncclBroadcast(ds, dr, count, nccl_type(dtype), root, c->comm,
-					    c->stream),
-			      "ncclBroadcast");
+		rc = enqueued(
+		    c, ncclBroadcast(ds, dr, count, nccl_type(dtype), root, c->comm, c->stream),
+		    "ncclBroadcast");
 	return finish(c, rc, &st, "broadcast");
 }
 
@@ -438,8 +437,7 @@ static int nc_all_gather(void *ctx, const void *s, void *r, size_t count, int dt
 	/* In place (s == r + rank * count) is staged as two buffers. */
 	rc = stage_in(c, s, b, r, b * c->size, &ds, &dr, &st);
 	if (rc == 0)
-		rc = enqueued(c,
-			      ncclAllGather(ds, dr, count, nccl_type(dtype), c->comm, c->stream),
+		rc = enqueued(c, ncclAllGather(ds, dr, count, nccl_type(dtype), c->comm, c->stream),
 			      "ncclAllGather");
 	return finish(c, rc, &st, "all_gather");
 }
@@ -457,8 +455,8 @@ static int nc_reduce_scatter(void *ctx, const void *s, void *r, size_t count, in
 	rc = stage_in(c, s, b * c->size, r, b, &ds, &dr, &st);
 	if (rc == 0) {
 		rc = enqueued(c,
-			      ncclReduceScatter(ds, dr, count, nccl_type(dtype),
-						nccl_op(op, dtype), c->comm, c->stream),
+			      ncclReduceScatter(ds, dr, count, nccl_type(dtype), nccl_op(op, dtype),
+						c->comm, c->stream),
 			      "ncclReduceScatter");
 		if (rc == 0)
 			rc = int_avg(c, dr, count, dtype, op);
@@ -489,12 +487,14 @@ static int p2p_round(struct nccl_ctx *c, const uint8_t *ds, uint8_t *dr, size_t 
 			continue;
 		/* root < 0: everybody exchanges; else only root <-> p. */
 		if (sends && (root < 0 || p == root || c->rank == root))
-			rc = enqueued(c, ncclSend(ds + (root < 0 || c->rank == root ? b * p : 0),
-						  count, t, p, c->comm, c->stream),
+			rc = enqueued(c,
+				      ncclSend(ds + (root < 0 || c->rank == root ? b * p : 0),
+					       count, t, p, c->comm, c->stream),
 				      "ncclSend");
 		if (rc == 0 && recvs && (root < 0 || p == root || c->rank == root))
-			rc = enqueued(c, ncclRecv(dr + (root < 0 || c->rank == root ? b * p : 0),
-						  count, t, p, c->comm, c->stream),
+			rc = enqueued(c,
+				      ncclRecv(dr + (root < 0 || c->rank == root ? b * p : 0),
+					       count, t, p, c->comm, c->stream),
 				      "ncclRecv");
 	}
 	res = ncclGroupEnd();
@@ -753,24 +753,24 @@ static const char *nc_last_error(void *ctx)
 }
 
 static const struct pg_backend nccl_backend = {
-	.abi = PG_BACKEND_ABI,
-	.name = "nccl",
-	.init = nc_init,
-	.fini = nc_fini,
-	.broadcast = nc_broadcast,
-	.all_reduce = nc_all_reduce,
-	.reduce = nc_reduce,
-	.all_gather = nc_all_gather,
-	.gather = nc_gather,
-	.scatter = nc_scatter,
-	.reduce_scatter = nc_reduce_scatter,
-	.all_to_all = nc_all_to_all,
-	.barrier = nc_barrier,
-	.send = nc_send,
-	.recv = nc_recv,
-	.abort = nc_abort,
-	.set_timeout = nc_set_timeout,
-	.last_error = nc_last_error,
+    .abi = PG_BACKEND_ABI,
+    .name = "nccl",
+    .init = nc_init,
+    .fini = nc_fini,
+    .broadcast = nc_broadcast,
+    .all_reduce = nc_all_reduce,
+    .reduce = nc_reduce,
+    .all_gather = nc_all_gather,
+    .gather = nc_gather,
+    .scatter = nc_scatter,
+    .reduce_scatter = nc_reduce_scatter,
+    .all_to_all = nc_all_to_all,
+    .barrier = nc_barrier,
+    .send = nc_send,
+    .recv = nc_recv,
+    .abort = nc_abort,
+    .set_timeout = nc_set_timeout,
+    .last_error = nc_last_error,
 };
 
 /* The door backend.c looks up. NULL, with CUDA's or NCCL's words in err,

@@ -38,8 +38,8 @@ int nccl_ipc_fits(const struct nccl_ipc *ipc, size_t bytes);
 /* Enqueues the all_reduce of sbuf (device) into rbuf (device) on stream.
  * The caller waits for the stream, and calls nccl_ipc_abort() when it gives
  * up (timeout, abort), which releases the spinning kernel. */
-int nccl_ipc_all_reduce(struct nccl_ipc *ipc, const void *sbuf, void *rbuf, size_t count,
-			int dtype, int op, cudaStream_t stream);
+int nccl_ipc_all_reduce(struct nccl_ipc *ipc, const void *sbuf, void *rbuf, size_t count, int dtype,
+			int op, cudaStream_t stream);
 void nccl_ipc_abort(struct nccl_ipc *ipc); /* any thread; NULL OK */
 
 #endif /* CRUN_WORKER_SDK_NCCL_INT_H */

@@ -17,12 +17,12 @@
 struct nccl_ipc {
 	int rank, size;
 	size_t max_bytes, oneshot_bytes;
-	void *data;	   /* own data buffer (max_bytes) */
-	uint32_t *signal;  /* own signal area */
+	void *data;	  /* own data buffer (max_bytes) */
+	uint32_t *signal; /* own signal area */
 	void *peer_data[KERNELS_CUDA_MAX_BUFS];
 	uint32_t *peer_signal[KERNELS_CUDA_MAX_BUFS];
 	int opened[KERNELS_CUDA_MAX_BUFS]; /* peer handles to close */
-	volatile uint32_t *abort_host;	  /* mapped pinned word the kernel polls */
+	volatile uint32_t *abort_host;	   /* mapped pinned word the kernel polls */
 	uint32_t *abort_dev;
 	uint32_t epoch;
 };
@@ -90,8 +90,8 @@ static int open_peer(struct nccl_ipc *ipc, int p, const struct ipc_card *card)
 {
 	if (!card->ok)
 		return 0;
-	if (cudaIpcOpenMemHandle(&ipc->peer_data[p], card->data,
-				 cudaIpcMemLazyEnablePeerAccess) != cudaSuccess)
+	if (cudaIpcOpenMemHandle(&ipc->peer_data[p], card->data, cudaIpcMemLazyEnablePeerAccess) !=
+	    cudaSuccess)
 		return 0;
 	ipc->opened[p] = 1;
 	if (cudaIpcOpenMemHandle((void **)&ipc->peer_signal[p], card->signal,
@@ -101,9 +101,9 @@ static int open_peer(struct nccl_ipc *ipc, int p, const struct ipc_card *card)
 }
 
 /* Publishes `val` under <ns>ipc/<what>/<rank> and reads every rank's. */
-static int exchange(const struct pg_backend_args *a, const char *what, const void *val,
-		    size_t len, int (*take)(struct nccl_ipc *, int, const void *, size_t),
-		    struct nccl_ipc *ipc, int *ret_all_ok)
+static int exchange(const struct pg_backend_args *a, const char *what, const void *val, size_t len,
+		    int (*take)(struct nccl_ipc *, int, const void *, size_t), struct nccl_ipc *ipc,
+		    int *ret_all_ok)
 {
 	char key[256];
 	int all_ok = 1;
@@ -166,7 +166,8 @@ int nccl_ipc_setup(const struct pg_backend_args *a, struct nccl_ipc **ret_ipc, c
 	ipc->rank = a->rank;
 	ipc->size = a->size;
 	ipc->max_bytes = env_bytes("CRUN_NCCL_IPC_MAX_BYTES", NCCL_IPC_MAX_BYTES_DEFAULT);
-	ipc->oneshot_bytes = env_bytes("CRUN_NCCL_IPC_ONESHOT_BYTES", NCCL_IPC_ONESHOT_BYTES_DEFAULT);
+	ipc->oneshot_bytes =
+	    env_bytes("CRUN_NCCL_IPC_ONESHOT_BYTES", NCCL_IPC_ONESHOT_BYTES_DEFAULT);
 	make_card(ipc, &card);
 	/* Every rank publishes and reads even when its own part failed, so
 	 * nobody waits for a card that never comes. */
@@ -192,8 +193,8 @@ int nccl_ipc_fits(const struct nccl_ipc *ipc, size_t bytes)
 	return ipc && bytes > 0 && bytes <= ipc->max_bytes;
 }
 
-int nccl_ipc_all_reduce(struct nccl_ipc *ipc, const void *sbuf, void *rbuf, size_t count,
-			int dtype, int op, cudaStream_t stream)
+int nccl_ipc_all_reduce(struct nccl_ipc *ipc, const void *sbuf, void *rbuf, size_t count, int dtype,
+			int op, cudaStream_t stream)
 {
 	size_t bytes = count * kernels_cu_dtype_size(dtype);
 	struct kernels_ipc_args k;
@@ -209,9 +210,9 @@ int nccl_ipc_all_reduce(struct nccl_ipc *ipc, const void *sbuf, void *rbuf, size
 	k.nranks = ipc->size;
 	k.epoch = ++ipc->epoch; /* every rank makes the same calls in the same order */
 	k.two_shot = bytes > ipc->oneshot_bytes;
-	r = kernels_cu_err(cudaMemcpyAsync(ipc->data, sbuf, bytes, cudaMemcpyDeviceToDevice,
-					   stream),
-			   "ipc input copy");
+	r = kernels_cu_err(
+	    cudaMemcpyAsync(ipc->data, sbuf, bytes, cudaMemcpyDeviceToDevice, stream),
+	    "ipc input copy");
 	if (r < 0)
 		return r;
 	return kernels_cu_ipc_all_reduce(&k, rbuf, count, dtype, op, stream);

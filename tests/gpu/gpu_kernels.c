@@ -224,10 +224,10 @@ static void test_ipc(int nranks, size_t count, int dtype, int op, int two_shot, 
 	/* The ranks wait for each other on the device; if they could not all
 	 * be resident, the flag releases them and the check fails. */
 	t0 = gt_now_s();
-	while (cudaStreamQuery(st[nranks - 1]) == cudaErrorNotReady && gt_now_s() - t0 < 20)
-		;
-	if (gt_now_s() - t0 >= 20)
-		*abort_host = 1;
+	for (int p = 0; p < nranks; p++)
+		while (cudaStreamQuery(st[p]) == cudaErrorNotReady && !*abort_host)
+			if (gt_now_s() - t0 > 20)
+				*abort_host = 1;
 	CK(r == 0 && cudaDeviceSynchronize() == cudaSuccess && !*abort_host,
 	   "ipc all_reduce %d ranks dtype %d op %d two_shot %d did not finish", nranks, dtype, op,
 	   two_shot);

@@ -436,8 +436,12 @@ int main(int argc, char **argv)
 	/* No CUDA call before the fork: the runtime does not survive one. */
 	for (int r = 0; r < n; r++) {
 		pids[r] = fork();
-		if (pids[r] == 0)
-			_exit(run_rank(r, n, port, do_bench));
+		if (pids[r] == 0) {
+			int rc = run_rank(r, n, port, do_bench);
+
+			fflush(NULL); /* _exit does not flush stdio */
+			_exit(rc);
+		}
 	}
 	for (int r = 0; r < n; r++) {
 		int st = 0;
