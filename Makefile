@@ -141,7 +141,7 @@ $(LIBCUDA): $(CUDA_OBJS) kernels/cuda.map
 $(BUILD)/tests/gpu/%: tests/gpu/%.c $(LIBA) $(BUILD)/config.mk
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  CC      $<")
-	$(Q)$(CC) $(CUDA_CFLAGS) -Wno-missing-prototypes -Itests -o $@ $< $(LIBA) $(LIBS) \
+	$(Q)$(CC) $(CUDA_CFLAGS) $(SANFLAGS) -Wno-missing-prototypes -Itests -o $@ $< $(LIBA) $(LIBS) \
 		-L$(CUDA_HOME)/lib64 -lcudart -lcublas -lnccl -Wl,-rpath,$(CUDA_HOME)/lib64
 
 $(LIBA): $(LIB_OBJS)

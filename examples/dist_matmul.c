@@ -229,9 +229,9 @@ int main(int argc, char **argv)
 			worst = e > worst ? e : worst;
 		}
 		print_matrix(c, n);
-		printf("dist_matmul: n=%zu world=%d gemm=%s: broadcast %.1f ms, local matmul %.1f "
+		printf("dist_matmul: n=%zu world=%d: broadcast %.1f ms, local matmul (%s) %.1f "
 		       "ms, all_reduce %.1f ms, total %.1f ms\n",
-		       n, world, opt.gemm_gpu ? "gpu" : "cpu", t_bcast - t0, t_mm - t_bcast,
+		       n, world, t_bcast - t0, opt.gemm_gpu ? "gpu" : "cpu", t_mm - t_bcast,
 		       t_ar - t_mm, t_ar - t0);
 		printf("dist_matmul: max relative error vs single-process product %.3g: %s\n",
 		       worst, worst < 1e-4 ? "OK" : "MISMATCH");
