@@ -35,6 +35,12 @@ struct pg_backend_args {
 	void (*free_val)(void *val);
 	void *core;	      /* the struct crun_pg being built; only the cpu backend looks */
 	const int *same_host; /* [size]: 1 where that member shares our host */
+	/* A context of this same backend (the world group's) to split the new
+	 * group from, or NULL to build it from scratch. Set only for backends
+	 * with split_skip, and then every world rank takes part: the members
+	 * through init(), the others through split_skip(). Its queued work is
+	 * done and nothing else uses it during the call. */
+	void *parent;
 };
 
 /* One backend. Every collective has the crun_* contract of
@@ -68,6 +74,9 @@ struct pg_backend {
 	void (*set_timeout)(void *ctx, uint32_t timeout_ms);
 	/* Detail of the last failure; never NULL. */
 	const char *(*last_error)(void *ctx);
+	/* Optional (NULL: groups are always built from scratch). The share of
+	 * a world rank that is not in a group being split from parent_ctx. */
+	int (*split_skip)(void *parent_ctx, char *err, size_t cap);
 };
 
 /* The GPU object's entry point, looked up by name:

@@ -326,8 +326,11 @@ int crun_pg_new(const int *ranks, int n, const char *backend, crun_pg_t **ret_pg
 	 * as long as all ranks create groups in the same order (new_group). */
 	TRY(pg_fmt(name, sizeof(name), "%d", g.next_group++));
 	if (!me) {
-		*ret_pg = NULL;
-		return 0;
+		int r = pg_split_skip(g.world, backend, g.last_err, sizeof(g.last_err));
+
+		if (r == 0)
+			*ret_pg = NULL;
+		return r;
 	}
 	struct pg_create_args ca = {.store = g.dpg,
 				    .restart_count = g.restart_count,
@@ -336,7 +339,8 @@ int crun_pg_new(const int *ranks, int n, const char *backend, crun_pg_t **ret_pg
 				    .local_rank = g.local_rank,
 				    .timeout_ms = g.timeout_ms,
 				    .backend = backend,
-				    .auto_noted = &g.auto_noted};
+				    .auto_noted = &g.auto_noted,
+				    .parent = g.world};
 
 	return pg_create(&ca, ranks, n, ret_pg, g.last_err, sizeof(g.last_err));
 }

@@ -709,12 +709,19 @@ static int nc_init(const struct pg_backend_args *a, void **ret_ctx, char *err, s
 	c->size = a->size;
 	atomic_store(&c->timeout_ms, a->timeout_ms);
 	r = open_device(a, c);
-	if (r == 0)
+	cfg.blocking = 0; /* so that init, too, can time out and abort */
+	if (r == 0 && a->parent) {
+		/* Keyed by group rank, so NCCL ranks follow the group's order. */
+		r = enqueued(
+		    c,
+		    ncclCommSplit(((struct nccl_ctx *)a->parent)->comm, 0, a->rank, &c->comm, &cfg),
+		    "ncclCommSplit");
+	} else if (r == 0) {
 		r = share_id(a, c, &id);
-	if (r == 0) {
-		cfg.blocking = 0; /* so that init, too, can time out and abort */
-		r = enqueued(c, ncclCommInitRankConfig(&c->comm, a->size, id, a->rank, &cfg),
-			     "ncclCommInitRankConfig");
+		if (r == 0)
+			r = enqueued(c,
+				     ncclCommInitRankConfig(&c->comm, a->size, id, a->rank, &cfg),
+				     "ncclCommInitRankConfig");
 	}
 	if (r == 0)
 		r = nccl_ipc_setup(a, &c->ipc, c->err, sizeof(c->err));
@@ -728,6 +735,24 @@ static int nc_init(const struct pg_backend_args *a, void **ret_ctx, char *err, s
 	}
 	*ret_ctx = c;
 	return 0;
+}
+
+/* A world rank outside a group split from the world: NCCL_SPLIT_NOCOLOR,
+ * waited for on the parent communicator. */
+static int nc_split_skip(void *parent_ctx, char *err, size_t cap)
+{
+	struct nccl_ctx *p = parent_ctx;
+	ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+	ncclComm_t none = NULL;
+	int r = begin(p);
+
+	cfg.blocking = 0;
+	if (r == 0)
+		r = enqueued(p, ncclCommSplit(p->comm, NCCL_SPLIT_NOCOLOR, 0, &none, &cfg),
+			     "ncclCommSplit (not a member)");
+	if (r < 0)
+		snprintf(err, cap, "%s", p->err);
+	return r;
 }
 
 static void nc_abort(void *ctx)
@@ -771,6 +796,7 @@ static const struct pg_backend nccl_backend = {
     .abort = nc_abort,
     .set_timeout = nc_set_timeout,
     .last_error = nc_last_error,
+    .split_skip = nc_split_skip,
 };
 
 /* The door backend.c looks up. NULL, with CUDA's or NCCL's words in err,

@@ -128,6 +128,9 @@ static int store_get_fn(void *st, const char *key, uint32_t timeout_ms, void **r
 	return crun_store_get(st, key, timeout_ms, ret_val, ret_len);
 }
 
+static int splits_from(const struct crun_pg *parent, const struct pg_backend *be);
+static void quiesce(struct crun_pg *parent);
+
 /* Picks and starts the backend. "auto" that lands on cpu says why once per
  * process (the SDK's log; CRUN_LOG_LEVEL=info shows it). */
 static int start_backend(struct crun_pg *pg, const struct pg_create_args *ca, const char *ns,
@@ -156,7 +159,43 @@ static int start_backend(struct crun_pg *pg, const struct pg_create_args *ca, co
 		log_at(LL_INFO, SUB_PG, "backend auto: using cpu (%s)", err);
 	}
 	err[0] = '\0';
+	if (splits_from(ca->parent, pg->be)) {
+		quiesce(ca->parent);
+		a.parent = ca->parent->be_ctx;
+	}
 	return pg->be->init(&a, &pg->be_ctx, err, cap);
+}
+
+/* Whether a new group of backend be is split from parent's communicator.
+ * Members and non-members must come to the same answer, and do: both pick
+ * the backend the same way and compare it with the world's. */
+static int splits_from(const struct crun_pg *parent, const struct pg_backend *be)
+{
+	return parent && parent->be == be && be->split_skip &&
+	       !atomic_load(&((struct crun_pg *)parent)->broken);
+}
+
+/* Waits until parent has no queued work: the split is an operation on its
+ * communicator, which only one thread may drive at a time. */
+static void quiesce(struct crun_pg *parent)
+{
+	pthread_mutex_lock(&parent->mu);
+	while (parent->pending)
+		pthread_cond_wait(&parent->cv, &parent->mu);
+	pthread_mutex_unlock(&parent->mu);
+}
+
+int pg_split_skip(struct crun_pg *world, const char *backend, char *err, size_t cap)
+{
+	const struct pg_backend *be;
+	int fell_back;
+
+	err[0] = '\0';
+	TRY(pg_backend_pick(backend, &be, &fell_back, err, cap));
+	if (!splits_from(world, be))
+		return 0;
+	quiesce(world);
+	return be->split_skip(world->be_ctx, err, cap);
 }
 
 void pg_destroy(struct crun_pg *pg)

@@ -190,6 +190,7 @@ struct pg_create_args {
 	uint32_t timeout_ms;
 	const char *backend; /* "cpu", "nccl", "auto" or NULL (= auto) */
 	int *auto_noted;     /* set once "auto fell back to cpu" has been logged */
+	struct crun_pg *parent; /* the world group: split from it where the backend can */
 };
 
 /* Builds a group over world ranks (collective among the members only).
@@ -198,6 +199,10 @@ struct pg_create_args {
 int pg_create(const struct pg_create_args *ca, const int *world_ranks, int n,
 	      struct crun_pg **ret_pg, char *ret_err, size_t cap);
 void pg_destroy(struct crun_pg *pg);
+/* A world rank's share in building a group it is not a member of: where
+ * the group's backend splits from the world's (nccl), the split is
+ * collective over the world. 0 when there is nothing to do. */
+int pg_split_skip(struct crun_pg *world, const char *backend, char *err, size_t cap);
 /* Why the last crun_init*() or crun_pg_new() failed ("" if none): what
  * crun_pg_last_error(NULL) returns. Valid until the next such call. */
 const char *pg_init_last_error(void);

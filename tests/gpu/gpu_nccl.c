@@ -239,6 +239,40 @@ static void check_async(crun_pg_t *pg)
 	CK(rc == 0, "async all_reduce queue");
 }
 
+/* Groups split from the world's communicator (ncclCommSplit): every world
+ * rank in reverse order, then {last, first} with the others sitting out. */
+static void check_subgroups(void)
+{
+	int *ranks = malloc(sizeof(int) * (size_t)world);
+	int pair[2] = {world - 1, 0};
+	crun_pg_t *rev = NULL, *two = NULL;
+	int32_t *d = dev(4), v;
+	int rc;
+
+	for (int i = 0; i < world; i++)
+		ranks[i] = world - 1 - i;
+	rc = crun_pg_new(ranks, world, "auto", &rev);
+	CK(rc == 0 && rev && crun_pg_rank(rev) == world - 1 - rank, "reversed group: %s (%s)",
+	   crun_strerror(rc), crun_pg_last_error(NULL));
+	v = crun_pg_rank(rev) + 1;
+	cudaMemcpy(d, &v, 4, cudaMemcpyHostToDevice);
+	rc = crun_all_reduce(rev, d, d, 1, CRUN_I32, CRUN_SUM, NULL);
+	cudaMemcpy(&v, d, 4, cudaMemcpyDeviceToHost);
+	CK(rc == 0 && v == world * (world + 1) / 2, "reversed group all_reduce: %d", v);
+	rc = crun_pg_new(pair, world > 1 ? 2 : 1, "nccl", &two);
+	CK(rc == 0 && (rank == 0 || rank == world - 1) == (two != NULL), "pair group: %s (%s)",
+	   crun_strerror(rc), crun_pg_last_error(NULL));
+	if (two) {
+		v = rank;
+		rc = crun_all_reduce(two, &v, &v, 1, CRUN_I32, CRUN_MAX, NULL); /* host: staged */
+		CK(rc == 0 && v == world - 1, "pair group all_reduce: %d", v);
+	}
+	crun_pg_free(two);
+	crun_pg_free(rev);
+	cudaFree(d);
+	free(ranks);
+}
+
 /* A group aborted on every rank fails at once with CRUN_ECANCELED. */
 static void check_abort(void)
 {
@@ -405,6 +439,7 @@ static int run_rank(int r, int n, int port, int do_bench)
 	check_others(crun_world(), 1);
 	check_others(crun_world(), 0);
 	check_async(crun_world());
+	check_subgroups();
 	check_abort();
 	if (do_bench && !gt_fails)
 		bench(crun_world());
