@@ -228,6 +228,24 @@ static int begin(struct nccl_ctx *c)
 	return cfail(c, cudaSetDevice(c->device), "cudaSetDevice");
 }
 
+/* Grows scratch[slot] to at least bytes. Nothing on the stream uses it:
+ * every call drains the stream before it returns. */
+static int scratch_get(struct nccl_ctx *c, int slot, size_t bytes)
+{
+	cudaError_t e;
+
+	if (c->scratch_len[slot] >= bytes)
+		return 0;
+	(void)cudaFree(c->scratch[slot]);
+	c->scratch[slot] = NULL;
+	c->scratch_len[slot] = 0;
+	e = cudaMalloc(&c->scratch[slot], bytes);
+	if (e != cudaSuccess)
+		return cfail(c, e, "cudaMalloc (scratch)");
+	c->scratch_len[slot] = bytes;
+	return 0;
+}
+
 /* Device memory (or managed) is used in place; anything else is staged
  * through scratch[slot], copied in when `in`. */
 static int stage_ptr(struct nccl_ctx *c, int slot, const void *p, size_t bytes, int in,
@@ -245,16 +263,7 @@ static int stage_ptr(struct nccl_ctx *c, int slot, const void *p, size_t bytes, 
 		return 0;
 	}
 	(void)cudaGetLastError(); /* an unregistered host pointer is not an error */
-	if (c->scratch_len[slot] < bytes) {
-		(void)cudaFree(c->scratch[slot]);
-		c->scratch[slot] = NULL;
-		c->scratch_len[slot] = 0;
-		cudaError_t e = cudaMalloc(&c->scratch[slot], bytes);
-
-		if (e != cudaSuccess)
-			return cfail(c, e, "cudaMalloc (staging)");
-		c->scratch_len[slot] = bytes;
-	}
+	TRY_NC(scratch_get(c, slot, bytes));
 	if (in) {
 		cudaError_t e =
 		    cudaMemcpyAsync(c->scratch[slot], p, bytes, cudaMemcpyHostToDevice, c->stream);
@@ -263,6 +272,20 @@ static int stage_ptr(struct nccl_ctx *c, int slot, const void *p, size_t bytes, 
 			return cfail(c, e, "staging copy in");
 	}
 	*ret_dev = c->scratch[slot];
+	return 0;
+}
+
+/* A device-side copy of src (bytes) in scratch[slot], enqueued. */
+static int scratch_copy(struct nccl_ctx *c, int slot, const void *src, size_t bytes,
+			const void **ret_copy)
+{
+	cudaError_t e;
+
+	TRY_NC(scratch_get(c, slot, bytes));
+	e = cudaMemcpyAsync(c->scratch[slot], src, bytes, cudaMemcpyDeviceToDevice, c->stream);
+	if (e != cudaSuccess)
+		return cfail(c, e, "scratch copy");
+	*ret_copy = c->scratch[slot];
 	return 0;
 }
 
@@ -275,7 +298,9 @@ static int stage_in(struct nccl_ctx *c, const void *s, size_t s_bytes, void *r, 
 
 	memset(st, 0, sizeof(*st));
 	if (s && s == r) {
-		rc = stage_ptr(c, 1, r, r_bytes, 1, &dr);
+		/* In place: the buffer holds the larger of the two (reduce_scatter
+		 * reads size * count elements and writes count). */
+		rc = stage_ptr(c, 1, r, s_bytes > r_bytes ? s_bytes : r_bytes, 1, &dr);
 		if (rc < 0)
 			return rc;
 		*ret_s = dr;
@@ -454,10 +479,18 @@ static int nc_reduce_scatter(void *ctx, const void *s, void *r, size_t count, in
 	TRY_NC(begin(c));
 	rc = stage_in(c, s, b * c->size, r, b, &ds, &dr, &st);
 	if (rc == 0) {
+		/* In place, NCCL wants recvbuff = sendbuff + rank * count; the
+		 * SDK's contract puts the result at the start: move it there. */
+		uint8_t *out = ds == dr ? (uint8_t *)dr + b * c->rank : dr;
+
 		rc = enqueued(c,
-			      ncclReduceScatter(ds, dr, count, nccl_type(dtype), nccl_op(op, dtype),
-						c->comm, c->stream),
+			      ncclReduceScatter(ds, out, count, nccl_type(dtype),
+						nccl_op(op, dtype), c->comm, c->stream),
 			      "ncclReduceScatter");
+		if (rc == 0 && out != dr)
+			rc = cfail(c,
+				   cudaMemcpyAsync(dr, out, b, cudaMemcpyDeviceToDevice, c->stream),
+				   "reduce_scatter in place");
 		if (rc == 0)
 			rc = int_avg(c, dr, count, dtype, op);
 	}
@@ -512,8 +545,14 @@ static int nc_all_to_all(void *ctx, const void *s, void *r, size_t count, int dt
 
 	TRY_NC(begin(c));
 	rc = stage_in(c, s, b, r, b, &ds, &dr, &st);
-	if (rc == 0 && ds == dr)
-		rc = fail(c, CRUN_EINVAL, "all_to_all in place is not supported on nccl");
+	if (rc == 0 && ds == dr) {
+		/* In place: send from a copy (scratch[0] is free: in place
+		 * staging only uses scratch[1]). */
+		const void *copy = ds;
+
+		rc = scratch_copy(c, 0, ds, b, &copy);
+		ds = copy;
+	}
 	if (rc == 0)
 		rc = p2p_round(c, ds, dr, count, dtype, 1, 1, -1, "all_to_all");
 	return finish(c, rc, &st, "all_to_all");

@@ -166,6 +166,27 @@ static void check_others(crun_pg_t *pg, int on_dev)
 		want[i] = (float)(W * ((size_t)rank + i) + W * (W - 1) / 2);
 	CK(rc == 0 && !memcmp(out, want, N * 4), "reduce_scatter dev %d", on_dev);
 
+	/* ... and in place: the result lands at the start of the buffer */
+	for (size_t p = 0; p < W; p++)
+		for (size_t i = 0; i < N; i++)
+			in[p * N + i] = (float)(p + i + (size_t)rank);
+	IN_TO_DEV();
+	rc = crun_reduce_scatter(pg, din, din, N, CRUN_F32, CRUN_SUM, NULL);
+	if (on_dev)
+		cudaMemcpy(in, din, N * 4, cudaMemcpyDeviceToHost);
+	CK(rc == 0 && !memcmp(in, want, N * 4), "reduce_scatter in place dev %d", on_dev);
+
+	/* all_reduce in place */
+	for (size_t i = 0; i < N; i++)
+		in[i] = (float)(rank + (int)i);
+	IN_TO_DEV();
+	rc = crun_all_reduce(pg, din, din, N, CRUN_F32, CRUN_SUM, NULL);
+	if (on_dev)
+		cudaMemcpy(in, din, N * 4, cudaMemcpyDeviceToHost);
+	for (size_t i = 0; i < N; i++)
+		want[i] = (float)(W * i + W * (W - 1) / 2);
+	CK(rc == 0 && !memcmp(in, want, N * 4), "all_reduce in place dev %d", on_dev);
+
 	/* reduce SUM at root of in = rank + i */
 	for (size_t i = 0; i < N; i++)
 		in[i] = (float)(rank + (int)i);
@@ -187,6 +208,14 @@ static void check_others(crun_pg_t *pg, int on_dev)
 		for (size_t i = 0; i < N; i++)
 			want[q * N + i] = (float)(1000 * q + (size_t)rank + i);
 	CK(rc == 0 && !memcmp(out, want, N * W * 4), "all_to_all dev %d", on_dev);
+	for (size_t p = 0; p < W; p++) /* in place */
+		for (size_t i = 0; i < N; i++)
+			in[p * N + i] = (float)(1000 * rank + (int)(p + i));
+	IN_TO_DEV();
+	rc = crun_all_to_all(pg, din, din, N, CRUN_F32, NULL);
+	if (on_dev)
+		cudaMemcpy(in, din, N * W * 4, cudaMemcpyDeviceToHost);
+	CK(rc == 0 && !memcmp(in, want, N * W * 4), "all_to_all in place dev %d", on_dev);
 
 	/* send / recv around a ring */
 	if (world > 1) {
