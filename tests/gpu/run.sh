@@ -9,6 +9,7 @@
 #                host and device buffers, async, abort, IPC thresholds; then
 #                the SDK's all_reduce vs a raw NCCL loop (and IPC vs NCCL)
 #   dist_matmul  --backend nccl --gemm gpu, one rank per GPU, through crun
+#   fragments_sim  (CPU, where numpy is) a model of the GEMM index math
 # A program that finds no usable device prints "skipped: no CUDA device"
 # and exits 77: counted as skipped, never as passed. With $OUT set, the
 # results table goes to $OUT/gpu-results.md and the logs next to it.
@@ -42,7 +43,11 @@ NGPU=0
 if command -v nvidia-smi >/dev/null 2>&1; then
 	NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
 fi
-[ "$NGPU" -ge 1 ] || NGPU=1 # let the programs find out (and skip) themselves
+GPUS="$NGPU GPU(s) per nvidia-smi"
+if [ "$NGPU" -lt 1 ]; then
+	NGPU=1 # let the programs find out (and skip) themselves
+	GPUS="no GPU listed by nvidia-smi"
+fi
 [ "$NGPU" -le 8 ] || NGPU=8
 
 pass=0 fail=0 skip=0
@@ -69,12 +74,20 @@ step() {
 {
 	echo "# crun GPU suite"
 	echo
-	echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(hostname), $NGPU GPU(s)"
+	echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(hostname), $GPUS"
 	nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null |
 		sed 's/^/    /'
 	echo
 } >>"$RESULTS"
 
+# The CPU model of the GEMM index math (tests/gpu/fragments_sim.py) where
+# some python has numpy: cheap, and it runs on hosts without a GPU too.
+for py in python3 "$HOME/.cache/crun/venv-torch2/bin/python"; do
+	if "$py" -c 'import numpy' >/dev/null 2>&1; then
+		step fragments_sim 60 "$py" tests/gpu/fragments_sim.py
+		break
+	fi
+done
 step gpu_kernels 240 "$B/tests/gpu/gpu_kernels"
 step gpu_nccl 180 "$B/tests/gpu/gpu_nccl" --nranks "$NGPU" --port $((20000 + $$ % 20000))
 if [ $skip -eq 0 ]; then
