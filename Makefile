@@ -179,6 +179,12 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(LIBA)
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(BASE_LDFLAGS) -o $@ $< $(LIBA) $(LIBS) $(CHECK_LIBS)
 
+# A stand-in GPU object for test_backend (no CUDA): the nccl path on any host.
+$(BUILD)/tests/test_backend: $(BUILD)/tests/libfake_backend.so
+$(BUILD)/tests/libfake_backend.so: tests/unit/fake_backend.c worker_sdk/backend_int.h
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(BASE_CFLAGS) $(CFLAGS) -Wno-missing-prototypes -shared -Wl,-z,defs -o $@ $<
+
 $(BUILD)/tests/helpers/%: $(BUILD)/obj/tests/helpers/%.o $(LIBA)
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(BASE_LDFLAGS) -o $@ $< $(LIBA) $(LIBS)
