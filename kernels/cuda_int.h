@@ -28,6 +28,9 @@ static inline size_t kernels_cu_dtype_size(int dtype)
 	return dtype >= 0 && dtype < (int)sizeof(sizes) ? sizes[dtype] : 0;
 }
 
+/* The kernels door (cuda_ops.cu), also the NCCL backend's device check. */
+const struct kernels_cuda_ops *crun_cuda_kernels_v1(int abi, char *err, size_t cap);
+
 int kernels_cu_gemm_f32(size_t m, size_t n, size_t k, const float *a, size_t lda, const float *b,
 			size_t ldb, float *c, size_t ldc, int accumulate, void *stream);
 int kernels_cu_gemm_tc(size_t m, size_t n, size_t k, int dtype, const void *a, size_t lda,

@@ -40,8 +40,11 @@ struct nccl_ctx {
 	void *one; /* one int32 on the device, for barrier() */
 };
 
-/* Host-side staging of one call: where a staged receive buffer goes back. */
-struct stage {
+/* One collective: the device views of its buffers, and where a staged
+ * receive buffer goes back to. */
+struct call {
+	const void *ds;
+	void *dr;
 	void *host_r;
 	const void *dev_r;
 	size_t r_bytes;
@@ -289,40 +292,43 @@ static int scratch_copy(struct nccl_ctx *c, int slot, const void *src, size_t by
 	return 0;
 }
 
-/* Stages a (send, receive) pair. In place (s == r) shares one buffer. */
-static int stage_in(struct nccl_ctx *c, const void *s, size_t s_bytes, void *r, size_t r_bytes,
-		    const void **ret_s, void **ret_r, struct stage *st)
+/* Every collective starts here: checks the group, makes the calling thread
+ * use the group's device (async work runs on the progress thread), and
+ * stages the (send, receive) pair. In place (s == r) shares one buffer. */
+static int start(struct nccl_ctx *c, const void *s, size_t s_bytes, void *r, size_t r_bytes,
+		 struct call *k)
 {
 	const void *dr;
 	int rc;
 
-	memset(st, 0, sizeof(*st));
+	memset(k, 0, sizeof(*k));
+	TRY_NC(begin(c));
 	if (s && s == r) {
-		/* In place: the buffer holds the larger of the two (reduce_scatter
-		 * reads size * count elements and writes count). */
+		/* The buffer holds the larger of the two (reduce_scatter reads
+		 * size * count elements and writes count). */
 		rc = stage_ptr(c, 1, r, s_bytes > r_bytes ? s_bytes : r_bytes, 1, &dr);
 		if (rc < 0)
 			return rc;
-		*ret_s = dr;
+		k->ds = dr;
 	} else {
-		rc = stage_ptr(c, 0, s, s_bytes, 1, ret_s);
+		rc = stage_ptr(c, 0, s, s_bytes, 1, &k->ds);
 		if (rc == 0)
 			rc = stage_ptr(c, 1, r, r_bytes, 0, &dr);
 		if (rc < 0)
 			return rc;
 	}
-	*ret_r = (void *)dr;
+	k->dr = (void *)dr;
 	if (r && dr != r) {
-		st->host_r = r;
-		st->dev_r = dr;
-		st->r_bytes = r_bytes;
+		k->host_r = r;
+		k->dev_r = dr;
+		k->r_bytes = r_bytes;
 	}
 	return 0;
 }
 
 /* Waits for the enqueued work, then copies a staged result out (after the
  * wait, so a hang stays abortable). */
-static int finish(struct nccl_ctx *c, int r, const struct stage *st, const char *what)
+static int finish(struct nccl_ctx *c, int r, const struct call *st, const char *what)
 {
 	if (r < 0) {
 		/* Work enqueued before a failure still runs: let it drain. */
@@ -386,124 +392,107 @@ static int nc_all_reduce(void *ctx, const void *s, void *r, size_t count, int dt
 {
 	struct nccl_ctx *c = ctx;
 	size_t b = bytes_of(count, dtype);
-	const void *ds;
-	void *dr;
-	struct stage st;
-	int rc;
+	struct call k;
+	int rc = start(c, s, b, r, b, &k);
 
-	TRY_NC(begin(c));
-	rc = stage_in(c, s, b, r, b, &ds, &dr, &st);
-	if (rc == 0 && nccl_ipc_fits(c->ipc, b))
-		rc = nccl_ipc_all_reduce(c->ipc, ds, dr, count, dtype, op, c->stream) < 0
-			 ? fail(c, CRUN_EIO, "%s", kernels_cu_last_error())
-			 : 0;
-	else if (rc == 0) {
+	if (rc == 0 && nccl_ipc_fits(c->ipc, b)) {
+		if (nccl_ipc_all_reduce(c->ipc, k.ds, k.dr, count, dtype, op, c->stream) < 0)
+			rc = fail(c, CRUN_EIO, "%s", kernels_cu_last_error());
+	} else if (rc == 0) {
 		rc = enqueued(c,
-			      ncclAllReduce(ds, dr, count, nccl_type(dtype), nccl_op(op, dtype),
+			      ncclAllReduce(k.ds, k.dr, count, nccl_type(dtype), nccl_op(op, dtype),
 					    c->comm, c->stream),
 			      "ncclAllReduce");
 		if (rc == 0)
-			rc = int_avg(c, dr, count, dtype, op);
+			rc = int_avg(c, k.dr, count, dtype, op);
 	}
-	return finish(c, rc, &st, "all_reduce");
+	return finish(c, rc, &k, "all_reduce");
 }
 
 static int nc_broadcast(void *ctx, void *buf, size_t count, int dtype, int root)
 {
 	struct nccl_ctx *c = ctx;
 	size_t b = bytes_of(count, dtype);
-	const void *ds;
-	void *dr;
-	struct stage st;
-	int rc;
+	struct call k;
+	int rc = start(c, buf, b, buf, b, &k);
 
-	TRY_NC(begin(c));
-	rc = stage_in(c, buf, b, buf, b, &ds, &dr, &st);
 	if (rc == 0)
 		rc = enqueued(
-		    c, ncclBroadcast(ds, dr, count, nccl_type(dtype), root, c->comm, c->stream),
+		    c, ncclBroadcast(k.ds, k.dr, count, nccl_type(dtype), root, c->comm, c->stream),
 		    "ncclBroadcast");
-	return finish(c, rc, &st, "broadcast");
+	return finish(c, rc, &k, "broadcast");
 }
 
 static int nc_reduce(void *ctx, const void *s, void *r, size_t count, int dtype, int op, int root)
 {
 	struct nccl_ctx *c = ctx;
 	size_t b = bytes_of(count, dtype);
-	const void *ds;
-	void *dr;
-	struct stage st;
-	int rc;
+	struct call k;
+	int rc = start(c, s, b, c->rank == root ? r : NULL, b, &k);
 
-	TRY_NC(begin(c));
-	rc = stage_in(c, s, b, c->rank == root ? r : NULL, b, &ds, &dr, &st);
 	if (rc == 0) {
 		/* recvbuff matters only at the root. */
 		rc = enqueued(c,
-			      ncclReduce(ds, dr ? dr : (void *)ds, count, nccl_type(dtype),
+			      ncclReduce(k.ds, k.dr ? k.dr : (void *)k.ds, count, nccl_type(dtype),
 					 nccl_op(op, dtype), root, c->comm, c->stream),
 			      "ncclReduce");
 		if (rc == 0 && c->rank == root)
-			rc = int_avg(c, dr, count, dtype, op);
+			rc = int_avg(c, k.dr, count, dtype, op);
 	}
-	return finish(c, rc, &st, "reduce");
+	return finish(c, rc, &k, "reduce");
 }
 
 static int nc_all_gather(void *ctx, const void *s, void *r, size_t count, int dtype)
 {
 	struct nccl_ctx *c = ctx;
 	size_t b = bytes_of(count, dtype);
-	const void *ds;
-	void *dr;
-	struct stage st;
-	int rc;
+	struct call k;
+	/* In place (s == r + rank * count) on the host is staged as two
+	 * buffers; on the device it is NCCL's own in-place form. */
+	int rc = start(c, s, b, r, b * c->size, &k);
 
-	TRY_NC(begin(c));
-	/* In place (s == r + rank * count) is staged as two buffers. */
-	rc = stage_in(c, s, b, r, b * c->size, &ds, &dr, &st);
 	if (rc == 0)
-		rc = enqueued(c, ncclAllGather(ds, dr, count, nccl_type(dtype), c->comm, c->stream),
-			      "ncclAllGather");
-	return finish(c, rc, &st, "all_gather");
+		rc = enqueued(
+		    c, ncclAllGather(k.ds, k.dr, count, nccl_type(dtype), c->comm, c->stream),
+		    "ncclAllGather");
+	return finish(c, rc, &k, "all_gather");
 }
 
 static int nc_reduce_scatter(void *ctx, const void *s, void *r, size_t count, int dtype, int op)
 {
 	struct nccl_ctx *c = ctx;
 	size_t b = bytes_of(count, dtype);
-	const void *ds;
-	void *dr;
-	struct stage st;
-	int rc;
+	struct call k;
+	int rc = start(c, s, b * c->size, r, b, &k);
 
-	TRY_NC(begin(c));
-	rc = stage_in(c, s, b * c->size, r, b, &ds, &dr, &st);
 	if (rc == 0) {
 		/* In place, NCCL wants recvbuff = sendbuff + rank * count; the
 		 * SDK's contract puts the result at the start: move it there. */
-		uint8_t *out = ds == dr ? (uint8_t *)dr + b * c->rank : dr;
+		uint8_t *out = k.ds == k.dr ? (uint8_t *)k.dr + b * c->rank : k.dr;
 
 		rc = enqueued(c,
-			      ncclReduceScatter(ds, out, count, nccl_type(dtype),
+			      ncclReduceScatter(k.ds, out, count, nccl_type(dtype),
 						nccl_op(op, dtype), c->comm, c->stream),
 			      "ncclReduceScatter");
-		if (rc == 0 && out != dr)
-			rc = cfail(c,
-				   cudaMemcpyAsync(dr, out, b, cudaMemcpyDeviceToDevice, c->stream),
-				   "reduce_scatter in place");
+		if (rc == 0 && out != k.dr)
+			rc = cfail(
+			    c, cudaMemcpyAsync(k.dr, out, b, cudaMemcpyDeviceToDevice, c->stream),
+			    "reduce_scatter in place");
 		if (rc == 0)
-			rc = int_avg(c, dr, count, dtype, op);
+			rc = int_avg(c, k.dr, count, dtype, op);
 	}
-	return finish(c, rc, &st, "reduce_scatter");
+	return finish(c, rc, &k, "reduce_scatter");
 }
 
-/* Grouped point-to-point: all_to_all, gather and scatter. send_to[p] /
- * recv_from[p] say which blocks move; our own block is a device copy. */
+/* Grouped point-to-point for all_to_all (root < 0: everybody exchanges
+ * every block, our own by a device copy), gather and scatter (only root <->
+ * each peer; the root's blocks sit at b * peer). */
 static int p2p_round(struct nccl_ctx *c, const uint8_t *ds, uint8_t *dr, size_t count, int dtype,
 		     int sends, int recvs, int root, const char *what)
 {
 	size_t b = bytes_of(count, dtype);
 	ncclDataType_t t = nccl_type(dtype);
+	int blocks = root < 0 || c->rank == root;
 	ncclResult_t res;
 	int rc;
 
@@ -516,19 +505,16 @@ static int p2p_round(struct nccl_ctx *c, const uint8_t *ds, uint8_t *dr, size_t 
 	}
 	rc = enqueued(c, ncclGroupStart(), "ncclGroupStart");
 	for (int p = 0; rc == 0 && p < c->size; p++) {
-		if (p == c->rank)
+		if (p == c->rank || !(root < 0 || p == root || c->rank == root))
 			continue;
-		/* root < 0: everybody exchanges; else only root <-> p. */
-		if (sends && (root < 0 || p == root || c->rank == root))
-			rc = enqueued(c,
-				      ncclSend(ds + (root < 0 || c->rank == root ? b * p : 0),
-					       count, t, p, c->comm, c->stream),
-				      "ncclSend");
-		if (rc == 0 && recvs && (root < 0 || p == root || c->rank == root))
-			rc = enqueued(c,
-				      ncclRecv(dr + (root < 0 || c->rank == root ? b * p : 0),
-					       count, t, p, c->comm, c->stream),
-				      "ncclRecv");
+		if (sends)
+			rc = enqueued(
+			    c, ncclSend(ds + (blocks ? b * p : 0), count, t, p, c->comm, c->stream),
+			    "ncclSend");
+		if (rc == 0 && recvs)
+			rc = enqueued(
+			    c, ncclRecv(dr + (blocks ? b * p : 0), count, t, p, c->comm, c->stream),
+			    "ncclRecv");
 	}
 	res = ncclGroupEnd();
 	return rc ? rc : enqueued(c, res, "ncclGroupEnd");
@@ -538,24 +524,22 @@ static int nc_all_to_all(void *ctx, const void *s, void *r, size_t count, int dt
 {
 	struct nccl_ctx *c = ctx;
 	size_t b = bytes_of(count, dtype) * c->size;
-	const void *ds;
-	void *dr;
-	struct stage st;
-	int rc;
+	struct call k;
+	int rc = start(c, s, b, r, b, &k);
 
-	TRY_NC(begin(c));
-	rc = stage_in(c, s, b, r, b, &ds, &dr, &st);
-	if (rc == 0 && ds == dr) {
-		/* In place: send from a copy (scratch[0] is free: in place
-		 * staging only uses scratch[1]). */
-		const void *copy = ds;
-
-		rc = scratch_copy(c, 0, ds, b, &copy);
-		ds = copy;
-	}
+	/* In place: send from a copy (scratch[0] is free: in-place staging
+	 * only uses scratch[1]). */
+	if (rc == 0 && k.ds == k.dr)
+		rc = scratch_copy(c, 0, k.ds, b, &k.ds);
 	if (rc == 0)
-		rc = p2p_round(c, ds, dr, count, dtype, 1, 1, -1, "all_to_all");
-	return finish(c, rc, &st, "all_to_all");
+		rc = p2p_round(c, k.ds, k.dr, count, dtype, 1, 1, -1, "all_to_all");
+	return finish(c, rc, &k, "all_to_all");
+}
+
+/* The root's own block of gather / scatter is a device copy. */
+static int own_block(struct nccl_ctx *c, void *dst, const void *src, size_t b, const char *what)
+{
+	return cfail(c, cudaMemcpyAsync(dst, src, b, cudaMemcpyDeviceToDevice, c->stream), what);
 }
 
 static int nc_gather(void *ctx, const void *s, void *r, size_t count, int dtype, int root)
@@ -563,24 +547,15 @@ static int nc_gather(void *ctx, const void *s, void *r, size_t count, int dtype,
 	struct nccl_ctx *c = ctx;
 	size_t b = bytes_of(count, dtype);
 	int me_root = c->rank == root;
-	const void *ds;
-	void *dr;
-	struct stage st;
-	int rc;
+	struct call k;
+	int rc = start(c, s, b, me_root ? r : NULL, b * c->size, &k);
 
-	TRY_NC(begin(c));
-	rc = stage_in(c, s, b, me_root ? r : NULL, b * c->size, &ds, &dr, &st);
-	if (rc == 0 && me_root) {
-		/* Our block, then one receive per peer. */
-		cudaError_t e = cudaMemcpyAsync((uint8_t *)dr + b * root, ds, b,
-						cudaMemcpyDeviceToDevice, c->stream);
-
-		rc = e == cudaSuccess ? p2p_round(c, NULL, dr, count, dtype, 0, 1, root, "gather")
-				      : cfail(c, e, "gather");
-	} else if (rc == 0) {
-		rc = p2p_round(c, ds, NULL, count, dtype, 1, 0, root, "gather");
-	}
-	return finish(c, rc, &st, "gather");
+	if (rc == 0 && me_root)
+		rc = own_block(c, (uint8_t *)k.dr + b * root, k.ds, b, "gather");
+	if (rc == 0)
+		rc = p2p_round(c, me_root ? NULL : k.ds, k.dr, count, dtype, !me_root, me_root,
+			       root, "gather");
+	return finish(c, rc, &k, "gather");
 }
 
 static int nc_scatter(void *ctx, const void *s, void *r, size_t count, int dtype, int root)
@@ -588,67 +563,52 @@ static int nc_scatter(void *ctx, const void *s, void *r, size_t count, int dtype
 	struct nccl_ctx *c = ctx;
 	size_t b = bytes_of(count, dtype);
 	int me_root = c->rank == root;
-	const void *ds;
-	void *dr;
-	struct stage st;
-	int rc;
+	struct call k;
+	int rc = start(c, me_root ? s : NULL, b * c->size, r, b, &k);
 
-	TRY_NC(begin(c));
-	rc = stage_in(c, me_root ? s : NULL, b * c->size, r, b, &ds, &dr, &st);
-	if (rc == 0 && me_root) {
-		cudaError_t e = cudaMemcpyAsync(dr, (const uint8_t *)ds + b * root, b,
-						cudaMemcpyDeviceToDevice, c->stream);
-
-		rc = e == cudaSuccess ? p2p_round(c, ds, NULL, count, dtype, 1, 0, root, "scatter")
-				      : cfail(c, e, "scatter");
-	} else if (rc == 0) {
-		rc = p2p_round(c, NULL, dr, count, dtype, 0, 1, root, "scatter");
-	}
-	return finish(c, rc, &st, "scatter");
+	if (rc == 0 && me_root)
+		rc = own_block(c, k.dr, (const uint8_t *)k.ds + b * root, b, "scatter");
+	if (rc == 0)
+		rc = p2p_round(c, k.ds, me_root ? NULL : k.dr, count, dtype, me_root, !me_root,
+			       root, "scatter");
+	return finish(c, rc, &k, "scatter");
 }
 
 static int nc_barrier(void *ctx)
 {
 	struct nccl_ctx *c = ctx;
-	struct stage st = {0};
-	int rc;
+	struct call k;
+	int rc = start(c, NULL, 0, NULL, 0, &k);
 
-	TRY_NC(begin(c));
-	rc = enqueued(c, ncclAllReduce(c->one, c->one, 1, ncclInt32, ncclSum, c->comm, c->stream),
-		      "ncclAllReduce (barrier)");
-	return finish(c, rc, &st, "barrier");
+	if (rc == 0)
+		rc = enqueued(
+		    c, ncclAllReduce(c->one, c->one, 1, ncclInt32, ncclSum, c->comm, c->stream),
+		    "ncclAllReduce (barrier)");
+	return finish(c, rc, &k, "barrier");
 }
 
 static int nc_send(void *ctx, const void *buf, size_t count, int dtype, int peer)
 {
 	struct nccl_ctx *c = ctx;
-	const void *ds;
-	void *dr;
-	struct stage st;
-	int rc;
+	struct call k;
+	int rc = start(c, buf, bytes_of(count, dtype), NULL, 0, &k);
 
-	TRY_NC(begin(c));
-	rc = stage_in(c, buf, bytes_of(count, dtype), NULL, 0, &ds, &dr, &st);
 	if (rc == 0)
-		rc = enqueued(c, ncclSend(ds, count, nccl_type(dtype), peer, c->comm, c->stream),
+		rc = enqueued(c, ncclSend(k.ds, count, nccl_type(dtype), peer, c->comm, c->stream),
 			      "ncclSend");
-	return finish(c, rc, &st, "send");
+	return finish(c, rc, &k, "send");
 }
 
 static int nc_recv(void *ctx, void *buf, size_t count, int dtype, int peer)
 {
 	struct nccl_ctx *c = ctx;
-	const void *ds;
-	void *dr;
-	struct stage st;
-	int rc;
+	struct call k;
+	int rc = start(c, NULL, 0, buf, bytes_of(count, dtype), &k);
 
-	TRY_NC(begin(c));
-	rc = stage_in(c, NULL, 0, buf, bytes_of(count, dtype), &ds, &dr, &st);
 	if (rc == 0)
-		rc = enqueued(c, ncclRecv(dr, count, nccl_type(dtype), peer, c->comm, c->stream),
+		rc = enqueued(c, ncclRecv(k.dr, count, nccl_type(dtype), peer, c->comm, c->stream),
 			      "ncclRecv");
-	return finish(c, rc, &st, "recv");
+	return finish(c, rc, &k, "recv");
 }
 
 /* ---- life cycle ----------------------------------------------------------------- */
@@ -842,24 +802,15 @@ static const struct pg_backend nccl_backend = {
  * where no device is usable. */
 const struct pg_backend *crun_cuda_pg_backend_v1(int abi, char *err, size_t cap)
 {
-	int n = 0, v = 0;
-	cudaError_t e;
+	int v = 0;
 
 	if (abi != PG_BACKEND_ABI) {
 		snprintf(err, cap, "GPU object backend ABI %d, libcrun wants %d", PG_BACKEND_ABI,
 			 abi);
 		return NULL;
 	}
-	e = cudaGetDeviceCount(&n);
-	if (e != cudaSuccess) {
-		snprintf(err, cap, "cudaGetDeviceCount: %s (%s)", cudaGetErrorString(e),
-			 cudaGetErrorName(e));
-		return NULL;
-	}
-	if (n < 1) {
-		snprintf(err, cap, "no CUDA device");
-		return NULL;
-	}
+	if (!crun_cuda_kernels_v1(KERNELS_CUDA_ABI, err, cap))
+		return NULL; /* err: CUDA's words for "no driver" or "no device" */
 	if (ncclGetVersion(&v) != ncclSuccess) {
 		snprintf(err, cap, "ncclGetVersion failed");
 		return NULL;

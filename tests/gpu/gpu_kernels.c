@@ -29,20 +29,6 @@ static void *up(const void *host, size_t len)
 	return d;
 }
 
-static void put(void *buf, size_t i, int dtype, double v)
-{
-	switch (dtype) {
-	case CRUN_F32: ((float *)buf)[i] = (float)v; break;
-	case CRUN_F64: ((double *)buf)[i] = v; break;
-	case CRUN_F16: ((uint16_t *)buf)[i] = kernels_float_to_f16((float)v); break;
-	case CRUN_BF16: ((uint16_t *)buf)[i] = kernels_float_to_bf16((float)v); break;
-	case CRUN_I8: ((int8_t *)buf)[i] = (int8_t)v; break;
-	case CRUN_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
-	case CRUN_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
-	case CRUN_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-	}
-}
-
 /* ---- GEMM ------------------------------------------------------------------------ */
 
 struct shape {
@@ -73,11 +59,11 @@ static void gemm_case(int dtype, struct shape s, size_t pad, size_t off, int acc
 
 	for (size_t i = 0; i < na; i++) {
 		a32[i] = (float)gt_val(i, 1);
-		put(a, i, dtype, a32[i]);
+		gt_put(a, i, dtype, a32[i]);
 	}
 	for (size_t i = 0; i < nb; i++) {
 		b32[i] = (float)gt_val(i, 2);
-		put(b, i, dtype, b32[i]);
+		gt_put(b, i, dtype, b32[i]);
 	}
 	for (size_t i = 0; i < nc; i++)
 		want[i] = (float)gt_val(i, 3); /* what accumulate adds to */
@@ -135,8 +121,8 @@ static void test_reduce(int dtype, int op)
 	void *dx, *dy;
 
 	for (size_t i = 0; i < n; i++) {
-		put(x, i, dtype, input(dtype, op, i, 0));
-		put(y, i, dtype, input(dtype, op, i, 1));
+		gt_put(x, i, dtype, input(dtype, op, i, 0));
+		gt_put(y, i, dtype, input(dtype, op, i, 1));
 	}
 	dx = up(x, n * esz);
 	dy = up(y, n * esz);
@@ -161,7 +147,7 @@ static void test_reduce_multi(int dtype, int op, int nb)
 
 	for (int b = 0; b < nb; b++) {
 		for (size_t i = 0; i < n; i++)
-			put(b ? h : want, i, dtype, input(dtype, op, i, b));
+			gt_put(b ? h : want, i, dtype, input(dtype, op, i, b));
 		if (b)
 			kernels_reduce(want, h, n, dtype, op);
 		bufs[b] = up(b ? h : want, n * esz);
@@ -199,7 +185,7 @@ static void test_ipc(int nranks, size_t count, int dtype, int op, int two_shot, 
 	memset(a, 0, sizeof(a));
 	for (int p = 0; p < nranks; p++) {
 		for (size_t i = 0; i < count; i++)
-			put(p ? h : want, i, dtype, input(dtype, op, i, p));
+			gt_put(p ? h : want, i, dtype, input(dtype, op, i, p));
 		if (p)
 			kernels_reduce(want, h, count, dtype, op);
 		a[0].data[p] = up(p ? h : want, bytes);
@@ -324,7 +310,7 @@ static void bench_gemm(cublasHandle_t h, int dtype, int n)
 	int reps = flop > 2e11 ? 5 : 20;
 
 	for (size_t i = 0; i < cnt; i++)
-		put(host, i, dtype, gt_val(i, 11) / 4.0);
+		gt_put(host, i, dtype, gt_val(i, 11) / 4.0);
 	g.a = up(host, cnt * esz);
 	g.b = up(host, cnt * esz);
 	K->alloc((void **)&g.c, cnt * 4);

@@ -24,20 +24,6 @@
 
 static int rank, world;
 
-static void put(void *buf, size_t i, int dtype, double v)
-{
-	switch (dtype) {
-	case CRUN_F32: ((float *)buf)[i] = (float)v; break;
-	case CRUN_F64: ((double *)buf)[i] = v; break;
-	case CRUN_F16: ((uint16_t *)buf)[i] = kernels_float_to_f16((float)v); break;
-	case CRUN_BF16: ((uint16_t *)buf)[i] = kernels_float_to_bf16((float)v); break;
-	case CRUN_I8: ((int8_t *)buf)[i] = (int8_t)v; break;
-	case CRUN_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
-	case CRUN_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
-	case CRUN_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-	}
-}
-
 /* Rank r's element i: small non-negative integers (PROD: 1 or 2). */
 static double val(int r, size_t i, int op)
 {
@@ -47,7 +33,7 @@ static double val(int r, size_t i, int op)
 static void fill(void *buf, int r, size_t count, int dtype, int op)
 {
 	for (size_t i = 0; i < count; i++)
-		put(buf, i, dtype, val(r, i, op));
+		gt_put(buf, i, dtype, val(r, i, op));
 }
 
 static void *dev(size_t len)

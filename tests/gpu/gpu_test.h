@@ -12,6 +12,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "crun/worker.h"
+#include "kernels/kernels.h"
+
 #define GPU_SKIP 77
 
 static int gt_fails, gt_checks;
@@ -70,6 +73,21 @@ static inline int gt_val(size_t i, unsigned salt)
 	unsigned x = (unsigned)i * 2654435761u + salt * 40503u;
 
 	return (int)((x >> 13) % 7) - 3;
+}
+
+/* buf[i] = v in dtype (v must be exact there). */
+static inline void gt_put(void *buf, size_t i, int dtype, double v)
+{
+	switch (dtype) {
+	case CRUN_F32: ((float *)buf)[i] = (float)v; break;
+	case CRUN_F64: ((double *)buf)[i] = v; break;
+	case CRUN_F16: ((uint16_t *)buf)[i] = kernels_float_to_f16((float)v); break;
+	case CRUN_BF16: ((uint16_t *)buf)[i] = kernels_float_to_bf16((float)v); break;
+	case CRUN_I8: ((int8_t *)buf)[i] = (int8_t)v; break;
+	case CRUN_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+	case CRUN_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+	case CRUN_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+	}
 }
 
 #endif /* CRUN_TESTS_GPU_TEST_H */
