@@ -77,6 +77,19 @@ struct pg_backend {
 	/* Optional (NULL: groups are always built from scratch). The share of
 	 * a world rank that is not in a group being split from parent_ctx. */
 	int (*split_skip)(void *parent_ctx, char *err, size_t cap);
+	/* Optional, all five or none: asynchronous work on the backend's own
+	 * ordered queue (a CUDA stream) instead of pg.c's progress thread.
+	 * Between defer(ctx, 1) and defer(ctx, 0) a collective returns once
+	 * its work is enqueued (one that must copy a result to host memory
+	 * still waits); mark() then returns a token for everything enqueued
+	 * so far (a CUDA event). test_token() and wait_token() report it with
+	 * the collectives' codes, timeout and abort included; free_token()
+	 * releases it (NULL OK). */
+	void (*defer)(void *ctx, int on);
+	int (*mark)(void *ctx, void **ret_token);
+	int (*test_token)(void *ctx, void *token, int *ret_done);
+	int (*wait_token)(void *ctx, void *token);
+	void (*free_token)(void *ctx, void *token);
 };
 
 /* The GPU object's entry point, looked up by name:

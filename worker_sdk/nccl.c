@@ -33,7 +33,8 @@ struct nccl_ctx {
 	struct nccl_ipc *ipc; /* NULL: NCCL for every size */
 	_Atomic int aborted;
 	_Atomic uint32_t timeout_ms;
-	int broken; /* the code every later call returns */
+	int broken;   /* the code every later call returns */
+	int deferred; /* collectives only enqueue (async work, see mark()) */
 	char err[512];
 	void *scratch[2]; /* staging of host buffers: [0] send, [1] receive */
 	size_t scratch_len[2];
@@ -193,20 +194,17 @@ static int enqueued(struct nccl_ctx *c, ncclResult_t res, const char *what)
 	}
 }
 
-/* Waits for everything enqueued on the group's stream. */
-static int drain(struct nccl_ctx *c, const char *what)
+/* Waits for ev, watching for peers' failures, the timeout and abort. */
+static int wait_event(struct nccl_ctx *c, cudaEvent_t ev, const char *what)
 {
 	uint64_t deadline = deadline_of(c);
 	unsigned spins = 0;
 	cudaError_t e;
 
-	e = cudaEventRecord(c->done, c->stream);
-	if (e != cudaSuccess)
-		return cfail(c, e, "cudaEventRecord");
 	for (;;) {
 		int r;
 
-		e = cudaEventQuery(c->done);
+		e = cudaEventQuery(ev);
 		if (e == cudaSuccess)
 			return 0;
 		if (e != cudaErrorNotReady)
@@ -216,6 +214,14 @@ static int drain(struct nccl_ctx *c, const char *what)
 			return r;
 		pause_a_bit(spins++);
 	}
+}
+
+/* Waits for everything enqueued on the group's stream. */
+static int drain(struct nccl_ctx *c, const char *what)
+{
+	cudaError_t e = cudaEventRecord(c->done, c->stream);
+
+	return e == cudaSuccess ? wait_event(c, c->done, what) : cfail(c, e, "cudaEventRecord");
 }
 
 /* Every call starts here: the calling thread may not be the one that made
@@ -239,6 +245,9 @@ static int scratch_get(struct nccl_ctx *c, int slot, size_t bytes)
 
 	if (c->scratch_len[slot] >= bytes)
 		return 0;
+	/* Async work may still read the old buffer: let it finish first. */
+	if (c->deferred && c->scratch[slot])
+		TRY_NC(drain(c, "scratch"));
 	(void)cudaFree(c->scratch[slot]);
 	c->scratch[slot] = NULL;
 	c->scratch_len[slot] = 0;
@@ -336,6 +345,8 @@ static int finish(struct nccl_ctx *c, int r, const struct call *st, const char *
 			(void)drain(c, what);
 		return r;
 	}
+	if (c->deferred && !st->host_r)
+		return 0; /* async work: its token is waited for instead */
 	r = drain(c, what);
 	if (r == 0 && st->host_r)
 		r = cfail(c, cudaMemcpy(st->host_r, st->dev_r, st->r_bytes, cudaMemcpyDeviceToHost),
@@ -754,6 +765,69 @@ static int nc_split_skip(void *parent_ctx, char *err, size_t cap)
 	return r;
 }
 
+/* ---- asynchronous work: a CUDA event per work ----------------------------------- */
+
+static void nc_defer(void *ctx, int on)
+{
+	((struct nccl_ctx *)ctx)->deferred = on;
+}
+
+static int nc_mark(void *ctx, void **ret_token)
+{
+	struct nccl_ctx *c = ctx;
+	cudaEvent_t ev;
+	cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+
+	if (e != cudaSuccess)
+		return cfail(c, e, "cudaEventCreate");
+	e = cudaEventRecord(ev, c->stream);
+	if (e != cudaSuccess) {
+		(void)cudaEventDestroy(ev);
+		return cfail(c, e, "cudaEventRecord");
+	}
+	*ret_token = ev;
+	return 0;
+}
+
+static int nc_wait_token(void *ctx, void *token)
+{
+	struct nccl_ctx *c = ctx;
+
+	if (c->broken)
+		return c->broken;
+	TRY_NC(cfail(c, cudaSetDevice(c->device), "cudaSetDevice"));
+	return wait_event(c, (cudaEvent_t)token, "async work");
+}
+
+/* One look, no waiting: a failure found on the way counts (no timeout
+ * here: the wait that follows, if any, has one). */
+static int nc_test_token(void *ctx, void *token, int *ret_done)
+{
+	struct nccl_ctx *c = ctx;
+	cudaError_t e;
+	int r;
+
+	if (c->broken)
+		return c->broken;
+	e = cudaEventQuery((cudaEvent_t)token);
+	if (e == cudaSuccess) {
+		*ret_done = 1;
+		return 0;
+	}
+	if (e != cudaErrorNotReady)
+		return cfail(c, e, "async work");
+	r = check_wait(c, 0, "async work");
+	if (r == 0)
+		*ret_done = 0;
+	return r;
+}
+
+static void nc_free_token(void *ctx, void *token)
+{
+	if (token)
+		(void)cudaEventDestroy((cudaEvent_t)token);
+}
+
 static void nc_abort(void *ctx)
 {
 	struct nccl_ctx *c = ctx;
@@ -796,6 +870,11 @@ static const struct pg_backend nccl_backend = {
     .set_timeout = nc_set_timeout,
     .last_error = nc_last_error,
     .split_skip = nc_split_skip,
+    .defer = nc_defer,
+    .mark = nc_mark,
+    .test_token = nc_test_token,
+    .wait_token = nc_wait_token,
+    .free_token = nc_free_token,
 };
 
 /* The door backend.c looks up. NULL, with CUDA's or NCCL's words in err,

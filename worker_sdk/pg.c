@@ -46,6 +46,7 @@ struct crun_work {
 	struct pg_op op;
 	int done;
 	int result;
+	void *token; /* deferred work: the backend's mark (a CUDA event) */
 };
 
 size_t crun_dtype_size(int dtype)
@@ -362,10 +363,52 @@ static void *progress_main(void *arg)
 	return NULL;
 }
 
+/* Async work on a backend with its own ordered queue: enqueue it here, on
+ * the caller's thread (so it keeps its place among blocking calls, which
+ * enqueue the same way), and keep the backend's token for the wait. An
+ * enqueue failure is the work's result, as it would be on the thread. */
+static int submit_deferred(struct crun_pg *pg, const struct pg_op *o, crun_work_t **ret_work)
+{
+	struct crun_work *w = calloc(1, sizeof(*w));
+	int r;
+
+	if (!w)
+		return CRUN_ENOMEM;
+	w->pg = pg;
+	w->op = *o;
+	pg->be->defer(pg->be_ctx, 1);
+	r = run_op(pg, o);
+	pg->be->defer(pg->be_ctx, 0);
+	if (r == 0)
+		r = pg->be->mark(pg->be_ctx, &w->token);
+	if (r < 0) {
+		w->done = 1;
+		w->result = r;
+	}
+	*ret_work = w;
+	return 0;
+}
+
+/* Settles deferred work once its token reports (done or failed). */
+static void settle(struct crun_work *w, int r)
+{
+	struct crun_pg *pg = w->pg;
+
+	if (r == CRUN_EPEER || r == CRUN_ETIMEDOUT || r == CRUN_ECANCELED)
+		r = pg_fail(pg, r, "%s", pg->be->last_error(pg->be_ctx));
+	pg->be->free_token(pg->be_ctx, w->token);
+	w->token = NULL;
+	w->result = r;
+	w->done = 1;
+}
+
 static int submit(struct crun_pg *pg, const struct pg_op *o, crun_work_t **ret_work)
 {
 	struct crun_work *w;
 	int r;
+
+	if (ret_work && pg->be->mark)
+		return submit_deferred(pg, o, ret_work);
 
 	if (!ret_work) {
 		unsigned pending;
@@ -416,6 +459,10 @@ int crun_work_wait(crun_work_t *w)
 
 	if (!w)
 		return CRUN_EINVAL;
+	if (w->token) {
+		settle(w, w->pg->be->wait_token(w->pg->be_ctx, w->token));
+		return w->result;
+	}
 	pthread_mutex_lock(&w->pg->mu);
 	while (!w->done)
 		pthread_cond_wait(&w->pg->cv, &w->pg->mu);
@@ -428,6 +475,15 @@ int crun_work_test(crun_work_t *w, int *ret_done)
 {
 	if (!w || !ret_done)
 		return CRUN_EINVAL;
+	if (w->token) {
+		int done = 0;
+		int r = w->pg->be->test_token(w->pg->be_ctx, w->token, &done);
+
+		if (r < 0 || done)
+			settle(w, r);
+		*ret_done = w->done;
+		return 0;
+	}
 	pthread_mutex_lock(&w->pg->mu);
 	*ret_done = w->done;
 	pthread_mutex_unlock(&w->pg->mu);

@@ -4,8 +4,9 @@
  * against values computed on the CPU, with device buffers and with host
  * buffers (staged), async work, abort (CRUN_ECANCELED, no hang), the IPC
  * all_reduce around its thresholds when there are several GPUs; then rank 0
- * reports the SDK's all_reduce beside a raw NCCL loop (same sizes, same
- * run, same blocking semantics) and, with several GPUs, IPC beside NCCL.
+ * reports the SDK's all_reduce beside a raw NCCL loop in the same run, both
+ * blocking (a sync per call) and queued (async works / plain enqueues, one
+ * wait at the end), and with several GPUs IPC beside NCCL.
  * Exit 77 when the backend says CRUN_ENOTSUP (no device).
  *
  *   gpu_nccl [--nranks N] [--port P] [--no-bench]
@@ -375,6 +376,37 @@ static double time_raw(struct raw *raw, crun_pg_t *pg, float *buf, size_t count)
 	return (gt_now_s() - t0) / it * 1e6;
 }
 
+/* The same loops queued: every call async (the SDK's works, tied to CUDA
+ * events) or plain enqueues (NCCL), then one wait at the end. */
+static double time_sdk_async(crun_pg_t *pg, float *buf, size_t count)
+{
+	enum { MAXIT = 200 };
+	crun_work_t *w[MAXIT];
+	int it = iters_for(count * 4);
+	double t0;
+
+	crun_barrier(pg, NULL);
+	t0 = gt_now_s();
+	for (int i = 0; i < it; i++)
+		crun_all_reduce(pg, buf, buf, count, CRUN_F32, CRUN_SUM, &w[i]);
+	for (int i = 0; i < it; i++)
+		crun_work_free(w[i]);
+	return (gt_now_s() - t0) / it * 1e6;
+}
+
+static double time_raw_async(struct raw *raw, crun_pg_t *pg, float *buf, size_t count)
+{
+	int it = iters_for(count * 4);
+	double t0;
+
+	crun_barrier(pg, NULL);
+	t0 = gt_now_s();
+	for (int i = 0; i < it; i++)
+		ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, raw->comm, raw->st);
+	cudaStreamSynchronize(raw->st);
+	return (gt_now_s() - t0) / it * 1e6;
+}
+
 static void bench(crun_pg_t *world_pg)
 {
 	struct raw raw;
@@ -393,19 +425,22 @@ static void bench(crun_pg_t *world_pg)
 		return;
 	}
 	if (rank == 0) {
-		gt_row("| bytes | crun nccl (IPC <= 8 MiB) us | crun nccl, IPC off us | raw NCCL loop us "
-		       "| crun (IPC off) / raw | ranks |");
-		gt_row("|---|---|---|---|---|---|");
+		gt_row("| bytes | crun nccl (IPC <= 8 MiB) us | crun nccl, IPC off us | raw NCCL us "
+		       "| crun/raw | crun async us | raw async us | crun/raw async | ranks |");
+		gt_row("|---|---|---|---|---|---|---|---|---|");
 	}
 	for (size_t bytes = 8; bytes <= (256u << 20); bytes *= 4) {
 		size_t count = bytes / 4;
 		double t_ipc = time_sdk(world_pg, buf, count);
 		double t_sdk = time_sdk(no_ipc, buf, count);
 		double t_raw = time_raw(&raw, world_pg, buf, count);
+		double t_sdk_a = time_sdk_async(no_ipc, buf, count);
+		double t_raw_a = time_raw_async(&raw, world_pg, buf, count);
 
 		if (rank == 0)
-			gt_row("| %zu | %.1f | %.1f | %.1f | %.3f | %d |", bytes, t_ipc, t_sdk, t_raw,
-			       t_sdk / t_raw, world);
+			gt_row("| %zu | %.1f | %.1f | %.1f | %.3f | %.1f | %.1f | %.3f | %d |", bytes,
+			       t_ipc, t_sdk, t_raw, t_sdk / t_raw, t_sdk_a, t_raw_a,
+			       t_sdk_a / t_raw_a, world);
 	}
 	ncclCommDestroy(raw.comm);
 	crun_pg_free(no_ipc);

@@ -17,7 +17,7 @@
 #include "worker_sdk/backend_int.h"
 
 struct fake {
-	int rank, size, split;
+	int rank, size, split, deferred;
 	_Atomic int aborted;
 	int broken;
 	char err[128];
@@ -26,6 +26,7 @@ struct fake {
 /* What the test reads back: calls per kind (process-wide, one test at a time). */
 struct fake_stats {
 	int inits, splits, split_skips, finis, collectives, aborts;
+	int deferred, marks, tests, waits, tokens_freed;
 };
 
 static struct fake_stats stats;
@@ -88,6 +89,7 @@ static void fk_fini(void *ctx)
 static int one(struct fake *f, const void *s, void *r, size_t count, int dtype)
 {
 	stats.collectives++;
+	stats.deferred += f->deferred;
 	if (atomic_load(&f->aborted)) {
 		snprintf(f->err, sizeof(f->err), "fake: aborted");
 		return CRUN_ECANCELED;
@@ -169,6 +171,56 @@ static int fk_split_skip(void *parent, char *err, size_t cap)
 	return 0;
 }
 
+/* Tokens: a countdown of test_token() looks before the work is "done". */
+static void fk_defer(void *ctx, int on)
+{
+	((struct fake *)ctx)->deferred = on;
+}
+
+static int fk_mark(void *ctx, void **ret_token)
+{
+	int *t = malloc(sizeof(*t));
+
+	if (!t)
+		return CRUN_ENOMEM;
+	*t = 2;
+	stats.marks++;
+	*ret_token = t;
+	return 0;
+}
+
+static int token_result(struct fake *f)
+{
+	if (knob("token-fails")) {
+		snprintf(f->err, sizeof(f->err), "fake: the stream saw peer 1 die");
+		return CRUN_EPEER;
+	}
+	return 0;
+}
+
+static int fk_test_token(void *ctx, void *token, int *ret_done)
+{
+	stats.tests++;
+	if (--*(int *)token > 0) {
+		*ret_done = 0;
+		return 0;
+	}
+	*ret_done = 1;
+	return token_result(ctx);
+}
+
+static int fk_wait_token(void *ctx, void *token)
+{
+	stats.waits++;
+	return token_result(ctx);
+}
+
+static void fk_free_token(void *ctx, void *token)
+{
+	stats.tokens_freed += token != NULL;
+	free(token);
+}
+
 static const struct pg_backend fake = {
 	.abi = PG_BACKEND_ABI,
 	.name = "fake",
@@ -189,6 +241,11 @@ static const struct pg_backend fake = {
 	.set_timeout = fk_set_timeout,
 	.last_error = fk_last_error,
 	.split_skip = fk_split_skip,
+	.defer = fk_defer,
+	.mark = fk_mark,
+	.test_token = fk_test_token,
+	.wait_token = fk_wait_token,
+	.free_token = fk_free_token,
 };
 
 const struct pg_backend *crun_cuda_pg_backend_v1(int abi, char *err, size_t cap)

@@ -20,6 +20,7 @@
 
 struct fake_stats {
 	int inits, splits, split_skips, finis, collectives, aborts;
+	int deferred, marks, tests, waits, tokens_freed;
 };
 
 static char fake_path[4200];
@@ -95,6 +96,10 @@ START_TEST(nccl_runs_on_the_loaded_backend_and_abort_reaches_it)
 	ck_assert_int_eq(crun_work_wait(w), 0); /* async work goes through it too */
 	crun_work_free(w);
 	ck_assert_int_eq(stats()->collectives, 2);
+	ck_assert_int_eq(stats()->deferred, 1); /* enqueued on the caller's thread ... */
+	ck_assert_int_eq(stats()->marks, 1);	/* ... with a token ... */
+	ck_assert_int_eq(stats()->waits, 1);	/* ... that the wait asks about */
+	ck_assert_int_eq(stats()->tokens_freed, 1);
 	ck_assert_int_eq(crun_pg_abort(crun_world()), 0);
 	ck_assert_int_eq(stats()->aborts, 1);
 	ck_assert_int_eq(crun_barrier(crun_world(), NULL), CRUN_ECANCELED);
@@ -114,6 +119,45 @@ START_TEST(a_backend_failure_breaks_the_group_with_its_reason)
 	ck_assert_str_eq(crun_pg_last_error(crun_world()), "fake: peer 1 vanished");
 	ck_assert_int_eq(crun_barrier(crun_world(), NULL), CRUN_EPEER); /* sticks */
 	ck_assert_int_eq(stats()->collectives, 1); /* without asking the backend again */
+	crun_finalize();
+}
+END_TEST
+
+START_TEST(async_work_is_settled_by_its_token)
+{
+	float x = 1;
+	crun_work_t *w = NULL;
+	int done = -1;
+
+	use_fake("");
+	ck_assert_int_eq(init(0, 1, free_port(), "nccl"), 0);
+	ck_assert_int_eq(crun_all_reduce(crun_world(), &x, &x, 1, CRUN_F32, CRUN_SUM, &w), 0);
+	ck_assert_int_eq(crun_work_test(w, &done), 0);
+	ck_assert_int_eq(done, 0); /* the token says "not yet" once */
+	ck_assert_int_eq(crun_work_test(w, &done), 0);
+	ck_assert_int_eq(done, 1);
+	ck_assert_int_eq(crun_work_wait(w), 0); /* settled: no second look */
+	ck_assert_int_eq(stats()->waits, 0);
+	ck_assert_int_eq(stats()->tokens_freed, 1);
+	crun_work_free(w);
+	crun_finalize();
+}
+END_TEST
+
+START_TEST(a_failure_seen_by_a_token_breaks_the_group)
+{
+	float x = 1;
+	crun_work_t *w = NULL;
+
+	use_fake("token-fails");
+	ck_assert_int_eq(init(0, 1, free_port(), "nccl"), 0);
+	ck_assert_int_eq(crun_all_reduce(crun_world(), &x, &x, 1, CRUN_F32, CRUN_SUM, &w), 0);
+	ck_assert_int_eq(crun_work_wait(w), CRUN_EPEER);
+	ck_assert_int_eq(crun_work_wait(w), CRUN_EPEER); /* the same answer again */
+	crun_work_free(w);
+	ck_assert_str_eq(crun_pg_last_error(crun_world()), "fake: the stream saw peer 1 die");
+	ck_assert_int_eq(crun_barrier(crun_world(), NULL), CRUN_EPEER);
+	ck_assert_int_eq(stats()->collectives, 1);
 	crun_finalize();
 }
 END_TEST
@@ -190,6 +234,8 @@ static Suite *backend_suite(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, nccl_runs_on_the_loaded_backend_and_abort_reaches_it);
 	tcase_add_test(tc, a_backend_failure_breaks_the_group_with_its_reason);
+	tcase_add_test(tc, async_work_is_settled_by_its_token);
+	tcase_add_test(tc, a_failure_seen_by_a_token_breaks_the_group);
 	tcase_add_loop_test(tc, nccl_says_what_is_missing, 0, 4);
 	tcase_add_test(tc, subgroups_split_from_the_world_on_every_world_rank);
 	suite_add_tcase(s, tc);
