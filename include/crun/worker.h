@@ -14,7 +14,9 @@
  *
  * Threads. Apart from crun_pg_abort(), a process group (and the global state
  * made by crun_init()) must be used from one thread at a time. Asynchronous
- * work runs on one progress thread per group, in submission order.
+ * work runs on one progress thread per group, in submission order (nccl
+ * groups: enqueued at once on the group's CUDA stream, each work tied to a
+ * CUDA event that crun_work_test() / crun_work_wait() poll).
  *
  * Errors. Every call that can fail returns 0 or a negative crun_err_t; ret_*
  * parameters are written only on success. After a transport failure a group
