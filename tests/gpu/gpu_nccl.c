@@ -491,7 +491,12 @@ static int run_rank(int r, int n, int port, int do_bench)
 	check_async(crun_world());
 	check_subgroups();
 	check_abort();
-	if (do_bench && !gt_fails)
+	/* The benchmark is collective: every rank must agree to run it. */
+	int32_t any_fail = gt_fails;
+
+	if (crun_all_reduce(crun_world(), &any_fail, &any_fail, 1, CRUN_I32, CRUN_MAX, NULL) < 0)
+		any_fail = 1;
+	if (do_bench && !any_fail)
 		bench(crun_world());
 	if (r == 0)
 		printf("gpu_nccl: %d ranks: %d checks, %d failures\n", n, gt_checks, gt_fails);
