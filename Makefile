@@ -103,7 +103,7 @@ UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/t
 TEST_HELPERS := $(patsubst tests/helpers/%.c,$(BUILD)/tests/helpers/%,$(wildcard tests/helpers/*.c))
 
 .PHONY: all test unit integration fuzz fuzz-run lint check-layers demo bench clean \
-	test-deps gpu-test print-config
+	test-deps gpu-test gpu-check print-config
 all: $(PROGS) $(LIBA) $(LIBSO) $(EXAMPLES) $(BENCHES) $(BUILD)/crun.pc $(CUDA_TARGETS)
 	@echo "built crun (WITH_CUDA=$(WITH_CUDA), SAN=$(SAN)) under $(BUILD)/"
 
@@ -198,6 +198,7 @@ test-deps:
 
 test: test-deps all $(UNIT_TESTS) $(TEST_HELPERS)
 	$(Q)$(MAKE) --no-print-directory unit
+	$(Q)$(MAKE) --no-print-directory gpu-check
 	$(Q)$(MAKE) --no-print-directory integration
 	$(Q)$(MAKE) --no-print-directory fuzz-run
 	@echo "make test: all suites passed"
@@ -231,8 +232,18 @@ fuzz-run: $(FUZZERS)
 		grep -E 'stat::number_of_executed_units|Done [0-9]+ runs' $(FUZZ_BUILD)/$$n.log; \
 	done
 
+# The GPU suite with benchmarks (tests/gpu/run.sh; OUT=dir for the table).
 gpu-test:
 	$(Q)sh tests/gpu/run.sh $(BUILD)
+
+# What `make test` runs: the GPU correctness tests without the benchmarks;
+# on a host without a device they report "skipped: no CUDA device".
+gpu-check: all
+ifeq ($(WITH_CUDA),1)
+	$(Q)GPU_QUICK=1 sh tests/gpu/run.sh $(BUILD)
+else
+	@echo "gpu-check: skipped (WITH_CUDA=0)"
+endif
 
 # ---- lint --------------------------------------------------------------------
 SRC_ALL := $(wildcard */*.c */*.h include/crun/*.h tests/*/*.c)
