@@ -11,10 +11,11 @@
  *
  * Tensor cores: f16/bf16 inputs, f32 accumulation with mma.sync m16n8k16.
  * A 128x128 block tile over K slices of 32, eight warps of 64x32; operands
- * land in padded shared tiles through cp.async (two stages) and reach the
- * registers with ldmatrix (.trans for B, which is k-major in memory while
- * mma wants it column-major). Both kernels zero-fill outside the matrix, so
- * any m, n, k works; only the loads of edge tiles take the scalar path.
+ * land in padded shared tiles through cp.async, three slices in flight, and
+ * reach the registers with ldmatrix (.trans for B, which is k-major in
+ * memory while mma wants it column-major). Both kernels zero-fill outside
+ * the matrix, so any m, n, k works; only the loads of edge tiles take the
+ * scalar path. tests/gpu/fragments_sim.py models the index arithmetic.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -221,10 +222,15 @@ extern "C" int kernels_cu_gemm_f32(size_t m, size_t n, size_t k, const float *a,
 
 /* ---- tensor-core GEMM ------------------------------------------------------------- */
 
-enum { TC_BM = 128, TC_BN = 128, TC_BK = 32, TC_THREADS = 256 };
+enum { TC_BM = 128, TC_BN = 128, TC_BK = 32, TC_THREADS = 256, TC_STAGES = 3 };
 /* Row strides of the shared tiles in halves: 16 bytes of pad make the eight
  * 16-byte rows one ldmatrix reads fall into distinct bank groups. */
 enum { TC_SA = TC_BK + 8, TC_SB = TC_BN + 8 };
+typedef uint16_t tc_tile_a[TC_BM][TC_SA];
+typedef uint16_t tc_tile_b[TC_BK][TC_SB];
+/* 3 x (10240 + 8704) = 56832 bytes a block; two blocks an SM fit in the
+ * 164 KB (sm_80) and 227 KB (sm_90) an SM offers. */
+static const size_t TC_SMEM_BYTES = TC_STAGES * (sizeof(tc_tile_a) + sizeof(tc_tile_b));
 
 struct tc_args {
 	int m, n, k;
@@ -330,27 +336,39 @@ template <bool BF16> __device__ __forceinline__ void mma16816(float d[4], const 
 template <bool BF16, bool VEC>
 __global__ void __launch_bounds__(TC_THREADS, 2) gemm_tc_kernel(tc_args p)
 {
-	__shared__ __align__(16) uint16_t sa[2][TC_BM][TC_SA];
-	__shared__ __align__(16) uint16_t sb[2][TC_BK][TC_SB];
+	/* TC_STAGES slices in flight: dynamic shared memory (over the 48 KB a
+	 * static array may take), laid out as sa[TC_STAGES] then sb[TC_STAGES]. */
+	extern __shared__ __align__(16) uint16_t tc_smem[];
+	tc_tile_a *sa = reinterpret_cast<tc_tile_a *>(tc_smem);
+	tc_tile_b *sb = reinterpret_cast<tc_tile_b *>(tc_smem + TC_STAGES * TC_BM * TC_SA);
 	const int bm = blockIdx.y * TC_BM, bn = blockIdx.x * TC_BN;
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 	const int wm = (warp / 4) * 64, wn = (warp % 4) * 32; /* 2 x 4 warps */
 	const int ktiles = (p.k + TC_BK - 1) / TC_BK;
 	float acc[4][4][4] = {}; /* [m16 tile][n8 tile][fragment] */
 
-	tc_issue<VEC>(p, sa[0], sb[0], bm, bn, 0);
-	cp_async_commit();
+	/* Slice j is in cp.async group j: the prologue commits slices
+	 * 0..TC_STAGES-2, iteration kt commits slice kt+TC_STAGES-1 (an empty
+	 * group past the end, so the count stays exact). */
+	for (int s = 0; s < TC_STAGES - 1; s++) {
+		if (s < ktiles)
+			tc_issue<VEC>(p, sa[s], sb[s], bm, bn, s * TC_BK);
+		cp_async_commit();
+	}
 	for (int kt = 0; kt < ktiles; kt++) {
-		const int cur = kt & 1;
+		const int cur = kt % TC_STAGES, nxt = kt + TC_STAGES - 1;
 
-		if (kt + 1 < ktiles) {
-			tc_issue<VEC>(p, sa[cur ^ 1], sb[cur ^ 1], bm, bn, (kt + 1) * TC_BK);
-			cp_async_commit();
-			cp_async_wait<1>(); /* this thread's copies of slice kt landed */
-		} else {
-			cp_async_wait<0>();
-		}
-		__syncthreads(); /* ... and everyone's, plus the plain stores */
+		/* kt + TC_STAGES - 1 groups committed so far; all but the
+		 * newest TC_STAGES - 2 done means group kt is. */
+		cp_async_wait<TC_STAGES - 2>();
+		/* Everyone's copies (and plain stores) of slice kt are in, and
+		 * everyone has finished slice kt-1, whose buffer is refilled
+		 * next: nxt % TC_STAGES == (kt - 1) % TC_STAGES. */
+		__syncthreads();
+		if (nxt < ktiles)
+			tc_issue<VEC>(p, sa[nxt % TC_STAGES], sb[nxt % TC_STAGES], bm, bn,
+				      nxt * TC_BK);
+		cp_async_commit();
 #pragma unroll
 		for (int ks = 0; ks < TC_BK; ks += 16) {
 			uint32_t af[4][4], bf[4][2];
@@ -379,7 +397,6 @@ __global__ void __launch_bounds__(TC_THREADS, 2) gemm_tc_kernel(tc_args p)
 				for (int ni = 0; ni < 4; ni++)
 					mma16816<BF16>(acc[mi][ni], af[mi], bf[ni]);
 		}
-		__syncthreads(); /* slice kt's buffer is refilled next iteration */
 	}
 
 	/* Accumulator fragment: c0,c1 at (lane/4, (lane%4)*2 + {0,1}), c2,c3
@@ -401,6 +418,21 @@ __global__ void __launch_bounds__(TC_THREADS, 2) gemm_tc_kernel(tc_args p)
 			}
 }
 
+/* More than 48 KB of dynamic shared memory needs the kernel's consent,
+ * asked on every launch (a cheap attribute write; no state kept here). */
+static int launch_tc(void (*kernel)(tc_args), dim3 grid, const tc_args &p, cudaStream_t st)
+{
+	int r = kernels_cu_err(cudaFuncSetAttribute(kernel,
+						    cudaFuncAttributeMaxDynamicSharedMemorySize,
+						    (int)TC_SMEM_BYTES),
+			       "cudaFuncSetAttribute (tensor-core gemm)");
+
+	if (r < 0)
+		return r;
+	kernel<<<grid, TC_THREADS, TC_SMEM_BYTES, st>>>(p);
+	return kernels_cu_err(cudaGetLastError(), "tensor-core gemm launch");
+}
+
 extern "C" int kernels_cu_gemm_tc(size_t m, size_t n, size_t k, int dtype, const void *a,
 				  size_t lda, const void *b, size_t ldb, float *c, size_t ldc,
 				  int accumulate, void *stream)
@@ -410,6 +442,7 @@ extern "C" int kernels_cu_gemm_tc(size_t m, size_t n, size_t k, int dtype, const
 		     lda, ldb, ldc, accumulate};
 	dim3 grid((unsigned)((n + TC_BN - 1) / TC_BN), (unsigned)((m + TC_BM - 1) / TC_BM));
 	int vec = aligned16(a) && aligned16(b) && lda % 8 == 0 && ldb % 8 == 0;
+	int r;
 
 	if ((dtype != CRUN_F16 && dtype != CRUN_BF16) || !shape_ok(m, n, k, lda, ldb, ldc) ||
 	    (m && n && !c) || (m && n && k && (!a || !b)))
@@ -419,10 +452,10 @@ extern "C" int kernels_cu_gemm_tc(size_t m, size_t n, size_t k, int dtype, const
 	if (!k)
 		return zero_output(c, m, n, ldc, accumulate, st);
 	if (dtype == CRUN_BF16)
-		vec ? gemm_tc_kernel<true, true><<<grid, TC_THREADS, 0, st>>>(p)
-		    : gemm_tc_kernel<true, false><<<grid, TC_THREADS, 0, st>>>(p);
+		r = vec ? launch_tc(gemm_tc_kernel<true, true>, grid, p, st)
+			: launch_tc(gemm_tc_kernel<true, false>, grid, p, st);
 	else
-		vec ? gemm_tc_kernel<false, true><<<grid, TC_THREADS, 0, st>>>(p)
-		    : gemm_tc_kernel<false, false><<<grid, TC_THREADS, 0, st>>>(p);
-	return kernels_cu_err(cudaGetLastError(), "tensor-core gemm launch");
+		r = vec ? launch_tc(gemm_tc_kernel<false, true>, grid, p, st)
+			: launch_tc(gemm_tc_kernel<false, false>, grid, p, st);
+	return r;
 }

@@ -94,3 +94,26 @@ for t in range(256):
                 assert np.isnan(C[row][col]); C[row][col] = acc[i][h*4+j]
 assert np.array_equal(C, A @ B), "sgemm tile wrong"
 print("sgemm tile OK")
+
+# The tensor-core kernel's cp.async pipeline: which slice sits in which
+# buffer, when its group is known complete, and that no buffer is refilled
+# while this iteration (or a thread still in the previous one) reads it.
+STAGES = 3
+for ktiles in range(1, 9):
+    buf = [None] * STAGES          # slice held by each buffer
+    groups = []                    # groups[g] = slice it carries, or None
+    for s in range(STAGES - 1):
+        if s < ktiles:
+            buf[s] = s
+        groups.append(s if s < ktiles else None)
+    for kt in range(ktiles):
+        cur, nxt = kt % STAGES, kt + STAGES - 1
+        done = len(groups) - (STAGES - 2)          # cp.async.wait_group STAGES-2
+        assert kt in [g for g in groups[:done] if g is not None], (ktiles, kt)
+        assert buf[cur] == kt, (ktiles, kt, buf)
+        # after the barrier: slice kt-1's buffer is free, slice kt is not touched
+        if nxt < ktiles:
+            assert nxt % STAGES != cur and (buf[nxt % STAGES] is None or buf[nxt % STAGES] < kt)
+            buf[nxt % STAGES] = nxt
+        groups.append(nxt if nxt < ktiles else None)
+print("tc pipeline OK")
