@@ -213,9 +213,10 @@ int pg_backend_pick(const char *name, const struct pg_backend **ret_be, int *ret
 		snprintf(err, cap, "backend '%s': want cpu, nccl or auto", name);
 		return CRUN_EINVAL;
 	}
-	/* auto on a host without the NVIDIA driver: do not even map the 200 MB
-	 * of libnccl to find out what the device files already say. */
-	if (auto_pick && access("/dev/nvidiactl", F_OK) != 0) {
+	/* auto on a host without the NVIDIA driver (its control device, or
+	 * WSL's /dev/dxg): do not even map the 200 MB of libnccl to find out
+	 * what the device files already say. */
+	if (auto_pick && access("/dev/nvidiactl", F_OK) != 0 && access("/dev/dxg", F_OK) != 0) {
 		snprintf(err, cap, "no NVIDIA driver (/dev/nvidiactl missing)");
 		*ret_fell_back = 1;
 		*ret_be = &pg_backend_cpu;
