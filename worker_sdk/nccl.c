@@ -225,7 +225,7 @@ static int drain(struct nccl_ctx *c, const char *what)
 }
 
 /* Every call starts here: the calling thread may not be the one that made
- * the group (async work runs on the progress thread). */
+ * the group (any thread may drive it, one at a time), so set the device. */
 static int begin(struct nccl_ctx *c)
 {
 	if (c->broken)

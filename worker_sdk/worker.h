@@ -188,8 +188,8 @@ struct pg_create_args {
 	int my_world_rank;
 	int local_rank; /* picks the device of a GPU backend */
 	uint32_t timeout_ms;
-	const char *backend; /* "cpu", "nccl", "auto" or NULL (= auto) */
-	int *auto_noted;     /* set once "auto fell back to cpu" has been logged */
+	const char *backend;	/* "cpu", "nccl", "auto" or NULL (= auto) */
+	int *auto_noted;	/* set once "auto fell back to cpu" has been logged */
 	struct crun_pg *parent; /* the world group: split from it where the backend can */
 };
 
