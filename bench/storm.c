@@ -4,11 +4,14 @@
  *
  *   connect; v2: VALIDATE + PING            (the client's handshake)
  *   ADD  init/ +1                           (world-size check-in)
- *   ADD  <pg>store_based_barrier_key:0 +1   (TORCH_DIST_INIT_BARRIER=1)
- *        the N-th arrival SETs <key>:last_worker, the others WAIT on it
- *   rank 0 SETs the 128-byte NCCL unique id <pg>cuda//0, the others WAIT + GET it
+ *   ADD  <pg>store_based_barrier_key:0 +1, then +0 (TORCH_DIST_INIT_BARRIER=1);
+ *        a rank whose +0 reads N SETs <key>:last_worker; every rank WAITs on it
+ *   rank 0 SETs the 128-byte NCCL unique id <pg>0//cuda//0, the others WAIT + GET it
  *
- * The sequence follows a capture of a real 2.x job (see bench/README.md);
+ * The sequence is that of a capture of a real 2.15 gloo job through
+ * shared/tools/torch-capture (bench/README.md), with NCCL's unique-id
+ * exchange in place of gloo's all-to-all address exchange (O(N) keys per rank,
+ * which no NCCL job does);
  * requests are encoded with crun's codec (store/proto.c, checked against
  * captured PyTorch frames). One thread and one epoll drive every connection.
  * Connects are paced (at most --inflight outstanding) so the server's accept
@@ -48,8 +51,8 @@ enum step {
 	S_PING,
 	S_INIT_ADD,
 	S_BARRIER_ADD,
-	S_BARRIER_WAIT, /* WAIT on :last_worker */
-	S_LAST_SET,	/* SET of :last_worker sent (no reply); moves on at once */
+	S_BARRIER_CHECK, /* ADD +0 */
+	S_BARRIER_WAIT,	 /* WAIT on :last_worker */
 	S_ID_WAIT,
 	S_ID_GET,
 	S_DONE,
@@ -178,19 +181,22 @@ static void advance(struct storm *s, struct rank *r, const struct store_reply *r
 		push(s, r, STORE_OP_ADD, s->barrier_key, NULL, 0, 1);
 		break;
 	case S_BARRIER_ADD:
+		r->step = S_BARRIER_CHECK;
+		push(s, r, STORE_OP_ADD, s->barrier_key, NULL, 0, 0);
+		break;
+	case S_BARRIER_CHECK:
 		if (rep->num == (int64_t)s->n) {
-			/* The last arrival releases everyone (PyTorch's 2.x barrier). */
+			/* Whoever reads N releases everyone (PyTorch 2.x's barrier;
+			 * several ranks may). */
 			push(s, r, STORE_OP_SET, s->last_key, "1", 1, 0);
-			s->t_last_set = now_ns();
-		} else {
-			r->step = S_BARRIER_WAIT;
-			push(s, r, STORE_OP_WAIT, s->last_key, NULL, 0, 0);
-			break;
+			if (!s->t_last_set)
+				s->t_last_set = now_ns();
 		}
-		/* fall through */
+		r->step = S_BARRIER_WAIT;
+		push(s, r, STORE_OP_WAIT, s->last_key, NULL, 0, 0);
+		break;
 	case S_BARRIER_WAIT:
-		if (r->step == S_BARRIER_WAIT)
-			s->t_last_wake = now_ns();
+		s->t_last_wake = now_ns();
 		if (r->idx == 0) {
 			memset(id, id_fill, sizeof(id));
 			push(s, r, STORE_OP_SET, s->id_key, id, sizeof(id), 0);
@@ -356,7 +362,7 @@ static const char usage[] =
 	"  --port PORT        server port (required)\n"
 	"  -n, --ranks N      simulated ranks (1..65536; each holds one connection)\n"
 	"  --dialect v1|v2    PyTorch 1.13 or 2.x wire dialect (v2)\n"
-	"  --prefix P         key prefix of the default group (/worker/attempt_0/default_pg/0/)\n"
+	"  --prefix P         key prefix of the default group (/default_pg/, as 2.x under crun)\n"
 	"  --sources K        spread connects over 127.0.0.2..127.0.0.(K+1) (8; 0: any)\n"
 	"  --inflight C       concurrent connects (256)\n"
 	"  --timeout-ms MS    give up after MS (120000)\n";
@@ -376,7 +382,7 @@ int main(int argc, char **argv)
 		{ NULL, 0, NULL, 0 },
 	};
 	struct storm s = { .dialect = STORE_V2, .sources = 8, .inflight = 256,
-			   .prefix = "/worker/attempt_0/default_pg/0/", .lim = STORE_LIMITS_DEFAULT };
+			   .prefix = "/default_pg/", .lim = STORE_LIMITS_DEFAULT };
 	const char *host = "127.0.0.1";
 	unsigned long port = 0, timeout_ms = 120000, v;
 	struct rlimit rl;
@@ -433,7 +439,7 @@ int main(int argc, char **argv)
 	snprintf(s.init_key, sizeof(s.init_key), "init/");
 	snprintf(s.barrier_key, sizeof(s.barrier_key), "%sstore_based_barrier_key:0", s.prefix);
 	snprintf(s.last_key, sizeof(s.last_key), "%s:last_worker", s.barrier_key);
-	snprintf(s.id_key, sizeof(s.id_key), "%scuda//0", s.prefix);
+	snprintf(s.id_key, sizeof(s.id_key), "%s0//cuda//0", s.prefix);
 
 	/* One descriptor per rank plus a few: raise the soft limit to the hard one. */
 	if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
