@@ -103,7 +103,7 @@ UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/t
 TEST_HELPERS := $(patsubst tests/helpers/%.c,$(BUILD)/tests/helpers/%,$(wildcard tests/helpers/*.c))
 
 .PHONY: all test unit integration fuzz fuzz-run lint check-layers demo bench clean \
-	test-deps gpu-test gpu-check print-config install uninstall deb
+	test-deps gpu-test gpu-check print-config install uninstall deb bench-scale
 all: $(PROGS) $(LIBA) $(LIBSO) $(EXAMPLES) $(BENCHES) $(BUILD)/crun.pc $(CUDA_TARGETS)
 	@echo "built crun (WITH_CUDA=$(WITH_CUDA), SAN=$(SAN)) under $(BUILD)/"
 
@@ -313,6 +313,15 @@ uninstall:
 deb:
 	$(Q)sh scripts/deps.sh deb
 	$(Q)dpkg-buildpackage -us -uc -b
+
+# The scale benchmarks (not part of make test): the worker-init storm against
+# crun's stores and PyTorch's servers, with local and slow name lookups.
+bench-scale: all
+	$(Q)sh scripts/deps.sh bench
+	$(Q)mkdir -p $(BUILD)/bench/scale
+	$(Q)for r in local slow; do /usr/bin/python3 bench/storm_bench.py $(BUILD) --resolver $$r \
+		--out $(BUILD)/bench/scale/storm-$$r.md --json $(BUILD)/bench/scale/storm-$$r.json \
+		--plot $(BUILD)/bench/scale/storm-$$r.svg || exit 1; done
 
 clean:
 	rm -rf build build-san build-fuzz
