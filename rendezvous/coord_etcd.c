@@ -1,0 +1,824 @@
+/* coord_etcd.c: coord.h's operations on etcd v3 (transport in etcd_http.c).
+ *
+ * Mapping:
+ *   get/set/exists      range and put of "<prefix>/<key>"
+ *   add                 read, then a txn that puts value+delta if the key's
+ *                       mod_revision is unchanged (retried on contention);
+ *                       the txn also writes a fence key unique to this call,
+ *                       so a call whose answer was lost in a fail-over learns
+ *                       whether it was applied instead of adding twice
+ *   compare_set         a txn comparing the value (or create_revision 0 for
+ *                       "absent"), reading the winner on failure
+ *   wait / get          a /v3/watch stream from the revision just read: no
+ *                       polling, and no event between the read and the watch
+ *                       can be missed (revisions fence the two)
+ *   leases              etcd leases. etcd deletes a lapsed lease's keys but
+ *                       cannot set another key, so an expiry key K is
+ *                       emulated with two keys next to it: a registration
+ *                       "K\x01reg/<id>" = why (no lease) and a live key
+ *                       "K\x01live/<id>" (under the lease). Revoke deletes
+ *                       both; expiry deletes only the live one. K counts as
+ *                       set to `why` while a registration outlives its live
+ *                       key; whoever reads K first then writes it for good
+ *                       (create-only txn), so every reader agrees on one value
+ *   put_leased          a put with the lease (etcd's ephemeral keys)
+ *
+ * The "\x01" keys sort right after K and before any printable suffix of K,
+ * so [K, K"\x02") holds exactly K and its lease keys: one range read and one
+ * watch cover both.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/common.h"
+#include "rendezvous/etcd_int.h"
+
+#define WATCH_CHECK_MS 3000 /* a quiet watch: check its member still answers */
+#define ADD_TRIES      (1 << 16)
+
+/* ---- keys and JSON ---------------------------------------------------------- */
+
+/* "<prefix><key><suffix>" into a malloc'd buffer (suffix may hold \x01). */
+static char *fkey(struct etcd *e, const char *key, const char *suffix, size_t *ret_len)
+{
+	size_t kl = strlen(key), sl = suffix ? strlen(suffix) : 0;
+	char *k = malloc(e->prefix_len + kl + sl + 1);
+
+	if (!k)
+		return NULL;
+	memcpy(k, e->prefix, e->prefix_len);
+	memcpy(k + e->prefix_len, key, kl);
+	if (sl)
+		memcpy(k + e->prefix_len + kl, suffix, sl);
+	k[e->prefix_len + kl + sl] = '\0';
+	if (ret_len)
+		*ret_len = e->prefix_len + kl + sl;
+	return k;
+}
+
+static bool add_b64(cJSON *o, const char *name, const char *p, size_t len)
+{
+	char *b = etcd_b64(p, len);
+	bool ok = b && cJSON_AddStringToObject(o, name, b);
+
+	free(b);
+	return ok;
+}
+
+/* {"key": k, "range_end": end?, ...} for range, delete and put requests. */
+static cJSON *req_range(const char *k, const char *end, bool count_only, bool keys_only)
+{
+	cJSON *o = cJSON_CreateObject();
+
+	if (!o || !add_b64(o, "key", k, strlen(k)) ||
+	    (end && !add_b64(o, "range_end", end, strlen(end))) ||
+	    (count_only && !cJSON_AddTrueToObject(o, "count_only")) ||
+	    (keys_only && !cJSON_AddTrueToObject(o, "keys_only"))) {
+		cJSON_Delete(o);
+		return NULL;
+	}
+	return o;
+}
+
+static cJSON *req_put(const char *k, const char *v, uint64_t lease)
+{
+	cJSON *o = cJSON_CreateObject();
+	char id[32];
+
+	snprintf(id, sizeof(id), "%" PRIu64, lease);
+	if (!o || !add_b64(o, "key", k, strlen(k)) || !add_b64(o, "value", v, strlen(v)) ||
+	    (lease && !cJSON_AddStringToObject(o, "lease", id))) {
+		cJSON_Delete(o);
+		return NULL;
+	}
+	return o;
+}
+
+/* Appends {"request_<kind>": body} to a txn branch (takes body). */
+static bool op(cJSON *arr, const char *kind, cJSON *body)
+{
+	cJSON *o = cJSON_CreateObject();
+	char name[32];
+
+	snprintf(name, sizeof(name), "request_%s", kind);
+	if (!o || !body || !cJSON_AddItemToObject(o, name, body)) {
+		cJSON_Delete(o);
+		cJSON_Delete(body);
+		return false;
+	}
+	if (!cJSON_AddItemToArray(arr, o)) {
+		cJSON_Delete(o);
+		return false;
+	}
+	return true;
+}
+
+/* A compare on k: target MOD/CREATE (int) or VALUE (string), result EQUAL. */
+static bool cmp(cJSON *arr, const char *k, const char *target, int64_t rev, const char *value)
+{
+	cJSON *o = cJSON_CreateObject();
+	char num[32];
+
+	snprintf(num, sizeof(num), "%" PRId64, rev);
+	if (!o)
+		return false;
+	if (!cJSON_AddItemToArray(arr, o)) {
+		cJSON_Delete(o);
+		return false;
+	}
+	if (!add_b64(o, "key", k, strlen(k)) || !cJSON_AddStringToObject(o, "target", target) ||
+	    !cJSON_AddStringToObject(o, "result", "EQUAL"))
+		return false;
+	if (value)
+		return add_b64(o, "value", value, strlen(value));
+	return cJSON_AddStringToObject(
+		   o, strcmp(target, "MOD") == 0 ? "mod_revision" : "create_revision", num) != NULL;
+}
+
+struct txn {
+	cJSON *root, *compare, *success, *failure;
+};
+
+static int txn_init(struct txn *t)
+{
+	t->root = cJSON_CreateObject();
+	t->compare = cJSON_AddArrayToObject(t->root, "compare");
+	t->success = cJSON_AddArrayToObject(t->root, "success");
+	t->failure = cJSON_AddArrayToObject(t->root, "failure");
+	if (!t->root || !t->compare || !t->success || !t->failure) {
+		cJSON_Delete(t->root);
+		return CRUN_ENOMEM;
+	}
+	return 0;
+}
+
+/* Sends the txn (freeing it); *ret_json is the reply. */
+static int txn_run(struct etcd *e, struct txn *t, bool ok, unsigned flags, cJSON **ret_json)
+{
+	char *body = ok ? cJSON_PrintUnformatted(t->root) : NULL;
+	int r;
+
+	cJSON_Delete(t->root);
+	if (!body)
+		return CRUN_ENOMEM;
+	r = etcd_call(e, "/v3/kv/txn", body, flags, ret_json);
+	free(body);
+	return r;
+}
+
+/* The response_range of txn reply entry i, or NULL. */
+static const cJSON *txn_range(const cJSON *res, int i)
+{
+	const cJSON *rs = cJSON_GetObjectItemCaseSensitive(res, "responses");
+	const cJSON *it = cJSON_GetArrayItem(rs, i);
+
+	return it ? cJSON_GetObjectItemCaseSensitive(it, "response_range") : NULL;
+}
+
+/* A kv's value (malloc'd) and mod revision. 0 or CRUN_EPROTO. */
+static int kv_of(const cJSON *kv, char **ret_val, int64_t *ret_mod)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(kv, "value");
+
+	if (ret_mod)
+		*ret_mod = etcd_json_i64(kv, "mod_revision");
+	if (!ret_val)
+		return 0;
+	if (!v) { /* the gateway leaves out empty values */
+		*ret_val = str_dup("");
+		return *ret_val ? 0 : CRUN_ENOMEM;
+	}
+	return cJSON_IsString(v) ? etcd_unb64(v->valuestring, ret_val, NULL) : CRUN_EPROTO;
+}
+
+/* The first kv of a range response: 0, CRUN_ENOTFOUND, or CRUN_EPROTO. */
+static int kv_value(const cJSON *range, char **ret_val, int64_t *ret_mod)
+{
+	const cJSON *kvs = range ? cJSON_GetObjectItemCaseSensitive(range, "kvs") : NULL;
+	const cJSON *kv = cJSON_GetArrayItem(kvs, 0);
+
+	return kv ? kv_of(kv, ret_val, ret_mod) : CRUN_ENOTFOUND;
+}
+
+static int fail_op(struct etcd *e, int r, const char *what, const char *key)
+{
+	char prev[sizeof(e->err)];
+
+	snprintf(prev, sizeof(prev), "%s", e->err);
+	return etcd_fail(e, r, "%s '%.200s': %s - %.240s", what, key, crun_strerror(r), prev);
+}
+
+/* ---- reading a key (with its lease keys) ------------------------------------- */
+
+/* Appends range requests for K's registrations and live keys to a txn
+ * branch: counts only, or the keys (registrations with their values). */
+static bool lease_ranges(cJSON *branch, const char *k, bool counts)
+{
+	char *reg = NULL, *rege = NULL, *live = NULL, *livee = NULL;
+	bool ok = asprintf(&reg, "%s\x01reg/", k) >= 0 && asprintf(&rege, "%s\x01reg0", k) >= 0 &&
+		  asprintf(&live, "%s\x01live/", k) >= 0 &&
+		  asprintf(&livee, "%s\x01live0", k) >= 0 &&
+		  op(branch, "range", req_range(reg, rege, counts, false)) &&
+		  op(branch, "range", req_range(live, livee, counts, !counts));
+
+	free(reg);
+	free(rege);
+	free(live);
+	free(livee);
+	return ok;
+}
+
+/* Writes K for good from the registration of a lapsed lease: create-only, so
+ * the first writer (or a real set) wins; the registration goes either way. */
+static int materialize(struct etcd *e, const char *k, char **ret_val)
+{
+	char *reg = NULL, *why = NULL;
+	cJSON *res = NULL, *res2 = NULL;
+	const cJSON *regs, *lives, *kv;
+	size_t kl = strlen(k);
+	struct txn t;
+	int r;
+
+	TRY(txn_init(&t));
+	r = txn_run(e, &t, lease_ranges(t.success, k, false), ETCD_IDEMPOTENT, &res);
+	if (r < 0)
+		goto out;
+	regs = cJSON_GetObjectItemCaseSensitive(txn_range(res, 0), "kvs");
+	lives = cJSON_GetObjectItemCaseSensitive(txn_range(res, 1), "kvs");
+	r = CRUN_ENOTFOUND;
+	cJSON_ArrayForEach(kv, regs)
+	{
+		const cJSON *kk = cJSON_GetObjectItemCaseSensitive(kv, "key");
+		const cJSON *lk;
+		char *rk = NULL, *want = NULL;
+		bool alive = false;
+
+		if (!cJSON_IsString(kk) || etcd_unb64(kk->valuestring, &rk, NULL) < 0 ||
+		    strlen(rk) < kl + 5)
+			continue;
+		/* "K\x01reg/<id>" -> "K\x01live/<id>" */
+		if (asprintf(&want, "%s\x01live/%s", k, rk + kl + 5) < 0) {
+			free(rk);
+			r = CRUN_ENOMEM;
+			goto out;
+		}
+		cJSON_ArrayForEach(lk, lives)
+		{
+			const cJSON *lkk = cJSON_GetObjectItemCaseSensitive(lk, "key");
+			char *x = NULL;
+
+			if (cJSON_IsString(lkk) && etcd_unb64(lkk->valuestring, &x, NULL) == 0)
+				alive |= strcmp(x, want) == 0;
+			free(x);
+		}
+		free(want);
+		if (alive) {
+			free(rk);
+			continue;
+		}
+		reg = rk; /* the lapsed registration */
+		r = kv_of(kv, &why, NULL);
+		break;
+	}
+	if (r < 0)
+		goto out;
+	r = txn_init(&t);
+	if (r < 0)
+		goto out;
+	{
+		cJSON *del = req_range(reg, NULL, false, false);
+		cJSON *del2 = req_range(reg, NULL, false, false);
+		bool ok = cmp(t.compare, k, "CREATE", 0, NULL) &&
+			  op(t.success, "put", req_put(k, why, 0)) &&
+			  op(t.success, "delete_range", del) &&
+			  op(t.failure, "delete_range", del2) &&
+			  op(t.failure, "range", req_range(k, NULL, false, false));
+
+		r = txn_run(e, &t, ok, ETCD_IDEMPOTENT, &res2);
+	}
+	if (r < 0)
+		goto out;
+	if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(res2, "succeeded"))) {
+		*ret_val = why;
+		why = NULL;
+		r = 0;
+	} else {
+		r = kv_value(txn_range(res2, 1), ret_val, NULL);
+	}
+out:
+	cJSON_Delete(res);
+	cJSON_Delete(res2);
+	free(reg);
+	free(why);
+	return r;
+}
+
+/* Reads K in one txn: its value, and how many registrations and live keys
+ * it has. 0 with *ret_val (NULL: absent) and the store revision it read. */
+static int probe(struct etcd *e, const char *k, char **ret_val, int64_t *ret_rev)
+{
+	char *v = NULL;
+	cJSON *res = NULL;
+	struct txn t;
+	int64_t nreg, nlive;
+	int r;
+
+	TRY(txn_init(&t));
+	r = txn_run(e, &t,
+		    op(t.success, "range", req_range(k, NULL, false, false)) &&
+			lease_ranges(t.success, k, true),
+		    ETCD_IDEMPOTENT, &res);
+	if (r < 0)
+		return r;
+	*ret_rev = etcd_json_i64(cJSON_GetObjectItemCaseSensitive(res, "header"), "revision");
+	r = kv_value(txn_range(res, 0), &v, NULL);
+	if (r == CRUN_ENOTFOUND) {
+		nreg = etcd_json_i64(txn_range(res, 1), "count");
+		nlive = etcd_json_i64(txn_range(res, 2), "count");
+		/* Revoke deletes a registration with its live key, expiry only
+		 * the live key: more registrations than live keys = a lapse. */
+		r = nreg > nlive ? materialize(e, k, &v) : CRUN_ENOTFOUND;
+	}
+	if (r == CRUN_ENOTFOUND) {
+		v = NULL;
+		r = 0;
+	}
+	if (r == 0)
+		*ret_val = v;
+	cJSON_Delete(res);
+	return r;
+}
+
+/* Waits up to timeout_ms for K and returns its value (ret_val may be NULL). */
+static int wait_value(struct etcd *e, const char *key, uint32_t timeout_ms, char **ret_val)
+{
+	uint64_t deadline = clock_now_ms() + timeout_ms;
+	size_t kl;
+	char *k = fkey(e, key, NULL, &kl), *end = fkey(e, key, "\x02", NULL);
+	int r = CRUN_ENOMEM;
+
+	if (!k || !end)
+		goto out;
+	for (int i = 0; i < 1 << 30; i++) {
+		char *v = NULL;
+		int64_t rev = 0;
+		uint64_t now;
+
+		etcd_watch_rearm(e);
+		r = probe(e, k, &v, &rev);
+		if (r < 0)
+			break;
+		if (v) {
+			if (ret_val)
+				*ret_val = v;
+			else
+				free(v);
+			break;
+		}
+		now = clock_now_ms();
+		if (now >= deadline) {
+			r = CRUN_ETIMEDOUT;
+			break;
+		}
+		/* Watch from the revision after the read: nothing in between
+		 * can be missed. A watch on another member (we failed over)
+		 * or a dead one is replaced. */
+		if (!etcd_watch_matches(e, k, kl)) {
+			r = etcd_watch_start(e, k, kl, end, kl + 1, rev + 1);
+			if (r < 0)
+				break;
+		}
+		/* A quiet stream is checked against its member every few
+		 * seconds (the read above): a member that stopped answering
+		 * never closes the stream. */
+		if (etcd_watch_wait(e, MIN(deadline, now + WATCH_CHECK_MS)) == ETCD_W_DEAD)
+			etcd_watch_stop(e);
+	}
+out:
+	free(k);
+	free(end);
+	return r;
+}
+
+/* ---- coord.h operations ---------------------------------------------------------- */
+
+int etcd_set(struct etcd *e, const char *key, const char *val)
+{
+	char *k = fkey(e, key, NULL, NULL), *body = NULL;
+	cJSON *p = k ? req_put(k, val, 0) : NULL, *res = NULL;
+	int r = CRUN_ENOMEM;
+
+	body = p ? cJSON_PrintUnformatted(p) : NULL;
+	if (body)
+		r = etcd_call(e, "/v3/kv/put", body, ETCD_IDEMPOTENT, &res);
+	cJSON_Delete(p);
+	cJSON_Delete(res);
+	free(body);
+	free(k);
+	return r < 0 ? fail_op(e, r, "set", key) : 0;
+}
+
+int etcd_exists(struct etcd *e, const char *key)
+{
+	char *k = fkey(e, key, NULL, NULL), *v = NULL;
+	int64_t rev;
+	int r = k ? probe(e, k, &v, &rev) : CRUN_ENOMEM;
+
+	free(k);
+	if (r < 0)
+		return fail_op(e, r, "exists", key);
+	r = v ? 1 : 0;
+	free(v);
+	return r;
+}
+
+int etcd_try_get(struct etcd *e, const char *key, char **ret_val)
+{
+	char *k = fkey(e, key, NULL, NULL), *v = NULL;
+	int64_t rev;
+	int r = k ? probe(e, k, &v, &rev) : CRUN_ENOMEM;
+
+	free(k);
+	if (r < 0)
+		return fail_op(e, r, "get", key);
+	if (!v)
+		return CRUN_ENOTFOUND;
+	*ret_val = v;
+	return 0;
+}
+
+int etcd_get(struct etcd *e, const char *key, uint32_t timeout_ms, char **ret_val)
+{
+	int r = wait_value(e, key, timeout_ms ? timeout_ms : etcd_timeout_ms(e), ret_val);
+
+	return r < 0 ? fail_op(e, r, "get", key) : 0;
+}
+
+int etcd_wait(struct etcd *e, const char *key, uint32_t timeout_ms)
+{
+	int r = wait_value(e, key, timeout_ms ? timeout_ms : 1, NULL);
+
+	if (r == CRUN_ETIMEDOUT)
+		return r;
+	return r < 0 ? fail_op(e, r, "wait", key) : 0;
+}
+
+int etcd_multi_get(struct etcd *e, const char *const *keys, size_t n, uint32_t timeout_ms,
+		   char **ret_vals)
+{
+	uint64_t deadline = clock_now_ms() + (timeout_ms ? timeout_ms : etcd_timeout_ms(e));
+	size_t i;
+	int r = 0;
+
+	/* Each wait reads the value it waited for; the values are kept as
+	 * read (records are written once before anyone reads them). */
+	for (i = 0; i < n && r == 0; i++) {
+		uint64_t now = clock_now_ms();
+
+		r = wait_value(e, keys[i], now < deadline ? (uint32_t)(deadline - now) : 1,
+			       &ret_vals[i]);
+	}
+	if (r == 0)
+		return 0;
+	for (size_t k = 0; k + 1 < i; k++)
+		free(ret_vals[k]);
+	return fail_op(e, r, "multi_get", keys[i - 1]);
+}
+
+/* One CAS attempt; *ret_done false when it must be retried (a lapse turned
+ * up between the read and the txn). */
+static int cas_once(struct etcd *e, const char *k, const char *expected, const char *desired,
+		    char **ret_cur)
+{
+	cJSON *res = NULL;
+	struct txn t;
+	char *cur = NULL;
+	int64_t rev;
+	int r;
+
+	if (!*expected) {
+		/* "Absent" must count a lapsed lease's expiry key as present. */
+		TRY(probe(e, k, &cur, &rev));
+		if (cur) {
+			*ret_cur = cur;
+			return 0;
+		}
+	}
+	TRY(txn_init(&t));
+	r = txn_run(e, &t,
+		    (*expected ? cmp(t.compare, k, "VALUE", 0, expected)
+			       : cmp(t.compare, k, "CREATE", 0, NULL)) &&
+			op(t.success, "put", req_put(k, desired, 0)) &&
+			op(t.failure, "range", req_range(k, NULL, false, false)),
+		    ETCD_IDEMPOTENT, &res);
+	if (r < 0)
+		return r;
+	if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(res, "succeeded"))) {
+		r = (*ret_cur = str_dup(desired)) ? 0 : CRUN_ENOMEM;
+	} else {
+		r = kv_value(txn_range(res, 0), ret_cur, NULL);
+		if (r == CRUN_ENOTFOUND) {
+			/* Absent but expected non-empty: the store answers with
+			 * the expected value (TCPStore's compareSet does). A
+			 * lapsed lease's value, if any, first. */
+			r = probe(e, k, &cur, &rev);
+			if (r == 0)
+				*ret_cur = cur ? cur : str_dup(expected);
+			if (r == 0 && !*ret_cur)
+				r = CRUN_ENOMEM;
+		}
+	}
+	cJSON_Delete(res);
+	return r;
+}
+
+int etcd_compare_set(struct etcd *e, const char *key, const char *expected, const char *desired,
+		     char **ret_cur)
+{
+	char *k = fkey(e, key, NULL, NULL), *cur = NULL;
+	int r = k ? cas_once(e, k, expected, desired, &cur) : CRUN_ENOMEM;
+
+	free(k);
+	if (r < 0)
+		return fail_op(e, r, "compare_set", key);
+	if (ret_cur)
+		*ret_cur = cur;
+	else
+		free(cur);
+	return 0;
+}
+
+/* Whether this call's fence exists: 1 applied (value in *ret), 0 not. */
+static int fence_check(struct etcd *e, const char *fence, int64_t *ret)
+{
+	cJSON *p = req_range(fence, NULL, false, false), *res = NULL;
+	char *body = p ? cJSON_PrintUnformatted(p) : NULL, *v = NULL;
+	int r = body ? etcd_call(e, "/v3/kv/range", body, ETCD_IDEMPOTENT, &res) : CRUN_ENOMEM;
+
+	cJSON_Delete(p);
+	free(body);
+	if (r == 0) {
+		r = kv_value(res, &v, NULL);
+		if (r == 0)
+			r = parse_i64(v, ret) == 0 ? 1 : CRUN_EPROTO;
+		else if (r == CRUN_ENOTFOUND)
+			r = 0;
+	}
+	free(v);
+	cJSON_Delete(res);
+	return r;
+}
+
+static int add_once(struct etcd *e, const char *k, const char *fence, int64_t delta, int64_t *cur,
+		    int64_t *mod, bool *ret_done)
+{
+	char val[32];
+	cJSON *res = NULL;
+	struct txn t;
+	bool ok;
+	int r;
+
+	snprintf(val, sizeof(val), "%" PRId64, *cur + delta);
+	TRY(txn_init(&t));
+	ok = cmp(t.compare, k, "MOD", *mod, NULL) && op(t.success, "put", req_put(k, val, 0)) &&
+	     op(t.success, "put", req_put(fence, val, 0)) &&
+	     op(t.failure, "range", req_range(k, NULL, false, false));
+	/* The previous call's fence is no longer needed. */
+	if (ok && e->last_fence)
+		ok = op(t.success, "delete_range", req_range(e->last_fence, NULL, false, false));
+	r = txn_run(e, &t, ok, 0, &res);
+	if (r == CRUN_EAGAIN) {
+		int64_t applied;
+
+		/* The answer was lost: did the txn happen? */
+		r = fence_check(e, fence, &applied);
+		if (r == 1) {
+			*cur = applied;
+			*ret_done = true;
+			return 0;
+		}
+		*ret_done = false;
+		return r; /* not applied: read again and retry */
+	}
+	if (r < 0)
+		return r;
+	if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(res, "succeeded"))) {
+		*cur += delta;
+		*ret_done = true;
+	} else {
+		char *v = NULL;
+
+		*mod = 0;
+		*cur = 0;
+		r = kv_value(txn_range(res, 0), &v, mod);
+		if (r == 0 && parse_i64(v, cur) < 0)
+			r = CRUN_EPROTO;
+		if (r == CRUN_ENOTFOUND)
+			r = 0;
+		free(v);
+		*ret_done = false;
+	}
+	cJSON_Delete(res);
+	return r;
+}
+
+int etcd_add(struct etcd *e, const char *key, int64_t delta, int64_t *ret_value)
+{
+	char *k = fkey(e, key, NULL, NULL), *fence = NULL, *v = NULL;
+	cJSON *p = NULL, *res = NULL;
+	char *body = NULL;
+	int64_t cur = 0, mod = 0;
+	bool done = false;
+	int r = CRUN_ENOMEM;
+
+	if (!k ||
+	    asprintf(&fence, "%s\x01op/%016" PRIx64 "-%" PRIu64, e->prefix, e->nonce, ++e->seq) < 0)
+		goto out;
+	p = req_range(k, NULL, false, false);
+	body = p ? cJSON_PrintUnformatted(p) : NULL;
+	if (!body)
+		goto out;
+	r = etcd_call(e, "/v3/kv/range", body, ETCD_IDEMPOTENT, &res);
+	if (r < 0)
+		goto out;
+	r = kv_value(res, &v, &mod);
+	if (r == 0 && parse_i64(v, &cur) < 0)
+		r = etcd_fail(e, CRUN_EPROTO, "'%s' is not a counter", key);
+	if (r == CRUN_ENOTFOUND)
+		r = 0;
+	if (r < 0)
+		goto out;
+	/* Adding 0 to an existing counter only reads it; to an absent one it
+	 * creates "0", as the store's ADD does. */
+	if (!(delta == 0 && mod)) {
+		for (int i = 0; i < ADD_TRIES && !done && r == 0; i++)
+			r = add_once(e, k, fence, delta, &cur, &mod, &done);
+		if (r == 0 && !done)
+			r = CRUN_EBUSY;
+		if (r == 0) { /* our fence is now the one to delete next time */
+			free(e->last_fence);
+			e->last_fence = fence;
+			fence = NULL;
+		}
+	}
+	if (r == 0 && ret_value)
+		*ret_value = cur;
+out:
+	cJSON_Delete(p);
+	cJSON_Delete(res);
+	free(body);
+	free(v);
+	free(k);
+	free(fence);
+	return r < 0 ? fail_op(e, r, "add", key) : 0;
+}
+
+/* ---- leases ------------------------------------------------------------------------ */
+
+static struct etcd_lease *lease_slot(struct etcd *e, uint64_t id)
+{
+	for (int i = 0; i < ETCD_MAX_LEASES; i++)
+		if (e->leases[i].id == id)
+			return &e->leases[i];
+	return NULL;
+}
+
+static int lease_call(struct etcd *e, const char *path, uint64_t id, int64_t ttl_s, cJSON **ret_res)
+{
+	char body[96];
+
+	if (ttl_s)
+		snprintf(body, sizeof(body), "{\"TTL\":\"%" PRId64 "\"}", ttl_s);
+	else
+		snprintf(body, sizeof(body), "{\"ID\":\"%" PRIu64 "\"}", id);
+	return etcd_call(e, path, body, ETCD_IDEMPOTENT, ret_res);
+}
+
+int etcd_lease_grant(struct etcd *e, uint32_t ttl_ms, const char *expiry_key, const char *why,
+		     uint64_t *ret_id)
+{
+	struct etcd_lease *l = lease_slot(e, 0);
+	cJSON *res = NULL, *res2 = NULL;
+	struct txn t;
+	uint64_t id;
+	int r;
+
+	if (!l)
+		return etcd_fail(e, CRUN_ETOOBIG, "more than %d leases on one handle",
+				 ETCD_MAX_LEASES);
+	/* etcd counts TTLs in seconds and raises them to its minimum. */
+	r = lease_call(e, "/v3/lease/grant", 0, MAX(1, (int64_t)(ttl_ms + 999) / 1000), &res);
+	if (r < 0)
+		return fail_op(e, r, "lease_grant", expiry_key);
+	id = (uint64_t)etcd_json_i64(res, "ID");
+	cJSON_Delete(res);
+	if (!id)
+		return etcd_fail(e, CRUN_EPROTO, "lease_grant: etcd sent no lease id");
+	l->id = id;
+	if (expiry_key && *expiry_key) {
+		char sfx[64];
+
+		snprintf(sfx, sizeof(sfx), "\x01reg/%016" PRIx64, id);
+		l->reg = fkey(e, expiry_key, sfx, NULL);
+		snprintf(sfx, sizeof(sfx), "\x01live/%016" PRIx64, id);
+		l->live = fkey(e, expiry_key, sfx, NULL);
+		r = CRUN_ENOMEM;
+		if (l->reg && l->live && txn_init(&t) == 0)
+			r = txn_run(e, &t,
+				    op(t.success, "put", req_put(l->reg, why, 0)) &&
+					op(t.success, "put", req_put(l->live, "", id)),
+				    ETCD_IDEMPOTENT, &res2);
+		cJSON_Delete(res2);
+		if (r < 0) {
+			(void)etcd_lease_revoke(e, id);
+			return fail_op(e, r, "lease_grant", expiry_key);
+		}
+	}
+	*ret_id = id;
+	return 0;
+}
+
+int etcd_lease_keepalive(struct etcd *e, uint64_t id)
+{
+	cJSON *res = NULL;
+	const cJSON *result;
+	int r = lease_call(e, "/v3/lease/keepalive", id, 0, &res);
+
+	if (r < 0)
+		return fail_op(e, r, "lease_keepalive", "");
+	result = cJSON_GetObjectItemCaseSensitive(res, "result");
+	/* A lease etcd no longer knows comes back without a TTL. */
+	r = etcd_json_i64(result, "TTL") > 0 ? 0 : CRUN_ENOTFOUND;
+	cJSON_Delete(res);
+	return r;
+}
+
+int etcd_lease_revoke(struct etcd *e, uint64_t id)
+{
+	struct etcd_lease *l = id ? lease_slot(e, id) : NULL;
+	cJSON *res = NULL;
+	struct txn t;
+	int r = 0;
+
+	/* The registration goes first, with the live key: from then on the
+	 * lease ending is not an expiry. */
+	if (l && l->reg && txn_init(&t) == 0) {
+		r = txn_run(
+		    e, &t,
+		    op(t.success, "delete_range", req_range(l->reg, NULL, false, false)) &&
+			op(t.success, "delete_range", req_range(l->live, NULL, false, false)),
+		    ETCD_IDEMPOTENT, &res);
+		cJSON_Delete(res);
+		res = NULL;
+	}
+	if (r == 0)
+		r = lease_call(e, "/v3/lease/revoke", id, 0, &res);
+	cJSON_Delete(res);
+	if (l) {
+		free(l->reg);
+		free(l->live);
+		memset(l, 0, sizeof(*l));
+	}
+	if (r == CRUN_ENOTFOUND)
+		return r;
+	return r < 0 ? fail_op(e, r, "lease_revoke", "") : 0;
+}
+
+void etcd_leases_end(struct etcd *e)
+{
+	/* Closing a handle ends its leases as an expiry would (the crun
+	 * store ends a closed connection's leases the same way): the live
+	 * keys go, the registrations stay, so the expiry keys read as set. */
+	e->timeout_ms = MIN(e->timeout_ms, 1000);
+	for (int i = 0; i < ETCD_MAX_LEASES; i++) {
+		struct etcd_lease *l = &e->leases[i];
+		cJSON *res = NULL;
+
+		if (!l->id)
+			continue;
+		(void)lease_call(e, "/v3/lease/revoke", l->id, 0, &res);
+		cJSON_Delete(res);
+	}
+}
+
+int etcd_put_leased(struct etcd *e, uint64_t id, const char *key, const char *val)
+{
+	char *k = fkey(e, key, NULL, NULL), *body = NULL;
+	cJSON *p = k ? req_put(k, val, id) : NULL, *res = NULL;
+	int r = CRUN_ENOMEM;
+
+	body = p ? cJSON_PrintUnformatted(p) : NULL;
+	if (body)
+		r = etcd_call(e, "/v3/kv/put", body, ETCD_IDEMPOTENT, &res);
+	cJSON_Delete(p);
+	cJSON_Delete(res);
+	free(body);
+	free(k);
+	if (r == CRUN_ENOTFOUND)
+		return r;
+	return r < 0 ? fail_op(e, r, "put_leased", key) : 0;
+}
