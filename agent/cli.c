@@ -105,14 +105,17 @@ static const char help_text[] =
     "\n"
     "  --nnodes N|MIN:MAX          number of nodes (static: N; c10d: elastic) [1]\n"
     "  --nproc_per_node N|auto|cpu|gpu  workers per node [1]\n"
-    "  --rdzv_backend static|c10d  rendezvous backend (etcd: not yet) [static]\n"
+    "  --rdzv_backend static|c10d|etcd  rendezvous backend (etcd-v2 = etcd) [static]\n"
     "  --rdzv_endpoint HOST:PORT   static: the store of node 0 [master_addr:master_port];\n"
     "                              c10d: the rendezvous store (served by the agent whose\n"
-    "                              address it is, else by another agent or crun-rdzvd)\n"
+    "                              address it is, else by another agent or crun-rdzvd);\n"
+    "                              etcd: HOST[:2379][,HOST[:PORT]...], etcd v3 members\n"
     "  --rdzv_id ID                run id [none]\n"
     "  --rdzv_conf K=V,...         static: timeout/join_timeout/read_timeout (seconds);\n"
     "                              c10d: join_timeout, last_call_timeout, close_timeout,\n"
-    "                              read_timeout, is_host, heartbeat_interval, lease_ttl\n"
+    "                              read_timeout, is_host, heartbeat_interval, lease_ttl;\n"
+    "                              etcd: those and protocol, cacert, cert, key, key_prefix,\n"
+    "                              username, password_file\n"
     "  --standalone                one node, private store on an ephemeral port\n"
     "  --max_restarts N            restarts of the worker group on failure [0]\n"
     "  --monitor_interval S        accepted; crun reacts to exits at once [0.1]\n"
@@ -136,8 +139,7 @@ static const char help_text[] =
     "  -h, --help                  this text\n"
     "  --version                   crun's version\n"
     "\n"
-    "Not supported yet (rejected): --rdzv_backend=etcd|etcd-v2 without --standalone,\n"
-    "--run_path, --logs_specs, --numa_binding,\n"
+    "Not supported yet (rejected): --run_path, --logs_specs, --numa_binding,\n"
     "--duplicate_stdout_filters, --duplicate_stderr_filters, --event_log_handler other than null.\n"
     "Programs: *.py and -m run under $PYTHON_EXEC, $PYTHON or python3 with -u; ELF binaries\n"
     "and non-Python scripts run directly.\n";
@@ -148,6 +150,14 @@ const char *cli_help_text(void)
 }
 
 static int fail(struct cli *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Backends with elastic membership (etcd-v2: torchrun's other etcd name). */
+static bool elastic(const char *backend)
+{
+	return strcmp(backend, "c10d") == 0 || strcmp(backend, "etcd") == 0 ||
+	       strcmp(backend, "etcd-v2") == 0;
+}
+
 static int fail(struct cli *c, const char *fmt, ...)
 {
 	va_list ap;
@@ -548,11 +558,10 @@ int cli_parse(struct cli *c, int argc, char *const *argv, char *const *env)
 					    "argument %s: invalid value '%s' (expected N or "
 					    "MIN:MAX with 0 < MIN <= MAX)",
 					    from[O_NNODES], v);
-			if (lo != hi &&
-			    !(set[O_RDZV_BACKEND] && strcmp(val[O_RDZV_BACKEND], "c10d") == 0))
+			if (lo != hi && !(set[O_RDZV_BACKEND] && elastic(val[O_RDZV_BACKEND])))
 				return fail(c,
 					    "argument %s=%s: elastic MIN:MAX needs "
-					    "--rdzv_backend=c10d",
+					    "--rdzv_backend=c10d or etcd",
 					    from[O_NNODES], v);
 			c->cfg.min_nnodes = (int)lo;
 			c->cfg.max_nnodes = (int)hi;
@@ -565,19 +574,15 @@ int cli_parse(struct cli *c, int argc, char *const *argv, char *const *env)
 	if (set[O_RDZV_BACKEND]) {
 		const char *b = val[O_RDZV_BACKEND];
 
-		if (strcmp(b, "c10d") == 0 && !c->cfg.standalone) {
-			c->cfg.rdzv_backend = "c10d";
+		if (elastic(b) && !c->cfg.standalone) {
+			/* etcd-v2 is torchrun's name for the same etcd backend */
+			c->cfg.rdzv_backend = strcmp(b, "c10d") == 0 ? "c10d" : "etcd";
 			if (!c->cfg.max_nnodes)
 				c->cfg.min_nnodes = c->cfg.max_nnodes = c->cfg.nnodes;
-			/* torchrun's c10d endpoint port when none is given */
-			c->cfg.master_port = 29400;
-		} else if (strcmp(b, "c10d") == 0 || strcmp(b, "etcd") == 0 ||
-			   strcmp(b, "etcd-v2") == 0) {
-			if (!c->cfg.standalone)
-				return fail(c,
-					    "%s=%s is not supported by crun yet (use static or "
-					    "--standalone)",
-					    from[O_RDZV_BACKEND], b);
+			/* torchrun's endpoint ports when none is given */
+			c->cfg.master_port = strcmp(b, "c10d") == 0 ? 29400 : 2379;
+		} else if (elastic(b)) {
+			/* --standalone: one node, private store */
 		} else if (strcmp(b, "static") != 0) {
 			return fail(c,
 				    "argument %s: invalid value '%s' (expected static, c10d, "
@@ -637,7 +642,13 @@ int cli_parse(struct cli *c, int argc, char *const *argv, char *const *env)
 				    from[O_MASTER_PORT], val[O_MASTER_PORT]);
 		c->cfg.master_port = (uint16_t)u;
 	}
-	if (set[O_RDZV_ENDPOINT] && *val[O_RDZV_ENDPOINT] && !c->cfg.standalone) {
+	if (set[O_RDZV_ENDPOINT] && *val[O_RDZV_ENDPOINT] && !c->cfg.standalone &&
+	    c->cfg.rdzv_backend && strcmp(c->cfg.rdzv_backend, "etcd") == 0) {
+		/* A list of members: checked whole, kept whole. */
+		if (rdzv_endpoint_check("etcd", val[O_RDZV_ENDPOINT], c->err, sizeof(c->err)) < 0)
+			return CRUN_EINVAL;
+		c->cfg.master_addr = keep(c, val[O_RDZV_ENDPOINT]);
+	} else if (set[O_RDZV_ENDPOINT] && *val[O_RDZV_ENDPOINT] && !c->cfg.standalone) {
 		char host[256];
 		uint16_t port = 0;
 
@@ -661,8 +672,9 @@ int cli_parse(struct cli *c, int argc, char *const *argv, char *const *env)
 		c->cfg.rdzv_id = keep(c, val[O_RDZV_ID]);
 	}
 	if (set[O_RDZV_CONF] && *val[O_RDZV_CONF] && c->cfg.rdzv_backend &&
-	    strcmp(c->cfg.rdzv_backend, "c10d") == 0 && !c->cfg.standalone) {
-		if (rdzv_conf_check("c10d", val[O_RDZV_CONF], c->err, sizeof(c->err)) < 0)
+	    elastic(c->cfg.rdzv_backend) && !c->cfg.standalone) {
+		if (rdzv_conf_check(c->cfg.rdzv_backend, val[O_RDZV_CONF], c->err, sizeof(c->err)) <
+		    0)
 			return CRUN_EINVAL;
 		c->cfg.rdzv_conf = keep(c, val[O_RDZV_CONF]);
 	} else if (set[O_RDZV_CONF] && *val[O_RDZV_CONF] &&
