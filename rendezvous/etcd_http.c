@@ -483,8 +483,8 @@ static enum verdict judge(struct etcd *e, const struct reply *rp, cJSON **ret_js
 		return V_MOVE;
 	if (code == 16 || strstr(e->err, "user name is empty") || strstr(e->err, "auth token"))
 		return V_AUTH;
-	if (code == 7) {
-		*ret_err = CRUN_EACCES;
+	if (code == 7 || strstr(e->err, "authentication failed")) {
+		*ret_err = CRUN_EACCES; /* permission denied, wrong password */
 	} else if (code == 8 || strstr(e->err, "too large") || strstr(e->err, "too many")) {
 		*ret_err = CRUN_ETOOBIG;
 	} else if (code == 5) {

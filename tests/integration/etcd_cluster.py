@@ -70,8 +70,11 @@ class EtcdCluster:
 
     # ---- endpoints --------------------------------------------------------------------
 
-    def endpoints(self):
-        return ",".join(f"127.0.0.1:{m.client_port}" for m in self.members)
+    def endpoints(self, first=None):
+        """The member list for --rdzv_endpoint; `first` leads it (agents
+        send their requests there until it fails)."""
+        ms = [first] + [m for m in self.members if m is not first] if first else self.members
+        return ",".join(f"127.0.0.1:{m.client_port}" for m in ms)
 
     def url(self, m):
         return f"{self.scheme}://127.0.0.1:{m.client_port}"
