@@ -84,13 +84,16 @@ static cJSON *req_range(const char *k, const char *end, bool count_only, bool ke
 	return o;
 }
 
-static cJSON *req_put(const char *k, const char *v, uint64_t lease)
+/* A put; v NULL keeps the value (ignore_value), prev_kv returns the old kv. */
+static cJSON *req_put(const char *k, const char *v, uint64_t lease, bool prev_kv)
 {
 	cJSON *o = cJSON_CreateObject();
 	char id[32];
 
 	snprintf(id, sizeof(id), "%" PRIu64, lease);
-	if (!o || !add_b64(o, "key", k, strlen(k)) || !add_b64(o, "value", v, strlen(v)) ||
+	if (!o || !add_b64(o, "key", k, strlen(k)) || (v && !add_b64(o, "value", v, strlen(v))) ||
+	    (!v && !cJSON_AddTrueToObject(o, "ignore_value")) ||
+	    (prev_kv && !cJSON_AddTrueToObject(o, "prev_kv")) ||
 	    (lease && !cJSON_AddStringToObject(o, "lease", id))) {
 		cJSON_Delete(o);
 		return NULL;
@@ -117,8 +120,10 @@ static bool op(cJSON *arr, const char *kind, cJSON *body)
 	return true;
 }
 
-/* A compare on k: target MOD/CREATE (int) or VALUE (string), result EQUAL. */
-static bool cmp(cJSON *arr, const char *k, const char *target, int64_t rev, const char *value)
+/* A compare on k: target MOD/CREATE (int) or VALUE (string); result EQUAL,
+ * GREATER, LESS or NOT_EQUAL. */
+static bool cmpr(cJSON *arr, const char *k, const char *target, const char *result, int64_t rev,
+		 const char *value)
 {
 	cJSON *o = cJSON_CreateObject();
 	char num[32];
@@ -131,12 +136,17 @@ static bool cmp(cJSON *arr, const char *k, const char *target, int64_t rev, cons
 		return false;
 	}
 	if (!add_b64(o, "key", k, strlen(k)) || !cJSON_AddStringToObject(o, "target", target) ||
-	    !cJSON_AddStringToObject(o, "result", "EQUAL"))
+	    !cJSON_AddStringToObject(o, "result", result))
 		return false;
 	if (value)
 		return add_b64(o, "value", value, strlen(value));
 	return cJSON_AddStringToObject(
 		   o, strcmp(target, "MOD") == 0 ? "mod_revision" : "create_revision", num) != NULL;
+}
+
+static bool cmp(cJSON *arr, const char *k, const char *target, int64_t rev, const char *value)
+{
+	return cmpr(arr, k, target, "EQUAL", rev, value);
 }
 
 struct txn {
@@ -179,10 +189,27 @@ static const cJSON *txn_range(const cJSON *res, int i)
 	return it ? cJSON_GetObjectItemCaseSensitive(it, "response_range") : NULL;
 }
 
-/* A kv's value (malloc'd) and mod revision. 0 or CRUN_EPROTO. */
+/* Counters (etcd_add) are stored as CTR_TAG "<offset>": their value is the
+ * key's version plus the offset, so adding 1 is a put that keeps the value
+ * and needs no read first (no contention between joiners). Readers see the
+ * decimal number. CTR_TAG sorts between CTR_LO and CTR_HI. */
+#define CTR_TAG "\001c"
+#define CTR_LO	"\001c"
+#define CTR_HI	"\001d"
+
+/* The offset of a counter kv: 1 and *ret_off, 0 not a counter. */
+static int kv_counter(const char *raw, int64_t *ret_off)
+{
+	return strncmp(raw, CTR_TAG, 2) == 0 && parse_i64(raw + 2, ret_off) == 0;
+}
+
+/* A kv's value (malloc'd; a counter as its number) and mod revision. 0,
+ * CRUN_EPROTO or CRUN_ENOMEM. */
 static int kv_of(const cJSON *kv, char **ret_val, int64_t *ret_mod)
 {
 	const cJSON *v = cJSON_GetObjectItemCaseSensitive(kv, "value");
+	char *raw = NULL;
+	int64_t off;
 
 	if (ret_mod)
 		*ret_mod = etcd_json_i64(kv, "mod_revision");
@@ -192,7 +219,16 @@ static int kv_of(const cJSON *kv, char **ret_val, int64_t *ret_mod)
 		*ret_val = str_dup("");
 		return *ret_val ? 0 : CRUN_ENOMEM;
 	}
-	return cJSON_IsString(v) ? etcd_unb64(v->valuestring, ret_val, NULL) : CRUN_EPROTO;
+	if (!cJSON_IsString(v))
+		return CRUN_EPROTO;
+	TRY(etcd_unb64(v->valuestring, &raw, NULL));
+	if (kv_counter(raw, &off)) {
+		free(raw);
+		if (asprintf(&raw, "%" PRId64, etcd_json_i64(kv, "version") + off) < 0)
+			return CRUN_ENOMEM;
+	}
+	*ret_val = raw;
+	return 0;
 }
 
 /* The first kv of a range response: 0, CRUN_ENOTFOUND, or CRUN_EPROTO. */
@@ -293,7 +329,7 @@ static int materialize(struct etcd *e, const char *k, char **ret_val)
 		cJSON *del = req_range(reg, NULL, false, false);
 		cJSON *del2 = req_range(reg, NULL, false, false);
 		bool ok = cmp(t.compare, k, "CREATE", 0, NULL) &&
-			  op(t.success, "put", req_put(k, why, 0)) &&
+			  op(t.success, "put", req_put(k, why, 0, false)) &&
 			  op(t.success, "delete_range", del) &&
 			  op(t.failure, "delete_range", del2) &&
 			  op(t.failure, "range", req_range(k, NULL, false, false));
@@ -409,7 +445,7 @@ out:
 int etcd_set(struct etcd *e, const char *key, const char *val)
 {
 	char *k = fkey(e, key, NULL, NULL), *body = NULL;
-	cJSON *p = k ? req_put(k, val, 0) : NULL, *res = NULL;
+	cJSON *p = k ? req_put(k, val, 0, false) : NULL, *res = NULL;
 	int r = CRUN_ENOMEM;
 
 	body = p ? cJSON_PrintUnformatted(p) : NULL;
@@ -489,16 +525,17 @@ int etcd_multi_get(struct etcd *e, const char *const *keys, size_t n, uint32_t t
 	return fail_op(e, r, "multi_get", keys[i - 1]);
 }
 
-/* One CAS attempt; *ret_done false when it must be retried (a lapse turned
- * up between the read and the txn). */
-static int cas_once(struct etcd *e, const char *k, const char *expected, const char *desired,
-		    char **ret_cur)
+/* A compare-and-set. A counter stores its number encoded (see CTR_TAG): when
+ * the value compare fails but the number read is the expected one, the set
+ * is retried against that counter's mod revision. */
+static int cas(struct etcd *e, const char *k, const char *expected, const char *desired,
+	       char **ret_cur)
 {
 	cJSON *res = NULL;
 	struct txn t;
 	char *cur = NULL;
-	int64_t rev;
-	int r;
+	int64_t rev, mod = -1, m = 0;
+	int r = CRUN_EBUSY;
 
 	if (!*expected) {
 		/* "Absent" must count a lapsed lease's expiry key as present. */
@@ -508,20 +545,32 @@ static int cas_once(struct etcd *e, const char *k, const char *expected, const c
 			return 0;
 		}
 	}
-	TRY(txn_init(&t));
-	r = txn_run(e, &t,
-		    (*expected ? cmp(t.compare, k, "VALUE", 0, expected)
-			       : cmp(t.compare, k, "CREATE", 0, NULL)) &&
-			op(t.success, "put", req_put(k, desired, 0)) &&
-			op(t.failure, "range", req_range(k, NULL, false, false)),
-		    ETCD_IDEMPOTENT, &res);
-	if (r < 0)
-		return r;
-	if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(res, "succeeded"))) {
-		r = (*ret_cur = str_dup(desired)) ? 0 : CRUN_ENOMEM;
-	} else {
-		r = kv_value(txn_range(res, 0), ret_cur, NULL);
-		if (r == CRUN_ENOTFOUND) {
+	for (int i = 0; i < 64; i++) {
+		TRY(txn_init(&t));
+		r = txn_run(e, &t,
+			    (!*expected ? cmp(t.compare, k, "CREATE", 0, NULL)
+			     : mod >= 0 ? cmp(t.compare, k, "MOD", mod, NULL)
+					: cmp(t.compare, k, "VALUE", 0, expected)) &&
+				op(t.success, "put", req_put(k, desired, 0, false)) &&
+				op(t.failure, "range", req_range(k, NULL, false, false)),
+			    ETCD_IDEMPOTENT, &res);
+		if (r < 0)
+			return r;
+		if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(res, "succeeded"))) {
+			r = (*ret_cur = str_dup(desired)) ? 0 : CRUN_ENOMEM;
+			break;
+		}
+		r = kv_value(txn_range(res, 0), &cur, &m);
+		cJSON_Delete(res);
+		res = NULL;
+		if (r == 0 && *expected && strcmp(cur, expected) == 0 && m != mod) {
+			mod = m; /* a counter showing the expected number */
+			free(cur);
+			continue;
+		}
+		if (r == 0) {
+			*ret_cur = cur;
+		} else if (r == CRUN_ENOTFOUND) {
 			/* Absent but expected non-empty: the store answers with
 			 * the expected value (TCPStore's compareSet does). A
 			 * lapsed lease's value, if any, first. */
@@ -531,6 +580,7 @@ static int cas_once(struct etcd *e, const char *k, const char *expected, const c
 			if (r == 0 && !*ret_cur)
 				r = CRUN_ENOMEM;
 		}
+		break;
 	}
 	cJSON_Delete(res);
 	return r;
@@ -540,7 +590,7 @@ int etcd_compare_set(struct etcd *e, const char *key, const char *expected, cons
 		     char **ret_cur)
 {
 	char *k = fkey(e, key, NULL, NULL), *cur = NULL;
-	int r = k ? cas_once(e, k, expected, desired, &cur) : CRUN_ENOMEM;
+	int r = k ? cas(e, k, expected, desired, &cur) : CRUN_ENOMEM;
 
 	free(k);
 	if (r < 0)
@@ -552,126 +602,201 @@ int etcd_compare_set(struct etcd *e, const char *key, const char *expected, cons
 	return 0;
 }
 
-/* Whether this call's fence exists: 1 applied (value in *ret), 0 not. */
-static int fence_check(struct etcd *e, const char *fence, int64_t *ret)
-{
-	cJSON *p = req_range(fence, NULL, false, false), *res = NULL;
-	char *body = p ? cJSON_PrintUnformatted(p) : NULL, *v = NULL;
-	int r = body ? etcd_call(e, "/v3/kv/range", body, ETCD_IDEMPOTENT, &res) : CRUN_ENOMEM;
+/* ---- counters ------------------------------------------------------------------- */
 
-	cJSON_Delete(p);
-	free(body);
-	if (r == 0) {
-		r = kv_value(res, &v, NULL);
-		if (r == 0)
-			r = parse_i64(v, ret) == 0 ? 1 : CRUN_EPROTO;
-		else if (r == CRUN_ENOTFOUND)
-			r = 0;
-	}
+/* A counter's state as read: its number, mod revision and version (0, 0, 0
+ * when absent). */
+struct ctr {
+	int64_t val, mod, ver;
+};
+
+static int ctr_read(const cJSON *range, struct ctr *c)
+{
+	const cJSON *kv = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(range, "kvs"), 0);
+	char *v = NULL;
+	int r;
+
+	memset(c, 0, sizeof(*c));
+	if (!kv)
+		return 0;
+	TRY(kv_of(kv, &v, &c->mod));
+	c->ver = etcd_json_i64(kv, "version");
+	r = parse_i64(v, &c->val) == 0 ? 0 : CRUN_EPROTO;
 	free(v);
+	return r;
+}
+
+/* After a lost answer: whether this call's fence exists. It was written in
+ * the same txn as the counter, so the counter at the fence's revision is
+ * what the call made. 1 applied (*ret), 0 not. */
+static int fence_check(struct etcd *e, const char *k, const char *fence, int64_t *ret)
+{
+	char body[1024], *f64 = etcd_b64(fence, strlen(fence)), *k64 = etcd_b64(k, strlen(k));
+	cJSON *res = NULL, *res2 = NULL;
+	struct ctr c;
+	int64_t rev = 0;
+	int r = CRUN_ENOMEM;
+
+	if (!f64 || !k64 || str_printf(body, sizeof(body), "{\"key\":\"%s\"}", f64) < 0)
+		goto out;
+	r = etcd_call(e, "/v3/kv/range", body, ETCD_IDEMPOTENT, &res);
+	if (r == 0)
+		r = kv_value(res, NULL, &rev);
+	if (r == CRUN_ENOTFOUND) {
+		r = 0;
+		goto out;
+	}
+	if (r < 0 ||
+	    (r = str_printf(body, sizeof(body), "{\"key\":\"%s\",\"revision\":\"%" PRId64 "\"}",
+			    k64, rev)) < 0)
+		goto out;
+	r = etcd_call(e, "/v3/kv/range", body, ETCD_IDEMPOTENT, &res2);
+	if (r == 0)
+		r = ctr_read(res2, &c);
+	if (r == 0) {
+		*ret = c.val;
+		r = 1;
+	}
+out:
+	free(f64);
+	free(k64);
+	cJSON_Delete(res);
+	cJSON_Delete(res2);
+	return r;
+}
+
+/* Sends a counter txn whose success branch writes the fence; 1 applied, 0
+ * not (*ret_res holds the reply), or an error. */
+static int ctr_txn(struct etcd *e, struct txn *t, bool ok, const char *k, const char *fence,
+		   cJSON **ret_res, int64_t *ret_applied)
+{
+	int r;
+
+	ok = ok && op(t->success, "put", req_put(fence, "", 0, false));
+	/* The previous call's fence is no longer needed. */
+	if (ok && e->last_fence)
+		ok = op(t->success, "delete_range", req_range(e->last_fence, NULL, false, false));
+	r = txn_run(e, t, ok, 0, ret_res);
+	if (r == CRUN_EAGAIN) /* the answer was lost: did it happen? */
+		return fence_check(e, k, fence, ret_applied);
+	if (r < 0)
+		return r;
+	if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(*ret_res, "succeeded")))
+		return 0;
+	*ret_applied = INT64_MIN;
+	return 1;
+}
+
+/* +1 on an existing counter: a put that keeps the value, so every joiner
+ * succeeds at once; the number is the version it made plus the offset.
+ * 1 done, 0 not a counter yet (absent, or a plain number). */
+static int add_one(struct etcd *e, const char *k, const char *fence, int64_t *ret)
+{
+	const cJSON *prev;
+	cJSON *res = NULL;
+	struct txn t;
+	char *raw = NULL;
+	int64_t off = 0;
+	int r;
+
+	TRY(txn_init(&t));
+	r = ctr_txn(e, &t,
+		    cmpr(t.compare, k, "VALUE", "GREATER", 0, CTR_LO) &&
+			cmpr(t.compare, k, "VALUE", "LESS", 0, CTR_HI) &&
+			op(t.success, "put", req_put(k, NULL, 0, true)),
+		    k, fence, &res, ret);
+	if (r == 1 && *ret == INT64_MIN) {
+		prev = cJSON_GetObjectItemCaseSensitive(
+		    cJSON_GetObjectItemCaseSensitive(
+			cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(res, "responses"), 0),
+			"response_put"),
+		    "prev_kv");
+		r = cJSON_IsString(cJSON_GetObjectItemCaseSensitive(prev, "value"))
+			? etcd_unb64(cJSON_GetObjectItemCaseSensitive(prev, "value")->valuestring,
+				     &raw, NULL)
+			: CRUN_EPROTO;
+		if (r == 0 && !kv_counter(raw, &off))
+			r = CRUN_EPROTO;
+		if (r == 0) {
+			*ret = etcd_json_i64(prev, "version") + 1 + off;
+			r = 1;
+		}
+	}
+	free(raw);
 	cJSON_Delete(res);
 	return r;
 }
 
-static int add_once(struct etcd *e, const char *k, const char *fence, int64_t delta, int64_t *cur,
-		    int64_t *mod, bool *ret_done)
+/* Any delta, and the first +1: a compare-and-set on the mod revision that
+ * writes the counter form; *c is the state read, refreshed on a lost race.
+ * 1 done (*ret), 0 retry. */
+static int add_cas(struct etcd *e, const char *k, const char *fence, int64_t delta, struct ctr *c,
+		   int64_t *ret)
 {
-	char val[32];
+	char val[48];
 	cJSON *res = NULL;
 	struct txn t;
-	bool ok;
 	int r;
 
-	snprintf(val, sizeof(val), "%" PRId64, *cur + delta);
+	/* The put makes version ver+1: choose the offset that shows val+delta. */
+	snprintf(val, sizeof(val), CTR_TAG "%" PRId64, c->val + delta - (c->ver + 1));
 	TRY(txn_init(&t));
-	ok = cmp(t.compare, k, "MOD", *mod, NULL) && op(t.success, "put", req_put(k, val, 0)) &&
-	     op(t.success, "put", req_put(fence, val, 0)) &&
-	     op(t.failure, "range", req_range(k, NULL, false, false));
-	/* The previous call's fence is no longer needed. */
-	if (ok && e->last_fence)
-		ok = op(t.success, "delete_range", req_range(e->last_fence, NULL, false, false));
-	r = txn_run(e, &t, ok, 0, &res);
-	if (r == CRUN_EAGAIN) {
-		int64_t applied;
-
-		/* The answer was lost: did the txn happen? */
-		r = fence_check(e, fence, &applied);
-		if (r == 1) {
-			*cur = applied;
-			*ret_done = true;
-			return 0;
-		}
-		*ret_done = false;
-		return r; /* not applied: read again and retry */
-	}
-	if (r < 0)
-		return r;
-	if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(res, "succeeded"))) {
-		*cur += delta;
-		*ret_done = true;
-	} else {
-		char *v = NULL;
-
-		*mod = 0;
-		*cur = 0;
-		r = kv_value(txn_range(res, 0), &v, mod);
-		if (r == 0 && parse_i64(v, cur) < 0)
-			r = CRUN_EPROTO;
-		if (r == CRUN_ENOTFOUND)
-			r = 0;
-		free(v);
-		*ret_done = false;
-	}
+	r = ctr_txn(e, &t,
+		    cmp(t.compare, k, "MOD", c->mod, NULL) &&
+			op(t.success, "put", req_put(k, val, 0, false)) &&
+			op(t.failure, "range", req_range(k, NULL, false, false)),
+		    k, fence, &res, ret);
+	if (r == 1 && *ret == INT64_MIN)
+		*ret = c->val + delta;
+	else if (r == 0 && res)
+		r = ctr_read(txn_range(res, 0), c);
 	cJSON_Delete(res);
 	return r;
 }
 
 int etcd_add(struct etcd *e, const char *key, int64_t delta, int64_t *ret_value)
 {
-	char *k = fkey(e, key, NULL, NULL), *fence = NULL, *v = NULL;
-	cJSON *p = NULL, *res = NULL;
-	char *body = NULL;
-	int64_t cur = 0, mod = 0;
-	bool done = false;
+	char *k = fkey(e, key, NULL, NULL), *fence = NULL, body[1024];
+	cJSON *res = NULL;
+	struct ctr c = {0};
+	int64_t val = 0;
 	int r = CRUN_ENOMEM;
 
 	if (!k ||
 	    asprintf(&fence, "%s\x01op/%016" PRIx64 "-%" PRIu64, e->prefix, e->nonce, ++e->seq) < 0)
 		goto out;
-	p = req_range(k, NULL, false, false);
-	body = p ? cJSON_PrintUnformatted(p) : NULL;
-	if (!body)
-		goto out;
-	r = etcd_call(e, "/v3/kv/range", body, ETCD_IDEMPOTENT, &res);
-	if (r < 0)
-		goto out;
-	r = kv_value(res, &v, &mod);
-	if (r == 0 && parse_i64(v, &cur) < 0)
-		r = etcd_fail(e, CRUN_EPROTO, "'%s' is not a counter", key);
-	if (r == CRUN_ENOTFOUND)
-		r = 0;
-	if (r < 0)
-		goto out;
-	/* Adding 0 to an existing counter only reads it; to an absent one it
-	 * creates "0", as the store's ADD does. */
-	if (!(delta == 0 && mod)) {
-		for (int i = 0; i < ADD_TRIES && !done && r == 0; i++)
-			r = add_once(e, k, fence, delta, &cur, &mod, &done);
-		if (r == 0 && !done)
-			r = CRUN_EBUSY;
-		if (r == 0) { /* our fence is now the one to delete next time */
-			free(e->last_fence);
-			e->last_fence = fence;
-			fence = NULL;
+	r = delta == 1 ? add_one(e, k, fence, &val) : 0;
+	if (r == 0) {
+		char *k64 = etcd_b64(k, strlen(k));
+
+		r = k64 ? str_printf(body, sizeof(body), "{\"key\":\"%s\"}", k64) : CRUN_ENOMEM;
+		free(k64);
+		if (r >= 0)
+			r = etcd_call(e, "/v3/kv/range", body, ETCD_IDEMPOTENT, &res);
+		if (r == 0)
+			r = ctr_read(res, &c);
+		if (r == CRUN_EPROTO)
+			etcd_fail(e, r, "'%s' is not a counter", key);
+		/* Adding 0 to an existing counter only reads it; to an absent
+		 * one it creates "0", as the store's ADD does. */
+		if (r == 0 && delta == 0 && c.mod) {
+			val = c.val;
+			r = 2;
 		}
 	}
-	if (r == 0 && ret_value)
-		*ret_value = cur;
+	for (int i = 0; i < ADD_TRIES && r == 0; i++)
+		r = add_cas(e, k, fence, delta, &c, &val);
+	if (r == 0)
+		r = CRUN_EBUSY;
+	if (r == 1) { /* our fence is the one to delete next time */
+		free(e->last_fence);
+		e->last_fence = fence;
+		fence = NULL;
+	}
+	if (r > 0 && ret_value)
+		*ret_value = val;
 out:
-	cJSON_Delete(p);
 	cJSON_Delete(res);
-	free(body);
-	free(v);
 	free(k);
 	free(fence);
 	return r < 0 ? fail_op(e, r, "add", key) : 0;
@@ -729,8 +854,8 @@ int etcd_lease_grant(struct etcd *e, uint32_t ttl_ms, const char *expiry_key, co
 		r = CRUN_ENOMEM;
 		if (l->reg && l->live && txn_init(&t) == 0)
 			r = txn_run(e, &t,
-				    op(t.success, "put", req_put(l->reg, why, 0)) &&
-					op(t.success, "put", req_put(l->live, "", id)),
+				    op(t.success, "put", req_put(l->reg, why, 0, false)) &&
+					op(t.success, "put", req_put(l->live, "", id, false)),
 				    ETCD_IDEMPOTENT, &res2);
 		cJSON_Delete(res2);
 		if (r < 0) {
@@ -808,7 +933,7 @@ void etcd_leases_end(struct etcd *e)
 int etcd_put_leased(struct etcd *e, uint64_t id, const char *key, const char *val)
 {
 	char *k = fkey(e, key, NULL, NULL), *body = NULL;
-	cJSON *p = k ? req_put(k, val, id) : NULL, *res = NULL;
+	cJSON *p = k ? req_put(k, val, id, false) : NULL, *res = NULL;
 	int r = CRUN_ENOMEM;
 
 	body = p ? cJSON_PrintUnformatted(p) : NULL;

@@ -206,6 +206,17 @@ static void expect(struct coord *c, const char *key, const char *want)
 	free(v);
 }
 
+static void cas(struct coord *c, const char *k, const char *exp, const char *des, const char *want)
+{
+	char *cur = NULL;
+	int r = coord_compare_set(c, k, exp, des, &cur);
+
+	ck_assert_msg(r == 0, "%s: cas: %s", g_b->name, coord_last_error(c));
+	ck_assert_msg(strcmp(cur, want) == 0, "%s: cas(%s,'%s','%s') gave '%s', want '%s'",
+		      g_b->name, k, exp, des, cur, want);
+	free(cur);
+}
+
 /* ---- cases ------------------------------------------------------------------------ */
 
 START_TEST(counters)
@@ -230,6 +241,20 @@ START_TEST(counters)
 	ck_assert_int_eq(v, 0);
 	ck_assert_int_eq(coord_exists(c, "z"), 1);
 	expect(c, "z", "0");
+	/* A counter compares as its number (the round counter's CAS). */
+	cas(c, "z", "0", "1", "1");
+	cas(c, "z", "0", "2", "1");
+	ck_assert_int_eq(coord_add(c, "z", 1, &v), 0);
+	ck_assert_int_eq(v, 2);
+	/* A number written with set counts on from there. */
+	ck_assert_int_eq(coord_set(c, "s", "41"), 0);
+	ck_assert_int_eq(coord_add(c, "s", 1, &v), 0);
+	ck_assert_int_eq(v, 42);
+	ck_assert_int_eq(coord_add(c, "s", 1, &v), 0);
+	ck_assert_int_eq(v, 43);
+	expect(c, "s", "43");
+	ck_assert_int_eq(coord_add(c, "fresh", 1, &v), 0);
+	ck_assert_int_eq(v, 1);
 	coord_close(c);
 	end();
 }
@@ -354,17 +379,6 @@ START_TEST(multi_get_waits_for_all)
 	end();
 }
 END_TEST
-
-static void cas(struct coord *c, const char *k, const char *exp, const char *des, const char *want)
-{
-	char *cur = NULL;
-	int r = coord_compare_set(c, k, exp, des, &cur);
-
-	ck_assert_msg(r == 0, "%s: cas: %s", g_b->name, coord_last_error(c));
-	ck_assert_msg(strcmp(cur, want) == 0, "%s: cas(%s,'%s','%s') gave '%s', want '%s'",
-		      g_b->name, k, exp, des, cur, want);
-	free(cur);
-}
 
 START_TEST(compare_set_semantics)
 {
