@@ -32,7 +32,7 @@
 
 #define ETCD_ATTEMPT_MS 3000	     /* one request on one member */
 #define ETCD_BODY_MAX	(16u << 20)  /* a reply; etcd's own limit is 1.5 MiB */
-#define ETCD_MAX_TRIES	256	     /* attempts of one call, all members */
+#define ETCD_MAX_TRIES	(1 << 16)    /* a bound only: the deadline ends a call */
 #define ETCD_WATCH_IDLE (24u * 3600) /* s: the stream is idle by design */
 #define ETCD_LINE_MAX	(4u << 20)   /* one watch message */
 
