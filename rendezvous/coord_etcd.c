@@ -402,36 +402,46 @@ static int wait_value(struct etcd *e, const char *key, uint32_t timeout_ms, char
 	for (int i = 0; i < 1 << 30; i++) {
 		char *v = NULL;
 		int64_t rev = 0;
-		uint64_t now;
+		uint64_t now = clock_now_ms();
 
-		etcd_watch_rearm(e);
-		r = probe(e, k, &v, &rev);
-		if (r < 0)
-			break;
-		if (v) {
-			if (ret_val)
-				*ret_val = v;
-			else
-				free(v);
-			break;
+		/* A live watch on K with no event since the last read found K
+		 * absent means K is still absent: no request. The read is repeated on an
+		 * event, and every few seconds as a check that the watch's
+		 * member still answers (a member that stopped answering never
+		 * closes the stream; the read fails over). */
+		if (!etcd_watch_matches(e, k, kl) || e->w.event ||
+		    now - e->w.checked_ms >= WATCH_CHECK_MS) {
+			etcd_watch_rearm(e);
+			r = probe(e, k, &v, &rev);
+			if (r < 0)
+				break;
+			e->w.checked_ms = now = clock_now_ms();
+			if (v) {
+				/* Present: the next wait must read again (the
+				 * shortcut above holds only after "absent"). */
+				e->w.checked_ms = 0;
+				if (ret_val)
+					*ret_val = v;
+				else
+					free(v);
+				break;
+			}
+			/* Watch from the revision after the read: nothing in
+			 * between can be missed. A watch on another member (we
+			 * failed over) or a dead one is replaced. */
+			if (!etcd_watch_matches(e, k, kl)) {
+				r = etcd_watch_start(e, k, kl, end, kl + 1, rev + 1);
+				if (r < 0)
+					break;
+				e->w.checked_ms = now;
+			}
 		}
-		now = clock_now_ms();
 		if (now >= deadline) {
 			r = CRUN_ETIMEDOUT;
 			break;
 		}
-		/* Watch from the revision after the read: nothing in between
-		 * can be missed. A watch on another member (we failed over)
-		 * or a dead one is replaced. */
-		if (!etcd_watch_matches(e, k, kl)) {
-			r = etcd_watch_start(e, k, kl, end, kl + 1, rev + 1);
-			if (r < 0)
-				break;
-		}
-		/* A quiet stream is checked against its member every few
-		 * seconds (the read above): a member that stopped answering
-		 * never closes the stream. */
-		if (etcd_watch_wait(e, MIN(deadline, now + WATCH_CHECK_MS)) == ETCD_W_DEAD)
+		if (etcd_watch_wait(e, MIN(deadline, e->w.checked_ms + WATCH_CHECK_MS)) ==
+		    ETCD_W_DEAD)
 			etcd_watch_stop(e);
 	}
 out:

@@ -162,6 +162,7 @@ struct etcd_watch {
 	size_t key_len;
 	int ep; /* the member it runs on, -1 none */
 	bool alive, event, wake;
+	uint64_t checked_ms;   /* when the watched key was last read */
 	struct evbuffer *line; /* a message not yet ended by its newline */
 };
 

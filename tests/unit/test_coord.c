@@ -357,6 +357,26 @@ START_TEST(wait_on_one_key_repeatedly)
 }
 END_TEST
 
+START_TEST(present_stays_present_across_waits)
+{
+	struct coord *c;
+
+	/* A wait that armed a watch on an absent key, the key set by this
+	 * handle, then repeated reads: each finds it at once (a read after a
+	 * "present" must not wait for another change). */
+	begin(_i);
+	c = opn();
+	ck_assert_int_eq(coord_wait(c, "p", 50), CRUN_ETIMEDOUT);
+	ck_assert_int_eq(coord_set(c, "p", "1"), 0);
+	ck_assert_int_eq(coord_wait(c, "p", 200), 0);
+	ck_assert_int_eq(coord_wait(c, "p", 200), 0);
+	expect(c, "p", "1");
+	ck_assert_int_eq(coord_wait(c, "p", 200), 0);
+	coord_close(c);
+	end();
+}
+END_TEST
+
 START_TEST(multi_get_waits_for_all)
 {
 	struct later l = {.keys = {"a", "b", "c"}, .n = 3, .delay_us = 200000};
@@ -614,6 +634,7 @@ static Suite *coord_suite(void)
 	tcase_add_loop_test(tc, set_get_exists, 0, NB);
 	tcase_add_loop_test(tc, get_waits_and_times_out, 0, NB);
 	tcase_add_loop_test(tc, wait_on_one_key_repeatedly, 0, NB);
+	tcase_add_loop_test(tc, present_stays_present_across_waits, 0, NB);
 	tcase_add_loop_test(tc, multi_get_waits_for_all, 0, NB);
 	tcase_add_loop_test(tc, compare_set_semantics, 0, NB);
 	tcase_add_loop_test(tc, concurrent_tickets_and_one_winner, 0, NB);
