@@ -513,6 +513,36 @@ int etcd_wait(struct etcd *e, const char *key, uint32_t timeout_ms)
 	return r < 0 ? fail_op(e, r, "wait", key) : 0;
 }
 
+/* Reads up to MGET_BATCH keys in one txn; a key found goes to vals[i], an
+ * absent one (or a lapsed lease's key: wait_value materializes it) stays
+ * NULL. */
+#define MGET_BATCH 64 /* etcd's default --max-txn-ops is 128 */
+static int mget_batch(struct etcd *e, const char *const *keys, size_t n, char **vals)
+{
+	cJSON *res = NULL;
+	struct txn t;
+	bool ok = true;
+	int r;
+
+	TRY(txn_init(&t));
+	for (size_t i = 0; i < n && ok; i++) {
+		char *k = fkey(e, keys[i], NULL, NULL);
+
+		ok = k && op(t.success, "range", req_range(k, NULL, false, false));
+		free(k);
+	}
+	r = txn_run(e, &t, ok, ETCD_IDEMPOTENT, &res);
+	for (size_t i = 0; i < n && r == 0; i++) {
+		r = kv_value(txn_range(res, (int)i), &vals[i], NULL);
+		if (r == CRUN_ENOTFOUND) {
+			vals[i] = NULL;
+			r = 0;
+		}
+	}
+	cJSON_Delete(res);
+	return r;
+}
+
 int etcd_multi_get(struct etcd *e, const char *const *keys, size_t n, uint32_t timeout_ms,
 		   char **ret_vals)
 {
@@ -520,19 +550,27 @@ int etcd_multi_get(struct etcd *e, const char *const *keys, size_t n, uint32_t t
 	size_t i;
 	int r = 0;
 
-	/* Each wait reads the value it waited for; the values are kept as
-	 * read (records are written once before anyone reads them). */
+	for (i = 0; i < n; i++)
+		ret_vals[i] = NULL;
+	/* Batched reads first (N records in N / MGET_BATCH round trips); a
+	 * wait only for what was not there. Values are kept as read: records
+	 * are written once before anyone reads them. */
+	for (i = 0; i < n && r == 0; i += MGET_BATCH)
+		r = mget_batch(e, keys + i, MIN(MGET_BATCH, n - i), ret_vals + i);
 	for (i = 0; i < n && r == 0; i++) {
 		uint64_t now = clock_now_ms();
 
-		r = wait_value(e, keys[i], now < deadline ? (uint32_t)(deadline - now) : 1,
-			       &ret_vals[i]);
+		if (!ret_vals[i])
+			r = wait_value(e, keys[i], now < deadline ? (uint32_t)(deadline - now) : 1,
+				       &ret_vals[i]);
 	}
 	if (r == 0)
 		return 0;
-	for (size_t k = 0; k + 1 < i; k++)
+	for (size_t k = 0; k < n; k++) {
 		free(ret_vals[k]);
-	return fail_op(e, r, "multi_get", keys[i - 1]);
+		ret_vals[k] = NULL;
+	}
+	return fail_op(e, r, "multi_get", keys[i ? i - 1 : 0]);
 }
 
 /* A compare-and-set. A counter stores its number encoded (see CTR_TAG): when
@@ -794,8 +832,13 @@ int etcd_add(struct etcd *e, const char *key, int64_t delta, int64_t *ret_value)
 			r = 2;
 		}
 	}
-	for (int i = 0; i < ADD_TRIES && r == 0; i++)
+	for (int i = 0; i < ADD_TRIES && r == 0; i++) {
 		r = add_cas(e, k, fence, delta, &c, &val);
+		/* Lost the race to create the counter: it exists now, so +1
+		 * is one put again (no compare-and-set queue of joiners). */
+		if (r == 0 && delta == 1 && c.mod)
+			r = add_one(e, k, fence, &val);
+	}
 	if (r == 0)
 		r = CRUN_EBUSY;
 	if (r == 1) { /* our fence is the one to delete next time */
