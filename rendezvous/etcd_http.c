@@ -30,11 +30,12 @@
 #include "common/common.h"
 #include "rendezvous/etcd_int.h"
 
-#define ETCD_ATTEMPT_MS 3000	     /* one request on one member */
-#define ETCD_BODY_MAX	(16u << 20)  /* a reply; etcd's own limit is 1.5 MiB */
-#define ETCD_MAX_TRIES	(1 << 16)    /* a bound only: the deadline ends a call */
-#define ETCD_WATCH_IDLE (24u * 3600) /* s: the stream is idle by design */
-#define ETCD_LINE_MAX	(4u << 20)   /* one watch message */
+#define ETCD_ATTEMPT_ONE_MS 10000	 /* the same with a single member */
+#define ETCD_ATTEMPT_MS	    3000	 /* one request on one member */
+#define ETCD_BODY_MAX	    (16u << 20)	 /* a reply; etcd's own limit is 1.5 MiB */
+#define ETCD_MAX_TRIES	    (1 << 16)	 /* a bound only: the deadline ends a call */
+#define ETCD_WATCH_IDLE	    (24u * 3600) /* s: the stream is idle by design */
+#define ETCD_LINE_MAX	    (4u << 20)	 /* one watch message */
 
 /* ---- configuration ---------------------------------------------------------- */
 
@@ -509,7 +510,13 @@ int etcd_call(struct etcd *e, const char *path, const char *body, unsigned flags
 
 		if (i > 0 && now >= deadline)
 			break;
-		r = attempt(e, path, body, MIN(ETCD_ATTEMPT_MS, MAX(deadline - now, 1)), auth, &rp);
+		/* One member: no other to try, so a longer wait before the
+		 * request is resent (resending only adds to a loaded server's
+		 * work; a lost request still ends). */
+		r = attempt(e, path, body,
+			    MIN(e->conf.n_ep > 1 ? ETCD_ATTEMPT_MS : ETCD_ATTEMPT_ONE_MS,
+				MAX(deadline - now, 1)),
+			    auth, &rp);
 		if (r < 0)
 			return etcd_fail(e, r, "%s: %s", path, crun_strerror(r));
 		switch (judge(e, &rp, &j, &err)) {
