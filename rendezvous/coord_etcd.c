@@ -4,9 +4,11 @@
  *   get/set/exists      range and put of "<prefix>/<key>"
  *   add                 read, then a txn that puts value+delta if the key's
  *                       mod_revision is unchanged (retried on contention);
- *                       the txn also writes a fence key unique to this call,
- *                       so a call whose answer was lost in a fail-over learns
- *                       whether it was applied instead of adding twice
+ *                       the txn also writes a fence key unique to this call
+ *                       and requires it absent, so a resend after a lost
+ *                       answer (or a first send that lands late) never
+ *                       counts twice; +1 on a counter is a put that keeps
+ *                       the value (the number is the key's version)
  *   compare_set         a txn comparing the value (or create_revision 0 for
  *                       "absent"), reading the winner on failure
  *   wait / get          a /v3/watch stream from the revision just read: no
@@ -167,7 +169,7 @@ static int txn_init(struct txn *t)
 }
 
 /* Sends the txn (freeing it); *ret_json is the reply. */
-static int txn_run(struct etcd *e, struct txn *t, bool ok, unsigned flags, cJSON **ret_json)
+static int txn_run(struct etcd *e, struct txn *t, bool ok, cJSON **ret_json)
 {
 	char *body = ok ? cJSON_PrintUnformatted(t->root) : NULL;
 	int r;
@@ -175,7 +177,7 @@ static int txn_run(struct etcd *e, struct txn *t, bool ok, unsigned flags, cJSON
 	cJSON_Delete(t->root);
 	if (!body)
 		return CRUN_ENOMEM;
-	r = etcd_call(e, "/v3/kv/txn", body, flags, ret_json);
+	r = etcd_call(e, "/v3/kv/txn", body, ret_json);
 	free(body);
 	return r;
 }
@@ -280,7 +282,7 @@ static int materialize(struct etcd *e, const char *k, char **ret_val)
 	int r;
 
 	TRY(txn_init(&t));
-	r = txn_run(e, &t, lease_ranges(t.success, k, false), ETCD_IDEMPOTENT, &res);
+	r = txn_run(e, &t, lease_ranges(t.success, k, false), &res);
 	if (r < 0)
 		goto out;
 	regs = cJSON_GetObjectItemCaseSensitive(txn_range(res, 0), "kvs");
@@ -334,7 +336,7 @@ static int materialize(struct etcd *e, const char *k, char **ret_val)
 			  op(t.failure, "delete_range", del2) &&
 			  op(t.failure, "range", req_range(k, NULL, false, false));
 
-		r = txn_run(e, &t, ok, ETCD_IDEMPOTENT, &res2);
+		r = txn_run(e, &t, ok, &res2);
 	}
 	if (r < 0)
 		goto out;
@@ -367,7 +369,7 @@ static int probe(struct etcd *e, const char *k, char **ret_val, int64_t *ret_rev
 	r = txn_run(e, &t,
 		    op(t.success, "range", req_range(k, NULL, false, false)) &&
 			lease_ranges(t.success, k, true),
-		    ETCD_IDEMPOTENT, &res);
+		    &res);
 	if (r < 0)
 		return r;
 	*ret_rev = etcd_json_i64(cJSON_GetObjectItemCaseSensitive(res, "header"), "revision");
@@ -460,7 +462,7 @@ int etcd_set(struct etcd *e, const char *key, const char *val)
 
 	body = p ? cJSON_PrintUnformatted(p) : NULL;
 	if (body)
-		r = etcd_call(e, "/v3/kv/put", body, ETCD_IDEMPOTENT, &res);
+		r = etcd_call(e, "/v3/kv/put", body, &res);
 	cJSON_Delete(p);
 	cJSON_Delete(res);
 	free(body);
@@ -531,7 +533,7 @@ static int mget_batch(struct etcd *e, const char *const *keys, size_t n, char **
 		ok = k && op(t.success, "range", req_range(k, NULL, false, false));
 		free(k);
 	}
-	r = txn_run(e, &t, ok, ETCD_IDEMPOTENT, &res);
+	r = txn_run(e, &t, ok, &res);
 	for (size_t i = 0; i < n && r == 0; i++) {
 		r = kv_value(txn_range(res, (int)i), &vals[i], NULL);
 		if (r == CRUN_ENOTFOUND) {
@@ -601,7 +603,7 @@ static int cas(struct etcd *e, const char *k, const char *expected, const char *
 					: cmp(t.compare, k, "VALUE", 0, expected)) &&
 				op(t.success, "put", req_put(k, desired, 0, false)) &&
 				op(t.failure, "range", req_range(k, NULL, false, false)),
-			    ETCD_IDEMPOTENT, &res);
+			    &res);
 		if (r < 0)
 			return r;
 		if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(res, "succeeded"))) {
@@ -674,9 +676,9 @@ static int ctr_read(const cJSON *range, struct ctr *c)
 	return r;
 }
 
-/* After a lost answer: whether this call's fence exists. It was written in
- * the same txn as the counter, so the counter at the fence's revision is
- * what the call made. 1 applied (*ret), 0 not. */
+/* Whether this call's fence exists. It was written in the same txn as the
+ * counter, so the counter at the fence's revision is what the call made.
+ * 1 applied (*ret), 0 not. */
 static int fence_check(struct etcd *e, const char *k, const char *fence, int64_t *ret)
 {
 	char body[1024], *f64 = etcd_b64(fence, strlen(fence)), *k64 = etcd_b64(k, strlen(k));
@@ -687,7 +689,7 @@ static int fence_check(struct etcd *e, const char *k, const char *fence, int64_t
 
 	if (!f64 || !k64 || str_printf(body, sizeof(body), "{\"key\":\"%s\"}", f64) < 0)
 		goto out;
-	r = etcd_call(e, "/v3/kv/range", body, ETCD_IDEMPOTENT, &res);
+	r = etcd_call(e, "/v3/kv/range", body, &res);
 	if (r == 0)
 		r = kv_value(res, NULL, &rev);
 	if (r == CRUN_ENOTFOUND) {
@@ -698,7 +700,7 @@ static int fence_check(struct etcd *e, const char *k, const char *fence, int64_t
 	    (r = str_printf(body, sizeof(body), "{\"key\":\"%s\",\"revision\":\"%" PRId64 "\"}",
 			    k64, rev)) < 0)
 		goto out;
-	r = etcd_call(e, "/v3/kv/range", body, ETCD_IDEMPOTENT, &res2);
+	r = etcd_call(e, "/v3/kv/range", body, &res2);
 	if (r == 0)
 		r = ctr_read(res2, &c);
 	if (r == 0) {
@@ -713,26 +715,35 @@ out:
 	return r;
 }
 
-/* Sends a counter txn whose success branch writes the fence; 1 applied, 0
- * not (*ret_res holds the reply), or an error. */
+/* Sends a counter txn. It also requires this call's fence to be absent and
+ * writes it, so it can be resent after a lost answer, and a first send that
+ * lands late (after a resend) changes nothing: a call never counts twice.
+ * On failure the txn reads the fence (entry 0) and the counter (entry 1).
+ * 1 applied (*ret_applied INT64_MIN: by this reply, whose entries are the
+ * success branch's; else the number an earlier send made), 0 not applied
+ * (*ret_res holds the reply), or an error. */
 static int ctr_txn(struct etcd *e, struct txn *t, bool ok, const char *k, const char *fence,
 		   cJSON **ret_res, int64_t *ret_applied)
 {
 	int r;
 
-	ok = ok && op(t->success, "put", req_put(fence, "", 0, false));
+	ok = ok && cmp(t->compare, fence, "CREATE", 0, NULL) &&
+	     op(t->success, "put", req_put(fence, "", 0, false)) &&
+	     op(t->failure, "range", req_range(fence, NULL, false, true)) &&
+	     op(t->failure, "range", req_range(k, NULL, false, false));
 	/* The previous call's fence is no longer needed. */
 	if (ok && e->last_fence)
 		ok = op(t->success, "delete_range", req_range(e->last_fence, NULL, false, false));
-	r = txn_run(e, t, ok, 0, ret_res);
-	if (r == CRUN_EAGAIN) /* the answer was lost: did it happen? */
-		return fence_check(e, k, fence, ret_applied);
+	r = txn_run(e, t, ok, ret_res);
 	if (r < 0)
 		return r;
-	if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(*ret_res, "succeeded")))
-		return 0;
-	*ret_applied = INT64_MIN;
-	return 1;
+	if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(*ret_res, "succeeded"))) {
+		*ret_applied = INT64_MIN;
+		return 1;
+	}
+	if (kv_value(txn_range(*ret_res, 0), NULL, NULL) == 0) /* an earlier send applied */
+		return fence_check(e, k, fence, ret_applied);
+	return 0;
 }
 
 /* +1 on an existing counter: a put that keeps the value, so every joiner
@@ -791,13 +802,12 @@ static int add_cas(struct etcd *e, const char *k, const char *fence, int64_t del
 	TRY(txn_init(&t));
 	r = ctr_txn(e, &t,
 		    cmp(t.compare, k, "MOD", c->mod, NULL) &&
-			op(t.success, "put", req_put(k, val, 0, false)) &&
-			op(t.failure, "range", req_range(k, NULL, false, false)),
+			op(t.success, "put", req_put(k, val, 0, false)),
 		    k, fence, &res, ret);
 	if (r == 1 && *ret == INT64_MIN)
 		*ret = c->val + delta;
-	else if (r == 0 && res)
-		r = ctr_read(txn_range(res, 0), c);
+	else if (r == 0)
+		r = ctr_read(txn_range(res, 1), c);
 	cJSON_Delete(res);
 	return r;
 }
@@ -820,7 +830,7 @@ int etcd_add(struct etcd *e, const char *key, int64_t delta, int64_t *ret_value)
 		r = k64 ? str_printf(body, sizeof(body), "{\"key\":\"%s\"}", k64) : CRUN_ENOMEM;
 		free(k64);
 		if (r >= 0)
-			r = etcd_call(e, "/v3/kv/range", body, ETCD_IDEMPOTENT, &res);
+			r = etcd_call(e, "/v3/kv/range", body, &res);
 		if (r == 0)
 			r = ctr_read(res, &c);
 		if (r == CRUN_EPROTO)
@@ -873,7 +883,7 @@ static int lease_call(struct etcd *e, const char *path, uint64_t id, int64_t ttl
 		snprintf(body, sizeof(body), "{\"TTL\":\"%" PRId64 "\"}", ttl_s);
 	else
 		snprintf(body, sizeof(body), "{\"ID\":\"%" PRIu64 "\"}", id);
-	return etcd_call(e, path, body, ETCD_IDEMPOTENT, ret_res);
+	return etcd_call(e, path, body, ret_res);
 }
 
 int etcd_lease_grant(struct etcd *e, uint32_t ttl_ms, const char *expiry_key, const char *why,
@@ -909,7 +919,7 @@ int etcd_lease_grant(struct etcd *e, uint32_t ttl_ms, const char *expiry_key, co
 			r = txn_run(e, &t,
 				    op(t.success, "put", req_put(l->reg, why, 0, false)) &&
 					op(t.success, "put", req_put(l->live, "", id, false)),
-				    ETCD_IDEMPOTENT, &res2);
+				    &res2);
 		cJSON_Delete(res2);
 		if (r < 0) {
 			(void)etcd_lease_revoke(e, id);
@@ -949,7 +959,7 @@ int etcd_lease_revoke(struct etcd *e, uint64_t id)
 		    e, &t,
 		    op(t.success, "delete_range", req_range(l->reg, NULL, false, false)) &&
 			op(t.success, "delete_range", req_range(l->live, NULL, false, false)),
-		    ETCD_IDEMPOTENT, &res);
+		    &res);
 		cJSON_Delete(res);
 		res = NULL;
 	}
@@ -991,7 +1001,7 @@ int etcd_put_leased(struct etcd *e, uint64_t id, const char *key, const char *va
 
 	body = p ? cJSON_PrintUnformatted(p) : NULL;
 	if (body)
-		r = etcd_call(e, "/v3/kv/put", body, ETCD_IDEMPOTENT, &res);
+		r = etcd_call(e, "/v3/kv/put", body, &res);
 	cJSON_Delete(p);
 	cJSON_Delete(res);
 	free(body);

@@ -496,7 +496,7 @@ static enum verdict judge(struct etcd *e, const struct reply *rp, cJSON **ret_js
 
 static int authenticate(struct etcd *e);
 
-int etcd_call(struct etcd *e, const char *path, const char *body, unsigned flags, cJSON **ret_json)
+int etcd_call(struct etcd *e, const char *path, const char *body, cJSON **ret_json)
 {
 	uint64_t start = clock_now_ms(), deadline = start + e->timeout_ms;
 	bool auth = strcmp(path, "/v3/auth/authenticate") != 0;
@@ -538,8 +538,6 @@ int etcd_call(struct etcd *e, const char *path, const char *body, unsigned flags
 			free(rp.body);
 			r = err;
 			next_member(e);
-			if (!(flags & ETCD_IDEMPOTENT))
-				return CRUN_EAGAIN; /* the caller checks its fence */
 			break;
 		}
 		/* Every member tried once: back off a little (an election takes
@@ -568,7 +566,7 @@ static int authenticate(struct etcd *e)
 	body = cJSON_PrintUnformatted(req);
 	if (!body)
 		goto out;
-	r = etcd_call(e, "/v3/auth/authenticate", body, ETCD_IDEMPOTENT, &res);
+	r = etcd_call(e, "/v3/auth/authenticate", body, &res);
 	if (r < 0) {
 		etcd_fail(e, r, "authenticating as '%s' failed: %s", e->conf.username,
 			  crun_strerror(r));
@@ -706,7 +704,7 @@ int etcd_open(const struct etcd_conf *conf, const char *prefix, uint32_t connect
 	if (conf->username[0])
 		r = authenticate(e);
 	else
-		r = etcd_call(e, "/v3/maintenance/status", "{}", ETCD_IDEMPOTENT, &res);
+		r = etcd_call(e, "/v3/maintenance/status", "{}", &res);
 	cJSON_Delete(res);
 	if (r < 0)
 		goto fail;

@@ -95,18 +95,13 @@ void etcd_leases_end(struct etcd *e);
 
 struct cJSON;
 
-enum etcd_call_flags {
-	ETCD_IDEMPOTENT = 1u << 0, /* safe to resend after an ambiguous failure */
-};
-
 /* POSTs body (JSON text) to path on the current member and parses the reply.
  * Connection errors, timeouts and "leader changed"/"no leader" answers move
- * to the next member and retry until the handle's deadline; an expired auth
- * token is renewed. Without ETCD_IDEMPOTENT an ambiguous failure (the request
- * may have been applied) returns CRUN_EAGAIN after moving on, so the caller
- * can check its fence first. *ret_json is freed with cJSON_Delete. */
-int etcd_call(struct etcd *e, const char *path, const char *body, unsigned flags,
-	      struct cJSON **ret_json);
+ * to the next member and resend until the handle's deadline; an expired auth
+ * token is renewed. Every request crun sends is safe to resend: reads, puts,
+ * compare-and-sets, and counter updates (fenced, coord_etcd.c). *ret_json is
+ * freed with cJSON_Delete. */
+int etcd_call(struct etcd *e, const char *path, const char *body, struct cJSON **ret_json);
 
 /* The watch stream: one at a time per handle, on its own connection to the
  * current member, over [key, range_end) from start_rev. */

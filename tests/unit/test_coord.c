@@ -6,12 +6,16 @@
  * CAS winners, leases: revoke is not an expiry, a lapsed lease sets its
  * expiry key and wakes a waiter, closing the holder ends its lease, the
  * first value wins; and every socket the backend opens is close-on-exec.
+ * etcd alone: a counter update whose answer is lost (and whose first send
+ * reaches etcd only after the resend) counts once.
  */
 #include <check.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -620,6 +624,161 @@ START_TEST(sockets_are_cloexec)
 }
 END_TEST
 
+/* ---- etcd only: a lost answer ------------------------------------------------------ */
+
+/* A TCP proxy in front of etcd that, once armed, swallows the next request
+ * carrying `match`: it hangs up on the client at once (the answer is lost)
+ * and delivers the request to etcd only 1.5 s later, after the client has
+ * resent it. A counter update must count once. */
+struct proxy {
+	int lfd;
+	uint16_t port;
+	atomic_int armed;
+	const char *match;
+};
+
+struct relay {
+	struct proxy *px;
+	int cfd;
+};
+
+static int to_etcd(void)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	a.sin_port = htons(g_etcd.ep[0].port);
+	if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
+		close(fd);
+		fd = -1;
+	}
+	return fd;
+}
+
+struct late {
+	char *buf;
+	size_t len;
+};
+
+static void *deliver_late(void *arg)
+{
+	struct late *l = arg;
+	char sink[4096];
+	int fd;
+
+	usleep(1500000);
+	fd = to_etcd();
+	if (fd >= 0 && write(fd, l->buf, l->len) == (ssize_t)l->len)
+		(void)read(fd, sink, sizeof(sink)); /* etcd's answer: nobody gets it */
+	if (fd >= 0)
+		close(fd);
+	free(l->buf);
+	free(l);
+	return NULL;
+}
+
+static void *relay_main(void *arg)
+{
+	struct relay *rl = arg;
+	int sfd = to_etcd();
+	struct pollfd p[2] = {{.fd = rl->cfd, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
+	char buf[65536];
+
+	for (int i = 0; sfd >= 0 && i < 1 << 20; i++) {
+		ssize_t n;
+
+		if (poll(p, 2, 60000) <= 0)
+			break;
+		if (p[0].revents) {
+			n = read(rl->cfd, buf, sizeof(buf));
+			if (n <= 0)
+				break;
+			if (memmem(buf, (size_t)n, rl->px->match, strlen(rl->px->match)) &&
+			    atomic_exchange(&rl->px->armed, 0)) {
+				struct late *l = calloc(1, sizeof(*l));
+				pthread_t t;
+
+				l->buf = mem_dup(buf, (size_t)n);
+				l->len = (size_t)n;
+				pthread_create(&t, NULL, deliver_late, l);
+				pthread_detach(t);
+				break; /* hang up: the answer is lost */
+			}
+			if (write(sfd, buf, (size_t)n) != n)
+				break;
+		}
+		if (p[1].revents) {
+			n = read(sfd, buf, sizeof(buf));
+			if (n <= 0 || write(rl->cfd, buf, (size_t)n) != n)
+				break;
+		}
+	}
+	close(rl->cfd);
+	if (sfd >= 0)
+		close(sfd);
+	free(rl);
+	return NULL;
+}
+
+static void *proxy_main(void *arg)
+{
+	struct proxy *px = arg;
+
+	for (;;) {
+		int cfd = accept4(px->lfd, NULL, NULL, SOCK_CLOEXEC);
+		struct relay *rl;
+		pthread_t t;
+
+		if (cfd < 0)
+			return NULL;
+		rl = calloc(1, sizeof(*rl));
+		rl->px = px;
+		rl->cfd = cfd;
+		pthread_create(&t, NULL, relay_main, rl);
+		pthread_detach(t);
+	}
+}
+
+START_TEST(etcd_counts_once_when_an_answer_is_lost)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t al = sizeof(a);
+	struct proxy px = {.match = "ignore_value"}; /* the +1 txn */
+	struct etcd_conf via = g_etcd;
+	struct coord_opts o = {0};
+	struct coord *c = NULL;
+	pthread_t t;
+	int64_t v = 0;
+
+	begin(1);
+	px.lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	ck_assert_int_eq(bind(px.lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+	ck_assert_int_eq(listen(px.lfd, 16), 0);
+	ck_assert_int_eq(getsockname(px.lfd, (struct sockaddr *)&a, &al), 0);
+	ck_assert_int_eq(pthread_create(&t, NULL, proxy_main, &px), 0);
+	pthread_detach(t);
+	via.ep[0].port = ntohs(a.sin_port);
+	o.prefix = g_prefix;
+	o.connect_timeout_ms = 30000;
+	o.timeout_ms = 10000;
+	o.etcd = &via;
+	ck_assert_int_eq(coord_open(&o, &c), 0);
+	ck_assert_int_eq(coord_add(c, "n", 1, &v), 0); /* creates it: no ignore_value */
+	ck_assert_int_eq(v, 1);
+	atomic_store(&px.armed, 1);
+	ck_assert_int_eq(coord_add(c, "n", 1, &v), 0);
+	ck_assert_int_eq(atomic_load(&px.armed), 0); /* the proxy did swallow one */
+	ck_assert_int_eq(v, 2);
+	usleep(2500000); /* the swallowed request reaches etcd now */
+	ck_assert_int_eq(coord_add(c, "n", 0, &v), 0);
+	ck_assert_int_eq(v, 2);
+	ck_assert_int_eq(coord_add(c, "n", 1, &v), 0);
+	ck_assert_int_eq(v, 3);
+	coord_close(c);
+	end();
+}
+END_TEST
+
 static Suite *coord_suite(void)
 {
 	Suite *s = suite_create("coord");
@@ -643,6 +802,7 @@ static Suite *coord_suite(void)
 	tcase_add_loop_test(tc, closing_the_holder_ends_its_lease, 0, NB);
 	tcase_add_loop_test(tc, lapse_does_not_overwrite_a_set_key, 0, NB);
 	tcase_add_loop_test(tc, sockets_are_cloexec, 0, NB);
+	tcase_add_test(tc, etcd_counts_once_when_an_answer_is_lost);
 	suite_add_tcase(s, tc);
 	return s;
 }
