@@ -30,10 +30,10 @@
 #include "common/common.h"
 #include "rendezvous/etcd_int.h"
 
-#define ETCD_ATTEMPT_ONE_MS 10000	 /* the same with a single member */
-#define ETCD_ATTEMPT_MS	    3000	 /* one request on one member */
-#define ETCD_BODY_MAX	    (16u << 20)	 /* a reply; etcd's own limit is 1.5 MiB */
-#define ETCD_MAX_TRIES	    (1 << 16)	 /* a bound only: the deadline ends a call */
+#define ETCD_ATTEMPT_ONE_MS 10000	/* the same with a single member */
+#define ETCD_ATTEMPT_MS	    2000	/* one request on one member: about two election timeouts */
+#define ETCD_BODY_MAX	    (16u << 20) /* a reply; etcd's own limit is 1.5 MiB */
+#define ETCD_MAX_TRIES	    (1 << 16)	/* a bound only: the deadline ends a call */
 #define ETCD_WATCH_IDLE	    (24u * 3600) /* s: the stream is idle by design */
 #define ETCD_LINE_MAX	    (4u << 20)	 /* one watch message */
 

@@ -23,7 +23,7 @@ from etcd_cluster import EtcdCluster
 TASK = os.path.join(HELPERS, "elastic_task.py")
 PY = "/usr/bin/python3"
 # A lease must outlive a fail-over: a frozen member costs one request
-# timeout (3 s) before the next member is asked.
+# timeout (2 s) before the next member is asked.
 CONF = "last_call_timeout=1,heartbeat_interval=0.5,lease_ttl=10,join_timeout=120"
 
 
