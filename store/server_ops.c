@@ -14,7 +14,8 @@
 
 int store_conn_refuse(struct store_conn *c, enum store_metric why)
 {
-	c->why = (uint8_t)why;
+	if (c) /* NULL: the server's own write (store_server_set_key) */
+		c->why = (uint8_t)why;
 	return CRUN_ETOOBIG;
 }
 
@@ -38,10 +39,12 @@ static void reg_free(struct store_server *srv, struct kv_reg *reg, bool is_wait)
 	kv_gc(&srv->kv, e);
 }
 
-/* kv_get_or_add, with a refusal counted under the budget that was full. */
-static int ent_get(struct store_conn *c, const struct store_bytes *k, struct kv_ent **ret)
+/* kv_get_or_add, with a refusal counted under the budget that was full;
+ * c is the client asking, NULL for the server itself. */
+static int ent_get(struct store_server *srv, struct store_conn *c, const struct store_bytes *k,
+		   struct kv_ent **ret)
 {
-	struct kv_table *t = &c->srv->kv;
+	struct kv_table *t = &srv->kv;
 	int r = kv_get_or_add(t, k->p, k->len, ret);
 
 	if (r == CRUN_ETOOBIG)
@@ -223,10 +226,9 @@ static void notify_watchers(struct store_server *srv, struct kv_ent *e, uint8_t 
  * ceiling, and tells v1 watchers. The caller replies, then wakes waiters. On
  * failure an entry left holding nothing (a key just created for this write) is
  * freed, so e must not be used after an error. */
-static int put_value(struct store_conn *c, struct kv_ent *e, const uint8_t *v, size_t len,
-		     bool append)
+static int put_value(struct store_server *srv, struct store_conn *c, struct kv_ent *e,
+		     const uint8_t *v, size_t len, bool append)
 {
-	struct store_server *srv = c->srv;
 	size_t old_len = e->present ? e->val_len : 0;
 	size_t after = srv->kv.value_bytes - (append ? 0 : old_len) + len;
 	bool created = !e->present;
@@ -258,15 +260,21 @@ fail:
 	return r;
 }
 
-static int set_key(struct store_conn *c, const struct store_bytes *k, const struct store_bytes *v,
-		   bool append)
+static int set_key(struct store_server *srv, struct store_conn *c, const struct store_bytes *k,
+		   const struct store_bytes *v, bool append)
 {
 	struct kv_ent *e;
 
-	TRY(ent_get(c, k, &e));
-	TRY(put_value(c, e, v->p, v->len, append));
-	wake_all(c->srv, e);
+	TRY(ent_get(srv, c, k, &e));
+	TRY(put_value(srv, c, e, v->p, v->len, append));
+	wake_all(srv, e);
 	return 0;
+}
+
+int store_server_set_key(struct store_server *srv, const struct store_bytes *k,
+			 const struct store_bytes *v)
+{
+	return set_key(srv, NULL, k, v, false);
 }
 
 /* std::stoll as torch's ADD applies it to the stored text: leading
@@ -324,7 +332,7 @@ static int add_counter(struct store_conn *c, struct kv_ent *e, int64_t delta, in
 	if (e->present)
 		TRY(parse_stoll(e->val, e->val_len, &cur));
 	cur = (int64_t)((uint64_t)cur + (uint64_t)delta);
-	TRY(put_value(c, e, (const uint8_t *)text, i64_text(cur, text), false));
+	TRY(put_value(c->srv, c, e, (const uint8_t *)text, i64_text(cur, text), false));
 	*ret = cur;
 	return 0;
 }
@@ -349,7 +357,7 @@ static int op_add(struct store_conn *c, const struct store_req *q)
 	struct kv_ent *e;
 	int64_t v;
 
-	TRY(ent_get(c, &q->key, &e));
+	TRY(ent_get(c->srv, c, &q->key, &e));
 	TRY(add_counter(c, e, q->num, &v));
 	TRY(reply_i64(c, v));
 	wake_all(srv, e);
@@ -367,10 +375,10 @@ static int op_compare_set(struct store_conn *c, const struct store_req *q)
 	if (!e || !e->present) {
 		if (q->val.len)
 			return reply_bytes(c, q->val.p, q->val.len);
-		TRY(ent_get(c, &q->key, &e));
-		TRY(put_value(c, e, q->val2.p, q->val2.len, false));
+		TRY(ent_get(c->srv, c, &q->key, &e));
+		TRY(put_value(c->srv, c, e, q->val2.p, q->val2.len, false));
 	} else if (e->val_len == q->val.len && !memcmp(e->val, q->val.p, q->val.len)) {
-		TRY(put_value(c, e, q->val2.p, q->val2.len, false));
+		TRY(put_value(c->srv, c, e, q->val2.p, q->val2.len, false));
 	}
 	TRY(reply_bytes(c, e->val, e->val_len));
 	wake_all(srv, e);
@@ -403,7 +411,7 @@ static int op_wait(struct store_conn *c, const struct store_req *q, bool check)
 		store_items_next(&it, &k);
 		int r;
 
-		TRY(ent_get(c, &k, &e));
+		TRY(ent_get(c->srv, c, &k, &e));
 		if (key_exists(e))
 			continue;
 		r = reg_add(c, e, true);
@@ -437,7 +445,7 @@ static int op_watch(struct store_conn *c, const struct store_req *q)
 	int r;
 
 	TRY(reg_budget(c, 1));
-	TRY(ent_get(c, &q->key, &e));
+	TRY(ent_get(c->srv, c, &q->key, &e));
 	r = reg_add(c, e, false);
 	if (r < 0) {
 		kv_gc(&c->srv->kv, e);
@@ -486,7 +494,7 @@ static int op_multi_set(struct store_conn *c, const struct store_req *q)
 
 		store_items_next(&it, &k);
 		store_items_next(&it, &v);
-		TRY(set_key(c, &k, &v, false));
+		TRY(set_key(c->srv, c, &k, &v, false));
 	}
 	return 0;
 }
@@ -505,7 +513,7 @@ static int op_queue_push(struct store_conn *c, const struct store_req *q)
 
 	if (srv->kv.value_bytes + q->val.len > srv->cfg.max_total_value_bytes)
 		return store_conn_refuse(c, STORE_M_DROP_VALUE_BYTES);
-	TRY(ent_get(c, &q->key, &e));
+	TRY(ent_get(c->srv, c, &q->key, &e));
 	TRY(kv_queue_push(&srv->kv, e, q->val.p, q->val.len));
 	wake_one(srv, e);
 	return 0;
@@ -566,7 +574,7 @@ static int op_barrier(struct store_conn *c, const struct store_req *q)
 	struct kv_ent *e;
 	int64_t n;
 
-	TRY(ent_get(c, &q->key, &e));
+	TRY(ent_get(c->srv, c, &q->key, &e));
 	TRY(add_counter(c, e, 1, &n));
 	if (n >= q->num) {
 		TRY(reply_u8(c, STORE_WAIT_STOP_WAITING));
@@ -624,9 +632,9 @@ int store_conn_dispatch(struct store_conn *c, const struct store_req *q)
 	case STORE_OP_VALIDATE:
 		return q->u32 == STORE_VALIDATE_MAGIC ? 0 : CRUN_EPROTO;
 	case STORE_OP_SET:
-		return set_key(c, &q->key, &q->val, false);
+		return set_key(srv, c, &q->key, &q->val, false);
 	case STORE_OP_APPEND:
-		return set_key(c, &q->key, &q->val, true);
+		return set_key(srv, c, &q->key, &q->val, true);
 	case STORE_OP_GET:
 		return op_get(c, q);
 	case STORE_OP_ADD:
