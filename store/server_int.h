@@ -132,6 +132,7 @@ struct store_server {
 	uint16_t port;
 	int reserve_fd; /* spare fd given up to accept-and-close at the fd limit */
 	struct store_server_stats st;
+	struct lease_table *leases; /* lease.c: every lease by id; NULL until the first */
 	uint64_t n_regs;     /* kv_reg registrations (waits and watches), all conns */
 	size_t in_bytes;     /* unprocessed input, all connections */
 	size_t out_bytes;    /* unsent output, all connections */
@@ -139,7 +140,6 @@ struct store_server {
 	size_t stall_min;    /* smallest reply a stalled connection waits to send */
 	uint64_t metrics[STORE_M__MAX];
 	struct lograte lr;
-	struct lease_table *leases; /* lease.c: every lease by id; NULL until the first */
 };
 
 struct store_conn {

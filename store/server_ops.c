@@ -14,8 +14,7 @@
 
 int store_conn_refuse(struct store_conn *c, enum store_metric why)
 {
-	if (c) /* NULL: the server's own write (store_server_set_key) */
-		c->why = (uint8_t)why;
+	c->why = (uint8_t)why;
 	return CRUN_ETOOBIG;
 }
 
@@ -39,8 +38,17 @@ static void reg_free(struct store_server *srv, struct kv_reg *reg, bool is_wait)
 	kv_gc(&srv->kv, e);
 }
 
-/* kv_get_or_add, with a refusal counted under the budget that was full;
- * c is the client asking, NULL for the server itself. */
+/* A write over a budget: counted, and refused to the client when there is
+ * one (c is NULL for the server's own writes, a lease's expiry key). */
+static int refuse(struct store_server *srv, struct store_conn *c, enum store_metric m)
+{
+	if (c)
+		return store_conn_refuse(c, m);
+	srv->metrics[m]++;
+	return CRUN_ETOOBIG;
+}
+
+/* kv_get_or_add, with a refusal counted under the budget that was full. */
 static int ent_get(struct store_server *srv, struct store_conn *c, const struct store_bytes *k,
 		   struct kv_ent **ret)
 {
@@ -48,8 +56,8 @@ static int ent_get(struct store_server *srv, struct store_conn *c, const struct 
 	int r = kv_get_or_add(t, k->p, k->len, ret);
 
 	if (r == CRUN_ETOOBIG)
-		return store_conn_refuse(c, t->n_ents >= t->max_ents ? STORE_M_DROP_KEYS
-								     : STORE_M_DROP_KEY_BYTES);
+		return refuse(srv, c,
+			      t->n_ents >= t->max_ents ? STORE_M_DROP_KEYS : STORE_M_DROP_KEY_BYTES);
 	return r;
 }
 
@@ -236,7 +244,7 @@ static int put_value(struct store_server *srv, struct store_conn *c, struct kv_e
 	int r;
 
 	if (after > srv->cfg.max_total_value_bytes) {
-		r = store_conn_refuse(c, STORE_M_DROP_VALUE_BYTES);
+		r = refuse(srv, c, STORE_M_DROP_VALUE_BYTES);
 		goto fail;
 	}
 	if (!DL_EMPTY(&e->watchers) && old_len) {
@@ -632,9 +640,9 @@ int store_conn_dispatch(struct store_conn *c, const struct store_req *q)
 	case STORE_OP_VALIDATE:
 		return q->u32 == STORE_VALIDATE_MAGIC ? 0 : CRUN_EPROTO;
 	case STORE_OP_SET:
-		return set_key(srv, c, &q->key, &q->val, false);
+		return set_key(c->srv, c, &q->key, &q->val, false);
 	case STORE_OP_APPEND:
-		return set_key(srv, c, &q->key, &q->val, true);
+		return set_key(c->srv, c, &q->key, &q->val, true);
 	case STORE_OP_GET:
 		return op_get(c, q);
 	case STORE_OP_ADD:
