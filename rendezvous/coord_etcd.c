@@ -454,10 +454,11 @@ out:
 
 /* ---- coord.h operations ---------------------------------------------------------- */
 
-int etcd_set(struct etcd *e, const char *key, const char *val)
+/* A put of "<prefix><key>", under lease id when not 0. */
+static int put(struct etcd *e, const char *key, const char *val, uint64_t id)
 {
 	char *k = fkey(e, key, NULL, NULL), *body = NULL;
-	cJSON *p = k ? req_put(k, val, 0, false) : NULL, *res = NULL;
+	cJSON *p = k ? req_put(k, val, id, false) : NULL, *res = NULL;
 	int r = CRUN_ENOMEM;
 
 	body = p ? cJSON_PrintUnformatted(p) : NULL;
@@ -467,6 +468,13 @@ int etcd_set(struct etcd *e, const char *key, const char *val)
 	cJSON_Delete(res);
 	free(body);
 	free(k);
+	return r;
+}
+
+int etcd_set(struct etcd *e, const char *key, const char *val)
+{
+	int r = put(e, key, val, 0);
+
 	return r < 0 ? fail_op(e, r, "set", key) : 0;
 }
 
@@ -995,18 +1003,9 @@ void etcd_leases_end(struct etcd *e)
 
 int etcd_put_leased(struct etcd *e, uint64_t id, const char *key, const char *val)
 {
-	char *k = fkey(e, key, NULL, NULL), *body = NULL;
-	cJSON *p = k ? req_put(k, val, id, false) : NULL, *res = NULL;
-	int r = CRUN_ENOMEM;
+	int r = put(e, key, val, id);
 
-	body = p ? cJSON_PrintUnformatted(p) : NULL;
-	if (body)
-		r = etcd_call(e, "/v3/kv/put", body, &res);
-	cJSON_Delete(p);
-	cJSON_Delete(res);
-	free(body);
-	free(k);
-	if (r == CRUN_ENOTFOUND)
+	if (r == CRUN_ENOTFOUND) /* etcd: "requested lease not found" */
 		return r;
 	return r < 0 ? fail_op(e, r, "put_leased", key) : 0;
 }

@@ -779,6 +779,26 @@ START_TEST(etcd_counts_once_when_an_answer_is_lost)
 }
 END_TEST
 
+/* coord_put_leased (the rdzv branch's ephemeral keys) on etcd: a key that
+ * lives exactly as long as its lease. */
+START_TEST(etcd_put_leased_key_dies_with_its_lease)
+{
+	struct etcd *e = NULL;
+	uint64_t id = 0;
+
+	begin(1);
+	ck_assert_int_eq(etcd_open(&g_etcd, g_prefix, 30000, 10000, &e), 0);
+	ck_assert_int_eq(etcd_lease_grant(e, 1000, "", "", &id), 0);
+	ck_assert_int_eq(etcd_put_leased(e, id, "alive/1", "host-a"), 0);
+	ck_assert_int_eq(etcd_exists(e, "alive/1"), 1);
+	ck_assert_int_eq(etcd_lease_revoke(e, id), 0);
+	ck_assert_int_eq(etcd_exists(e, "alive/1"), 0);
+	ck_assert_int_eq(etcd_put_leased(e, id, "alive/2", "host-a"), CRUN_ENOTFOUND);
+	etcd_close(e);
+	end();
+}
+END_TEST
+
 static Suite *coord_suite(void)
 {
 	Suite *s = suite_create("coord");
@@ -803,6 +823,7 @@ static Suite *coord_suite(void)
 	tcase_add_loop_test(tc, lapse_does_not_overwrite_a_set_key, 0, NB);
 	tcase_add_loop_test(tc, sockets_are_cloexec, 0, NB);
 	tcase_add_test(tc, etcd_counts_once_when_an_answer_is_lost);
+	tcase_add_test(tc, etcd_put_leased_key_dies_with_its_lease);
 	suite_add_tcase(s, tc);
 	return s;
 }
