@@ -1,13 +1,14 @@
 /* etcd_int.h: the etcd v3 client behind coord.h (folder-private). It speaks
- * etcd's JSON/HTTP gateway (range, put and txn under /v3/kv,
- * lease grant, keepalive and revoke, watch, auth/authenticate) with libevent's evhttp and
- * cJSON; no other etcd client library.
+ * etcd's JSON/HTTP gateway (range, put and txn under /v3/kv, lease grant,
+ * keepalive and revoke, watch, auth/authenticate) with libevent's evhttp
+ * and cJSON; no other etcd client library.
  *
  * etcd_http.c: configuration (endpoints, rdzv_conf keys), one handle's
  * private event_base, its connections, TLS, authentication, requests with
  * per-attempt timeouts and fail-over across endpoints, and the watch stream.
- * coord_etcd.c: the coord.h operations on top (counters, compare-and-set,
- * leases with expiry keys, waits that block on a watch).
+ * etcd_txn.c: request builders (keys, range/put/txn JSON, reading kvs).
+ * coord_etcd.c: the coord.h operations (reads, waits on a watch,
+ * compare-and-set, leases with expiry keys); etcd_counter.c: coord_add.
  *
  * A handle is used by one thread at a time (coord.h); every call blocks up to
  * its deadline. Nothing here logs above DEBUG: errors come back as codes with
@@ -122,6 +123,48 @@ void etcd_watch_rearm(struct etcd *e);
 /* Runs the handle's loop until an event, the stream's end, or until_ms
  * (clock_now_ms time). */
 enum etcd_watch_result etcd_watch_wait(struct etcd *e, uint64_t until_ms);
+
+/* ---- request builders (etcd_txn.c) ---------------------------------------- */
+
+/* "<prefix><key><suffix>" (suffix may be NULL or hold \x01), malloc'd. */
+char *etcd_key(struct etcd *e, const char *key, const char *suffix, size_t *ret_len);
+/* {"key": k, "range_end": end?, ...}: range and delete_range bodies. */
+struct cJSON *etcd_req_range(const char *k, const char *end, bool count_only, bool keys_only);
+/* A put body; v NULL keeps the value (ignore_value), prev_kv returns the
+ * old kv, lease 0 = none. */
+struct cJSON *etcd_req_put(const char *k, const char *v, uint64_t lease, bool prev_kv);
+/* Appends {"request_<kind>": body} to a txn branch; takes body even when
+ * it fails. */
+bool etcd_op(struct cJSON *arr, const char *kind, struct cJSON *body);
+/* A compare on k: target "MOD"/"CREATE" (rev) or "VALUE" (value); result
+ * "EQUAL", "GREATER", "LESS" or "NOT_EQUAL" (etcd_cmp: EQUAL). */
+bool etcd_cmpr(struct cJSON *arr, const char *k, const char *target, const char *result,
+	       int64_t rev, const char *value);
+bool etcd_cmp(struct cJSON *arr, const char *k, const char *target, int64_t rev, const char *value);
+
+struct etcd_txn {
+	struct cJSON *root, *compare, *success, *failure;
+};
+int etcd_txn_init(struct etcd_txn *t);
+/* Sends the txn when ok (frees it either way); *ret_json is the reply. */
+int etcd_txn_run(struct etcd *e, struct etcd_txn *t, bool ok, struct cJSON **ret_json);
+/* The response_range of a txn reply's entry i, or NULL. */
+const struct cJSON *etcd_txn_range(const struct cJSON *res, int i);
+
+/* Counters (etcd_counter.c) are stored as CTR_TAG "<offset>": their value
+ * is the key's version plus the offset. Readers see the decimal number.
+ * CTR_TAG sorts between CTR_LO and CTR_HI. */
+#define CTR_TAG "\001c"
+#define CTR_LO	"\001c"
+#define CTR_HI	"\001d"
+/* 1 and *ret_off when raw is a counter, else 0. */
+int etcd_kv_counter(const char *raw, int64_t *ret_off);
+/* A kv's value (malloc'd; a counter as its number) and mod revision. */
+int etcd_kv_of(const struct cJSON *kv, char **ret_val, int64_t *ret_mod);
+/* The first kv of a range response: 0, CRUN_ENOTFOUND, or CRUN_EPROTO. */
+int etcd_kv_value(const struct cJSON *range, char **ret_val, int64_t *ret_mod);
+/* Sets the error as "<what> '<key>': <code> - <previous detail>"; returns r. */
+int etcd_fail_op(struct etcd *e, int r, const char *what, const char *key);
 
 /* The handle's default operation timeout and its error buffer. */
 uint32_t etcd_timeout_ms(const struct etcd *e);
