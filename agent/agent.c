@@ -224,6 +224,7 @@ CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_a
 	rp.min_nodes = a->cfg.min_nnodes > 0 ? a->cfg.min_nnodes : a->cfg.nnodes;
 	rp.max_nodes = a->cfg.max_nnodes > 0 ? a->cfg.max_nnodes : a->cfg.nnodes;
 	rp.conf = a->cfg.rdzv_conf;
+	rp.auth_secret_file = a->cfg.auth_secret_file;
 	rp.hostname = a->host;
 	rp.base = a->base;
 	rp.on_event = on_rdzv_event;

@@ -18,6 +18,7 @@
 #include <event2/event.h>
 
 #include "common/common.h"
+#include "store/auth.h"
 #include "store/store.h"
 
 #define PROG "crun-rdzvd"
@@ -32,6 +33,17 @@ enum {
 	OPT_BACKLOG,
 	OPT_LOG_LEVEL,
 	OPT_VERSION,
+	OPT_AUTH_FILE,
+	OPT_AUTH_DIR,
+	OPT_INSECURE,
+};
+
+/* Security flags (see usage): where the secrets come from, and whether a
+ * non-loopback listener without them is allowed. */
+struct sec_opts {
+	const char *secret_file;
+	const char *secrets_dir;
+	bool insecure;
 };
 
 static const struct option long_opts[] = {
@@ -45,6 +57,9 @@ static const struct option long_opts[] = {
     {"max-total-value-bytes", required_argument, NULL, OPT_MAX_TOTAL},
     {"backlog", required_argument, NULL, OPT_BACKLOG},
     {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+    {"auth-secret-file", required_argument, NULL, OPT_AUTH_FILE},
+    {"auth-secrets-dir", required_argument, NULL, OPT_AUTH_DIR},
+    {"insecure", no_argument, NULL, OPT_INSECURE},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
@@ -62,8 +77,8 @@ static void usage(FILE *f)
 	    "and 2.x clients, dialect detected per connection) in the foreground. Prints\n"
 	    "'" PROG " listening on ADDR:PORT' once ready; exits 0 on SIGTERM or SIGINT.\n"
 	    "\n"
-	    "  -H, --host ADDR               address or name to bind (default: all\n"
-	    "                                interfaces, IPv6 dual stack, else 0.0.0.0)\n"
+	    "  -H, --host ADDR               address or name to bind (default 127.0.0.1;\n"
+	    "                                \"\" or :: = every interface, IPv6 dual stack)\n"
 	    "  -p, --port N                  TCP port, 0 picks a free one (default 29400)\n"
 	    "      --max-key-bytes N         longest key accepted (default %zu)\n"
 	    "      --max-value-bytes N       longest value accepted (default %zu)\n"
@@ -75,10 +90,16 @@ static void usage(FILE *f)
 	    "                                (default %zu)\n"
 	    "      --backlog N               listen backlog (default: SOMAXCONN)\n"
 	    "      --log-level LEVEL         error, warn, info (default), debug, trace\n"
+	    "      --auth-secret-file FILE   every client must prove it knows this secret\n"
+	    "                                (mode 0600, 16+ bytes; env CRUN_AUTH_SECRET_FILE)\n"
+	    "      --auth-secrets-dir DIR    one secret file per run id (the file name): a\n"
+	    "                                client of run id J sees only J's keys\n"
+	    "      --insecure                allow a non-loopback --host without a secret\n"
 	    "  -h, --help                    show this help and exit\n"
 	    "      --version                 print the version and exit\n"
 	    "\n"
 	    "A request over a limit, or a malformed one, closes that connection only.\n"
+	    "Without a secret only loopback addresses are served, unless --insecure.\n"
 	    "Exit status: 0 after SIGTERM/SIGINT, 1 if the store cannot start, 2 for a bad flag.\n",
 	    d.limits.max_key_bytes, d.limits.max_value_bytes,
 	    (unsigned long long)d.limits.max_items, d.max_conns, d.max_conn_buffered_bytes,
@@ -125,7 +146,8 @@ static int level_from_name(const char *s)
 	return -1;
 }
 
-static void parse_args(int argc, char **argv, struct store_server_config *cfg)
+static void parse_args(int argc, char **argv, struct store_server_config *cfg,
+		       struct sec_opts *sec)
 {
 	const uint64_t big = (uint64_t)1 << 40; /* 1 TiB: keeps size arithmetic safe */
 	int o, lvl;
@@ -174,6 +196,15 @@ static void parse_args(int argc, char **argv, struct store_server_config *cfg)
 					  "trace, got '%s'",
 					  optarg);
 			log_max_level = lvl;
+			break;
+		case OPT_AUTH_FILE:
+			sec->secret_file = optarg;
+			break;
+		case OPT_AUTH_DIR:
+			sec->secrets_dir = optarg;
+			break;
+		case OPT_INSECURE:
+			sec->insecure = true;
 			break;
 		case 'h':
 			usage(stdout);
@@ -229,6 +260,42 @@ static void notify_ready(void)
 	close(fd);
 }
 
+/* Loads the secrets the flags name into a table (NULL: none) and enforces
+ * the secure default: no unauthenticated listener beyond loopback. Exits 2
+ * naming the flag on a bad secret. */
+static struct store_auth_keys *load_secrets(const struct sec_opts *sec, const char *host)
+{
+	struct store_auth_keys *keys = NULL;
+	struct store_auth_secret s;
+	char err[600];
+	int r;
+
+	if (!sec->secret_file && !sec->secrets_dir) {
+		if (!sec->insecure && !store_host_is_loopback(host))
+			bad_usage("refusing to serve '%s' without authentication: give "
+				  "--auth-secret-file or --auth-secrets-dir, or --insecure",
+				  host && *host ? host : "*");
+		if (!store_host_is_loopback(host))
+			log_at(LL_WARN, SUB_CMD, "serving %s without authentication (--insecure)",
+			       host && *host ? host : "every interface");
+		return NULL;
+	}
+	if (store_auth_keys_new(&keys) < 0)
+		bad_usage("out of memory");
+	if (sec->secret_file) {
+		r = store_auth_secret_read(sec->secret_file, &s, err, sizeof(err));
+		if (r == 0)
+			r = store_auth_keys_add(keys, "", &s);
+		if (r < 0)
+			bad_usage("--auth-secret-file: %s", err);
+	}
+	if (sec->secrets_dir && store_auth_keys_load_dir(keys, sec->secrets_dir, err, sizeof(err)) < 0)
+		bad_usage("--auth-secrets-dir: %s", err);
+	log_at(LL_INFO, SUB_CMD, "clients must authenticate (%zu secret%s)",
+	       store_auth_keys_count(keys), store_auth_keys_count(keys) == 1 ? "" : "s");
+	return keys;
+}
+
 static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
 	(void)what;
@@ -240,13 +307,20 @@ int main(int argc, char **argv)
 {
 	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
 	struct store_server *srv = NULL;
+	struct sec_opts sec = {.secret_file = getenv("CRUN_AUTH_SECRET_FILE")};
+	struct store_auth_keys *keys;
 	struct event *sig_term = NULL, *sig_int = NULL;
 	struct event_base *base;
 	int r, rc = 1;
 
 	cfg.port = 29400;
+	cfg.host = "127.0.0.1"; /* secure default: say --host to serve further */
 	log_init(PROG, LL_INFO);
-	parse_args(argc, argv, &cfg);
+	if (sec.secret_file && !*sec.secret_file)
+		sec.secret_file = NULL;
+	parse_args(argc, argv, &cfg, &sec);
+	keys = load_secrets(&sec, cfg.host);
+	cfg.auth = keys;
 	signal(SIGPIPE, SIG_IGN);
 	raise_nofile();
 
@@ -285,5 +359,6 @@ out:
 	if (sig_term)
 		event_free(sig_term);
 	event_base_free(base);
+	store_auth_keys_free(keys);
 	return rc;
 }

@@ -39,6 +39,7 @@
 #include "common/common.h"
 #include "rendezvous/c10d.h"
 #include "rendezvous/coord.h"
+#include "store/auth.h"
 #include "store/store.h"
 
 #define C10D_PROGRESS_MS  3000
@@ -92,6 +93,7 @@ struct c10d {
 	char hostname[RDZV_HOST_MAX];
 	char addr[RDZV_HOST_MAX];	 /* advertised as MASTER_ADDR */
 	struct store_server *rdzv_store; /* served in-process, or NULL */
+	struct store_auth_keys *auth;	 /* its secret (auth_secret_file), or NULL */
 	uint16_t wport;			 /* this agent's worker store */
 	bool have_info;
 	struct rdzv_info info;
@@ -174,6 +176,11 @@ int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap)
 			dst = &c.ttl_ms;
 		if (dst) {
 			TRY(conf_secs(item, v, dst, err, cap));
+		} else if (strcmp(item, "auth_secret_file") == 0) {
+			if (str_printf(c.auth_file, sizeof(c.auth_file), "%s", v) < 0) {
+				snprintf(err, cap, "argument --rdzv_conf: auth_secret_file too long");
+				return CRUN_EINVAL;
+			}
 		} else if (strcmp(item, "is_host") == 0) {
 			if (parse_bool(v, &b) < 0) {
 				snprintf(err, cap,
@@ -185,7 +192,7 @@ int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap)
 			snprintf(err, cap,
 				 "argument --rdzv_conf: unknown key '%s' (expected join_timeout, "
 				 "last_call_timeout, close_timeout, read_timeout, is_host, "
-				 "heartbeat_interval, lease_ttl)",
+				 "heartbeat_interval, lease_ttl, auth_secret_file)",
 				 item);
 			return CRUN_EINVAL;
 		}
@@ -730,6 +737,14 @@ static void monitor_post(struct job *j, enum rdzv_change ch)
 	while (n < 0 && errno == EINTR);
 }
 
+/* Authentication of a connection to the rendezvous store: the job's secret
+ * and its run id (the prefix is "crun-c10d/<run_id>", STORE_AUTH_JOB_ROOT). */
+static void auth_opts(struct coord_opts *o, const struct c10d_conf *conf, const char *prefix)
+{
+	o->auth_secret_file = conf->auth_file[0] ? conf->auth_file : NULL;
+	o->auth_job = prefix + sizeof(STORE_AUTH_JOB_ROOT) - 2;
+}
+
 /* Opens the monitor's connection (the lease lives and dies with it). */
 static int mon_open(struct job *j, struct coord **ret)
 {
@@ -740,6 +755,7 @@ static int mon_open(struct job *j, struct coord **ret)
 	o.prefix = j->prefix;
 	o.connect_timeout_ms = j->conf.read_ms;
 	o.timeout_ms = j->conf.read_ms;
+	auth_opts(&o, &j->conf, j->prefix);
 	return coord_open(&o, ret);
 }
 
@@ -846,6 +862,7 @@ static void *job_main(void *arg)
 	o.prefix = j->prefix;
 	o.connect_timeout_ms = j->kind == JOB_ROUND ? j->conf.join_ms : j->conf.read_ms;
 	o.timeout_ms = j->conf.read_ms;
+	auth_opts(&o, &j->conf, j->prefix);
 	if (j->kind == JOB_MONITOR && j->mon_c) {
 		c = j->mon_c; /* the round's lease connection */
 		j->mon_c = NULL;
@@ -948,6 +965,7 @@ int c10d_join_blocking(const struct c10d_join_args *a, struct rdzv_info *ret_inf
 	o.prefix = prefix;
 	o.connect_timeout_ms = a->conf.join_ms;
 	o.timeout_ms = a->conf.read_ms;
+	auth_opts(&o, &a->conf, prefix);
 	r = coord_open(&o, &c);
 	if (r < 0) {
 		snprintf(err, cap, "cannot reach the rendezvous store: %s", crun_strerror(r));
@@ -1227,6 +1245,7 @@ static void maybe_serve(struct c10d *c)
 		return;
 	sc.host = c->conf.is_host == 1 ? NULL : c->ep_host;
 	sc.port = c->ep_port;
+	sc.auth = c->auth;
 	r = store_server_new(c->p.base, &sc, &c->rdzv_store);
 	if (r < 0) {
 		c->rdzv_store = NULL;
@@ -1235,6 +1254,36 @@ static void maybe_serve(struct c10d *c)
 		return;
 	}
 	log_at(LL_WARN, SUB_RDZV, "serving the rendezvous store on %s:%u", c->ep_host, c->ep_port);
+	/* torchrun compatibility keeps this allowed; say what it means once. */
+	if (!c->auth && !store_host_is_loopback(sc.host))
+		log_at(LL_WARN, SUB_RDZV,
+		       "the rendezvous store on %s:%u has no authentication: anyone who reaches "
+		       "it can change or end this job (give --auth_secret_file)",
+		       sc.host ? sc.host : "*", c->ep_port);
+}
+
+/* The job's secret: rdzv_conf auth_secret_file, else the agent's
+ * --auth_secret_file, else $CRUN_AUTH_SECRET_FILE. Checked here, before any
+ * connection, so a bad file is one clear error. */
+static int load_auth(struct c10d *c, const char *from_agent)
+{
+	struct store_auth_secret s;
+	const char *env = getenv("CRUN_AUTH_SECRET_FILE");
+	int r;
+
+	if (!c->conf.auth_file[0] && from_agent && *from_agent)
+		TRY(str_printf(c->conf.auth_file, sizeof(c->conf.auth_file), "%s", from_agent));
+	if (!c->conf.auth_file[0] && env && *env)
+		TRY(str_printf(c->conf.auth_file, sizeof(c->conf.auth_file), "%s", env));
+	if (!c->conf.auth_file[0])
+		return 0;
+	r = store_auth_secret_read(c->conf.auth_file, &s, c->err, sizeof(c->err));
+	if (r == 0)
+		r = store_auth_keys_new(&c->auth);
+	if (r == 0)
+		r = store_auth_keys_add(c->auth, "", &s);
+	memset(&s, 0, sizeof(s));
+	return r;
 }
 
 int c10d_new(const struct rdzv_params *p, struct c10d **ret)
@@ -1279,6 +1328,12 @@ int c10d_new(const struct rdzv_params *p, struct c10d **ret)
 		free(c);
 		return CRUN_ENOMEM;
 	}
+	r = load_auth(c, p->auth_secret_file);
+	if (r < 0) {
+		log_at(LL_ERROR, SUB_RDZV, "%s", c->err[0] ? c->err : crun_strerror(r));
+		c10d_free(c);
+		return CRUN_ECONFIG;
+	}
 	maybe_serve(c);
 	*ret = c;
 	return 0;
@@ -1303,6 +1358,7 @@ void c10d_free(struct c10d *c)
 	if (c->linger)
 		event_free(c->linger);
 	store_server_free(c->rdzv_store);
+	store_auth_keys_free(c->auth);
 	free(c);
 }
 

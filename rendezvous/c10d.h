@@ -20,6 +20,10 @@ struct c10d_conf {
 	uint32_t hb_ms;	       /* heartbeat_interval */
 	uint32_t ttl_ms;       /* lease_ttl */
 	int is_host;	       /* -1 auto (endpoint local), 0, 1 */
+	/* auth_secret_file: the job's shared secret (store/auth.h) for every
+	 * connection to the rendezvous store, and for the store served here;
+	 * "" = none (then --auth_secret_file / CRUN_AUTH_SECRET_FILE apply). */
+	char auth_file[512];
 };
 
 /* Parses torchrun's rdzv_conf ("k=v,...", seconds) over the defaults. 0, or

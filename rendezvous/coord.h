@@ -27,6 +27,8 @@ struct coord_opts {
 	const char *prefix; /* every key lives under it */
 	uint32_t connect_timeout_ms;
 	uint32_t timeout_ms; /* default op deadline */
+	const char *auth_secret_file; /* NULL: no authentication (store/auth.h) */
+	const char *auth_job;	      /* the run id the connection speaks for */
 };
 
 int coord_open(const struct coord_opts *o, struct coord **ret_c);

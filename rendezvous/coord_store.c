@@ -233,6 +233,8 @@ int coord_open(const struct coord_opts *o, struct coord **ret_c)
 	so.connect_timeout_ms = o->connect_timeout_ms;
 	so.timeout_ms = o->timeout_ms;
 	so.dialect = CRUN_STORE_V2;
+	so.auth_secret_file = o->auth_secret_file;
+	so.auth_job = o->auth_job;
 	r = crun_store_open(&so, &c->s);
 	if (r < 0) {
 		free(c);

@@ -15,7 +15,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+
 #include "common/common.h"
+#include "store/auth.h"
 #include "store/store.h"
 #include "store/store_ext.h"
 
@@ -53,6 +56,8 @@ struct client_conn {
 	size_t kvcap;
 	uint64_t rng;
 	bool ext; /* HELLO answered: crun's extension ops allowed */
+	struct store_auth_secret *secret; /* NULL: no authentication (auth.h) */
+	char *auth_job;			  /* the run id we speak for */
 };
 
 struct crun_store {
@@ -336,6 +341,10 @@ static void conn_free(struct client_conn *c)
 	free(c->wbuf);
 	free(c->kbuf);
 	free(c->kv);
+	if (c->secret)
+		OPENSSL_cleanse(c->secret, sizeof(*c->secret));
+	free(c->secret);
+	free(c->auth_job);
 	free(c);
 }
 
@@ -582,6 +591,18 @@ static int handshake(struct client_conn *c, uint64_t deadline)
 	return 0;
 }
 
+/* The auth.h exchange before the first TCPStore byte; the error names the
+ * cause (no challenge, refused, impostor) in last_error. */
+static int client_auth(struct client_conn *c, uint64_t deadline)
+{
+	char why[300];
+	int r = store_auth_client_run(c->fd, c->secret, c->auth_job, deadline, why, sizeof(why));
+
+	if (r < 0 && r != CRUN_ETIMEDOUT && r != CRUN_ECONNRESET && r != CRUN_ECLOSED)
+		return set_err(c, r, "connect", NULL, 0, "%s", why);
+	return r;
+}
+
 /* Resolves and connects until the deadline, with exponential backoff and
  * jitter between rounds (every address is tried once per round). */
 static int conn_connect(struct client_conn *c, const char *host, uint16_t port, uint32_t total_ms)
@@ -611,16 +632,18 @@ static int conn_connect(struct client_conn *c, const char *host, uint16_t port, 
 					continue;
 				c->fd = fd;
 				c->rpos = c->rlen = 0;
-				last = c->dialect == STORE_V2 ? handshake(c, deadline) : 0;
+				last = c->secret ? client_auth(c, deadline) : 0;
+				if (last == 0)
+					last = c->dialect == STORE_V2 ? handshake(c, deadline) : 0;
 				if (last == 0)
 					break;
 				fd_close(c->fd);
 				c->fd = -1;
-				if (last == CRUN_EPROTO)
-					break; /* a wrong echo is not worth retrying */
+				if (last == CRUN_EPROTO || last == CRUN_EACCES)
+					break; /* a wrong echo or secret is not worth retrying */
 			}
 			freeaddrinfo(res);
-			if (last == 0 || last == CRUN_EPROTO)
+			if (last == 0 || last == CRUN_EPROTO || last == CRUN_EACCES)
 				return last;
 		} else if (g == EAI_NONAME || g == EAI_SERVICE || g == EAI_FAMILY) {
 			return set_err(c, CRUN_ERESOLVE, "connect", NULL, 0, "%s", gai_strerror(g));
@@ -646,6 +669,26 @@ static int conn_connect(struct client_conn *c, const char *host, uint16_t port, 
 		       last == CRUN_ECONNRESET
 		   ? CRUN_ETIMEDOUT
 		   : last;
+}
+
+/* Loads the secret before connecting: a bad file fails at once, named. */
+static int client_secret(struct client_conn *c, const char *path, const char *job)
+{
+	char why[512];
+	int r;
+
+	c->secret = malloc(sizeof(*c->secret));
+	c->auth_job = str_dup(job ? job : "");
+	if (!c->secret || !c->auth_job)
+		return CRUN_ENOMEM;
+	r = store_auth_secret_read(path, c->secret, why, sizeof(why));
+	if (r < 0) {
+		log_at(LL_DEBUG, SUB_STORE, "%s", why); /* callers check the file first */
+		return r;
+	}
+	if (strlen(c->auth_job) > STORE_AUTH_JOB_MAX)
+		return CRUN_EINVAL;
+	return 0;
 }
 
 CRUN_API int crun_store_open(const crun_store_opts_t *opts, crun_store_t **ret_store)
@@ -696,6 +739,12 @@ CRUN_API int crun_store_open(const crun_store_opts_t *opts, crun_store_t **ret_s
 		goto fail;
 	}
 	s->conn = c;
+	if (OPT_HAS(opts, auth_secret_file) && opts->auth_secret_file) {
+		r = client_secret(c, opts->auth_secret_file,
+				  OPT_HAS(opts, auth_job) ? opts->auth_job : NULL);
+		if (r < 0)
+			goto fail;
+	}
 	r = make_prefix("/", 1, prefix, &s->pfx, &s->pfx_len);
 	if (r < 0)
 		goto fail;

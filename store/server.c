@@ -48,6 +48,7 @@ static void conn_close(struct store_conn *c)
 
 	store_conn_unregister(c);
 	store_ext_conn_closed(c); /* after the waits are gone: it may SET keys */
+	store_conn_auth_free(c);
 	dl_del(&c->link);
 	bufferevent_free(c->bev);
 	srv->st.conns--;
@@ -212,6 +213,17 @@ static bool conn_process(struct store_conn *c)
 		}
 		if (len == 0 || c->throttled)
 			return true;
+		if (store_conn_auth_pending(c)) {
+			const char *why = NULL;
+
+			r = store_conn_auth_read(c, &why);
+			if (r <= 0) {
+				if (r < 0)
+					conn_drop(c, r, why ? why : "authentication");
+				return r == 0;
+			}
+			continue;
+		}
 		if (!c->dialect && !conn_sniff(c, in, len))
 			return true;
 		len = evbuffer_get_length(in);
@@ -232,6 +244,12 @@ static bool conn_process(struct store_conn *c)
 			return true; /* answered in order once the WAIT completes */
 		if (store_ext_is_op(p[0])) {
 			/* crun's extension ops (store_ext.h), only after HELLO. */
+			r = store_conn_auth_check_ext(c, p, len);
+			if (r < 0) {
+				c->srv->st.auth_failures++;
+				conn_drop(c, r, "key outside the client's job");
+				return false;
+			}
 			r = store_ext_process(c, p, len, &used);
 			if (r == CRUN_EAGAIN) {
 				if (len < srv->cfg.max_conn_buffered_bytes)
@@ -256,6 +274,12 @@ static bool conn_process(struct store_conn *c)
 		if (r < 0) {
 			conn_drop(c, r,
 				  r == CRUN_ETOOBIG ? "request over a limit" : "malformed request");
+			return false;
+		}
+		r = store_conn_auth_check_req(c, &q);
+		if (r < 0) {
+			c->srv->st.auth_failures++;
+			conn_drop(c, r, "key outside the client's job");
 			return false;
 		}
 		r = store_conn_dispatch(c, &q);
@@ -326,6 +350,11 @@ static void srv_on_accept(struct evconnlistener *lsn, evutil_socket_t fd, struct
 	/* EV_WRITE (on by default) only while output is left over: see conn_flush. */
 	bufferevent_disable(c->bev, EV_WRITE);
 	bufferevent_enable(c->bev, EV_READ);
+	if (store_conn_auth_start(c) < 0) {
+		conn_drop(c, CRUN_ENOMEM, "cannot start authentication");
+		return;
+	}
+	store_conn_flush(c); /* the challenge */
 	return;
 fail:
 	log_at(LL_WARN, SUB_STORE, "out of memory accepting a client");

@@ -134,6 +134,7 @@ struct store_conn {
 	bool doomed;	  /* another connection's op overfilled our output */
 	bool ext;	  /* sent HELLO: crun's extension ops (store_ext.h) allowed */
 	struct dl leases; /* struct store_lease.conn_link (lease.c) */
+	struct conn_auth *auth; /* server_auth.c; NULL: the server has no secrets */
 };
 
 static inline struct evbuffer *store_conn_out(struct store_conn *c)
@@ -156,5 +157,27 @@ void store_conn_check_pushed(struct store_conn *c);
 int store_conn_dispatch(struct store_conn *c, const struct store_req *q);
 /* server_ops.c: drops every wait and watch registration of c (close path). */
 void store_conn_unregister(struct store_conn *c);
+
+/* ---- server_auth.c: the pre-auth gate (auth.h) ---- */
+
+/* At accept: when the server has secrets, queues the challenge and limits
+ * reading to one answer frame. 0 or a negative code (close c). */
+int store_conn_auth_start(struct store_conn *c);
+/* Close path: frees the auth state. */
+void store_conn_auth_free(struct store_conn *c);
+/* True while c has not passed authentication: nothing but the answer is read. */
+bool store_conn_auth_pending(const struct store_conn *c);
+/* Reads the answer: 1 passed (proof queued), 0 incomplete, or a negative code
+ * with *ret_why (counted in auth_failures; the caller drops c). */
+int store_conn_auth_read(struct store_conn *c, const char **ret_why);
+/* Whether c may see or touch wire key `key` (its job scope). */
+bool store_conn_key_visible(const struct store_conn *c, const uint8_t *key, size_t len);
+/* True when c is limited to one job's keys. */
+bool store_conn_scoped(const struct store_conn *c);
+/* 0, or CRUN_EACCES when a request names a key outside c's scope. */
+int store_conn_auth_check_req(const struct store_conn *c, const struct store_req *q);
+/* The same for an extension request at p (partial frames pass: the
+ * extension decoder reports them). */
+int store_conn_auth_check_ext(const struct store_conn *c, const uint8_t *p, size_t len);
 
 #endif /* CRUN_STORE_SERVER_INT_H */

@@ -184,6 +184,7 @@ uint32_t store_get_u32(const uint8_t *p);
 
 struct event_base;
 struct store_server;
+struct store_auth_keys;
 
 struct store_server_config {
 	const char *host; /* bind address; NULL or "" = dual-stack any ("::") */
@@ -193,6 +194,9 @@ struct store_server_config {
 	uint32_t max_conns;		/* further connections are closed at accept */
 	size_t max_conn_buffered_bytes; /* per-connection input + output ceiling */
 	size_t max_total_value_bytes;	/* whole key space */
+	/* Secrets (store/auth.h), borrowed, must outlive the server; NULL: no
+	 * authentication. With a table every client must pass the challenge. */
+	const struct store_auth_keys *auth;
 };
 
 #define STORE_SERVER_CONFIG_DEFAULT                                                    \
@@ -222,6 +226,7 @@ struct store_server_stats {
 	uint64_t waiters;
 	uint64_t requests;
 	uint64_t dropped_conns; /* closed for malformed or over-limit input */
+	uint64_t auth_failures; /* closed in the pre-auth gate or for a key outside the job */
 };
 void store_server_get_stats(const struct store_server *srv, struct store_server_stats *ret);
 

@@ -34,17 +34,28 @@ typedef struct crun_store_opts {
 	uint32_t timeout_ms;	     /* default for every op; 0 = wait forever */
 	int dialect;		     /* crun_store_dialect_t */
 	const char *prefix;	     /* optional PrefixStore-style prefix; copied */
+	/* Shared-secret authentication (crun stores started with a secret):
+	 * the file's secret (mode 0600, 16..4096 bytes) and the run id the
+	 * client speaks for (NULL = ""; a daemon with per-job secrets admits it
+	 * to that run id's keys only). NULL file: no authentication. */
+	const char *auth_secret_file;
+	const char *auth_job;
 } crun_store_opts_t;
 
 #define CRUN_STORE_OPTS_INIT                                                                      \
 	{                                                                                         \
-		sizeof(crun_store_opts_t), "127.0.0.1", 29500, 30000, 300000, CRUN_STORE_V2, NULL \
+		sizeof(crun_store_opts_t), "127.0.0.1", 29500, 30000, 300000, CRUN_STORE_V2, \
+		    NULL, NULL, NULL                                                          \
 	}
 
 /* Connects, retrying with exponential backoff and jitter (start 50 ms, x1.5,
- * cap 2 s) until connect_timeout_ms. v2 sends VALIDATE + PING as PyTorch 2.x
- * does. Returns 0 and *ret_store, or CRUN_ETIMEDOUT, CRUN_ERESOLVE,
- * CRUN_EPROTO (bad PING echo), CRUN_EINVAL. Free with crun_store_close(). */
+ * cap 2 s) until connect_timeout_ms. With auth_secret_file, the
+ * challenge/response runs first (store/auth.h). v2 sends VALIDATE + PING as
+ * PyTorch 2.x does. Returns 0 and *ret_store, or CRUN_ETIMEDOUT, CRUN_ERESOLVE,
+ * CRUN_EPROTO (bad PING echo; no challenge from a server we must
+ * authenticate to), CRUN_EACCES (secret refused, or the server could not
+ * prove it), CRUN_EINVAL. Free with crun_store_close(); on failure the reason
+ * is logged at INFO and, for auth, at DEBUG with details. */
 CRUN_API int crun_store_open(const crun_store_opts_t *opts, crun_store_t **ret_store);
 
 /* A view on base's connection with `prefix` added, like PyTorch's
