@@ -18,6 +18,8 @@
 #include "common/common.h"
 #include "store/auth.h"
 
+#define CHALLENGE_WAIT_MS 10000
+
 static int wait_io(int fd, short ev, uint64_t deadline_ms)
 {
 	for (;;) {
@@ -82,7 +84,9 @@ int store_auth_client_run(int fd, const struct store_auth_secret *s, const char 
 	size_t alen;
 	int r;
 
-	r = recv_exact(fd, ch, sizeof(ch), deadline_ms);
+	/* A server that authenticates sends its challenge on accept; one that
+	 * does not waits for us forever, so this wait has its own bound. */
+	r = recv_exact(fd, ch, sizeof(ch), MIN(deadline_ms, clock_now_ms() + CHALLENGE_WAIT_MS));
 	if (r == 0)
 		r = store_auth_decode_challenge(ch, sizeof(ch), nonce_s);
 	if (r < 0) {
