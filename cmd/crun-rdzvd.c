@@ -20,6 +20,7 @@
 #include "common/common.h"
 #include "store/auth.h"
 #include "store/store.h"
+#include "store/tls.h"
 
 #define PROG "crun-rdzvd"
 
@@ -36,6 +37,10 @@ enum {
 	OPT_AUTH_FILE,
 	OPT_AUTH_DIR,
 	OPT_INSECURE,
+	OPT_TLS_CERT,
+	OPT_TLS_KEY,
+	OPT_TLS_CA,
+	OPT_TLS_MIN,
 };
 
 /* Security flags (see usage): where the secrets come from, and whether a
@@ -44,6 +49,7 @@ struct sec_opts {
 	const char *secret_file;
 	const char *secrets_dir;
 	bool insecure;
+	struct store_tls_opts tls;
 };
 
 static const struct option long_opts[] = {
@@ -60,6 +66,10 @@ static const struct option long_opts[] = {
     {"auth-secret-file", required_argument, NULL, OPT_AUTH_FILE},
     {"auth-secrets-dir", required_argument, NULL, OPT_AUTH_DIR},
     {"insecure", no_argument, NULL, OPT_INSECURE},
+    {"tls-cert", required_argument, NULL, OPT_TLS_CERT},
+    {"tls-key", required_argument, NULL, OPT_TLS_KEY},
+    {"tls-ca", required_argument, NULL, OPT_TLS_CA},
+    {"tls-min-version", required_argument, NULL, OPT_TLS_MIN},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
@@ -95,6 +105,12 @@ static void usage(FILE *f)
 	    "      --auth-secrets-dir DIR    one secret file per run id (the file name): a\n"
 	    "                                client of run id J sees only J's keys\n"
 	    "      --insecure                allow a non-loopback --host without a secret\n"
+	    "                                or TLS\n"
+	    "      --tls-cert FILE           serve TLS with this PEM certificate chain\n"
+	    "      --tls-key FILE            its PEM private key (default: in --tls-cert)\n"
+	    "      --tls-ca FILE             require client certificates signed by this CA\n"
+	    "                                (mutual TLS)\n"
+	    "      --tls-min-version V       1.3 (default) or 1.2\n"
 	    "  -h, --help                    show this help and exit\n"
 	    "      --version                 print the version and exit\n"
 	    "\n"
@@ -206,6 +222,20 @@ static void parse_args(int argc, char **argv, struct store_server_config *cfg,
 		case OPT_INSECURE:
 			sec->insecure = true;
 			break;
+		case OPT_TLS_CERT:
+			sec->tls.cert = optarg;
+			break;
+		case OPT_TLS_KEY:
+			sec->tls.key = optarg;
+			break;
+		case OPT_TLS_CA:
+			sec->tls.ca = optarg;
+			break;
+		case OPT_TLS_MIN:
+			if (strcmp(optarg, "1.2") && strcmp(optarg, "1.3"))
+				bad_usage("--tls-min-version: expected 1.2 or 1.3, got '%s'", optarg);
+			sec->tls.min_version = optarg[2] == '2' ? 12 : 13;
+			break;
 		case 'h':
 			usage(stdout);
 			exit(0);
@@ -271,9 +301,12 @@ static struct store_auth_keys *load_secrets(const struct sec_opts *sec, const ch
 	int r;
 
 	if (!sec->secret_file && !sec->secrets_dir) {
+		if (sec->tls.cert)
+			return NULL; /* TLS: clients are verified if --tls-ca is given */
 		if (!sec->insecure && !store_host_is_loopback(host))
 			bad_usage("refusing to serve '%s' without authentication: give "
-				  "--auth-secret-file or --auth-secrets-dir, or --insecure",
+				  "--auth-secret-file, --auth-secrets-dir or --tls-cert, or "
+				  "--insecure",
 				  host && *host ? host : "*");
 		if (!store_host_is_loopback(host))
 			log_at(LL_WARN, SUB_CMD, "serving %s without authentication (--insecure)",
@@ -309,6 +342,8 @@ int main(int argc, char **argv)
 	struct store_server *srv = NULL;
 	struct sec_opts sec = {.secret_file = getenv("CRUN_AUTH_SECRET_FILE")};
 	struct store_auth_keys *keys;
+	struct store_tls *tls = NULL;
+	char tls_err[700];
 	struct event *sig_term = NULL, *sig_int = NULL;
 	struct event_base *base;
 	int r, rc = 1;
@@ -321,6 +356,11 @@ int main(int argc, char **argv)
 	parse_args(argc, argv, &cfg, &sec);
 	keys = load_secrets(&sec, cfg.host);
 	cfg.auth = keys;
+	if ((sec.tls.key || sec.tls.ca || sec.tls.min_version) && !sec.tls.cert)
+		bad_usage("--tls-key, --tls-ca and --tls-min-version need --tls-cert");
+	if (sec.tls.cert && store_tls_new_server(&sec.tls, &tls, tls_err, sizeof(tls_err)) < 0)
+		bad_usage("--tls-cert: %s", tls_err);
+	cfg.tls = tls;
 	signal(SIGPIPE, SIG_IGN);
 	raise_nofile();
 
@@ -360,5 +400,6 @@ out:
 		event_free(sig_term);
 	event_base_free(base);
 	store_auth_keys_free(keys);
+	store_tls_free(tls);
 	return rc;
 }

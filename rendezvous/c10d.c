@@ -41,6 +41,7 @@
 #include "rendezvous/coord.h"
 #include "store/auth.h"
 #include "store/store.h"
+#include "store/tls.h"
 
 #define C10D_PROGRESS_MS  3000
 #define C10D_SPARE_MAX_MS (7u * 24 * 3600 * 1000) /* a spare waits at most a week */
@@ -94,6 +95,8 @@ struct c10d {
 	char addr[RDZV_HOST_MAX];	 /* advertised as MASTER_ADDR */
 	struct store_server *rdzv_store; /* served in-process, or NULL */
 	struct store_auth_keys *auth;	 /* its secret (auth_secret_file), or NULL */
+	struct store_tls *tls;		 /* its TLS (tls_cert), or NULL */
+	bool tls_ca_set;		 /* rendezvous connections use TLS */
 	uint16_t wport;			 /* this agent's worker store */
 	bool have_info;
 	struct rdzv_info info;
@@ -125,6 +128,25 @@ static int conf_secs(const char *k, const char *v, uint32_t *ret, char *err, siz
 	}
 	*ret = (uint32_t)ms;
 	return 0;
+}
+
+/* The file-path keys of rdzv_conf (each a char[512] of the conf), or NULL. */
+static char *conf_path(struct c10d_conf *c, const char *key)
+{
+	static const struct {
+		const char *key;
+		size_t off;
+	} paths[] = {
+	    {"auth_secret_file", offsetof(struct c10d_conf, auth_file)},
+	    {"tls_cert", offsetof(struct c10d_conf, tls_cert)},
+	    {"tls_key", offsetof(struct c10d_conf, tls_key)},
+	    {"tls_ca", offsetof(struct c10d_conf, tls_ca)},
+	};
+
+	for (size_t i = 0; i < ARRAY_SIZE(paths); i++)
+		if (strcmp(key, paths[i].key) == 0)
+			return (char *)c + paths[i].off;
+	return NULL;
 }
 
 int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap)
@@ -176,11 +198,18 @@ int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap)
 			dst = &c.ttl_ms;
 		if (dst) {
 			TRY(conf_secs(item, v, dst, err, cap));
-		} else if (strcmp(item, "auth_secret_file") == 0) {
-			if (str_printf(c.auth_file, sizeof(c.auth_file), "%s", v) < 0) {
-				snprintf(err, cap, "argument --rdzv_conf: auth_secret_file too long");
+		} else if (conf_path(&c, item)) {
+			if (str_printf(conf_path(&c, item), sizeof(c.auth_file), "%s", v) < 0) {
+				snprintf(err, cap, "argument --rdzv_conf: %s too long", item);
 				return CRUN_EINVAL;
 			}
+		} else if (strcmp(item, "tls_min_version") == 0) {
+			if (strcmp(v, "1.2") && strcmp(v, "1.3")) {
+				snprintf(err, cap,
+					 "argument --rdzv_conf: tls_min_version=%s is not 1.2 or 1.3", v);
+				return CRUN_EINVAL;
+			}
+			c.tls_min = v[2] == '2' ? 12 : 13;
 		} else if (strcmp(item, "is_host") == 0) {
 			if (parse_bool(v, &b) < 0) {
 				snprintf(err, cap,
@@ -192,7 +221,8 @@ int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap)
 			snprintf(err, cap,
 				 "argument --rdzv_conf: unknown key '%s' (expected join_timeout, "
 				 "last_call_timeout, close_timeout, read_timeout, is_host, "
-				 "heartbeat_interval, lease_ttl, auth_secret_file)",
+				 "heartbeat_interval, lease_ttl, auth_secret_file, tls_cert, tls_key, "
+				 "tls_ca, tls_min_version)",
 				 item);
 			return CRUN_EINVAL;
 		}
@@ -743,6 +773,10 @@ static void auth_opts(struct coord_opts *o, const struct c10d_conf *conf, const 
 {
 	o->auth_secret_file = conf->auth_file[0] ? conf->auth_file : NULL;
 	o->auth_job = prefix + sizeof(STORE_AUTH_JOB_ROOT) - 2;
+	o->tls_ca = conf->tls_ca[0] ? conf->tls_ca : NULL;
+	o->tls_cert = conf->tls_cert[0] ? conf->tls_cert : NULL;
+	o->tls_key = conf->tls_key[0] ? conf->tls_key : NULL;
+	o->tls_min_version = conf->tls_min;
 }
 
 /* Opens the monitor's connection (the lease lives and dies with it). */
@@ -1243,9 +1277,14 @@ static void maybe_serve(struct c10d *c)
 		return;
 	if (c->conf.is_host < 0 && !endpoint_bindable(c->ep_host, c->ep_port))
 		return;
+	if (c->tls_ca_set && !c->tls) {
+		log_at(LL_INFO, SUB_RDZV, "not serving the rendezvous store: tls_ca without tls_cert");
+		return;
+	}
 	sc.host = c->conf.is_host == 1 ? NULL : c->ep_host;
 	sc.port = c->ep_port;
 	sc.auth = c->auth;
+	sc.tls = c->tls;
 	r = store_server_new(c->p.base, &sc, &c->rdzv_store);
 	if (r < 0) {
 		c->rdzv_store = NULL;
@@ -1255,11 +1294,36 @@ static void maybe_serve(struct c10d *c)
 	}
 	log_at(LL_WARN, SUB_RDZV, "serving the rendezvous store on %s:%u", c->ep_host, c->ep_port);
 	/* torchrun compatibility keeps this allowed; say what it means once. */
-	if (!c->auth && !store_host_is_loopback(sc.host))
+	if (!c->auth && !c->tls_ca_set && !store_host_is_loopback(sc.host))
 		log_at(LL_WARN, SUB_RDZV,
 		       "the rendezvous store on %s:%u has no authentication: anyone who reaches "
 		       "it can change or end this job (give --auth_secret_file)",
 		       sc.host ? sc.host : "*", c->ep_port);
+}
+
+/* TLS of the store served here (tls_cert) and a check of the client side
+ * (tls_ca), before any connection: a bad file is one clear error. */
+static int load_tls(struct c10d *c)
+{
+	struct store_tls_opts o = {.cert = c->conf.tls_cert,
+				   .key = c->conf.tls_key,
+				   .ca = c->conf.tls_ca,
+				   .min_version = c->conf.tls_min};
+	struct store_tls *probe = NULL;
+
+	if ((c->conf.tls_cert[0] || c->conf.tls_key[0]) && !c->conf.tls_ca[0]) {
+		snprintf(c->err, sizeof(c->err),
+			 "argument --rdzv_conf: tls_cert needs tls_ca (agents verify the store)");
+		return CRUN_EINVAL;
+	}
+	if (!c->conf.tls_ca[0])
+		return 0;
+	c->tls_ca_set = true;
+	TRY(store_tls_new_client(&o, &probe, c->err, sizeof(c->err)));
+	store_tls_free(probe);
+	if (!c->conf.tls_cert[0])
+		return 0; /* this agent can only join, not serve */
+	return store_tls_new_server(&o, &c->tls, c->err, sizeof(c->err));
 }
 
 /* The job's secret: rdzv_conf auth_secret_file, else the agent's
@@ -1329,6 +1393,8 @@ int c10d_new(const struct rdzv_params *p, struct c10d **ret)
 		return CRUN_ENOMEM;
 	}
 	r = load_auth(c, p->auth_secret_file);
+	if (r == 0)
+		r = load_tls(c);
 	if (r < 0) {
 		log_at(LL_ERROR, SUB_RDZV, "%s", c->err[0] ? c->err : crun_strerror(r));
 		c10d_free(c);
@@ -1359,6 +1425,7 @@ void c10d_free(struct c10d *c)
 		event_free(c->linger);
 	store_server_free(c->rdzv_store);
 	store_auth_keys_free(c->auth);
+	store_tls_free(c->tls);
 	free(c);
 }
 

@@ -24,6 +24,14 @@ struct c10d_conf {
 	 * connection to the rendezvous store, and for the store served here;
 	 * "" = none (then --auth_secret_file / CRUN_AUTH_SECRET_FILE apply). */
 	char auth_file[512];
+	/* tls_cert/tls_key: this node's certificate (served store, and client
+	 * certificate); tls_ca: turns TLS on for every rendezvous connection
+	 * and, on the served store, requires client certificates (mutual);
+	 * tls_min_version: 13 (default) or 12. "" = unset. */
+	char tls_cert[512];
+	char tls_key[512];
+	char tls_ca[512];
+	int tls_min;
 };
 
 /* Parses torchrun's rdzv_conf ("k=v,...", seconds) over the defaults. 0, or

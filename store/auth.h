@@ -125,12 +125,15 @@ bool store_auth_key_allowed(const struct store_auth_grant *g, const uint8_t *key
 
 /* ---- blocking client side (auth_io.c) ------------------------------------- */
 
-/* Runs the client half of the exchange on a connected blocking-or-not socket
- * fd until deadline_ms (clock_now_ms() scale). 0, CRUN_EACCES (the server
- * closed on our answer, or its proof is wrong), CRUN_EPROTO (no challenge:
- * the server does not authenticate), CRUN_ETIMEDOUT, -errno. err explains. */
-int store_auth_client_run(int fd, const struct store_auth_secret *s, const char *job,
-			  uint64_t deadline_ms, char *err, size_t cap);
+struct store_tls_conn;
+
+/* Runs the client half of the exchange on a connected socket fd (through
+ * `tls` when not NULL, store/tls.h) until deadline_ms (clock_now_ms()
+ * scale). 0, CRUN_EACCES (the server closed on our answer, or its proof is
+ * wrong), CRUN_EPROTO (no challenge within 10 s: the server does not
+ * authenticate), CRUN_ETIMEDOUT, -errno. err explains. */
+int store_auth_client_run(int fd, struct store_tls_conn *tls, const struct store_auth_secret *s,
+			  const char *job, uint64_t deadline_ms, char *err, size_t cap);
 
 /* Runs the exchange as the server on a connected socket (the worker SDK's
  * data mesh, where both ends are peers): sends a challenge, verifies the

@@ -17,6 +17,7 @@
 
 #include "common/common.h"
 #include "store/auth.h"
+#include "store/tls.h"
 
 #define CHALLENGE_WAIT_MS 10000
 
@@ -37,11 +38,24 @@ static int wait_io(int fd, short ev, uint64_t deadline_ms)
 	}
 }
 
-static int send_exact(int fd, const uint8_t *p, size_t len, uint64_t deadline_ms)
+static int send_exact(int fd, struct store_tls_conn *tls, const uint8_t *p, size_t len,
+		      uint64_t deadline_ms)
 {
 	while (len) {
-		ssize_t n = send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+		short ev = POLLOUT;
+		ssize_t n;
 
+		if (tls) {
+			n = store_tls_write(tls, p, len, &ev);
+			if (n == CRUN_EAGAIN) {
+				TRY(wait_io(fd, ev, deadline_ms));
+				continue;
+			}
+			if (n < 0)
+				return (int)n;
+		} else {
+			n = send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+		}
 		if (n > 0) {
 			p += n;
 			len -= (size_t)n;
@@ -55,13 +69,27 @@ static int send_exact(int fd, const uint8_t *p, size_t len, uint64_t deadline_ms
 }
 
 /* Reads exactly len bytes: CRUN_ECLOSED on EOF. */
-static int recv_exact(int fd, uint8_t *p, size_t len, uint64_t deadline_ms)
+static int recv_exact(int fd, struct store_tls_conn *tls, uint8_t *p, size_t len,
+		      uint64_t deadline_ms)
 {
 	while (len) {
+		short ev = POLLIN;
 		ssize_t n;
 
-		TRY(wait_io(fd, POLLIN, deadline_ms));
-		n = recv(fd, p, len, MSG_DONTWAIT);
+		if (tls) {
+			/* Read first: TLS may hold decrypted bytes the socket no
+			 * longer shows as readable. */
+			n = store_tls_read(tls, p, len, &ev);
+			if (n == CRUN_EAGAIN) {
+				TRY(wait_io(fd, ev, deadline_ms));
+				continue;
+			}
+			if (n < 0)
+				return (int)n;
+		} else {
+			TRY(wait_io(fd, POLLIN, deadline_ms));
+			n = recv(fd, p, len, MSG_DONTWAIT);
+		}
 		if (n > 0) {
 			p += n;
 			len -= (size_t)n;
@@ -75,8 +103,8 @@ static int recv_exact(int fd, uint8_t *p, size_t len, uint64_t deadline_ms)
 	return 0;
 }
 
-int store_auth_client_run(int fd, const struct store_auth_secret *s, const char *job,
-			  uint64_t deadline_ms, char *err, size_t cap)
+int store_auth_client_run(int fd, struct store_tls_conn *tls, const struct store_auth_secret *s,
+			  const char *job, uint64_t deadline_ms, char *err, size_t cap)
 {
 	uint8_t ch[STORE_AUTH_CHALLENGE_BYTES], ans[STORE_AUTH_ANSWER_MAX];
 	uint8_t proof[STORE_AUTH_PROOF_BYTES];
@@ -86,7 +114,7 @@ int store_auth_client_run(int fd, const struct store_auth_secret *s, const char 
 
 	/* A server that authenticates sends its challenge on accept; one that
 	 * does not waits for us forever, so this wait has its own bound. */
-	r = recv_exact(fd, ch, sizeof(ch), MIN(deadline_ms, clock_now_ms() + CHALLENGE_WAIT_MS));
+	r = recv_exact(fd, tls, ch, sizeof(ch), MIN(deadline_ms, clock_now_ms() + CHALLENGE_WAIT_MS));
 	if (r == 0)
 		r = store_auth_decode_challenge(ch, sizeof(ch), nonce_s);
 	if (r < 0) {
@@ -101,9 +129,9 @@ int store_auth_client_run(int fd, const struct store_auth_secret *s, const char 
 		snprintf(err, cap, "cannot build the authentication answer: %s", crun_strerror(r));
 		return r;
 	}
-	r = send_exact(fd, ans, alen, deadline_ms);
+	r = send_exact(fd, tls, ans, alen, deadline_ms);
 	if (r == 0)
-		r = recv_exact(fd, proof, sizeof(proof), deadline_ms);
+		r = recv_exact(fd, tls, proof, sizeof(proof), deadline_ms);
 	if (r == CRUN_ECLOSED || r == CRUN_ECONNRESET) {
 		snprintf(err, cap,
 			 "authentication refused: the server closed the connection (wrong "
@@ -141,10 +169,10 @@ int store_auth_server_run(int fd, const struct store_auth_secret *s, uint64_t de
 	if (r < 0)
 		goto out;
 	store_auth_encode_challenge(nonce_s, ch);
-	r = send_exact(fd, ch, sizeof(ch), deadline_ms);
+	r = send_exact(fd, NULL, ch, sizeof(ch), deadline_ms);
 	/* The answer's length is in its 5th byte: read the head, then the rest. */
 	if (r == 0)
-		r = recv_exact(fd, ans, 5, deadline_ms);
+		r = recv_exact(fd, NULL, ans, 5, deadline_ms);
 	if (r == 0) {
 		have = 5;
 		r = store_auth_verify(keys, nonce_s, ans, have, &used, &g);
@@ -153,12 +181,12 @@ int store_auth_server_run(int fd, const struct store_auth_secret *s, uint64_t de
 		size_t need = 5 + (size_t)ans[4] + STORE_AUTH_NONCE_BYTES + STORE_AUTH_MAC_BYTES;
 
 		r = need > sizeof(ans) ? CRUN_EPROTO
-				       : recv_exact(fd, ans + 5, need - 5, deadline_ms);
+				       : recv_exact(fd, NULL, ans + 5, need - 5, deadline_ms);
 		if (r == 0)
 			r = store_auth_verify(keys, nonce_s, ans, need, &used, &g);
 	}
 	if (r == 0)
-		r = send_exact(fd, g.proof, sizeof(g.proof), deadline_ms);
+		r = send_exact(fd, NULL, g.proof, sizeof(g.proof), deadline_ms);
 	if (r < 0)
 		snprintf(err, cap, "peer failed authentication: %s", crun_strerror(r));
 out:

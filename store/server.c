@@ -37,6 +37,7 @@
 #include "common/common.h"
 #include "store/server_int.h"
 #include "store/store_ext.h"
+#include "store/tls.h"
 
 /* ---- connection teardown ----------------------------------------------------- */
 
@@ -102,6 +103,12 @@ void store_conn_flush(struct store_conn *c)
 
 	if (c->writing || !evbuffer_get_length(out))
 		return;
+	if (c->srv->cfg.tls) {
+		/* Only the TLS bufferevent may write: it encrypts. */
+		c->writing = true;
+		bufferevent_enable(c->bev, EV_WRITE);
+		return;
+	}
 	/* A socket bufferevent freezes its output's start so only it drains
 	 * it; write the way its own write callback does. */
 	evbuffer_unfreeze(out, 1);
@@ -302,7 +309,15 @@ static void conn_on_event(struct bufferevent *bev, short what, void *arg)
 {
 	struct store_conn *c = arg;
 
-	(void)bev;
+	if ((what & BEV_EVENT_ERROR) && c->srv->cfg.tls) {
+		char why[256];
+
+		if (*store_tls_bev_error(bev, why, sizeof(why))) {
+			c->srv->st.tls_failures++;
+			conn_drop(c, CRUN_EPROTO, why);
+			return;
+		}
+	}
 	if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)) {
 		log_at(LL_DEBUG, SUB_STORE, "client closed (%s)",
 		       what & BEV_EVENT_EOF ? "eof" : strerror(EVUTIL_SOCKET_ERROR()));
@@ -336,9 +351,17 @@ static void srv_on_accept(struct evconnlistener *lsn, evutil_socket_t fd, struct
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		goto fail;
-	c->bev = bufferevent_socket_new(srv->base, fd, BEV_OPT_CLOSE_ON_FREE);
-	if (!c->bev)
-		goto fail;
+	if (srv->cfg.tls) {
+		c->bev = store_tls_accept(srv->cfg.tls, srv->base, fd); /* owns fd */
+		if (!c->bev) {
+			free(c);
+			return;
+		}
+	} else {
+		c->bev = bufferevent_socket_new(srv->base, fd, BEV_OPT_CLOSE_ON_FREE);
+		if (!c->bev)
+			goto fail;
+	}
 	c->srv = srv;
 	DL_INIT(&c->waits);
 	DL_INIT(&c->watches);

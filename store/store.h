@@ -185,6 +185,7 @@ uint32_t store_get_u32(const uint8_t *p);
 struct event_base;
 struct store_server;
 struct store_auth_keys;
+struct store_tls;
 
 struct store_server_config {
 	const char *host; /* bind address; NULL or "" = dual-stack any ("::") */
@@ -197,6 +198,8 @@ struct store_server_config {
 	/* Secrets (store/auth.h), borrowed, must outlive the server; NULL: no
 	 * authentication. With a table every client must pass the challenge. */
 	const struct store_auth_keys *auth;
+	/* TLS context (store/tls.h), borrowed like auth; NULL: plaintext. */
+	struct store_tls *tls;
 };
 
 #define STORE_SERVER_CONFIG_DEFAULT                                                    \
@@ -227,6 +230,7 @@ struct store_server_stats {
 	uint64_t requests;
 	uint64_t dropped_conns; /* closed for malformed or over-limit input */
 	uint64_t auth_failures; /* closed in the pre-auth gate or for a key outside the job */
+	uint64_t tls_failures;	/* TLS handshake or record errors */
 };
 void store_server_get_stats(const struct store_server *srv, struct store_server_stats *ret);
 

@@ -40,12 +40,21 @@ typedef struct crun_store_opts {
 	 * to that run id's keys only). NULL file: no authentication. */
 	const char *auth_secret_file;
 	const char *auth_job;
+	/* TLS (crun stores serving TLS): the CA that must have signed the
+	 * server's certificate (setting it turns TLS on; the server's name or IP
+	 * address, `host`, must match the certificate), and an optional client
+	 * certificate and key for servers that require one (mutual TLS).
+	 * tls_min_version: 13 (or 0) = TLS 1.3 only, 12 = TLS 1.2 allowed. */
+	const char *tls_ca;
+	const char *tls_cert;
+	const char *tls_key;
+	int tls_min_version;
 } crun_store_opts_t;
 
 #define CRUN_STORE_OPTS_INIT                                                                      \
 	{                                                                                         \
 		sizeof(crun_store_opts_t), "127.0.0.1", 29500, 30000, 300000, CRUN_STORE_V2, \
-		    NULL, NULL, NULL                                                          \
+		    NULL, NULL, NULL, NULL, NULL, NULL, 0                                     \
 	}
 
 /* Connects, retrying with exponential backoff and jitter (start 50 ms, x1.5,
