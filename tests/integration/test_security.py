@@ -16,11 +16,17 @@ import time
 
 import pytest
 
-from conftest import HELPERS, bin_path, free_port, records, start_rdzvd, wait_line, wait_records
+import ssl
 import sys
 
+from conftest import (BUILD, HELPERS, bin_path, free_port, records, start_rdzvd, wait_line,
+                      wait_records)
+
 sys.path.insert(0, HELPERS)
+import certs as certgen  # noqa: E402
 import crunwire  # noqa: E402
+
+STORE_CLI = os.path.join(BUILD, "tests", "helpers", "store_cli")
 
 TASK = os.path.join(HELPERS, "elastic_task.py")
 PY = "/usr/bin/python3"
@@ -284,3 +290,119 @@ def test_crun_warns_once_when_serving_an_open_store_beyond_loopback(procs, tmp):
     rc, _, err = finish(procs.spawn(argv, env=crun_env(tmp, sec)))
     assert rc == 0, err[-2000:]
     assert "has no authentication" not in err, err
+
+
+# ---- TLS -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def certs():
+    d = tempfile.mkdtemp(prefix="crun-certs-")
+    yield certgen.make(d)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def tls_rdzvd(procs, certs, leaf="server", *extra):
+    cert, key = certs[leaf]
+    return start_rdzvd(procs, "--tls-cert", cert, "--tls-key", key, *extra)
+
+
+def cli(port, *args, timeout=30):
+    """One store_cli connection: SET then GET; (connected, stdout, stderr)."""
+    argv = [STORE_CLI, "--host", "127.0.0.1", "--port", str(port),
+            "--connect-timeout-ms", "3000", *args]
+    env = dict(os.environ, CRUN_LOG_LEVEL="info")
+    out = subprocess.run(argv, input="set k v\nget k\n", capture_output=True, text=True,
+                         timeout=timeout, env=env)
+    return out.stdout.startswith("CONNECTED"), out.stdout, out.stderr
+
+
+def client_cert(certs, name="client"):
+    return ["--tls-cert", certs[name][0], "--tls-key", certs[name][1]]
+
+
+def test_tls_good_handshake_and_mutual_tls(procs, certs):
+    _, _, port = tls_rdzvd(procs, certs, "server", "--tls-ca", certs["ca"])
+    ok, out, err = cli(port, "--tls-ca", certs["ca"], *client_cert(certs))
+    assert ok and 'VAL "v"' in out, out + err
+    # Mutual TLS: no client certificate, or one from another CA, is refused.
+    ok, _, err = cli(port, "--tls-ca", certs["ca"])
+    assert not ok and "certificate required" in err, err
+    ok, _, err = cli(port, "--tls-ca", certs["ca"], *client_cert(certs, "foreign"))
+    assert not ok and "TLS" in err, err
+
+
+@pytest.mark.parametrize("leaf,trust,why", [
+    ("server", "other_ca", "not trusted"),          # wrong CA
+    ("foreign", "ca", "not trusted"),               # server cert from another CA
+    ("expired", "ca", "expired"),                   # expired server certificate
+    ("wrong_name", "ca", "mismatch"),               # certificate for another name
+])
+def test_tls_bad_server_certificates_fail_clearly(procs, certs, leaf, trust, why):
+    _, _, port = tls_rdzvd(procs, certs, leaf)
+    ok, _, err = cli(port, "--tls-ca", certs[trust])
+    assert not ok and why in err, err
+
+
+def test_plaintext_client_on_a_tls_port_fails_clearly(procs, certs):
+    p, _, port = tls_rdzvd(procs, certs)
+    ok, out, err = cli(port)
+    assert not ok and "ERR CRUN_ETIMEDOUT" in out
+    assert "does it require TLS" in err, err
+    # A raw TCPStore client is hung up on, the daemon says why.
+    w = crunwire.Wire(port)
+    w.hello()
+    assert w.closed()
+    p.terminate()
+    assert "wrong version number" in p.communicate(timeout=10)[1].decode()
+
+
+def test_tls_client_on_a_plaintext_port_fails_clearly(procs, certs):
+    _, _, port = start_rdzvd(procs)
+    ok, _, err = cli(port, "--tls-ca", certs["ca"])
+    assert not ok and "TLS handshake" in err and "speak TLS" in err, err
+
+
+def test_tls_1_2_only_when_allowed(procs, certs):
+    _, _, port13 = tls_rdzvd(procs, certs)
+    _, _, port12 = tls_rdzvd(procs, certs, "server", "--tls-min-version", "1.2")
+    for port, works in ((port13, False), (port12, True)):
+        ctx = ssl.create_default_context(cafile=certs["ca"])
+        ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+        raw = crunwire.Wire(port)
+        try:
+            s = ctx.wrap_socket(raw.s, server_hostname="127.0.0.1")
+            assert works
+            assert s.version() == "TLSv1.2"
+        except ssl.SSLError:
+            assert not works
+    ok, out, err = cli(port12, "--tls-ca", certs["ca"], "--tls-min-version", "12")
+    assert ok, out + err
+
+
+def test_tls_and_auth_together_on_rdzvd(procs, certs, tmp):
+    sec = secret_file(os.path.join(tmp, "s"))
+    _, _, port = tls_rdzvd(procs, certs, "server", "--auth-secret-file", sec)
+    ok, out, err = cli(port, "--tls-ca", certs["ca"], "--auth-secret-file", sec)
+    assert ok and 'VAL "v"' in out, out + err
+    ok, _, err = cli(port, "--tls-ca", certs["ca"])
+    assert not ok
+
+
+def test_c10d_job_over_mutual_tls_with_auth_resists_the_attacks(procs, certs, tmp):
+    sec = secret_file(os.path.join(tmp, "s"))
+    port = free_port()
+    conf = (f"tls_cert={certs['server'][0]},tls_key={certs['server'][1]},"
+            f"tls_ca={certs['ca']}")
+    out = tempfile.mkdtemp(dir=tmp)
+    ps = [agent(procs, port, "tlsjob", out, 4, tmp, secret=sec,
+                extra=["--max_restarts=3", CONF + "," + conf]) for _ in range(2)]
+    wait_records(out, lambda r: True, "a running worker")
+    # A plaintext intruder is hung up on before it can send a store op.
+    w = crunwire.Wire(port)
+    w.hello()
+    with pytest.raises(crunwire.Closed):
+        attack_a(w, "/crun-c10d/tlsjob")
+    for p in ps:
+        rc, _, err = finish(p)
+        assert rc == 0, err[-3000:]
+    assert sorted(int(r["RANK"]) for r in records(out)) == [0, 1]
