@@ -402,6 +402,12 @@ int agent_start_attempt(struct crun_agent *a)
 
 	if (!ri)
 		return CRUN_EINVAL;
+	/* The worker store: loopback and this round's nodes only, unless
+	 * worker_store_allow_any (NAT). PyTorch's client cannot authenticate. */
+	if (a->store && !a->cfg.worker_store_allow_any && rdzv_peer_addrs(a->rdzv) &&
+	    store_server_set_allowlist(a->store, rdzv_peer_addrs(a->rdzv)) < 0)
+		log_at(LL_WARN, SUB_AGENT, "cannot narrow the worker store to '%s', ignoring",
+		       rdzv_peer_addrs(a->rdzv));
 	a->group_rank = ri->group_rank;
 	if (a->run_dir[0]) {
 		TRY(str_printf(attempt_dir, sizeof(attempt_dir), "%s/attempt_%d", a->run_dir,

@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -82,6 +83,7 @@ struct job {
 	struct coord *mon_c;
 	uint64_t lease;
 	bool hb, take_lease;
+	char *peers; /* ROUND, group rank 0: the nodes' addresses (c10d_peers.c) */
 	char err[512];
 };
 
@@ -96,6 +98,7 @@ struct c10d {
 	struct store_server *rdzv_store; /* served in-process, or NULL */
 	struct store_auth_keys *auth;	 /* its secret (auth_secret_file), or NULL */
 	struct store_tls *tls;		 /* its TLS (tls_cert), or NULL */
+	char *peers;			 /* the last round's node addresses, or NULL */
 	bool tls_ca_set;		 /* rendezvous connections use TLS */
 	uint16_t wport;			 /* this agent's worker store */
 	bool have_info;
@@ -289,6 +292,7 @@ static void job_put(struct job *j)
 		return;
 	fd_close(j->notify_fd);
 	coord_close(j->mon_c);
+	free(j->peers);
 	free(j);
 }
 
@@ -679,6 +683,12 @@ static int job_round(struct job *j, struct coord *c)
 		}
 		crun_free(v);
 		j->round = (int)rd;
+		/* Group rank 0 serves the round's worker store: learn who may reach it. */
+		if (j->info.group_rank == 0 &&
+		    c10d_read_peer_addrs(c, (int)rd, (int)n, j->conf.read_ms, &j->peers) < 0)
+			log_at(LL_WARN, SUB_RDZV,
+			       "cannot read the round's node addresses: the worker store "
+			       "allows loopback only");
 		return 0;
 	}
 	return CRUN_ETIMEDOUT;
@@ -1173,6 +1183,9 @@ static void on_job(evutil_socket_t fd, short what, void *arg)
 		ev = RDZV_EV_SPARE_DONE;
 	} else {
 		c->info = j->info;
+		free(c->peers);
+		c->peers = j->peers; /* taken */
+		j->peers = NULL;
 		c->round = j->round;
 		c->nnodes = j->nnodes;
 		c->host_member = j->host_member;
@@ -1426,15 +1439,22 @@ void c10d_free(struct c10d *c)
 	store_server_free(c->rdzv_store);
 	store_auth_keys_free(c->auth);
 	store_tls_free(c->tls);
+	free(c->peers);
 	free(c);
 }
 
 int c10d_store_to_serve(const struct c10d *c, const char **ret_host, uint16_t *ret_port)
 {
-	(void)c;
+	unsigned char ip[16];
+
 	/* Every agent serves a worker store on an ephemeral port; the round's
-	 * group rank 0 publishes its own as MASTER_ADDR:MASTER_PORT. */
-	*ret_host = NULL;
+	 * group rank 0 publishes its own as MASTER_ADDR:MASTER_PORT. It listens
+	 * on that advertised address only, when it is a local IP address (a
+	 * NAT'd --local_addr or a host name: every interface, as before). */
+	*ret_host = (inet_pton(AF_INET, c->addr, ip) == 1 || inet_pton(AF_INET6, c->addr, ip) == 1) &&
+			    endpoint_bindable(c->addr, 0)
+			? c->addr
+			: NULL;
 	*ret_port = 0;
 	return 1;
 }
@@ -1453,6 +1473,15 @@ int c10d_next_round(struct c10d *c)
 const struct rdzv_info *c10d_info(const struct c10d *c)
 {
 	return c->have_info ? &c->info : NULL;
+}
+
+const char *c10d_peer_addrs(const struct c10d *c)
+{
+	if (!c->have_info)
+		return NULL;
+	/* Only group rank 0's worker store is published: the others' take
+	 * loopback alone (also when the addresses could not be read). */
+	return c->info.group_rank == 0 && c->peers ? c->peers : "";
 }
 
 int c10d_exit_barrier(struct c10d *c)

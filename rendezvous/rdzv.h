@@ -89,6 +89,10 @@ void rdzv_set_served_port(struct rdzv *r, uint16_t port);
 int rdzv_next_round(struct rdzv *r);
 /* The last completed round; valid after RDZV_EV_COMPLETE. */
 const struct rdzv_info *rdzv_info(const struct rdzv *r);
+/* The addresses allowed to reach this agent's worker store after the last
+ * round ("a b ...", numeric; valid until the next round), or NULL when the
+ * backend does not know them (then the agent does not narrow its store). */
+const char *rdzv_peer_addrs(const struct rdzv *r);
 
 /* Starts the exit barrier (every agent reached a terminal state, so the node
  * serving the store leaves last); ends with RDZV_EV_BARRIER_DONE. A backend

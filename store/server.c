@@ -335,8 +335,16 @@ static void srv_on_accept(struct evconnlistener *lsn, evutil_socket_t fd, struct
 	int one = 1;
 
 	(void)lsn;
-	(void)sa;
 	(void)salen;
+	if (!store_server_peer_allowed(srv, sa)) {
+		char peer[INET6_ADDRSTRLEN + 8];
+
+		peer_name(fd, peer, sizeof(peer));
+		log_at(LL_WARN, SUB_STORE, "refusing client %s: not a node of this job", peer);
+		srv->st.refused_conns++;
+		close(fd);
+		return;
+	}
 	if (srv->st.conns >= srv->cfg.max_conns) {
 		if (!srv->full_logged)
 			log_at(LL_WARN, SUB_STORE, "refusing connections: %u open (max_conns)",
@@ -561,6 +569,7 @@ void store_server_free(struct store_server *srv)
 		event_free(srv->accept_retry);
 	if (srv->kv_ready)
 		kv_release(&srv->kv);
+	free(srv->allow);
 	free(srv);
 }
 

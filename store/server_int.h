@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <netinet/in.h>
+
 #include <event2/bufferevent.h>
 
 #include "store/store.h"
@@ -117,6 +119,9 @@ struct store_server {
 	bool full_logged; /* max_conns warning printed since the last accept */
 	struct store_server_stats st;
 	uint64_t next_lease_id; /* lease.c */
+	struct in6_addr *allow; /* allow.c: allowed peers (v4 as v4-mapped) */
+	size_t n_allow;
+	bool allow_on; /* false: any peer */
 };
 
 struct store_conn {
@@ -157,6 +162,9 @@ void store_conn_check_pushed(struct store_conn *c);
 int store_conn_dispatch(struct store_conn *c, const struct store_req *q);
 /* server_ops.c: drops every wait and watch registration of c (close path). */
 void store_conn_unregister(struct store_conn *c);
+
+/* allow.c: whether a connection from sa passes the allowlist. */
+bool store_server_peer_allowed(const struct store_server *srv, const struct sockaddr *sa);
 
 /* ---- server_auth.c: the pre-auth gate (auth.h) ---- */
 

@@ -222,6 +222,14 @@ uint16_t store_server_port(const struct store_server *srv);
  * restart attempts so 2.x workers, which use no attempt prefix, start clean. */
 void store_server_clear(struct store_server *srv);
 
+/* Narrows who may connect: loopback plus the numeric IPv4/IPv6 addresses
+ * in `addrs` (separated by spaces or commas; "" = loopback only); NULL lifts
+ * the limit (the default). Connections from anyone else are closed at
+ * accept, logged and counted (refused_conns); open ones are kept. 0,
+ * CRUN_EINVAL (a name or malformed address: the list is unchanged) or
+ * CRUN_ENOMEM. Loop thread only. */
+int store_server_set_allowlist(struct store_server *srv, const char *addrs);
+
 struct store_server_stats {
 	uint64_t conns;
 	uint64_t keys;
@@ -231,6 +239,7 @@ struct store_server_stats {
 	uint64_t dropped_conns; /* closed for malformed or over-limit input */
 	uint64_t auth_failures; /* closed in the pre-auth gate or for a key outside the job */
 	uint64_t tls_failures;	/* TLS handshake or record errors */
+	uint64_t refused_conns; /* closed at accept by the allowlist */
 };
 void store_server_get_stats(const struct store_server *srv, struct store_server_stats *ret);
 

@@ -18,10 +18,33 @@
 
 #include "common/common.h"
 #include "kernels/kernels.h"
+#include "store/auth.h"
 #include "worker_sdk/worker.h"
 
 #define TCP_MAGIC	0x63727470u /* "crtp" */
 #define TCP_STAGE_BYTES (256u * 1024)
+#define TCP_AUTH_MS	5000 /* one stranger may stall the accept loop this long */
+
+/* With $CRUN_AUTH_SECRET_FILE (the job's secret, store/auth.h) every mesh
+ * connection runs the HMAC challenge/response before its hello: the
+ * listening rank challenges, the dialing rank answers, each proves the
+ * secret to the other, so a stranger can neither join the group nor feed it
+ * data. 1 with *ret filled, 0 without a secret, or a negative code. */
+static int mesh_secret(struct crun_pg *pg, struct store_auth_secret *ret)
+{
+	const char *path = getenv("CRUN_AUTH_SECRET_FILE");
+	char err[600];
+	int r;
+
+	if (!path || !*path)
+		return 0;
+	r = store_auth_secret_read(path, ret, err, sizeof(err));
+	if (r < 0) {
+		log_at(LL_DEBUG, SUB_PG, "rank %d: %s", pg->rank, err);
+		return r;
+	}
+	return 1;
+}
 
 /* The address peers should dial: CRUN_PG_ADDR, else the local address the
  * kernel would use to reach the store host (a UDP connect sends nothing). */
@@ -154,7 +177,8 @@ static int do_listen(int *ret_fd, uint16_t *ret_port, const char *addr, int back
 	return 0;
 }
 
-static int accept_peers(struct crun_pg *pg, int lfd, int expect, uint64_t deadline_ms)
+static int accept_peers(struct crun_pg *pg, int lfd, int expect, uint64_t deadline_ms,
+			const struct store_auth_secret *sec)
 {
 	while (expect > 0) {
 		struct pollfd pfd = {.fd = lfd, .events = POLLIN};
@@ -170,7 +194,18 @@ static int accept_peers(struct crun_pg *pg, int lfd, int expect, uint64_t deadli
 		if (fd < 0)
 			continue;
 		tune(fd);
-		r = io_full(fd, hello, sizeof(hello), 1, deadline_ms);
+		r = 0;
+		if (sec) {
+			char why[300];
+
+			r = store_auth_server_run(fd, sec, MIN(deadline_ms, now + TCP_AUTH_MS), why,
+						  sizeof(why));
+			if (r < 0)
+				log_at(LL_DEBUG, SUB_PG, "rank %d: mesh peer refused: %s", pg->rank,
+				       why);
+		}
+		if (r == 0)
+			r = io_full(fd, hello, sizeof(hello), 1, deadline_ms);
 		if (r < 0 || hello[0] != TCP_MAGIC || hello[1] <= (uint32_t)pg->rank ||
 		    hello[1] >= (uint32_t)pg->size || pg->peers[hello[1]].kind != PEER_TCP ||
 		    pg->peers[hello[1]].fd >= 0) {
@@ -188,8 +223,13 @@ int pg_tcp_setup(struct crun_pg *pg, crun_store_t *st, const char *ns, const int
 	uint32_t tmo = atomic_load(&pg->timeout_ms);
 	uint64_t deadline = clock_now_ms() + (tmo ? tmo : PG_DEFAULT_TIMEOUT_MS);
 	char addr[64], key[256], val[128];
-	int lfd = -1, higher = 0, r;
+	struct store_auth_secret sec;
+	int lfd = -1, higher = 0, r, have_sec;
 	uint16_t port = 0;
+
+	have_sec = mesh_secret(pg, &sec);
+	if (have_sec < 0)
+		return have_sec;
 
 	for (int p = 0; p < pg->size; p++) {
 		if (!is_tcp[p])
@@ -227,15 +267,25 @@ int pg_tcp_setup(struct crun_pg *pg, crun_store_t *st, const char *ns, const int
 			goto out;
 		r = dial(v, deadline, &pg->peers[p].fd);
 		crun_free(v);
+		if (r == 0 && have_sec) {
+			char why[300];
+
+			r = store_auth_client_run(pg->peers[p].fd, NULL, &sec, "", deadline, why,
+						  sizeof(why));
+			if (r < 0)
+				log_at(LL_DEBUG, SUB_PG, "rank %d: mesh peer %d: %s", pg->rank, p,
+				       why);
+		}
 		if (r == 0)
 			r = io_full(pg->peers[p].fd, hello, sizeof(hello), 0, deadline);
 		if (r < 0)
 			goto out;
 	}
-	r = higher ? accept_peers(pg, lfd, higher, deadline) : 0;
+	r = higher ? accept_peers(pg, lfd, higher, deadline, have_sec ? &sec : NULL) : 0;
 out:
 	if (lfd >= 0)
 		fd_close(lfd);
+	memset(&sec, 0, sizeof(sec));
 	return r;
 }
 

@@ -406,3 +406,54 @@ def test_c10d_job_over_mutual_tls_with_auth_resists_the_attacks(procs, certs, tm
         rc, _, err = finish(p)
         assert rc == 0, err[-3000:]
     assert sorted(int(r["RANK"]) for r in records(out)) == [0, 1]
+
+
+# ---- the worker SDK's TCP data mesh ------------------------------------------------------
+
+def coll(procs, args, timeout=120):
+    p = procs.spawn([os.path.join(BUILD, "tests", "helpers", "coll_launch"), *args])
+    try:
+        o, e = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail("coll_launch did not finish in time")
+    return p.returncode, o.decode(errors="replace"), e.decode(errors="replace")
+
+
+def test_mesh_with_the_secret_runs_collectives(procs, tmp):
+    sec = secret_file(os.path.join(tmp, "s"))
+    rc, out, err = coll(procs, ["-n", "3", "--timeout", "100", "--env", "CRUN_PG_TRANSPORT=tcp",
+                                "--env", f"CRUN_AUTH_SECRET_FILE={sec}", "--",
+                                os.path.join(BUILD, "tests", "helpers", "coll_worker"),
+                                "matrix", "quick"])
+    assert rc == 0, out[-2000:] + err[-2000:]
+    assert len(re_oks(out)) == 3, out[-2000:]
+
+
+def re_oks(out):
+    import re
+    return re.findall(r"coll_worker rank (\d+): ok \d+ checks", out)
+
+
+def test_mesh_peer_without_the_secret_cannot_join(procs, tmp):
+    """Two "nodes" of one rank each whose secrets differ: rank 1 cannot
+    join rank 0's mesh (both fail, none hangs); with equal secrets they run."""
+    s0 = secret_file(os.path.join(tmp, "s0"))
+    s1 = secret_file(os.path.join(tmp, "s1"))
+    worker = [os.path.join(BUILD, "tests", "helpers", "coll_worker"), "async"]
+    launch = os.path.join(BUILD, "tests", "helpers", "coll_launch")
+    for second, ok in ((s1, False), (s0, True)):
+        common = ["--world", "2", "--master-addr", "127.0.0.1", "--timeout", "60",
+                  "--env", "CRUN_PG_TRANSPORT=tcp", "--env", "CRUN_PG_TIMEOUT_MS=8000"]
+        a = procs.spawn([launch, "-n", "1", "--rank-base", "0", "--agent-store", *common,
+                         "--env", f"CRUN_AUTH_SECRET_FILE={s0}", "--", *worker])
+        m = wait_line(a.stdout, r"store on \S+:(\d+)", 20)
+        b = procs.spawn([launch, "-n", "1", "--rank-base", "1", "--store-port", m.group(1),
+                         *common, "--env", f"CRUN_AUTH_SECRET_FILE={second}", "--", *worker])
+        rcs = []
+        for p in (a, b):
+            try:
+                p.communicate(timeout=90)
+            except subprocess.TimeoutExpired:
+                pytest.fail("mesh ranks did not finish in time")
+            rcs.append(p.returncode)
+        assert (rcs == [0, 0]) == ok, rcs
