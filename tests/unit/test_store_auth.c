@@ -6,6 +6,7 @@
  * answering; a replayed answer; a client of one job reaching for another's.
  */
 #include <check.h>
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -24,6 +25,7 @@
 #include "common/common.h"
 #include "crun/store.h"
 #include "store/auth.h"
+#include "store/server_int.h"
 #include "store/store.h"
 #include "unit/check_main.h"
 
@@ -501,6 +503,52 @@ START_TEST(a_job_cannot_touch_or_list_another_jobs_keys)
 }
 END_TEST
 
+/* ---- the worker store's allowlist (allow.c) ------------------------------- */
+
+static bool allowed(struct store_server *srv, const char *ip)
+{
+	struct sockaddr_in6 a6 = {.sin6_family = AF_INET6};
+	struct sockaddr_in a4 = {.sin_family = AF_INET};
+
+	if (inet_pton(AF_INET, ip, &a4.sin_addr) == 1)
+		return store_server_peer_allowed(srv, (struct sockaddr *)&a4);
+	ck_assert_int_eq(inet_pton(AF_INET6, ip, &a6.sin6_addr), 1);
+	return store_server_peer_allowed(srv, (struct sockaddr *)&a6);
+}
+
+START_TEST(allowlist_admits_loopback_and_the_listed_nodes_only)
+{
+	struct store_server_config c = STORE_SERVER_CONFIG_DEFAULT;
+	struct event_base *b = event_base_new();
+	struct store_server *srv;
+
+	c.host = "127.0.0.1";
+	ck_assert_int_eq(store_server_new(b, &c, &srv), 0);
+	ck_assert(allowed(srv, "10.9.9.9")); /* no list: anyone */
+	ck_assert_int_eq(store_server_set_allowlist(srv, "10.0.0.1 10.0.0.2,fd00::7"), 0);
+	ck_assert(allowed(srv, "10.0.0.1"));
+	ck_assert(allowed(srv, "::ffff:10.0.0.2")); /* v4 on a dual-stack listener */
+	ck_assert(allowed(srv, "fd00::7"));
+	ck_assert(allowed(srv, "127.0.0.1"));
+	ck_assert(allowed(srv, "127.3.4.5"));
+	ck_assert(allowed(srv, "::1"));
+	ck_assert(!allowed(srv, "10.0.0.3"));
+	ck_assert(!allowed(srv, "::ffff:10.0.0.3"));
+	ck_assert(!allowed(srv, "fd00::8"));
+	/* A name is refused and leaves the list as it was. */
+	ck_assert_int_eq(store_server_set_allowlist(srv, "10.0.0.3 node7"), CRUN_EINVAL);
+	ck_assert(!allowed(srv, "10.0.0.3"));
+	ck_assert(allowed(srv, "10.0.0.1"));
+	ck_assert_int_eq(store_server_set_allowlist(srv, ""), 0); /* loopback only */
+	ck_assert(!allowed(srv, "10.0.0.1"));
+	ck_assert(allowed(srv, "127.0.0.1"));
+	ck_assert_int_eq(store_server_set_allowlist(srv, NULL), 0);
+	ck_assert(allowed(srv, "10.0.0.1"));
+	store_server_free(srv);
+	event_base_free(b);
+}
+END_TEST
+
 Suite *store_auth_suite(void);
 Suite *store_auth_suite(void)
 {
@@ -516,6 +564,7 @@ Suite *store_auth_suite(void)
 	tcase_add_test(core, a_store_frame_is_not_an_answer);
 	tcase_add_test(core, per_job_secrets_scope_keys);
 	tcase_add_test(core, secret_files_must_be_private_and_long_enough);
+	tcase_add_test(core, allowlist_admits_loopback_and_the_listed_nodes_only);
 	suite_add_tcase(s, core);
 
 	tcase_add_checked_fixture(srv, start_daemon_secret, stop);
