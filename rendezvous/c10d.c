@@ -1310,7 +1310,8 @@ static void maybe_serve(struct c10d *c)
 	if (!c->auth && !c->tls_ca_set && !store_host_is_loopback(sc.host))
 		log_at(LL_WARN, SUB_RDZV,
 		       "the rendezvous store on %s:%u has no authentication: anyone who reaches "
-		       "it can change or end this job (give --auth_secret_file)",
+		       "it can change or end this job (give it a secret: CRUN_AUTH_SECRET_FILE "
+		       "or --rdzv_conf auth_secret_file=FILE)",
 		       sc.host ? sc.host : "*", c->ep_port);
 }
 

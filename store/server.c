@@ -309,6 +309,15 @@ static void conn_on_event(struct bufferevent *bev, short what, void *arg)
 {
 	struct store_conn *c = arg;
 
+	if (what & BEV_EVENT_CONNECTED) {
+		store_conn_tls_ready(c); /* the TLS handshake is done */
+		return;
+	}
+	if (what & BEV_EVENT_TIMEOUT) {
+		c->srv->st.auth_failures++;
+		conn_drop(c, CRUN_ETIMEDOUT, "no TLS handshake or authentication in time");
+		return;
+	}
 	if ((what & BEV_EVENT_ERROR) && c->srv->cfg.tls) {
 		char why[256];
 

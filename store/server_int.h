@@ -169,8 +169,11 @@ bool store_server_peer_allowed(const struct store_server *srv, const struct sock
 /* ---- server_auth.c: the pre-auth gate (auth.h) ---- */
 
 /* At accept: when the server has secrets, queues the challenge and limits
- * reading to one answer frame. 0 or a negative code (close c). */
+ * reading to one answer frame; with secrets or TLS, arms a 10 s deadline
+ * for the handshake (BEV_EVENT_TIMEOUT). 0 or a negative code (close c). */
 int store_conn_auth_start(struct store_conn *c);
+/* The TLS handshake finished: without auth the connection is now trusted. */
+void store_conn_tls_ready(struct store_conn *c);
 /* Close path: frees the auth state. */
 void store_conn_auth_free(struct store_conn *c);
 /* True while c has not passed authentication: nothing but the answer is read. */
