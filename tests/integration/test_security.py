@@ -457,3 +457,19 @@ def test_mesh_peer_without_the_secret_cannot_join(procs, tmp):
                 pytest.fail("mesh ranks did not finish in time")
             rcs.append(p.returncode)
         assert (rcs == [0, 0]) == ok, rcs
+
+
+def test_crun_rejects_a_bad_secret_or_tls_file_with_exit_2(tmp):
+    loose = secret_file(os.path.join(tmp, "loose"), 0o644)
+    base = [bin_path("crun"), "--nnodes=1", "--nproc_per_node=1", "--rdzv_backend=c10d",
+            f"--rdzv_endpoint=127.0.0.1:{free_port()}", "--rdzv_id=bad"]
+    for extra, env, why in (
+            ([], crun_env(tmp, loose), "accessible by group or others"),
+            ([f"--rdzv_conf=auth_secret_file={loose}"], crun_env(tmp), "chmod 600"),
+            (["--rdzv_conf=tls_ca=/nonexistent/ca.pem"], crun_env(tmp), "/nonexistent/ca.pem"),
+            ([f"--rdzv_conf=tls_cert={loose}"], crun_env(tmp), "tls_cert needs tls_ca"),
+            (["--rdzv_conf=tls_min_version=1.1"], crun_env(tmp), "tls_min_version")):
+        out = subprocess.run(base + extra + [PY, "-c", "pass"], capture_output=True, text=True,
+                             env=env, timeout=60)
+        assert out.returncode == 2, (extra, out.stderr)
+        assert why in out.stderr, out.stderr
