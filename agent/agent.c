@@ -358,6 +358,7 @@ static int start_one(struct crun_agent *a, struct worker *w, const struct rdzv_i
 	v.error_file = w->errfile;
 	v.signals = a->signals_str;
 	v.virtual_local_rank = a->cfg.virtual_local_rank;
+	v.auth_secret_file = a->cfg.auth_secret_file;
 	envp = env_build(a->envp_base, &v);
 	argv = env_argv_subst(a->argv, w->local_rank);
 	r = CRUN_ENOMEM;

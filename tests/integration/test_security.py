@@ -63,11 +63,15 @@ def crun_env(tmpdir, secret=None):
     return env
 
 
-def agent(procs, port, job, out, secs, tmpdir, secret=None, extra=()):
+def agent(procs, port, job, out, secs, tmpdir, secret=None, extra=(), by_flag=False):
+    """One crun agent of a 2-node c10d job; the secret comes from
+    CRUN_AUTH_SECRET_FILE, or with by_flag from --auth_secret_file."""
+    if by_flag and secret:
+        extra = [f"--auth_secret_file={secret}", *extra]
     argv = [bin_path("crun"), "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
             f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={job}", CONF, *extra,
             TASK, "run", out, str(secs)]
-    return procs.spawn(argv, env=crun_env(tmpdir, secret))
+    return procs.spawn(argv, env=crun_env(tmpdir, None if by_flag else secret))
 
 
 def finish(p, timeout=120):
@@ -223,10 +227,10 @@ def attack_b(w, pfx):
 ATTACKS = {"A": attack_a, "B": attack_b}
 
 
-def start_job(procs, tmp, port, job, secret=None, secs=6):
+def start_job(procs, tmp, port, job, secret=None, secs=6, by_flag=False):
     out = tempfile.mkdtemp(dir=tmp)
-    ps = [agent(procs, port, job, out, secs, tmp, secret=secret, extra=["--max_restarts=3"])
-          for _ in range(2)]
+    ps = [agent(procs, port, job, out, secs, tmp, secret=secret, extra=["--max_restarts=3"],
+                by_flag=by_flag) for _ in range(2)]
     wait_records(out, lambda r: True, "a running worker")
     return out, ps
 
@@ -264,7 +268,9 @@ def test_attack_fails_on_an_authenticated_job(procs, tmp, name, kind):
         port = free_port()  # the first agent serves the store, with the secret
     else:
         _, _, port = start_rdzvd(procs, "--auth-secrets-dir", d)
-    out, ps = start_job(procs, tmp, port, "victim", secret=secs["victim"])
+    # The agent-hosted variant takes the secret by flag, the others by env.
+    out, ps = start_job(procs, tmp, port, "victim", secret=secs["victim"],
+                        by_flag=kind == "agent-hosted")
     w = attacker("other-job" if kind == "other-job" else "unauthenticated", port, secs)
     with pytest.raises(crunwire.Closed):
         ATTACKS[name](w, "/crun-c10d/victim")
