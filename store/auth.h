@@ -35,6 +35,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "crun/crun.h" /* the CRUN_E* codes these functions return */
+
 #define STORE_AUTH_NONCE_BYTES 32
 #define STORE_AUTH_MAC_BYTES   32
 #define STORE_AUTH_JOB_MAX     200 /* a run id longer than this cannot authenticate */
