@@ -121,8 +121,8 @@ static int bench_ops(const struct cfg *c)
 	t1 = clock_now_us();
 	printf("{\"bench\":\"ops\",\"mode\":\"%s\",\"threads\":%d,\"ops\":%" PRIu64
 	       ",\"ops_per_s\":%.0f,\"error\":\"%s\"}\n",
-	       c->auth ? (c->tls ? "auth+tls" : "auth") : (c->tls ? "tls" : "none"), c->threads, ops,
-	       (double)ops * 1e6 / (double)(t1 - t0), err ? crun_err_name(err) : "");
+	       c->auth ? (c->tls ? "auth+tls" : "auth") : (c->tls ? "tls" : "none"), c->threads,
+	       ops, (double)ops * 1e6 / (double)(t1 - t0), err ? crun_err_name(err) : "");
 	free(w);
 	return err;
 }

@@ -162,8 +162,7 @@ static int level_from_name(const char *s)
 	return -1;
 }
 
-static void parse_args(int argc, char **argv, struct store_server_config *cfg,
-		       struct sec_opts *sec)
+static void parse_args(int argc, char **argv, struct store_server_config *cfg, struct sec_opts *sec)
 {
 	const uint64_t big = (uint64_t)1 << 40; /* 1 TiB: keeps size arithmetic safe */
 	int o, lvl;
@@ -233,7 +232,8 @@ static void parse_args(int argc, char **argv, struct store_server_config *cfg,
 			break;
 		case OPT_TLS_MIN:
 			if (strcmp(optarg, "1.2") && strcmp(optarg, "1.3"))
-				bad_usage("--tls-min-version: expected 1.2 or 1.3, got '%s'", optarg);
+				bad_usage("--tls-min-version: expected 1.2 or 1.3, got '%s'",
+					  optarg);
 			sec->tls.min_version = optarg[2] == '2' ? 12 : 13;
 			break;
 		case 'h':
@@ -322,7 +322,8 @@ static struct store_auth_keys *load_secrets(const struct sec_opts *sec, const ch
 		if (r < 0)
 			bad_usage("--auth-secret-file: %s", err);
 	}
-	if (sec->secrets_dir && store_auth_keys_load_dir(keys, sec->secrets_dir, err, sizeof(err)) < 0)
+	if (sec->secrets_dir &&
+	    store_auth_keys_load_dir(keys, sec->secrets_dir, err, sizeof(err)) < 0)
 		bad_usage("--auth-secrets-dir: %s", err);
 	log_at(LL_INFO, SUB_CMD, "clients must authenticate (%zu secret%s)",
 	       store_auth_keys_count(keys), store_auth_keys_count(keys) == 1 ? "" : "s");

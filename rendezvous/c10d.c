@@ -208,8 +208,10 @@ int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap)
 			}
 		} else if (strcmp(item, "tls_min_version") == 0) {
 			if (strcmp(v, "1.2") && strcmp(v, "1.3")) {
-				snprintf(err, cap,
-					 "argument --rdzv_conf: tls_min_version=%s is not 1.2 or 1.3", v);
+				snprintf(
+				    err, cap,
+				    "argument --rdzv_conf: tls_min_version=%s is not 1.2 or 1.3",
+				    v);
 				return CRUN_EINVAL;
 			}
 			c.tls_min = v[2] == '2' ? 12 : 13;
@@ -221,12 +223,13 @@ int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap)
 			}
 			c.is_host = b;
 		} else {
-			snprintf(err, cap,
-				 "argument --rdzv_conf: unknown key '%s' (expected join_timeout, "
-				 "last_call_timeout, close_timeout, read_timeout, is_host, "
-				 "heartbeat_interval, lease_ttl, auth_secret_file, tls_cert, tls_key, "
-				 "tls_ca, tls_min_version)",
-				 item);
+			snprintf(
+			    err, cap,
+			    "argument --rdzv_conf: unknown key '%s' (expected join_timeout, "
+			    "last_call_timeout, close_timeout, read_timeout, is_host, "
+			    "heartbeat_interval, lease_ttl, auth_secret_file, tls_cert, tls_key, "
+			    "tls_ca, tls_min_version)",
+			    item);
 			return CRUN_EINVAL;
 		}
 		if (!end)
@@ -1291,7 +1294,8 @@ static void maybe_serve(struct c10d *c)
 	if (c->conf.is_host < 0 && !endpoint_bindable(c->ep_host, c->ep_port))
 		return;
 	if (c->tls_ca_set && !c->tls) {
-		log_at(LL_INFO, SUB_RDZV, "not serving the rendezvous store: tls_ca without tls_cert");
+		log_at(LL_INFO, SUB_RDZV,
+		       "not serving the rendezvous store: tls_ca without tls_cert");
 		return;
 	}
 	sc.host = c->conf.is_host == 1 ? NULL : c->ep_host;
@@ -1452,10 +1456,11 @@ int c10d_store_to_serve(const struct c10d *c, const char **ret_host, uint16_t *r
 	 * group rank 0 publishes its own as MASTER_ADDR:MASTER_PORT. It listens
 	 * on that advertised address only, when it is a local IP address (a
 	 * NAT'd --local_addr or a host name: every interface, as before). */
-	*ret_host = (inet_pton(AF_INET, c->addr, ip) == 1 || inet_pton(AF_INET6, c->addr, ip) == 1) &&
-			    endpoint_bindable(c->addr, 0)
-			? c->addr
-			: NULL;
+	*ret_host =
+	    (inet_pton(AF_INET, c->addr, ip) == 1 || inet_pton(AF_INET6, c->addr, ip) == 1) &&
+		    endpoint_bindable(c->addr, 0)
+		? c->addr
+		: NULL;
 	*ret_port = 0;
 	return 1;
 }

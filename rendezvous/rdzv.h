@@ -65,10 +65,10 @@ struct rdzv_params {
 	uint32_t barrier_timeout_ms;
 	/* c10d: master_addr/master_port are the rendezvous endpoint */
 	int min_nodes, max_nodes;
-	const char *conf;	 /* rdzv_conf "k=v,..." or NULL */
-	const char *hostname;	 /* for records and messages */
+	const char *conf;	      /* rdzv_conf "k=v,..." or NULL */
+	const char *hostname;	      /* for records and messages */
 	const char *auth_secret_file; /* c10d: shared secret; NULL = CRUN_AUTH_SECRET_FILE */
-	struct event_base *base; /* borrowed, the agent's loop */
+	struct event_base *base;      /* borrowed, the agent's loop */
 	rdzv_event_fn on_event;
 	void *arg;
 };

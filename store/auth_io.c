@@ -114,7 +114,8 @@ int store_auth_client_run(int fd, struct store_tls_conn *tls, const struct store
 
 	/* A server that authenticates sends its challenge on accept; one that
 	 * does not waits for us forever, so this wait has its own bound. */
-	r = recv_exact(fd, tls, ch, sizeof(ch), MIN(deadline_ms, clock_now_ms() + CHALLENGE_WAIT_MS));
+	r = recv_exact(fd, tls, ch, sizeof(ch),
+		       MIN(deadline_ms, clock_now_ms() + CHALLENGE_WAIT_MS));
 	if (r == 0)
 		r = store_auth_decode_challenge(ch, sizeof(ch), nonce_s);
 	if (r < 0) {

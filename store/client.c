@@ -56,7 +56,7 @@ struct client_conn {
 	struct store_bytes *kv; /* views into kbuf */
 	size_t kvcap;
 	uint64_t rng;
-	bool ext; /* HELLO answered: crun's extension ops allowed */
+	bool ext;			  /* HELLO answered: crun's extension ops allowed */
 	struct store_auth_secret *secret; /* NULL: no authentication (auth.h) */
 	char *auth_job;			  /* the run id we speak for */
 	struct store_tls *tls_ctx;	  /* NULL: plaintext (store/tls.h) */
@@ -800,12 +800,11 @@ CRUN_API int crun_store_open(const crun_store_opts_t *opts, crun_store_t **ret_s
 	}
 	s->conn = c;
 	if (OPT_HAS(opts, tls_ca) && opts->tls_ca) {
-		struct store_tls_opts tlo = {.ca = opts->tls_ca,
-					    .cert = OPT_HAS(opts, tls_cert) ? opts->tls_cert : NULL,
-					    .key = OPT_HAS(opts, tls_key) ? opts->tls_key : NULL,
-					    .min_version = OPT_HAS(opts, tls_min_version)
-							       ? opts->tls_min_version
-							       : 0};
+		struct store_tls_opts tlo = {
+		    .ca = opts->tls_ca,
+		    .cert = OPT_HAS(opts, tls_cert) ? opts->tls_cert : NULL,
+		    .key = OPT_HAS(opts, tls_key) ? opts->tls_key : NULL,
+		    .min_version = OPT_HAS(opts, tls_min_version) ? opts->tls_min_version : 0};
 		char why[600];
 
 		r = store_tls_new_client(&tlo, &c->tls_ctx, why, sizeof(why));

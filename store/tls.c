@@ -66,8 +66,8 @@ static int ctx_new(const struct store_tls_opts *o, bool server, struct store_tls
 	if (!t->ctx)
 		goto fail;
 	what = "TLS version";
-	if (!SSL_CTX_set_min_proto_version(t->ctx, o->min_version == 12 ? TLS1_2_VERSION
-									  : TLS1_3_VERSION))
+	if (!SSL_CTX_set_min_proto_version(t->ctx,
+					   o->min_version == 12 ? TLS1_2_VERSION : TLS1_3_VERSION))
 		goto fail;
 	/* No session tickets to keep around: connections are few and long. */
 	SSL_CTX_set_options(t->ctx, SSL_OP_NO_TICKET | SSL_OP_NO_RENEGOTIATION);
@@ -88,9 +88,8 @@ static int ctx_new(const struct store_tls_opts *o, bool server, struct store_tls
 		if (SSL_CTX_load_verify_locations(t->ctx, o->ca, NULL) != 1)
 			goto fail;
 		/* Client: verify the server. Server: a CA means mutual TLS. */
-		SSL_CTX_set_verify(t->ctx,
-				   SSL_VERIFY_PEER | (server ? SSL_VERIFY_FAIL_IF_NO_PEER_CERT : 0),
-				   NULL);
+		SSL_CTX_set_verify(
+		    t->ctx, SSL_VERIFY_PEER | (server ? SSL_VERIFY_FAIL_IF_NO_PEER_CERT : 0), NULL);
 	}
 	*ret = t;
 	return 0;
@@ -255,7 +254,8 @@ int store_tls_connect(struct store_tls *t, int fd, const char *host, uint64_t de
 			break;
 		e = SSL_get_error(c->ssl, n);
 		if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
-			r = poll_until(fd, e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline_ms);
+			r = poll_until(fd, e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT,
+				       deadline_ms);
 			if (r < 0) {
 				snprintf(err, cap, "TLS handshake with '%s': %s", host,
 					 crun_strerror(r));
@@ -269,10 +269,11 @@ int store_tls_connect(struct store_tls *t, int fd, const char *host, uint64_t de
 				 X509_verify_cert_error_string(SSL_get_verify_result(c->ssl)));
 		else {
 			ssl_errors(why, sizeof(why));
-			snprintf(err, cap,
-				 "TLS handshake with '%s' failed: %s (does the server speak TLS, and "
-				 "does it accept our certificate?)",
-				 host, why[0] ? why : "connection closed");
+			snprintf(
+			    err, cap,
+			    "TLS handshake with '%s' failed: %s (does the server speak TLS, and "
+			    "does it accept our certificate?)",
+			    host, why[0] ? why : "connection closed");
 		}
 		goto fail;
 	}

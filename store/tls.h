@@ -21,10 +21,10 @@ struct bufferevent;
 struct event_base;
 
 struct store_tls_opts {
-	const char *cert;   /* PEM certificate chain; server: required */
-	const char *key;    /* PEM private key of cert */
-	const char *ca;	    /* PEM CA bundle to verify the peer; client: required */
-	int min_version;    /* 12 or 13 (0 = 13) */
+	const char *cert; /* PEM certificate chain; server: required */
+	const char *key;  /* PEM private key of cert */
+	const char *ca;	  /* PEM CA bundle to verify the peer; client: required */
+	int min_version;  /* 12 or 13 (0 = 13) */
 };
 
 struct store_tls;      /* an SSL_CTX with crun's policy; opaque */

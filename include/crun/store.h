@@ -51,10 +51,10 @@ typedef struct crun_store_opts {
 	int tls_min_version;
 } crun_store_opts_t;
 
-#define CRUN_STORE_OPTS_INIT                                                                      \
-	{                                                                                         \
-		sizeof(crun_store_opts_t), "127.0.0.1", 29500, 30000, 300000, CRUN_STORE_V2, \
-		    NULL, NULL, NULL, NULL, NULL, NULL, 0                                     \
+#define CRUN_STORE_OPTS_INIT                                                                       \
+	{                                                                                          \
+		sizeof(crun_store_opts_t), "127.0.0.1", 29500, 30000, 300000, CRUN_STORE_V2, NULL, \
+		    NULL, NULL, NULL, NULL, NULL, 0                                                \
 	}
 
 /* Connects, retrying with exponential backoff and jitter (start 50 ms, x1.5,

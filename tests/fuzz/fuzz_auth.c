@@ -61,9 +61,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	/* A genuine answer to this nonce verifies, and its prefixes ask for more. */
 	if (store_auth_answer(&a, size > 3 ? "J2" : "", nonce, ans, &len, nc) == 0) {
-		check_ok(store_auth_verify(table(), nonce, ans, len, &used, &g) == 0 && used == len);
+		check_ok(store_auth_verify(table(), nonce, ans, len, &used, &g) == 0 &&
+			 used == len);
 		for (size_t i = 0; i < len; i += 7)
-			check_ok(store_auth_verify(table(), nonce, ans, i, &used, &g) == CRUN_EAGAIN);
+			check_ok(store_auth_verify(table(), nonce, ans, i, &used, &g) ==
+				 CRUN_EAGAIN);
 	}
 	free(copy);
 	return 0;

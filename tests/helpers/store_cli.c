@@ -324,7 +324,8 @@ int main(int argc, char **argv)
 			o.tls_cert = v;
 		} else if (!strcmp(a, "--tls-key")) {
 			o.tls_key = v;
-		} else if (!strcmp(a, "--tls-min-version") && parse_uint_range(v, 12, 13, &u) == 0) {
+		} else if (!strcmp(a, "--tls-min-version") &&
+			   parse_uint_range(v, 12, 13, &u) == 0) {
 			o.tls_min_version = (int)u;
 		} else if (!strcmp(a, "--auth-secret-file")) {
 			o.auth_secret_file = v;

@@ -62,12 +62,15 @@ def finish(p, timeout=150):
     return p.returncode, o.decode(errors="replace"), e.decode(errors="replace")
 
 
-def test_worker_store_admits_the_round_and_refuses_other_hosts(procs, net):
+@pytest.mark.parametrize("allow_any", [False, True])
+def test_worker_store_admits_the_round_and_refuses_other_hosts(procs, net, allow_any):
+    """With --worker_store_allow_any (NAT) host 3 gets through instead."""
     tmp = tempfile.mkdtemp(prefix="crun-allow-")
     out = os.path.join(tmp, "rec")
     os.mkdir(out)
+    extra = ["--worker_store_allow_any"] if allow_any else []
     try:
-        ps = [agent(procs, net, i, [PROBE, "--worker", out, "6"], tmp) for i in (0, 1)]
+        ps = [agent(procs, net, i, [*extra, PROBE, "--worker", out, "6"], tmp) for i in (0, 1)]
         recs = wait_records(out, lambda r: True, "a worker", timeout=90)
         recs = wait_records(out, lambda r: len(records(out)) == 2, "both workers", timeout=90)
         # Both nodes' workers reached the worker store on host 1's address.
@@ -78,12 +81,13 @@ def test_worker_store_admits_the_round_and_refuses_other_hosts(procs, net):
         outsider = subprocess.run(["ip", "netns", "exec", net.ns[2], sys.executable, PROBE,
                                    net.addr[0], port], capture_output=True, text=True,
                                   timeout=60)
-        assert outsider.stdout.startswith("refused"), outsider.stdout + outsider.stderr
+        want = "accepted" if allow_any else "refused"
+        assert outsider.stdout.startswith(want), outsider.stdout + outsider.stderr
         res = [finish(p) for p in ps]
         for rc, _, err in res:
             assert rc == 0, err[-3000:]
-        assert any(f"refusing client {net.addr[2]}:" in e for _, _, e in res), \
-            [e[-2000:] for _, _, e in res]
+        refused = any(f"refusing client {net.addr[2]}:" in e for _, _, e in res)
+        assert refused != allow_any, [e[-2000:] for _, _, e in res]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
