@@ -86,7 +86,6 @@ int store_conn_auth_read(struct store_conn *c, const char **ret_why)
 		r = CRUN_EPROTO;
 	}
 	if (r < 0) {
-		c->srv->st.auth_failures++;
 		*ret_why = r == CRUN_EACCES ? "authentication failed (wrong secret or unknown job)"
 			   : r == CRUN_EPROTO
 			       ? "no authentication answer (a client without the secret)"

@@ -280,24 +280,33 @@ static void stop(void)
 	rmdir(g_dir);
 }
 
-static void do_stats(evutil_socket_t fd, short what, void *arg)
+struct metric_read {
+	enum store_metric m;
+	uint64_t v;
+	volatile int done;
+};
+
+static void do_metric(evutil_socket_t fd, short what, void *arg)
 {
+	struct metric_read *mr = arg;
+
 	(void)fd;
 	(void)what;
-	store_server_get_stats(g_srv, arg);
+	mr->v = store_server_metric(g_srv, mr->m);
+	mr->done = 1;
 }
 
-/* The server's counters, read on its loop thread (bounded wait). */
-static struct store_server_stats stats(void)
+/* A counter of the server's metric table, read on its loop thread. */
+static uint64_t metric(enum store_metric m)
 {
-	struct store_server_stats st = {.conns = UINT64_MAX};
+	struct metric_read mr = {.m = m};
 	const struct timeval now = {0, 0};
 
-	ck_assert_int_eq(event_base_once(g_base, -1, EV_TIMEOUT, do_stats, &st, &now), 0);
-	for (int i = 0; i < 1000 && st.conns == UINT64_MAX; i++)
+	ck_assert_int_eq(event_base_once(g_base, -1, EV_TIMEOUT, do_metric, &mr, &now), 0);
+	for (int i = 0; i < 1000 && !mr.done; i++)
 		usleep(1000);
-	ck_assert_uint_ne(st.conns, UINT64_MAX);
-	return st;
+	ck_assert(mr.done);
+	return mr.v;
 }
 
 /* Waits (bounded) until the server counted at least n auth failures: a
@@ -306,7 +315,7 @@ static void wait_auth_failures(uint64_t n)
 {
 	uint64_t seen = 0;
 
-	for (int i = 0; i < 500 && (seen = stats().auth_failures) < n; i++)
+	for (int i = 0; i < 500 && (seen = metric(STORE_M_DROP_AUTH)) < n; i++)
 		usleep(2000);
 	ck_assert_uint_ge(seen, n);
 }
