@@ -479,3 +479,30 @@ def test_crun_rejects_a_bad_secret_or_tls_file_with_exit_2(tmp):
                              env=env, timeout=60)
         assert out.returncode == 2, (extra, out.stderr)
         assert why in out.stderr, out.stderr
+
+
+def test_reset_connections_reconnect_with_tls_and_auth(procs, certs, tmp):
+    """The store client's redial (after `ss -K` resets every rendezvous
+    connection) redoes TLS and the HMAC exchange: no re-rendezvous, exit 0."""
+    from test_store_reconnect import ss_kill, ss_kill_works
+    if not ss_kill_works():
+        pytest.skip("ss -K cannot destroy sockets here")
+    sec = secret_file(os.path.join(tmp, "s"))
+    port = free_port()
+    conf = (f"tls_cert={certs['server'][0]},tls_key={certs['server'][1]},"
+            f"tls_ca={certs['ca']}")
+    out = tempfile.mkdtemp(dir=tmp)
+    extra = ["--max_restarts=0", CONF.replace("lease_ttl=1.5", "lease_ttl=3") + "," + conf]
+    ps = [agent(procs, port, "resetsec", out, 6, tmp, secret=sec, extra=extra)
+          for _ in range(2)]
+    wait_records(out, lambda r: len(records(out)) >= 2, "both workers")
+    for _ in range(3):
+        ss_kill(port)
+        time.sleep(0.5)
+    for p in ps:
+        rc, _, err = finish(p)
+        assert rc == 0, err[-3000:]
+        assert "re-rendezvous" not in err and "dead" not in err, err[-3000:]
+    recs = records(out)
+    assert {r["TORCHELASTIC_RESTART_COUNT"] for r in recs} == {"0"}
+    assert sorted(int(r["RANK"]) for r in recs) == [0, 1]
