@@ -38,7 +38,6 @@ static void reg_free(struct store_server *srv, struct kv_reg *reg, bool is_wait)
 	kv_gc(&srv->kv, e);
 }
 
-/* kv_get_or_add, with a refusal counted under the budget that was full. */
 /* A write over a budget: counted, and refused to the client when there is
  * one (c is NULL for the server's own writes, a lease's expiry key). */
 static int refuse(struct store_server *srv, struct store_conn *c, enum store_metric m)
@@ -49,6 +48,7 @@ static int refuse(struct store_server *srv, struct store_conn *c, enum store_met
 	return CRUN_ETOOBIG;
 }
 
+/* kv_get_or_add, with a refusal counted under the budget that was full. */
 static int ent_get(struct store_server *srv, struct store_conn *c, const struct store_bytes *k,
 		   struct kv_ent **ret)
 {
@@ -554,21 +554,35 @@ static int op_queue_len(struct store_conn *c, const struct store_req *q)
 struct list_ctx {
 	struct store_conn *c;
 	int r;
+	int64_t n;
 };
+
+/* A client authenticated for one job sees only that job's keys. */
+static void count_one(struct kv_ent *e, void *arg)
+{
+	struct list_ctx *lc = arg;
+
+	if (e->present && store_conn_key_visible(lc->c, e->key, e->key_len))
+		lc->n++;
+}
 
 static void list_one(struct kv_ent *e, void *arg)
 {
 	struct list_ctx *lc = arg;
 
-	if (e->present && lc->r == 0)
+	if (e->present && lc->r == 0 && store_conn_key_visible(lc->c, e->key, e->key_len))
 		lc->r = reply_bytes(lc->c, e->key, e->key_len);
 }
 
 static int op_list_keys(struct store_conn *c)
 {
-	struct list_ctx lc = {.c = c, .r = 0};
+	struct list_ctx lc = {.c = c, .r = 0, .n = (int64_t)c->srv->kv.n_keys};
 
-	TRY(reply_i64(c, (int64_t)c->srv->kv.n_keys));
+	if (store_conn_scoped(c)) {
+		lc.n = 0;
+		kv_foreach(&c->srv->kv, count_one, &lc);
+	}
+	TRY(reply_i64(c, lc.n));
 	kv_foreach(&c->srv->kv, list_one, &lc);
 	return lc.r;
 }
