@@ -281,9 +281,12 @@ struct cli {
 	int nstrs;
 	char **job_env;	  /* owned "K=V" list from job.env (the caller exports it) */
 	char **file_args; /* owned job.args from the config file */
+	char **resolved;  /* owned: each row's final value (cli_changes), or NULL */
 	bool help, version;
 	enum cli_prog prog;
 	const char *completion;	       /* --print-completion SHELL, or NULL */
+	bool schema;		       /* crun-agent --print-schema */
+	bool print_config;	       /* crun-agent --print-config (after a full parse) */
 	const char *status_listen;     /* --status ADDR:PORT, or NULL (off) */
 	const char *config_path;       /* crun-agent --config FILE, or NULL */
 	const char *event_log_handler; /* "null" or "console" */
@@ -315,5 +318,44 @@ char *cli_help_new(enum cli_prog prog);
 char *cli_completion_new(enum cli_prog prog, const char *shell);
 /* The JSON schema (draft 2020-12) of crun-agent's config; malloc'd. */
 char *cli_schema_new(void);
+/* Every resolved setting of a parse as a JSON object keyed by JSON path
+ * (the flag's name for rows without one) plus "argv"; malloc'd. */
+char *cli_resolved_json(const struct cli *c);
+/* What differs between two parses (a SIGHUP reload): settings that apply
+ * live go to `live`, the others (a restart of the agent) to `restart`, both
+ * as ", "-joined names ("" when none). */
+void cli_changes(const struct cli *was, const struct cli *now, char *live, size_t live_cap,
+		 char *restart, size_t restart_cap);
+
+/* ---- daemon.c: crun-agent as a service ---------------------------------------- */
+
+struct agent_daemon;
+/* Speaks systemd's notify protocol ($NOTIFY_SOCKET: READY=1 once workers run,
+ * STATUS= at every state change, WATCHDOG=1 at half $WATCHDOG_USEC,
+ * STOPPING=1 at the end) and reloads the config on SIGHUP (RELOADING=1 ...
+ * READY=1; the log level applies live, other changes are named as needing a
+ * restart). Takes SIGHUP out of c->cfg.signals_to_handle (it means reload
+ * here) and sets c->cfg.on_state. c, argv and env are borrowed for the
+ * daemon's life (argv/env are parsed again on reload). */
+int agent_daemon_new(struct event_base *base, struct cli *c, int argc, char *const *argv,
+		     char *const *env, struct agent_daemon **ret);
+/* The agent whose state STATUS= and the status page report (borrowed). */
+void agent_daemon_attach(struct agent_daemon *d, struct crun_agent *a);
+/* The address the status page bound ("127.0.0.1:8123"), or "" when off. */
+const char *agent_daemon_status_addr(const struct agent_daemon *d);
+void agent_daemon_free(struct agent_daemon *d); /* sends STOPPING=1; NULL: no-op */
+
+/* ---- status.c: GET /healthz, /status (JSON), /metrics (Prometheus 0.0.4) ------ */
+
+struct agent_status;
+/* Serves the page on `listen` ("ADDR:PORT", port 0: any free one) on base.
+ * CRUN_EINVAL (bad address), CRUN_EADDRINUSE (cannot bind), CRUN_ENOMEM. */
+int agent_status_start(struct event_base *base, const char *listen, struct agent_status **ret);
+void agent_status_attach(struct agent_status *s, struct crun_agent *a); /* s NULL: no-op */
+const char *agent_status_addr(const struct agent_status *s);		  /* "127.0.0.1:8123" */
+void agent_status_stop(struct agent_status *s);				  /* NULL: no-op */
+/* The bodies, malloc'd (NULL on OOM); a NULL agent gives the bare page. */
+char *agent_status_json(const struct crun_agent *a);
+char *agent_status_metrics(const struct crun_agent *a, uint64_t uptime_ms);
 
 #endif /* CRUN_AGENT_AGENT_H */

@@ -145,7 +145,7 @@ const struct cli_opt cli_opts[OPT__MAX] = {
 	"$CRUN_HEARTBEAT_FILE) for this long; 0: off", set_ms, CFG(worker_heartbeat_timeout_ms)},
 [OPT_STATUS] = {"status", 0, CT_STR, 0, NULL, "PET_STATUS", "status.listen", "ADDR:PORT", NULL,
 	0, 0, "serve /healthz, /status and /metrics over HTTP [crun: off]", ap_status, 0},
-[OPT_LOG_LEVEL] = {"log_level", 0, CT_STR, 0, NULL, "PET_LOG_LEVEL CRUN_LOG_LEVEL LOGLEVEL",
+[OPT_LOG_LEVEL] = {"log_level", 0, CT_STR, CF_LIVE, NULL, "PET_LOG_LEVEL CRUN_LOG_LEVEL LOGLEVEL",
 	"daemon.log_level", "LEVEL", NULL, 0, 0,
 	"error, warning, info, debug or trace (LOGLEVEL as torchrun) [warning]", ap_log_level, 0},
 [OPT_SECRET_FILE] = {"auth_secret_file", 0, CT_STR, 0, NULL, "PET_AUTH_SECRET_FILE",
@@ -183,6 +183,10 @@ const struct cli_opt cli_opts[OPT__MAX] = {
 	"crun's version", NULL, 0},
 [OPT_PRINT_COMPLETION] = {"print_completion", 0, CT_ACTION, TR, NULL, NULL, NULL, "SHELL",
 	"bash|zsh|tcsh", 0, 0, "print a shell completion script and exit", NULL, 0},
+[OPT_PRINT_SCHEMA] = {"print_schema", 0, CT_ACTION, CF_AGENT, NULL, NULL, NULL, NULL, NULL, 0, 0,
+	"print the JSON schema of --config and exit", NULL, 0},
+[OPT_PRINT_CONFIG] = {"print_config", 0, CT_ACTION, CF_AGENT, NULL, NULL, NULL, NULL, NULL, 0, 0,
+	"check the configuration, print every resolved setting as JSON and exit", NULL, 0},
 };
 /* clang-format on */
 #undef TR
@@ -987,6 +991,42 @@ static int program(struct cli *c, struct cli_ctx *x, int i, int argc, char *cons
 	return 0;
 }
 
+static int keep_resolved(struct cli *c, const struct cli_ctx *x)
+{
+	c->resolved = calloc(OPT__MAX + 1, sizeof(char *));
+	if (!c->resolved)
+		return cli_fail(c, "out of memory");
+	for (int k = 0; k < OPT__MAX; k++)
+		if (x->val[k] && !(c->resolved[k] = str_dup(x->val[k])))
+			return cli_fail(c, "out of memory");
+	return 0;
+}
+
+static void add_name(char *buf, size_t cap, const struct cli_opt *o)
+{
+	size_t n = strlen(buf);
+
+	if (n + 2 < cap)
+		snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", o->name ? o->name : o->json);
+}
+
+void cli_changes(const struct cli *was, const struct cli *now, char *live, size_t live_cap,
+		 char *restart, size_t restart_cap)
+{
+	live[0] = restart[0] = '\0';
+	for (int k = 0; k < OPT__MAX; k++) {
+		const char *a = was->resolved ? was->resolved[k] : NULL;
+		const char *b = now->resolved ? now->resolved[k] : NULL;
+
+		if ((!a && !b) || (a && b && strcmp(a, b) == 0))
+			continue;
+		if (cli_opts[k].flags & CF_LIVE)
+			add_name(live, live_cap, &cli_opts[k]);
+		else
+			add_name(restart, restart_cap, &cli_opts[k]);
+	}
+}
+
 /* ---- the loop ------------------------------------------------------------------------ */
 
 static int apply_all(struct cli *c, struct cli_ctx *x)
@@ -1044,6 +1084,10 @@ int cli_parse_prog(struct cli *c, enum cli_prog prog, int argc, char *const *arg
 		c->version = !c->help;
 		goto out;
 	}
+	if (x->val[OPT_PRINT_SCHEMA]) {
+		c->schema = true;
+		goto out;
+	}
 	if (x->val[OPT_PRINT_COMPLETION]) {
 		r = check_value(c, x, OPT_PRINT_COMPLETION, x->val[OPT_PRINT_COMPLETION]);
 		c->completion = r < 0 ? NULL : cli_keep(c, x->val[OPT_PRINT_COMPLETION]);
@@ -1065,6 +1109,9 @@ int cli_parse_prog(struct cli *c, enum cli_prog prog, int argc, char *const *arg
 	if (r < 0)
 		goto out;
 	r = program(c, x, i, argc, argv);
+	if (r == 0)
+		r = keep_resolved(c, x);
+	c->print_config = x->val[OPT_PRINT_CONFIG] != NULL;
 out:
 	free(x);
 	return r < 0 ? CRUN_EINVAL : 0;
@@ -1087,6 +1134,10 @@ void cli_free(struct cli *c)
 	free_list(c->argv);
 	free_list(c->job_env);
 	free_list(c->file_args);
+	if (c->resolved)
+		for (int k = 0; k < OPT__MAX; k++)
+			free(c->resolved[k]);
+	free(c->resolved);
 	free(c->redirects);
 	free(c->tee);
 	free(c->console_ranks);

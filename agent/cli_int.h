@@ -33,6 +33,7 @@ enum cli_flags {
 	CF_AGENT = 1u << 2,    /* crun-agent only (--config) */
 	CF_RDZVKEY = 1u << 3,  /* a --rdzv_conf key: JSON rendezvous.<key>, no flag */
 	CF_HIDDEN = 1u << 4,   /* left out of --help (still completed and parsed) */
+	CF_LIVE = 1u << 5,     /* crun-agent applies a change on SIGHUP without a restart */
 };
 
 /* Where a value came from; a higher source wins (flag > file > env > default). */
@@ -95,6 +96,8 @@ enum cli_id {
 	OPT_HELP,
 	OPT_VERSION,
 	OPT_PRINT_COMPLETION,
+	OPT_PRINT_SCHEMA,
+	OPT_PRINT_CONFIG,
 	OPT__MAX,
 };
 

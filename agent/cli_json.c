@@ -247,6 +247,12 @@ static int walk(struct jload *j, const cJSON *obj, const char *prefix, int depth
 		char path[160];
 		int id = -1;
 
+		if (strcmp(v->string, "$comment") == 0) {
+			if (!cJSON_IsString(v))
+				return cli_fail(j->c, "%s: %s%s$comment: expected a string",
+						j->file, prefix, *prefix ? "." : "");
+			continue; /* JSON has no comments; configs use "$comment" keys */
+		}
 		snprintf(path, sizeof(path), "%s%s%s", prefix, *prefix ? "." : "", v->string);
 		for (int k = 0; k < OPT__MAX && id < 0; k++)
 			if (cli_opts[k].json && strcmp(cli_opts[k].json, path) == 0)

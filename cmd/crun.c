@@ -47,6 +47,7 @@ static int print_text(char *s)
 int main(int argc, char **argv)
 {
 	struct event_base *base;
+	struct agent_status *status = NULL;
 	crun_agent_t *agent = NULL;
 	struct cli c;
 	int code = 1;
@@ -91,16 +92,29 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	c.cfg.event_base = base;
+	if (c.status_listen) {
+		r = agent_status_start(base, c.status_listen, &status);
+		if (r < 0) {
+			fprintf(stderr, "crun: error: --status %s: %s\n", c.status_listen,
+				crun_strerror(r));
+			goto out_base;
+		}
+		fprintf(stderr, "crun: status page on http://%s/status\n",
+			agent_status_addr(status));
+	}
 	r = crun_agent_new(&c.cfg, &agent);
 	if (r < 0) {
 		fprintf(stderr, "crun: error: %s\n", crun_strerror(r));
 		goto out_base;
 	}
+	agent_status_attach(status, agent);
 	r = crun_agent_run(agent, &code);
 	if (r < 0 && code == 0)
 		code = 1;
+	agent_status_attach(status, NULL);
 	crun_agent_free(agent);
 out_base:
+	agent_status_stop(status);
 	event_base_free(base);
 out:
 	cli_free(&c);

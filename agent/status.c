@@ -1,0 +1,258 @@
+/* status.c: the agent's status page over libevent's evhttp (--status
+ * ADDR:PORT): GET /healthz, GET /status (JSON) and GET /metrics (Prometheus
+ * text exposition format 0.0.4, crun_ prefix). The JSON and metrics bodies
+ * are built by pure functions from the agent's state, so tests can check
+ * them without a socket.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+
+#include <cjson/cJSON.h>
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+
+#include "agent/agent.h"
+#include "rendezvous/rdzv.h"
+#include "common/common.h"
+
+#define STATUS_MAX_HEADERS_BYTES 8192 /* a status client sends a GET line and a few headers */
+
+struct agent_status {
+	struct evhttp *http;
+	struct crun_agent *agent; /* borrowed, NULL until attached */
+	uint64_t started_ms;
+	char addr[300];
+};
+
+static const char *worker_state(const struct worker *w)
+{
+	return w->state == W_RUNNING ? "running" : w->state == W_EXITED ? "exited" : "init";
+}
+
+char *agent_status_json(const struct crun_agent *a)
+{
+	cJSON *root = cJSON_CreateObject(), *ws;
+	char *out;
+
+	if (!root)
+		return NULL;
+	cJSON_AddBoolToObject(root, "ok", 1);
+	if (a) {
+		cJSON_AddStringToObject(root, "run_id", a->run_id);
+		cJSON_AddStringToObject(root, "role", a->role);
+		cJSON_AddStringToObject(root, "host", a->host);
+		cJSON_AddStringToObject(root, "state", agent_state_name(a->state));
+		cJSON_AddStringToObject(root, "rdzv_backend", a->cfg.rdzv_backend);
+		cJSON_AddNumberToObject(root, "restart_count", a->restart_count);
+		cJSON_AddNumberToObject(root, "max_restarts", a->cfg.max_restarts);
+		cJSON_AddNumberToObject(root, "group_rank", a->group_rank);
+		if (a->rdzv &&
+		    (a->state == AS_RUNNING || a->state == AS_STOPPING || a->state == AS_BARRIER)) {
+			const struct rdzv_info *ri = rdzv_info(a->rdzv);
+
+			cJSON_AddNumberToObject(root, "group_world_size", ri->group_world_size);
+			cJSON_AddNumberToObject(root, "world_size", ri->world_size);
+			cJSON_AddStringToObject(root, "master_addr", ri->master_addr);
+			cJSON_AddNumberToObject(root, "master_port", ri->master_port);
+		}
+		ws = cJSON_AddArrayToObject(root, "workers");
+		for (int i = 0; ws && a->workers && i < a->nworkers; i++) {
+			const struct worker *w = &a->workers[i];
+			cJSON *o = cJSON_CreateObject();
+
+			cJSON_AddNumberToObject(o, "local_rank", w->local_rank);
+			cJSON_AddNumberToObject(o, "global_rank", w->global_rank);
+			cJSON_AddNumberToObject(o, "pid", w->pid);
+			cJSON_AddStringToObject(o, "state", worker_state(w));
+			if (w->state == W_EXITED)
+				cJSON_AddNumberToObject(o, "exit_code", w->exit_code);
+			else
+				cJSON_AddNullToObject(o, "exit_code");
+			cJSON_AddItemToArray(ws, o);
+		}
+	}
+	out = cJSON_PrintUnformatted(root);
+	cJSON_Delete(root);
+	return out;
+}
+
+/* Prometheus label values escape \, " and newline (exposition format 0.0.4). */
+static void label(FILE *f, const char *v)
+{
+	for (; *v; v++) {
+		if (*v == '\\' || *v == '"')
+			fputc('\\', f);
+		if (*v == '\n') {
+			fputs("\\n", f);
+			continue;
+		}
+		fputc(*v, f);
+	}
+}
+
+static void gauge(FILE *f, const char *name, const char *help, const char *type)
+{
+	fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+char *agent_status_metrics(const struct crun_agent *a, uint64_t uptime_ms)
+{
+	char *s = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&s, &len);
+
+	if (!f)
+		return NULL;
+	gauge(f, "crun_agent_up", "1 while the agent serves this page", "gauge");
+	fputs("crun_agent_up 1\n", f);
+	gauge(f, "crun_agent_uptime_seconds", "seconds since the status page started", "gauge");
+	fprintf(f, "crun_agent_uptime_seconds %.3f\n", (double)uptime_ms / 1000.0);
+	if (a) {
+		int running = 0, exited = 0;
+
+		gauge(f, "crun_agent_info", "the agent's job (labels), always 1", "gauge");
+		fputs("crun_agent_info{run_id=\"", f);
+		label(f, a->run_id);
+		fputs("\",role=\"", f);
+		label(f, a->role);
+		fputs("\",host=\"", f);
+		label(f, a->host);
+		fputs("\"} 1\n", f);
+		gauge(f, "crun_agent_state", "1 for the agent's current state", "gauge");
+		for (int st = AS_INIT; st < AS__MAX; st++)
+			fprintf(f, "crun_agent_state{state=\"%s\"} %d\n",
+				agent_state_name((enum agent_state)st), (int)a->state == st);
+		gauge(f, "crun_agent_restarts_total", "worker group restarts so far", "counter");
+		fprintf(f, "crun_agent_restarts_total %d\n", a->restart_count);
+		gauge(f, "crun_agent_max_restarts", "restarts allowed (--max_restarts)", "gauge");
+		fprintf(f, "crun_agent_max_restarts %d\n", a->cfg.max_restarts);
+		gauge(f, "crun_agent_group_rank", "this node's rank in the current round", "gauge");
+		fprintf(f, "crun_agent_group_rank %d\n", a->group_rank);
+		for (int i = 0; a->workers && i < a->nworkers; i++) {
+			running += a->workers[i].state == W_RUNNING;
+			exited += a->workers[i].state == W_EXITED;
+		}
+		gauge(f, "crun_agent_workers", "workers of the current attempt by state", "gauge");
+		fprintf(f, "crun_agent_workers{state=\"running\"} %d\n", running);
+		fprintf(f, "crun_agent_workers{state=\"exited\"} %d\n", exited);
+		gauge(f, "crun_agent_worker_exit_code",
+		      "exit code of each exited worker of the current attempt", "gauge");
+		for (int i = 0; a->workers && i < a->nworkers; i++)
+			if (a->workers[i].state == W_EXITED)
+				fprintf(f, "crun_agent_worker_exit_code{local_rank=\"%d\"} %d\n",
+					a->workers[i].local_rank, a->workers[i].exit_code);
+	}
+	if (fclose(f) != 0) {
+		free(s);
+		return NULL;
+	}
+	return s;
+}
+
+static void reply(struct evhttp_request *req, int code, const char *type, char *body)
+{
+	struct evbuffer *b = evhttp_request_get_output_buffer(req);
+
+	if (!body) {
+		evhttp_send_error(req, HTTP_INTERNAL, "out of memory");
+		return;
+	}
+	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", type);
+	evbuffer_add(b, body, strlen(body));
+	free(body);
+	evhttp_send_reply(req, code, code == 200 ? "OK" : "Not Found", NULL);
+}
+
+static void on_request(struct evhttp_request *req, void *arg)
+{
+	struct agent_status *s = arg;
+	const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
+	const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
+
+	if (evhttp_request_get_command(req) != EVHTTP_REQ_GET || !path) {
+		evhttp_send_error(req, 405, "only GET");
+		return;
+	}
+	if (strcmp(path, "/healthz") == 0)
+		reply(req, 200, "text/plain; charset=utf-8", str_dup("ok\n"));
+	else if (strcmp(path, "/status") == 0)
+		reply(req, 200, "application/json", agent_status_json(s->agent));
+	else if (strcmp(path, "/metrics") == 0)
+		reply(req, 200, "text/plain; version=0.0.4; charset=utf-8",
+		      agent_status_metrics(s->agent, clock_now_ms() - s->started_ms));
+	else
+		evhttp_send_error(req, HTTP_NOTFOUND, "try /healthz, /status or /metrics");
+}
+
+int agent_status_start(struct event_base *base, const char *listen, struct agent_status **ret)
+{
+	struct agent_status *s = calloc(1, sizeof(*s));
+	struct evhttp_bound_socket *bs;
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	char host[256], ip[INET6_ADDRSTRLEN];
+	uint16_t port = 0;
+	int r = CRUN_EINVAL;
+
+	if (!s)
+		return CRUN_ENOMEM;
+	if (parse_host_port(listen, 0, host, sizeof(host), &port) < 0)
+		goto fail;
+	r = CRUN_ENOMEM;
+	s->http = evhttp_new(base);
+	if (!s->http)
+		goto fail;
+	evhttp_set_max_headers_size(s->http, STATUS_MAX_HEADERS_BYTES);
+	evhttp_set_max_body_size(s->http, 0);
+	evhttp_set_timeout(s->http, 10);
+	evhttp_set_gencb(s->http, on_request, s);
+	bs = evhttp_bind_socket_with_handle(s->http, host, port);
+	if (!bs) {
+		r = log_fail(SUB_AGENT, CRUN_EADDRINUSE, "cannot serve the status page on '%s'",
+			     listen);
+		goto fail;
+	}
+	if (getsockname(evhttp_bound_socket_get_fd(bs), (struct sockaddr *)&ss, &sl) == 0) {
+		const void *in = ss.ss_family == AF_INET6
+				     ? (const void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
+				     : (const void *)&((struct sockaddr_in *)&ss)->sin_addr;
+
+		port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+						      : ((struct sockaddr_in *)&ss)->sin_port);
+		inet_ntop(ss.ss_family, in, ip, sizeof(ip));
+		snprintf(s->addr, sizeof(s->addr), ss.ss_family == AF_INET6 ? "[%s]:%u" : "%s:%u",
+			 ip, port);
+	}
+	s->started_ms = clock_now_ms();
+	log_at(LL_INFO, SUB_AGENT, "status page on http://%s/status", s->addr);
+	*ret = s;
+	return 0;
+fail:
+	agent_status_stop(s);
+	return r;
+}
+
+void agent_status_attach(struct agent_status *s, struct crun_agent *a)
+{
+	if (s)
+		s->agent = a;
+}
+
+const char *agent_status_addr(const struct agent_status *s)
+{
+	return s->addr;
+}
+
+void agent_status_stop(struct agent_status *s)
+{
+	if (!s)
+		return;
+	if (s->http)
+		evhttp_free(s->http);
+	free(s);
+}

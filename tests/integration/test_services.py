@@ -1,0 +1,314 @@
+"""crun as a service (issue 12): crun-agent --config, the JSON schema and the
+option table, systemd's notify protocol against a real AF_UNIX datagram socket
+bound here, SIGHUP reloads, journal priorities, the status page (/healthz,
+/status, /metrics parsed by prometheus_client's own parser) and the units in
+configs/systemd/ checked by systemd-analyze verify."""
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import ROOT, bin_path
+
+PY = "/usr/bin/python3"
+
+# A worker that records its pid, then runs until OUT/stop appears (bounded).
+WORKER = """\
+import os, sys, time
+out = sys.argv[1]
+rank = os.environ["RANK"]
+with open(os.path.join(out, rank + ".pid.tmp"), "w") as f:
+    f.write(str(os.getpid()))
+os.rename(os.path.join(out, rank + ".pid.tmp"), os.path.join(out, rank + ".pid"))
+with open(os.path.join(out, rank + ".env"), "w") as f:
+    f.write(os.environ.get("JOB_VAR", "-"))
+end = time.monotonic() + 60
+while time.monotonic() < end and not os.path.exists(os.path.join(out, "stop")):
+    time.sleep(0.05)
+"""
+
+
+@pytest.fixture
+def job(tmp_path):
+    (tmp_path / "w.py").write_text(WORKER)
+    (tmp_path / "out").mkdir()
+    return tmp_path
+
+
+def agent_env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PET_", "NOTIFY_", "WATCHDOG_", "JOURNAL_", "LOGLEVEL"))}
+    env["PYTHON_EXEC"] = PY
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def write_config(job, cfg):
+    p = job / "job.json"
+    p.write_text(json.dumps(cfg))
+    return p
+
+
+def base_config(d, **over):
+    cfg = {"job": {"program": str(d / "w.py"), "args": [str(d / "out")],
+                   "nproc_per_node": 2, "env": {"JOB_VAR": "from-config"}},
+           "rendezvous": {"standalone": True},
+           "logs": {"dir": str(d / "logs")}}
+    for k, v in over.items():
+        cfg.setdefault(k, {}).update(v)
+    return cfg
+
+
+def wait_for(pred, timeout=60, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.02)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def pids(job, n):
+    out = job / "out"
+    wait_for(lambda: len(list(out.glob("*.pid"))) >= n, what=f"{n} workers")
+    return {int(p.name.split(".")[0]): int(p.read_text()) for p in out.glob("*.pid")}
+
+
+class NotifySocket:
+    """The service manager's end: a datagram socket bound in a temp dir."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="crun-notify-")
+        self.path = os.path.join(self.dir, "notify")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.settimeout(0.05)
+        self.msgs = []  # (monotonic time, text)
+
+    def drain(self):
+        while True:
+            try:
+                data = self.sock.recv(4096)
+            except (socket.timeout, BlockingIOError):
+                return self.msgs
+            self.msgs.append((time.monotonic(), data.decode()))
+
+    def wait(self, needle, timeout=60):
+        def seen():
+            self.drain()
+            return any(needle in m for _, m in self.msgs)
+        wait_for(seen, timeout, what=f"notify {needle!r} (got {[m for _, m in self.msgs]})")
+
+    def close(self):
+        self.sock.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def notify():
+    n = NotifySocket()
+    yield n
+    n.close()
+
+
+def run_agent(procs, args, env=None, timeout=120):
+    p = procs.spawn([bin_path("crun-agent"), *args], env=env or agent_env())
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"crun-agent {args} did not finish")
+    return p.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+# ---- config ------------------------------------------------------------------------
+
+def test_config_file_runs_the_job_and_a_flag_wins(procs, job):
+    cfg = write_config(job, base_config(job))
+    (job / "out" / "stop").write_text("")
+    rc, _, err = run_agent(procs, ["--config", str(cfg), "--nproc-per-node=3"])
+    assert rc == 0, err
+    assert sorted(pids(job, 3)) == [0, 1, 2]  # the flag's 3, not the file's 2
+    assert {(job / "out" / f"{r}.env").read_text() for r in range(3)} == {"from-config"}
+
+
+@pytest.mark.parametrize("cfg,needle", [
+    ({"job": {"program": "x.py", "colour": "red"}}, "unknown key 'job.colour'"),
+    ({"rendezvous": {"endpoint": 42}, "job": {"program": "x.py"}},
+     'rendezvous.endpoint: expected "HOST:PORT", got 42'),
+    ({"restart": {"max_restarts": "3"}, "job": {"program": "x.py"}},
+     "restart.max_restarts: expected an integer"),
+    ({"job": {"program": "x.py", "nproc_per_node": "lots"}}, "job.nproc_per_node"),
+    ({"rendezvous": {"nnodes": 2}}, "job.program"),
+], ids=["unknown-key", "wrong-type", "string-for-int", "bad-value", "no-program"])
+def test_config_errors_name_the_json_path_exit_2_and_start_nothing(procs, job, cfg, needle):
+    cfg["job"] = {**cfg.get("job", {}), "args": [str(job / "out")]}
+    if "program" in cfg["job"]:
+        cfg["job"]["program"] = str(job / "w.py")
+    rc, _, err = run_agent(procs, ["--config", str(write_config(job, cfg))])
+    assert rc == 2, err
+    assert needle in err, err
+    assert not list((job / "out").iterdir())  # nothing started
+
+
+def test_missing_config_file_exits_2(procs, job):
+    rc, _, err = run_agent(procs, ["--config", str(job / "nope.json")])
+    assert rc == 2 and "nope.json" in err, err
+
+
+def test_schema_file_is_the_tables_and_examples_parse(procs):
+    rc, out, err = run_agent(procs, ["--print-schema"])
+    assert rc == 0, err
+    with open(os.path.join(ROOT, "configs", "crun-agent.schema.json")) as f:
+        assert json.load(f) == json.loads(out), "regenerate: crun-agent --print-schema"
+    examples = os.path.join(ROOT, "configs", "examples")
+    for name in sorted(os.listdir(examples)):
+        rc, out, err = run_agent(procs, ["--config", os.path.join(examples, name),
+                                         "--nproc_per_node=1", "--print-config"])
+        assert rc == 0, (name, err)
+        assert json.loads(out)["argv"][-1] != name
+
+
+@pytest.mark.parametrize("unit", ["crun-agent@.service", "crun-rdzvd.service"])
+def test_systemd_units_verify_clean(tmp_path, unit):
+    src = open(os.path.join(ROOT, "configs", "systemd", unit)).read()
+    build = os.path.dirname(bin_path("crun-agent"))
+    # The units name the installed /usr/bin programs; verify checks they exist.
+    src = src.replace("/usr/bin/crun-", build + "/crun-")
+    dst = tmp_path / unit.replace("@.", "@job1.")
+    dst.write_text(src)
+    res = subprocess.run(["systemd-analyze", "verify", str(dst)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and not res.stderr.strip(), res.stderr + res.stdout
+
+
+# ---- notify protocol -------------------------------------------------------------------
+
+def test_notify_ready_status_watchdog_reload_stopping(procs, job, notify):
+    cfg = write_config(job, base_config(job, daemon={"log_level": "info"}))
+    env = agent_env(NOTIFY_SOCKET=notify.path, WATCHDOG_USEC=200000)
+    p = procs.spawn([bin_path("crun-agent"), "--config", str(cfg)], env=env)
+    before = pids(job, 2)
+    notify.wait("READY=1")
+    notify.wait("STATUS=")
+    t0 = time.monotonic()
+    wait_for(lambda: notify.drain() and sum(
+        1 for t, m in notify.msgs if "WATCHDOG=1" in m and t >= t0) >= 5,
+        what="5 watchdog pings")
+    span = time.monotonic() - t0
+    pings = [t for t, m in notify.msgs if m == "WATCHDOG=1" and t >= t0]
+    # Paced by a timer at half of WATCHDOG_USEC (100 ms), not a busy loop.
+    assert len(pings) <= span / 0.05 + 2, (len(pings), span)
+    # SIGHUP: re-read the changed config; workers keep running.
+    write_config(job, base_config(job, daemon={"log_level": "debug"},
+                                  job={"nproc_per_node": 3}))
+    n_ready = sum("READY=1" in m for _, m in notify.drain())
+    p.send_signal(signal.SIGHUP)
+    notify.wait("RELOADING=1")
+    wait_for(lambda: sum("READY=1" in m for _, m in notify.drain()) > n_ready,
+             what="READY=1 after the reload")
+    reload_status = [m for _, m in notify.msgs if "reloaded" in m][-1]
+    assert "applied log_level" in reload_status and "nproc_per_node" in reload_status
+    assert pids(job, 2) == before and p.poll() is None
+    (job / "out" / "stop").write_text("")
+    assert p.wait(timeout=60) == 0, p.stderr.read().decode()
+    notify.wait("STOPPING=1")
+    texts = [m for _, m in notify.msgs]
+    first = {k: next(i for i, m in enumerate(texts) if k in m)
+             for k in ("READY=1", "RELOADING=1", "STOPPING=1")}
+    assert first["READY=1"] < first["RELOADING=1"] < first["STOPPING=1"]
+    assert any("running" in m and m.startswith("STATUS=") for m in texts), texts
+
+
+def test_bad_reload_keeps_the_running_config(procs, job, notify):
+    cfg = write_config(job, base_config(job))
+    env = agent_env(NOTIFY_SOCKET=notify.path)
+    p = procs.spawn([bin_path("crun-agent"), "--config", str(cfg)], env=env)
+    pids(job, 2)
+    notify.wait("READY=1")
+    cfg.write_text('{"job": {"program": 5}}')
+    p.send_signal(signal.SIGHUP)
+    notify.wait("reload failed")
+    assert "job.program" in [m for _, m in notify.msgs if "reload failed" in m][-1]
+    (job / "out" / "stop").write_text("")
+    assert p.wait(timeout=60) == 0
+
+
+def test_journal_stream_gives_priority_prefixes(procs, job):
+    cfg = write_config(job, base_config(job))
+    (job / "out" / "stop").write_text("")
+    log = job / "stderr.log"
+    with open(log, "wb") as f:
+        st = os.fstat(f.fileno())
+        env = agent_env(JOURNAL_STREAM=f"{st.st_dev}:{st.st_ino}")
+        p = procs.spawn([bin_path("crun-agent"), "--config", str(cfg)], env=env, stderr=f)
+        assert p.wait(timeout=120) == 0
+    lines = [ln for ln in log.read_text().splitlines() if "crun-agent" in ln]
+    assert lines and all(re.match(r"<[0-7]>crun-agent: ", ln) for ln in lines), lines
+    assert any(ln.startswith("<6>") for ln in lines)
+
+
+# ---- status page ------------------------------------------------------------------------
+
+def get(addr, path):
+    with urllib.request.urlopen(f"http://{addr}{path}", timeout=10) as r:
+        return r.status, r.headers.get("Content-Type"), r.read().decode()
+
+
+def status_addr(notify):
+    notify.wait("status on ")
+    m = [m for _, m in notify.msgs if "status on " in m][-1]
+    return m.split("status on ")[1].split()[0]
+
+
+def test_status_page_healthz_status_metrics(procs, job, notify):
+    cfg = write_config(job, base_config(job, status={"listen": "127.0.0.1:0"},
+                                        restart={"max_restarts": 2}))
+    env = agent_env(NOTIFY_SOCKET=notify.path)
+    p = procs.spawn([bin_path("crun-agent"), "--config", str(cfg)], env=env)
+    workers = pids(job, 2)
+    notify.wait("READY=1")
+    addr = status_addr(notify)
+    assert get(addr, "/healthz")[:3:2] == (200, "ok\n")
+    code, ctype, body = get(addr, "/status")
+    st = json.loads(body)
+    assert code == 200 and ctype == "application/json"
+    assert st["state"] == "running" and st["max_restarts"] == 2 and st["world_size"] == 2
+    assert {w["global_rank"]: w["pid"] for w in st["workers"]} == workers
+    assert all(w["state"] == "running" and w["exit_code"] is None for w in st["workers"])
+    code, ctype, text = get(addr, "/metrics")
+    assert ctype.startswith("text/plain; version=0.0.4")
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    assert all(n.startswith("crun_") for n in fams)
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in fams.values() for s in f.samples}
+    assert samples[("crun_agent_workers", (("state", "running"),))] == 2
+    assert samples[("crun_agent_state", (("state", "running"),))] == 1
+    assert samples[("crun_agent_max_restarts", ())] == 2
+    with pytest.raises(urllib.error.HTTPError) as e:
+        get(addr, "/nope")
+    assert e.value.code == 404
+    (job / "out" / "stop").write_text("")
+    assert p.wait(timeout=60) == 0
+
+
+def test_crun_status_flag_serves_the_page(procs, job):
+    p = procs.spawn([bin_path("crun"), "--status=127.0.0.1:0", "--nproc_per_node=1",
+                     str(job / "w.py"), str(job / "out")], env=agent_env())
+    pids(job, 1)
+    line = wait_for(lambda: p.stderr.readline().decode(), what="status line")
+    addr = re.search(r"http://([^/]+)/status", line).group(1)
+    st = json.loads(get(addr, "/status")[2])
+    assert st["state"] == "running" and len(st["workers"]) == 1
+    (job / "out" / "stop").write_text("")
+    assert p.wait(timeout=60) == 0
