@@ -17,6 +17,7 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #include "crun/agent.h"
@@ -345,7 +346,7 @@ void agent_daemon_attach(struct agent_daemon *d, struct crun_agent *a);
 const char *agent_daemon_status_addr(const struct agent_daemon *d);
 void agent_daemon_free(struct agent_daemon *d); /* sends STOPPING=1; NULL: no-op */
 
-/* ---- status.c: GET /healthz, /status (JSON), /metrics (Prometheus 0.0.4) ------ */
+/* ---- status.c: GET /healthz, /status, /jobs (JSON), /metrics (Prometheus) ------ */
 
 struct agent_status;
 /* Serves the page on `listen` ("ADDR:PORT", port 0: any free one) on base.
@@ -356,6 +357,18 @@ const char *agent_status_addr(const struct agent_status *s);		  /* "127.0.0.1:81
 void agent_status_stop(struct agent_status *s);				  /* NULL: no-op */
 /* The bodies, malloc'd (NULL on OOM); a NULL agent gives the bare page. */
 char *agent_status_json(const struct crun_agent *a);
+char *agent_status_jobs_json(const struct crun_agent *a); /* {"jobs": [...]} */
 char *agent_status_metrics(const struct crun_agent *a, uint64_t uptime_ms);
+
+/* ---- ctl.c: crunctl's client of the status pages ---------------------------------- */
+
+/* GET http://endpoint/path within timeout_ms: 0 with the HTTP status and the
+ * body (malloc'd, NUL-terminated; free()), CRUN_EINVAL (bad endpoint),
+ * CRUN_ETIMEDOUT (refused, reset or too slow) or CRUN_ENOMEM. */
+int agent_ctl_get(const char *endpoint, const char *path, uint32_t timeout_ms, int *ret_status,
+		  char **ret_body);
+/* The /status and /jobs JSON as tables; CRUN_EPROTO for something else. */
+int agent_ctl_print_status(FILE *out, const char *json);
+int agent_ctl_print_jobs(FILE *out, const char *json);
 
 #endif /* CRUN_AGENT_AGENT_H */

@@ -1,5 +1,5 @@
 /* status.c: the agent's status page over libevent's evhttp (--status
- * ADDR:PORT): GET /healthz, GET /status (JSON) and GET /metrics (Prometheus
+ * ADDR:PORT): GET /healthz, GET /status and /jobs (JSON) and GET /metrics (Prometheus
  * text exposition format 0.0.4, crun_ prefix). The JSON and metrics bodies
  * are built by pure functions from the agent's state, so tests can check
  * them without a socket.
@@ -75,6 +75,28 @@ char *agent_status_json(const struct crun_agent *a)
 				cJSON_AddNullToObject(o, "exit_code");
 			cJSON_AddItemToArray(ws, o);
 		}
+	}
+	out = cJSON_PrintUnformatted(root);
+	cJSON_Delete(root);
+	return out;
+}
+
+char *agent_status_jobs_json(const struct crun_agent *a)
+{
+	cJSON *root = cJSON_CreateObject(), *jobs, *j;
+	char *out;
+
+	if (!root)
+		return NULL;
+	jobs = cJSON_AddArrayToObject(root, "jobs");
+	if (a && jobs && (j = cJSON_CreateObject())) {
+		cJSON_AddStringToObject(j, "run_id", a->run_id);
+		cJSON_AddStringToObject(j, "role", a->role);
+		cJSON_AddStringToObject(j, "state", agent_state_name(a->state));
+		cJSON_AddNumberToObject(j, "restart_count", a->restart_count);
+		if (a->rdzv && a->state == AS_RUNNING)
+			cJSON_AddNumberToObject(j, "world_size", rdzv_info(a->rdzv)->world_size);
+		cJSON_AddItemToArray(jobs, j);
 	}
 	out = cJSON_PrintUnformatted(root);
 	cJSON_Delete(root);
@@ -182,11 +204,13 @@ static void on_request(struct evhttp_request *req, void *arg)
 		reply(req, 200, "text/plain; charset=utf-8", str_dup("ok\n"));
 	else if (strcmp(path, "/status") == 0)
 		reply(req, 200, "application/json", agent_status_json(s->agent));
+	else if (strcmp(path, "/jobs") == 0)
+		reply(req, 200, "application/json", agent_status_jobs_json(s->agent));
 	else if (strcmp(path, "/metrics") == 0)
 		reply(req, 200, "text/plain; version=0.0.4; charset=utf-8",
 		      agent_status_metrics(s->agent, clock_now_ms() - s->started_ms));
 	else
-		evhttp_send_error(req, HTTP_NOTFOUND, "try /healthz, /status or /metrics");
+		evhttp_send_error(req, HTTP_NOTFOUND, "try /healthz, /status, /jobs or /metrics");
 }
 
 int agent_status_start(struct event_base *base, const char *listen, struct agent_status **ret)

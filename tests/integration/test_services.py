@@ -312,3 +312,53 @@ def test_crun_status_flag_serves_the_page(procs, job):
     assert st["state"] == "running" and len(st["workers"]) == 1
     (job / "out" / "stop").write_text("")
     assert p.wait(timeout=60) == 0
+
+
+# ---- crunctl ---------------------------------------------------------------------------
+
+def crunctl(*args, timeout=60):
+    return subprocess.run([bin_path("crunctl"), *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_crunctl_status_jobs_watch_against_a_live_job(procs, job, notify):
+    cfg = write_config(job, base_config(job, status={"listen": "127.0.0.1:0"}))
+    env = agent_env(NOTIFY_SOCKET=notify.path)
+    p = procs.spawn([bin_path("crun-agent"), "--config", str(cfg)], env=env)
+    workers = pids(job, 2)
+    notify.wait("READY=1")
+    addr = status_addr(notify)
+    res = crunctl("status", "--endpoint", addr)
+    assert res.returncode == 0, res.stderr
+    assert "state running" in res.stdout and "restarts 0/0" in res.stdout
+    for rank, pid in workers.items():
+        assert re.search(rf"^{rank}\s+{rank}\s+{pid}\s+running\s+-$", res.stdout, re.M), \
+            res.stdout
+    res = crunctl("status", "--endpoint", addr, "--json")
+    st = json.loads(res.stdout)
+    assert {w["pid"] for w in st["workers"]} == set(workers.values())
+    res = crunctl("status", "--endpoint", addr, "--rdzv_id", st["run_id"])
+    assert res.returncode == 0, res.stderr
+    res = crunctl("status", "--endpoint", addr, "--rdzv_id", "someone-else")
+    assert res.returncode == 1 and "someone-else" in res.stderr
+    res = crunctl("jobs", "--endpoint", addr)
+    assert res.returncode == 0 and st["run_id"] in res.stdout, res.stdout + res.stderr
+    assert crunctl("watch", "--endpoint", addr, "--count", "1").returncode == 0
+    # watch follows the job to its end: running, then the page goes away.
+    w = procs.spawn([bin_path("crunctl"), "watch", "--endpoint", addr, "--json",
+                     "--interval", "0.05"])
+    wait_for(lambda: os.path.exists(f"/proc/{w.pid}"), what="watch")
+    time.sleep(0.3)
+    (job / "out" / "stop").write_text("")
+    assert p.wait(timeout=60) == 0
+    out, err = w.communicate(timeout=60)
+    assert w.returncode == 0, err
+    states = [json.loads(ln)["state"] for ln in out.decode().splitlines()]
+    assert states[0] == "running" and len(states) >= 1, states
+
+
+def test_crunctl_errors(procs):
+    assert crunctl("status").returncode == 2
+    assert crunctl("frobnicate", "--endpoint", "127.0.0.1:1").returncode == 2
+    res = crunctl("status", "--endpoint", "127.0.0.1:1", "--timeout", "2")
+    assert res.returncode == 1 and "127.0.0.1:1" in res.stderr
