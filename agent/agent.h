@@ -353,12 +353,16 @@ struct agent_status;
  * CRUN_EINVAL (bad address), CRUN_EADDRINUSE (cannot bind), CRUN_ENOMEM. */
 int agent_status_start(struct event_base *base, const char *listen, struct agent_status **ret);
 void agent_status_attach(struct agent_status *s, struct crun_agent *a); /* s NULL: no-op */
-const char *agent_status_addr(const struct agent_status *s);		  /* "127.0.0.1:8123" */
-void agent_status_stop(struct agent_status *s);				  /* NULL: no-op */
+/* A store server whose counters /metrics adds (crun-rdzvd's; an agent's own
+ * store is added by itself). Borrowed; s NULL: no-op. */
+void agent_status_attach_store(struct agent_status *s, const struct store_server *srv);
+const char *agent_status_addr(const struct agent_status *s); /* "127.0.0.1:8123" */
+void agent_status_stop(struct agent_status *s);		     /* NULL: no-op */
 /* The bodies, malloc'd (NULL on OOM); a NULL agent gives the bare page. */
 char *agent_status_json(const struct crun_agent *a);
 char *agent_status_jobs_json(const struct crun_agent *a); /* {"jobs": [...]} */
-char *agent_status_metrics(const struct crun_agent *a, uint64_t uptime_ms);
+char *agent_status_metrics(const struct crun_agent *a, const struct store_server *srv,
+			   uint64_t uptime_ms);
 
 /* ---- ctl.c: crunctl's client of the status pages ---------------------------------- */
 

@@ -4,6 +4,7 @@
  * are built by pure functions from the agent's state, so tests can check
  * them without a socket.
  */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,13 +19,15 @@
 
 #include "agent/agent.h"
 #include "rendezvous/rdzv.h"
+#include "store/store.h"
 #include "common/common.h"
 
 #define STATUS_MAX_HEADERS_BYTES 8192 /* a status client sends a GET line and a few headers */
 
 struct agent_status {
 	struct evhttp *http;
-	struct crun_agent *agent; /* borrowed, NULL until attached */
+	struct crun_agent *agent;	  /* borrowed, NULL until attached */
+	const struct store_server *store; /* borrowed: crun-rdzvd's server, or NULL */
 	uint64_t started_ms;
 	char addr[300];
 };
@@ -122,7 +125,30 @@ static void gauge(FILE *f, const char *name, const char *help, const char *type)
 	fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-char *agent_status_metrics(const struct crun_agent *a, uint64_t uptime_ms)
+/* The store server's gauges and counters (crun-rdzvd's, or the store this
+ * agent serves). */
+static void store_metrics(FILE *f, const struct store_server *srv)
+{
+	struct store_server_stats st;
+
+	store_server_get_stats(srv, &st);
+	gauge(f, "crun_store_connections", "client connections open", "gauge");
+	fprintf(f, "crun_store_connections %" PRIu64 "\n", st.conns);
+	gauge(f, "crun_store_keys", "keys held", "gauge");
+	fprintf(f, "crun_store_keys %" PRIu64 "\n", st.keys);
+	gauge(f, "crun_store_value_bytes", "bytes of the values held", "gauge");
+	fprintf(f, "crun_store_value_bytes %" PRIu64 "\n", st.value_bytes);
+	gauge(f, "crun_store_waiters", "clients blocked in WAIT", "gauge");
+	fprintf(f, "crun_store_waiters %" PRIu64 "\n", st.waiters);
+	gauge(f, "crun_store_requests_total", "requests served", "counter");
+	fprintf(f, "crun_store_requests_total %" PRIu64 "\n", st.requests);
+	gauge(f, "crun_store_dropped_connections_total",
+	      "connections refused or closed for bad or over-limit input", "counter");
+	fprintf(f, "crun_store_dropped_connections_total %" PRIu64 "\n", st.dropped_conns);
+}
+
+char *agent_status_metrics(const struct crun_agent *a, const struct store_server *srv,
+			   uint64_t uptime_ms)
 {
 	char *s = NULL;
 	size_t len = 0;
@@ -169,6 +195,10 @@ char *agent_status_metrics(const struct crun_agent *a, uint64_t uptime_ms)
 				fprintf(f, "crun_agent_worker_exit_code{local_rank=\"%d\"} %d\n",
 					a->workers[i].local_rank, a->workers[i].exit_code);
 	}
+	if (!srv && a)
+		srv = a->store;
+	if (srv)
+		store_metrics(f, srv);
 	if (fclose(f) != 0) {
 		free(s);
 		return NULL;
@@ -208,7 +238,7 @@ static void on_request(struct evhttp_request *req, void *arg)
 		reply(req, 200, "application/json", agent_status_jobs_json(s->agent));
 	else if (strcmp(path, "/metrics") == 0)
 		reply(req, 200, "text/plain; version=0.0.4; charset=utf-8",
-		      agent_status_metrics(s->agent, clock_now_ms() - s->started_ms));
+		      agent_status_metrics(s->agent, s->store, clock_now_ms() - s->started_ms));
 	else
 		evhttp_send_error(req, HTTP_NOTFOUND, "try /healthz, /status, /jobs or /metrics");
 }
@@ -265,6 +295,12 @@ void agent_status_attach(struct agent_status *s, struct crun_agent *a)
 {
 	if (s)
 		s->agent = a;
+}
+
+void agent_status_attach_store(struct agent_status *s, const struct store_server *srv)
+{
+	if (s)
+		s->store = srv;
 }
 
 const char *agent_status_addr(const struct agent_status *s)
