@@ -615,3 +615,22 @@ def test_bash_completion_script_works(procs, tmp_path):
     assert res.returncode == 0, res.stderr
     assert "A:--rdzv-backend" in res.stdout
     assert "B:node socket exclusive core-complex" in res.stdout
+
+
+def test_zsh_and_tcsh_completion_scripts_load(procs, tmp_path):
+    """The shells themselves read the generated scripts (zsh parses its
+    _arguments spec file; tcsh registers the completion)."""
+    rc, z, err = run(procs, ["--print-completion", "zsh"])
+    assert rc == 0, err
+    (tmp_path / "_crun").write_text(z)
+    res = subprocess.run(["zsh", "-n", str(tmp_path / "_crun")], capture_output=True, text=True,
+                         timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert z.startswith("#compdef crun") and "--rdzv-backend=" in z
+    rc, t, err = run(procs, ["--print-completion", "tcsh"])
+    assert rc == 0, err
+    (tmp_path / "crun.tcsh").write_text(t)
+    res = subprocess.run(["tcsh", "-f", "-c", f"source {tmp_path / 'crun.tcsh'}; complete crun"],
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0 and "n/--numa-binding/(node socket exclusive core-complex)/" \
+        in res.stdout, res.stdout + res.stderr

@@ -298,6 +298,13 @@ def test_status_page_healthz_status_metrics(procs, job, notify):
     # this agent serves the job's store (standalone): its counters are there too
     assert fams["crun_store_requests"].type == "counter"
     assert samples[("crun_store_connections", ())] >= 0
+    # the Grafana dashboard queries only families crun exports
+    with open(os.path.join(ROOT, "configs", "grafana", "crun-dashboard.json")) as f:
+        dash = json.load(f)
+    exprs = [t["expr"] for p_ in dash["panels"] for t in p_["targets"]]
+    exprs.append(dash["templating"]["list"][1]["query"])
+    used = {re.sub(r"_total$", "", n) for e in exprs for n in re.findall(r"crun_[a-z_]+", e)}
+    assert used and used <= set(fams), used - set(fams)
     with pytest.raises(urllib.error.HTTPError) as e:
         get(addr, "/nope")
     assert e.value.code == 404
