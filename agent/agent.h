@@ -167,11 +167,27 @@ struct crun_agent {
 	struct event *stop_req; /* crun_agent_stop() from another thread */
 	int stop_req_fd[2];
 	volatile sig_atomic_t stop_req_sig;
-	int guard_fd; /* write end to the guard process */
+	struct agent_heartbeat *hb; /* heartbeat.c; NULL when off or between attempts */
+	int guard_fd;		    /* write end to the guard process */
 	pid_t guard_pid;
 	sigset_t orig_mask;
 	char err[512];
 };
+
+/* ---- heartbeat.c: --worker_heartbeat_timeout ----------------------------------- */
+
+/* For worker w of the attempt: creates its heartbeat file and appends
+ * CRUN_HEARTBEAT_FILE to *envp (reallocated). No-op when the timeout is 0. */
+int heartbeat_prepare(struct crun_agent *a, const struct worker *w, const char *attempt_dir,
+		      char ***envp);
+/* Starts watching the attempt's files (after every worker was started); a
+ * worker silent past the timeout gets an error file naming it and SIGKILL. */
+int heartbeat_arm(struct crun_agent *a);
+void heartbeat_disarm(struct crun_agent *a); /* stops, removes the files */
+/* Pure: index of the watched worker whose mtime is oldest and past the
+ * timeout, or -1 (unit-tested). */
+int heartbeat_silent(const double *mtime, const bool *watch, int n, double now,
+		     uint32_t timeout_ms);
 
 /* ---- spawn.c ------------------------------------------------------------------ */
 

@@ -372,3 +372,64 @@ def test_crunctl_errors(procs):
     assert crunctl("frobnicate", "--endpoint", "127.0.0.1:1").returncode == 2
     res = crunctl("status", "--endpoint", "127.0.0.1:1", "--timeout", "2")
     assert res.returncode == 1 and "127.0.0.1:1" in res.stderr
+
+
+# ---- hung workers (--worker_heartbeat_timeout) --------------------------------------------
+
+PY_BEATER = """\
+import os, sys, time
+rank = int(os.environ["RANK"])
+restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+path = os.environ["CRUN_HEARTBEAT_FILE"]
+for _ in range(10):
+    os.utime(path)
+    time.sleep(0.05)
+if rank == 1 and restart == 0:
+    print("rank 1 hangs", flush=True)
+    time.sleep(30)
+print(f"rank {rank} done", flush=True)
+"""
+
+
+def hb_program(kind, tmp_path):
+    if kind == "python":
+        script = tmp_path / "beater.py"
+        script.write_text(PY_BEATER)
+        return [str(script)]
+    return [os.path.join(os.path.dirname(bin_path("crun")), "..", "tests", "helpers",
+                         "hb_worker"), "10", "1"]
+
+
+@pytest.mark.parametrize("kind", ["c", "python"])
+def test_silent_worker_is_restarted_and_named(procs, tmp_path, kind):
+    """Rank 1 stops beating on the first attempt: the agent kills it, names it
+    as the root cause and the restart succeeds."""
+    args = ["--standalone", "--nproc_per_node=2", "--max_restarts=1",
+            "--worker_heartbeat_timeout=1", f"--log_dir={tmp_path / 'logs'}",
+            *hb_program(kind, tmp_path)]
+    p = procs.spawn([bin_path("crun"), *args], env=agent_env())
+    out, err = p.communicate(timeout=120)
+    out, err = out.decode(), err.decode()
+    assert p.returncode == 0, err
+    assert "rank 1 hangs" in out and "rank 1 done" in out, out
+    assert re.search(r"worker rank 1 .*sent no heartbeat", err), err
+
+
+@pytest.mark.parametrize("kind", ["c", "python"])
+def test_silent_worker_without_restarts_fails_naming_the_rank(procs, tmp_path, kind):
+    args = ["--standalone", "--nproc_per_node=2", "--worker_heartbeat_timeout=0.5",
+            f"--log_dir={tmp_path / 'logs'}", *hb_program(kind, tmp_path)]
+    p = procs.spawn([bin_path("crun"), *args], env=agent_env())
+    out, err = p.communicate(timeout=120)
+    err = err.decode()
+    assert p.returncode == 1, err
+    root = err[err.index("Root Cause"):]
+    assert "rank      : 1" in root and "no heartbeat from rank 1" in root, root
+
+
+def test_heartbeat_is_off_by_default(procs, tmp_path):
+    p = procs.spawn([bin_path("crun"), "--standalone", *hb_program("c", tmp_path)[:1], "2"],
+                    env=agent_env())
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert b"(file unset)" in out

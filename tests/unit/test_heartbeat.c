@@ -10,6 +10,7 @@
 
 #include "unit/check_main.h"
 #include "crun/worker.h"
+#include "agent/agent.h"
 
 START_TEST(beat_moves_the_mtime)
 {
@@ -35,12 +36,27 @@ START_TEST(beat_moves_the_mtime)
 }
 END_TEST
 
+/* The agent's pure rule: the stalest watched worker past the timeout. */
+START_TEST(silent_worker_rule)
+{
+	double mt[4] = { 100.0, 98.0, 97.5, 99.9 };
+	bool all[4] = { true, true, true, true }, some[4] = { true, true, false, true };
+
+	ck_assert_int_eq(heartbeat_silent(mt, all, 4, 100.5, 4000), -1);
+	ck_assert_int_eq(heartbeat_silent(mt, all, 4, 100.0, 2000), 2);  /* 2.5 s > 2 s */
+	ck_assert_int_eq(heartbeat_silent(mt, some, 4, 100.0, 1000), 1); /* 2 unwatched */
+	ck_assert_int_eq(heartbeat_silent(mt, all, 4, 100.0, 2500), -1); /* not past it */
+	ck_assert_int_eq(heartbeat_silent(mt, all, 0, 100.0, 1), -1);
+}
+END_TEST
+
 static Suite *heartbeat_suite(void)
 {
 	Suite *s = suite_create("heartbeat");
 	TCase *tc = tcase_create("sdk");
 
 	tcase_add_test(tc, beat_moves_the_mtime);
+	tcase_add_test(tc, silent_worker_rule);
 	suite_add_tcase(s, tc);
 	return s;
 }
