@@ -144,7 +144,8 @@ const struct cli_opt cli_opts[OPT__MAX] = {
 	"restart the workers when one stops beating (crun_heartbeat() or the mtime of "
 	"$CRUN_HEARTBEAT_FILE) for this long; 0: off", set_ms, CFG(worker_heartbeat_timeout_ms)},
 [OPT_STATUS] = {"status", 0, CT_STR, 0, NULL, "PET_STATUS", "status.listen", "ADDR:PORT", NULL,
-	0, 0, "serve /healthz, /status and /metrics over HTTP [crun: off]", ap_status, 0},
+	0, 0, "serve /healthz, /status, /jobs and /metrics over HTTP; 'off' for none [crun: off, "
+	"crun-agent: 127.0.0.1:0, a free port announced in STATUS= and the log]", ap_status, 0},
 [OPT_LOG_LEVEL] = {"log_level", 0, CT_STR, CF_LIVE, NULL, "PET_LOG_LEVEL CRUN_LOG_LEVEL LOGLEVEL",
 	"daemon.log_level", "LEVEL", NULL, 0, 0,
 	"error, warning, info, debug or trace (LOGLEVEL as torchrun) [warning]", ap_log_level, 0},
@@ -1102,6 +1103,12 @@ int cli_parse_prog(struct cli *c, enum cli_prog prog, int argc, char *const *arg
 	r = read_env(c, x);
 	if (r < 0)
 		goto out;
+	/* The daemon serves its status page unless told not to; crun does not. */
+	if (prog == CLI_AGENT && !x->val[OPT_STATUS]) {
+		x->val[OPT_STATUS] = "127.0.0.1:0";
+		x->src[OPT_STATUS] = SRC_DEFAULT;
+		snprintf(x->who[OPT_STATUS], sizeof(x->who[OPT_STATUS]), "--status");
+	}
 	r = apply_all(c, x);
 	if (r < 0)
 		goto out;

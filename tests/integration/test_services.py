@@ -161,6 +161,19 @@ def test_config_errors_name_the_json_path_exit_2_and_start_nothing(procs, job, c
     assert not list((job / "out").iterdir())  # nothing started
 
 
+def test_agent_serves_its_status_page_by_default(procs, job, notify):
+    cfg = write_config(job, base_config(job))
+    p = procs.spawn([bin_path("crun-agent"), "--config", str(cfg)],
+                    env=agent_env(NOTIFY_SOCKET=notify.path))
+    pids(job, 2)
+    addr = status_addr(notify)
+    assert addr.startswith("127.0.0.1:") and get(addr, "/healthz")[0] == 200
+    (job / "out" / "stop").write_text("")
+    assert p.wait(timeout=60) == 0
+    rc, out, _ = run_agent(procs, ["--config", str(cfg), "--status=off", "--print-config"])
+    assert rc == 0 and json.loads(out)["status.listen"] == "off"
+
+
 def test_missing_config_file_exits_2(procs, job):
     rc, _, err = run_agent(procs, ["--config", str(job / "nope.json")])
     assert rc == 2 and "nope.json" in err, err
