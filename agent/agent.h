@@ -303,6 +303,7 @@ struct cli {
 	enum cli_prog prog;
 	const char *completion;	       /* --print-completion SHELL, or NULL */
 	bool schema;		       /* crun-agent --print-schema */
+	bool man;		       /* --print-man (for packaging) */
 	bool print_config;	       /* crun-agent --print-config (after a full parse) */
 	const char *status_listen;     /* --status ADDR:PORT, or NULL (off) */
 	const char *config_path;       /* crun-agent --config FILE, or NULL */
@@ -333,6 +334,8 @@ char *cli_help_new(enum cli_prog prog);
 /* A completion script for shell "bash", "zsh" or "tcsh"; malloc'd, NULL for
  * another shell or OOM. */
 char *cli_completion_new(enum cli_prog prog, const char *shell);
+/* The man page of `prog` (roff, section 1) from the option table; malloc'd. */
+char *cli_man_new(enum cli_prog prog);
 /* The JSON schema (draft 2020-12) of crun-agent's config; malloc'd. */
 char *cli_schema_new(void);
 /* Every resolved setting of a parse as a JSON object keyed by JSON path

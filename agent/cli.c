@@ -188,6 +188,8 @@ const struct cli_opt cli_opts[OPT__MAX] = {
 	"print the JSON schema of --config and exit", NULL, 0},
 [OPT_PRINT_CONFIG] = {"print_config", 0, CT_ACTION, CF_AGENT, NULL, NULL, NULL, NULL, NULL, 0, 0,
 	"check the configuration, print every resolved setting as JSON and exit", NULL, 0},
+[OPT_PRINT_MAN] = {"print_man", 0, CT_ACTION, CF_HIDDEN, NULL, NULL, NULL, NULL, NULL, 0, 0,
+	"print this program's man page (roff) and exit", NULL, 0},
 };
 /* clang-format on */
 #undef TR
@@ -1083,6 +1085,10 @@ int cli_parse_prog(struct cli *c, enum cli_prog prog, int argc, char *const *arg
 	if (x->val[OPT_HELP] || x->val[OPT_VERSION]) {
 		c->help = x->val[OPT_HELP] != NULL;
 		c->version = !c->help;
+		goto out;
+	}
+	if (x->val[OPT_PRINT_MAN]) {
+		c->man = true;
 		goto out;
 	}
 	if (x->val[OPT_PRINT_SCHEMA]) {

@@ -59,8 +59,9 @@ int main(int argc, char **argv)
 		cli_free(&c);
 		return 2;
 	}
-	if (c.help || c.version || c.completion || c.schema) {
-		code = c.help	      ? print_text(cli_help_new(CLI_AGENT))
+	if (c.help || c.version || c.completion || c.schema || c.man) {
+		code = c.man	      ? print_text(cli_man_new(CLI_AGENT))
+		       : c.help	      ? print_text(cli_help_new(CLI_AGENT))
 		       : c.completion ? print_text(cli_completion_new(CLI_AGENT, c.completion))
 		       : c.schema     ? print_text(cli_schema_new())
 				      : printf("crun-agent %s\n", crun_version_string()) < 0;

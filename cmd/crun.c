@@ -62,9 +62,11 @@ int main(int argc, char **argv)
 		cli_free(&c);
 		return 2;
 	}
-	if (c.help || c.version || c.completion) {
+	if (c.help || c.version || c.completion || c.man) {
 		code = 0;
-		if (c.help)
+		if (c.man)
+			code = print_text(cli_man_new(CLI_CRUN));
+		else if (c.help)
 			code = print_text(cli_help_new(CLI_CRUN));
 		else if (c.completion)
 			code = print_text(cli_completion_new(CLI_CRUN, c.completion));

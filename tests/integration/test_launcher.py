@@ -4,6 +4,7 @@ Covers the worker environment contract, flags, exit codes, restarts, the
 failure summary, signals, orphans and logs."""
 import json
 import os
+import re
 import shutil
 import tempfile
 import signal
@@ -634,3 +635,20 @@ def test_zsh_and_tcsh_completion_scripts_load(procs, tmp_path):
                          capture_output=True, text=True, timeout=30)
     assert res.returncode == 0 and "n/--numa-binding/(node socket exclusive core-complex)/" \
         in res.stdout, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("prog", ["crun", "crun-agent"])
+def test_man_page_is_generated_from_the_table(procs, tmp_path, prog):
+    """For packaging: `PROG --print-man > PROG.1`; groff reads it without a
+    warning and every flag of --help is in it."""
+    p = procs.spawn([bin_path(prog), "--print-man"])
+    page, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    (tmp_path / "page.1").write_bytes(page)
+    res = subprocess.run(["groff", "-man", "-Tutf8", "-ww", "-z", str(tmp_path / "page.1")],
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0 and not res.stderr, res.stderr
+    p = procs.spawn([bin_path(prog), "--help"])
+    helptext, _ = p.communicate(timeout=30)
+    flags = set(re.findall(r"^  (--[a-z-]+)", helptext.decode(), re.M))
+    assert flags and all(f.replace("-", "\\-") in page.decode() for f in flags)
