@@ -7,7 +7,11 @@
  *   logs.c       worker pipes, whole-line output, prefixes, log files
  *   errfile.c    error files, failure records, the root-cause summary
  *   env.c        worker environment and argv
- *   cli.c        torchrun's command line -> crun_agent_config_t
+ *   cli*.c       the option table: command line, JSON config, env -> config
+ *   daemon.c     crun-agent as a service (notify protocol, SIGHUP reload)
+ *   status.c     the status page (/healthz, /status, /jobs, /metrics)
+ *   ctl.c        crunctl's client of the status pages
+ *   heartbeat.c  --worker_heartbeat_timeout
  * Everything runs on the agent's loop thread.
  */
 #ifndef CRUN_AGENT_AGENT_H
