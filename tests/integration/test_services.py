@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import ROOT, bin_path
+from conftest import ROOT, bin_path, free_port
 
 PY = "/usr/bin/python3"
 
@@ -323,6 +323,39 @@ def test_status_page_healthz_status_metrics(procs, job, notify):
     assert e.value.code == 404
     (job / "out" / "stop").write_text("")
     assert p.wait(timeout=60) == 0
+
+
+def test_status_of_a_two_node_static_job(procs, job):
+    """Two agents of one static job: each page shows its node's group rank,
+    the shared world and its own workers."""
+    port = free_port()
+    cfg = write_config(job, base_config(job, rendezvous={
+        "standalone": False, "nnodes": 2, "master_port": port, "id": "two"}))
+    agents, addrs = [], []
+    for rank in (0, 1):
+        n = NotifySocket()
+        agents.append((n, procs.spawn([bin_path("crun-agent"), "--config", str(cfg),
+                                       f"--node_rank={rank}"],
+                                      env=agent_env(NOTIFY_SOCKET=n.path))))
+    try:
+        for n, _ in agents:
+            n.wait("READY=1")
+            addrs.append(status_addr(n))
+        pages = [json.loads(get(a, "/status")[2]) for a in addrs]
+        assert sorted(p_["group_rank"] for p_ in pages) == [0, 1]
+        for p_ in pages:
+            assert p_["run_id"] == "two" and p_["world_size"] == 4
+            assert p_["group_world_size"] == 2 and p_["master_port"] == port
+            assert sorted(w["global_rank"] for w in p_["workers"]) == \
+                [2 * p_["group_rank"], 2 * p_["group_rank"] + 1]
+        all_pids = {w["pid"] for p_ in pages for w in p_["workers"]}
+        assert all_pids == set(pids(job, 4).values())
+        (job / "out" / "stop").write_text("")
+        for _, p in agents:
+            assert p.wait(timeout=60) == 0
+    finally:
+        for n, _ in agents:
+            n.close()
 
 
 def test_crun_status_flag_serves_the_page(procs, job):
