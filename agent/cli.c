@@ -326,8 +326,33 @@ static bool runs_directly(const char *prog)
 static const char runpy_src[] = "import runpy, sys; sys.argv = sys.argv[1:]; "
 				"runpy.run_path(sys.argv[0], run_name='__main__')";
 
-static int build_argv(struct cli *c, const struct cli_ctx *x, const char *prog, char *const *rest,
-		      int nrest)
+/* The interpreter (issue 11, item 7): $PYTHON_EXEC as torchrun reads it,
+ * else the python3 beside this program as it was invoked (a venv's bin/crun
+ * finds the venv's bin/python3 even when the venv is not on PATH, as
+ * torchrun uses its own interpreter), else python3 on PATH. $PYTHON, often
+ * set for unrelated reasons, is not read. The path is kept in c. */
+static const char *pick_python(struct cli *c, const struct cli_ctx *x, const char *self)
+{
+	const char *py = env_get(x->env, "PYTHON_EXEC"), *slash;
+	char *found = NULL, beside[PATH_MAX];
+
+	if (py && *py)
+		return py;
+	if (self && *self && !strchr(self, '/'))
+		self = found = spawn_resolve(self); /* how a shell found us on PATH */
+	slash = self ? strrchr(self, '/') : NULL;
+	py = "python3";
+	if (slash && (size_t)(slash - self) + sizeof("/python3") <= sizeof(beside)) {
+		snprintf(beside, sizeof(beside), "%.*s/python3", (int)(slash - self), self);
+		if (access(beside, X_OK) == 0)
+			py = cli_keep(c, beside);
+	}
+	free(found);
+	return py ? py : "python3";
+}
+
+static int build_argv(struct cli *c, const struct cli_ctx *x, const char *self, const char *prog,
+		      char *const *rest, int nrest)
 {
 	size_t pl = strlen(prog);
 	/* The command line builds the runpy command itself, so cfg.run_path (for
@@ -336,13 +361,9 @@ static int build_argv(struct cli *c, const struct cli_ctx *x, const char *prog, 
 	bool is_py = pl >= 3 && strcmp(prog + pl - 3, ".py") == 0;
 	bool direct =
 	    !run_path && (cli_on(x, OPT_NO_PYTHON) || (!module && !is_py && runs_directly(prog)));
-	const char *py = env_get(x->env, "PYTHON_EXEC");
+	const char *py = direct ? NULL : pick_python(c, x, self);
 	int n = 0;
 
-	if (!py || !*py)
-		py = env_get(x->env, "PYTHON");
-	if (!py || !*py)
-		py = "python3";
 	c->argv = calloc((size_t)nrest + 6, sizeof(char *));
 	if (!c->argv)
 		return CRUN_ENOMEM;
@@ -378,8 +399,8 @@ static int program(struct cli *c, struct cli_ctx *x, int i, int argc, char *cons
 	while (c->file_args && c->file_args[nfile])
 		nfile++;
 	/* A program on the command line replaces the file's program and args. */
-	if (i < argc ? build_argv(c, x, prog, argv + i + 1, argc - i - 1)
-		     : build_argv(c, x, prog, c->file_args, nfile))
+	if (i < argc ? build_argv(c, x, argv[0], prog, argv + i + 1, argc - i - 1)
+		     : build_argv(c, x, argc > 0 ? argv[0] : NULL, prog, c->file_args, nfile))
 		return cli_fail(c, "out of memory");
 	if (c->cfg.nproc_per_node > 1 && !env_get(x->env, "OMP_NUM_THREADS"))
 		snprintf(c->note, sizeof(c->note),

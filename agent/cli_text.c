@@ -143,7 +143,8 @@ char *cli_help_new(enum cli_prog prog)
 		help_section(f, prog, "the job in the JSON config:", pick_job);
 	fputc('\n', f);
 	wrap(f,
-	     "Programs: *.py and -m run under $PYTHON_EXEC, $PYTHON or python3 with -u; ELF "
+	     "Programs: *.py and -m run with -u under $PYTHON_EXEC, else the python3 beside this "
+	     "program (a venv's bin/), else python3 on PATH ($PYTHON is not read); ELF "
 	     "binaries and non-Python scripts run directly. Not supported (rejected by name): "
 	     "--rdzv_backend=etcd|etcd-v2 without --standalone, --logs_specs other than "
 	     "default.",

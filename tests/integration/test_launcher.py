@@ -34,7 +34,7 @@ def _private_tmpdir():
 def crun_env(**extra):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("PET_") and k not in ("OMP_NUM_THREADS", "TORCHELASTIC_ERROR_FILE")}
-    env["PYTHON"] = PY
+    env["PYTHON_EXEC"] = PY
     env["TMPDIR"] = _TMP["dir"]
     env.update({k: str(v) for k, v in extra.items()})
     return env
@@ -652,3 +652,37 @@ def test_man_page_is_generated_from_the_table(procs, tmp_path, prog):
     helptext, _ = p.communicate(timeout=30)
     flags = set(re.findall(r"^  (--[a-z-]+)", helptext.decode(), re.M))
     assert flags and all(f.replace("-", "\\-") in page.decode() for f in flags)
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_unrelated_python_variable_is_ignored(procs, launcher):
+    """Item 7: $PYTHON does not choose the interpreter (failed before: crun ran
+    $PYTHON); neither launcher reads it."""
+    env = crun_env(PYTHON="/nonexistent/python")
+    env.pop("PYTHON_EXEC", None)
+    p = procs.spawn([*launcher_argv(launcher), "--standalone", TASK, "print"], env=env)
+    out, err = p.communicate(timeout=180)
+    assert p.returncode == 0, err.decode()
+    assert b"out-line rank=0" in out
+
+
+@pytest.mark.parametrize("how", ["by-path", "on-PATH"])
+def test_a_venvs_crun_uses_the_venvs_python(procs, tmp_path, how):
+    """python3 beside crun as invoked (venv/bin/crun -> venv/bin/python3) comes
+    before python3 on PATH, as torchrun runs under its own interpreter."""
+    vbin = tmp_path / "venv" / "bin"
+    vbin.mkdir(parents=True)
+    (vbin / "crun").symlink_to(bin_path("crun"))
+    marker = tmp_path / "used"
+    (vbin / "python3").write_text(f"#!/bin/sh\necho $$ >> {marker}\nexec {PY} \"$@\"\n")
+    (vbin / "python3").chmod(0o755)
+    env = crun_env()
+    env.pop("PYTHON", None)
+    env.pop("PYTHON_EXEC", None)
+    if how == "on-PATH":
+        env["PATH"] = f"{vbin}:{env['PATH']}"
+    argv0 = str(vbin / "crun") if how == "by-path" else "crun"
+    p = procs.spawn([argv0, "--standalone", "--nproc_per_node=2", TASK, "print"], env=env)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err.decode()
+    assert len(marker.read_text().split()) == 2

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <unistd.h>
 #include <string.h>
@@ -28,7 +29,7 @@ static int parse(const char *const *args, const char *const *env)
 }
 
 #define ARGS(...) ((const char *const[]){ __VA_ARGS__, NULL })
-static const char *const no_env[] = { "PYTHON=/usr/bin/python3", NULL };
+static const char *const no_env[] = { "PYTHON_EXEC=/usr/bin/python3", NULL };
 
 static void teardown(void)
 {
@@ -116,10 +117,39 @@ START_TEST(pet_env_is_a_default_and_cli_wins)
 	ck_assert_int_eq(c.cfg.standalone, 1);
 	ck_assert_int_eq(c.cfg.max_restarts, 5);
 	ck_assert_int_eq(c.cfg.tee[2], 3);
-	ck_assert_str_eq(c.argv[0], "python3"); /* no PYTHON: python3 */
+	ck_assert_str_eq(c.argv[0], "python3"); /* no PYTHON_EXEC: python3 */
 	cli_free(&c);
 	ck_assert_int_eq(parse(ARGS("--nproc_per_node=2", "x.py"), env), 0);
 	ck_assert_int_eq(c.cfg.nproc_per_node, 2);
+}
+END_TEST
+
+/* Issue 11 item 7: $PYTHON is not read (torchrun ignores it); python3 beside
+ * the program as invoked (a venv's bin/) comes before python3 on PATH. */
+START_TEST(interpreter_choice)
+{
+	const char *const env[] = { "PYTHON=/nonexistent/python", NULL };
+	char dir[64], py[96], *argv[] = { NULL, (char *)"x.py", NULL };
+	char self[96];
+	FILE *f;
+
+	ck_assert_int_eq(parse(ARGS("x.py"), env), 0);
+	ck_assert_str_eq(c.argv[0], "python3");
+	cli_free(&c);
+	snprintf(dir, sizeof(dir), "/tmp/crun-venv-%d", (int)getpid());
+	snprintf(py, sizeof(py), "%s/python3", dir);
+	snprintf(self, sizeof(self), "%s/crun", dir);
+	ck_assert_int_eq(mkdir(dir, 0700), 0);
+	f = fopen(py, "w");
+	ck_assert_ptr_nonnull(f);
+	fclose(f);
+	ck_assert_int_eq(chmod(py, 0700), 0);
+	argv[0] = self;
+	ck_assert_int_eq(cli_parse(&c, 2, argv, (char *const *)env), 0);
+	ck_assert_str_eq(c.argv[0], py);
+	cli_free(&c);
+	unlink(py);
+	rmdir(dir);
 }
 END_TEST
 
@@ -284,7 +314,7 @@ END_TEST
 
 START_TEST(torchrun_2x_flags)
 {
-	const char *const env[] = { "PYTHON=py", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=E",
+	const char *const env[] = { "PYTHON_EXEC=py", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=E",
 				    NULL };
 
 	ck_assert_int_eq(parse(ARGS("--logs-specs=default", "--duplicate-stdout-filters=a,b",
@@ -672,6 +702,7 @@ static Suite *agent_cli_suite(void)
 	tcase_add_test(tc, options_end_at_the_program);
 	tcase_add_test(tc, pet_env_is_a_default_and_cli_wins);
 	tcase_add_test(tc, std_maps_and_filters);
+	tcase_add_test(tc, interpreter_choice);
 	tcase_add_test(tc, signals_and_timeouts);
 	tcase_add_test(tc, static_endpoint_sets_the_master);
 	tcase_add_loop_test(tc, bad_flags_are_named, 0, (int)ARRAY_SIZE(bad));
