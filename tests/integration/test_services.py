@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import ROOT, bin_path, free_port
+from conftest import ROOT, bin_path, free_port, start_rdzvd
 
 PY = "/usr/bin/python3"
 
@@ -479,3 +479,29 @@ def test_heartbeat_is_off_by_default(procs, tmp_path):
     out, err = p.communicate(timeout=60)
     assert p.returncode == 0, err
     assert b"(file unset)" in out
+
+
+# ---- crun-rdzvd restarts under a running job -------------------------------------------
+
+def test_rdzvd_restart_costs_no_worker_restart(procs, job):
+    """crun-rdzvd is killed and started again on its port while a 3-agent c10d
+    job runs: the workers keep running (same pids, attempt 0) and the job
+    finishes. (torchrun's job dies with its store host.)"""
+    rd, host, port = start_rdzvd(procs)
+    args = ["--nnodes=3", "--rdzv_backend=c10d", f"--rdzv_endpoint={host}:{port}",
+            "--rdzv_id=restart", "--rdzv_conf=heartbeat_interval=0.3,lease_ttl=1.5",
+            f"--log_dir={job / 'logs'}", str(job / "w.py"), str(job / "out")]
+    agents = [procs.spawn([bin_path("crun"), *args], env=agent_env()) for _ in range(3)]
+    before = pids(job, 3)
+    rd.kill()
+    rd.wait(timeout=10)
+    time.sleep(2)  # longer than the lease TTL: the agents see the outage
+    rd2 = procs.spawn([bin_path("crun-rdzvd"), "--host", host, "--port", str(port)])
+    time.sleep(3)
+    assert all(a.poll() is None for a in agents)
+    assert pids(job, 3) == before and len(list((job / "out").glob("*.pid"))) == 3
+    (job / "out" / "stop").write_text("")
+    for a in agents:
+        assert a.wait(timeout=60) == 0, a.stderr.read().decode()
+    rd2.send_signal(signal.SIGTERM)
+    assert rd2.wait(timeout=10) == 0
