@@ -338,6 +338,19 @@ char *cli_help_new(enum cli_prog prog);
 /* A completion script for shell "bash", "zsh" or "tcsh"; malloc'd, NULL for
  * another shell or OOM. */
 char *cli_completion_new(enum cli_prog prog, const char *shell);
+/* A JSON config read as flags, for programs whose options are a getopt
+ * table (crun-rdzvd): each leaf at a known dotted path becomes "--flag=value"
+ * in *ret_argv (NULL-terminated, *ret_argc entries; free each and the array),
+ * to be parsed before the command line's flags so that those win. Unknown
+ * keys, wrong types and unreadable files are CRUN_EINVAL with err naming the
+ * file and the path; "$comment" keys are skipped. */
+struct cli_json_flag {
+	const char *json; /* "limits.max-keys" */
+	const char *flag; /* "max-keys" */
+	bool number;	  /* a whole number, else a string */
+};
+int cli_json_flags(const char *path, const struct cli_json_flag *table, size_t n,
+		   char ***ret_argv, int *ret_argc, char *err, size_t err_cap);
 /* The man page of `prog` (roff, section 1) from the option table; malloc'd. */
 char *cli_man_new(enum cli_prog prog);
 /* The JSON schema (draft 2020-12) of crun-agent's config; malloc'd. */

@@ -540,6 +540,56 @@ START_TEST(config_file_missing_and_flag_wins)
 }
 END_TEST
 
+/* crun-rdzvd --config: a JSON file as flags for a getopt table. */
+START_TEST(json_as_flags)
+{
+	static const struct cli_json_flag t[] = {
+		{ "host", "host", false },
+		{ "port", "port", true },
+		{ "limits.max-keys", "max-keys", true },
+	};
+	static const struct {
+		const char *json, *needle;
+	} badj[] = {
+		{ "{\"limits\": {\"nope\": 1}}", "unknown key 'limits.nope'" },
+		{ "{\"port\": \"1\"}", "port: expected a whole number, got \"1\"" },
+		{ "{\"port\": -1}", "port: expected a whole number" },
+		{ "{\"host\": 7}", "host: expected a string" },
+		{ "{\"limits\": 3}", "limits: expected an object" },
+		{ "{", ": not valid JSON" },
+	};
+	char **argv = NULL, err[256];
+	int argc = 0, fd;
+
+	snprintf(cfg_path, sizeof(cfg_path), "/tmp/crun-jf-%d.json", (int)getpid());
+	for (size_t i = 0; i <= ARRAY_SIZE(badj); i++) {
+		const char *json = i < ARRAY_SIZE(badj) ? badj[i].json
+						       : "{\"$comment\": \"x\", \"host\": \"h\", "
+							 "\"port\": 1, \"limits\": {\"max-keys\": 5}}";
+
+		fd = open(cfg_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		ck_assert_int_eq(write(fd, json, strlen(json)), (ssize_t)strlen(json));
+		close(fd);
+		if (i < ARRAY_SIZE(badj)) {
+			ck_assert_int_eq(cli_json_flags(cfg_path, t, 3, &argv, &argc, err,
+							sizeof(err)),
+					 CRUN_EINVAL);
+			ck_assert_msg(strstr(err, badj[i].needle), "%s: %s", json, err);
+		}
+	}
+	ck_assert_int_eq(cli_json_flags(cfg_path, t, 3, &argv, &argc, err, sizeof(err)), 0);
+	unlink(cfg_path);
+	ck_assert_int_eq(argc, 3);
+	ck_assert_str_eq(argv[0], "--host=h");
+	ck_assert_str_eq(argv[1], "--port=1");
+	ck_assert_str_eq(argv[2], "--max-keys=5");
+	ck_assert_ptr_null(argv[3]);
+	for (int i = 0; i < argc; i++)
+		free(argv[i]);
+	free(argv);
+}
+END_TEST
+
 /* Every flag has a JSON key and every JSON key a flag (or a --rdzv_conf key,
  * or the positional program), and both ways give the same config: each row
  * is parsed once as a flag and once from a file, and the results compared. */
@@ -719,6 +769,7 @@ static Suite *agent_cli_suite(void)
 	tcase_add_loop_test(tc, config_file_errors_name_the_path, 0, (int)ARRAY_SIZE(bad_files));
 	tcase_add_test(tc, config_file_missing_and_flag_wins);
 	tcase_add_test(tc, every_row_round_trips_between_flag_and_json);
+	tcase_add_test(tc, json_as_flags);
 	suite_add_tcase(s, tc);
 	return s;
 }
