@@ -366,6 +366,22 @@ void cli_changes(const struct cli *was, const struct cli *now, char *live, size_
 
 /* ---- daemon.c: crun-agent as a service ---------------------------------------- */
 
+/* The service half both daemons share: systemd's notify socket, the watchdog
+ * ping at half $WATCHDOG_USEC (then on_tick, e.g. a fresh STATUS=, may be
+ * NULL), and SIGHUP, which sends RELOADING=1 and calls on_reload (which ends
+ * with READY=1). Embedded by its owner; everything on `base`'s loop. */
+struct notify;
+struct agent_service {
+	struct notify *notify; /* NULL when not under systemd: sends are no-ops */
+	struct event *watchdog, *sighup;
+	void (*on_reload)(void *arg);
+	void (*on_tick)(void *arg);
+	void *arg;
+};
+int agent_service_start(struct agent_service *s, struct event_base *base, char *const *env,
+			void (*on_reload)(void *arg), void (*on_tick)(void *arg), void *arg);
+void agent_service_stop(struct agent_service *s); /* sends STOPPING=1 */
+
 struct agent_daemon;
 /* Speaks systemd's notify protocol ($NOTIFY_SOCKET: READY=1 once workers run,
  * STATUS= at every state change, WATCHDOG=1 at half $WATCHDOG_USEC,
@@ -395,7 +411,7 @@ void agent_status_attach_store(struct agent_status *s, const struct store_server
 const char *agent_status_addr(const struct agent_status *s); /* "127.0.0.1:8123" */
 void agent_status_stop(struct agent_status *s);		     /* NULL: no-op */
 /* The bodies, malloc'd (NULL on OOM); a NULL agent gives the bare page. */
-char *agent_status_json(const struct crun_agent *a);
+char *agent_status_json(const struct crun_agent *a, const struct store_server *srv);
 char *agent_status_jobs_json(const struct crun_agent *a); /* {"jobs": [...]} */
 char *agent_status_metrics(const struct crun_agent *a, const struct store_server *srv,
 			   uint64_t uptime_ms);

@@ -15,14 +15,78 @@
 #include "rendezvous/rdzv.h"
 #include "common/common.h"
 
+/* ---- the service half, shared with crun-rdzvd ---------------------------------- */
+
+static void svc_on_watchdog(evutil_socket_t fd, short what, void *arg)
+{
+	struct agent_service *s = arg;
+
+	/* The ping proves the loop turns; a wedged loop misses it and systemd
+	 * restarts the unit (WatchdogSec=). */
+	(void)notify_send(s->notify, "WATCHDOG=1");
+	if (s->on_tick)
+		s->on_tick(s->arg);
+}
+
+static void svc_on_sighup(evutil_socket_t fd, short what, void *arg)
+{
+	struct agent_service *s = arg;
+
+	(void)notify_send(s->notify, "RELOADING=1\nMONOTONIC_USEC=%llu",
+			  (unsigned long long)clock_now_us());
+	s->on_reload(s->arg); /* ends with READY=1 and a STATUS= */
+}
+
+int agent_service_start(struct agent_service *s, struct event_base *base, char *const *env,
+			void (*on_reload)(void *arg), void (*on_tick)(void *arg), void *arg)
+{
+	uint64_t wd_ms =
+	    notify_watchdog_ms(env_get(env, "WATCHDOG_USEC"), env_get(env, "WATCHDOG_PID"));
+
+	memset(s, 0, sizeof(*s));
+	s->on_reload = on_reload;
+	s->on_tick = on_tick;
+	s->arg = arg;
+	if (notify_open(env_get(env, "NOTIFY_SOCKET"), &s->notify) < 0) {
+		log_at(LL_WARN, SUB_AGENT, "NOTIFY_SOCKET '%s' is not usable, ignoring",
+		       env_get(env, "NOTIFY_SOCKET"));
+		s->notify = NULL;
+	}
+	s->sighup = evsignal_new(base, SIGHUP, svc_on_sighup, s);
+	if (!s->sighup || evsignal_add(s->sighup, NULL) < 0)
+		return CRUN_ENOMEM;
+	if (wd_ms && s->notify) {
+		struct timeval tv = {.tv_sec = (time_t)(wd_ms / 1000),
+				     .tv_usec = (suseconds_t)(wd_ms % 1000) * 1000};
+
+		s->watchdog = event_new(base, -1, EV_PERSIST, svc_on_watchdog, s);
+		if (!s->watchdog || event_add(s->watchdog, &tv) < 0)
+			return CRUN_ENOMEM;
+		(void)notify_send(s->notify, "WATCHDOG=1");
+	}
+	return 0;
+}
+
+void agent_service_stop(struct agent_service *s)
+{
+	(void)notify_send(s->notify, "STOPPING=1");
+	if (s->watchdog)
+		event_free(s->watchdog);
+	if (s->sighup)
+		event_free(s->sighup);
+	notify_close(s->notify);
+	memset(s, 0, sizeof(*s));
+}
+
+/* ---- crun-agent ------------------------------------------------------------------- */
+
 struct agent_daemon {
 	struct event_base *base; /* borrowed */
 	struct cli *cli;	 /* borrowed: the running config */
 	int argc;
 	char *const *argv, *const *env; /* borrowed, parsed again on SIGHUP */
 	struct crun_agent *agent;	/* borrowed, NULL until attached */
-	struct notify *notify;		/* NULL when not under systemd */
-	struct event *watchdog, *sighup;
+	struct agent_service svc;
 	struct agent_status *status; /* NULL when --status is off */
 	bool ready;
 	int reloads;
@@ -48,7 +112,7 @@ static void send_status(struct agent_daemon *d, crun_agent_state_t st, int resta
 		snprintf(where, sizeof(where), ", node %d/%d, world size %d", ri->group_rank,
 			 ri->group_world_size, ri->world_size);
 	}
-	(void)notify_send(d->notify, "STATUS=%s: job '%s' %s%s, %d restart%s%s%s",
+	(void)notify_send(d->svc.notify, "STATUS=%s: job '%s' %s%s, %d restart%s%s%s",
 			  d->cli->config_path ? d->cli->config_path : "crun-agent",
 			  a && a->run_id[0] ? a->run_id : "?", state_name(st), where, restarts,
 			  restarts == 1 ? "" : "s",
@@ -65,33 +129,22 @@ static void on_state(crun_agent_state_t st, int restarts, void *arg)
 	 * job that cannot rendezvous never looks started. */
 	if (st == CRUN_AGENT_RUNNING && !d->ready) {
 		d->ready = true;
-		(void)notify_send(d->notify, "READY=1");
+		(void)notify_send(d->svc.notify, "READY=1");
 	}
 	if (st == CRUN_AGENT_DONE)
-		(void)notify_send(d->notify, "STOPPING=1");
+		(void)notify_send(d->svc.notify, "STOPPING=1");
 	send_status(d, st, restarts);
 }
 
-static void on_watchdog(evutil_socket_t fd, short what, void *arg)
-{
-	struct agent_daemon *d = arg;
-
-	/* The ping proves the loop turns; a wedged loop misses it and systemd
-	 * restarts the unit (WatchdogSec=). */
-	(void)notify_send(d->notify, "WATCHDOG=1");
-}
-
-static void on_sighup(evutil_socket_t fd, short what, void *arg)
+static void on_reload(void *arg)
 {
 	struct agent_daemon *d = arg;
 	char live[256], restart[512];
 	struct cli fresh;
 
-	(void)notify_send(d->notify, "RELOADING=1\nMONOTONIC_USEC=%llu",
-			  (unsigned long long)clock_now_us());
 	if (cli_parse_prog(&fresh, CLI_AGENT, d->argc, d->argv, d->env) < 0) {
 		log_at(LL_ERROR, SUB_AGENT, "reload: %s; keeping the running config", fresh.err);
-		(void)notify_send(d->notify, "READY=1\nSTATUS=reload failed: %s", fresh.err);
+		(void)notify_send(d->svc.notify, "READY=1\nSTATUS=reload failed: %s", fresh.err);
 		cli_free(&fresh);
 		return;
 	}
@@ -103,7 +156,8 @@ static void on_sighup(evutil_socket_t fd, short what, void *arg)
 	d->reloads++;
 	log_at(LL_WARN, SUB_AGENT, "reload %d: applied: %s; needs a restart of the agent: %s",
 	       d->reloads, live[0] ? live : "nothing", restart[0] ? restart : "nothing");
-	(void)notify_send(d->notify, "READY=1\nSTATUS=reloaded: applied %s; needs a restart: %s",
+	(void)notify_send(d->svc.notify,
+			  "READY=1\nSTATUS=reloaded: applied %s; needs a restart: %s",
 			  live[0] ? live : "nothing", restart[0] ? restart : "nothing");
 	cli_free(&fresh);
 }
@@ -112,7 +166,7 @@ int agent_daemon_new(struct event_base *base, struct cli *c, int argc, char *con
 		     char *const *env, struct agent_daemon **ret)
 {
 	struct agent_daemon *d = calloc(1, sizeof(*d));
-	uint64_t mask = c->cfg.signals_to_handle, wd_ms;
+	uint64_t mask = c->cfg.signals_to_handle;
 	int r;
 
 	if (!d)
@@ -122,32 +176,15 @@ int agent_daemon_new(struct event_base *base, struct cli *c, int argc, char *con
 	d->argc = argc;
 	d->argv = argv;
 	d->env = env;
-	r = notify_open(env_get(env, "NOTIFY_SOCKET"), &d->notify);
-	if (r < 0) {
-		log_at(LL_WARN, SUB_AGENT, "NOTIFY_SOCKET '%s' is not usable, ignoring",
-		       env_get(env, "NOTIFY_SOCKET"));
-		d->notify = NULL;
-	}
 	/* Under a service manager SIGHUP means "reload", not "forward". */
 	if (!mask)
 		mask = 1ull << SIGTERM | 1ull << SIGINT | 1ull << SIGHUP | 1ull << SIGQUIT;
 	c->cfg.signals_to_handle = mask & ~(1ull << SIGHUP);
 	c->cfg.on_state = on_state;
 	c->cfg.on_state_arg = d;
-	r = CRUN_ENOMEM;
-	d->sighup = evsignal_new(base, SIGHUP, on_sighup, d);
-	if (!d->sighup || evsignal_add(d->sighup, NULL) < 0)
+	r = agent_service_start(&d->svc, base, env, on_reload, NULL, d);
+	if (r < 0)
 		goto fail;
-	wd_ms = notify_watchdog_ms(env_get(env, "WATCHDOG_USEC"), env_get(env, "WATCHDOG_PID"));
-	if (wd_ms && d->notify) {
-		struct timeval tv = {.tv_sec = (time_t)(wd_ms / 1000),
-				     .tv_usec = (suseconds_t)(wd_ms % 1000) * 1000};
-
-		d->watchdog = event_new(base, -1, EV_PERSIST, on_watchdog, d);
-		if (!d->watchdog || event_add(d->watchdog, &tv) < 0)
-			goto fail;
-		(void)notify_send(d->notify, "WATCHDOG=1");
-	}
 	if (c->status_listen) {
 		r = agent_status_start(base, c->status_listen, &d->status);
 		if (r < 0)
@@ -176,12 +213,7 @@ void agent_daemon_free(struct agent_daemon *d)
 {
 	if (!d)
 		return;
-	(void)notify_send(d->notify, "STOPPING=1");
 	agent_status_stop(d->status);
-	if (d->watchdog)
-		event_free(d->watchdog);
-	if (d->sighup)
-		event_free(d->sighup);
-	notify_close(d->notify);
+	agent_service_stop(&d->svc);
 	free(d);
 }

@@ -5,6 +5,7 @@
  * them without a socket.
  */
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,7 +38,7 @@ static const char *worker_state(const struct worker *w)
 	return w->state == W_RUNNING ? "running" : w->state == W_EXITED ? "exited" : "init";
 }
 
-char *agent_status_json(const struct crun_agent *a)
+char *agent_status_json(const struct crun_agent *a, const struct store_server *srv)
 {
 	cJSON *root = cJSON_CreateObject(), *ws;
 	char *out;
@@ -45,6 +46,19 @@ char *agent_status_json(const struct crun_agent *a)
 	if (!root)
 		return NULL;
 	cJSON_AddBoolToObject(root, "ok", 1);
+	if (srv || (a && a->store)) {
+		struct store_server_stats st;
+		cJSON *o = cJSON_AddObjectToObject(root, "store");
+
+		store_server_get_stats(srv ? srv : a->store, &st);
+		cJSON_AddNumberToObject(o, "port", store_server_port(srv ? srv : a->store));
+		cJSON_AddNumberToObject(o, "connections", (double)st.conns);
+		cJSON_AddNumberToObject(o, "keys", (double)st.keys);
+		cJSON_AddNumberToObject(o, "value_bytes", (double)st.value_bytes);
+		cJSON_AddNumberToObject(o, "waiters", (double)st.waiters);
+		cJSON_AddNumberToObject(o, "requests", (double)st.requests);
+		cJSON_AddNumberToObject(o, "dropped_connections", (double)st.dropped_conns);
+	}
 	if (a) {
 		cJSON_AddStringToObject(root, "run_id", a->run_id);
 		cJSON_AddStringToObject(root, "role", a->role);
@@ -126,25 +140,48 @@ static void gauge(FILE *f, const char *name, const char *help, const char *type)
 }
 
 /* The store server's gauges and counters (crun-rdzvd's, or the store this
- * agent serves). */
+ * agent serves): one row per field of struct store_server_stats. */
+static const struct {
+	const char *name, *type, *help;
+	size_t off;
+} store_rows[] = {
+#define ROW(name, type, field, help)                                         \
+	{                                                                    \
+		name, type, help, offsetof(struct store_server_stats, field) \
+	}
+    ROW("crun_store_connections", "gauge", conns, "client connections open"),
+    ROW("crun_store_keys", "gauge", keys, "keys held"),
+    ROW("crun_store_value_bytes", "gauge", value_bytes, "bytes of the values held"),
+    ROW("crun_store_waiters", "gauge", waiters, "clients blocked in WAIT"),
+    ROW("crun_store_requests_total", "counter", requests, "requests served"),
+    ROW("crun_store_dropped_connections_total", "counter", dropped_conns,
+	"connections refused or closed for bad or over-limit input"),
+    ROW("crun_store_entries", "gauge", entries, "keys with a value, a queue or a registration"),
+    ROW("crun_store_key_bytes", "gauge", key_bytes, "bytes of those keys"),
+    ROW("crun_store_registrations", "gauge", registrations, "waits and watches registered"),
+    ROW("crun_store_input_bytes", "gauge", input_bytes, "unprocessed input, all connections"),
+    ROW("crun_store_output_bytes", "gauge", output_bytes, "unsent output, all connections"),
+#undef ROW
+};
+
 static void store_metrics(FILE *f, const struct store_server *srv)
 {
 	struct store_server_stats st;
 
 	store_server_get_stats(srv, &st);
-	gauge(f, "crun_store_connections", "client connections open", "gauge");
-	fprintf(f, "crun_store_connections %" PRIu64 "\n", st.conns);
-	gauge(f, "crun_store_keys", "keys held", "gauge");
-	fprintf(f, "crun_store_keys %" PRIu64 "\n", st.keys);
-	gauge(f, "crun_store_value_bytes", "bytes of the values held", "gauge");
-	fprintf(f, "crun_store_value_bytes %" PRIu64 "\n", st.value_bytes);
-	gauge(f, "crun_store_waiters", "clients blocked in WAIT", "gauge");
-	fprintf(f, "crun_store_waiters %" PRIu64 "\n", st.waiters);
-	gauge(f, "crun_store_requests_total", "requests served", "counter");
-	fprintf(f, "crun_store_requests_total %" PRIu64 "\n", st.requests);
-	gauge(f, "crun_store_dropped_connections_total",
-	      "connections refused or closed for bad or over-limit input", "counter");
-	fprintf(f, "crun_store_dropped_connections_total %" PRIu64 "\n", st.dropped_conns);
+	for (size_t i = 0; i < ARRAY_SIZE(store_rows); i++) {
+		gauge(f, store_rows[i].name, store_rows[i].help, store_rows[i].type);
+		fprintf(f, "%s %" PRIu64 "\n", store_rows[i].name,
+			*(const uint64_t *)((const char *)&st + store_rows[i].off));
+	}
+	/* The server's own table of refusals and limit hits, one label each. */
+	gauge(f, "crun_store_events_total",
+	      "connections accepted, refused or dropped, and backpressure pauses, by reason",
+	      "counter");
+	for (int m = 0; m < STORE_M__MAX; m++)
+		fprintf(f, "crun_store_events_total{event=\"%s\"} %" PRIu64 "\n",
+			store_metric_name((enum store_metric)m),
+			store_server_metric(srv, (enum store_metric)m));
 }
 
 char *agent_status_metrics(const struct crun_agent *a, const struct store_server *srv,
@@ -233,7 +270,7 @@ static void on_request(struct evhttp_request *req, void *arg)
 	if (strcmp(path, "/healthz") == 0)
 		reply(req, 200, "text/plain; charset=utf-8", str_dup("ok\n"));
 	else if (strcmp(path, "/status") == 0)
-		reply(req, 200, "application/json", agent_status_json(s->agent));
+		reply(req, 200, "application/json", agent_status_json(s->agent, s->store));
 	else if (strcmp(path, "/jobs") == 0)
 		reply(req, 200, "application/json", agent_status_jobs_json(s->agent));
 	else if (strcmp(path, "/metrics") == 0)

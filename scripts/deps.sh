@@ -8,7 +8,7 @@ what=${1:-build}
 
 build_pkgs="build-essential pkg-config libevent-dev libcjson-dev libssl-dev check"
 test_pkgs="python3 python3-venv python3-pytest python3-torch etcd-server etcd-client \
-clang libclang-rt-14-dev iproute2 procps psmisc python3-prometheus-client zsh tcsh groff-base"
+clang libclang-rt-14-dev iproute2 procps psmisc python3-prometheus-client python3-jsonschema zsh tcsh groff-base"
 pkgs=$build_pkgs
 [ "$what" = test ] && pkgs="$build_pkgs $test_pkgs"
 

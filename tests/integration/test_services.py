@@ -9,6 +9,7 @@ import re
 import shutil
 import signal
 import socket
+import sys
 import subprocess
 import tempfile
 import time
@@ -185,11 +186,25 @@ def test_schema_file_is_the_tables_and_examples_parse(procs):
     with open(os.path.join(ROOT, "configs", "crun-agent.schema.json")) as f:
         assert json.load(f) == json.loads(out), "regenerate: crun-agent --print-schema"
     examples = os.path.join(ROOT, "configs", "examples")
-    for name in sorted(os.listdir(examples)):
+    for name in sorted(n for n in os.listdir(examples) if n.startswith("job-")):
         rc, out, err = run_agent(procs, ["--config", os.path.join(examples, name),
                                          "--nproc_per_node=1", "--print-config"])
         assert rc == 0, (name, err)
         assert json.loads(out)["argv"][-1] != name
+
+
+@pytest.mark.parametrize("schema,example", [
+    ("crun-agent.schema.json", "job-c10d.json"), ("crun-agent.schema.json", "job-static.json"),
+    ("crun-rdzvd.schema.json", "rdzvd.json")])
+def test_examples_validate_against_the_schemas(schema, example):
+    import jsonschema
+    with open(os.path.join(ROOT, "configs", schema)) as f:
+        sch = json.load(f)
+    jsonschema.Draft202012Validator.check_schema(sch)
+    with open(os.path.join(ROOT, "configs", "examples", example)) as f:
+        jsonschema.Draft202012Validator(sch).validate(json.load(f))
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft202012Validator(sch).validate({"no_such_key": 1})
 
 
 @pytest.mark.parametrize("unit", ["crun-agent@.service", "crun-rdzvd.service"])
@@ -505,3 +520,95 @@ def test_rdzvd_restart_costs_no_worker_restart(procs, job):
         assert a.wait(timeout=60) == 0, a.stderr.read().decode()
     rd2.send_signal(signal.SIGTERM)
     assert rd2.wait(timeout=10) == 0
+
+
+# ---- crun-rdzvd as a service ------------------------------------------------------------
+
+def rdzvd_lines(p, n, timeout=20):
+    """The first n stdout lines of a crun-rdzvd (listening, status)."""
+    lines = []
+    deadline = time.monotonic() + timeout
+    while len(lines) < n and time.monotonic() < deadline:
+        ln = p.stdout.readline().decode()
+        if ln:
+            lines.append(ln.strip())
+    return lines
+
+
+def test_rdzvd_config_file_and_flags(procs, tmp_path):
+    cfg = tmp_path / "rdzvd.json"
+    cfg.write_text(json.dumps({"$comment": "test", "host": "127.0.0.1", "port": 0,
+                               "status": "off", "limits": {"max-keys": 1234}}))
+    p = procs.spawn([bin_path("crun-rdzvd"), "--config", str(cfg), "--max-keys=4321"],
+                    env=agent_env())
+    assert rdzvd_lines(p, 1)[0].startswith("crun-rdzvd listening on 127.0.0.1:")
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=20)
+    assert p.returncode == 0
+    assert "max-keys 4321" in err.decode()  # the flag won over the file
+    res = subprocess.run([bin_path("crun-rdzvd"), "--print-schema"], capture_output=True,
+                         text=True, timeout=20)
+    with open(os.path.join(ROOT, "configs", "crun-rdzvd.schema.json")) as f:
+        assert json.load(f) == json.loads(res.stdout), "regenerate: crun-rdzvd --print-schema"
+    example = os.path.join(ROOT, "configs", "examples", "rdzvd.json")
+    p = procs.spawn([bin_path("crun-rdzvd"), "--config", example, "--host=127.0.0.1",
+                     "--port=0", "--status=off"], env=agent_env())
+    assert "listening on 127.0.0.1:" in rdzvd_lines(p, 1)[0]
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=20)
+    assert p.returncode == 0 and "max-conns 20000" in err.decode(), err
+    for bad, needle in [({"limits": {"max-bogus": 1}}, "unknown key 'limits.max-bogus'"),
+                        ({"port": "29400"}, "port: expected a whole number"),
+                        ({"limits": {"max-keys": 0.5}}, "limits.max-keys")]:
+        cfg.write_text(json.dumps(bad))
+        res = subprocess.run([bin_path("crun-rdzvd"), "--config", str(cfg)],
+                             capture_output=True, text=True, timeout=20)
+        assert res.returncode == 2 and needle in res.stderr, res.stderr
+
+
+def test_rdzvd_notify_status_page_and_reload(procs, tmp_path, notify):
+    from test_client_interop import cli_path
+    sys.path.insert(0, os.path.join(ROOT, "tests", "integration", "helpers"))
+    from storecli import StoreCli
+
+    cfg = tmp_path / "rdzvd.json"
+    cfg.write_text(json.dumps({"host": "127.0.0.1", "port": 0, "log-level": "info",
+                               "status": "127.0.0.1:0"}))
+    p = procs.spawn([bin_path("crun-rdzvd"), "--config", str(cfg)],
+                    env=agent_env(NOTIFY_SOCKET=notify.path, WATCHDOG_USEC=200000))
+    listen, status = rdzvd_lines(p, 2)
+    port = int(listen.rsplit(":", 1)[1])
+    addr = re.search(r"http://([^/]+)/status", status).group(1)
+    notify.wait("READY=1")
+    notify.wait("STATUS=serving on port")
+    t0 = time.monotonic()
+    wait_for(lambda: notify.drain() and sum(
+        1 for t, m in notify.msgs if m == "WATCHDOG=1" and t >= t0) >= 3, what="pings")
+    c = StoreCli(procs, cli_path(), "127.0.0.1", port, 2)
+    assert c.cmd("set k v") == "OK"
+    fams = {f.name: f for f in text_string_to_metric_families(get(addr, "/metrics")[2])}
+    samples = {(s_.name, tuple(sorted(s_.labels.items()))): s_.value
+               for f in fams.values() for s_ in f.samples}
+    assert samples[("crun_store_keys", ())] == 1
+    assert samples[("crun_store_connections", ())] >= 1
+    assert samples[("crun_store_events_total", (("event", "conns_accepted"),))] >= 1
+    assert "crun_agent_state" not in fams  # a store, not an agent
+    with open(os.path.join(ROOT, "configs", "grafana", "crun-dashboard.json")) as f:
+        dash = json.load(f)
+    store_used = {re.sub(r"_total$", "", n) for p_ in dash["panels"] for t in p_["targets"]
+                  for n in re.findall(r"crun_store_[a-z_]+", t["expr"])}
+    assert store_used and store_used <= set(fams), store_used - set(fams)
+    st = json.loads(get(addr, "/status")[2])
+    assert st["store"]["keys"] == 1 and st["store"]["port"] == port
+    # SIGHUP: the log level applies, a changed limit needs a restart
+    cfg.write_text(json.dumps({"host": "127.0.0.1", "port": 0, "log-level": "debug",
+                               "status": "127.0.0.1:0", "limits": {"max-keys": 7}}))
+    p.send_signal(signal.SIGHUP)
+    notify.wait("RELOADING=1")
+    notify.wait("reloaded")
+    assert "needs a restart: max-keys" in [m for _, m in notify.msgs if "reloaded" in m][-1]
+    assert c.cmd("get k") == "VAL \"v\""  # still serving, keys kept
+    c.close()
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=20) == 0
+    notify.wait("STOPPING=1")
