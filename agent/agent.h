@@ -412,7 +412,8 @@ const char *agent_status_addr(const struct agent_status *s); /* "127.0.0.1:8123"
 void agent_status_stop(struct agent_status *s);		     /* NULL: no-op */
 /* The bodies, malloc'd (NULL on OOM); a NULL agent gives the bare page. */
 char *agent_status_json(const struct crun_agent *a, const struct store_server *srv);
-char *agent_status_jobs_json(const struct crun_agent *a); /* {"jobs": [...]} */
+/* {"jobs": [...]}: the agent's job, or the c10d jobs whose keys srv holds. */
+char *agent_status_jobs_json(const struct crun_agent *a, const struct store_server *srv);
 char *agent_status_metrics(const struct crun_agent *a, const struct store_server *srv,
 			   uint64_t uptime_ms);
 

@@ -155,15 +155,16 @@ int agent_ctl_print_jobs(FILE *out, const char *json)
 		cJSON_Delete(root);
 		return CRUN_EPROTO;
 	}
-	fprintf(out, "%-40s %-12s %-9s %s\n", "JOB", "STATE", "RESTARTS", "WORLD");
+	fprintf(out, "%-40s %-12s %-9s %-6s %s\n", "JOB", "STATE", "RESTARTS", "WORLD", "KEYS");
 	cJSON_ArrayForEach(j, jobs)
 	{
-		char restarts[24], world[24];
+		char restarts[24], world[24], keys[24];
 
 		num(restarts, sizeof(restarts), j, "restart_count");
 		num(world, sizeof(world), j, "world_size");
-		fprintf(out, "%-40s %-12s %-9s %s\n", str(j, "run_id"), str(j, "state"), restarts,
-			world);
+		num(keys, sizeof(keys), j, "keys");
+		fprintf(out, "%-40s %-12s %-9s %-6s %s\n", str(j, "run_id"), str(j, "state"),
+			restarts, world, keys);
 	}
 	cJSON_Delete(root);
 	return 0;

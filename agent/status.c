@@ -98,7 +98,40 @@ char *agent_status_json(const struct crun_agent *a, const struct store_server *s
 	return out;
 }
 
-char *agent_status_jobs_json(const struct crun_agent *a)
+#define STATUS_MAX_JOBS 1024 /* a page lists at most this many jobs */
+
+/* crun-rdzvd's jobs: the run ids its keys belong to, with their key counts. */
+struct job_count {
+	cJSON *jobs;
+	int n;
+};
+
+static void count_key(const uint8_t *key, size_t len, void *arg)
+{
+	struct job_count *jc = arg;
+	char id[256];
+	cJSON *j, *keys;
+
+	if (!rdzv_run_id_of_key(key, len, id, sizeof(id)))
+		return;
+	cJSON_ArrayForEach(j, jc->jobs)
+	{
+		if (strcmp(cJSON_GetObjectItemCaseSensitive(j, "run_id")->valuestring, id) == 0) {
+			keys = cJSON_GetObjectItemCaseSensitive(j, "keys");
+			cJSON_SetNumberValue(keys, keys->valuedouble + 1);
+			return;
+		}
+	}
+	if (jc->n >= STATUS_MAX_JOBS || !(j = cJSON_CreateObject()))
+		return;
+	cJSON_AddStringToObject(j, "run_id", id);
+	cJSON_AddStringToObject(j, "backend", "c10d");
+	cJSON_AddNumberToObject(j, "keys", 1);
+	cJSON_AddItemToArray(jc->jobs, j);
+	jc->n++;
+}
+
+char *agent_status_jobs_json(const struct crun_agent *a, const struct store_server *srv)
 {
 	cJSON *root = cJSON_CreateObject(), *jobs, *j;
 	char *out;
@@ -106,6 +139,11 @@ char *agent_status_jobs_json(const struct crun_agent *a)
 	if (!root)
 		return NULL;
 	jobs = cJSON_AddArrayToObject(root, "jobs");
+	if (!a && srv && jobs) {
+		struct job_count jc = {jobs, 0};
+
+		store_server_each_key(srv, count_key, &jc);
+	}
 	if (a && jobs && (j = cJSON_CreateObject())) {
 		cJSON_AddStringToObject(j, "run_id", a->run_id);
 		cJSON_AddStringToObject(j, "role", a->role);
@@ -272,7 +310,7 @@ static void on_request(struct evhttp_request *req, void *arg)
 	else if (strcmp(path, "/status") == 0)
 		reply(req, 200, "application/json", agent_status_json(s->agent, s->store));
 	else if (strcmp(path, "/jobs") == 0)
-		reply(req, 200, "application/json", agent_status_jobs_json(s->agent));
+		reply(req, 200, "application/json", agent_status_jobs_json(s->agent, s->store));
 	else if (strcmp(path, "/metrics") == 0)
 		reply(req, 200, "text/plain; version=0.0.4; charset=utf-8",
 		      agent_status_metrics(s->agent, s->store, clock_now_ms() - s->started_ms));

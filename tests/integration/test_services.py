@@ -508,6 +508,14 @@ def test_rdzvd_restart_costs_no_worker_restart(procs, job):
             f"--log_dir={job / 'logs'}", str(job / "w.py"), str(job / "out")]
     agents = [procs.spawn([bin_path("crun"), *args], env=agent_env()) for _ in range(3)]
     before = pids(job, 3)
+    # crunctl jobs against crun-rdzvd's page: the job and its keys
+    status_line = rdzvd_lines(rd, 1)[0]
+    page = re.search(r"http://([^/]+)/status", status_line).group(1)
+    res = crunctl("jobs", "--endpoint", page, "--json")
+    jobs = {j["run_id"]: j for j in json.loads(res.stdout)["jobs"]}
+    assert "restart" in jobs and jobs["restart"]["keys"] > 0, res.stdout + res.stderr
+    res = crunctl("jobs", "--endpoint", page)
+    assert re.search(r"^restart\s", res.stdout, re.M), res.stdout
     rd.kill()
     rd.wait(timeout=10)
     time.sleep(2)  # longer than the lease TTL: the agents see the outage

@@ -1,0 +1,62 @@
+/* test_status.c: the status page's pure parts: the bare page's bodies and
+ * which job a rendezvous store key belongs to (crun-rdzvd's GET /jobs). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "unit/check_main.h"
+#include "agent/agent.h"
+#include "rendezvous/rdzv.h"
+
+static int id_of(const char *key, char *id, size_t cap)
+{
+	return rdzv_run_id_of_key((const uint8_t *)key, strlen(key), id, cap);
+}
+
+START_TEST(run_id_of_key)
+{
+	char id[8];
+
+	ck_assert_int_eq(id_of("crun-c10d/job42/round", id, sizeof(id)), 1);
+	ck_assert_str_eq(id, "job42");
+	ck_assert_int_eq(id_of("/crun-c10d/j/r0/node/1", id, sizeof(id)), 1); /* v2 '/' */
+	ck_assert_str_eq(id, "j");
+	ck_assert_int_eq(id_of("crun-c10d/a-very-long-id/x", id, sizeof(id)), 1);
+	ck_assert_str_eq(id, "a-very-"); /* cut to the buffer */
+	ck_assert_int_eq(id_of("crun-c10d//x", id, sizeof(id)), 0);
+	ck_assert_int_eq(id_of("crun-c10d/noslash", id, sizeof(id)), 0);
+	ck_assert_int_eq(id_of("crun-c10d/", id, sizeof(id)), 0);
+	ck_assert_int_eq(id_of("other/job/x", id, sizeof(id)), 0);
+	ck_assert_int_eq(id_of("", id, sizeof(id)), 0);
+	ck_assert_int_eq(id_of("crun-c10d/j/x", id, 0), 0);
+}
+END_TEST
+
+START_TEST(bare_page_bodies)
+{
+	char *s = agent_status_json(NULL, NULL);
+
+	ck_assert_str_eq(s, "{\"ok\":true}");
+	free(s);
+	s = agent_status_jobs_json(NULL, NULL);
+	ck_assert_str_eq(s, "{\"jobs\":[]}");
+	free(s);
+	s = agent_status_metrics(NULL, NULL, 1500);
+	ck_assert_ptr_nonnull(strstr(s, "# TYPE crun_agent_up gauge\ncrun_agent_up 1\n"));
+	ck_assert_ptr_nonnull(strstr(s, "crun_agent_uptime_seconds 1.500\n"));
+	ck_assert_ptr_null(strstr(s, "crun_store_")); /* no store attached */
+	free(s);
+}
+END_TEST
+
+static Suite *status_suite(void)
+{
+	Suite *s = suite_create("status");
+	TCase *tc = tcase_create("pure");
+
+	tcase_add_test(tc, run_id_of_key);
+	tcase_add_test(tc, bare_page_bodies);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+CRUN_CHECK_MAIN(status_suite)
