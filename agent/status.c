@@ -212,6 +212,11 @@ static void store_metrics(FILE *f, const struct store_server *srv)
 		fprintf(f, "%s %" PRIu64 "\n", store_rows[i].name,
 			*(const uint64_t *)((const char *)&st + store_rows[i].off));
 	}
+	gauge(f, "crun_store_ops_total", "requests served by operation", "counter");
+	for (int op = 0; op < STORE_OP__MAX; op++)
+		fprintf(f, "crun_store_ops_total{op=\"%s\"} %" PRIu64 "\n",
+			store_proto_op_name((enum store_op)op),
+			store_server_op_count(srv, (enum store_op)op));
 	/* The server's own table of refusals and limit hits, one label each. */
 	gauge(f, "crun_store_events_total",
 	      "connections accepted, refused or dropped, and backpressure pauses, by reason",

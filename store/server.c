@@ -1064,6 +1064,11 @@ static void each_key_one(struct kv_ent *e, void *arg)
 		k->fn(e->key, e->key_len, k->arg);
 }
 
+uint64_t store_server_op_count(const struct store_server *srv, enum store_op op)
+{
+	return (unsigned)op < STORE_OP__MAX ? srv->op_counts[op] : 0;
+}
+
 void store_server_each_key(const struct store_server *srv,
 			   void (*fn)(const uint8_t *key, size_t len, void *arg), void *arg)
 {

@@ -600,6 +600,7 @@ def test_rdzvd_notify_status_page_and_reload(procs, tmp_path, notify):
     assert samples[("crun_store_keys", ())] == 1
     assert samples[("crun_store_connections", ())] >= 1
     assert samples[("crun_store_events_total", (("event", "conns_accepted"),))] >= 1
+    assert samples[("crun_store_ops_total", (("op", "SET"),))] == 1
     assert "crun_agent_state" not in fams  # a store, not an agent
     with open(os.path.join(ROOT, "configs", "grafana", "crun-dashboard.json")) as f:
         dash = json.load(f)
