@@ -5,6 +5,7 @@
  * page (agent/daemon.c, agent/status.c). Exit codes: 0 the job succeeded,
  * 1 it failed, 2 bad configuration (nothing started).
  */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +48,8 @@ static int export_job_env(char **kv)
 int main(int argc, char **argv)
 {
 	struct agent_daemon *daemon = NULL;
+	struct agent_timers *timers = NULL;
+	char timer_path[PATH_MAX];
 	struct event_base *base;
 	crun_agent_t *agent = NULL;
 	struct cli c;
@@ -95,18 +98,29 @@ int main(int argc, char **argv)
 		fprintf(stderr, "crun-agent: error: %s\n", crun_strerror(r));
 		goto out_base;
 	}
+	r = agent_timers_from_env(base, environ, timer_path, sizeof(timer_path), &timers);
+	if (r < 0) {
+		fprintf(stderr, "crun-agent: error: TORCHELASTIC_TIMER_FILE: %s\n",
+			crun_strerror(r));
+		goto out_daemon;
+	}
+	if (timers) /* the workers inherit it, as torchrun's do */
+		setenv("TORCHELASTIC_TIMER_FILE", timer_path, 1);
 	r = crun_agent_new(&c.cfg, &agent);
 	if (r < 0) {
 		fprintf(stderr, "crun-agent: error: %s\n", crun_strerror(r));
 		goto out_daemon;
 	}
 	agent_daemon_attach(daemon, agent);
+	agent_timers_attach(timers, agent);
 	r = crun_agent_run(agent, &code);
 	if (r < 0 && code == 0)
 		code = 1;
 	agent_daemon_attach(daemon, NULL);
+	agent_timers_attach(timers, NULL);
 	crun_agent_free(agent);
 out_daemon:
+	agent_timers_stop(timers);
 	agent_daemon_free(daemon);
 out_base:
 	event_base_free(base);

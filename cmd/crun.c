@@ -3,6 +3,7 @@
  * local agent on it. Exit codes as torchrun: 0 success, 1 any failure, 2 bad
  * command line.
  */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +49,8 @@ int main(int argc, char **argv)
 {
 	struct event_base *base;
 	struct agent_status *status = NULL;
+	struct agent_timers *timers = NULL;
+	char timer_path[PATH_MAX];
 	crun_agent_t *agent = NULL;
 	struct cli c;
 	int code = 1;
@@ -94,6 +97,13 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	c.cfg.event_base = base;
+	r = agent_timers_from_env(base, environ, timer_path, sizeof(timer_path), &timers);
+	if (r < 0) {
+		fprintf(stderr, "crun: error: TORCHELASTIC_TIMER_FILE: %s\n", crun_strerror(r));
+		goto out_base;
+	}
+	if (timers) /* the workers inherit it, as torchrun's do */
+		setenv("TORCHELASTIC_TIMER_FILE", timer_path, 1);
 	if (c.status_listen) {
 		r = agent_status_start(base, c.status_listen, &status);
 		if (r < 0) {
@@ -110,13 +120,16 @@ int main(int argc, char **argv)
 		goto out_base;
 	}
 	agent_status_attach(status, agent);
+	agent_timers_attach(timers, agent);
 	r = crun_agent_run(agent, &code);
 	if (r < 0 && code == 0)
 		code = 1;
 	agent_status_attach(status, NULL);
+	agent_timers_attach(timers, NULL);
 	crun_agent_free(agent);
 out_base:
 	agent_status_stop(status);
+	agent_timers_stop(timers);
 	event_base_free(base);
 out:
 	cli_free(&c);

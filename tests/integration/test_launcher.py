@@ -686,3 +686,36 @@ def test_a_venvs_crun_uses_the_venvs_python(procs, tmp_path, how):
     out, err = p.communicate(timeout=60)
     assert p.returncode == 0, err.decode()
     assert len(marker.read_text().split()) == 2
+
+
+TIMER_WORKER = """\
+import os, sys, time
+from torch.distributed.elastic.timer import FileTimerClient, configure, expires
+configure(FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))
+rank = int(os.environ["RANK"])
+with expires(after=2):
+    if rank == 1:
+        print("rank 1 hangs", flush=True)
+        time.sleep(60)
+print(f"done {rank}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_torchelastic_file_timer_kills_an_expired_worker(procs, tmp_path, launcher):
+    """torchrun's expiry-timer protocol (issue 12, hung workers): with
+    TORCHELASTIC_ENABLE_FILE_TIMER=1 the launcher serves the FIFO named by
+    TORCHELASTIC_TIMER_FILE and kills a worker whose timer expired."""
+    script = tmp_path / "timer.py"
+    script.write_text(TIMER_WORKER)
+    env = crun_env(TORCHELASTIC_ENABLE_FILE_TIMER=1, PYTHON_EXEC=torch_python("2"))
+    t0 = time.monotonic()
+    rc, out, err = run_with(procs, launcher, ["--nproc-per-node=2", str(script)], env)
+    # crun fails the job (exit 1) naming the killed rank; torchrun 2.15 itself
+    # ended with -9 here (measured), so only "it failed" is compared.
+    assert rc != 0 and "done 1" not in out, err[-3000:]
+    assert time.monotonic() - t0 < 55  # killed, not slept out
+    if launcher == "crun":
+        assert rc == 1 and "done 0" in out and "rank 1 hangs" in out, out
+        assert "expiry timer 'timer.py" in err or "expiry timer" in err, err[-2000:]
+        assert not list(tmp_path.glob("*.fifo"))

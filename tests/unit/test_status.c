@@ -1,5 +1,6 @@
 /* test_status.c: the status page's pure parts: the bare page's bodies and
- * which job a rendezvous store key belongs to (crun-rdzvd's GET /jobs). */
+ * which job a rendezvous store key belongs to (crun-rdzvd's GET /jobs), and
+ * torchrun's expiry-timer request lines. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,6 +49,35 @@ START_TEST(bare_page_bodies)
 }
 END_TEST
 
+/* torch's FileTimerClient request lines (timerfile.c). */
+START_TEST(timer_requests)
+{
+	struct agent_timer_req q;
+
+	ck_assert_int_eq(agent_timers_parse("{\"version\": 1, \"pid\": 42, \"scope_id\": "
+					    "\"s\", \"expiration_time\": 12.5, \"signal\": 9}",
+					    &q),
+			 0);
+	ck_assert_int_eq(q.pid, 42);
+	ck_assert_str_eq(q.scope, "s");
+	ck_assert(q.expires == 12.5);
+	ck_assert_int_eq(q.sig, 9);
+	ck_assert_int_eq(agent_timers_parse("{\"pid\": 42, \"scope_id\": \"s\", "
+					    "\"expiration_time\": -1, \"signal\": 0}",
+					    &q),
+			 0);
+	ck_assert(q.expires < 0);
+	ck_assert_int_eq(q.sig, 0);
+	ck_assert_int_eq(agent_timers_parse("{\"pid\": 0, \"scope_id\": \"s\", "
+					    "\"expiration_time\": 1}",
+					    &q),
+			 CRUN_EPROTO);
+	ck_assert_int_eq(agent_timers_parse("{\"pid\": 1, \"expiration_time\": 1}", &q),
+			 CRUN_EPROTO);
+	ck_assert_int_eq(agent_timers_parse("not json", &q), CRUN_EPROTO);
+}
+END_TEST
+
 static Suite *status_suite(void)
 {
 	Suite *s = suite_create("status");
@@ -55,6 +85,7 @@ static Suite *status_suite(void)
 
 	tcase_add_test(tc, run_id_of_key);
 	tcase_add_test(tc, bare_page_bodies);
+	tcase_add_test(tc, timer_requests);
 	suite_add_tcase(s, tc);
 	return s;
 }
