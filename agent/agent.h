@@ -392,6 +392,9 @@ struct agent_daemon;
  * daemon's life (argv/env are parsed again on reload). */
 int agent_daemon_new(struct event_base *base, struct cli *c, int argc, char *const *argv,
 		     char *const *env, struct agent_daemon **ret);
+/* --event_log_handler=console: one JSON line for a state change, in the
+ * shape of torchrun's events (name, source, timestamp, metadata). */
+void agent_event_print(FILE *f, crun_agent_state_t st, int restart_count, const char *role);
 /* The agent whose state STATUS= and the status page report (borrowed). */
 void agent_daemon_attach(struct agent_daemon *d, struct crun_agent *a);
 /* The address the status page bound ("127.0.0.1:8123"), or "" when off. */

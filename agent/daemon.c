@@ -78,6 +78,20 @@ void agent_service_stop(struct agent_service *s)
 	memset(s, 0, sizeof(*s));
 }
 
+void agent_event_print(FILE *f, crun_agent_state_t st, int restart_count, const char *role)
+{
+	static const char *const names[] = {"RENDEZVOUS", "RUNNING", "STOPPING", "BARRIER", "DONE"};
+	const char *name = (unsigned)st < ARRAY_SIZE(names) ? names[st] : "DONE";
+
+	/* The shape of torchrun's events (name, source, timestamp, metadata);
+	 * the names are crun's states, not torchrun's event set. */
+	fprintf(f,
+		"{\"name\": \"crun.agent.state.%s\", \"source\": \"AGENT\", \"timestamp\": "
+		"%.0f, \"metadata\": {\"state\": \"%s\", \"role\": \"%s\", "
+		"\"agent_restarts\": %d}}\n",
+		name, clock_wall_s(), name, role ? role : "default", restart_count);
+}
+
 /* ---- crun-agent ------------------------------------------------------------------- */
 
 struct agent_daemon {
@@ -125,6 +139,8 @@ static void on_state(crun_agent_state_t st, int restarts, void *arg)
 	struct agent_daemon *d = arg;
 
 	log_at(LL_INFO, SUB_AGENT, "agent %s (restart %d)", state_name(st), restarts);
+	if (strcmp(d->cli->event_log_handler, "console") == 0)
+		agent_event_print(stderr, st, restarts, d->cli->cfg.role);
 	/* READY=1 once workers run: before that the unit is "activating", so a
 	 * job that cannot rendezvous never looks started. */
 	if (st == CRUN_AGENT_RUNNING && !d->ready) {

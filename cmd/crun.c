@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 
 #include <event2/event.h>
 
@@ -16,22 +15,12 @@
 
 extern char **environ;
 
-/* --event_log_handler=console: one JSON line per agent state change on
- * stderr, in the shape of torchrun's events (name, source, timestamp,
- * metadata); the names are crun's states, not torchrun's event set. */
+/* --event_log_handler=console (agent/daemon.c's agent_event_print). */
 static void on_state_console(crun_agent_state_t st, int restart_count, void *arg)
 {
-	static const char *const names[] = {"RENDEZVOUS", "RUNNING", "STOPPING", "BARRIER", "DONE"};
 	const struct cli *c = arg;
-	struct timeval tv;
 
-	gettimeofday(&tv, NULL);
-	fprintf(stderr,
-		"{\"name\": \"crun.agent.state.%s\", \"source\": \"AGENT\", \"timestamp\": "
-		"%lld, \"metadata\": {\"state\": \"%s\", \"role\": \"%s\", "
-		"\"agent_restarts\": %d}}\n",
-		names[st < 5 ? st : 4], (long long)tv.tv_sec, names[st < 5 ? st : 4],
-		c->cfg.role ? c->cfg.role : "default", restart_count);
+	agent_event_print(stderr, st, restart_count, c->cfg.role);
 }
 
 static int print_text(char *s)

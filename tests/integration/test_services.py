@@ -175,6 +175,15 @@ def test_agent_serves_its_status_page_by_default(procs, job, notify):
     assert rc == 0 and json.loads(out)["status.listen"] == "off"
 
 
+def test_agent_console_events(procs, job):
+    cfg = write_config(job, base_config(job, logs={"event_log_handler": "console"}))
+    (job / "out" / "stop").write_text("")
+    rc, _, err = run_agent(procs, ["--config", str(cfg), "--status=off"])
+    assert rc == 0, err
+    names = [json.loads(ln)["name"] for ln in err.splitlines() if ln.startswith('{"name"')]
+    assert "crun.agent.state.RUNNING" in names and names[-1] == "crun.agent.state.DONE", names
+
+
 def test_missing_config_file_exits_2(procs, job):
     rc, _, err = run_agent(procs, ["--config", str(job / "nope.json")])
     assert rc == 2 and "nope.json" in err, err
