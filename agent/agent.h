@@ -417,8 +417,12 @@ void agent_status_stop(struct agent_status *s);		     /* NULL: no-op */
 char *agent_status_json(const struct crun_agent *a, const struct store_server *srv);
 /* {"jobs": [...]}: the agent's job, or the c10d jobs whose keys srv holds. */
 char *agent_status_jobs_json(const struct crun_agent *a, const struct store_server *srv);
+/* exits: STATUS_EXIT_CODES counters of worker exit codes, or NULL. */
 char *agent_status_metrics(const struct crun_agent *a, const struct store_server *srv,
-			   uint64_t uptime_ms);
+			   const uint64_t *exits, uint64_t uptime_ms);
+/* Call from the agent's state callback: counts the exit codes of each
+ * attempt that ends (crun_agent_worker_exits_total). s NULL: no-op. */
+void agent_status_on_state(struct agent_status *s, crun_agent_state_t st);
 
 /* ---- timerfile.c: torchrun's expiry timers (TORCHELASTIC_TIMER_FILE) ---------- */
 

@@ -139,6 +139,7 @@ static void on_state(crun_agent_state_t st, int restarts, void *arg)
 	struct agent_daemon *d = arg;
 
 	log_at(LL_INFO, SUB_AGENT, "agent %s (restart %d)", state_name(st), restarts);
+	agent_status_on_state(d->status, st);
 	if (strcmp(d->cli->event_log_handler, "console") == 0)
 		agent_event_print(stderr, st, restarts, d->cli->cfg.role);
 	/* READY=1 once workers run: before that the unit is "activating", so a

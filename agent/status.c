@@ -25,8 +25,14 @@
 
 #define STATUS_MAX_HEADERS_BYTES 8192 /* a status client sends a GET line and a few headers */
 
+#define STATUS_EXIT_CODES 256 /* codes 0..255; anything else counts as 255 */
+
 struct agent_status {
 	struct evhttp *http;
+	/* Worker exits by code over the agent's life, counted when an attempt
+	 * ends (agent_status_on_state); last is the previous public state. */
+	uint64_t exits[STATUS_EXIT_CODES];
+	crun_agent_state_t last;
 	struct crun_agent *agent;	  /* borrowed, NULL until attached */
 	const struct store_server *store; /* borrowed: crun-rdzvd's server, or NULL */
 	uint64_t started_ms;
@@ -228,7 +234,7 @@ static void store_metrics(FILE *f, const struct store_server *srv)
 }
 
 char *agent_status_metrics(const struct crun_agent *a, const struct store_server *srv,
-			   uint64_t uptime_ms)
+			   const uint64_t *exits, uint64_t uptime_ms)
 {
 	char *s = NULL;
 	size_t len = 0;
@@ -275,6 +281,15 @@ char *agent_status_metrics(const struct crun_agent *a, const struct store_server
 				fprintf(f, "crun_agent_worker_exit_code{local_rank=\"%d\"} %d\n",
 					a->workers[i].local_rank, a->workers[i].exit_code);
 	}
+	if (a && exits) {
+		gauge(f, "crun_agent_worker_exits_total",
+		      "workers of finished attempts by exit code (128+N: signal N)", "counter");
+		for (int code = 0; code < STATUS_EXIT_CODES; code++)
+			if (exits[code] || code == 0)
+				fprintf(f,
+					"crun_agent_worker_exits_total{code=\"%d\"} %" PRIu64 "\n",
+					code, exits[code]);
+	}
 	if (!srv && a)
 		srv = a->store;
 	if (srv)
@@ -318,7 +333,8 @@ static void on_request(struct evhttp_request *req, void *arg)
 		reply(req, 200, "application/json", agent_status_jobs_json(s->agent, s->store));
 	else if (strcmp(path, "/metrics") == 0)
 		reply(req, 200, "text/plain; version=0.0.4; charset=utf-8",
-		      agent_status_metrics(s->agent, s->store, clock_now_ms() - s->started_ms));
+		      agent_status_metrics(s->agent, s->store, s->exits,
+					   clock_now_ms() - s->started_ms));
 	else
 		evhttp_send_error(req, HTTP_NOTFOUND, "try /healthz, /status, /jobs or /metrics");
 }
@@ -369,6 +385,24 @@ int agent_status_start(struct event_base *base, const char *listen, struct agent
 fail:
 	agent_status_stop(s);
 	return r;
+}
+
+void agent_status_on_state(struct agent_status *s, crun_agent_state_t st)
+{
+	const struct crun_agent *a = s ? s->agent : NULL;
+
+	if (!a)
+		return;
+	/* An attempt is over when the agent leaves RUNNING or STOPPING for a new
+	 * round, the exit barrier or the end; the workers still hold their exit
+	 * codes then (the next attempt resets them). */
+	if ((s->last == CRUN_AGENT_RUNNING || s->last == CRUN_AGENT_STOPPING) &&
+	    (st == CRUN_AGENT_RENDEZVOUS || st == CRUN_AGENT_BARRIER || st == CRUN_AGENT_DONE))
+		for (int i = 0; a->workers && i < a->nworkers; i++)
+			if (a->workers[i].state == W_EXITED)
+				s->exits[MIN((unsigned)a->workers[i].exit_code,
+					     STATUS_EXIT_CODES - 1u)]++;
+	s->last = st;
 }
 
 void agent_status_attach(struct agent_status *s, struct crun_agent *a)

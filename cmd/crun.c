@@ -15,12 +15,20 @@
 
 extern char **environ;
 
-/* --event_log_handler=console (agent/daemon.c's agent_event_print). */
-static void on_state_console(crun_agent_state_t st, int restart_count, void *arg)
-{
-	const struct cli *c = arg;
+/* What crun does at a state change: --event_log_handler=console lines and
+ * the status page's exit counters. */
+struct on_state_ctx {
+	const struct cli *c;
+	struct agent_status *status;
+};
 
-	agent_event_print(stderr, st, restart_count, c->cfg.role);
+static void on_state(crun_agent_state_t st, int restart_count, void *arg)
+{
+	const struct on_state_ctx *x = arg;
+
+	if (strcmp(x->c->event_log_handler, "console") == 0)
+		agent_event_print(stderr, st, restart_count, x->c->cfg.role);
+	agent_status_on_state(x->status, st);
 }
 
 static int print_text(char *s)
@@ -42,6 +50,7 @@ int main(int argc, char **argv)
 	char timer_path[PATH_MAX];
 	crun_agent_t *agent = NULL;
 	struct cli c;
+	struct on_state_ctx state_ctx = {.c = &c};
 	int code = 1;
 	int r;
 
@@ -71,10 +80,8 @@ int main(int argc, char **argv)
 		crun_set_log_level((crun_log_level_t)c.log_level);
 	if (c.warn[0])
 		log_at(LL_WARN, SUB_CMD, "%s", c.warn);
-	if (strcmp(c.event_log_handler, "console") == 0) {
-		c.cfg.on_state = on_state_console;
-		c.cfg.on_state_arg = &c;
-	}
+	c.cfg.on_state = on_state;
+	c.cfg.on_state_arg = &state_ctx;
 	if (c.note[0]) {
 		/* torchrun sets it in its own environment; the workers inherit. */
 		setenv("OMP_NUM_THREADS", "1", 1);
@@ -109,6 +116,7 @@ int main(int argc, char **argv)
 		goto out_base;
 	}
 	agent_status_attach(status, agent);
+	state_ctx.status = status;
 	agent_timers_attach(timers, agent);
 	r = crun_agent_run(agent, &code);
 	if (r < 0 && code == 0)

@@ -382,6 +382,38 @@ def test_status_of_a_two_node_static_job(procs, job):
             n.close()
 
 
+EXIT3 = """\
+import os, sys, time
+out = sys.argv[1]
+rank, attempt = os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]
+open(os.path.join(out, rank + "." + attempt + ".pid"), "w").write(str(os.getpid()))
+if attempt == "0" and rank == "1":
+    sys.exit(3)
+end = time.monotonic() + 60
+while time.monotonic() < end and not os.path.exists(os.path.join(out, "stop")):
+    time.sleep(0.05)
+"""
+
+
+def test_worker_exits_by_code_are_counted(procs, job):
+    """Attempt 0: rank 1 exits 3, rank 0 is stopped with SIGTERM (143); the
+    restarted attempt runs: /metrics counts both exits by code."""
+    (job / "e.py").write_text(EXIT3)
+    p = procs.spawn([bin_path("crun"), "--status=127.0.0.1:0", "--nproc_per_node=2",
+                     "--max_restarts=1", str(job / "e.py"), str(job / "out")], env=agent_env())
+    addr = wait_for(lambda: (re.findall(r"http://([^/]+)/status", p.stderr.readline().decode())
+                             or [None])[0], what="status line")
+    wait_for(lambda: len(list((job / "out").glob("*.1.pid"))) == 2, what="attempt 1")
+    text = get(addr, "/metrics")[2]
+    samples = {(s_.name, tuple(sorted(s_.labels.items()))): s_.value
+               for f in text_string_to_metric_families(text) for s_ in f.samples}
+    assert samples[("crun_agent_worker_exits_total", (("code", "3"),))] == 1, text
+    assert samples[("crun_agent_worker_exits_total", (("code", "143"),))] == 1, text
+    assert samples[("crun_agent_restarts_total", ())] == 1
+    (job / "out" / "stop").write_text("")
+    assert p.wait(timeout=60) == 0
+
+
 def test_crun_status_flag_serves_the_page(procs, job):
     p = procs.spawn([bin_path("crun"), "--status=127.0.0.1:0", "--nproc_per_node=1",
                      str(job / "w.py"), str(job / "out")], env=agent_env())

@@ -41,7 +41,7 @@ START_TEST(bare_page_bodies)
 	s = agent_status_jobs_json(NULL, NULL);
 	ck_assert_str_eq(s, "{\"jobs\":[]}");
 	free(s);
-	s = agent_status_metrics(NULL, NULL, 1500);
+	s = agent_status_metrics(NULL, NULL, NULL, 1500);
 	ck_assert_ptr_nonnull(strstr(s, "# TYPE crun_agent_up gauge\ncrun_agent_up 1\n"));
 	ck_assert_ptr_nonnull(strstr(s, "crun_agent_uptime_seconds 1.500\n"));
 	ck_assert_ptr_null(strstr(s, "crun_store_")); /* no store attached */
