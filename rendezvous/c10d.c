@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -39,7 +40,9 @@
 #include "common/common.h"
 #include "rendezvous/c10d.h"
 #include "rendezvous/coord.h"
+#include "store/auth.h"
 #include "store/store.h"
+#include "store/tls.h"
 
 #define C10D_PROGRESS_MS  3000
 #define C10D_SPARE_MAX_MS (7u * 24 * 3600 * 1000) /* a spare waits at most a week */
@@ -80,6 +83,7 @@ struct job {
 	struct coord *mon_c;
 	uint64_t lease;
 	bool hb, take_lease;
+	char *peers; /* ROUND, group rank 0: the nodes' addresses (c10d_peers.c) */
 	char err[512];
 };
 
@@ -92,6 +96,10 @@ struct c10d {
 	char hostname[RDZV_HOST_MAX];
 	char addr[RDZV_HOST_MAX];	 /* advertised as MASTER_ADDR */
 	struct store_server *rdzv_store; /* served in-process, or NULL */
+	struct store_auth_keys *auth;	 /* its secret (auth_secret_file), or NULL */
+	struct store_tls *tls;		 /* its TLS (tls_cert), or NULL */
+	char *peers;			 /* the last round's node addresses, or NULL */
+	bool tls_ca_set;		 /* rendezvous connections use TLS */
 	uint16_t wport;			 /* this agent's worker store */
 	bool have_info;
 	struct rdzv_info info;
@@ -123,6 +131,25 @@ static int conf_secs(const char *k, const char *v, uint32_t *ret, char *err, siz
 	}
 	*ret = (uint32_t)ms;
 	return 0;
+}
+
+/* The file-path keys of rdzv_conf (each a char[512] of the conf), or NULL. */
+static char *conf_path(struct c10d_conf *c, const char *key)
+{
+	static const struct {
+		const char *key;
+		size_t off;
+	} paths[] = {
+	    {"auth_secret_file", offsetof(struct c10d_conf, auth_file)},
+	    {"tls_cert", offsetof(struct c10d_conf, tls_cert)},
+	    {"tls_key", offsetof(struct c10d_conf, tls_key)},
+	    {"tls_ca", offsetof(struct c10d_conf, tls_ca)},
+	};
+
+	for (size_t i = 0; i < ARRAY_SIZE(paths); i++)
+		if (strcmp(key, paths[i].key) == 0)
+			return (char *)c + paths[i].off;
+	return NULL;
 }
 
 int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap)
@@ -175,6 +202,20 @@ int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap)
 			dst = &c.ttl_ms;
 		if (dst) {
 			TRY(conf_secs(item, v, dst, err, cap));
+		} else if (conf_path(&c, item)) {
+			if (str_printf(conf_path(&c, item), sizeof(c.auth_file), "%s", v) < 0) {
+				snprintf(err, cap, "argument --rdzv_conf: %s too long", item);
+				return CRUN_EINVAL;
+			}
+		} else if (strcmp(item, "tls_min_version") == 0) {
+			if (strcmp(v, "1.2") && strcmp(v, "1.3")) {
+				snprintf(
+				    err, cap,
+				    "argument --rdzv_conf: tls_min_version=%s is not 1.2 or 1.3",
+				    v);
+				return CRUN_EINVAL;
+			}
+			c.tls_min = v[2] == '2' ? 12 : 13;
 		} else if (strcmp(item, "is_host") == 0) {
 			if (parse_bool(v, &b) < 0) {
 				snprintf(err, cap,
@@ -199,7 +240,8 @@ int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap)
 			snprintf(err, cap,
 				 "argument --rdzv_conf: unknown key '%s' (expected join_timeout, "
 				 "last_call_timeout, close_timeout, read_timeout, is_host, "
-				 "heartbeat_interval, lease_ttl, store_<limit>)",
+				 "heartbeat_interval, lease_ttl, store_<limit>, auth_secret_file, "
+				 "tls_cert, tls_key, tls_ca, tls_min_version)",
 				 item);
 			return CRUN_EINVAL;
 		}
@@ -266,6 +308,7 @@ static void job_put(struct job *j)
 		return;
 	fd_close(j->notify_fd);
 	coord_close(j->mon_c);
+	free(j->peers);
 	free(j);
 }
 
@@ -656,6 +699,12 @@ static int job_round(struct job *j, struct coord *c)
 		}
 		crun_free(v);
 		j->round = (int)rd;
+		/* Group rank 0 serves the round's worker store: learn who may reach it. */
+		if (j->info.group_rank == 0 &&
+		    c10d_read_peer_addrs(c, (int)rd, (int)n, j->conf.read_ms, &j->peers) < 0)
+			log_at(LL_WARN, SUB_RDZV,
+			       "cannot read the round's node addresses: the worker store "
+			       "allows loopback only");
 		return 0;
 	}
 	return CRUN_ETIMEDOUT;
@@ -744,6 +793,18 @@ static void monitor_post(struct job *j, enum rdzv_change ch)
 	while (n < 0 && errno == EINTR);
 }
 
+/* Authentication of a connection to the rendezvous store: the job's secret
+ * and its run id (the prefix is "crun-c10d/<run_id>", STORE_AUTH_JOB_ROOT). */
+static void auth_opts(struct coord_opts *o, const struct c10d_conf *conf, const char *prefix)
+{
+	o->auth_secret_file = conf->auth_file[0] ? conf->auth_file : NULL;
+	o->auth_job = prefix + sizeof(STORE_AUTH_JOB_ROOT) - 2;
+	o->tls_ca = conf->tls_ca[0] ? conf->tls_ca : NULL;
+	o->tls_cert = conf->tls_cert[0] ? conf->tls_cert : NULL;
+	o->tls_key = conf->tls_key[0] ? conf->tls_key : NULL;
+	o->tls_min_version = conf->tls_min;
+}
+
 /* Opens the monitor's connection (the lease lives and dies with it). */
 static int mon_open(struct job *j, struct coord **ret)
 {
@@ -754,6 +815,7 @@ static int mon_open(struct job *j, struct coord **ret)
 	o.prefix = j->prefix;
 	o.connect_timeout_ms = j->conf.read_ms;
 	o.timeout_ms = j->conf.read_ms;
+	auth_opts(&o, &j->conf, j->prefix);
 	return coord_open(&o, ret);
 }
 
@@ -860,6 +922,7 @@ static void *job_main(void *arg)
 	o.prefix = j->prefix;
 	o.connect_timeout_ms = j->kind == JOB_ROUND ? j->conf.join_ms : j->conf.read_ms;
 	o.timeout_ms = j->conf.read_ms;
+	auth_opts(&o, &j->conf, j->prefix);
 	if (j->kind == JOB_MONITOR && j->mon_c) {
 		c = j->mon_c; /* the round's lease connection */
 		j->mon_c = NULL;
@@ -962,6 +1025,7 @@ int c10d_join_blocking(const struct c10d_join_args *a, struct rdzv_info *ret_inf
 	o.prefix = prefix;
 	o.connect_timeout_ms = a->conf.join_ms;
 	o.timeout_ms = a->conf.read_ms;
+	auth_opts(&o, &a->conf, prefix);
 	r = coord_open(&o, &c);
 	if (r < 0) {
 		snprintf(err, cap, "cannot reach the rendezvous store: %s", crun_strerror(r));
@@ -1135,6 +1199,9 @@ static void on_job(evutil_socket_t fd, short what, void *arg)
 		ev = RDZV_EV_SPARE_DONE;
 	} else {
 		c->info = j->info;
+		free(c->peers);
+		c->peers = j->peers; /* taken */
+		j->peers = NULL;
 		c->round = j->round;
 		c->nnodes = j->nnodes;
 		c->host_member = j->host_member;
@@ -1239,8 +1306,15 @@ static void maybe_serve(struct c10d *c)
 		return;
 	if (c->conf.is_host < 0 && !endpoint_bindable(c->ep_host, c->ep_port))
 		return;
+	if (c->tls_ca_set && !c->tls) {
+		log_at(LL_INFO, SUB_RDZV,
+		       "not serving the rendezvous store: tls_ca without tls_cert");
+		return;
+	}
 	sc.host = c->conf.is_host == 1 ? NULL : c->ep_host;
 	sc.port = c->ep_port;
+	sc.auth = c->auth;
+	sc.tls = c->tls;
 	r = store_server_new(c->p.base, &sc, &c->rdzv_store);
 	if (r < 0) {
 		c->rdzv_store = NULL;
@@ -1249,6 +1323,62 @@ static void maybe_serve(struct c10d *c)
 		return;
 	}
 	log_at(LL_WARN, SUB_RDZV, "serving the rendezvous store on %s:%u", c->ep_host, c->ep_port);
+	/* torchrun compatibility keeps this allowed; say what it means once. */
+	if (!c->auth && !c->tls_ca_set && !store_host_is_loopback(sc.host))
+		log_at(LL_WARN, SUB_RDZV,
+		       "the rendezvous store on %s:%u has no authentication: anyone who reaches "
+		       "it can change or end this job (give it a secret: CRUN_AUTH_SECRET_FILE "
+		       "or --rdzv_conf auth_secret_file=FILE)",
+		       sc.host ? sc.host : "*", c->ep_port);
+}
+
+/* TLS of the store served here (tls_cert) and a check of the client side
+ * (tls_ca), before any connection: a bad file is one clear error. */
+static int load_tls(struct c10d *c)
+{
+	struct store_tls_opts o = {.cert = c->conf.tls_cert,
+				   .key = c->conf.tls_key,
+				   .ca = c->conf.tls_ca,
+				   .min_version = c->conf.tls_min};
+	struct store_tls *probe = NULL;
+
+	if ((c->conf.tls_cert[0] || c->conf.tls_key[0]) && !c->conf.tls_ca[0]) {
+		snprintf(c->err, sizeof(c->err),
+			 "argument --rdzv_conf: tls_cert needs tls_ca (agents verify the store)");
+		return CRUN_EINVAL;
+	}
+	if (!c->conf.tls_ca[0])
+		return 0;
+	c->tls_ca_set = true;
+	TRY(store_tls_new_client(&o, &probe, c->err, sizeof(c->err)));
+	store_tls_free(probe);
+	if (!c->conf.tls_cert[0])
+		return 0; /* this agent can only join, not serve */
+	return store_tls_new_server(&o, &c->tls, c->err, sizeof(c->err));
+}
+
+/* The job's secret: rdzv_conf auth_secret_file, else the agent's
+ * --auth_secret_file, else $CRUN_AUTH_SECRET_FILE. Checked here, before any
+ * connection, so a bad file is one clear error. */
+static int load_auth(struct c10d *c, const char *from_agent)
+{
+	struct store_auth_secret s;
+	const char *env = getenv("CRUN_AUTH_SECRET_FILE");
+	int r;
+
+	if (!c->conf.auth_file[0] && from_agent && *from_agent)
+		TRY(str_printf(c->conf.auth_file, sizeof(c->conf.auth_file), "%s", from_agent));
+	if (!c->conf.auth_file[0] && env && *env)
+		TRY(str_printf(c->conf.auth_file, sizeof(c->conf.auth_file), "%s", env));
+	if (!c->conf.auth_file[0])
+		return 0;
+	r = store_auth_secret_read(c->conf.auth_file, &s, c->err, sizeof(c->err));
+	if (r == 0)
+		r = store_auth_keys_new(&c->auth);
+	if (r == 0)
+		r = store_auth_keys_add(c->auth, "", &s);
+	memset(&s, 0, sizeof(s));
+	return r;
 }
 
 int c10d_new(const struct rdzv_params *p, struct c10d **ret)
@@ -1293,6 +1423,14 @@ int c10d_new(const struct rdzv_params *p, struct c10d **ret)
 		free(c);
 		return CRUN_ENOMEM;
 	}
+	r = load_auth(c, p->auth_secret_file);
+	if (r == 0)
+		r = load_tls(c);
+	if (r < 0) {
+		log_at(LL_ERROR, SUB_RDZV, "%s", c->err[0] ? c->err : crun_strerror(r));
+		c10d_free(c);
+		return CRUN_ECONFIG;
+	}
 	maybe_serve(c);
 	*ret = c;
 	return 0;
@@ -1317,15 +1455,25 @@ void c10d_free(struct c10d *c)
 	if (c->linger)
 		event_free(c->linger);
 	store_server_free(c->rdzv_store);
+	store_auth_keys_free(c->auth);
+	store_tls_free(c->tls);
+	free(c->peers);
 	free(c);
 }
 
 int c10d_store_to_serve(const struct c10d *c, const char **ret_host, uint16_t *ret_port)
 {
-	(void)c;
+	unsigned char ip[16];
+
 	/* Every agent serves a worker store on an ephemeral port; the round's
-	 * group rank 0 publishes its own as MASTER_ADDR:MASTER_PORT. */
-	*ret_host = NULL;
+	 * group rank 0 publishes its own as MASTER_ADDR:MASTER_PORT. It listens
+	 * on that advertised address only, when it is a local IP address (a
+	 * NAT'd --local_addr or a host name: every interface, as before). */
+	*ret_host =
+	    (inet_pton(AF_INET, c->addr, ip) == 1 || inet_pton(AF_INET6, c->addr, ip) == 1) &&
+		    endpoint_bindable(c->addr, 0)
+		? c->addr
+		: NULL;
 	*ret_port = 0;
 	return 1;
 }
@@ -1344,6 +1492,15 @@ int c10d_next_round(struct c10d *c)
 const struct rdzv_info *c10d_info(const struct c10d *c)
 {
 	return c->have_info ? &c->info : NULL;
+}
+
+const char *c10d_peer_addrs(const struct c10d *c)
+{
+	if (!c->have_info)
+		return NULL;
+	/* Only group rank 0's worker store is published: the others' take
+	 * loopback alone (also when the addresses could not be read). */
+	return c->info.group_rank == 0 && c->peers ? c->peers : "";
 }
 
 int c10d_exit_barrier(struct c10d *c)

@@ -600,8 +600,12 @@ def test_rdzvd_config_file_and_flags(procs, tmp_path):
     with open(os.path.join(ROOT, "configs", "crun-rdzvd.schema.json")) as f:
         assert json.load(f) == json.loads(res.stdout), "regenerate: crun-rdzvd --print-schema"
     example = os.path.join(ROOT, "configs", "examples", "rdzvd.json")
+    secret = tmp_path / "secret"
+    secret.write_text("0123456789abcdef0123456789abcdef\n")
+    secret.chmod(0o600)
     p = procs.spawn([bin_path("crun-rdzvd"), "--config", example, "--host=127.0.0.1",
-                     "--port=0", "--status=off"], env=agent_env())
+                     "--port=0", "--status=off", f"--auth-secret-file={secret}"],
+                    env=agent_env())
     assert "listening on 127.0.0.1:" in rdzvd_lines(p, 1)[0]
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=20)
