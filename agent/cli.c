@@ -233,10 +233,10 @@ static int rdzv_conf(struct cli *c, struct cli_ctx *x, bool auto_standalone)
 
 	if (!x->rk_conf[0] && !*v)
 		return 0;
-	if (strcmp(c->cfg.rdzv_backend, "c10d") == 0 && !c->cfg.standalone) {
+	if (cli_elastic(c->cfg.rdzv_backend) && !c->cfg.standalone) {
 		/* File keys first, so a --rdzv_conf key given as a flag wins. */
 		snprintf(all, sizeof(all), "%s%s%s", x->rk_conf, x->rk_conf[0] && *v ? "," : "", v);
-		if (rdzv_conf_check("c10d", all, c->err, sizeof(c->err)) < 0)
+		if (rdzv_conf_check(c->cfg.rdzv_backend, all, c->err, sizeof(c->err)) < 0)
 			return CRUN_EINVAL;
 		c->cfg.rdzv_conf = cli_keep(c, all);
 		return 0;
@@ -271,7 +271,7 @@ static int cross_checks(struct cli *c, struct cli_ctx *x)
 
 	if (auto_standalone)
 		c->cfg.standalone = 1;
-	if (strcmp(c->cfg.rdzv_backend, "c10d") == 0 && !c->cfg.max_nnodes)
+	if (cli_elastic(c->cfg.rdzv_backend) && !c->cfg.max_nnodes)
 		c->cfg.min_nnodes = c->cfg.max_nnodes = c->cfg.nnodes;
 	if (c->cfg.standalone && c->cfg.nnodes != 1)
 		return cli_fail(c, "--standalone runs one node, but %s=%d",

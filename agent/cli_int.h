@@ -146,6 +146,13 @@ static inline bool cli_given(const struct cli_ctx *x, enum cli_id id)
 	return x->val[id] && *x->val[id];
 }
 
+/* Backends with elastic membership (etcd-v2: torchrun's other etcd name). */
+static inline bool cli_elastic(const char *backend)
+{
+	return strcmp(backend, "c10d") == 0 || strcmp(backend, "etcd") == 0 ||
+	       strcmp(backend, "etcd-v2") == 0;
+}
+
 /* Message helper: formats into c->err, returns CRUN_EINVAL. */
 int cli_fail(struct cli *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Keeps a copy of s for the life of c; NULL on OOM or overflow. */

@@ -40,6 +40,7 @@
 #include "common/common.h"
 #include "rendezvous/c10d.h"
 #include "rendezvous/coord.h"
+#include "rendezvous/etcd_int.h"
 #include "store/auth.h"
 #include "store/store.h"
 #include "store/tls.h"
@@ -83,6 +84,7 @@ struct job {
 	struct coord *mon_c;
 	uint64_t lease;
 	bool hb, take_lease;
+	struct etcd_conf *etcd; /* owned copy; NULL: the crun store */
 	char *peers; /* ROUND, group rank 0: the nodes' addresses (c10d_peers.c) */
 	char err[512];
 };
@@ -113,7 +115,9 @@ struct c10d {
 	struct coord *pend_c; /* lease connection handed from the round job */
 	uint64_t pend_lease;
 	bool pend_hb;
-	struct event *linger; /* host: waits for the other agents to hang up */
+	struct etcd_conf *etcd; /* backend "etcd": the cluster; NULL: c10d */
+	char prefix[320];	/* the run's keys */
+	struct event *linger;	/* host: waits for the other agents to hang up */
 	uint64_t linger_until;
 	bool lingered;
 	char err[512];
@@ -308,6 +312,7 @@ static void job_put(struct job *j)
 		return;
 	fd_close(j->notify_fd);
 	coord_close(j->mon_c);
+	free(j->etcd);
 	free(j->peers);
 	free(j);
 }
@@ -815,6 +820,7 @@ static int mon_open(struct job *j, struct coord **ret)
 	o.prefix = j->prefix;
 	o.connect_timeout_ms = j->conf.read_ms;
 	o.timeout_ms = j->conf.read_ms;
+	o.etcd = j->etcd;
 	auth_opts(&o, &j->conf, j->prefix);
 	return coord_open(&o, ret);
 }
@@ -922,6 +928,7 @@ static void *job_main(void *arg)
 	o.prefix = j->prefix;
 	o.connect_timeout_ms = j->kind == JOB_ROUND ? j->conf.join_ms : j->conf.read_ms;
 	o.timeout_ms = j->conf.read_ms;
+	o.etcd = j->etcd;
 	auth_opts(&o, &j->conf, j->prefix);
 	if (j->kind == JOB_MONITOR && j->mon_c) {
 		c = j->mon_c; /* the round's lease connection */
@@ -976,7 +983,12 @@ static struct job *join_job(const struct c10d_join_args *a)
 	j->kind = JOB_ROUND;
 	snprintf(j->host, sizeof(j->host), "%s", a->host ? a->host : "");
 	j->port = a->port;
-	snprintf(j->prefix, sizeof(j->prefix), "crun-c10d/%s", a->run_id);
+	if (a->etcd && etcd_prefix(a->etcd, a->run_id, j->prefix, sizeof(j->prefix)) < 0) {
+		free(j);
+		return NULL;
+	}
+	if (!a->etcd)
+		snprintf(j->prefix, sizeof(j->prefix), "crun-c10d/%s", a->run_id);
 	j->conf = a->conf;
 	j->min = a->min;
 	j->max = a->max;
@@ -1019,7 +1031,11 @@ int c10d_join_blocking(const struct c10d_join_args *a, struct rdzv_info *ret_inf
 	char prefix[320];
 	int r;
 
-	TRY(str_printf(prefix, sizeof(prefix), "crun-c10d/%s", a->run_id));
+	if (a->etcd)
+		TRY(etcd_prefix(a->etcd, a->run_id, prefix, sizeof(prefix)));
+	else
+		TRY(str_printf(prefix, sizeof(prefix), "crun-c10d/%s", a->run_id));
+	o.etcd = a->etcd;
 	o.host = a->host;
 	o.port = a->port;
 	o.prefix = prefix;
@@ -1080,7 +1096,13 @@ static int start(struct c10d *c, enum job_kind kind, const char *why)
 	j->kind = kind;
 	snprintf(j->host, sizeof(j->host), "%s", c->ep_host);
 	j->port = c->ep_port;
-	snprintf(j->prefix, sizeof(j->prefix), "crun-c10d/%s", c->run_id);
+	snprintf(j->prefix, sizeof(j->prefix), "%s", c->prefix);
+	if (c->etcd && !(j->etcd = mem_dup(c->etcd, sizeof(*c->etcd)))) {
+		fd_close(pfd[0]);
+		fd_close(pfd[1]);
+		free(j);
+		return CRUN_ENOMEM;
+	}
 	j->conf = c->conf;
 	j->min = c->p.min_nodes;
 	j->max = c->p.max_nodes;
@@ -1381,6 +1403,24 @@ static int load_auth(struct c10d *c, const char *from_agent)
 	return r;
 }
 
+/* Backend "etcd": master_addr is the endpoint list; the etcd keys of
+ * rdzv_conf are taken out before the round's own keys are parsed. */
+static int etcd_setup(struct c10d *c, const struct rdzv_params *p)
+{
+	char rest[1024];
+
+	c->etcd = calloc(1, sizeof(*c->etcd));
+	if (!c->etcd)
+		return CRUN_ENOMEM;
+	TRY(etcd_parse_endpoints(p->master_addr, c->etcd, c->err, sizeof(c->err)));
+	TRY(etcd_parse_conf(p->conf, c->etcd, rest, sizeof(rest), c->err, sizeof(c->err)));
+	TRY(c10d_parse_conf(rest, &c->conf, c->err, sizeof(c->err)));
+	TRY(etcd_prefix(c->etcd, c->run_id, c->prefix, sizeof(c->prefix)));
+	snprintf(c->ep_host, sizeof(c->ep_host), "%s", c->etcd->ep[0].host);
+	c->ep_port = c->etcd->ep[0].port;
+	return 0;
+}
+
 int c10d_new(const struct rdzv_params *p, struct c10d **ret)
 {
 	struct c10d *c;
@@ -1394,16 +1434,21 @@ int c10d_new(const struct rdzv_params *p, struct c10d **ret)
 	c->p = *p;
 	c->job_rd = c->mon_rd = -1;
 	c->prev_grank = -1;
-	r = c10d_parse_conf(p->conf, &c->conf, c->err, sizeof(c->err));
-	if (r < 0) {
-		log_at(LL_ERROR, SUB_RDZV, "%s", c->err);
-		free(c);
-		return CRUN_ECONFIG;
-	}
 	snprintf(c->run_id, sizeof(c->run_id), "%s", p->run_id ? p->run_id : "none");
 	c->p.run_id = c->run_id;
 	snprintf(c->ep_host, sizeof(c->ep_host), "%s", p->master_addr);
 	c->ep_port = p->master_port;
+	snprintf(c->prefix, sizeof(c->prefix), "crun-c10d/%s", c->run_id);
+	/* "etcd": the same rounds, on an etcd cluster */
+	r = strcmp(p->backend, "etcd") == 0
+		? etcd_setup(c, p)
+		: c10d_parse_conf(p->conf, &c->conf, c->err, sizeof(c->err));
+	if (r < 0) {
+		log_at(LL_ERROR, SUB_RDZV, "%s", c->err);
+		free(c->etcd);
+		free(c);
+		return CRUN_ECONFIG;
+	}
 	snprintf(c->hostname, sizeof(c->hostname), "%s",
 		 p->hostname && *p->hostname ? p->hostname : "localhost");
 	/* MASTER_ADDR of this node: --local_addr, else the endpoint address
@@ -1431,7 +1476,8 @@ int c10d_new(const struct rdzv_params *p, struct c10d **ret)
 		c10d_free(c);
 		return CRUN_ECONFIG;
 	}
-	maybe_serve(c);
+	if (!c->etcd)
+		maybe_serve(c);
 	*ret = c;
 	return 0;
 }
@@ -1455,6 +1501,7 @@ void c10d_free(struct c10d *c)
 	if (c->linger)
 		event_free(c->linger);
 	store_server_free(c->rdzv_store);
+	free(c->etcd);
 	store_auth_keys_free(c->auth);
 	store_tls_free(c->tls);
 	free(c->peers);

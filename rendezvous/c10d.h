@@ -12,6 +12,7 @@
 #include "store/store.h"
 
 struct c10d;
+struct etcd_conf;
 
 struct c10d_conf {
 	uint32_t join_ms;      /* join_timeout: a round must complete within it */
@@ -60,6 +61,7 @@ struct c10d_join_args {
 	int prev_round, prev_grank; /* -1, -1 for a first join */
 	uint16_t wport;		    /* this agent's worker store port */
 	const char *addr, *hostname;
+	const struct etcd_conf *etcd; /* non-NULL: rounds on etcd (host/port unused) */
 };
 int c10d_join_blocking(const struct c10d_join_args *a, struct rdzv_info *ret_info, int *ret_round,
 		       char *err, size_t cap);
