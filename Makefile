@@ -283,12 +283,27 @@ UNITS := $(wildcard configs/systemd/*.service)
 # examples, the schemas and the dashboard go to $(DATADIR).
 ETC_CONFIGS := configs/examples/rdzvd.json
 DATA := $(wildcard configs/*.schema.json configs/examples/*.json configs/grafana/*.json)
-# Generated from the option table (crun --print-man).
-MANPAGES := $(BUILD)/man/crun.1 $(BUILD)/man/crun-agent.1
+.SECONDEXPANSION:
+# Man pages, each generated from what it documents so it cannot drift: crun
+# and crun-agent from the option table (--print-man), crun-rdzvd and crunctl
+# from their --help, libcrun(3) from the public headers.
+MANPAGES := $(BUILD)/man/crun.1 $(BUILD)/man/crun-agent.8 $(BUILD)/man/crun-rdzvd.8 \
+	$(BUILD)/man/crunctl.1 $(BUILD)/man/libcrun.3
 
-$(BUILD)/man/%.1: $(BUILD)/bin/%
+$(BUILD)/man/crun.1 $(BUILD)/man/crun-agent.8: $(BUILD)/man/%: $(BUILD)/bin/$$(basename %)
 	@mkdir -p $(@D)
 	$(Q)$< --print-man > $@.tmp && mv $@.tmp $@
+$(BUILD)/man/crun-rdzvd.8: $(BUILD)/bin/crun-rdzvd scripts/help2man.sh
+	@mkdir -p $(@D)
+	$(Q)sh scripts/help2man.sh $< 8 "TCPStore-compatible store and rendezvous daemon" > $@.tmp
+	$(Q)mv $@.tmp $@
+$(BUILD)/man/crunctl.1: $(BUILD)/bin/crunctl scripts/help2man.sh
+	@mkdir -p $(@D)
+	$(Q)sh scripts/help2man.sh $< 1 "status of crun jobs, agents and rendezvous daemons" > $@.tmp
+	$(Q)mv $@.tmp $@
+$(BUILD)/man/libcrun.3: $(wildcard include/crun/*.h) scripts/libcrun-man.sh
+	@mkdir -p $(@D)
+	$(Q)sh scripts/libcrun-man.sh $(sort $(wildcard include/crun/*.h)) > $@.tmp && mv $@.tmp $@
 
 install: all $(MANPAGES)
 	$(Q)install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCDIR)/crun
