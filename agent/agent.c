@@ -17,7 +17,7 @@
 #include "agent/agent.h"
 #include "common/common.h"
 #include "rendezvous/rdzv.h"
-#include "store/store.h"
+#include "store/server.h"
 
 extern char **environ;
 

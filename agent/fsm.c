@@ -14,7 +14,7 @@
 #include "agent/agent.h"
 #include "common/common.h"
 #include "rendezvous/rdzv.h"
-#include "store/store.h"
+#include "store/server.h"
 
 static const char *const state_names[AS__MAX] = {
     [AS_INIT] = "init",		[AS_RENDEZVOUS] = "rendezvous", [AS_RUNNING] = "running",

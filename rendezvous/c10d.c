@@ -42,7 +42,7 @@
 #include "rendezvous/coord.h"
 #include "rendezvous/etcd_int.h"
 #include "store/auth.h"
-#include "store/store.h"
+#include "store/server.h"
 #include "store/tls.h"
 
 #define C10D_PROGRESS_MS  3000

@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #include "rendezvous/rdzv.h"
-#include "store/store.h"
+#include "store/server.h"
 
 struct c10d;
 struct etcd_conf;

@@ -22,7 +22,7 @@
 #include <event2/thread.h>
 
 #include "crun/store.h"
-#include "store/store.h"
+#include "store/server.h"
 #include "unit/check_main.h"
 
 /* ---- a scripted peer ---------------------------------------------------------- */

@@ -27,7 +27,7 @@
 
 #include "common/common.h"
 #include "crun/store.h"
-#include "store/store.h"
+#include "store/server.h"
 #include "store/store_ext.h"
 #include "unit/check_main.h"
 
