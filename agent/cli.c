@@ -139,7 +139,7 @@ static const char help_text[] =
     "Not supported yet (rejected): --rdzv_backend=etcd|etcd-v2 without --standalone,\n"
     "--run_path, --logs_specs, --numa_binding,\n"
     "--duplicate_stdout_filters, --duplicate_stderr_filters, --event_log_handler other than null.\n"
-    "Programs: *.py and -m run under $PYTHON_EXEC, $PYTHON or python3 with -u; ELF binaries\n"
+    "Programs: *.py and -m run under $PYTHON_EXEC, else python3 with -u; ELF binaries\n"
     "and non-Python scripts run directly.\n";
 
 const char *cli_help_text(void)
@@ -727,12 +727,9 @@ int cli_parse(struct cli *c, int argc, char *const *argv, char *const *env)
 	if (i >= argc)
 		return fail(c, "the following arguments are required: training_script");
 	{
-		const char *py = envval(env, "PYTHON_EXEC");
+		char pybuf[PATH_MAX];
+		const char *py = env_python(env, pybuf, sizeof(pybuf)); /* PYTHON_EXEC, python3 */
 
-		if (!py || !*py)
-			py = envval(env, "PYTHON");
-		if (!py || !*py)
-			py = "python3";
 		if (build_argv(c, py, set[O_MODULE], set[O_NO_PYTHON], argv + i, argc - i) < 0)
 			return fail(c, "out of memory");
 	}

@@ -3,8 +3,13 @@
  * local agent on it. Exit codes as torchrun: 0 success, 1 any failure, 2 bad
  * command line.
  */
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/prctl.h>
 
 #include <event2/event.h>
 
@@ -12,6 +17,24 @@
 #include "common/common.h"
 
 extern char **environ;
+
+/* torchrun's LOGLEVEL (Python logging names) when CRUN_LOG_LEVEL is unset. */
+static int level_from_loglevel(const char *v)
+{
+	static const struct {
+		const char *name;
+		int level;
+	} map[] = {
+	    {"CRITICAL", LL_ERROR}, {"FATAL", LL_ERROR}, {"ERROR", LL_ERROR},
+	    {"WARNING", LL_WARN},   {"WARN", LL_WARN},	 {"INFO", LL_INFO},
+	    {"DEBUG", LL_DEBUG},    {"NOTSET", LL_DEBUG},
+	};
+
+	for (size_t i = 0; v && i < sizeof(map) / sizeof(map[0]); i++)
+		if (strcasecmp(v, map[i].name) == 0)
+			return map[i].level;
+	return LL_WARN;
+}
 
 int main(int argc, char **argv)
 {
@@ -21,7 +44,13 @@ int main(int argc, char **argv)
 	int code = 1;
 	int r;
 
-	log_init("crun", LL_WARN);
+	log_init("crun", level_from_loglevel(getenv("LOGLEVEL")));
+	/* The program's choices, not the library's (an embedding host keeps
+	 * its own): adopt what workers orphan, so the agent reaps it, and
+	 * take EPIPE from a vanished peer instead of dying. */
+	if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0)
+		log_at(LL_WARN, SUB_CMD, "PR_SET_CHILD_SUBREAPER: %s, ignoring", strerror(errno));
+	signal(SIGPIPE, SIG_IGN);
 	if (cli_parse(&c, argc, argv, environ) < 0) {
 		fprintf(stderr,
 			"usage: crun [options] training_script [training_script_args ...]\n"

@@ -4,15 +4,20 @@ Covers the worker environment contract, flags, exit codes, restarts, the
 failure summary, signals, orphans and logs."""
 import json
 import os
+import re
 import shutil
 import tempfile
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
 
-from conftest import HELPERS, bin_path, free_port
+from conftest import BUILD, HELPERS, TORCH2_VENV, bin_path, free_port, torch_python
+
+sys.path.insert(0, HELPERS)
+from storecli import StoreCli  # noqa: E402
 
 TASK = os.path.join(HELPERS, "launch_task.py")
 PY = "/usr/bin/python3"
@@ -33,18 +38,27 @@ def _private_tmpdir():
 def crun_env(**extra):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("PET_") and k not in ("OMP_NUM_THREADS", "TORCHELASTIC_ERROR_FILE")}
-    env["PYTHON"] = PY
+    env["PYTHON_EXEC"] = PY
     env["TMPDIR"] = _TMP["dir"]
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
 
-def start(procs, args, env=None, **kw):
-    return procs.spawn([bin_path("crun"), *args], env=env or crun_env(), **kw)
+def launcher(which):
+    """argv[0] of a launcher under comparison: crun, or the real torchrun 2.x
+    from the test venv (fails loudly when it is missing)."""
+    if which == "crun":
+        return [bin_path("crun")]
+    torch_python("2")
+    return [os.path.join(TORCH2_VENV, "bin", "torchrun")]
 
 
-def run(procs, args, env=None, timeout=60):
-    p = start(procs, args, env)
+def start(procs, args, env=None, which="crun", **kw):
+    return procs.spawn([*launcher(which), *args], env=env or crun_env(), **kw)
+
+
+def run(procs, args, env=None, timeout=60, which="crun"):
+    p = start(procs, args, env, which)
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -275,8 +289,12 @@ def test_restart_recovers_with_restart_count(procs, tmp_path):
     assert sorted(os.listdir(tmp_path / runs[0])) == ["attempt_0", "attempt_1"]
 
 
-def test_restarts_exhausted_prints_root_cause_and_exits_1(procs):
+@pytest.mark.parametrize("redirect", [False, True])
+def test_restarts_exhausted_prints_root_cause_and_exits_1(procs, redirect):
+    # Without a redirect the worker writes to crun's own stderr (its lines are
+    # above the summary); with one, the summary reads its stderr.log back.
     rc, out, err = run(procs, ["--standalone", "--nproc_per_node=2", "--max_restarts=1",
+                               *(["--redirects=2"] if redirect else []),
                                TASK, "exit", "3", "1", "99"])
     assert rc == 1
     assert "attempt 1 rank 1" in out
@@ -285,7 +303,7 @@ def test_restarts_exhausted_prints_root_cause_and_exits_1(procs):
     assert "rank      : 1 (local_rank: 1)" in block
     assert "exitcode  : 3 (pid: " in block
     assert "error_file: <N/A>" in block
-    assert "rank 1 exits 3" in block  # last stderr lines of the failed worker
+    assert "rank 1 exits 3" in (block if redirect else err)  # the failed worker's stderr
     assert "Failures:\n  <NO_OTHER_FAILURES>" in err  # rank 0 was stopped, not failed
     assert err.count("=" * 60) >= 2 and "-" * 60 in err
 
@@ -360,14 +378,19 @@ def test_second_sigint_skips_the_grace_period(procs, tmp_path):
     assert p.wait(timeout=30) == 1  # far below the 600 s grace
 
 
-def test_no_worker_or_grandchild_survives_sigkill_of_the_agent(procs, tmp_path):
+@pytest.mark.parametrize("target", ["pid", "pgid"])
+def test_no_worker_or_grandchild_survives_sigkill_of_the_agent(procs, tmp_path, target):
+    # "pgid": kill -9 -PGID of crun's group took the guard along (issue 8.7).
     p = start(procs, ["--standalone", "--nproc_per_node=2", TASK, "grandchild", str(tmp_path)])
     wait_files(tmp_path, ".ready", 2)
     pids = []
     for r in (0, 1):
         pids += [int(x) for x in (tmp_path / f"{r}.pids").read_text().split()]
     assert all(pid_alive(x) for x in pids)
-    os.kill(p.pid, signal.SIGKILL)
+    if target == "pgid":
+        os.killpg(os.getpgid(p.pid), signal.SIGKILL)
+    else:
+        os.kill(p.pid, signal.SIGKILL)
     p.wait(timeout=10)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and any(pid_alive(x) for x in pids):
@@ -400,12 +423,111 @@ def test_per_rank_redirect_map_and_prefix_template(procs, tmp_path):
     assert "rank=1" not in out + err
 
 
-def test_lines_stay_whole(procs):
-    rc, out, err = run(procs, ["--standalone", "--nproc_per_node=2", TASK, "chunks", "5"])
-    assert rc == 0, err
-    lines = [ln for ln in out.splitlines() if ln]
-    assert len(lines) == 10
-    assert all(ln in ("a" * 1000, "b" * 1000) for ln in lines)
+BYTES = b"progress 1\rprogress 2\r" + b"L" * 300000 + b"\nline two\ntail without newline"
+
+
+@pytest.mark.parametrize("which", ["crun", "torchrun"])
+@pytest.mark.parametrize("mode", ["plain", "redirect", "tee"])
+def test_output_passes_through_as_written(procs, tmp_path, which, mode):
+    # Issue 11.2: crun cut a 300,000-byte line every 16,384 bytes, held \r
+    # progress back and added a final newline, on the console and in files.
+    flags = {"plain": [], "redirect": ["--redirects=3"], "tee": ["--tee=3"]}[mode]
+    p = start(procs, ["--standalone", "--nproc_per_node=1", f"--log_dir={tmp_path}", *flags,
+                      TASK, "bytes"], which=which)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err[-3000:]
+    if mode == "plain":
+        assert out == BYTES and BYTES in err
+    if mode == "redirect":
+        assert BYTES not in out
+    if mode != "plain":
+        (logs,) = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs
+                   if f == "stdout.log"]
+        assert open(logs, "rb").read() == BYTES  # whole, nothing added
+        assert open(logs.replace("stdout.log", "stderr.log"), "rb").read() == BYTES
+    if mode == "tee" and which == "crun":
+        # The prefix at line starts only; \r and the unfinished line kept.
+        # (torchrun's tail reads text lines: \r becomes a line end there.)
+        want = b"[default0]:" + BYTES.replace(b"\n", b"\n[default0]:")
+        assert out == want and want in err
+
+
+def _spawn_in_pty(cmd, env):
+    """Starts cmd as the session leader of a new pty, like a login shell
+    would: the pty is its controlling terminal."""
+    import pty
+    import termios
+    master, slave = pty.openpty()
+
+    def ctty():
+        os.setsid()
+        import fcntl
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    p = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, env=env,
+                         preexec_fn=ctty, close_fds=True)
+    os.close(slave)
+    return p, master
+
+
+@pytest.mark.parametrize("which", ["crun", "torchrun"])
+@pytest.mark.parametrize("mode", ["plain", "tee"])
+def test_worker_owns_the_terminal_like_under_torchrun(procs, tmp_path, which, mode):
+    # Issue 11.2/11.3: a worker saw a pipe instead of the terminal, and
+    # input() stopped it with SIGTTIN (its own group in crun's session).
+    flags = ["--tee=3", f"--log_dir={tmp_path / 'logs'}"] if mode == "tee" else []
+    p, master = _spawn_in_pty([*launcher(which), "--standalone", "--nproc_per_node=1", *flags,
+                               TASK, "tty", str(tmp_path)], crun_env())
+    procs.procs.append(p)
+    try:
+        wait_files(tmp_path, ".tty", 1)
+        # A teed stdout is a file under both launchers; stdin stays the tty.
+        assert (tmp_path / "0.tty").read_text() == ("True True" if mode == "plain"
+                                                     else "True False")
+        os.write(master, b"typed by the user\n")
+        assert p.wait(timeout=60) == 0
+        assert (tmp_path / "0.input").read_text() == "typed by the user"
+    finally:
+        os.close(master)
+
+
+@pytest.mark.parametrize("which", ["crun", "torchrun"])
+@pytest.mark.parametrize("mode", ["plain", "tee"])
+def test_blocked_console_never_blocks_the_stores(procs, tmp_path, which, mode):
+    # Issue 8.6: `crun ... flooding_app | sleep 12` stopped store replies for
+    # every node: lines went to a blocking stdout on the loop that serves the
+    # stores. Here nobody reads crun's stdout while a client uses the store.
+    n = 60000  # ~7 MB: far past the pipe and crun's console queue
+    flags = ["--tee=3", f"--log_dir={tmp_path / 'logs'}"] if mode == "tee" else []
+    p = start(procs, ["--standalone", "--nproc_per_node=2", *flags, TASK, "flood",
+                      str(tmp_path), str(n)], which=which)
+    wait_files(tmp_path, "port", 1)
+    port = int((tmp_path / "port").read_text())
+    if mode == "tee":  # the worker wrote it all to its file; crun is copying
+        wait_files(tmp_path, "flooded", 1)
+    time.sleep(1)  # let the console queue and the pipe fill up
+    lat = []
+    cli = StoreCli(procs, os.path.join(BUILD, "tests", "helpers", "store_cli"), "127.0.0.1", port, 2,
+                   timeout_ms=20000, connect_timeout_ms=20000)
+    for i in range(20):
+        t0 = time.monotonic()
+        assert cli.cmd(f"set blocked/k{i} v{i}", 30) == "OK"
+        assert cli.cmd(f"get blocked/k{i}", 30) == f'VAL "v{i}"'
+        lat.append(time.monotonic() - t0)
+    cli.close()
+    print(f"{which} {mode}: store set+get under a blocked console: "
+          f"median {sorted(lat)[len(lat) // 2] * 1000:.1f} ms, max {max(lat) * 1000:.1f} ms")
+    (tmp_path / "go").write_text("")
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err[-3000:]
+    if mode == "tee":
+        (logs,) = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path / "logs") for f in fs
+                   if f == "stdout.log" and os.path.basename(d) == "0"]
+        assert open(logs, "rb").read().count(b"\n") == n  # the file lost nothing
+        if which == "crun":
+            dropped = [int(x) for x in re.findall(rb"\[crun: (\d+) lines dropped\]", out)]
+            assert dropped and sum(dropped) + out.count(b"[default0]:flood ") == n
+    else:
+        assert out.count(b"\n") == n  # the worker wrote to the pipe itself
 
 
 def test_log_dir_dev_null_sets_empty_error_file(procs, tmp_path):
