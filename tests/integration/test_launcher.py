@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import tempfile
 import signal
 import subprocess
@@ -14,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import BUILD, HELPERS, TORCH2_VENV, bin_path, free_port, torch_python
+from conftest import BUILD, HELPERS, TORCH2_VENV, bin_path, free_port, torch_python, wait_line
 
 sys.path.insert(0, HELPERS)
 from storecli import StoreCli  # noqa: E402
@@ -308,6 +309,34 @@ def test_restarts_exhausted_prints_root_cause_and_exits_1(procs, redirect):
     assert err.count("=" * 60) >= 2 and "-" * 60 in err
 
 
+@pytest.mark.parametrize("which", ["crun", "torchrun"])
+def test_summary_lists_every_failed_rank(procs, tmp_path, which):
+    # Issue 11.6: both ranks exited 2, crun said "Failures: <NO_OTHER_FAILURES>".
+    # The ranks ignore SIGTERM so that a quick stop cannot turn a failure
+    # into a stopped worker under either launcher.
+    rc, _, err = run(procs, ["--standalone", "--nproc_per_node=2", TASK, "fail_together",
+                             str(tmp_path), "2"], which=which)
+    assert rc == 1
+    assert "<NO_OTHER_FAILURES>" not in err, err[-3000:]
+    for r in (0, 1):
+        assert f"rank      : {r} (local_rank: {r})" in err
+    assert err.count("exitcode  : 2 (pid: ") == 2
+
+
+def test_stopped_worker_is_reported_and_still_stoppable(procs, tmp_path):
+    # Issue 11.3: a stopped worker held the job silently; a stop signal to
+    # its group stayed pending until the grace period ran out.
+    p = start(procs, ["--standalone", "--nproc_per_node=2", "--shutdown_timeout=600", TASK,
+                      "trap", str(tmp_path), "0"])
+    wait_files(tmp_path, ".ready", 2)
+    pid = int((tmp_path / "1.ready").read_text())
+    os.kill(pid, signal.SIGSTOP)
+    wait_line(p.stderr, rf"worker 1 \(pid {pid}\) is stopped by SIGSTOP", 30)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 1  # far below the 600 s grace
+    assert (tmp_path / "1.sig").read_text().split() == ["15"]
+
+
 def test_worker_exit_code_is_not_passed_through(procs):
     rc, _, _ = run(procs, ["--standalone", TASK, "exit", "7", "-1", "99"])
     assert rc == 1
@@ -528,6 +557,69 @@ def test_blocked_console_never_blocks_the_stores(procs, tmp_path, which, mode):
             assert dropped and sum(dropped) + out.count(b"[default0]:flood ") == n
     else:
         assert out.count(b"\n") == n  # the worker wrote to the pipe itself
+
+
+@pytest.mark.parametrize("which", ["crun", "torchrun"])
+def test_hostname_in_the_prefix_template(procs, which):
+    # Issue 11.5: ${hostname} was printed literally.
+    env = crun_env(TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="<${hostname}:${rank}>")
+    rc, out, err = run(procs, ["--standalone", "--nproc_per_node=1", "--tee=3", TASK, "print"],
+                       env, which=which)
+    assert rc == 0, err
+    assert f"<{socket.gethostname()}:0>out-line rank=0" in out
+
+
+@pytest.mark.parametrize("which", ["crun", "torchrun"])
+def test_virtual_local_rank_keeps_inherited_devices(procs, tmp_path, which):
+    # Issue 11.4: with CUDA_VISIBLE_DEVICES=4,5 the workers got 0 and 1.
+    env = crun_env(CUDA_VISIBLE_DEVICES="4,5")
+    rc, _, err = run(procs, ["--standalone", "--nproc_per_node=2", "--virtual-local-rank",
+                             TASK, "env", str(tmp_path)], env, which=which)
+    assert rc == 0, err
+    envs = load_envs(tmp_path, 2)
+    assert [(envs[r]["LOCAL_RANK"], envs[r]["CUDA_VISIBLE_DEVICES"]) for r in (0, 1)] == \
+        [("0", "4"), ("0", "5")]
+
+
+@pytest.mark.parametrize("which", ["crun", "torchrun"])
+def test_default_log_dir_names_match_torchrun(procs, tmp_path, which):
+    # Issue 11.10: torchelastic_XXXXXXXX left two literal X's.
+    env = crun_env(TMPDIR=tmp_path)
+    rc, _, err = run(procs, ["--standalone", "--redirects=1", TASK, "print"], env, which=which)
+    assert rc == 0, err
+    (base,) = os.listdir(tmp_path)
+    assert re.fullmatch(r"torchelastic_[a-z0-9_]{8}", base), base
+    (run_dir,) = os.listdir(tmp_path / base)
+    assert re.fullmatch(r"[0-9a-f-]{36}_[a-z0-9_]{8}", run_dir), run_dir  # <uuid run id>_
+
+
+@pytest.mark.parametrize("which", ["crun", "torchrun"])
+def test_loglevel_is_honoured(procs, which):
+    # Issue 11.10: LOGLEVEL=INFO shows the launcher's INFO lines, the default
+    # (WARNING) does not.
+    args = ["--standalone", "--nproc_per_node=1", TASK, "print"]
+    rc, _, quiet = run(procs, args, crun_env(LOGLEVEL="WARNING"), which=which)
+    assert rc == 0, quiet
+    rc, _, chatty = run(procs, args, crun_env(LOGLEVEL="INFO"), which=which)
+    assert rc == 0, chatty
+    noise = [ln for ln in chatty.splitlines() if "rank=0" not in ln]
+    assert len(noise) >= 3 and all("rank=0" in ln for ln in quiet.splitlines() if ln), quiet
+
+
+@pytest.mark.parametrize("which", ["crun", "torchrun"])
+def test_python_env_does_not_pick_the_interpreter(procs, tmp_path, which):
+    # Issue 11.7: an unrelated $PYTHON changed crun's interpreter; torchrun
+    # uses PYTHON_EXEC or its own. crun: PYTHON_EXEC, else python3.
+    script = tmp_path / "who.py"
+    script.write_text("import sys\nprint('EXE', sys.executable)\n")
+    env = crun_env(PYTHON="/bin/false")
+    del env["PYTHON_EXEC"]
+    rc, out, err = run(procs, ["--standalone", str(script)], env, which=which)
+    assert rc == 0, err
+    assert "EXE " in out and "/bin/false" not in out
+    env["PYTHON_EXEC"] = PY
+    rc, out, err = run(procs, ["--standalone", str(script)], env, which=which)
+    assert rc == 0 and f"EXE {PY}" in out, err
 
 
 def test_log_dir_dev_null_sets_empty_error_file(procs, tmp_path):

@@ -268,6 +268,147 @@ START_TEST(fd_limit_raised_and_the_guard_holds_no_host_fd)
 }
 END_TEST
 
+/* ---- issue 11.9's config fields (the flags come with cli.c's option table) ---- */
+
+static void write_file(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+
+	ck_assert_ptr_nonnull(f);
+	fputs(text, f);
+	fclose(f);
+}
+
+static int run_agent(crun_agent_config_t *cfg)
+{
+	crun_agent_t *a = NULL;
+	int code = -1;
+
+	cfg->standalone = 1;
+	cfg->log_dir = logdir;
+	ck_assert_int_eq(crun_agent_new(cfg, &a), 0);
+	ck_assert_int_eq(crun_agent_run(a, &code), 0);
+	crun_agent_free(a);
+	return code;
+}
+
+/* run_path: argv[0] is a Python file run through runpy.run_path, as
+ * torchrun's run_script_path: __name__ "__main__", sys.argv [script, args]. */
+START_TEST(run_path_runs_the_script_through_runpy)
+{
+	char script[160], out[160];
+	const char *argv[] = { script, out, "--flag", NULL };
+	crun_agent_config_t cfg = CRUN_AGENT_CONFIG_INIT;
+
+	snprintf(script, sizeof(script), "%s/s.py", logdir);
+	snprintf(out, sizeof(out), "%s/out.txt", logdir);
+	write_file(script, "import sys\n"
+			   "open(sys.argv[1], 'w').write(repr((__name__, sys.argv, 'runpy' in sys.modules)))\n");
+	ck_assert_int_eq(setenv("PYTHON_EXEC", "/usr/bin/python3", 1), 0);
+	cfg.argv = argv;
+	cfg.run_path = 1;
+	ck_assert_int_eq(run_agent(&cfg), 0);
+	{
+		char want[512];
+
+		snprintf(want, sizeof(want), "('__main__', ['%s', '%s', '--flag'], True)", script,
+			 out);
+		ck_assert_str_eq(slurp(out), want);
+	}
+}
+END_TEST
+
+/* Duplicate filters: matching lines of teed streams, prefixed, go to
+ * <attempt>/filtered_std{out,err}.log as torchrun lays them out; ",," is a
+ * literal comma; long lines stay whole. */
+START_TEST(duplicate_filters_copy_matching_lines)
+{
+	const char *argv[] = { "/bin/sh", "-c",
+			       "echo keep one; echo drop two; echo 'a,b three'; echo err keep >&2;"
+			       "printf 'keep %070000d\n' 0; printf 'keep unfinished'",
+			       NULL };
+	crun_agent_config_t cfg = CRUN_AGENT_CONFIG_INIT;
+	int tee[2] = { CRUN_STD_ALL, CRUN_STD_NONE };
+	char cmd[512], *got;
+
+	cfg.argv = argv;
+	cfg.nproc_per_node = 2;
+	cfg.tee = tee;
+	cfg.duplicate_stdout_filters = "keep,a,,b";
+	cfg.duplicate_stderr_filters = "nothing";
+	ck_assert_int_eq(run_agent(&cfg), 0);
+	snprintf(cmd, sizeof(cmd),
+		 "cd %s/*/attempt_0 && test -f filtered_stderr.log && ! test -s filtered_stderr.log"
+		 " && cat filtered_stdout.log > ../../filtered.txt",
+		 logdir);
+	ck_assert_int_eq(system(cmd), 0);
+	snprintf(cmd, sizeof(cmd), "%s/filtered.txt", logdir);
+	{
+		FILE *f = fopen(cmd, "r");
+		static char buf[80000];
+		size_t n;
+
+		ck_assert_ptr_nonnull(f);
+		n = fread(buf, 1, sizeof(buf) - 1, f);
+		fclose(f);
+		buf[n] = '\0';
+		got = buf;
+	}
+	/* Rank 1 is not teed: torchrun filters teed streams only. */
+	ck_assert_ptr_nonnull(strstr(got, "[default0]:keep one\n[default0]:a,b three\n"
+					  "[default0]:keep 0000"));
+	ck_assert_ptr_null(strstr(got, "drop"));
+	ck_assert_ptr_null(strstr(got, "default1"));
+	ck_assert_int_eq((int)strlen(got), (int)(strlen("[default0]:keep one\n[default0]:a,b three\n") +
+						 strlen("[default0]:keep ") + 70000 + 1 +
+						 strlen("[default0]:keep unfinished")));
+}
+END_TEST
+
+/* --numa-binding on a fake sysfs tree (CRUN_SYSFS_ROOT): GPU 0 sits on node
+ * 1 (cpu 1), GPU 1 on node 0 (cpu 0); each worker runs on its GPU's cpus. */
+START_TEST(numa_binding_pins_each_worker_to_its_gpu)
+{
+	const char *argv[] = { "/bin/sh", "-c",
+			       "grep Cpus_allowed_list /proc/self/status > \"$0.$LOCAL_RANK\"",
+			       NULL, NULL };
+	crun_agent_config_t cfg = CRUN_AGENT_CONFIG_INIT;
+	char root[160], out[160], cmd[1024];
+	crun_agent_t *a = NULL;
+
+	if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
+		return; /* needs two cpus to tell the bindings apart */
+	snprintf(root, sizeof(root), "%s/sys-root", logdir);
+	snprintf(cmd, sizeof(cmd),
+		 "set -e; r=%s/sys; mkdir -p $r/bus/pci/drivers/nvidia $r/devices/system/node/node0"
+		 " $r/devices/system/node/node1 $r/bus/pci/devices/0000:01:00.0"
+		 " $r/bus/pci/devices/0000:02:00.0;"
+		 " touch $r/bus/pci/drivers/nvidia/0000:01:00.0 $r/bus/pci/drivers/nvidia/0000:02:00.0;"
+		 " echo 1 > $r/bus/pci/devices/0000:01:00.0/numa_node;"
+		 " echo 0 > $r/bus/pci/devices/0000:02:00.0/numa_node;"
+		 " echo 0 > $r/devices/system/node/node0/cpulist;"
+		 " echo 1 > $r/devices/system/node/node1/cpulist",
+		 root);
+	ck_assert_int_eq(system(cmd), 0);
+	snprintf(out, sizeof(out), "%s/cpus", logdir);
+	argv[3] = out;
+	ck_assert_int_eq(setenv("CRUN_SYSFS_ROOT", root, 1), 0);
+	cfg.argv = argv;
+	cfg.nproc_per_node = 2;
+	cfg.numa_binding = "node";
+	ck_assert_int_eq(run_agent(&cfg), 0);
+	snprintf(cmd, sizeof(cmd), "%s.0", out);
+	ck_assert_str_eq(slurp(cmd), "Cpus_allowed_list:\t1\n");
+	snprintf(cmd, sizeof(cmd), "%s.1", out);
+	ck_assert_str_eq(slurp(cmd), "Cpus_allowed_list:\t0\n");
+	/* Three workers, two GPUs: a clear error before anything starts. */
+	cfg.nproc_per_node = 3;
+	ck_assert_int_eq(crun_agent_new(&cfg, &a), CRUN_ENOENT);
+	ck_assert_ptr_null(a);
+	unsetenv("CRUN_SYSFS_ROOT");
+}
+END_TEST
+
 static Suite *agent_api_suite(void)
 {
 	Suite *s = suite_create("agent_api");
@@ -281,6 +422,9 @@ static Suite *agent_api_suite(void)
 	tcase_add_test(tc, bad_config_is_refused);
 	tcase_add_test(tc, host_children_and_dispositions_stay_the_hosts);
 	tcase_add_test(tc, fd_limit_raised_and_the_guard_holds_no_host_fd);
+	tcase_add_test(tc, run_path_runs_the_script_through_runpy);
+	tcase_add_test(tc, duplicate_filters_copy_matching_lines);
+	tcase_add_test(tc, numa_binding_pins_each_worker_to_its_gpu);
 	suite_add_tcase(s, tc);
 	return s;
 }
