@@ -8,8 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/prctl.h>
+#include <sys/time.h>
 
 #include <event2/event.h>
 
@@ -18,22 +18,33 @@
 
 extern char **environ;
 
-/* torchrun's LOGLEVEL (Python logging names) when CRUN_LOG_LEVEL is unset. */
-static int level_from_loglevel(const char *v)
+/* --event_log_handler=console: one JSON line per agent state change on
+ * stderr, in the shape of torchrun's events (name, source, timestamp,
+ * metadata); the names are crun's states, not torchrun's event set. */
+static void on_state_console(crun_agent_state_t st, int restart_count, void *arg)
 {
-	static const struct {
-		const char *name;
-		int level;
-	} map[] = {
-	    {"CRITICAL", LL_ERROR}, {"FATAL", LL_ERROR}, {"ERROR", LL_ERROR},
-	    {"WARNING", LL_WARN},   {"WARN", LL_WARN},	 {"INFO", LL_INFO},
-	    {"DEBUG", LL_DEBUG},    {"NOTSET", LL_DEBUG},
-	};
+	static const char *const names[] = {"RENDEZVOUS", "RUNNING", "STOPPING", "BARRIER", "DONE"};
+	const struct cli *c = arg;
+	struct timeval tv;
 
-	for (size_t i = 0; v && i < sizeof(map) / sizeof(map[0]); i++)
-		if (strcasecmp(v, map[i].name) == 0)
-			return map[i].level;
-	return LL_WARN;
+	gettimeofday(&tv, NULL);
+	fprintf(stderr,
+		"{\"name\": \"crun.agent.state.%s\", \"source\": \"AGENT\", \"timestamp\": "
+		"%lld, \"metadata\": {\"state\": \"%s\", \"role\": \"%s\", "
+		"\"agent_restarts\": %d}}\n",
+		names[st < 5 ? st : 4], (long long)tv.tv_sec, names[st < 5 ? st : 4],
+		c->cfg.role ? c->cfg.role : "default", restart_count);
+}
+
+static int print_text(char *s)
+{
+	if (!s) {
+		fprintf(stderr, "crun: out of memory\n");
+		return 1;
+	}
+	fputs(s, stdout);
+	free(s);
+	return 0;
 }
 
 int main(int argc, char **argv)
@@ -44,7 +55,7 @@ int main(int argc, char **argv)
 	int code = 1;
 	int r;
 
-	log_init("crun", level_from_loglevel(getenv("LOGLEVEL")));
+	log_init("crun", LL_WARN);
 	/* The program's choices, not the library's (an embedding host keeps
 	 * its own): adopt what workers orphan, so the agent reaps it, and
 	 * take EPIPE from a vanished peer instead of dying. */
@@ -59,13 +70,24 @@ int main(int argc, char **argv)
 		cli_free(&c);
 		return 2;
 	}
-	if (c.help || c.version) {
+	if (c.help || c.version || c.completion) {
+		code = 0;
 		if (c.help)
-			fputs(cli_help_text(), stdout);
+			code = print_text(cli_help_new(CLI_CRUN));
+		else if (c.completion)
+			code = print_text(cli_completion_new(CLI_CRUN, c.completion));
 		else
 			printf("crun %s (torchrun-compatible)\n", crun_version_string());
 		cli_free(&c);
-		return 0;
+		return code;
+	}
+	if (c.log_level >= 0) /* --log_level, PET_LOG_LEVEL, CRUN_LOG_LEVEL or LOGLEVEL */
+		crun_set_log_level((crun_log_level_t)c.log_level);
+	if (c.warn[0])
+		log_at(LL_WARN, SUB_CMD, "%s", c.warn);
+	if (strcmp(c.event_log_handler, "console") == 0) {
+		c.cfg.on_state = on_state_console;
+		c.cfg.on_state_arg = &c;
 	}
 	if (c.note[0]) {
 		/* torchrun sets it in its own environment; the workers inherit. */

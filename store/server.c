@@ -282,6 +282,7 @@ static void conn_on_event(struct bufferevent *bev, short what, void *arg)
 	if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)) {
 		log_at(LL_DEBUG, SUB_STORE, "client closed (%s)",
 		       what & BEV_EVENT_EOF ? "eof" : strerror(EVUTIL_SOCKET_ERROR()));
+		c->peer_eof = (what & BEV_EVENT_EOF) != 0; /* leases: store_ext.h */
 		conn_close(c);
 	}
 }
@@ -503,6 +504,7 @@ void store_server_free(struct store_server *srv)
 		return;
 	while (!DL_EMPTY(&srv->conns))
 		conn_close(DL_ENTRY(srv->conns.next, struct store_conn, link));
+	store_ext_server_free(srv); /* leases outlive connections, not the server */
 	if (srv->lsn)
 		evconnlistener_free(srv->lsn);
 	if (srv->accept_retry)

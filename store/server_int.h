@@ -116,7 +116,7 @@ struct store_server {
 	uint16_t port;
 	bool full_logged; /* max_conns warning printed since the last accept */
 	struct store_server_stats st;
-	uint64_t next_lease_id; /* lease.c */
+	struct lease_table *leases; /* lease.c: every lease by id; NULL until the first */
 };
 
 struct store_conn {
@@ -133,6 +133,7 @@ struct store_conn {
 	bool writing;	  /* EV_WRITE on: the bufferevent flushes what write() left */
 	bool doomed;	  /* another connection's op overfilled our output */
 	bool ext;	  /* sent HELLO: crun's extension ops (store_ext.h) allowed */
+	bool peer_eof;	  /* closing because the peer closed in order (FIN), not reset */
 	struct dl leases; /* struct store_lease.conn_link (lease.c) */
 };
 
@@ -156,5 +157,10 @@ void store_conn_check_pushed(struct store_conn *c);
 int store_conn_dispatch(struct store_conn *c, const struct store_req *q);
 /* server_ops.c: drops every wait and watch registration of c (close path). */
 void store_conn_unregister(struct store_conn *c);
+/* server_ops.c: SET on the server's own behalf (a lease's expiry key, which
+ * may outlive every connection): waiters wake as for a client's SET. 0 or a
+ * negative code (CRUN_ENOMEM, CRUN_ETOOBIG over the value budget). */
+int store_server_set_key(struct store_server *srv, const struct store_bytes *k,
+			 const struct store_bytes *v);
 
 #endif /* CRUN_STORE_SERVER_INT_H */

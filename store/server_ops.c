@@ -233,6 +233,12 @@ static int set_key(struct store_server *srv, const struct store_bytes *k,
 	return 0;
 }
 
+int store_server_set_key(struct store_server *srv, const struct store_bytes *k,
+			 const struct store_bytes *v)
+{
+	return set_key(srv, k, v, false);
+}
+
 /* std::stoll as torch's ADD applies it to the stored text: leading
  * whitespace, an optional sign, at least one digit, trailing junk ignored;
  * no digits or overflow is an error (torch closes the connection). */

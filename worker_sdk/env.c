@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -170,16 +171,29 @@ static int check_backend(const char *b)
 	return CRUN_EINVAL;
 }
 
-int crun_init_explicit(const crun_init_opts_t *o)
+/* crun_init_opts_t as first released ends with store_dialect. Option structs
+ * only grow at the end (STYLE §2): a caller built against an older header
+ * passes its smaller struct_size, and the fields it lacks take their
+ * defaults from CRUN_INIT_OPTS_INIT. */
+#define INIT_OPTS_FIRST_SIZE (offsetof(crun_init_opts_t, store_dialect) + sizeof(int))
+
+int crun_init_explicit(const crun_init_opts_t *opts)
 {
+	crun_init_opts_t full = CRUN_INIT_OPTS_INIT;
+	const crun_init_opts_t *o = &full;
 	uint32_t tmo;
 	int r;
 
 	if (g.inited)
 		return CRUN_EALREADY;
-	if (!o || o->struct_size < sizeof(*o) || o->world_size < 1 ||
-	    o->world_size > PG_MAX_WORLD || o->rank < 0 || o->rank >= o->world_size ||
-	    !o->master_addr || o->restart_count < 0)
+	if (!opts || opts->struct_size < INIT_OPTS_FIRST_SIZE)
+		return CRUN_EINVAL;
+	/* Read no further than the caller's struct; a newer, bigger one keeps
+	 * its extra tail to itself. */
+	memcpy(&full, opts, MIN(opts->struct_size, sizeof(full)));
+	full.struct_size = sizeof(full);
+	if (o->world_size < 1 || o->world_size > PG_MAX_WORLD || o->rank < 0 ||
+	    o->rank >= o->world_size || !o->master_addr || o->restart_count < 0)
 		return CRUN_EINVAL;
 	TRY(check_backend(o->backend));
 	tmo = o->timeout_ms ? o->timeout_ms : PG_DEFAULT_TIMEOUT_MS;

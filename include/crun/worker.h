@@ -101,7 +101,8 @@ CRUN_API int crun_init(void);
 
 /* Connects to (or hosts) the store, checks in with ADD "init/" +1 (rank 0 of
  * a self-hosted store then waits until all world_size ranks have), and builds
- * the world group. Collective over all ranks. */
+ * the world group. Collective over all ranks. opts->struct_size may be that
+ * of any earlier version of the struct (fields it lacks take their defaults). */
 CRUN_API int crun_init_explicit(const crun_init_opts_t *opts);
 
 /* Frees the world group and closes the store (and stops a hosted server after

@@ -19,6 +19,8 @@
                                          read one line (input()) into OUT/<RANK>.input
     launch_task.py fail_together OUT CODE ignore SIGTERM, wait until every local rank is
                                          ready, then all exit CODE at once
+    launch_task.py hold OUT N            like env, then wait until OUT holds N env files
+                                         (so concurrent runs provably overlap)
 Every sleep is bounded (60 s) so nothing outlives a broken test for long.
 """
 import json
@@ -98,6 +100,19 @@ elif mode == "chunks":
             time.sleep(0.001)
         sys.stdout.write("\n")
         sys.stdout.flush()
+elif mode == "hold":
+    out, want = sys.argv[2], int(sys.argv[3])
+    with open(os.path.join(out, f"{os.getpid()}.json.tmp"), "w") as f:
+        json.dump(dict(os.environ), f)
+    os.rename(os.path.join(out, f"{os.getpid()}.json.tmp"),
+              os.path.join(out, f"{os.getpid()}.json"))
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        if sum(n.endswith(".json") for n in os.listdir(out)) >= want:
+            break
+        time.sleep(0.05)
+    else:
+        sys.exit("the other run never started")
 elif mode == "print":
     print(f"out-line rank={rank}", flush=True)
     print(f"err-line rank={rank}", file=sys.stderr, flush=True)
