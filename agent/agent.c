@@ -202,8 +202,9 @@ static int prepare_numa(struct crun_agent *a)
 			       &a->numa_cpus);
 	if (r == CRUN_ENOENT)
 		snprintf(a->err, sizeof(a->err),
-			 "--numa-binding=%s: binds each worker to its GPU, but this machine has "
-			 "fewer than %d NVIDIA GPUs (none under /sys/bus/pci/drivers/nvidia)",
+			 "--numa-binding=%s binds each worker to the cpus of its GPU, but this "
+			 "machine has fewer NVIDIA GPUs than the %d workers (read from "
+			 "/sys/bus/pci/drivers/nvidia)",
 			 mode, a->nworkers);
 	else if (r < 0)
 		snprintf(a->err, sizeof(a->err), "--numa-binding=%s: %s", mode, crun_strerror(r));

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import BUILD, HELPERS, bin_path, free_port, torch_python, wait_line
+from conftest import BUILD, HELPERS, bin_path, free_port, torch_python
 
 sys.path.insert(0, HELPERS)
 from storecli import StoreCli  # noqa: E402
@@ -321,6 +321,21 @@ def test_summary_lists_every_failed_rank(procs, tmp_path, which):
     assert err.count("exitcode  : 2 (pid: ") == 2
 
 
+def read_until(stream, pattern, timeout_s):
+    """Reads a pipe (select, never blocking past the deadline) until pattern
+    shows up in what was read."""
+    import select
+    deadline, got = time.monotonic() + timeout_s, b""
+    while not re.search(pattern.encode(), got):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([stream.fileno()], [], [], left)[0]:
+            pytest.fail(f"no {pattern!r} within {timeout_s}s in {got[-2000:]!r}")
+        chunk = os.read(stream.fileno(), 65536)
+        if not chunk:
+            pytest.fail(f"EOF before {pattern!r}: {got[-2000:]!r}")
+        got += chunk
+
+
 def test_stopped_worker_is_reported_and_still_stoppable(procs, tmp_path):
     # Issue 11.3: a stopped worker held the job silently; a stop signal to
     # its group stayed pending until the grace period ran out.
@@ -329,7 +344,7 @@ def test_stopped_worker_is_reported_and_still_stoppable(procs, tmp_path):
     wait_files(tmp_path, ".ready", 2)
     pid = int((tmp_path / "1.ready").read_text())
     os.kill(pid, signal.SIGSTOP)
-    wait_line(p.stderr, rf"worker 1 \(pid {pid}\) is stopped by SIGSTOP", 30)
+    read_until(p.stderr, rf"worker 1 \(pid {pid}\) is stopped by SIGSTOP", 30)
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=30) == 1  # far below the 600 s grace
     assert (tmp_path / "1.sig").read_text().split() == ["15"]
@@ -618,6 +633,32 @@ def test_python_env_does_not_pick_the_interpreter(procs, tmp_path, which):
     env["PYTHON_EXEC"] = PY
     rc, out, err = run(procs, ["--standalone", str(script)], env, which=which)
     assert rc == 0 and f"EXE {PY}" in out, err
+
+
+@pytest.mark.parametrize("which", ["crun", "torchrun"])
+def test_duplicate_filters_write_torchruns_files(procs, tmp_path, which):
+    # Issue 11.9: matching lines of teed streams, prefixed, in
+    # <run>/attempt_<n>/filtered_std{out,err}.log.
+    rc, _, err = run(procs, ["--standalone", "--nproc-per-node=2", "--tee=3",
+                             f"--log-dir={tmp_path}", "--duplicate-stdout-filters=out-line",
+                             "--duplicate-stderr-filters=nothing", TASK, "print"], which=which)
+    assert rc == 0, err
+    (run_dir,) = os.listdir(tmp_path)
+    attempt = tmp_path / run_dir / "attempt_0"
+    assert sorted((attempt / "filtered_stdout.log").read_text().splitlines()) == \
+        ["[default0]:out-line rank=0", "[default1]:out-line rank=1"]
+    assert (attempt / "filtered_stderr.log").read_text() == ""
+
+
+@pytest.mark.skipif(os.path.isdir("/sys/bus/pci/drivers/nvidia"), reason="this machine has GPUs")
+@pytest.mark.parametrize("which,needle", [("crun", "fewer NVIDIA GPUs"),
+                                          ("torchrun", "No accelerator available")])
+def test_numa_binding_without_gpus_fails_clearly(procs, which, needle):
+    # Issue 11.9 (the mapping itself: test_agent_core/test_agent_api on a fake sysfs).
+    rc, out, err = run(procs, ["--standalone", "--numa-binding=node", TASK, "print"],
+                       which=which)
+    assert rc == 1 and needle in err, err[-2000:]
+    assert "out-line" not in out  # nothing started
 
 
 def test_log_dir_dev_null_sets_empty_error_file(procs, tmp_path):
