@@ -104,6 +104,7 @@ struct agent_stream {
 	int child_fd;	 /* the worker's fd until spawned; owned when > 2 */
 	int tail_fd;	 /* SM_TEE: read side of the log file, or -1 */
 	int wd;		 /* SM_TEE: inotify watch, or -1 */
+	char *path;	 /* SM_TEE: the file tailed (malloc'd), or NULL */
 	bool console;	 /* SM_TEE: copied to the agent's console */
 	bool line_start; /* the next console byte starts a line */
 	char *fline;	 /* duplicate filter: the current line (AGENT_LINE_MAX) */
@@ -192,8 +193,6 @@ struct crun_agent {
 	struct agent_console *console;
 	int ino_fd;
 	struct event *ino_ev, *tail_more; /* tail_more: a timer */
-	uint64_t con_written[2];	  /* console progress last seen ... */
-	uint64_t con_moved_ms[2];	  /* ... and when it last changed */
 	bool closing;			  /* crun_agent_free: the loop is over */
 	char *filters[2]; /* duplicate filters, stdout/stderr, or NULL */
 	int nfilters[2];
@@ -288,8 +287,9 @@ int console_new(int out_fd, int err_fd, size_t cap_bytes, struct agent_console *
  * "[crun: N lines dropped]" before the next chunk that fits. */
 void console_put(struct agent_console *c, int which, const char *p, size_t n, bool starts_line);
 /* Free bytes in the queue of `which` (SIZE_MAX when nothing is written any
- * more); *ret_written (may be NULL) gets the bytes written so far. */
-size_t console_room(struct agent_console *c, int which, uint64_t *ret_written);
+ * more); *ret_stalled_ms (may be NULL) gets how long bytes have waited
+ * without the writer making progress (0 when the queue is empty). */
+size_t console_room(struct agent_console *c, int which, uint64_t *ret_stalled_ms);
 /* Waits until `need` bytes are free or clock_now_ms() reaches until_ms; true
  * when they are. Blocks: not for the loop while it serves. */
 bool console_wait_room(struct agent_console *c, int which, size_t need, uint64_t until_ms);

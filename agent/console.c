@@ -33,7 +33,8 @@ struct console_q {
 	bool last_nl; /* the last queued byte was '\n' */
 	bool dead;    /* EPIPE or another hard error: discard */
 	bool writing; /* the thread holds bytes it took out of the ring */
-	uint64_t written_bytes; /* progress, for the loop's stall check */
+	uint64_t written_bytes; /* progress ... */
+	uint64_t moved_ms;	/* ... and when it last moved, or the queue filled */
 };
 
 struct agent_console {
@@ -107,6 +108,8 @@ void console_put(struct agent_console *c, int which, const char *p, size_t n, bo
 		q->dropped_total += lines;
 		goto out;
 	}
+	if (q->len == 0)
+		q->moved_ms = clock_now_ms(); /* a stall counts from here */
 	ring_put(q, p, n);
 	pthread_cond_signal(&c->cv);
 out:
@@ -128,7 +131,7 @@ static struct timespec abstime_in(uint32_t timeout_ms)
 	return ts;
 }
 
-size_t console_room(struct agent_console *c, int which, uint64_t *ret_written)
+size_t console_room(struct agent_console *c, int which, uint64_t *ret_stalled_ms)
 {
 	struct console_q *q;
 	size_t room;
@@ -138,8 +141,8 @@ size_t console_room(struct agent_console *c, int which, uint64_t *ret_written)
 	q = q_of(c, which);
 	pthread_mutex_lock(&c->mu);
 	room = q->dead ? SIZE_MAX : q->cap - q->len;
-	if (ret_written)
-		*ret_written = q->written_bytes;
+	if (ret_stalled_ms)
+		*ret_stalled_ms = q->len && !q->dead ? clock_now_ms() - q->moved_ms : 0;
 	pthread_mutex_unlock(&c->mu);
 	return room;
 }
@@ -257,6 +260,7 @@ static void *writer_main(void *arg)
 		q->head = (q->head + n) % q->cap;
 		q->len -= n;
 		q->written_bytes += n;
+		q->moved_ms = clock_now_ms();
 		pthread_cond_broadcast(&c->idle_cv);
 		if (q->dead)
 			q->len = 0;

@@ -204,7 +204,8 @@ static void filter_feed(struct agent_stream *s, const char *p, size_t n, bool eo
 			size_t room = AGENT_LINE_MAX - s->flen;
 			size_t c = MIN(take, room);
 
-			memcpy(s->fline + s->flen, p, c);
+			if (c) /* p is NULL at EOF */
+				memcpy(s->fline + s->flen, p, c);
 			s->flen += c;
 			if (nl && c == take) { /* a whole line: decide, emit, reset */
 				if (filter_match(needles, nn, s->fline, s->flen)) {
@@ -282,24 +283,19 @@ static void console_feed(struct agent_stream *s, const char *p, size_t n)
 }
 
 enum pump_mode {
-	PUMP_LIVE,  /* the loop: wait (retry later) while a reader is slow */
-	PUMP_FORCE, /* the loop, the stream closes: a full queue drops */
-	PUMP_BLOCK, /* after the loop: wait for room until the deadline */
+	PUMP_LIVE,  /* the loop: retry later while a reader is slow, not stalled */
+	PUMP_FORCE, /* a full queue drops (counted); 64 MiB of reads at most */
+	PUMP_BLOCK, /* the end: wait for a reader that progresses, to a deadline */
 };
 
 /* Whether the console of `which` took no byte for AGENT_CONSOLE_STALL_MS
  * while it had some queued: then lines are dropped, not waited for. */
 static bool console_stalled(struct crun_agent *a, int which)
 {
-	int i = which == CRUN_STD_ERR;
-	uint64_t written = 0, now = clock_now_ms();
-	size_t room = console_room(a->console, which, &written);
+	uint64_t stalled_ms = 0;
 
-	if (written != a->con_written[i] || room == AGENT_CONSOLE_BYTES || room == SIZE_MAX) {
-		a->con_written[i] = written;
-		a->con_moved_ms[i] = now;
-	}
-	return now - a->con_moved_ms[i] >= AGENT_CONSOLE_STALL_MS;
+	(void)console_room(a->console, which, &stalled_ms);
+	return stalled_ms >= AGENT_CONSOLE_STALL_MS;
 }
 
 /* Reads up to `rounds` chunks of a teed file; true when more may be left
@@ -309,6 +305,7 @@ static bool tail_pump(struct agent_stream *s, int rounds, enum pump_mode mode, u
 {
 	enum { NEED = TAIL_CHUNK + 8192 }; /* a chunk with its prefixes */
 	bool more = false;
+	int forced = 0;
 	char *buf;
 
 	if (s->tail_fd < 0)
@@ -319,14 +316,25 @@ static bool tail_pump(struct agent_stream *s, int rounds, enum pump_mode mode, u
 	for (int i = 0; i < rounds; i++) {
 		ssize_t n;
 
-		if (s->console && console_room(s->a->console, s->which, NULL) < NEED) {
-			if (mode == PUMP_BLOCK &&
-			    !console_wait_room(s->a->console, s->which, NEED, until_ms))
-				mode = PUMP_FORCE; /* out of time: drop from here on */
-			else if (mode == PUMP_LIVE && !console_stalled(s->a, s->which)) {
-				*ret_waiting = more = true;
-				break;
-			}
+		/* Wait while the reader makes progress; a stalled one (or the
+		 * deadline) turns waiting into dropping. */
+		while (mode == PUMP_BLOCK && s->console &&
+		       console_room(s->a->console, s->which, NULL) < NEED) {
+			if (console_stalled(s->a, s->which) || clock_now_ms() >= until_ms)
+				mode = PUMP_FORCE;
+			else
+				(void)console_wait_room(s->a->console, s->which, NEED,
+							MIN(until_ms, clock_now_ms() + 100));
+		}
+		if (mode == PUMP_LIVE && s->console &&
+		    console_room(s->a->console, s->which, NULL) < NEED &&
+		    !console_stalled(s->a, s->which)) {
+			*ret_waiting = more = true;
+			break;
+		}
+		if (mode == PUMP_FORCE && ++forced > 1024) { /* 64 MiB: enough */
+			more = true;
+			break;
 		}
 		n = read(s->tail_fd, buf, TAIL_CHUNK);
 		if (n < 0 && errno == EINTR)
@@ -340,6 +348,15 @@ static bool tail_pump(struct agent_stream *s, int rounds, enum pump_mode mode, u
 	if (!more && mode != PUMP_LIVE)
 		filter_feed(s, NULL, 0, true);
 	free(buf);
+	if (more && mode != PUMP_LIVE && s->console && s->path) {
+		char note[PATH_MAX + 64];
+		int n = snprintf(note, sizeof(note), "%s[crun: the rest is in %s]\n",
+				 s->line_start ? "" : "\n", s->path);
+
+		/* Closing with more than the bound left: say where it is. */
+		console_put(s->a->console, s->which, note, (size_t)MIN(n, (int)sizeof(note) - 1),
+			    false);
+	}
 	return more;
 }
 
@@ -385,6 +402,7 @@ static void stream_reset(struct agent_stream *s)
 	s->child_fd = s->tail_fd = s->wd = -1;
 	s->mode = SM_DIRECT;
 	s->fline = NULL;
+	s->path = NULL;
 }
 
 void logs_reset_worker(struct worker *w)
@@ -431,6 +449,9 @@ static int open_stream(struct crun_agent *a, struct worker *w, struct agent_stre
 	s->console = shown;
 	if (!shown && !a->filters[which == CRUN_STD_ERR])
 		return 0;
+	s->path = str_dup(path);
+	if (!s->path)
+		return CRUN_ENOMEM;
 	s->tail_fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (s->tail_fd < 0)
 		return -errno;
@@ -481,10 +502,12 @@ static void close_stream(struct crun_agent *a, struct agent_stream *s)
 {
 	bool waiting = false;
 
-	/* Bounded: a huge backlog stays in its file; the console gets what
-	 * fits in 64 MiB of reads. */
-	(void)tail_pump(s, 1024, a->closing ? PUMP_BLOCK : PUMP_FORCE,
-			clock_now_ms() + AGENT_CONSOLE_FLUSH_MS, &waiting);
+	/* The end of an attempt: wait for a reader that keeps reading, for
+	 * AGENT_CONSOLE_FLUSH_MS at most (on the loop too: a stalled reader costs
+	 * it AGENT_CONSOLE_STALL_MS once); then drop, 64 MiB of reads at most. */
+	(void)a;
+	(void)tail_pump(s, INT_MAX, PUMP_BLOCK, clock_now_ms() + AGENT_CONSOLE_FLUSH_MS,
+			&waiting);
 	drop_child_fd(s);
 	if (s->wd >= 0 && a->ino_fd >= 0)
 		(void)inotify_rm_watch(a->ino_fd, s->wd);
@@ -493,6 +516,8 @@ static void close_stream(struct crun_agent *a, struct agent_stream *s)
 	s->tail_fd = -1;
 	free(s->fline);
 	s->fline = NULL;
+	free(s->path);
+	s->path = NULL;
 }
 
 void logs_close_worker(struct crun_agent *a, struct worker *w)
@@ -554,8 +579,8 @@ void logs_flush_console(struct crun_agent *a, uint32_t timeout_ms)
 	bool waiting = false;
 
 	for (int i = 0; a->workers && i < a->nworkers; i++) {
-		(void)tail_pump(&a->workers[i].out, 1024, PUMP_BLOCK, until, &waiting);
-		(void)tail_pump(&a->workers[i].err, 1024, PUMP_BLOCK, until, &waiting);
+		(void)tail_pump(&a->workers[i].out, INT_MAX, PUMP_BLOCK, until, &waiting);
+		(void)tail_pump(&a->workers[i].err, INT_MAX, PUMP_BLOCK, until, &waiting);
 	}
 	(void)console_flush(a->console, (uint32_t)(until > clock_now_ms() ? until - clock_now_ms()
 									  : 0));

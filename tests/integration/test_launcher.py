@@ -236,7 +236,9 @@ def test_help_and_version(procs):
 
 def test_options_end_at_the_program(procs, tmp_path):
     script = tmp_path / "args.py"
-    script.write_text("import sys, os\nprint('ARGS', os.environ['LOCAL_RANK'], sys.argv[1:])\n")
+    # One write per worker: both share crun's stdout (as under torchrun).
+    script.write_text("import sys, os\n"
+                      "sys.stdout.write(f\"ARGS {os.environ['LOCAL_RANK']} {sys.argv[1:]}\\n\")\n")
     rc, out, err = run(procs, ["--standalone", "--nproc_per_node=2", str(script),
                                "--nproc_per_node=9", "-m", "x${local_rank}y"])
     assert rc == 0, err
