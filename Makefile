@@ -62,21 +62,39 @@ ALL_CFLAGS = $(BASE_CFLAGS) $(DEP_CFLAGS) $(CFLAGS)
 LIBS = $(DEP_LIBS) -lm -ldl
 
 # ---- the library: every module but cmd/ --------------------------------------
+# libcrun never links CUDA or NCCL (STYLE §7): the .cu kernels and the NCCL
+# backend (worker_sdk/nccl*.c) go into libcrun-cuda.so.0, which links them
+# itself and which the SDK dlopens (kernels/cuda_load.c).
 MODULES := common store rendezvous agent worker_sdk kernels
-LIB_SRCS := $(filter-out kernels/kernels_stub.c,$(foreach m,$(MODULES),$(wildcard $(m)/*.c)))
+GPU_C_SRCS := $(wildcard worker_sdk/nccl*.c)
+LIB_SRCS := $(filter-out $(GPU_C_SRCS),$(foreach m,$(MODULES),$(wildcard $(m)/*.c)))
 CU_SRCS := $(wildcard kernels/*.cu)
-
-ifeq ($(WITH_CUDA),1)
-  ALL_CFLAGS += -DCRUN_WITH_CUDA=1 -I$(CUDA_HOME)/include
-  LIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lnccl -lstdc++
-  CU_OBJS := $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CU_SRCS))
-else
-  LIB_SRCS += $(wildcard kernels/kernels_stub.c)
-  CU_OBJS :=
-endif
-LIB_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRCS)) $(CU_OBJS)
+LIB_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRCS))
 LIBA := $(BUILD)/lib/libcrun.a
 LIBSO := $(BUILD)/lib/libcrun.so.0
+LIBCUDA := $(BUILD)/lib/libcrun-cuda.so.0
+GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/*.c))
+
+comma := ,
+ifeq ($(WITH_CUDA),1)
+  # sm_80 and sm_90 machine code, plus PTX of the newest architecture this
+  # nvcc knows, which the driver JITs on GPUs newer than both.
+  CUDA_ARCH_NEWEST := $(shell $(NVCC) --list-gpu-arch 2>/dev/null | \
+	sed -n 's/^compute_\([0-9]*\)$$/\1/p' | sort -n | tail -1)
+  CUDA_GENCODE := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+	$(if $(CUDA_ARCH_NEWEST),-gencode arch=compute_$(CUDA_ARCH_NEWEST)$(comma)code=compute_$(CUDA_ARCH_NEWEST))
+  NVCCFLAGS ?= -O3 -lineinfo
+  CUDA_OBJS := $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CU_SRCS)) \
+	$(patsubst %.c,$(BUILD)/obj-cuda/%.o,$(GPU_C_SRCS))
+  CUDA_TARGETS := $(LIBCUDA) $(GPU_TESTS)
+else
+  CUDA_TARGETS :=
+endif
+# The GPU object is not built with the sanitizers: it is dlopened into
+# processes that may or may not carry their runtime.
+CUDA_CFLAGS = -std=gnu11 -D_GNU_SOURCE -fPIC -fvisibility=hidden -pthread $(WARN) -I. -Iinclude \
+	-isystem $(CUDA_HOME)/include -MMD -MP $(CFLAGS)
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart -lnccl -lstdc++ -lm -ldl -pthread
 
 PROGS := $(patsubst cmd/%.c,$(BUILD)/bin/%,$(wildcard cmd/*.c))
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
@@ -85,8 +103,8 @@ UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/t
 TEST_HELPERS := $(patsubst tests/helpers/%.c,$(BUILD)/tests/helpers/%,$(wildcard tests/helpers/*.c))
 
 .PHONY: all test unit integration fuzz fuzz-run lint check-layers demo bench clean \
-	test-deps gpu-test print-config
-all: $(PROGS) $(LIBA) $(LIBSO) $(EXAMPLES) $(BENCHES) $(BUILD)/crun.pc
+	test-deps gpu-test gpu-check print-config install uninstall deb bench-scale
+all: $(PROGS) $(LIBA) $(LIBSO) $(EXAMPLES) $(BENCHES) $(BUILD)/crun.pc $(CUDA_TARGETS)
 	@echo "built crun (WITH_CUDA=$(WITH_CUDA), SAN=$(SAN)) under $(BUILD)/"
 
 print-config:
@@ -97,12 +115,34 @@ $(BUILD)/obj/%.o: %.c $(BUILD)/config.mk
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(ALL_CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/%.cu.o: %.cu
+# -Xptxas -v: registers, spills and shared memory per kernel in the .ptxas
+# file next to the object (read it after touching a kernel).
+$(BUILD)/obj/%.cu.o: %.cu kernels/cuda_int.h kernels/kernels.h
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  NVCC    $<")
-	$(Q)$(NVCC) -O3 -std=c++17 -I. -Iinclude -Xcompiler -fPIC,-fvisibility=hidden \
-		-gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=sm_80 \
-		-c $< -o $@
+	$(Q)$(NVCC) $(NVCCFLAGS) -std=c++17 -I. -Iinclude -Xcompiler -fPIC,-fvisibility=hidden \
+		$(CUDA_GENCODE) -Xptxas -v -c $< -o $@ 2> $@.ptxas || { cat $@.ptxas; exit 1; }
+	$(Q)grep -i 'warning' $@.ptxas >&2 || true
+
+$(BUILD)/obj-cuda/%.o: %.c
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  CC      $< (GPU object)")
+	$(Q)$(CC) $(CUDA_CFLAGS) -c $< -o $@
+
+# The GPU object: self-contained (-z defs: nothing from libcrun), exporting
+# only its versioned entry points, no runpath (found next to libcrun).
+$(LIBCUDA): $(CUDA_OBJS) kernels/cuda.map
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) -shared -Wl,-soname,libcrun-cuda.so.0 -Wl,--version-script=kernels/cuda.map \
+		-Wl,-z,defs -o $@ $(CUDA_OBJS) $(CUDA_LIBS)
+
+# GPU tests (not installed): the SDK plus cuBLAS / NCCL for the baselines.
+$(BUILD)/tests/gpu/%: tests/gpu/%.c $(LIBA) $(BUILD)/config.mk
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CUDA_CFLAGS) $(SANFLAGS) -Wno-missing-prototypes -Itests -o $@ $< $(LIBA) $(LIBS) \
+		-L$(CUDA_HOME)/lib64 -lcudart -lcublas -lnccl -Wl,-rpath,$(CUDA_HOME)/lib64
 
 $(LIBA): $(LIB_OBJS)
 	@mkdir -p $(@D)
@@ -139,6 +179,12 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(LIBA)
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(BASE_LDFLAGS) -o $@ $< $(LIBA) $(LIBS) $(CHECK_LIBS)
 
+# A stand-in GPU object for test_backend (no CUDA): the nccl path on any host.
+$(BUILD)/tests/test_backend: $(BUILD)/tests/libfake_backend.so
+$(BUILD)/tests/libfake_backend.so: tests/unit/fake_backend.c worker_sdk/backend_int.h
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(BASE_CFLAGS) $(CFLAGS) -Wno-missing-prototypes -shared -Wl,-z,defs -o $@ $<
+
 $(BUILD)/tests/helpers/%: $(BUILD)/obj/tests/helpers/%.o $(LIBA)
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(BASE_LDFLAGS) -o $@ $< $(LIBA) $(LIBS)
@@ -152,6 +198,7 @@ test-deps:
 
 test: test-deps all $(UNIT_TESTS) $(TEST_HELPERS)
 	$(Q)$(MAKE) --no-print-directory unit
+	$(Q)$(MAKE) --no-print-directory gpu-check
 	$(Q)$(MAKE) --no-print-directory integration
 	$(Q)$(MAKE) --no-print-directory fuzz-run
 	@echo "make test: all suites passed"
@@ -167,13 +214,13 @@ integration: all $(TEST_HELPERS)
 FUZZ_BUILD := build-fuzz
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZERS := $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/%,$(FUZZ_SRCS))
-FUZZ_LIB_SRCS := $(wildcard common/*.c) store/proto.c
+FUZZ_LIB_SRCS := $(wildcard common/*.c) store/proto.c store/auth.c
 
 fuzz: $(FUZZERS)
 $(FUZZ_BUILD)/%: tests/fuzz/%.c $(FUZZ_LIB_SRCS) $(wildcard store/*.h common/*.h include/crun/*.h)
 	@mkdir -p $(@D)
 	$(Q)clang -std=gnu11 -D_GNU_SOURCE -g -O1 -I. -Iinclude \
-		-fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_LIB_SRCS)
+		-fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_LIB_SRCS) -lcrypto
 
 fuzz-run: $(FUZZERS)
 	$(Q)set -e; for f in $(FUZZERS); do \
@@ -185,8 +232,18 @@ fuzz-run: $(FUZZERS)
 		grep -E 'stat::number_of_executed_units|Done [0-9]+ runs' $(FUZZ_BUILD)/$$n.log; \
 	done
 
-gpu-test: all
-	$(Q)sh tests/gpu/run.sh
+# The GPU suite with benchmarks (tests/gpu/run.sh; OUT=dir for the table).
+gpu-test:
+	$(Q)sh tests/gpu/run.sh $(BUILD)
+
+# What `make test` runs: the GPU correctness tests without the benchmarks;
+# on a host without a device they report "skipped: no CUDA device".
+gpu-check: all
+ifeq ($(WITH_CUDA),1)
+	$(Q)GPU_QUICK=1 sh tests/gpu/run.sh $(BUILD)
+else
+	@echo "gpu-check: skipped (WITH_CUDA=0)"
+endif
 
 # ---- lint --------------------------------------------------------------------
 SRC_ALL := $(wildcard */*.c */*.h include/crun/*.h tests/*/*.c)
@@ -205,6 +262,95 @@ demo: all
 
 bench: all
 	$(Q)sh bench/run.sh $(BUILD)
+
+# ---- install ----------------------------------------------------------------
+# `make install PREFIX=/usr/local DESTDIR=...`: programs, the library (shared
+# with its soname, static), public headers, crun.pc, man pages, the systemd
+# units and example configs (configs never overwrite what is already there).
+PREFIX ?= /usr/local
+DESTDIR ?=
+BINDIR := $(PREFIX)/bin
+LIBDIR := $(PREFIX)/lib
+INCDIR := $(PREFIX)/include
+MANDIR := $(PREFIX)/share/man
+UNITDIR := $(PREFIX)/lib/systemd/system
+SYSCONFDIR := $(if $(filter /usr,$(PREFIX)),/etc,$(PREFIX)/etc)
+INST = install -m 644
+DATADIR := $(PREFIX)/share/crun
+UNITS := $(wildcard configs/systemd/*.service)
+# /etc/crun/rdzvd.json is what crun-rdzvd.service reads; job configs for
+# crun-agent@.service are per job (/etc/crun/agents/JOB.json), so the
+# examples, the schemas and the dashboard go to $(DATADIR).
+ETC_CONFIGS := configs/examples/rdzvd.json
+DATA := $(wildcard configs/*.schema.json configs/examples/*.json configs/grafana/*.json)
+.SECONDEXPANSION:
+# Man pages, each generated from what it documents so it cannot drift: crun
+# and crun-agent from the option table (--print-man), crun-rdzvd and crunctl
+# from their --help, libcrun(3) from the public headers.
+MANPAGES := $(BUILD)/man/crun.1 $(BUILD)/man/crun-agent.8 $(BUILD)/man/crun-rdzvd.8 \
+	$(BUILD)/man/crunctl.1 $(BUILD)/man/libcrun.3
+
+$(BUILD)/man/crun.1 $(BUILD)/man/crun-agent.8: $(BUILD)/man/%: $(BUILD)/bin/$$(basename %)
+	@mkdir -p $(@D)
+	$(Q)$< --print-man > $@.tmp && mv $@.tmp $@
+$(BUILD)/man/crun-rdzvd.8: $(BUILD)/bin/crun-rdzvd scripts/help2man.sh
+	@mkdir -p $(@D)
+	$(Q)sh scripts/help2man.sh $< 8 "TCPStore-compatible store and rendezvous daemon" > $@.tmp
+	$(Q)mv $@.tmp $@
+$(BUILD)/man/crunctl.1: $(BUILD)/bin/crunctl scripts/help2man.sh
+	@mkdir -p $(@D)
+	$(Q)sh scripts/help2man.sh $< 1 "status of crun jobs, agents and rendezvous daemons" > $@.tmp
+	$(Q)mv $@.tmp $@
+$(BUILD)/man/libcrun.3: $(wildcard include/crun/*.h) scripts/libcrun-man.sh
+	@mkdir -p $(@D)
+	$(Q)sh scripts/libcrun-man.sh $(sort $(wildcard include/crun/*.h)) > $@.tmp && mv $@.tmp $@
+
+install: all $(MANPAGES)
+	$(Q)install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCDIR)/crun
+	$(Q)install -m 755 $(PROGS) $(DESTDIR)$(BINDIR)/
+	$(Q)install -m 755 $(LIBSO) $(DESTDIR)$(LIBDIR)/libcrun.so.0
+	$(Q)$(if $(filter 1,$(WITH_CUDA)),install -m 755 $(LIBCUDA) $(DESTDIR)$(LIBDIR)/)
+	$(Q)ln -sf libcrun.so.0 $(DESTDIR)$(LIBDIR)/libcrun.so
+	$(Q)$(INST) $(LIBA) $(DESTDIR)$(LIBDIR)/
+	$(Q)$(INST) include/crun/*.h $(DESTDIR)$(INCDIR)/crun/
+	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@INCLUDE@|$${prefix}/include|' crun.pc.in \
+		> $(DESTDIR)$(LIBDIR)/pkgconfig/crun.pc
+	$(Q)for m in $(MANPAGES); do s=$${m##*.}; install -d $(DESTDIR)$(MANDIR)/man$$s; \
+		$(INST) $$m $(DESTDIR)$(MANDIR)/man$$s/; done
+	$(Q)install -d $(DESTDIR)$(UNITDIR) $(DESTDIR)$(DATADIR)
+	$(Q)for u in $(UNITS); do sed -e 's|/usr/bin/|$(BINDIR)/|g' -e 's|/etc/crun/|$(SYSCONFDIR)/crun/|g' \
+		$$u > $(DESTDIR)$(UNITDIR)/$$(basename $$u) && chmod 644 $(DESTDIR)$(UNITDIR)/$$(basename $$u); done
+	$(Q)$(INST) $(DATA) $(DESTDIR)$(DATADIR)/
+	$(Q)install -d $(DESTDIR)$(SYSCONFDIR)/crun
+	$(Q)for f in $(ETC_CONFIGS); do t=$(DESTDIR)$(SYSCONFDIR)/crun/$$(basename $$f); \
+		[ -e $$t ] || $(INST) $$f $$t; done
+	@echo "installed crun under $(DESTDIR)$(PREFIX)"
+
+# Removes what install put there, except configs an operator may have edited.
+uninstall:
+	$(Q)rm -f $(foreach p,$(PROGS),$(DESTDIR)$(BINDIR)/$(notdir $(p))) \
+		$(DESTDIR)$(LIBDIR)/libcrun.so.0 $(DESTDIR)$(LIBDIR)/libcrun.so \
+		$(DESTDIR)$(LIBDIR)/libcrun-cuda.so.0 \
+		$(DESTDIR)$(LIBDIR)/libcrun.a $(DESTDIR)$(LIBDIR)/pkgconfig/crun.pc \
+		$(foreach h,$(wildcard include/crun/*.h),$(DESTDIR)$(INCDIR)/crun/$(notdir $(h))) \
+		$(foreach u,$(UNITS),$(DESTDIR)$(UNITDIR)/$(notdir $(u))) \
+		$(foreach m,$(MANPAGES),$(DESTDIR)$(MANDIR)/man$(subst .,,$(suffix $(m)))/$(notdir $(m))) \
+		$(foreach f,$(DATA),$(DESTDIR)$(DATADIR)/$(notdir $(f)))
+	$(Q)rmdir $(DESTDIR)$(INCDIR)/crun $(DESTDIR)$(DATADIR) 2>/dev/null || true
+
+# Debian packages from debian/ (needs debhelper; installed on demand).
+deb:
+	$(Q)sh scripts/deps.sh deb
+	$(Q)dpkg-buildpackage -us -uc -b
+
+# The scale benchmarks (not part of make test): the worker-init storm against
+# crun's stores and PyTorch's servers, with local and slow name lookups.
+bench-scale: all
+	$(Q)sh scripts/deps.sh bench
+	$(Q)mkdir -p $(BUILD)/bench/scale
+	$(Q)for r in local slow; do /usr/bin/python3 bench/storm_bench.py $(BUILD) --resolver $$r \
+		--out $(BUILD)/bench/scale/storm-$$r.md --json $(BUILD)/bench/scale/storm-$$r.json \
+		--plot $(BUILD)/bench/scale/storm-$$r.svg || exit 1; done
 
 clean:
 	rm -rf build build-san build-fuzz

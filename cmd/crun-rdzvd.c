@@ -1,7 +1,9 @@
 /* crun-rdzvd: serves crun's TCPStore-compatible store (store/server.c) in the
- * foreground. Argument parsing, limits, signals and readiness only; the store
- * itself lives in store/. Exit codes: 0 after SIGTERM/SIGINT, 1 when the store
- * cannot start, 2 for a bad flag or value.
+ * foreground. Argument parsing (flags, or --config FILE.json read as flags),
+ * limits, signals, systemd's notify protocol (common/notify.c) and the status
+ * page (agent/status.c) only; the store itself lives in store/. Exit codes: 0
+ * after SIGTERM/SIGINT, 1 when the store cannot start, 2 for a bad flag or
+ * value.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -11,78 +13,167 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
 #include <event2/event.h>
 
+#include "agent/agent.h"
 #include "common/common.h"
+#include "store/auth.h"
 #include "store/store.h"
+#include "store/tls.h"
 
 #define PROG "crun-rdzvd"
 
+extern char **environ;
+
 enum {
-	OPT_MAX_KEY = 0x100,
-	OPT_MAX_VALUE,
-	OPT_MAX_ITEMS,
-	OPT_MAX_CONNS,
-	OPT_MAX_CONN_BUF,
-	OPT_MAX_TOTAL,
-	OPT_BACKLOG,
+	OPT_BACKLOG = 0x100,
 	OPT_LOG_LEVEL,
 	OPT_VERSION,
+	OPT_STATUS,
+	OPT_CONFIG,
+	OPT_PRINT_SCHEMA,
+	OPT_AUTH_FILE,
+	OPT_AUTH_DIR,
+	OPT_INSECURE,
+	OPT_TLS_CERT,
+	OPT_TLS_KEY,
+	OPT_TLS_CA,
+	OPT_TLS_MIN,
+	OPT_LIMIT, /* OPT_LIMIT + i: tunable i of store_server_limits() */
 };
 
-static const struct option long_opts[] = {
+/* Security flags (see usage): where the secrets come from, and whether a
+ * non-loopback listener without them is allowed. */
+struct sec_opts {
+	const char *secret_file;
+	const char *secrets_dir;
+	bool insecure;
+	struct store_tls_opts tls;
+};
+
+static const struct option fixed_opts[] = {
     {"host", required_argument, NULL, 'H'},
     {"port", required_argument, NULL, 'p'},
-    {"max-key-bytes", required_argument, NULL, OPT_MAX_KEY},
-    {"max-value-bytes", required_argument, NULL, OPT_MAX_VALUE},
-    {"max-keys-per-request", required_argument, NULL, OPT_MAX_ITEMS},
-    {"max-conns", required_argument, NULL, OPT_MAX_CONNS},
-    {"max-conn-buffer-bytes", required_argument, NULL, OPT_MAX_CONN_BUF},
-    {"max-total-value-bytes", required_argument, NULL, OPT_MAX_TOTAL},
     {"backlog", required_argument, NULL, OPT_BACKLOG},
     {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+    {"status", required_argument, NULL, OPT_STATUS},
+    {"config", required_argument, NULL, OPT_CONFIG},
+    {"print-schema", no_argument, NULL, OPT_PRINT_SCHEMA},
+    {"auth-secret-file", required_argument, NULL, OPT_AUTH_FILE},
+    {"auth-secrets-dir", required_argument, NULL, OPT_AUTH_DIR},
+    {"insecure", no_argument, NULL, OPT_INSECURE},
+    {"tls-cert", required_argument, NULL, OPT_TLS_CERT},
+    {"tls-key", required_argument, NULL, OPT_TLS_KEY},
+    {"tls-ca", required_argument, NULL, OPT_TLS_CA},
+    {"tls-min-version", required_argument, NULL, OPT_TLS_MIN},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, OPT_VERSION},
-    {NULL, 0, NULL, 0},
 };
+
+/* The fixed flags, then one --NAME per store tunable, then the terminator. */
+static struct option long_opts[ARRAY_SIZE(fixed_opts) + 32 + 1];
+
+static void build_opts(void)
+{
+	size_t n, k = ARRAY_SIZE(fixed_opts);
+	const struct store_server_limit *l = store_server_limits(&n);
+
+	memcpy(long_opts, fixed_opts, sizeof(fixed_opts));
+	for (size_t i = 0; i < n && k < ARRAY_SIZE(long_opts) - 1; i++, k++)
+		long_opts[k] =
+		    (struct option){l[i].name, required_argument, NULL, OPT_LIMIT + (int)i};
+}
+
+/* "--max-keys N", then its help and default word-wrapped under it. */
+static void usage_limit(FILE *f, const struct store_server_limit *l, uint64_t def)
+{
+	char text[320];
+	const char *p = text;
+	int r;
+
+	fprintf(f, "      --%s %s\n", l->name, strcmp(l->unit, "seconds") ? "N" : "SECONDS");
+	if (def == 0 && l->zero)
+		r = str_printf(text, sizeof(text), "%s (default: %s)", l->help, l->zero);
+	else
+		r = str_printf(text, sizeof(text), "%s (default %llu%s%s)", l->help,
+			       (unsigned long long)def, l->zero ? "; 0: " : "",
+			       l->zero ? l->zero : "");
+	if (r < 0)
+		return;
+	while (*p) {
+		size_t n = strlen(p);
+
+		if (n > 68) {
+			n = 68;
+			while (n && p[n] != ' ')
+				n--;
+			if (!n)
+				n = 68;
+		}
+		fprintf(f, "          %.*s\n", (int)n, p);
+		p += n;
+		while (*p == ' ')
+			p++;
+	}
+}
 
 static void usage(FILE *f)
 {
 	const struct store_server_config d = STORE_SERVER_CONFIG_DEFAULT;
+	const struct store_server_limit *l;
+	size_t n;
 
-	fprintf(
-	    f,
-	    "usage: " PROG " [--host ADDR] [--port N] [options]\n"
-	    "\n"
-	    "Serves a key-value store that speaks PyTorch's TCPStore protocol (torch 1.13\n"
-	    "and 2.x clients, dialect detected per connection) in the foreground. Prints\n"
-	    "'" PROG " listening on ADDR:PORT' once ready; exits 0 on SIGTERM or SIGINT.\n"
-	    "\n"
-	    "  -H, --host ADDR               address or name to bind (default: all\n"
-	    "                                interfaces, IPv6 dual stack, else 0.0.0.0)\n"
-	    "  -p, --port N                  TCP port, 0 picks a free one (default 29400)\n"
-	    "      --max-key-bytes N         longest key accepted (default %zu)\n"
-	    "      --max-value-bytes N       longest value accepted (default %zu)\n"
-	    "      --max-keys-per-request N  keys per CHECK/WAIT/MULTI_* (default %llu)\n"
-	    "      --max-conns N             open client connections (default %u)\n"
-	    "      --max-conn-buffer-bytes N input or output buffered per connection\n"
-	    "                                (default %zu)\n"
-	    "      --max-total-value-bytes N all values and queued items together\n"
-	    "                                (default %zu)\n"
-	    "      --backlog N               listen backlog (default: SOMAXCONN)\n"
-	    "      --log-level LEVEL         error, warn, info (default), debug, trace\n"
-	    "  -h, --help                    show this help and exit\n"
-	    "      --version                 print the version and exit\n"
-	    "\n"
-	    "A request over a limit, or a malformed one, closes that connection only.\n"
-	    "Exit status: 0 after SIGTERM/SIGINT, 1 if the store cannot start, 2 for a bad flag.\n",
-	    d.limits.max_key_bytes, d.limits.max_value_bytes,
-	    (unsigned long long)d.limits.max_items, d.max_conns, d.max_conn_buffered_bytes,
-	    d.max_total_value_bytes);
+	fprintf(f,
+		"usage: " PROG " [--host ADDR] [--port N] [options]\n"
+		"\n"
+		"Serves a key-value store that speaks PyTorch's TCPStore protocol (torch 1.13\n"
+		"and 2.x clients, dialect detected per connection) in the foreground. Prints\n"
+		"'" PROG " listening on ADDR:PORT' once ready; exits 0 on SIGTERM or SIGINT.\n"
+		"\n"
+		"  -H, --host ADDR                   address or name to bind (default 127.0.0.1;\n"
+		"                                    \"\" or :: = every interface, dual stack)\n"
+		"  -p, --port N                      TCP port, 0 picks a free one (default 29400)\n"
+		"      --backlog N                   listen backlog (default: SOMAXCONN)\n"
+		"      --log-level LEVEL             error, warn, info (default), debug, trace\n"
+		"      --status ADDR:PORT            serve /healthz, /status and /metrics over\n"
+		"                                    HTTP; 'off' for none (default 127.0.0.1:0,\n"
+		"                                    a free port, printed once listening)\n"
+		"      --config FILE.json            settings as JSON: host, port, backlog,\n"
+		"                                    log-level, status and limits.NAME for the\n"
+		"                                    limits below; a flag wins over the file;\n"
+		"                                    SIGHUP reads it again\n"
+		"      --print-schema                print the JSON schema of --config and exit\n"
+		"\n"
+		"Security (without a secret or TLS only loopback addresses are served):\n"
+		"      --auth-secret-file FILE       every client must prove it knows this secret\n"
+		"                                    (mode 0600, 16+ bytes; env\n"
+		"                                    CRUN_AUTH_SECRET_FILE)\n"
+		"      --auth-secrets-dir DIR        one secret file per run id (the file name):\n"
+		"                                    a client of run id J sees only J's keys\n"
+		"      --insecure                    allow a non-loopback --host without a secret\n"
+		"                                    or TLS\n"
+		"      --tls-cert FILE               serve TLS with this PEM certificate chain\n"
+		"      --tls-key FILE                its PEM private key (default: in --tls-cert)\n"
+		"      --tls-ca FILE                 require client certificates signed by this\n"
+		"                                    CA (mutual TLS)\n"
+		"      --tls-min-version V           1.3 (default) or 1.2\n"
+		"  -h, --help                        show this help and exit\n"
+		"      --version                     print the version and exit\n"
+		"\n"
+		"Limits (every one is on by default; sizes in bytes, times in seconds):\n");
+	l = store_server_limits(&n);
+	for (size_t i = 0; i < n; i++)
+		usage_limit(f, &l[i], store_server_limit_get(&d, i));
+	fprintf(f,
+		"\n"
+		"A request over a limit, a malformed one, or a client over a budget closes that\n"
+		"connection only, with a WARN line (at most 10 a second) naming the reason.\n"
+		"A client whose replies are not read is not read either (backpressure).\n"
+		"Exit status: 0 after SIGTERM/SIGINT, 1 if the store cannot start, 2 for a bad "
+		"flag.\n");
 }
 
 static _Noreturn void bad_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -99,22 +190,6 @@ static _Noreturn void bad_usage(const char *fmt, ...)
 	exit(2);
 }
 
-/* A flag's integer in [min, max]; exits 2 naming the flag otherwise. */
-static uint64_t flag_uint(const char *flag, const char *val, uint64_t min, uint64_t max)
-{
-	char range[64];
-	uint64_t v;
-
-	if (parse_uint_range(val, min, max, &v) == 0)
-		return v;
-	if (str_printf(range, sizeof(range), "an integer in [%llu, %llu]", (unsigned long long)min,
-		       (unsigned long long)max) < 0)
-		range[0] = '\0';
-	fprintf(stderr, PROG ": --%s: expected %s, got '%s'\ntry '" PROG " --help'\n", flag, range,
-		val);
-	exit(2);
-}
-
 static int level_from_name(const char *s)
 {
 	static const char *const names[] = {"error", "warn", "info", "debug", "trace"};
@@ -125,13 +200,34 @@ static int level_from_name(const char *s)
 	return -1;
 }
 
-static void parse_args(int argc, char **argv, struct store_server_config *cfg)
+static int print_schema(void);
+
+/* What the daemon keeps beside the store's config. */
+struct daemon_opts {
+	const char *status; /* --status, NULL: off */
+	const char *config; /* --config, or NULL */
+	char **file_argv;   /* the file's settings as flags (owned) */
+	int file_argc;
+};
+
+static void parse_args(int argc, char **argv, struct store_server_config *cfg, struct sec_opts *sec,
+		       struct daemon_opts *d)
 {
-	const uint64_t big = (uint64_t)1 << 40; /* 1 TiB: keeps size arithmetic safe */
+	char err[256];
+	uint64_t v;
 	int o, lvl;
 
+	build_opts();
 	opterr = 0;
 	while ((o = getopt_long(argc, argv, ":H:p:h", long_opts, NULL)) != -1) {
+		if (o >= OPT_LIMIT) {
+			/* long_opts[] lists the tunables in table order. */
+			const char *name = long_opts[ARRAY_SIZE(fixed_opts) + (o - OPT_LIMIT)].name;
+
+			if (store_server_config_set(cfg, name, optarg, err, sizeof(err)) < 0)
+				bad_usage("--%s", err);
+			continue;
+		}
 		switch (o) {
 		case 'H':
 			cfg->host = optarg;
@@ -142,30 +238,17 @@ static void parse_args(int argc, char **argv, struct store_server_config *cfg)
 			}
 			break;
 		case 'p':
-			cfg->port = (uint16_t)flag_uint("port", optarg, 0, 65535);
-			break;
-		case OPT_MAX_KEY:
-			cfg->limits.max_key_bytes = flag_uint("max-key-bytes", optarg, 1, big);
-			break;
-		case OPT_MAX_VALUE:
-			cfg->limits.max_value_bytes = flag_uint("max-value-bytes", optarg, 1, big);
-			break;
-		case OPT_MAX_ITEMS:
-			cfg->limits.max_items = flag_uint("max-keys-per-request", optarg, 1, big);
-			break;
-		case OPT_MAX_CONNS:
-			cfg->max_conns = (uint32_t)flag_uint("max-conns", optarg, 1, UINT32_MAX);
-			break;
-		case OPT_MAX_CONN_BUF:
-			cfg->max_conn_buffered_bytes =
-			    flag_uint("max-conn-buffer-bytes", optarg, 64, big);
-			break;
-		case OPT_MAX_TOTAL:
-			cfg->max_total_value_bytes =
-			    flag_uint("max-total-value-bytes", optarg, 1, big * 64);
+			if (parse_uint_range(optarg, 0, 65535, &v) < 0)
+				bad_usage("--port: expected an integer in [0, 65535], got '%s'",
+					  optarg);
+			cfg->port = (uint16_t)v;
 			break;
 		case OPT_BACKLOG:
-			cfg->backlog = (int)flag_uint("backlog", optarg, 1, 1 << 20);
+			if (parse_uint_range(optarg, 1, 1 << 20, &v) < 0)
+				bad_usage(
+				    "--backlog: expected an integer in [1, 1048576], got '%s'",
+				    optarg);
+			cfg->backlog = (int)v;
 			break;
 		case OPT_LOG_LEVEL:
 			lvl = level_from_name(optarg);
@@ -174,6 +257,37 @@ static void parse_args(int argc, char **argv, struct store_server_config *cfg)
 					  "trace, got '%s'",
 					  optarg);
 			log_max_level = lvl;
+			break;
+		case OPT_STATUS:
+			d->status = strcmp(optarg, "off") == 0 || !*optarg ? NULL : optarg;
+			break;
+		case OPT_CONFIG:
+			break; /* read before the flags (read_config) */
+		case OPT_PRINT_SCHEMA:
+			exit(print_schema());
+		case OPT_AUTH_FILE:
+			sec->secret_file = optarg;
+			break;
+		case OPT_AUTH_DIR:
+			sec->secrets_dir = optarg;
+			break;
+		case OPT_INSECURE:
+			sec->insecure = true;
+			break;
+		case OPT_TLS_CERT:
+			sec->tls.cert = optarg;
+			break;
+		case OPT_TLS_KEY:
+			sec->tls.key = optarg;
+			break;
+		case OPT_TLS_CA:
+			sec->tls.ca = optarg;
+			break;
+		case OPT_TLS_MIN:
+			if (strcmp(optarg, "1.2") && strcmp(optarg, "1.3"))
+				bad_usage("--tls-min-version: expected 1.2 or 1.3, got '%s'",
+					  optarg);
+			sec->tls.min_version = optarg[2] == '2' ? 12 : 13;
 			break;
 		case 'h':
 			usage(stdout);
@@ -203,30 +317,282 @@ static void raise_nofile(void)
 		log_at(LL_WARN, SUB_CMD, "cannot raise RLIMIT_NOFILE: %s", strerror(errno));
 }
 
-/* systemd Type=notify readiness without libsystemd: one datagram to
- * $NOTIFY_SOCKET ('@' = abstract namespace). Best effort. */
-static void notify_ready(void)
+/* One INFO line with the limits an operator asks about first; a --max-conns
+ * the fd limit cannot back is worth a WARN (those clients are refused at
+ * accept, cleanly, but refused). */
+static void log_limits(const struct store_server *srv)
 {
-	const char *path = getenv("NOTIFY_SOCKET");
-	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	size_t len;
-	int fd;
+	const struct store_server_config *c = store_server_get_config(srv);
+	struct rlimit rl;
 
-	if (!path || (path[0] != '/' && path[0] != '@'))
+	log_at(LL_INFO, SUB_CMD,
+	       "limits: max-conns %u, max-keys %llu, max-total-value-bytes %zu, "
+	       "max-total-input-bytes %zu, max-total-output-bytes %zu (--help lists all)",
+	       c->max_conns, (unsigned long long)c->max_keys, c->max_total_value_bytes,
+	       c->max_total_input_bytes, c->max_total_output_bytes);
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+	    c->max_conns + 16 > rl.rlim_cur)
+		log_at(LL_WARN, SUB_CMD,
+		       "--max-conns %u is at or above the fd limit (%llu): clients past the "
+		       "limit are refused at accept",
+		       c->max_conns, (unsigned long long)rl.rlim_cur);
+}
+
+/* At exit, one INFO line with every non-zero refusal/limit counter (the
+ * store's metric table), so an operator sees what was refused and why. */
+static void log_metrics(const struct store_server *srv)
+{
+	char line[1024];
+	size_t off = 0;
+
+	if (!srv)
 		return;
-	len = strlen(path);
-	if (len >= sizeof(sa.sun_path))
+	line[0] = '\0';
+	for (int m = 0; m < STORE_M__MAX; m++) {
+		uint64_t v = store_server_metric(srv, (enum store_metric)m);
+		int n;
+
+		if (!v)
+			continue;
+		n = snprintf(line + off, sizeof(line) - off, " %s=%llu",
+			     store_metric_name((enum store_metric)m), (unsigned long long)v);
+		if (n < 0 || (size_t)n >= sizeof(line) - off)
+			break;
+		off += (size_t)n;
+	}
+	log_at(LL_INFO, SUB_CMD, "store metrics:%s", off ? line : " none");
+}
+
+/* --config's keys besides limits.NAME: the flags' own names. --insecure stays
+ * a command-line decision: it is not read from files. */
+static const char *const config_strings[] = {
+    "host",	"log-level", "status", "auth-secret-file", "auth-secrets-dir",
+    "tls-cert", "tls-key",   "tls-ca", "tls-min-version"};
+static const char *const config_numbers[] = {"port", "backlog"};
+
+/* The schema of --config, from the same flags and the store's tunables. */
+static int print_schema(void)
+{
+	size_t nl;
+	const struct store_server_limit *l = store_server_limits(&nl);
+	cJSON *root = cJSON_CreateObject(), *props, *lim, *lprops;
+	char *out;
+
+	cJSON_AddStringToObject(root, "$schema", "https://json-schema.org/draft/2020-12/schema");
+	cJSON_AddStringToObject(root, "$id", "https://crun.invalid/crun-rdzvd.schema.json");
+	cJSON_AddStringToObject(root, "title",
+				"crun-rdzvd --config (generated by crun-rdzvd --print-schema)");
+	cJSON_AddStringToObject(root, "type", "object");
+	cJSON_AddBoolToObject(root, "additionalProperties", 0);
+	props = cJSON_AddObjectToObject(root, "properties");
+	cJSON_AddItemToObject(props, "$comment", cJSON_Parse("{\"type\": \"string\"}"));
+	for (size_t i = 0; i < ARRAY_SIZE(config_strings); i++)
+		cJSON_AddItemToObject(props, config_strings[i],
+				      cJSON_Parse("{\"type\": \"string\"}"));
+	for (size_t i = 0; i < ARRAY_SIZE(config_numbers); i++)
+		cJSON_AddItemToObject(props, config_numbers[i],
+				      cJSON_Parse("{\"type\": \"integer\", \"minimum\": 0}"));
+	lim = cJSON_AddObjectToObject(props, "limits");
+	cJSON_AddStringToObject(lim, "type", "object");
+	cJSON_AddBoolToObject(lim, "additionalProperties", 0);
+	lprops = cJSON_AddObjectToObject(lim, "properties");
+	cJSON_AddItemToObject(lprops, "$comment", cJSON_Parse("{\"type\": \"string\"}"));
+	for (size_t i = 0; i < nl; i++) {
+		cJSON *o = cJSON_AddObjectToObject(lprops, l[i].name);
+
+		cJSON_AddStringToObject(o, "type", "integer");
+		cJSON_AddNumberToObject(o, "minimum", l[i].zero ? 0 : (double)l[i].min);
+		cJSON_AddNumberToObject(o, "maximum", (double)l[i].max);
+		cJSON_AddStringToObject(o, "description", l[i].help);
+	}
+	out = cJSON_Print(root);
+	cJSON_Delete(root);
+	if (!out)
+		return 1;
+	printf("%s\n", out);
+	free(out);
+	return 0;
+}
+
+/* --config: the file's JSON keys are the flags' names (limits under
+ * "limits."), so the file needs no list of its own. */
+static int config_flags(const char *path, char ***ret_argv, int *ret_argc, char *err, size_t cap)
+{
+	struct cli_json_flag t[ARRAY_SIZE(config_strings) + ARRAY_SIZE(config_numbers) + 32];
+	char names[32][80];
+	size_t n = 0, nl;
+	const struct store_server_limit *l = store_server_limits(&nl);
+
+	for (size_t i = 0; i < ARRAY_SIZE(config_strings); i++)
+		t[n++] = (struct cli_json_flag){config_strings[i], config_strings[i], false};
+	for (size_t i = 0; i < ARRAY_SIZE(config_numbers); i++)
+		t[n++] = (struct cli_json_flag){config_numbers[i], config_numbers[i], true};
+	for (size_t i = 0; i < nl && i < ARRAY_SIZE(names); i++) {
+		snprintf(names[i], sizeof(names[i]), "limits.%s", l[i].name);
+		t[n++] = (struct cli_json_flag){names[i], l[i].name, true};
+	}
+	return cli_json_flags(path, t, n, ret_argv, ret_argc, err, cap);
+}
+
+/* Finds --config and puts the file's flags first: argv[0], the file's, then
+ * the command line's (which win, being parsed last). */
+static char **read_config(int *argc, char **argv, struct daemon_opts *d)
+{
+	char err[512], **all;
+
+	for (int i = 1; i < *argc && !d->config; i++) {
+		if (strcmp(argv[i], "--config") == 0 && i + 1 < *argc)
+			d->config = argv[i + 1];
+		else if (strncmp(argv[i], "--config=", 9) == 0)
+			d->config = argv[i] + 9;
+		else if (strcmp(argv[i], "--") == 0)
+			break;
+	}
+	if (!d->config)
+		return argv;
+	if (config_flags(d->config, &d->file_argv, &d->file_argc, err, sizeof(err)) < 0)
+		bad_usage("%s", err);
+	all = calloc((size_t)(*argc + d->file_argc + 1), sizeof(char *));
+	if (!all)
+		bad_usage("out of memory");
+	all[0] = argv[0];
+	memcpy(all + 1, d->file_argv, (size_t)d->file_argc * sizeof(char *));
+	memcpy(all + 1 + d->file_argc, argv + 1, (size_t)(*argc - 1) * sizeof(char *));
+	*argc += d->file_argc;
+	return all;
+}
+
+struct daemon {
+	struct event_base *base;
+	struct store_server *srv;
+	struct daemon_opts *opts;
+	struct agent_service svc; /* notify socket, watchdog, SIGHUP */
+	struct agent_status *status;
+};
+
+static void send_status(struct daemon *d)
+{
+	struct store_server_stats st;
+
+	store_server_get_stats(d->srv, &st);
+	(void)notify_send(
+	    d->svc.notify,
+	    "STATUS=serving on port %u: %llu connections, %llu keys, %llu waiters%s%s",
+	    store_server_port(d->srv), (unsigned long long)st.conns, (unsigned long long)st.keys,
+	    (unsigned long long)st.waiters, d->status ? ", status on " : "",
+	    d->status ? agent_status_addr(d->status) : "");
+}
+
+static void on_tick(void *arg)
+{
+	send_status(arg);
+}
+
+/* SIGHUP: the log level applies at once; the store's limits are fixed when
+ * it starts, so a changed limit is named as needing a restart. */
+static void on_reload(void *arg)
+{
+	struct daemon *d = arg;
+	char err[512], restart[512] = "", **fresh = NULL;
+	int n = 0, lvl;
+
+	if (!d->opts->config || config_flags(d->opts->config, &fresh, &n, err, sizeof(err)) < 0) {
+		if (d->opts->config)
+			log_at(LL_ERROR, SUB_CMD, "reload: %s; keeping the running config", err);
+		(void)notify_send(d->svc.notify, "READY=1\nSTATUS=reload: %s",
+				  d->opts->config ? "failed, see the log" : "no --config to read");
 		return;
-	memcpy(sa.sun_path, path, len);
-	if (path[0] == '@')
-		sa.sun_path[0] = '\0';
-	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return;
-	if (sendto(fd, "READY=1", 7, MSG_NOSIGNAL, (struct sockaddr *)&sa,
-		   (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len)) < 0)
-		log_at(LL_WARN, SUB_CMD, "NOTIFY_SOCKET: %s", strerror(errno));
-	close(fd);
+	}
+	for (int i = 0; i < n; i++) {
+		bool same = false;
+
+		if (strncmp(fresh[i], "--log-level=", 12) == 0) {
+			lvl = level_from_name(fresh[i] + 12);
+			if (lvl >= 0)
+				log_max_level = lvl;
+			continue;
+		}
+		for (int k = 0; k < d->opts->file_argc && !same; k++)
+			same = strcmp(fresh[i], d->opts->file_argv[k]) == 0;
+		if (!same && strlen(restart) + strlen(fresh[i]) + 3 < sizeof(restart))
+			snprintf(restart + strlen(restart), sizeof(restart) - strlen(restart),
+				 "%s%.*s", restart[0] ? ", " : "", (int)strcspn(fresh[i] + 2, "="),
+				 fresh[i] + 2);
+	}
+	log_at(LL_WARN, SUB_CMD, "reload: applied: log-level; needs a restart: %s",
+	       restart[0] ? restart : "nothing");
+	(void)notify_send(d->svc.notify,
+			  "READY=1\nSTATUS=reloaded: applied log-level; needs a "
+			  "restart: %s",
+			  restart[0] ? restart : "nothing");
+	for (int i = 0; i < n; i++)
+		free(fresh[i]);
+	free(fresh);
+}
+
+static int daemon_start(struct daemon *d)
+{
+	int r;
+
+	r = agent_service_start(&d->svc, d->base, environ, on_reload, on_tick, d);
+	if (r < 0)
+		return r;
+	if (d->opts->status) {
+		r = agent_status_start(d->base, d->opts->status, &d->status);
+		if (r < 0)
+			return r;
+		agent_status_attach_store(d->status, d->srv);
+		printf(PROG " status on http://%s/status\n", agent_status_addr(d->status));
+	}
+	(void)notify_send(d->svc.notify, "READY=1");
+	send_status(d);
+	return 0;
+}
+
+static void daemon_stop(struct daemon *d)
+{
+	agent_status_stop(d->status);
+	agent_service_stop(&d->svc);
+}
+
+/* Loads the secrets the flags name into a table (NULL: none) and enforces
+ * the secure default: no unauthenticated listener beyond loopback. Exits 2
+ * naming the flag on a bad secret. */
+static struct store_auth_keys *load_secrets(const struct sec_opts *sec, const char *host)
+{
+	struct store_auth_keys *keys = NULL;
+	struct store_auth_secret s;
+	char err[600];
+	int r;
+
+	if (!sec->secret_file && !sec->secrets_dir) {
+		if (sec->tls.cert)
+			return NULL; /* TLS: clients are verified if --tls-ca is given */
+		if (!sec->insecure && !store_host_is_loopback(host))
+			bad_usage("refusing to serve '%s' without authentication: give "
+				  "--auth-secret-file, --auth-secrets-dir or --tls-cert, or "
+				  "--insecure",
+				  host && *host ? host : "*");
+		if (!store_host_is_loopback(host))
+			log_at(LL_WARN, SUB_CMD, "serving %s without authentication (--insecure)",
+			       host && *host ? host : "every interface");
+		return NULL;
+	}
+	if (store_auth_keys_new(&keys) < 0)
+		bad_usage("out of memory");
+	if (sec->secret_file) {
+		r = store_auth_secret_read(sec->secret_file, &s, err, sizeof(err));
+		if (r == 0)
+			r = store_auth_keys_add(keys, "", &s);
+		if (r < 0)
+			bad_usage("--auth-secret-file: %s", err);
+	}
+	if (sec->secrets_dir &&
+	    store_auth_keys_load_dir(keys, sec->secrets_dir, err, sizeof(err)) < 0)
+		bad_usage("--auth-secrets-dir: %s", err);
+	log_at(LL_INFO, SUB_CMD, "clients must authenticate (%zu secret%s)",
+	       store_auth_keys_count(keys), store_auth_keys_count(keys) == 1 ? "" : "s");
+	return keys;
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)
@@ -239,14 +605,31 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 int main(int argc, char **argv)
 {
 	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
+	struct daemon_opts opts = {.status = "127.0.0.1:0"};
+	struct daemon d = {.opts = &opts};
 	struct store_server *srv = NULL;
+	struct sec_opts sec = {.secret_file = getenv("CRUN_AUTH_SECRET_FILE")};
+	struct store_auth_keys *keys;
+	struct store_tls *tls = NULL;
+	char tls_err[700];
 	struct event *sig_term = NULL, *sig_int = NULL;
 	struct event_base *base;
 	int r, rc = 1;
 
 	cfg.port = 29400;
+	cfg.host = "127.0.0.1"; /* secure default: say --host to serve further */
 	log_init(PROG, LL_INFO);
-	parse_args(argc, argv, &cfg);
+	if (sec.secret_file && !*sec.secret_file)
+		sec.secret_file = NULL;
+	argv = read_config(&argc, argv, &opts);
+	parse_args(argc, argv, &cfg, &sec, &opts);
+	keys = load_secrets(&sec, cfg.host);
+	cfg.auth = keys;
+	if ((sec.tls.key || sec.tls.ca || sec.tls.min_version) && !sec.tls.cert)
+		bad_usage("--tls-key, --tls-ca and --tls-min-version need --tls-cert");
+	if (sec.tls.cert && store_tls_new_server(&sec.tls, &tls, tls_err, sizeof(tls_err)) < 0)
+		bad_usage("--tls-cert: %s", tls_err);
+	cfg.tls = tls;
 	signal(SIGPIPE, SIG_IGN);
 	raise_nofile();
 
@@ -268,10 +651,18 @@ int main(int argc, char **argv)
 			cfg.host && *cfg.host ? cfg.host : "*", cfg.port, crun_strerror(r));
 		goto out;
 	}
+	log_limits(srv);
 	printf(PROG " listening on %s:%u\n",
 	       cfg.host && *cfg.host ? cfg.host : "::", store_server_port(srv));
+	d.base = base;
+	d.srv = srv;
+	r = daemon_start(&d);
 	fflush(stdout);
-	notify_ready();
+	if (r < 0) {
+		fprintf(stderr, PROG ": cannot start the status page on %s: %s\n", opts.status,
+			crun_strerror(r));
+		goto out;
+	}
 
 	if (event_base_dispatch(base) < 0) {
 		fprintf(stderr, PROG ": event loop failed\n");
@@ -279,11 +670,20 @@ int main(int argc, char **argv)
 	}
 	rc = 0;
 out:
+	daemon_stop(&d);
+	log_metrics(srv);
 	store_server_free(srv); /* closes every client connection */
 	if (sig_int)
 		event_free(sig_int);
 	if (sig_term)
 		event_free(sig_term);
 	event_base_free(base);
+	for (int i = 0; i < opts.file_argc; i++)
+		free(opts.file_argv[i]);
+	free(opts.file_argv);
+	if (opts.file_argv)
+		free(argv); /* read_config's array; its strings belong to others */
+	store_auth_keys_free(keys);
+	store_tls_free(tls);
 	return rc;
 }

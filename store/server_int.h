@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <netinet/in.h>
+
 #include <event2/bufferevent.h>
 
 #include "store/store.h"
@@ -67,10 +69,13 @@ struct kv_ent {
 
 struct kv_table {
 	struct kv_ent **buckets;
-	size_t mask;	    /* bucket count - 1; a power of two minus one */
-	size_t n_ents;	    /* every entry, for the load factor */
-	size_t n_keys;	    /* entries with a value: GETNUMKEYS */
-	size_t value_bytes; /* values plus queued items */
+	size_t mask;	      /* bucket count - 1; a power of two minus one */
+	size_t n_ents;	      /* every entry, for the load factor */
+	size_t n_keys;	      /* entries with a value: GETNUMKEYS */
+	size_t value_bytes;   /* values plus queued items */
+	size_t key_bytes;     /* key lengths of every entry */
+	size_t max_ents;      /* kv_get_or_add refuses to create more... */
+	size_t max_key_bytes; /* ...or to go past this many key bytes */
 };
 
 /* Ties a connection to a key: a missing key of a WAIT/BARRIER, or a watch. */
@@ -81,13 +86,14 @@ struct kv_reg {
 	struct kv_ent *ent;
 };
 
-/* 0 or CRUN_ENOMEM. */
-int kv_init(struct kv_table *t);
+/* 0 or CRUN_ENOMEM. The budgets are max_ents entries, max_key_bytes of keys. */
+int kv_init(struct kv_table *t, size_t max_ents, size_t max_key_bytes);
 /* Frees every entry, value and queued item; registrations must be gone. */
 void kv_release(struct kv_table *t);
 /* The entry for key, or NULL. */
 struct kv_ent *kv_find(const struct kv_table *t, const uint8_t *key, size_t len);
-/* The entry for key, created empty if needed. 0 or CRUN_ENOMEM. */
+/* The entry for key, created empty if needed. 0, CRUN_ENOMEM, or
+ * CRUN_ETOOBIG when creating it would go over max_ents or max_key_bytes. */
 int kv_get_or_add(struct kv_table *t, const uint8_t *key, size_t len, struct kv_ent **ret_ent);
 /* Frees `e` if it holds nothing any more (no value, queue or registration). */
 void kv_gc(struct kv_table *t, struct kv_ent *e);
@@ -105,36 +111,69 @@ void kv_foreach(struct kv_table *t, void (*fn)(struct kv_ent *e, void *arg), voi
 
 /* ---- server and connections ------------------------------------------------ */
 
+/* A log line budget: at most LOGRATE_PER_S lines a second; the rest are
+ * counted and summed up in the next line that gets through, so a connect
+ * storm cannot flood the log (the metrics still count every event). */
+struct lograte {
+	uint64_t window_ms;
+	uint32_t lines;
+	uint64_t suppressed;
+};
+
 struct store_server {
 	struct event_base *base; /* borrowed */
 	struct evconnlistener *lsn;
 	struct event *accept_retry; /* re-enables accept after EMFILE */
+	struct event *sweep;	    /* 1 s: stall and idle timeouts */
+	struct event *unstall;	    /* resumes connections paused on the total output */
 	struct store_server_config cfg;
 	struct kv_table kv;
 	bool kv_ready;
 	struct dl conns;
+	struct dl stalled; /* struct store_conn.stall_link: waiting for output budget */
 	uint16_t port;
-	bool full_logged; /* max_conns warning printed since the last accept */
+	int reserve_fd; /* spare fd given up to accept-and-close at the fd limit */
 	struct store_server_stats st;
+	/* PyTorch-protocol requests by op, for /metrics. */
+	uint64_t op_counts[STORE_OP__MAX];
 	struct lease_table *leases; /* lease.c: every lease by id; NULL until the first */
+	uint64_t n_regs;     /* kv_reg registrations (waits and watches), all conns */
+	size_t in_bytes;     /* unprocessed input, all connections */
+	size_t out_bytes;    /* unsent output, all connections */
+	size_t out_hard_cap; /* one connection's output past which pushes doom it */
+	size_t stall_min;    /* smallest reply a stalled connection waits to send */
+	uint64_t metrics[STORE_M__MAX];
+	struct lograte lr;
+	struct in6_addr *allow; /* allow.c: allowed peers (v4 as v4-mapped) */
+	size_t n_allow;
+	bool allow_on; /* false: any peer */
 };
 
 struct store_conn {
-	struct dl link;	   /* in store_server.conns */
-	struct dl waits;   /* struct kv_reg.conn_link of WAIT/BARRIER keys */
-	struct dl watches; /* v1 WATCH_KEY registrations */
+	struct dl link;	      /* in store_server.conns */
+	struct dl waits;      /* struct kv_reg.conn_link of WAIT/BARRIER keys */
+	struct dl watches;    /* v1 WATCH_KEY registrations */
+	struct dl stall_link; /* in store_server.stalled while stalled */
 	struct store_server *srv;
 	struct bufferevent *bev;
-	uint64_t pending; /* keys this connection still waits for */
+	struct evbuffer_cb_entry *in_cb, *out_cb; /* keep srv->in/out_bytes */
+	struct store_dec_state dec;		  /* how far the front frame was validated */
+	uint64_t rx_bytes, tx_bytes;		  /* totals, for the sweep's progress check */
+	uint64_t rx_seen, tx_seen;		  /* the totals at the last sweep */
+	uint32_t stall_s, idle_s;		  /* seconds without progress, by the sweep */
+	uint64_t pending;			  /* keys this connection still waits for */
 	uint32_t n_regs;  /* waits + watches + leases, at most limits.max_items */
 	uint8_t dialect;  /* 0 until sniffed, then enum store_dialect */
+	uint8_t why;	  /* enum store_metric of a refusal an op reported */
 	bool parked;	  /* v2 WAIT/BARRIER outstanding: input stays buffered */
 	bool throttled;	  /* output over the ceiling: reading paused */
+	bool stalled;	  /* total output over budget: reading paused */
 	bool writing;	  /* EV_WRITE on: the bufferevent flushes what write() left */
 	bool doomed;	  /* another connection's op overfilled our output */
 	bool ext;	  /* sent HELLO: crun's extension ops (store_ext.h) allowed */
 	bool peer_eof;	  /* closing because the peer closed in order (FIN), not reset */
 	struct dl leases; /* struct store_lease.conn_link (lease.c) */
+	struct conn_auth *auth; /* server_auth.c; NULL: the server has no secrets */
 };
 
 static inline struct evbuffer *store_conn_out(struct store_conn *c)
@@ -151,6 +190,18 @@ void store_conn_unpark(struct store_conn *c);
  * other connections' ops has piled up past the ceiling. */
 void store_conn_check_pushed(struct store_conn *c);
 
+/* server.c: the budget check of an op that is about to push `bytes` to c
+ * (a watch notification): false, and c doomed, when it would go over c's
+ * ceiling or the total output budget. */
+bool store_conn_may_push(struct store_conn *c, size_t bytes);
+
+/* server_ops.c: records which budget refused an op and returns CRUN_ETOOBIG,
+ * so the close is logged and counted under that reason. */
+int store_conn_refuse(struct store_conn *c, enum store_metric why);
+/* server_ops.c: an upper bound of the bytes q's reply adds to c's output,
+ * for the total output budget (0 for small fixed-size replies). */
+size_t store_conn_reply_cost(struct store_conn *c, const struct store_req *q);
+
 /* server_ops.c: runs one decoded request; pointers in q point into c's input
  * buffer, so whatever is kept is copied. 0, or a negative crun code after
  * which the caller closes c. */
@@ -162,5 +213,33 @@ void store_conn_unregister(struct store_conn *c);
  * negative code (CRUN_ENOMEM, CRUN_ETOOBIG over the value budget). */
 int store_server_set_key(struct store_server *srv, const struct store_bytes *k,
 			 const struct store_bytes *v);
+
+/* allow.c: whether a connection from sa passes the allowlist. */
+bool store_server_peer_allowed(const struct store_server *srv, const struct sockaddr *sa);
+
+/* ---- server_auth.c: the pre-auth gate (auth.h) ---- */
+
+/* At accept: when the server has secrets, queues the challenge and limits
+ * reading to one answer frame; with secrets or TLS, arms a 10 s deadline
+ * for the handshake (BEV_EVENT_TIMEOUT). 0 or a negative code (close c). */
+int store_conn_auth_start(struct store_conn *c);
+/* The TLS handshake finished: without auth the connection is now trusted. */
+void store_conn_tls_ready(struct store_conn *c);
+/* Close path: frees the auth state. */
+void store_conn_auth_free(struct store_conn *c);
+/* True while c has not passed authentication: nothing but the answer is read. */
+bool store_conn_auth_pending(const struct store_conn *c);
+/* Reads the answer: 1 passed (proof queued), 0 incomplete, or a negative code
+ * with *ret_why (the caller drops c, counted as drop_auth). */
+int store_conn_auth_read(struct store_conn *c, const char **ret_why);
+/* Whether c may see or touch wire key `key` (its job scope). */
+bool store_conn_key_visible(const struct store_conn *c, const uint8_t *key, size_t len);
+/* True when c is limited to one job's keys. */
+bool store_conn_scoped(const struct store_conn *c);
+/* 0, or CRUN_EACCES when a request names a key outside c's scope. */
+int store_conn_auth_check_req(const struct store_conn *c, const struct store_req *q);
+/* The same for an extension request at p (partial frames pass: the
+ * extension decoder reports them). */
+int store_conn_auth_check_ext(const struct store_conn *c, const uint8_t *p, size_t len);
 
 #endif /* CRUN_STORE_SERVER_INT_H */

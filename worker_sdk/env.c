@@ -17,6 +17,7 @@
 
 #include "common/common.h"
 #include "store/store.h"
+#include "worker_sdk/backend_int.h"
 #include "worker_sdk/worker.h"
 
 /* The hosted server's loop runs on its own thread; the only cross-thread
@@ -40,6 +41,8 @@ static struct {
 	crun_pg_t *world;
 	int next_group; /* name of the next crun_pg_new() group */
 	struct host *host;
+	int auto_noted;	    /* "auto fell back to cpu" was said once */
+	char last_err[512]; /* why the last crun_init*() / crun_pg_new() failed */
 } g = {.rank = -1, .world_size = -1, .local_rank = -1, .local_world_size = -1};
 
 static void host_on_stop(evutil_socket_t fd, short what, void *arg)
@@ -151,24 +154,37 @@ static int open_store(const crun_init_opts_t *o, uint32_t tmo)
 static int world_group(const crun_init_opts_t *o, uint32_t tmo)
 {
 	int *ranks = malloc(sizeof(int) * (size_t)o->world_size);
+	struct pg_create_args ca = {.store = g.dpg,
+				    .restart_count = o->restart_count,
+				    .gname = "0",
+				    .my_world_rank = o->rank,
+				    .local_rank = o->local_rank,
+				    .timeout_ms = tmo,
+				    .backend = o->backend,
+				    .auto_noted = &g.auto_noted};
 	int r;
 
 	if (!ranks)
 		return CRUN_ENOMEM;
 	for (int i = 0; i < o->world_size; i++)
 		ranks[i] = i;
-	r = pg_create(g.dpg, o->restart_count, "0", ranks, o->world_size, o->rank, tmo, &g.world);
+	r = pg_create(&ca, ranks, o->world_size, &g.world, g.last_err, sizeof(g.last_err));
 	free(ranks);
 	return r;
 }
 
+/* Checked before anything collective happens, so every rank fails the same
+ * way and at once: a bad name, or "nccl" where the GPU object, CUDA or a
+ * device is missing (CRUN_ENOTSUP, the reason in g.last_err). */
 static int check_backend(const char *b)
 {
+	const struct pg_backend *be;
+	int fell_back;
+
+	g.last_err[0] = '\0';
 	if (!b || !strcmp(b, "auto") || !strcmp(b, "cpu"))
 		return 0;
-	if (!strcmp(b, "nccl"))
-		return CRUN_ENOTSUP; /* crun has no NCCL backend yet */
-	return CRUN_EINVAL;
+	return pg_backend_pick(b, &be, &fell_back, g.last_err, sizeof(g.last_err));
 }
 
 /* crun_init_opts_t as first released ends with store_dialect. Option structs
@@ -324,16 +340,34 @@ int crun_pg_new(const int *ranks, int n, const char *backend, crun_pg_t **ret_pg
 	 * as long as all ranks create groups in the same order (new_group). */
 	TRY(pg_fmt(name, sizeof(name), "%d", g.next_group++));
 	if (!me) {
-		*ret_pg = NULL;
-		return 0;
+		int r = pg_split_skip(g.world, backend, g.last_err, sizeof(g.last_err));
+
+		if (r == 0)
+			*ret_pg = NULL;
+		return r;
 	}
-	return pg_create(g.dpg, g.restart_count, name, ranks, n, g.rank, g.timeout_ms, ret_pg);
+	struct pg_create_args ca = {.store = g.dpg,
+				    .restart_count = g.restart_count,
+				    .gname = name,
+				    .my_world_rank = g.rank,
+				    .local_rank = g.local_rank,
+				    .timeout_ms = g.timeout_ms,
+				    .backend = backend,
+				    .auto_noted = &g.auto_noted,
+				    .parent = g.world};
+
+	return pg_create(&ca, ranks, n, ret_pg, g.last_err, sizeof(g.last_err));
 }
 
 void crun_pg_free(crun_pg_t *pg)
 {
 	if (pg && pg != g.world)
 		pg_stop_and_destroy(pg);
+}
+
+const char *pg_init_last_error(void)
+{
+	return g.last_err;
 }
 
 crun_pg_t *crun_world(void)

@@ -2,7 +2,9 @@
  * CRUN_PG_TRANSPORT=tcp). Each rank listens on an ephemeral port, publishes
  * "addr:port" in the store, connects to every lower TCP peer and accepts
  * every higher one: one full-duplex, non-blocking, TCP_NODELAY socket per
- * pair. A hello frame (magic, group rank) says who connected.
+ * pair. A hello frame (magic, group rank) says who connected; incoming
+ * connections are read concurrently, each with a short hello deadline, so a
+ * stranger that connects and stays silent cannot stall group creation.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -18,10 +20,38 @@
 
 #include "common/common.h"
 #include "kernels/kernels.h"
+#include "store/auth.h"
 #include "worker_sdk/worker.h"
 
 #define TCP_MAGIC	0x63727470u /* "crtp" */
 #define TCP_STAGE_BYTES (256u * 1024)
+#define TCP_AUTH_MS	5000 /* one stranger may stall the accept loop this long */
+
+/* With $CRUN_AUTH_SECRET_FILE (the job's secret, store/auth.h) every mesh
+ * connection runs the HMAC challenge/response right after its hello: the
+ * listening rank challenges, the dialing rank answers, each proves the
+ * secret to the other, so a stranger can neither join the group nor feed it
+ * data. 1 with *ret filled, 0 without a secret, or a negative code. */
+static int mesh_secret(struct crun_pg *pg, struct store_auth_secret *ret)
+{
+	const char *path = getenv("CRUN_AUTH_SECRET_FILE");
+	char err[600];
+	int r;
+
+	if (!path || !*path)
+		return 0;
+	r = store_auth_secret_read(path, ret, err, sizeof(err));
+	if (r < 0) {
+		log_at(LL_DEBUG, SUB_PG, "rank %d: %s", pg->rank, err);
+		return r;
+	}
+	return 1;
+}
+/* An accepted connection must say who it is within this (peers send their
+ * hello right after connecting; generous for a loaded host)... */
+#define TCP_HELLO_MS 10000u
+/* ...and at most this many wait for it at a time. */
+#define TCP_HELLO_PENDING 64
 
 /* The address peers should dial: CRUN_PG_ADDR, else the local address the
  * kernel would use to reach the store host (a UDP connect sends nothing). */
@@ -154,33 +184,106 @@ static int do_listen(int *ret_fd, uint16_t *ret_port, const char *addr, int back
 	return 0;
 }
 
-static int accept_peers(struct crun_pg *pg, int lfd, int expect, uint64_t deadline_ms)
-{
-	while (expect > 0) {
-		struct pollfd pfd = {.fd = lfd, .events = POLLIN};
-		uint32_t hello[2];
-		uint64_t now = clock_now_ms();
-		int fd, r;
+/* One incoming connection that has not said who it is yet. */
+struct hello_wait {
+	int fd;
+	uint64_t deadline_ms; /* TCP_HELLO_MS after accept, at most the setup's */
+	size_t got;
+	uint32_t hello[2];
+};
 
-		if (now >= deadline_ms)
-			return CRUN_ETIMEDOUT;
-		if (poll(&pfd, 1, (int)MIN(deadline_ms - now, 1000u)) <= 0)
-			continue;
-		fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-		if (fd < 0)
-			continue;
-		tune(fd);
-		r = io_full(fd, hello, sizeof(hello), 1, deadline_ms);
-		if (r < 0 || hello[0] != TCP_MAGIC || hello[1] <= (uint32_t)pg->rank ||
-		    hello[1] >= (uint32_t)pg->size || pg->peers[hello[1]].kind != PEER_TCP ||
-		    pg->peers[hello[1]].fd >= 0) {
-			fd_close(fd); /* a stranger or a duplicate: not one of ours */
-			continue;
-		}
-		pg->peers[hello[1]].fd = fd;
-		expect--;
+/* Reads what c's hello has so far. 1: complete, 0: not yet, < 0: gone. */
+static int hello_read(struct hello_wait *h)
+{
+	ssize_t n =
+	    recv(h->fd, (uint8_t *)h->hello + h->got, sizeof(h->hello) - h->got, MSG_DONTWAIT);
+
+	if (n == 0)
+		return CRUN_EPEER;
+	if (n < 0)
+		return errno == EAGAIN || errno == EINTR ? 0 : CRUN_EPEER;
+	h->got += (size_t)n;
+	return h->got == sizeof(h->hello);
+}
+
+/* A complete hello from a higher TCP peer we still lack: take its fd. With
+ * a secret the peer must then pass the challenge (at most TCP_AUTH_MS: a
+ * stranger with a plausible hello stalls the others that long, once). */
+static bool hello_take(struct crun_pg *pg, const struct hello_wait *h,
+		       const struct store_auth_secret *sec)
+{
+	uint32_t r = h->hello[1];
+	char why[300];
+
+	if (h->hello[0] != TCP_MAGIC || r <= (uint32_t)pg->rank || r >= (uint32_t)pg->size ||
+	    pg->peers[r].kind != PEER_TCP || pg->peers[r].fd >= 0)
+		return false; /* a stranger or a duplicate: not one of ours */
+	if (sec &&
+	    store_auth_server_run(h->fd, sec, clock_now_ms() + TCP_AUTH_MS, why, sizeof(why)) < 0) {
+		log_at(LL_DEBUG, SUB_PG, "rank %d: mesh peer claiming rank %u refused: %s",
+		       pg->rank, r, why);
+		return false;
 	}
-	return 0;
+	pg->peers[r].fd = h->fd;
+	return true;
+}
+
+/* Accepts the `expect` higher peers. Every incoming connection is read
+ * concurrently with its own short hello deadline, so one that sends nothing
+ * (a port scanner) costs a slot for TCP_HELLO_MS, not the whole setup. At
+ * most TCP_HELLO_PENDING wait at once; a flood evicts the oldest. */
+static int accept_peers(struct crun_pg *pg, int lfd, int expect, uint64_t deadline_ms,
+			const struct store_auth_secret *sec)
+{
+	struct hello_wait hw[TCP_HELLO_PENDING];
+	struct pollfd pfd[TCP_HELLO_PENDING + 1];
+	int np = 0, r = 0;
+
+	while (expect > 0) {
+		uint64_t now = clock_now_ms(), next = deadline_ms;
+
+		if (now >= deadline_ms) {
+			r = CRUN_ETIMEDOUT;
+			break;
+		}
+		pfd[0] = (struct pollfd){.fd = lfd, .events = POLLIN};
+		for (int i = 0; i < np; i++) {
+			pfd[i + 1] = (struct pollfd){.fd = hw[i].fd, .events = POLLIN};
+			next = MIN(next, hw[i].deadline_ms);
+		}
+		if (poll(pfd, (nfds_t)np + 1, next > now ? (int)MIN(next - now, 1000u) : 0) < 0 &&
+		    errno != EINTR)
+			return -errno;
+		now = clock_now_ms();
+		/* Backwards: removing i moves the last (already seen) into i. */
+		for (int i = np - 1; i >= 0; i--) {
+			int got = pfd[i + 1].revents ? hello_read(&hw[i]) : 0;
+
+			if (got == 1 && hello_take(pg, &hw[i], sec))
+				expect--;
+			else if (got != 0 || now >= hw[i].deadline_ms)
+				fd_close(hw[i].fd);
+			else
+				continue;
+			hw[i] = hw[--np];
+		}
+		for (int k = 0; k < TCP_HELLO_PENDING && (pfd[0].revents & POLLIN); k++) {
+			int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+
+			if (fd < 0)
+				break;
+			tune(fd);
+			if (np == TCP_HELLO_PENDING) {
+				fd_close(hw[0].fd); /* the oldest: closest to its deadline */
+				hw[0] = hw[--np];
+			}
+			hw[np++] =
+			    (struct hello_wait){fd, MIN(now + TCP_HELLO_MS, deadline_ms), 0, {0}};
+		}
+	}
+	while (np > 0)
+		fd_close(hw[--np].fd);
+	return r;
 }
 
 int pg_tcp_setup(struct crun_pg *pg, crun_store_t *st, const char *ns, const int *is_tcp)
@@ -188,8 +291,13 @@ int pg_tcp_setup(struct crun_pg *pg, crun_store_t *st, const char *ns, const int
 	uint32_t tmo = atomic_load(&pg->timeout_ms);
 	uint64_t deadline = clock_now_ms() + (tmo ? tmo : PG_DEFAULT_TIMEOUT_MS);
 	char addr[64], key[256], val[128];
-	int lfd = -1, higher = 0, r;
+	struct store_auth_secret sec;
+	int lfd = -1, higher = 0, r, have_sec;
 	uint16_t port = 0;
+
+	have_sec = mesh_secret(pg, &sec);
+	if (have_sec < 0)
+		return have_sec;
 
 	for (int p = 0; p < pg->size; p++) {
 		if (!is_tcp[p])
@@ -229,13 +337,23 @@ int pg_tcp_setup(struct crun_pg *pg, crun_store_t *st, const char *ns, const int
 		crun_free(v);
 		if (r == 0)
 			r = io_full(pg->peers[p].fd, hello, sizeof(hello), 0, deadline);
+		if (r == 0 && have_sec) {
+			char why[300];
+
+			r = store_auth_client_run(pg->peers[p].fd, NULL, &sec, "", deadline, why,
+						  sizeof(why));
+			if (r < 0)
+				log_at(LL_DEBUG, SUB_PG, "rank %d: mesh peer %d: %s", pg->rank, p,
+				       why);
+		}
 		if (r < 0)
 			goto out;
 	}
-	r = higher ? accept_peers(pg, lfd, higher, deadline) : 0;
+	r = higher ? accept_peers(pg, lfd, higher, deadline, have_sec ? &sec : NULL) : 0;
 out:
 	if (lfd >= 0)
 		fd_close(lfd);
+	memset(&sec, 0, sizeof(sec));
 	return r;
 }
 
