@@ -525,6 +525,8 @@ int cli_parse_prog(struct cli *c, enum cli_prog prog, int argc, char *const *arg
 			goto out;
 	}
 	r = read_env(c, x);
+	if (r == 0)
+		r = cli_slurm_defaults(c, x);
 	if (r < 0)
 		goto out;
 	/* The daemon serves its status page unless told not to; crun does not. */

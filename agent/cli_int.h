@@ -81,6 +81,7 @@ enum cli_id {
 	OPT_LOG_LEVEL,
 	OPT_SECRET_FILE,
 	OPT_STORE_ALLOW_ANY,
+	OPT_NO_SLURM,
 	OPT_CONFIG,
 	/* rendezvous.<key> in JSON: the c10d --rdzv_conf keys */
 	OPT_RK_JOIN,
@@ -162,5 +163,12 @@ const char *cli_keep(struct cli *c, const char *s);
  * SRC_FILE, "path: key" as who). 0, or CRUN_EINVAL with c->err naming the
  * JSON path; CRUN_ENOENT-style failures also come back as CRUN_EINVAL. */
 int cli_json_load(struct cli *c, struct cli_ctx *x, const char *path);
+
+/* cli_slurm.c: inside a Slurm allocation, the rendezvous settings nothing
+ * else set come from SLURM_* (nnodes, node rank, endpoint on the first host,
+ * the job id as run id, a port derived from it), at the environment's rank:
+ * any flag, file key or PET_* variable wins. 0, or CRUN_EINVAL naming the
+ * SLURM_* variable that is malformed. */
+int cli_slurm_defaults(struct cli *c, struct cli_ctx *x);
 
 #endif /* CRUN_AGENT_CLI_INT_H */

@@ -154,6 +154,10 @@ const struct cli_opt cli_opts[OPT__MAX] = {
 	"PET_WORKER_STORE_ALLOW_ANY", "security.worker_store_allow_any", NULL, NULL, 0, 0,
 	"the worker store accepts any peer address (NAT); default: loopback and the round's "
 	"nodes", set_bool, CFG(worker_store_allow_any)},
+[OPT_NO_SLURM] = {"no_slurm", 0, CT_FLAG, 0, NULL, "CRUN_NO_SLURM", "slurm.ignore", NULL, NULL, 0,
+	0, "ignore a Slurm allocation (by default, inside one, SLURM_NNODES, SLURM_NODEID, the "
+	"first host of SLURM_JOB_NODELIST and SLURM_JOB_ID fill the rendezvous settings no flag "
+	"gives)", NULL, 0},
 [OPT_CONFIG] = {"config", 0, CT_STR, CF_AGENT, NULL, NULL, NULL, "FILE.json", NULL, 0, 0,
 	"read settings from a JSON file (configs/crun-agent.schema.json); flags win", NULL, 0},
 [OPT_RK_JOIN] = {NULL, 0, CT_SECS, CF_RDZVKEY, "600", NULL, "rendezvous.join_timeout",

@@ -668,6 +668,7 @@ static const struct {
 	{ "daemon.log_level", NULL, "\"debug\"", NULL },
 	{ "security.secret_file", "--auth_secret_file=/s", "\"/s\"", NULL },
 	{ "security.worker_store_allow_any", "--worker_store_allow_any", "true", NULL },
+	{ "slurm.ignore", "--no_slurm", "true", NULL },
 	{ "rendezvous.join_timeout", "--rdzv_conf=join_timeout=9", "9", "--rdzv_backend=c10d" },
 	{ "rendezvous.last_call_timeout", "--rdzv_conf=last_call_timeout=9", "9",
 	  "--rdzv_backend=c10d" },
@@ -773,6 +774,69 @@ START_TEST(every_row_round_trips_between_flag_and_json)
 }
 END_TEST
 
+/* Slurm: the allocation fills what nothing else gave (issue 14). */
+#define SLURM_ENV                                                                           \
+	"PYTHON_EXEC=/usr/bin/python3", "SLURM_JOB_ID=4242", "SLURM_NNODES=4", "SLURM_NODEID=3", \
+		"SLURM_JOB_NODELIST=gpu[07-09],login2"
+
+START_TEST(slurm_fills_the_rendezvous)
+{
+	const char *const env[] = { SLURM_ENV, NULL };
+
+	ck_assert_int_eq(parse(ARGS("--nproc_per_node=8", "train.py"), env), 0);
+	ck_assert_str_eq(c.cfg.rdzv_backend, "c10d");
+	ck_assert_int_eq(c.cfg.min_nnodes, 4);
+	ck_assert_int_eq(c.cfg.max_nnodes, 4);
+	ck_assert_str_eq(c.cfg.rdzv_id, "4242");
+	ck_assert_str_eq(c.cfg.master_addr, "gpu07");
+	ck_assert_uint_eq(c.cfg.master_port, SLURM_PORT_BASE + 4242 % SLURM_PORT_SPAN);
+	ck_assert_int_eq(c.cfg.standalone, 0);
+}
+END_TEST
+
+START_TEST(slurm_loses_to_every_explicit_setting)
+{
+	const char *const env[] = { SLURM_ENV, "PET_RDZV_ID=mine", NULL };
+
+	ck_assert_int_eq(parse(ARGS("--nnodes=1:2", "--rdzv_endpoint=head:1234", "x.py"), env), 0);
+	ck_assert_int_eq(c.cfg.min_nnodes, 1);
+	ck_assert_int_eq(c.cfg.max_nnodes, 2);
+	ck_assert_str_eq(c.cfg.master_addr, "head");
+	ck_assert_uint_eq(c.cfg.master_port, 1234);
+	ck_assert_str_eq(c.cfg.rdzv_id, "mine");
+	cli_free(&c);
+	/* static chosen by hand: node 0 of the list serves the store */
+	ck_assert_int_eq(parse(ARGS("--rdzv_backend=static", "x.py"), env), 0);
+	ck_assert_str_eq(c.cfg.rdzv_backend, "static");
+	ck_assert_int_eq(c.cfg.nnodes, 4);
+	ck_assert_int_eq(c.cfg.node_rank, 3);
+	ck_assert_str_eq(c.cfg.master_addr, "gpu07");
+	ck_assert_uint_eq(c.cfg.master_port, SLURM_PORT_BASE + 4242 % SLURM_PORT_SPAN);
+}
+END_TEST
+
+START_TEST(slurm_off_standalone_and_broken)
+{
+	const char *const env[] = { SLURM_ENV, NULL };
+	const char *const off[] = { SLURM_ENV, "CRUN_NO_SLURM=1", NULL };
+	const char *const broken[] = { "SLURM_JOB_ID=7", "SLURM_NNODES=2", NULL };
+
+	ck_assert_int_eq(parse(ARGS("--no_slurm", "x.py"), env), 0);
+	ck_assert_int_eq(c.cfg.standalone, 1); /* a plain one-node run, as without Slurm */
+	cli_free(&c);
+	ck_assert_int_eq(parse(ARGS("x.py"), off), 0);
+	ck_assert_int_eq(c.cfg.standalone, 1);
+	cli_free(&c);
+	ck_assert_int_eq(parse(ARGS("--standalone", "x.py"), env), 0);
+	ck_assert_int_eq(c.cfg.nnodes, 1);
+	ck_assert_ptr_null(strstr(c.cfg.rdzv_id ? c.cfg.rdzv_id : "", "4242"));
+	cli_free(&c);
+	ck_assert_int_eq(parse(ARGS("x.py"), broken), CRUN_EINVAL);
+	ck_assert_ptr_nonnull(strstr(c.err, "SLURM_"));
+	ck_assert_ptr_nonnull(strstr(c.err, "--no_slurm"));
+}
+END_TEST
+
 static Suite *agent_cli_suite(void)
 {
 	Suite *s = suite_create("agent_cli");
@@ -804,6 +868,9 @@ static Suite *agent_cli_suite(void)
 	tcase_add_test(tc, config_file_missing_and_flag_wins);
 	tcase_add_test(tc, every_row_round_trips_between_flag_and_json);
 	tcase_add_test(tc, json_as_flags);
+	tcase_add_test(tc, slurm_fills_the_rendezvous);
+	tcase_add_test(tc, slurm_loses_to_every_explicit_setting);
+	tcase_add_test(tc, slurm_off_standalone_and_broken);
 	suite_add_tcase(s, tc);
 	return s;
 }
