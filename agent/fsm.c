@@ -215,6 +215,9 @@ static enum agent_state stop_for_exit(struct crun_agent *a)
 
 static enum agent_state after_exit_while_stopping(struct crun_agent *a)
 {
+	/* A worker that failed on its own while the others were being
+	 * stopped is a failure too (torchrun lists every failed rank). */
+	(void)agent_collect_failures(a);
 	if (count_running(a) > 0)
 		return AS_STOPPING;
 	return agent_after_stop(a);
