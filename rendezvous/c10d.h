@@ -1,10 +1,11 @@
 /* c10d.h: the c10d rendezvous backend behind rdzv.h (static.c dispatches to
- * it), plus its pure parts for unit tests: rdzv_conf parsing and the group
- * rank order of a round.
+ * it), plus rdzv_conf parsing and a blocking join for tests and benchmarks.
+ * The round algorithm's pure core is round_int.h.
  */
 #ifndef CRUN_RENDEZVOUS_C10D_H
 #define CRUN_RENDEZVOUS_C10D_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -26,12 +27,6 @@ struct c10d_conf {
  * CRUN_EINVAL with err naming the key. */
 int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap);
 
-/* Group rank order of a round: n joined nodes (in ticket order) with their
- * previous group rank (-1 when new). Nodes that were in the previous round
- * keep their relative order in front; new ones follow in ticket order.
- * ret_grank[i] is ticket i+1's group rank. 0 or CRUN_EINVAL. */
-int c10d_order(const int *prev_grank, int n, int *ret_grank);
-
 /* One agent's join of the next round, run synchronously on the calling
  * thread (what the agent's helper thread does): for benchmarks and tests
  * that drive many rendezvous clients in one process. */
@@ -44,6 +39,10 @@ struct c10d_join_args {
 	int prev_round, prev_grank; /* -1, -1 for a first join */
 	uint16_t wport;		    /* this agent's worker store port */
 	const char *addr, *hostname;
+	/* take a lease on the join's own handle (in-memory tests of liveness,
+	 * coord_mem_leases); *ret_lease then receives its id */
+	bool lease_on_handle;
+	uint64_t *ret_lease;
 };
 int c10d_join_blocking(const struct c10d_join_args *a, struct rdzv_info *ret_info, int *ret_round,
 		       char *err, size_t cap);
@@ -60,6 +59,7 @@ void c10d_set_served_port(struct c10d *c, uint16_t port);
 int c10d_next_round(struct c10d *c);
 const struct rdzv_info *c10d_info(const struct c10d *c);
 int c10d_exit_barrier(struct c10d *c);
+int c10d_barrier_result(const struct c10d *c);
 int c10d_close_failed(struct c10d *c, const char *why);
 enum rdzv_change c10d_change_kind(const struct c10d *c);
 const char *c10d_last_error(const struct c10d *c);

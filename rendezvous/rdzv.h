@@ -31,13 +31,18 @@ struct rdzv_info {
 	int role_world_size;
 	char master_addr[RDZV_HOST_MAX]; /* worker store, MASTER_ADDR */
 	uint16_t master_port;
+	/* Job-wide attempt (restarts so far) the round carries, the same on
+	 * every node: TORCHELASTIC_RESTART_COUNT and the workers' store
+	 * prefixes. -1: the backend does not keep one (one node: the agent
+	 * counts its own). */
+	int attempt;
 };
 
 enum rdzv_event {
 	RDZV_EV_COMPLETE,     /* a round finished: rdzv_info() is valid */
 	RDZV_EV_FAILED,	      /* the round failed: rdzv_last_error() says why */
 	RDZV_EV_PEER_CHANGED, /* membership changed: restart without counting */
-	RDZV_EV_BARRIER_DONE, /* exit barrier passed (or timed out, logged) */
+	RDZV_EV_BARRIER_DONE, /* exit barrier over: rdzv_barrier_result() says how */
 	RDZV_EV_SPARE_DONE,   /* c10d: this agent waited as a spare; the job ended */
 };
 
@@ -47,6 +52,7 @@ enum rdzv_change {
 	RDZV_CHANGE_RESTART,	/* a worker failed somewhere: counts as a restart */
 	RDZV_CHANGE_MEMBERSHIP, /* a node joined or died: not counted */
 	RDZV_CHANGE_FAILED,	/* the job was closed as failed: stop and exit 1 */
+	RDZV_CHANGE_LOST,	/* the rendezvous store is gone: stop and exit 1 */
 };
 
 typedef void (*rdzv_event_fn)(enum rdzv_event ev, void *arg);
@@ -95,6 +101,11 @@ const struct rdzv_info *rdzv_info(const struct rdzv *r);
 int rdzv_exit_barrier(struct rdzv *r);
 
 const char *rdzv_last_error(const struct rdzv *r);
+/* After RDZV_EV_BARRIER_DONE: 0 when every node finished, else
+ * CRUN_ETIMEDOUT (the barrier timed out: a peer is still running or hung)
+ * or CRUN_ERDZVCLOSED (the job failed elsewhere); rdzv_last_error() says
+ * which. An agent must not report success then. */
+int rdzv_barrier_result(const struct rdzv *r);
 
 /* c10d: the kind of the last RDZV_EV_PEER_CHANGED. */
 enum rdzv_change rdzv_change_kind(const struct rdzv *r);

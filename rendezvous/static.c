@@ -6,15 +6,10 @@
  * node 0 never starts (and possibly restarts and clears the store) before
  * every agent has read what it needs.
  *
- * The exchange uses the blocking client, so it runs on a helper thread and
- * posts back to the loop through a pipe: the loop (which on node 0 also serves
- * the store) never blocks.
+ * The exchange uses the blocking client, so it runs on a helper thread
+ * (helper_int.h): the loop (which on node 0 also serves the store) never
+ * blocks.
  */
-#include <errno.h>
-#include <fcntl.h>
-#include <pthread.h>
-#include <signal.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,26 +20,24 @@
 #include "common/common.h"
 #include "crun/store.h"
 #include "rendezvous/c10d.h"
+#include "rendezvous/helper_int.h"
 #include "rendezvous/rdzv.h"
 
 #define RDZV_MAX_NODES 65536
 
 enum job_kind { JOB_JOIN, JOB_BARRIER };
 
-/* State shared with a helper thread. Two references: the rdzv's and the
- * thread's; whoever drops the last one frees it, so rdzv_free() never waits
- * for a thread blocked in the store client. */
+/* One helper job (helper_int.h): rdzv_free() never waits for a thread
+ * blocked in the store client. */
 struct rdzv_job {
-	atomic_int refs;
+	struct helper_job h; /* first */
 	enum job_kind kind;
 	char host[RDZV_HOST_MAX];
 	uint16_t port;
 	char run_id[256];
 	int node_rank, nnodes, nproc;
 	uint32_t join_timeout_ms, barrier_timeout_ms;
-	int notify_fd; /* write end; the loop watches the read end */
-	/* results, read by the loop only after the notify byte */
-	int result;
+	/* results, read by the loop only after the post */
 	int *nprocs;
 	char err[512];
 };
@@ -60,18 +53,15 @@ struct rdzv {
 	struct rdzv_info info;
 	struct event *kick; /* deferred completion for one-node jobs */
 	enum rdzv_event kick_ev;
-	struct rdzv_job *job; /* running helper, or NULL */
-	pthread_t thread;
-	int notify_rd;
-	struct event *notify_ev;
+	struct helper job;
+	int barrier_result;
 	char err[512];
 };
 
-static void job_put(struct rdzv_job *j)
+static void job_release(struct helper_job *h)
 {
-	if (atomic_fetch_sub(&j->refs, 1) != 1)
-		return;
-	fd_close(j->notify_fd);
+	struct rdzv_job *j = (struct rdzv_job *)h;
+
 	free(j->nprocs);
 	free(j);
 }
@@ -103,8 +93,11 @@ int rdzv_assign_ranks(const int *nprocs, int nnodes, int me, struct rdzv_info *r
 
 static int job_fail(struct rdzv_job *j, crun_store_t *s, int r, const char *what)
 {
-	snprintf(j->err, sizeof(j->err), "%s: %s%s%s", what, crun_strerror(r), s ? " - " : "",
-		 s ? crun_store_last_error(s) : "");
+	const char *detail = s ? crun_store_last_error(s) : "";
+
+	/* No dangling separator when the client has no detail to add. */
+	snprintf(j->err, sizeof(j->err), "%s: %s%s%s", what, crun_strerror(r),
+		 detail && *detail ? " - " : "", detail ? detail : "");
 	return r;
 }
 
@@ -204,13 +197,11 @@ static int job_barrier(struct rdzv_job *j, crun_store_t *s)
 	return r < 0 ? job_fail(j, s, r, "exit barrier (waiting for agents to leave)") : 0;
 }
 
-static void *job_main(void *arg)
+static int job_run(struct helper_job *h)
 {
-	struct rdzv_job *j = arg;
+	struct rdzv_job *j = (struct rdzv_job *)h;
 	crun_store_opts_t o = CRUN_STORE_OPTS_INIT;
 	crun_store_t *s = NULL;
-	char one = 1;
-	ssize_t n;
 	int r;
 
 	o.host = j->host;
@@ -222,34 +213,29 @@ static void *job_main(void *arg)
 	if (r < 0) {
 		snprintf(j->err, sizeof(j->err), "cannot reach the agent store at %s:%u: %s",
 			 j->host, j->port, crun_strerror(r));
-	} else {
-		r = j->kind == JOB_JOIN ? job_join(j, s) : job_barrier(j, s);
-		crun_store_close(s);
+		return r;
 	}
-	j->result = r;
-	/* The write is the release point for the results above. */
-	do
-		n = write(j->notify_fd, &one, 1);
-	while (n < 0 && errno == EINTR);
-	job_put(j);
-	return NULL;
+	r = j->kind == JOB_JOIN ? job_join(j, s) : job_barrier(j, s);
+	crun_store_close(s);
+	return r;
 }
 
-static void finish_job(struct rdzv *r)
+static void on_job(struct helper *h, void *arg)
 {
-	struct rdzv_job *j = r->job;
+	struct rdzv *r = arg;
+	struct rdzv_job *j = (struct rdzv_job *)helper_finish(h);
 	enum rdzv_event ev;
 
-	pthread_join(r->thread, NULL);
-	r->job = NULL;
-	/* The write end closes with the job's last reference: stop watching
-	 * the pipe, or its EOF would wake the loop until the next job. */
-	event_del(r->notify_ev);
+	if (!j)
+		return;
 	if (j->kind == JOB_BARRIER) {
-		if (j->result < 0)
-			log_at(LL_WARN, SUB_RDZV, "%s", j->err);
+		r->barrier_result = j->h.result < 0 ? CRUN_ETIMEDOUT : 0;
+		if (j->h.result < 0) {
+			snprintf(r->err, sizeof(r->err), "%s", j->err);
+			log_at(LL_ERROR, SUB_RDZV, "%s", j->err);
+		}
 		ev = RDZV_EV_BARRIER_DONE;
-	} else if (j->result < 0) {
+	} else if (j->h.result < 0) {
 		snprintf(r->err, sizeof(r->err), "%s", j->err);
 		ev = RDZV_EV_FAILED;
 	} else if (rdzv_assign_ranks(j->nprocs, j->nnodes, j->node_rank, &r->info) < 0) {
@@ -258,24 +244,12 @@ static void finish_job(struct rdzv *r)
 	} else {
 		snprintf(r->info.master_addr, sizeof(r->info.master_addr), "%s", r->master_addr);
 		r->info.master_port = r->p.master_port;
+		r->info.attempt = -1;
 		r->have_info = true;
 		ev = RDZV_EV_COMPLETE;
 	}
-	job_put(j);
+	helper_job_put(&j->h);
 	r->p.on_event(ev, r->p.arg);
-}
-
-static void on_notify(evutil_socket_t fd, short what, void *arg)
-{
-	struct rdzv *r = arg;
-	char buf[8];
-	ssize_t n;
-
-	(void)what;
-	n = read(fd, buf, sizeof(buf));
-	if (n <= 0 || !r->job)
-		return;
-	finish_job(r);
 }
 
 static void on_kick(evutil_socket_t fd, short what, void *arg)
@@ -290,27 +264,19 @@ static void on_kick(evutil_socket_t fd, short what, void *arg)
 static int start_job(struct rdzv *r, enum job_kind kind)
 {
 	struct rdzv_job *j;
-	sigset_t all, saved;
-	int pfd[2];
-	int err;
 
-	if (r->job)
+	if (r->job.job)
 		return CRUN_EBUSY;
 	j = calloc(1, sizeof(*j));
 	if (!j)
 		return CRUN_ENOMEM;
+	j->h.run = job_run;
+	j->h.release = job_release;
 	j->nprocs = calloc((size_t)r->p.nnodes, sizeof(int));
 	if (!j->nprocs) {
 		free(j);
 		return CRUN_ENOMEM;
 	}
-	if (pipe2(pfd, O_CLOEXEC | O_NONBLOCK) < 0) {
-		err = -errno;
-		free(j->nprocs);
-		free(j);
-		return err;
-	}
-	atomic_init(&j->refs, 2);
 	j->kind = kind;
 	snprintf(j->host, sizeof(j->host), "%s", r->master_addr);
 	j->port = r->p.master_port;
@@ -320,31 +286,7 @@ static int start_job(struct rdzv *r, enum job_kind kind)
 	j->nproc = r->p.nproc;
 	j->join_timeout_ms = r->p.join_timeout_ms;
 	j->barrier_timeout_ms = r->p.barrier_timeout_ms;
-	j->notify_fd = pfd[1];
-	if (r->notify_ev)
-		event_free(r->notify_ev);
-	fd_close(r->notify_rd); /* also when a failed start left no event */
-	r->notify_rd = pfd[0];
-	r->notify_ev = event_new(r->p.base, pfd[0], EV_READ | EV_PERSIST, on_notify, r);
-	if (!r->notify_ev || event_add(r->notify_ev, NULL) < 0) {
-		job_put(j);
-		job_put(j);
-		return CRUN_ENOMEM;
-	}
-	r->job = j;
-	/* The helper takes no signals: they belong to the loop thread, and a
-	 * write to a closed notify pipe must fail with EPIPE, not kill us. */
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &saved);
-	err = pthread_create(&r->thread, NULL, job_main, j);
-	pthread_sigmask(SIG_SETMASK, &saved, NULL);
-	if (err) {
-		r->job = NULL;
-		job_put(j);
-		job_put(j);
-		return -err;
-	}
-	return 0;
+	return helper_start(&r->job, &j->h);
 }
 
 int rdzv_new(const struct rdzv_params *p, struct rdzv **ret_rdzv)
@@ -363,7 +305,6 @@ int rdzv_new(const struct rdzv_params *p, struct rdzv **ret_rdzv)
 			return CRUN_ENOMEM;
 		}
 		r->c10d = c;
-		r->notify_rd = -1;
 		*ret_rdzv = r;
 		return 0;
 	}
@@ -378,7 +319,7 @@ int rdzv_new(const struct rdzv_params *p, struct rdzv **ret_rdzv)
 	if (!r)
 		return CRUN_ENOMEM;
 	r->p = *p;
-	r->notify_rd = -1;
+	helper_init(&r->job, p->base, on_job, r);
 	snprintf(r->run_id, sizeof(r->run_id), "%s", p->run_id ? p->run_id : "none");
 	r->p.run_id = r->run_id;
 	if (p->standalone)
@@ -433,6 +374,7 @@ int rdzv_next_round(struct rdzv *r)
 			snprintf(r->info.master_addr, sizeof(r->info.master_addr), "%s",
 				 r->master_addr);
 			r->info.master_port = r->p.master_port;
+			r->info.attempt = -1;
 			r->have_info = true;
 		}
 		r->kick_ev = RDZV_EV_COMPLETE;
@@ -459,6 +401,11 @@ int rdzv_exit_barrier(struct rdzv *r)
 		return 0;
 	}
 	return start_job(r, JOB_BARRIER);
+}
+
+int rdzv_barrier_result(const struct rdzv *r)
+{
+	return r->c10d ? c10d_barrier_result(r->c10d) : r->barrier_result;
 }
 
 const char *rdzv_last_error(const struct rdzv *r)
@@ -490,14 +437,8 @@ void rdzv_free(struct rdzv *r)
 	if (!r)
 		return;
 	c10d_free(r->c10d);
-	if (r->job) {
-		pthread_detach(r->thread);
-		job_put(r->job);
-	}
-	if (r->notify_ev)
-		event_free(r->notify_ev);
-	if (r->notify_rd >= 0)
-		fd_close(r->notify_rd);
+	if (!r->c10d)
+		helper_fini(&r->job);
 	if (r->kick)
 		event_free(r->kick);
 	free(r);
