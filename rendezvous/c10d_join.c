@@ -348,6 +348,20 @@ static int lease_for(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t)
 	return r < 0 ? c10d_jfail(j, lc, r, "taking the lease") : 0;
 }
 
+/* Keeps this agent's lease alive while it waits in an open round (the
+ * monitor does it once the round completes). A lapsed lease (this process
+ * was stopped past the TTL) already set the round's change key: the round
+ * is abandoned and joined again, so there is nothing to do here. */
+static void keep_lease(struct c10d_job *j, uint64_t now, uint64_t *last)
+{
+	struct coord *lc = j->lease_c ? j->lease_c : j->mon_c;
+
+	if (!j->lease || !lc || now - *last < j->conf.hb_ms)
+		return;
+	*last = now;
+	(void)coord_lease_keepalive(lc, j->lease);
+}
+
 /* A ticket the closed round does not list: a spare waits for the next
  * round; a late joiner asks the running round to make room and joins the
  * next one at once. RO_SPARE_DONE when the job ended meanwhile. */
@@ -399,6 +413,7 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 {
 	char key[64], jk[64], chk[64];
 	uint64_t min_seen = 0, max_seen = 0, next_try = 0, last_log = clock_now_ms();
+	uint64_t last_keep = clock_now_ms();
 	uint32_t poll = MIN(C10D_POLL_MS, j->conf.hb_ms);
 	int64_t joined = t;
 	int r;
@@ -416,6 +431,7 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 				 j->conf.join_ms / 1000, j->min, j->prefix, rd, joined);
 			return CRUN_ETIMEDOUT;
 		}
+		keep_lease(j, now, &last_keep);
 		r = coord_add(c, jk, 0, &joined);
 		if (r < 0)
 			return c10d_jfail(j, c, r, "counting the nodes");
@@ -430,6 +446,15 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 			/* A ticket holder died (its lease set the change key)
 			 * before the round closed: nobody can tell whether it
 			 * would have been counted, so start over. */
+			char *why = NULL;
+
+			if (coord_try_get(c, chk, &why) == 0) {
+				log_at(LL_WARN, SUB_RDZV,
+				       "rendezvous '%s' round %" PRId64 " ended before it closed "
+				       "(%.200s); starting over",
+				       j->prefix, rd, why);
+				crun_free(why);
+			}
 			return abandon(j, c, rd, ret_closed);
 		}
 		if (now >= next_try && round_should_close((int)t, j->max, now, min_seen, max_seen,
@@ -494,6 +519,8 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 		if (r < 0)
 			return c10d_jfail(j, c, r, "writing the node record");
 		TRY(lease_for(j, c, rd, t));
+		log_at(LL_WARN, SUB_RDZV, "joined rendezvous '%s' round %" PRId64 " as ticket %" PRId64,
+		       j->prefix, rd, t);
 		TRY(wait_closed(j, c, rd, t, deadline, &closed));
 		r = round_closed_parse(closed, j->max, &rc);
 		crun_free(closed);
@@ -502,6 +529,9 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 		log_at(LL_DEBUG, SUB_RDZV, "round %" PRId64 " closed with %d, ticket %" PRId64, rd,
 		       rc.n, t);
 		if (rc.n == 0) { /* abandoned: everyone joins the next round */
+			log_at(LL_WARN, SUB_RDZV,
+			       "rendezvous '%s' round %" PRId64 " was abandoned; joining the next",
+			       j->prefix, rd);
 			r = open_next(j, c, rd, NULL);
 		} else if ((mi = round_closed_find(&rc, (int)t)) < 0) {
 			r = not_counted_in(j, c, rd, rc.n, &deadline);
