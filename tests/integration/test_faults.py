@@ -139,8 +139,36 @@ class Agent:
         return self.p.returncode
 
     def kill_tree(self, sig=signal.SIGKILL):
-        """The node dies: the agent and everything in its session."""
-        os.killpg(self.p.pid, sig)
+        """The whole node gets sig: the agent and every descendant (workers
+        run in process groups of their own)."""
+        pids = descendants(self.p.pid)
+        if sig == signal.SIGCONT:
+            pids.reverse()  # the agent last: its workers run again first
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+def descendants(root):
+    """root and every process below it (parents first), from /proc."""
+    children = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                ppid = int(fh.read().split(") ")[-1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(pid))
+    out, todo = [], [root]
+    while todo and len(out) < 4096:
+        pid = todo.pop(0)
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
 
 
 def task(tmpdir, secs, crash_rank=-2, until=0):
@@ -429,9 +457,14 @@ def _scale_up(procs, tmp, worker, py, nproc, case):
     ags = [Agent(procs, tmp, port, "grow", "2:3", env_worker, nproc=nproc, py=py,
                  extra=["--max_restarts=3"], name=n) for n in "AB"]
     t0 = min(a.wait_for("restarting workers", timeout=120) for a in ags)
+    # The 2-node job runs attempt 1 (its workers wait for a third node)...
+    for a in ags:
+        a.wait_for(r"complete: 2 nodes.*attempt=1", timeout=120)
+    # ...when the third node joins: a new round, the attempt stays 1.
     c = Agent(procs, tmp, port, "grow", "2:3", env_worker, nproc=nproc, py=py,
               extra=["--max_restarts=3"], name="C")
-    detect = c.wait_for("joined rendezvous", timeout=60)
+    t0 = time.time()
+    detect = min(a.wait_for(r"round \d+ is over: join", timeout=60, after=t0) for a in ags)
     recover = c.wait_for(r"round \d+ complete: 3 nodes", timeout=120)
     for a in (*ags, c):
         assert a.finish(timeout=180) == 0, a.text()[-4000:]
@@ -441,20 +474,24 @@ def _scale_up(procs, tmp, worker, py, nproc, case):
 
 
 DIST_MATMUL_ONCE = """
-import os, subprocess, sys
+import os, subprocess, sys, time
 marker = sys.argv[1]
 if os.environ["RANK"] == "0" and not os.path.exists(marker):
     open(marker, "w").close()
     sys.exit(3)
+if os.environ["GROUP_WORLD_SIZE"] != "3":
+    time.sleep(60)  # until the third node joins (the agents stop us)
 sys.exit(subprocess.call([sys.argv[2], "60"]))
 """
 
 GLOO_ONCE = """
-import os, sys
+import os, sys, time
 marker = sys.argv[1]
 if os.environ["RANK"] == "0" and not os.path.exists(marker):
     open(marker, "w").close()
     sys.exit(3)
+if os.environ["GROUP_WORLD_SIZE"] != "3":
+    time.sleep(60)  # until the third node joins (the agents stop us)
 import torch, torch.distributed as dist
 dist.init_process_group("gloo")
 t = torch.ones(4) * (dist.get_rank() + 1)
@@ -595,12 +632,29 @@ def settle(tmp, live, seed, rnd, timeout=90):
     while old and time.monotonic() < deadline:
         time.sleep(0.1)
         old = [r for r in old if alive(r["pid"])]
+    if old:
+        print(f"soak seed {seed} round {rnd}: workers of older rounds alive: {old}\n"
+              f"{[proc_info(r['pid']) for r in old]}\n{logs()}")
     assert not old, (seed, rnd, old)
 
 
-def alive(pid):
+def proc_info(pid):
     try:
         with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(") ")[-1][0] not in "ZX"
+            st = fh.read().split(") ")[-1].split()
+        with open(f"/proc/{st[1]}/cmdline", "rb") as fh:
+            parent = fh.read().replace(b"\0", b" ").decode(errors="replace")[:120]
+        return {"state": st[0], "ppid": st[1], "pgrp": st[2], "parent": parent}
+    except OSError as e:
+        return str(e)
+
+
+def alive(pid):
+    """Running: not gone, not a zombie, and not frozen with its stopped node
+    (SIGSTOP of a node stops its workers too; its agent stops them when it
+    continues)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ")[-1][0] not in "ZXTt"
     except OSError:
         return False
