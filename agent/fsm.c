@@ -125,8 +125,10 @@ enum agent_state agent_after_stop(struct crun_agent *a)
 			a->restart_count++;
 		log_at(LL_WARN, SUB_AGENT, "restarting workers (attempt %d of %d restarts)",
 		       a->restart_count, a->cfg.max_restarts);
-		/* 2.x workers use no attempt prefix: start them on an empty store. */
-		if (a->store)
+		/* 2.x workers use no attempt prefix: start them on an empty store
+		 * (a shared static store: the backend clears it once every node
+		 * stopped). */
+		if (a->store && !rdzv_clears_store(a->rdzv))
 			store_server_clear(a->store);
 		return open_round(a);
 	case STOP_FAILED: {

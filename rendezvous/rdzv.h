@@ -76,6 +76,9 @@ struct rdzv_params {
 	struct event_base *base; /* borrowed, the agent's loop */
 	rdzv_event_fn on_event;
 	void *arg;
+	/* Static multi-node: clears the store this agent serves (node 0), on
+	 * the loop, once every node stopped its workers for a restart. */
+	void (*clear_store)(void *arg);
 };
 
 /* Creates a backend. CRUN_ENOTSUP for a backend not implemented, CRUN_ECONFIG
@@ -88,6 +91,10 @@ int rdzv_new(const struct rdzv_params *p, struct rdzv **ret_rdzv);
 int rdzv_store_to_serve(const struct rdzv *r, const char **ret_host, uint16_t *ret_port);
 /* Tells the backend the port the agent's store actually bound. */
 void rdzv_set_served_port(struct rdzv *r, uint16_t port);
+
+/* Whether the backend clears the served store itself between attempts
+ * (static multi-node: only once every node stopped); else the agent does. */
+bool rdzv_clears_store(const struct rdzv *r);
 
 /* Starts the next round; completion arrives as RDZV_EV_COMPLETE or
  * RDZV_EV_FAILED. Returns 0 or a negative code if it could not start. */
@@ -107,12 +114,12 @@ const char *rdzv_last_error(const struct rdzv *r);
  * which. An agent must not report success then. */
 int rdzv_barrier_result(const struct rdzv *r);
 
-/* c10d: the kind of the last RDZV_EV_PEER_CHANGED. */
+/* The kind of the last RDZV_EV_PEER_CHANGED (c10d, static multi-node). */
 enum rdzv_change rdzv_change_kind(const struct rdzv *r);
-/* c10d: closes the job as failed (why = root cause, or NULL when a peer
- * closed it) so every agent stops; the agent serving the rendezvous store
- * waits (bounded) for the others to read it. Ends with RDZV_EV_BARRIER_DONE.
- * CRUN_ENOTSUP for backends without a shared job state. */
+/* Closes the job as failed (why = root cause, or NULL when a peer closed
+ * it) so every agent stops (c10d, static multi-node); the agent serving the
+ * c10d store waits (bounded) for the others to read it. Ends with
+ * RDZV_EV_BARRIER_DONE. CRUN_ENOTSUP for a one-node job. */
 int rdzv_close_failed(struct rdzv *r, const char *why);
 /* Checks a --rdzv_conf value for `backend`; 0 or CRUN_EINVAL with err. */
 int rdzv_conf_check(const char *backend, const char *conf, char *err, size_t cap);

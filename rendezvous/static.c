@@ -6,7 +6,16 @@
  * node 0 never starts (and possibly restarts and clears the store) before
  * every agent has read what it needs.
  *
- * The exchange uses the blocking client, so it runs on a helper thread
+ * Restarts of a multi-node job are coordinated through the same store, as
+ * c10d does: a monitor on every node watches "crun/rdzv/restart/<A>"; the
+ * node whose worker failed sets it (first reason wins), every node stops its
+ * workers and counts in under "stopped/<A>"; once all stopped, node 0 clears
+ * its store (2.x workers use no attempt prefix) and sets "go/<A+1>", and
+ * attempt A+1 starts everywhere with the same TORCHELASTIC_RESTART_COUNT. A
+ * node out of restarts writes "failed: <why>" there instead, and every node
+ * stops and exits 1.
+ *
+ * Store calls use the blocking client, so they run on helper threads
  * (helper_int.h): the loop (which on node 0 also serves the store) never
  * blocks.
  */
@@ -25,7 +34,9 @@
 
 #define RDZV_MAX_NODES 65536
 
-enum job_kind { JOB_JOIN, JOB_BARRIER };
+#define RESTART_POLL_MS 500 /* the monitor's longest wait between stop checks */
+
+enum job_kind { JOB_JOIN, JOB_BARRIER, JOB_RESTART, JOB_GO, JOB_FAIL, JOB_MONITOR };
 
 /* One helper job (helper_int.h): rdzv_free() never waits for a thread
  * blocked in the store client. */
@@ -37,8 +48,11 @@ struct rdzv_job {
 	char run_id[256];
 	int node_rank, nnodes, nproc;
 	uint32_t join_timeout_ms, barrier_timeout_ms;
+	int attempt;	/* the attempt running (RESTART: the one that ended) */
+	char why[512];	/* FAIL: root cause, "" when a peer failed the job */
 	/* results, read by the loop only after the post */
 	int *nprocs;
+	enum rdzv_change change; /* MONITOR */
 	char err[512];
 };
 
@@ -53,8 +67,12 @@ struct rdzv {
 	struct rdzv_info info;
 	struct event *kick; /* deferred completion for one-node jobs */
 	enum rdzv_event kick_ev;
-	struct helper job;
+	struct helper job, mon;
+	bool multi; /* several nodes: restarts are coordinated */
+	int attempt;
+	enum rdzv_change change;
 	int barrier_result;
+	char why[512]; /* for JOB_FAIL */
 	char err[512];
 };
 
@@ -197,6 +215,96 @@ static int job_barrier(struct rdzv_job *j, crun_store_t *s)
 	return r < 0 ? job_fail(j, s, r, "exit barrier (waiting for agents to leave)") : 0;
 }
 
+/* Formats "crun/rdzv/<what>/<attempt>". */
+static int akey(char *buf, size_t cap, const char *what, int attempt)
+{
+	return key_printf(buf, cap, what, attempt);
+}
+
+/* A worker failed here (or a peer's restart woke us): say so, stop, and
+ * wait until every node stopped; non-zero nodes also wait for node 0 to
+ * clear its store and let attempt A+1 go. */
+static int job_restart(struct rdzv_job *j, crun_store_t *s)
+{
+	char key[128], why[64], k2[128];
+	int64_t n;
+	int r;
+
+	TRY(akey(key, sizeof(key), "restart", j->attempt));
+	TRY(str_printf(why, sizeof(why), "restart node %d", j->node_rank));
+	r = crun_store_compare_set(s, key, "", 0, why, strlen(why), NULL, NULL);
+	if (r < 0)
+		return job_fail(j, s, r, "announcing the restart");
+	TRY(akey(key, sizeof(key), "stopped", j->attempt));
+	TRY(akey(k2, sizeof(k2), "all_stopped", j->attempt));
+	r = crun_store_add(s, key, 1, &n);
+	if (r == 0 && n == j->nnodes)
+		r = crun_store_set(s, k2, "1", 1);
+	if (r < 0)
+		return job_fail(j, s, r, "counting the stopped nodes");
+	r = crun_store_wait(s, (const char *const[]){k2}, 1, j->join_timeout_ms);
+	if (r < 0)
+		return job_fail(j, s, r, "waiting for every node to stop its workers");
+	if (j->node_rank == 0)
+		return 0; /* the loop clears the store, then JOB_GO */
+	TRY(akey(key, sizeof(key), "go", j->attempt + 1));
+	r = crun_store_wait(s, (const char *const[]){key}, 1, j->join_timeout_ms);
+	return r < 0 ? job_fail(j, s, r, "waiting for node 0 to start the next attempt") : 0;
+}
+
+/* Node 0, after clearing its store: every node may start attempt A+1. */
+static int job_go(struct rdzv_job *j, crun_store_t *s)
+{
+	char key[128];
+	int r;
+
+	TRY(akey(key, sizeof(key), "go", j->attempt + 1));
+	r = crun_store_set(s, key, "1", 1);
+	return r < 0 ? job_fail(j, s, r, "starting the next attempt") : 0;
+}
+
+/* Out of restarts here: every node must stop. A peer's failure (no why):
+ * nothing to write. */
+static int job_fail_all(struct rdzv_job *j, crun_store_t *s)
+{
+	char key[128], val[600];
+	int r;
+
+	if (!j->why[0])
+		return 0;
+	TRY(akey(key, sizeof(key), "restart", j->attempt));
+	TRY(str_printf(val, sizeof(val), "failed: %s", j->why));
+	r = crun_store_compare_set(s, key, "", 0, val, strlen(val), NULL, NULL);
+	return r < 0 ? job_fail(j, s, r, "closing the job as failed") : 0;
+}
+
+/* Watches "restart/<A>" until the loop drops it; posts once. */
+static int job_monitor(struct rdzv_job *j, crun_store_t *s)
+{
+	char key[128];
+	void *v = NULL;
+	size_t len;
+	int r = CRUN_ETIMEDOUT;
+
+	TRY(akey(key, sizeof(key), "restart", j->attempt));
+	for (int i = 0; i < 1 << 30 && !helper_stopping(&j->h) && r == CRUN_ETIMEDOUT; i++)
+		r = crun_store_wait(s, (const char *const[]){key}, 1, RESTART_POLL_MS);
+	if (helper_stopping(&j->h))
+		return 0;
+	if (r == 0)
+		r = crun_store_get(s, key, 0, &v, &len);
+	if (r < 0) {
+		job_fail(j, s, r, "lost the agent store on node 0");
+		j->change = RDZV_CHANGE_LOST;
+	} else {
+		snprintf(j->err, sizeof(j->err), "%s", (char *)v);
+		j->change = strncmp(v, "failed", 6) == 0 ? RDZV_CHANGE_FAILED : RDZV_CHANGE_RESTART;
+		crun_free(v);
+	}
+	helper_post(&j->h);
+	return r;
+}
+
 static int job_run(struct helper_job *h)
 {
 	struct rdzv_job *j = (struct rdzv_job *)h;
@@ -207,7 +315,8 @@ static int job_run(struct helper_job *h)
 	o.host = j->host;
 	o.port = j->port;
 	o.connect_timeout_ms = j->kind == JOB_JOIN ? j->join_timeout_ms : 30000;
-	o.timeout_ms = j->kind == JOB_JOIN ? j->join_timeout_ms : j->barrier_timeout_ms;
+	o.timeout_ms = j->kind == JOB_JOIN || j->kind == JOB_RESTART ? j->join_timeout_ms
+								    : j->barrier_timeout_ms;
 	o.prefix = j->run_id;
 	r = crun_store_open(&o, &s);
 	if (r < 0) {
@@ -215,9 +324,41 @@ static int job_run(struct helper_job *h)
 			 j->host, j->port, crun_strerror(r));
 		return r;
 	}
-	r = j->kind == JOB_JOIN ? job_join(j, s) : job_barrier(j, s);
+	switch (j->kind) {
+	case JOB_JOIN:
+		r = job_join(j, s);
+		break;
+	case JOB_BARRIER:
+		r = job_barrier(j, s);
+		break;
+	case JOB_RESTART:
+		r = job_restart(j, s);
+		break;
+	case JOB_GO:
+		r = job_go(j, s);
+		break;
+	case JOB_FAIL:
+		r = job_fail_all(j, s);
+		break;
+	default:
+		r = job_monitor(j, s);
+		break;
+	}
 	crun_store_close(s);
 	return r;
+}
+
+static int start_job(struct rdzv *r, enum job_kind kind);
+
+/* A round (the first, or a coordinated restart) is done: workers may start;
+ * a multi-node job watches for the next restart from now on. */
+static enum rdzv_event round_done(struct rdzv *r)
+{
+	r->info.attempt = r->multi ? r->attempt : -1;
+	r->change = RDZV_CHANGE_NONE;
+	if (r->multi && start_job(r, JOB_MONITOR) < 0)
+		log_at(LL_ERROR, SUB_RDZV, "cannot watch the job for restarts");
+	return RDZV_EV_COMPLETE;
 }
 
 static void on_job(struct helper *h, void *arg)
@@ -228,28 +369,53 @@ static void on_job(struct helper *h, void *arg)
 
 	if (!j)
 		return;
-	if (j->kind == JOB_BARRIER) {
-		r->barrier_result = j->h.result < 0 ? CRUN_ETIMEDOUT : 0;
+	if (j->kind == JOB_BARRIER || j->kind == JOB_FAIL) {
+		r->barrier_result = j->kind == JOB_BARRIER && j->h.result < 0 ? CRUN_ETIMEDOUT : 0;
 		if (j->h.result < 0) {
 			snprintf(r->err, sizeof(r->err), "%s", j->err);
 			log_at(LL_ERROR, SUB_RDZV, "%s", j->err);
 		}
+		/* Node 0 waits for every other agent to hang up: ours too. */
+		helper_drop(&r->mon);
 		ev = RDZV_EV_BARRIER_DONE;
 	} else if (j->h.result < 0) {
 		snprintf(r->err, sizeof(r->err), "%s", j->err);
 		ev = RDZV_EV_FAILED;
+	} else if (j->kind == JOB_RESTART && r->p.node_rank == 0) {
+		/* Every node stopped its workers: clear, then let them go. */
+		if (r->p.clear_store)
+			r->p.clear_store(r->p.arg);
+		helper_job_put(&j->h);
+		if (start_job(r, JOB_GO) < 0) {
+			snprintf(r->err, sizeof(r->err), "cannot start the next attempt");
+			r->p.on_event(RDZV_EV_FAILED, r->p.arg);
+		}
+		return;
+	} else if (j->kind == JOB_RESTART || j->kind == JOB_GO) {
+		r->attempt++;
+		ev = round_done(r);
 	} else if (rdzv_assign_ranks(j->nprocs, j->nnodes, j->node_rank, &r->info) < 0) {
 		snprintf(r->err, sizeof(r->err), "inconsistent nproc records");
 		ev = RDZV_EV_FAILED;
 	} else {
 		snprintf(r->info.master_addr, sizeof(r->info.master_addr), "%s", r->master_addr);
 		r->info.master_port = r->p.master_port;
-		r->info.attempt = -1;
 		r->have_info = true;
-		ev = RDZV_EV_COMPLETE;
+		ev = round_done(r);
 	}
 	helper_job_put(&j->h);
 	r->p.on_event(ev, r->p.arg);
+}
+
+static void on_mon(struct helper *h, void *arg)
+{
+	struct rdzv *r = arg;
+	struct rdzv_job *j = (struct rdzv_job *)h->job;
+
+	r->change = j->change;
+	snprintf(r->err, sizeof(r->err), "%s", j->err);
+	log_at(LL_WARN, SUB_RDZV, "attempt %d is over: %s", r->attempt, j->err);
+	r->p.on_event(RDZV_EV_PEER_CHANGED, r->p.arg);
 }
 
 static void on_kick(evutil_socket_t fd, short what, void *arg)
@@ -263,9 +429,10 @@ static void on_kick(evutil_socket_t fd, short what, void *arg)
 
 static int start_job(struct rdzv *r, enum job_kind kind)
 {
+	struct helper *slot = kind == JOB_MONITOR ? &r->mon : &r->job;
 	struct rdzv_job *j;
 
-	if (r->job.job)
+	if (slot->job)
 		return CRUN_EBUSY;
 	j = calloc(1, sizeof(*j));
 	if (!j)
@@ -286,7 +453,9 @@ static int start_job(struct rdzv *r, enum job_kind kind)
 	j->nproc = r->p.nproc;
 	j->join_timeout_ms = r->p.join_timeout_ms;
 	j->barrier_timeout_ms = r->p.barrier_timeout_ms;
-	return helper_start(&r->job, &j->h);
+	j->attempt = r->attempt;
+	snprintf(j->why, sizeof(j->why), "%s", r->why);
+	return helper_start(slot, &j->h);
 }
 
 int rdzv_new(const struct rdzv_params *p, struct rdzv **ret_rdzv)
@@ -320,6 +489,8 @@ int rdzv_new(const struct rdzv_params *p, struct rdzv **ret_rdzv)
 		return CRUN_ENOMEM;
 	r->p = *p;
 	helper_init(&r->job, p->base, on_job, r);
+	helper_init(&r->mon, p->base, on_mon, r);
+	r->multi = !p->standalone && p->nnodes > 1;
 	snprintf(r->run_id, sizeof(r->run_id), "%s", p->run_id ? p->run_id : "none");
 	r->p.run_id = r->run_id;
 	if (p->standalone)
@@ -364,8 +535,12 @@ int rdzv_next_round(struct rdzv *r)
 	if (r->c10d)
 		return c10d_next_round(r->c10d);
 	/* Static membership never changes: later rounds (restarts) reuse the
-	 * first round's answer; re-running the exchange would race with node
-	 * 0 clearing the store between attempts. */
+	 * first round's answer. Several nodes restart together (file comment). */
+	if (r->multi && r->have_info) {
+		helper_drop(&r->mon);
+		helper_drop(&r->job); /* an exit barrier a peer's restart woke */
+		return start_job(r, JOB_RESTART);
+	}
 	if (r->have_info || r->p.nnodes == 1) {
 		if (!r->have_info) {
 			int one[1] = {r->p.nproc};
@@ -382,6 +557,11 @@ int rdzv_next_round(struct rdzv *r)
 		return 0;
 	}
 	return start_job(r, JOB_JOIN);
+}
+
+bool rdzv_clears_store(const struct rdzv *r)
+{
+	return !r->c10d && r->multi;
 }
 
 const struct rdzv_info *rdzv_info(const struct rdzv *r)
@@ -415,12 +595,18 @@ const char *rdzv_last_error(const struct rdzv *r)
 
 enum rdzv_change rdzv_change_kind(const struct rdzv *r)
 {
-	return r->c10d ? c10d_change_kind(r->c10d) : RDZV_CHANGE_NONE;
+	return r->c10d ? c10d_change_kind(r->c10d) : r->change;
 }
 
 int rdzv_close_failed(struct rdzv *r, const char *why)
 {
-	return r->c10d ? c10d_close_failed(r->c10d, why) : CRUN_ENOTSUP;
+	if (r->c10d)
+		return c10d_close_failed(r->c10d, why);
+	if (!r->multi || !r->have_info || r->change == RDZV_CHANGE_LOST)
+		return CRUN_ENOTSUP;
+	snprintf(r->why, sizeof(r->why), "%s", why ? why : "");
+	helper_drop(&r->job);
+	return start_job(r, JOB_FAIL);
 }
 
 int rdzv_conf_check(const char *backend, const char *conf, char *err, size_t cap)
@@ -437,8 +623,10 @@ void rdzv_free(struct rdzv *r)
 	if (!r)
 		return;
 	c10d_free(r->c10d);
-	if (!r->c10d)
+	if (!r->c10d) {
+		helper_fini(&r->mon);
 		helper_fini(&r->job);
+	}
 	if (r->kick)
 		event_free(r->kick);
 	free(r);

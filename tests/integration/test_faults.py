@@ -89,10 +89,11 @@ class Agent:
     """One crun agent; its stderr is collected with arrival times."""
 
     def __init__(self, procs, tmpdir, port, job, nnodes, worker, nproc=2, conf=CONF,
-                 extra=(), py=PY, name=""):
-        argv = [bin_path("crun"), f"--nnodes={nnodes}", f"--nproc_per_node={nproc}",
-                "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
-                f"--rdzv_id={job}", f"--rdzv_conf={conf}", *extra, *worker]
+                 extra=(), py=PY, name="", argv=None):
+        if argv is None:
+            argv = [bin_path("crun"), f"--nnodes={nnodes}", f"--nproc_per_node={nproc}",
+                    "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
+                    f"--rdzv_id={job}", f"--rdzv_conf={conf}", *extra, *worker]
         self.name = name
         self.p = procs.spawn(argv, env=crun_env(tmpdir, py))
         self.lines = []
@@ -351,12 +352,16 @@ def test_node_stopped_past_its_lease_rejoins_two_rounds_late(procs, tmp):
     round-0 group rank, which a survivor held in round 1: every agent exited
     1 within a second."""
     port = free_port()
-    ags = [Agent(procs, tmp, port, "late", "2:3", task(tmp, 6), extra=["--max_restarts=3"],
-                 name=n) for n in "ABC"]
+    ags = []
+    for n in "ABC":  # one after the other: group ranks 0, 1, 2
+        ags.append(Agent(procs, tmp, port, "late", "2:3", task(tmp, 6),
+                         extra=["--max_restarts=3"], name=n))
+        time.sleep(0.5)
     wait_recs(tmp, lambda r: r["GROUP_WORLD_SIZE"] == "3", 6, "3 nodes")
-    victim = ags[1]
-    if victim.when("serving the rendezvous store") is not None:
-        victim = ags[2]
+    # The victim holds group rank 1: a survivor takes rank 1 in round 1, the
+    # rank the victim still carries when it comes back.
+    victim = next(a for a in ags if a.when(r"round 0 complete: 3 nodes, group_rank=1 "))
+    assert victim.when("serving the rendezvous store") is None, logs()
     t0 = time.time()
     victim.kill_tree(signal.SIGSTOP)
     detect = min(a.wait_for(r"round \d+ is over: dead", after=t0) for a in ags
@@ -658,3 +663,27 @@ def alive(pid):
             return fh.read().split(") ")[-1][0] not in "ZXTt"
     except OSError:
         return False
+
+
+# ---- static multi-node restarts -------------------------------------------------------------
+
+def test_static_multi_node_restart_is_coordinated(procs, tmp):
+    """Issue 8, item 8: a worker failure on node 1 of a static 2-node job
+    restarts the workers of BOTH nodes into attempt 1 (node 0 clears its
+    store only once every node stopped). Before: node 1 restarted alone while
+    node 0's attempt-0 workers went on."""
+    port = free_port()
+    ags = [Agent(procs, tmp, port, None, None, None, name=f"node{rank}", argv=[
+        bin_path("crun"), "--nnodes=2", f"--node_rank={rank}", "--nproc_per_node=2",
+        "--master_addr=127.0.0.1", f"--master_port={port}", "--max_restarts=1",
+        *task(tmp, 4, 2, 1)]) for rank in (0, 1)]  # global rank 2 fails in attempt 0
+    t0 = ags[1].wait_for("restarting workers", timeout=60)
+    detect = ags[0].wait_for("restarting workers", timeout=60)
+    wait_recs(tmp, lambda r: r["TORCHELASTIC_RESTART_COUNT"] == "1", 4, "attempt 1 on both")
+    recover = rec_times(tmp, lambda r: r["TORCHELASTIC_RESTART_COUNT"] == "1")[-1]
+    for a in ags:
+        assert a.finish() == 0, a.text()[-3000:]
+    again = [r for r in recs(tmp) if r["TORCHELASTIC_RESTART_COUNT"] == "1"]
+    assert sorted(int(r["RANK"]) for r in again) == [0, 1, 2, 3], again
+    report("static 2 nodes: worker failure on node 1", "both nodes restart, exit 0", t0,
+           detect, recover, tmp)
