@@ -687,3 +687,59 @@ def test_static_multi_node_restart_is_coordinated(procs, tmp):
     assert sorted(int(r["RANK"]) for r in again) == [0, 1, 2, 3], again
     report("static 2 nodes: worker failure on node 1", "both nodes restart, exit 0", t0,
            detect, recover, tmp)
+
+
+# ---- link cuts between network namespaces ----------------------------------------------------
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"),
+                    reason="network namespaces need root and iproute2")
+@pytest.mark.parametrize("who", ["node", "store host"])
+def test_link_cut_netns(procs, tmp, who):
+    """A node's link goes down (no FIN, no RST: only timeouts can tell).
+    A cut-off node: the others evict it after its lease TTL and go on as a
+    2-node job; it says it lost the rendezvous store and exits 1. A cut-off
+    store host: the others say so within about a TTL, naming it, and exit 1
+    (with c10d the job cannot outlive its store host)."""
+    from test_elastic_netns import Net
+    net = Net(3, 8)
+    try:
+        ags = []
+        for i in range(3):
+            argv = ["ip", "netns", "exec", net.ns[i], bin_path("crun"), "--nnodes=2:3",
+                    "--nproc_per_node=2", "--rdzv_backend=c10d",
+                    f"--rdzv_endpoint={net.addr[0]}:29400", "--rdzv_id=cut",
+                    f"--rdzv_conf={CONF}", *task(tmp, 30)]
+            ags.append(Agent(procs, tmp, None, None, None, None, name=f"n{i}", argv=argv))
+            if i == 0:
+                ags[0].wait_for("serving the rendezvous store")
+        wait_recs(tmp, lambda r: r["GROUP_WORLD_SIZE"] == "3", 6, "3 nodes")
+        cut = 0 if who == "store host" else 2
+        others = [a for i, a in enumerate(ags) if i != cut]
+        t0 = time.time()
+        net.link(cut, False)
+        if who == "node":
+            detect = min(a.wait_for(r"round \d+ is over: dead", after=t0) for a in others)
+            wait_recs(tmp, lambda r: r["GROUP_WORLD_SIZE"] == "2", 4, "2 nodes")
+            recover = rec_times(tmp, lambda r: r["GROUP_WORLD_SIZE"] == "2")[0]
+            assert ags[cut].finish(timeout=60) == 1, ags[cut].text()[-3000:]
+            assert "lost the rendezvous store" in ags[cut].text()
+            for a in others:
+                a.kill_tree(signal.SIGTERM)
+                a.finish(timeout=60)
+            outcome = "survivors go on as 2 nodes; cut node exits 1"
+        else:
+            detect = min(a.wait_for("lost the rendezvous store", timeout=60, after=t0)
+                         for a in others)
+            for a in others:
+                assert a.finish(timeout=60) == 1, a.text()[-3000:]
+                assert "served by the agent on host" in a.text(), a.text()[-3000:]
+            recover = time.time()
+            ags[cut].kill_tree()
+            ags[cut].finish(timeout=30)
+            outcome = "others exit 1 naming it"
+        report(f"link cut of the {who} (netns)", outcome, t0, detect, recover, tmp)
+    finally:
+        for a in AGENTS:
+            if a.p.poll() is None:
+                a.kill_tree()
+        net.close()
