@@ -168,9 +168,9 @@ static int job_run(struct helper_job *h)
 	}
 	if (r < 0) {
 		snprintf(j->err, sizeof(j->err),
-			 "cannot reach the rendezvous store at %.200s:%u%s%.200s%s: %s", j->host, j->port,
-			 j->store_host[0] ? " (served by the agent on host '" : "", j->store_host,
-			 j->store_host[0] ? "')" : "", crun_strerror(r));
+			 "cannot reach the rendezvous store at %.200s:%u%s%.200s%s: %s", j->host,
+			 j->port, j->store_host[0] ? " (served by the agent on host '" : "",
+			 j->store_host, j->store_host[0] ? "')" : "", crun_strerror(r));
 		if (j->kind == JOB_BARRIER)
 			j->barrier = BO_FAILED;
 		return r;

@@ -42,8 +42,8 @@ int c10d_jfail(struct c10d_job *j, struct coord *c, int r, const char *what)
 	const char *detail = c ? coord_last_error(c) : "";
 
 	/* A timed-out wait leaves no detail: no dangling separator then. */
-	snprintf(j->err, sizeof(j->err), "%s: %s%s%s", what, crun_strerror(r),
-		 *detail ? " - " : "", detail);
+	snprintf(j->err, sizeof(j->err), "%s: %s%s%s", what, crun_strerror(r), *detail ? " - " : "",
+		 detail);
 	return r;
 }
 
@@ -320,8 +320,7 @@ static int lease_for(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t)
 		return r < 0 ? c10d_jfail(j, c, r, "writing the alive key") : 0;
 	}
 	KEY(chk, "r%" PRId64 "/change", rd);
-	KEY(why, "dead %s (ticket %" PRId64 ": lease expired or connection lost)", j->hostname,
-	    t);
+	KEY(why, "dead %s (ticket %" PRId64 ": lease expired or connection lost)", j->hostname, t);
 	if (j->lease)
 		(void)coord_lease_revoke(j->lease_c ? j->lease_c : j->mon_c, j->lease);
 	j->lease = 0;
@@ -371,8 +370,8 @@ static int not_counted_in(struct c10d_job *j, struct coord *c, int64_t rd, int n
 	bool spare = n >= j->max;
 	char why[320];
 
-	log_at(LL_WARN, SUB_RDZV,
-	       "rendezvous '%s': round %" PRId64 " closed with %d nodes; %s", j->prefix, rd, n,
+	log_at(LL_WARN, SUB_RDZV, "rendezvous '%s': round %" PRId64 " closed with %d nodes; %s",
+	       j->prefix, rd, n,
 	       spare ? "waiting as a spare" : "a new round will include this node");
 	if (!spare) {
 		KEY(why, "join %s", j->hostname);
@@ -519,8 +518,9 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 		if (r < 0)
 			return c10d_jfail(j, c, r, "writing the node record");
 		TRY(lease_for(j, c, rd, t));
-		log_at(LL_WARN, SUB_RDZV, "joined rendezvous '%s' round %" PRId64 " as ticket %" PRId64,
-		       j->prefix, rd, t);
+		log_at(LL_WARN, SUB_RDZV,
+		       "joined rendezvous '%s' round %" PRId64 " as ticket %" PRId64, j->prefix, rd,
+		       t);
 		TRY(wait_closed(j, c, rd, t, deadline, &closed));
 		r = round_closed_parse(closed, j->max, &rc);
 		crun_free(closed);

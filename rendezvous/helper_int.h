@@ -20,11 +20,11 @@ struct event_base;
 
 struct helper_job {
 	atomic_int refs;
-	atomic_int stop;   /* the loop no longer wants it: a long job ends */
-	atomic_int posted; /* it posted at least once (no final post then) */
-	int notify_fd;	   /* write end */
-	int result;	   /* run()'s return value, read after the post */
-	int (*run)(struct helper_job *j);	 /* on the helper thread */
+	atomic_int stop;		       /* the loop no longer wants it: a long job ends */
+	atomic_int posted;		       /* it posted at least once (no final post then) */
+	int notify_fd;			       /* write end */
+	int result;			       /* run()'s return value, read after the post */
+	int (*run)(struct helper_job *j);      /* on the helper thread */
 	void (*release)(struct helper_job *j); /* frees the enclosing job */
 };
 

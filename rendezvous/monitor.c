@@ -75,8 +75,8 @@ static int read_change(struct c10d_job *j, struct coord *c, const char *chk)
 		(void)c10d_count_in(c, k1, k2, j->nnodes - 1);
 		post(j, RDZV_CHANGE_FAILED);
 	} else {
-		post(j, strncmp(v, "restart", 7) == 0 ? RDZV_CHANGE_RESTART
-						      : RDZV_CHANGE_MEMBERSHIP);
+		post(j,
+		     strncmp(v, "restart", 7) == 0 ? RDZV_CHANGE_RESTART : RDZV_CHANGE_MEMBERSHIP);
 	}
 	crun_free(v);
 	return 0;

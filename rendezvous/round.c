@@ -14,8 +14,8 @@
 
 int round_record_format(const struct round_node *n, char *buf, size_t cap)
 {
-	int r = str_printf(buf, cap, "%d %d %d %d %u %s %s", n->prev_round, n->prev_grank,
-			   n->nproc, n->is_host, n->wport, n->addr, n->host);
+	int r = str_printf(buf, cap, "%d %d %d %d %u %s %s", n->prev_round, n->prev_grank, n->nproc,
+			   n->is_host, n->wport, n->addr, n->host);
 
 	return r < 0 ? r : 0;
 }
@@ -153,8 +153,8 @@ int round_next_attempt(int prev_attempt, const char *prev_change)
 bool round_should_close(int ticket, int max, uint64_t now, uint64_t min_seen, uint64_t max_seen,
 			uint32_t last_call_ms)
 {
-	uint64_t stagger = (uint64_t)MIN((unsigned)(ticket - 1), ROUND_STAGGER_MAX) *
-			   ROUND_STAGGER_MS;
+	uint64_t stagger =
+	    (uint64_t)MIN((unsigned)(ticket - 1), ROUND_STAGGER_MAX) * ROUND_STAGGER_MS;
 
 	if (max_seen)
 		return now >= max_seen + (ticket == max ? 0 : stagger + ROUND_STAGGER_MS);

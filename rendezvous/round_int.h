@@ -40,7 +40,7 @@ struct round_node {
 /* One closed round. */
 struct round_closed {
 	int attempt;
-	int n; /* members; 0 = abandoned */
+	int n;		      /* members; 0 = abandoned */
 	struct round_node *m; /* n members in ticket order (malloc'd) */
 };
 

@@ -48,8 +48,8 @@ struct rdzv_job {
 	char run_id[256];
 	int node_rank, nnodes, nproc;
 	uint32_t join_timeout_ms, barrier_timeout_ms;
-	int attempt;	/* the attempt running (RESTART: the one that ended) */
-	char why[512];	/* FAIL: root cause, "" when a peer failed the job */
+	int attempt;   /* the attempt running (RESTART: the one that ended) */
+	char why[512]; /* FAIL: root cause, "" when a peer failed the job */
 	/* results, read by the loop only after the post */
 	int *nprocs;
 	enum rdzv_change change; /* MONITOR */
@@ -316,7 +316,7 @@ static int job_run(struct helper_job *h)
 	o.port = j->port;
 	o.connect_timeout_ms = j->kind == JOB_JOIN ? j->join_timeout_ms : 30000;
 	o.timeout_ms = j->kind == JOB_JOIN || j->kind == JOB_RESTART ? j->join_timeout_ms
-								    : j->barrier_timeout_ms;
+								     : j->barrier_timeout_ms;
 	o.prefix = j->run_id;
 	r = crun_store_open(&o, &s);
 	if (r < 0) {

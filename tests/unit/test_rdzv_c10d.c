@@ -80,9 +80,15 @@ static char *const no_env[] = {NULL};
 
 START_TEST(cli_accepts_elastic_c10d)
 {
-	char *argv[] = {"crun", "--nnodes=1:3", "--nproc_per_node=2", "--rdzv_backend=c10d",
-			"--rdzv_endpoint=10.0.0.1", "--rdzv_id=job",
-			"--rdzv_conf=last_call_timeout=1,lease_ttl=2", "x.py", NULL};
+	char *argv[] = {"crun",
+			"--nnodes=1:3",
+			"--nproc_per_node=2",
+			"--rdzv_backend=c10d",
+			"--rdzv_endpoint=10.0.0.1",
+			"--rdzv_id=job",
+			"--rdzv_conf=last_call_timeout=1,lease_ttl=2",
+			"x.py",
+			NULL};
 	struct cli c;
 
 	ck_assert_int_eq(cli_parse(&c, 8, argv, no_env), 0);

@@ -84,12 +84,12 @@ START_TEST(closed_round_trip_and_errors)
 					    "[\"-1 -1 1 0 5 a b\",\"-1 -1 1 0 5 a b\"]}",
 					    8, &rc),
 			 CRUN_EPROTO); /* not in ticket order */
-	ck_assert_int_eq(round_closed_parse("{\"attempt\":0,\"tickets\":[1],\"records\":[]}", 8,
-					    &rc),
-			 CRUN_EPROTO);
-	ck_assert_int_eq(round_closed_parse("{\"attempt\":-1,\"tickets\":[],\"records\":[]}", 8,
-					    &rc),
-			 CRUN_EPROTO);
+	ck_assert_int_eq(
+	    round_closed_parse("{\"attempt\":0,\"tickets\":[1],\"records\":[]}", 8, &rc),
+	    CRUN_EPROTO);
+	ck_assert_int_eq(
+	    round_closed_parse("{\"attempt\":-1,\"tickets\":[],\"records\":[]}", 8, &rc),
+	    CRUN_EPROTO);
 	ck_assert_int_eq(round_closed_parse("not json", 8, &rc), CRUN_EPROTO);
 }
 END_TEST
