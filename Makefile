@@ -62,21 +62,39 @@ ALL_CFLAGS = $(BASE_CFLAGS) $(DEP_CFLAGS) $(CFLAGS)
 LIBS = $(DEP_LIBS) -lm -ldl
 
 # ---- the library: every module but cmd/ --------------------------------------
+# libcrun never links CUDA or NCCL (STYLE §7): the .cu kernels and the NCCL
+# backend (worker_sdk/nccl*.c) go into libcrun-cuda.so.0, which links them
+# itself and which the SDK dlopens (kernels/cuda_load.c).
 MODULES := common store rendezvous agent worker_sdk kernels
-LIB_SRCS := $(filter-out kernels/kernels_stub.c,$(foreach m,$(MODULES),$(wildcard $(m)/*.c)))
+GPU_C_SRCS := $(wildcard worker_sdk/nccl*.c)
+LIB_SRCS := $(filter-out $(GPU_C_SRCS),$(foreach m,$(MODULES),$(wildcard $(m)/*.c)))
 CU_SRCS := $(wildcard kernels/*.cu)
-
-ifeq ($(WITH_CUDA),1)
-  ALL_CFLAGS += -DCRUN_WITH_CUDA=1 -I$(CUDA_HOME)/include
-  LIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lnccl -lstdc++
-  CU_OBJS := $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CU_SRCS))
-else
-  LIB_SRCS += $(wildcard kernels/kernels_stub.c)
-  CU_OBJS :=
-endif
-LIB_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRCS)) $(CU_OBJS)
+LIB_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRCS))
 LIBA := $(BUILD)/lib/libcrun.a
 LIBSO := $(BUILD)/lib/libcrun.so.0
+LIBCUDA := $(BUILD)/lib/libcrun-cuda.so.0
+GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/*.c))
+
+comma := ,
+ifeq ($(WITH_CUDA),1)
+  # sm_80 and sm_90 machine code, plus PTX of the newest architecture this
+  # nvcc knows, which the driver JITs on GPUs newer than both.
+  CUDA_ARCH_NEWEST := $(shell $(NVCC) --list-gpu-arch 2>/dev/null | \
+	sed -n 's/^compute_\([0-9]*\)$$/\1/p' | sort -n | tail -1)
+  CUDA_GENCODE := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+	$(if $(CUDA_ARCH_NEWEST),-gencode arch=compute_$(CUDA_ARCH_NEWEST)$(comma)code=compute_$(CUDA_ARCH_NEWEST))
+  NVCCFLAGS ?= -O3 -lineinfo
+  CUDA_OBJS := $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CU_SRCS)) \
+	$(patsubst %.c,$(BUILD)/obj-cuda/%.o,$(GPU_C_SRCS))
+  CUDA_TARGETS := $(LIBCUDA) $(GPU_TESTS)
+else
+  CUDA_TARGETS :=
+endif
+# The GPU object is not built with the sanitizers: it is dlopened into
+# processes that may or may not carry their runtime.
+CUDA_CFLAGS = -std=gnu11 -D_GNU_SOURCE -fPIC -fvisibility=hidden -pthread $(WARN) -I. -Iinclude \
+	-isystem $(CUDA_HOME)/include -MMD -MP $(CFLAGS)
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart -lnccl -lstdc++ -lm -ldl -pthread
 
 PROGS := $(patsubst cmd/%.c,$(BUILD)/bin/%,$(wildcard cmd/*.c))
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
@@ -85,8 +103,8 @@ UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/t
 TEST_HELPERS := $(patsubst tests/helpers/%.c,$(BUILD)/tests/helpers/%,$(wildcard tests/helpers/*.c))
 
 .PHONY: all test unit integration fuzz fuzz-run lint check-layers demo bench clean \
-	test-deps gpu-test print-config
-all: $(PROGS) $(LIBA) $(LIBSO) $(EXAMPLES) $(BENCHES) $(BUILD)/crun.pc
+	test-deps gpu-test gpu-check print-config
+all: $(PROGS) $(LIBA) $(LIBSO) $(EXAMPLES) $(BENCHES) $(BUILD)/crun.pc $(CUDA_TARGETS)
 	@echo "built crun (WITH_CUDA=$(WITH_CUDA), SAN=$(SAN)) under $(BUILD)/"
 
 print-config:
@@ -97,12 +115,34 @@ $(BUILD)/obj/%.o: %.c $(BUILD)/config.mk
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(ALL_CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/%.cu.o: %.cu
+# -Xptxas -v: registers, spills and shared memory per kernel in the .ptxas
+# file next to the object (read it after touching a kernel).
+$(BUILD)/obj/%.cu.o: %.cu kernels/cuda_int.h kernels/kernels.h
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  NVCC    $<")
-	$(Q)$(NVCC) -O3 -std=c++17 -I. -Iinclude -Xcompiler -fPIC,-fvisibility=hidden \
-		-gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=sm_80 \
-		-c $< -o $@
+	$(Q)$(NVCC) $(NVCCFLAGS) -std=c++17 -I. -Iinclude -Xcompiler -fPIC,-fvisibility=hidden \
+		$(CUDA_GENCODE) -Xptxas -v -c $< -o $@ 2> $@.ptxas || { cat $@.ptxas; exit 1; }
+	$(Q)grep -i 'warning' $@.ptxas >&2 || true
+
+$(BUILD)/obj-cuda/%.o: %.c
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  CC      $< (GPU object)")
+	$(Q)$(CC) $(CUDA_CFLAGS) -c $< -o $@
+
+# The GPU object: self-contained (-z defs: nothing from libcrun), exporting
+# only its versioned entry points, no runpath (found next to libcrun).
+$(LIBCUDA): $(CUDA_OBJS) kernels/cuda.map
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) -shared -Wl,-soname,libcrun-cuda.so.0 -Wl,--version-script=kernels/cuda.map \
+		-Wl,-z,defs -o $@ $(CUDA_OBJS) $(CUDA_LIBS)
+
+# GPU tests (not installed): the SDK plus cuBLAS / NCCL for the baselines.
+$(BUILD)/tests/gpu/%: tests/gpu/%.c $(LIBA) $(BUILD)/config.mk
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CUDA_CFLAGS) $(SANFLAGS) -Wno-missing-prototypes -Itests -o $@ $< $(LIBA) $(LIBS) \
+		-L$(CUDA_HOME)/lib64 -lcudart -lcublas -lnccl -Wl,-rpath,$(CUDA_HOME)/lib64
 
 $(LIBA): $(LIB_OBJS)
 	@mkdir -p $(@D)
@@ -139,6 +179,12 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(LIBA)
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(BASE_LDFLAGS) -o $@ $< $(LIBA) $(LIBS) $(CHECK_LIBS)
 
+# A stand-in GPU object for test_backend (no CUDA): the nccl path on any host.
+$(BUILD)/tests/test_backend: $(BUILD)/tests/libfake_backend.so
+$(BUILD)/tests/libfake_backend.so: tests/unit/fake_backend.c worker_sdk/backend_int.h
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(BASE_CFLAGS) $(CFLAGS) -Wno-missing-prototypes -shared -Wl,-z,defs -o $@ $<
+
 $(BUILD)/tests/helpers/%: $(BUILD)/obj/tests/helpers/%.o $(LIBA)
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(BASE_LDFLAGS) -o $@ $< $(LIBA) $(LIBS)
@@ -152,6 +198,7 @@ test-deps:
 
 test: test-deps all $(UNIT_TESTS) $(TEST_HELPERS)
 	$(Q)$(MAKE) --no-print-directory unit
+	$(Q)$(MAKE) --no-print-directory gpu-check
 	$(Q)$(MAKE) --no-print-directory integration
 	$(Q)$(MAKE) --no-print-directory fuzz-run
 	@echo "make test: all suites passed"
@@ -185,8 +232,18 @@ fuzz-run: $(FUZZERS)
 		grep -E 'stat::number_of_executed_units|Done [0-9]+ runs' $(FUZZ_BUILD)/$$n.log; \
 	done
 
-gpu-test: all
-	$(Q)sh tests/gpu/run.sh
+# The GPU suite with benchmarks (tests/gpu/run.sh; OUT=dir for the table).
+gpu-test:
+	$(Q)sh tests/gpu/run.sh $(BUILD)
+
+# What `make test` runs: the GPU correctness tests without the benchmarks;
+# on a host without a device they report "skipped: no CUDA device".
+gpu-check: all
+ifeq ($(WITH_CUDA),1)
+	$(Q)GPU_QUICK=1 sh tests/gpu/run.sh $(BUILD)
+else
+	@echo "gpu-check: skipped (WITH_CUDA=0)"
+endif
 
 # ---- lint --------------------------------------------------------------------
 SRC_ALL := $(wildcard */*.c */*.h include/crun/*.h tests/*/*.c)

@@ -23,66 +23,100 @@
 #define PROG "crun-rdzvd"
 
 enum {
-	OPT_MAX_KEY = 0x100,
-	OPT_MAX_VALUE,
-	OPT_MAX_ITEMS,
-	OPT_MAX_CONNS,
-	OPT_MAX_CONN_BUF,
-	OPT_MAX_TOTAL,
-	OPT_BACKLOG,
+	OPT_BACKLOG = 0x100,
 	OPT_LOG_LEVEL,
 	OPT_VERSION,
+	OPT_LIMIT, /* OPT_LIMIT + i: tunable i of store_server_limits() */
 };
 
-static const struct option long_opts[] = {
+static const struct option fixed_opts[] = {
     {"host", required_argument, NULL, 'H'},
     {"port", required_argument, NULL, 'p'},
-    {"max-key-bytes", required_argument, NULL, OPT_MAX_KEY},
-    {"max-value-bytes", required_argument, NULL, OPT_MAX_VALUE},
-    {"max-keys-per-request", required_argument, NULL, OPT_MAX_ITEMS},
-    {"max-conns", required_argument, NULL, OPT_MAX_CONNS},
-    {"max-conn-buffer-bytes", required_argument, NULL, OPT_MAX_CONN_BUF},
-    {"max-total-value-bytes", required_argument, NULL, OPT_MAX_TOTAL},
     {"backlog", required_argument, NULL, OPT_BACKLOG},
     {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, OPT_VERSION},
-    {NULL, 0, NULL, 0},
 };
+
+/* The fixed flags, then one --NAME per store tunable, then the terminator. */
+static struct option long_opts[ARRAY_SIZE(fixed_opts) + 32 + 1];
+
+static void build_opts(void)
+{
+	size_t n, k = ARRAY_SIZE(fixed_opts);
+	const struct store_server_limit *l = store_server_limits(&n);
+
+	memcpy(long_opts, fixed_opts, sizeof(fixed_opts));
+	for (size_t i = 0; i < n && k < ARRAY_SIZE(long_opts) - 1; i++, k++)
+		long_opts[k] =
+		    (struct option){l[i].name, required_argument, NULL, OPT_LIMIT + (int)i};
+}
+
+/* "--max-keys N", then its help and default word-wrapped under it. */
+static void usage_limit(FILE *f, const struct store_server_limit *l, uint64_t def)
+{
+	char text[320];
+	const char *p = text;
+	int r;
+
+	fprintf(f, "      --%s %s\n", l->name, strcmp(l->unit, "seconds") ? "N" : "SECONDS");
+	if (def == 0 && l->zero)
+		r = str_printf(text, sizeof(text), "%s (default: %s)", l->help, l->zero);
+	else
+		r = str_printf(text, sizeof(text), "%s (default %llu%s%s)", l->help,
+			       (unsigned long long)def, l->zero ? "; 0: " : "",
+			       l->zero ? l->zero : "");
+	if (r < 0)
+		return;
+	while (*p) {
+		size_t n = strlen(p);
+
+		if (n > 68) {
+			n = 68;
+			while (n && p[n] != ' ')
+				n--;
+			if (!n)
+				n = 68;
+		}
+		fprintf(f, "          %.*s\n", (int)n, p);
+		p += n;
+		while (*p == ' ')
+			p++;
+	}
+}
 
 static void usage(FILE *f)
 {
 	const struct store_server_config d = STORE_SERVER_CONFIG_DEFAULT;
+	const struct store_server_limit *l;
+	size_t n;
 
-	fprintf(
-	    f,
-	    "usage: " PROG " [--host ADDR] [--port N] [options]\n"
-	    "\n"
-	    "Serves a key-value store that speaks PyTorch's TCPStore protocol (torch 1.13\n"
-	    "and 2.x clients, dialect detected per connection) in the foreground. Prints\n"
-	    "'" PROG " listening on ADDR:PORT' once ready; exits 0 on SIGTERM or SIGINT.\n"
-	    "\n"
-	    "  -H, --host ADDR               address or name to bind (default: all\n"
-	    "                                interfaces, IPv6 dual stack, else 0.0.0.0)\n"
-	    "  -p, --port N                  TCP port, 0 picks a free one (default 29400)\n"
-	    "      --max-key-bytes N         longest key accepted (default %zu)\n"
-	    "      --max-value-bytes N       longest value accepted (default %zu)\n"
-	    "      --max-keys-per-request N  keys per CHECK/WAIT/MULTI_* (default %llu)\n"
-	    "      --max-conns N             open client connections (default %u)\n"
-	    "      --max-conn-buffer-bytes N input or output buffered per connection\n"
-	    "                                (default %zu)\n"
-	    "      --max-total-value-bytes N all values and queued items together\n"
-	    "                                (default %zu)\n"
-	    "      --backlog N               listen backlog (default: SOMAXCONN)\n"
-	    "      --log-level LEVEL         error, warn, info (default), debug, trace\n"
-	    "  -h, --help                    show this help and exit\n"
-	    "      --version                 print the version and exit\n"
-	    "\n"
-	    "A request over a limit, or a malformed one, closes that connection only.\n"
-	    "Exit status: 0 after SIGTERM/SIGINT, 1 if the store cannot start, 2 for a bad flag.\n",
-	    d.limits.max_key_bytes, d.limits.max_value_bytes,
-	    (unsigned long long)d.limits.max_items, d.max_conns, d.max_conn_buffered_bytes,
-	    d.max_total_value_bytes);
+	fprintf(f,
+		"usage: " PROG " [--host ADDR] [--port N] [options]\n"
+		"\n"
+		"Serves a key-value store that speaks PyTorch's TCPStore protocol (torch 1.13\n"
+		"and 2.x clients, dialect detected per connection) in the foreground. Prints\n"
+		"'" PROG " listening on ADDR:PORT' once ready; exits 0 on SIGTERM or SIGINT.\n"
+		"\n"
+		"  -H, --host ADDR                   address or name to bind (default: all\n"
+		"                                    interfaces, IPv6 dual stack, else 0.0.0.0)\n"
+		"  -p, --port N                      TCP port, 0 picks a free one (default 29400)\n"
+		"      --backlog N                   listen backlog (default: SOMAXCONN)\n"
+		"      --log-level LEVEL             error, warn, info (default), debug, trace\n"
+		"  -h, --help                        show this help and exit\n"
+		"      --version                     print the version and exit\n"
+		"\n"
+		"Limits (every one is on by default; sizes in bytes, times in seconds):\n");
+	l = store_server_limits(&n);
+	for (size_t i = 0; i < n; i++)
+		usage_limit(f, &l[i], store_server_limit_get(&d, i));
+	fprintf(f,
+		"\n"
+		"A request over a limit, a malformed one, or a client over a budget closes that\n"
+		"connection only, with a WARN line (at most 10 a second) naming the reason.\n"
+		"A client whose replies are not read is not read either (backpressure).\n"
+		"Exit status: 0 after SIGTERM/SIGINT, 1 if the store cannot start, 2 for a bad "
+		"flag.\n");
 }
 
 static _Noreturn void bad_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -99,22 +133,6 @@ static _Noreturn void bad_usage(const char *fmt, ...)
 	exit(2);
 }
 
-/* A flag's integer in [min, max]; exits 2 naming the flag otherwise. */
-static uint64_t flag_uint(const char *flag, const char *val, uint64_t min, uint64_t max)
-{
-	char range[64];
-	uint64_t v;
-
-	if (parse_uint_range(val, min, max, &v) == 0)
-		return v;
-	if (str_printf(range, sizeof(range), "an integer in [%llu, %llu]", (unsigned long long)min,
-		       (unsigned long long)max) < 0)
-		range[0] = '\0';
-	fprintf(stderr, PROG ": --%s: expected %s, got '%s'\ntry '" PROG " --help'\n", flag, range,
-		val);
-	exit(2);
-}
-
 static int level_from_name(const char *s)
 {
 	static const char *const names[] = {"error", "warn", "info", "debug", "trace"};
@@ -127,11 +145,21 @@ static int level_from_name(const char *s)
 
 static void parse_args(int argc, char **argv, struct store_server_config *cfg)
 {
-	const uint64_t big = (uint64_t)1 << 40; /* 1 TiB: keeps size arithmetic safe */
+	char err[256];
+	uint64_t v;
 	int o, lvl;
 
+	build_opts();
 	opterr = 0;
 	while ((o = getopt_long(argc, argv, ":H:p:h", long_opts, NULL)) != -1) {
+		if (o >= OPT_LIMIT) {
+			/* long_opts[] lists the tunables in table order. */
+			const char *name = long_opts[ARRAY_SIZE(fixed_opts) + (o - OPT_LIMIT)].name;
+
+			if (store_server_config_set(cfg, name, optarg, err, sizeof(err)) < 0)
+				bad_usage("--%s", err);
+			continue;
+		}
 		switch (o) {
 		case 'H':
 			cfg->host = optarg;
@@ -142,30 +170,17 @@ static void parse_args(int argc, char **argv, struct store_server_config *cfg)
 			}
 			break;
 		case 'p':
-			cfg->port = (uint16_t)flag_uint("port", optarg, 0, 65535);
-			break;
-		case OPT_MAX_KEY:
-			cfg->limits.max_key_bytes = flag_uint("max-key-bytes", optarg, 1, big);
-			break;
-		case OPT_MAX_VALUE:
-			cfg->limits.max_value_bytes = flag_uint("max-value-bytes", optarg, 1, big);
-			break;
-		case OPT_MAX_ITEMS:
-			cfg->limits.max_items = flag_uint("max-keys-per-request", optarg, 1, big);
-			break;
-		case OPT_MAX_CONNS:
-			cfg->max_conns = (uint32_t)flag_uint("max-conns", optarg, 1, UINT32_MAX);
-			break;
-		case OPT_MAX_CONN_BUF:
-			cfg->max_conn_buffered_bytes =
-			    flag_uint("max-conn-buffer-bytes", optarg, 64, big);
-			break;
-		case OPT_MAX_TOTAL:
-			cfg->max_total_value_bytes =
-			    flag_uint("max-total-value-bytes", optarg, 1, big * 64);
+			if (parse_uint_range(optarg, 0, 65535, &v) < 0)
+				bad_usage("--port: expected an integer in [0, 65535], got '%s'",
+					  optarg);
+			cfg->port = (uint16_t)v;
 			break;
 		case OPT_BACKLOG:
-			cfg->backlog = (int)flag_uint("backlog", optarg, 1, 1 << 20);
+			if (parse_uint_range(optarg, 1, 1 << 20, &v) < 0)
+				bad_usage(
+				    "--backlog: expected an integer in [1, 1048576], got '%s'",
+				    optarg);
+			cfg->backlog = (int)v;
 			break;
 		case OPT_LOG_LEVEL:
 			lvl = level_from_name(optarg);
@@ -201,6 +216,52 @@ static void raise_nofile(void)
 	rl.rlim_cur = rl.rlim_max;
 	if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
 		log_at(LL_WARN, SUB_CMD, "cannot raise RLIMIT_NOFILE: %s", strerror(errno));
+}
+
+/* One INFO line with the limits an operator asks about first; a --max-conns
+ * the fd limit cannot back is worth a WARN (those clients are refused at
+ * accept, cleanly, but refused). */
+static void log_limits(const struct store_server *srv)
+{
+	const struct store_server_config *c = store_server_get_config(srv);
+	struct rlimit rl;
+
+	log_at(LL_INFO, SUB_CMD,
+	       "limits: max-conns %u, max-keys %llu, max-total-value-bytes %zu, "
+	       "max-total-input-bytes %zu, max-total-output-bytes %zu (--help lists all)",
+	       c->max_conns, (unsigned long long)c->max_keys, c->max_total_value_bytes,
+	       c->max_total_input_bytes, c->max_total_output_bytes);
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+	    c->max_conns + 16 > rl.rlim_cur)
+		log_at(LL_WARN, SUB_CMD,
+		       "--max-conns %u is at or above the fd limit (%llu): clients past the "
+		       "limit are refused at accept",
+		       c->max_conns, (unsigned long long)rl.rlim_cur);
+}
+
+/* At exit, one INFO line with every non-zero refusal/limit counter (the
+ * store's metric table), so an operator sees what was refused and why. */
+static void log_metrics(const struct store_server *srv)
+{
+	char line[1024];
+	size_t off = 0;
+
+	if (!srv)
+		return;
+	line[0] = '\0';
+	for (int m = 0; m < STORE_M__MAX; m++) {
+		uint64_t v = store_server_metric(srv, (enum store_metric)m);
+		int n;
+
+		if (!v)
+			continue;
+		n = snprintf(line + off, sizeof(line) - off, " %s=%llu",
+			     store_metric_name((enum store_metric)m), (unsigned long long)v);
+		if (n < 0 || (size_t)n >= sizeof(line) - off)
+			break;
+		off += (size_t)n;
+	}
+	log_at(LL_INFO, SUB_CMD, "store metrics:%s", off ? line : " none");
 }
 
 /* systemd Type=notify readiness without libsystemd: one datagram to
@@ -268,6 +329,7 @@ int main(int argc, char **argv)
 			cfg.host && *cfg.host ? cfg.host : "*", cfg.port, crun_strerror(r));
 		goto out;
 	}
+	log_limits(srv);
 	printf(PROG " listening on %s:%u\n",
 	       cfg.host && *cfg.host ? cfg.host : "::", store_server_port(srv));
 	fflush(stdout);
@@ -279,6 +341,7 @@ int main(int argc, char **argv)
 	}
 	rc = 0;
 out:
+	log_metrics(srv);
 	store_server_free(srv); /* closes every client connection */
 	if (sig_int)
 		event_free(sig_int);

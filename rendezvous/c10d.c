@@ -72,6 +72,7 @@ int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap)
 	    .hb_ms = 1000,
 	    .ttl_ms = 3000,
 	    .is_host = -1,
+	    .store = STORE_SERVER_CONFIG_DEFAULT,
 	};
 
 	for (const char *p = s ? s : ""; *p;) {
@@ -118,11 +119,24 @@ int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap)
 				return CRUN_EINVAL;
 			}
 			c.is_host = b;
+		} else if (strncmp(item, "store_", 6) == 0) {
+			char why[200];
+			int r = store_server_config_set(&c.store, item + 6, v, why, sizeof(why));
+
+			/* why starts with the tunable's name, which is as
+			 * long as ours: print it under our spelling. */
+			if (r < 0) {
+				snprintf(err, cap, "argument --rdzv_conf: %s%s", item,
+					 r == CRUN_ENOTFOUND ? " is not a store limit (see "
+							       "crun-rdzvd --help)"
+							     : why + strlen(item + 6));
+				return CRUN_EINVAL;
+			}
 		} else {
 			snprintf(err, cap,
 				 "argument --rdzv_conf: unknown key '%s' (expected join_timeout, "
 				 "last_call_timeout, close_timeout, read_timeout, is_host, "
-				 "heartbeat_interval, lease_ttl)",
+				 "heartbeat_interval, lease_ttl, store_<limit>)",
 				 item);
 			return CRUN_EINVAL;
 		}
@@ -469,7 +483,7 @@ static bool endpoint_bindable(const char *host, uint16_t port)
  * auto and the endpoint address binds (a local address whose port is free). */
 static void maybe_serve(struct c10d *c)
 {
-	struct store_server_config sc = STORE_SERVER_CONFIG_DEFAULT;
+	struct store_server_config sc = c->conf.store; /* rdzv_conf store_* limits */
 	int r;
 
 	if (c->conf.is_host == 0)

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "rendezvous/rdzv.h"
+#include "store/store.h"
 
 struct c10d;
 
@@ -21,6 +22,9 @@ struct c10d_conf {
 	uint32_t hb_ms;	       /* heartbeat_interval */
 	uint32_t ttl_ms;       /* lease_ttl */
 	int is_host;	       /* -1 auto (endpoint local), 0, 1 */
+	/* store_<tunable>=N keys (store_max_keys=..., the names of crun-rdzvd's
+	 * limit flags): the limits of the store this host serves. */
+	struct store_server_config store;
 };
 
 /* Parses torchrun's rdzv_conf ("k=v,...", seconds) over the defaults. 0, or

@@ -2,6 +2,25 @@
  * speaks both dialects through the pure codec in proto.c, one request at a
  * time, over a socket with poll() deadlines. The agent, the rendezvous and the
  * worker SDK call it from their own threads; it never touches an event loop.
+ *
+ * Reconnecting. A TCPStore stream has no framing to resynchronise on, so a
+ * failed exchange always drops its socket; what follows happens on a new one
+ * (which is also why a v1 connection cannot desync: a late reply can only
+ * arrive on the socket that was closed). Within reconnect_ms, with jittered
+ * exponential backoff, the client dials again, redoes the dialect's
+ * greeting (v2 VALIDATE + PING), HELLO if the extension was in use, and
+ * LEASE_ATTACH for every lease the handle holds, so a reset within a lease's
+ * TTL is not a node failure. Then:
+ *   - an op whose request may have been applied is sent again only if
+ *     applying it twice gives the same state and the same answer (the
+ *     retry_safe table); any other (ADD, APPEND, DELETE_KEY, QUEUE_*,
+ *     BARRIER, LEASE_GRANT) fails with the transport error and a message
+ *     saying it may or may not have been applied; the next call reconnects;
+ *   - writes without a reply (SET, MULTI_SET, APPEND, QUEUE_PUSH) are
+ *     confirmed only by the next reply on the stream; until then SET and
+ *     MULTI_SET are kept (up to UNACKED_MAX bytes) and replayed first on the
+ *     new connection; an unconfirmed APPEND or QUEUE_PUSH, or a bigger write,
+ *     cannot be replayed, and the call that finds the reset fails saying so.
  */
 #include <errno.h>
 #include <limits.h>
@@ -31,6 +50,10 @@
 #define CANCEL_REPLY_MS	 30000
 #define BACKOFF_START_MS 50
 #define BACKOFF_CAP_MS	 2000
+/* Unconfirmed writes kept for replay after a reconnect (see the top). */
+#define UNACKED_MAX (256u * 1024)
+/* Sends of one op, the first included, across reconnects. */
+#define SEND_TRIES 3
 
 struct client_conn {
 	unsigned refs; /* the base handle plus each open view */
@@ -52,7 +75,19 @@ struct client_conn {
 	struct store_bytes *kv; /* views into kbuf */
 	size_t kvcap;
 	uint64_t rng;
-	bool ext; /* HELLO answered: crun's extension ops allowed */
+	bool ext; /* HELLO answered on this socket: extension ops allowed */
+	/* Reconnecting (see the top of the file). */
+	char *host; /* owned, for dialing again */
+	uint16_t port;
+	uint32_t reconnect_ms; /* 0: a lost connection stays lost */
+	bool ext_used;	       /* HELLO was sent once: send it after a reconnect */
+	uint32_t ext_version;  /* the server's answer to HELLO */
+	uint64_t *leases;      /* ids this handle holds, re-attached after a reconnect */
+	size_t nleases, lcap;
+	uint8_t *unacked; /* encoded SET/MULTI_SET sent since the last reply */
+	size_t ulen, ucap;
+	const char *lossy; /* an unconfirmed write that cannot be replayed, or NULL */
+	bool replayed;	   /* unacked was replayed once: a second loss drops it */
 };
 
 struct crun_store {
@@ -61,6 +96,8 @@ struct crun_store {
 	char *pfx;
 	size_t pfx_len;
 };
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem);
 
 /* ---- errors ---------------------------------------------------------------- */
 
@@ -126,7 +163,15 @@ __attribute__((format(printf, 6, 7))) static int set_err(struct client_conn *c, 
 static void conn_break(struct client_conn *c)
 {
 	c->broken = true;
+	c->ext = false;
 	if (c->fd >= 0) {
+		/* Abortive close (RST): the server keeps this connection's
+		 * leases for their TTL, for the re-attach after the redial. An
+		 * orderly close (crun_store_close, or the process exiting)
+		 * ends them at once (store_ext.h). */
+		struct linger lg = {1, 0};
+
+		(void)setsockopt(c->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
 		fd_close(c->fd);
 		c->fd = -1;
 	}
@@ -232,6 +277,15 @@ static int conn_fill(struct client_conn *c, uint64_t deadline)
 	}
 }
 
+/* A reply arrived. Replies come in request order: every write sent before
+ * its request was applied, so nothing is left to replay. */
+static void confirm(struct client_conn *c)
+{
+	c->ulen = 0;
+	c->lossy = NULL;
+	c->replayed = false;
+}
+
 /* Reads one reply to `op`. *out points into the read buffer and stays valid
  * until the next read on this connection. */
 static int conn_read_reply(struct client_conn *c, enum store_op op, uint64_t nitems,
@@ -246,6 +300,7 @@ static int conn_read_reply(struct client_conn *c, enum store_op op, uint64_t nit
 						     c->rlen - c->rpos, out, &used);
 			if (r == 0) {
 				c->rpos += used;
+				confirm(c);
 				return 0;
 			}
 			if (r != CRUN_EAGAIN)
@@ -276,6 +331,22 @@ static void wbuf_trim(struct client_conn *c)
 	}
 }
 
+/* A write without a reply went out: keep it for replay until a reply
+ * confirms it, or remember that it cannot be replayed. */
+static void note_unacked(struct client_conn *c, enum store_op op, const uint8_t *p, size_t len)
+{
+	if (c->lossy)
+		return; /* the next reset fails anyway; keeping more is useless */
+	if ((op != STORE_OP_SET && op != STORE_OP_MULTI_SET) || c->ulen + len > UNACKED_MAX ||
+	    grow((void **)&c->unacked, &c->ucap, c->ulen + len, 1) < 0) {
+		c->lossy = store_proto_op_name(op);
+		c->ulen = 0;
+		return;
+	}
+	memcpy(c->unacked + c->ulen, p, len);
+	c->ulen += len;
+}
+
 /* Encodes req into the connection's write buffer and sends it in one go. */
 static int conn_send_req(struct client_conn *c, const struct store_req *req, uint64_t deadline)
 {
@@ -297,6 +368,8 @@ static int conn_send_req(struct client_conn *c, const struct store_req *req, uin
 	if (r < 0)
 		return r;
 	r = send_all(c->fd, c->wbuf, len, deadline);
+	if (r == 0 && store_proto_reply_kind(req->op) == STORE_REPLY_NONE)
+		note_unacked(c, req->op, c->wbuf, len);
 	wbuf_trim(c);
 	return r;
 }
@@ -312,6 +385,37 @@ static const char *cause_text(int r)
 		return "malformed or over-limit reply";
 	default:
 		return crun_strerror(r);
+	}
+}
+
+/* Ops sent again after a reconnect when the request may already have been
+ * applied: applying them twice leaves the same state and gives the same
+ * answer (with no other writer in between). COMPARE_SET qualifies: a second
+ * try finds its own desired value and answers it. ADD, APPEND, DELETE_KEY
+ * (the answer changes), QUEUE_* and BARRIER (they count) do not. WATCH_KEY
+ * and CANCEL_WAIT belong to the socket they were sent on. */
+static const bool retry_safe[STORE_OP__MAX] = {
+    [STORE_OP_SET] = true,	 [STORE_OP_COMPARE_SET] = true, [STORE_OP_GET] = true,
+    [STORE_OP_CHECK] = true,	 [STORE_OP_WAIT] = true,	[STORE_OP_GETNUMKEYS] = true,
+    [STORE_OP_MULTI_GET] = true, [STORE_OP_MULTI_SET] = true,	[STORE_OP_PING] = true,
+    [STORE_OP_QUEUE_LEN] = true, [STORE_OP_LIST_KEYS] = true,
+};
+
+/* Failures a new connection may cure: the peer or the path went away. A
+ * timeout is not one (its deadline is spent), nor a malformed reply. */
+static bool transient(int r)
+{
+	switch (r) {
+	case CRUN_ECLOSED:
+	case CRUN_ECONNRESET:
+	case CRUN_EPIPE:
+	case CRUN_ECONNABORTED:
+	case CRUN_ENOTCONN:
+	case CRUN_ENETUNREACH:
+	case CRUN_EHOSTUNREACH:
+		return true;
+	default:
+		return false;
 	}
 }
 
@@ -336,6 +440,9 @@ static void conn_free(struct client_conn *c)
 	free(c->wbuf);
 	free(c->kbuf);
 	free(c->kv);
+	free(c->host);
+	free(c->leases);
+	free(c->unacked);
 	free(c);
 }
 
@@ -391,7 +498,10 @@ static int mangle(struct crun_store *s, const char *op, const char *const *keys,
 	return 0;
 }
 
-/* Common entry checks: a live handle, the op exists in the dialect. */
+static int conn_revive(struct client_conn *c, const char *name, uint64_t deadline);
+
+/* Common entry checks: the op exists in the dialect, and the connection is
+ * up (reconnecting if an earlier call lost it). */
 static int enter(struct crun_store *s, enum store_op op)
 {
 	struct client_conn *c = s->conn;
@@ -400,8 +510,7 @@ static int enter(struct crun_store *s, enum store_op op)
 		return set_err(c, CRUN_EDIALECT, store_proto_op_name(op), NULL, 0,
 			       "not in the v%d store dialect", (int)c->dialect);
 	if (c->broken)
-		return set_err(c, CRUN_ENOTCONN, store_proto_op_name(op), NULL, 0,
-			       "connection closed after an earlier failure: %s", c->broke);
+		return conn_revive(c, store_proto_op_name(op), deadline_after(c->timeout_ms));
 	return 0;
 }
 
@@ -420,8 +529,32 @@ static uint64_t op_deadline(struct client_conn *c, uint32_t timeout_ms)
 	return deadline_after(timeout_ms ? timeout_ms : c->timeout_ms);
 }
 
+/* The connection broke (r) with `op` sent, or partly sent, `tries` times.
+ * Returns 0 when it is back and op should be sent again (retry_safe ops,
+ * transport failures, time and tries left), else the error, recorded. */
+static int lost(struct client_conn *c, int r, enum store_op op, const struct store_bytes *k,
+		unsigned tries, uint64_t deadline)
+{
+	const char *name = store_proto_op_name(op);
+	const uint8_t *kp = k ? k->p : NULL;
+	size_t kl = k ? k->len : 0;
+
+	conn_break(c);
+	if (!c->reconnect_ms || !transient(r))
+		return set_err(c, r, name, kp, kl, "%s", cause_text(r));
+	if (!retry_safe[op])
+		return set_err(c, r, name, kp, kl,
+			       "%s with the request in flight; not sent again (not idempotent: "
+			       "it may or may not have been applied)",
+			       cause_text(r));
+	if (tries >= SEND_TRIES || poll_ms(deadline) == 0)
+		return set_err(c, r, name, kp, kl, "%s (sent %u times)", cause_text(r), tries);
+	(void)snprintf(c->broke, sizeof(c->broke), "%s: %s", name, cause_text(r));
+	return conn_revive(c, name, deadline);
+}
+
 /* One request and its reply, no waiting semantics: any failure after a byte
- * may have been sent breaks the connection. */
+ * may have been sent breaks the connection (then lost() decides). */
 static int call(struct client_conn *c, const struct store_req *req, uint64_t nitems,
 		uint64_t deadline, struct store_reply *out)
 {
@@ -429,16 +562,17 @@ static int call(struct client_conn *c, const struct store_req *req, uint64_t nit
 	const struct store_bytes *k = req->key.p ? &req->key : (req->keys ? &req->keys[0] : NULL);
 	int r;
 
-	r = conn_send_req(c, req, deadline);
-	if (r == CRUN_ENOMEM || r == CRUN_EDIALECT) /* nothing was sent */
-		return set_err(c, r, name, k ? k->p : NULL, k ? k->len : 0, "%s", cause_text(r));
-	if (r == 0 && store_proto_reply_kind(req->op) != STORE_REPLY_NONE)
-		r = conn_read_reply(c, req->op, nitems, deadline, out);
-	if (r < 0) {
-		conn_break(c);
-		return set_err(c, r, name, k ? k->p : NULL, k ? k->len : 0, "%s", cause_text(r));
+	for (unsigned tries = 1;; tries++) {
+		r = conn_send_req(c, req, deadline);
+		if (r == CRUN_ENOMEM || r == CRUN_EDIALECT) /* nothing was sent */
+			return set_err(c, r, name, k ? k->p : NULL, k ? k->len : 0, "%s",
+				       cause_text(r));
+		if (r == 0 && store_proto_reply_kind(req->op) != STORE_REPLY_NONE)
+			r = conn_read_reply(c, req->op, nitems, deadline, out);
+		if (r == 0)
+			return 0;
+		TRY(lost(c, r, req->op, k, tries, deadline));
 	}
-	return 0;
 }
 
 /* Reads the 1-byte answer of WAIT or BARRIER. On a timeout, v2 cancels the
@@ -490,19 +624,24 @@ static int await_wake(struct client_conn *c, enum store_op op, const struct stor
 		       "timed out, and CANCEL_WAIT failed: %s", cause_text(r));
 }
 
-/* WAIT on c->kv[0..n): the first half of GET, MULTI_GET and blocking POP. */
+/* WAIT on c->kv[0..n): the first half of GET, MULTI_GET and blocking POP.
+ * A wait registration dies with its socket, so after a reset the WAIT is
+ * simply sent again on the new one. */
 static int do_wait(struct client_conn *c, size_t n, uint64_t deadline)
 {
 	struct store_req req = {.op = STORE_OP_WAIT, .nitems = n, .keys = c->kv};
+	const struct store_bytes *k = n ? &c->kv[0] : NULL;
 	int r;
 
-	r = conn_send_req(c, &req, deadline);
-	if (r < 0) {
-		conn_break(c);
-		return set_err(c, r, "WAIT", n ? c->kv[0].p : NULL, n ? c->kv[0].len : 0, "%s",
-			       cause_text(r));
+	for (unsigned tries = 1;; tries++) {
+		r = conn_send_req(c, &req, deadline);
+		if (r == 0) {
+			r = await_wake(c, STORE_OP_WAIT, k, deadline);
+			if (r == 0 || !c->broken || !transient(r))
+				return r;
+		}
+		TRY(lost(c, r, STORE_OP_WAIT, k, tries, deadline));
 	}
-	return await_wake(c, STORE_OP_WAIT, n ? &c->kv[0] : NULL, deadline);
 }
 
 /* ---- open / view / close ---------------------------------------------------- */
@@ -585,12 +724,11 @@ static int handshake(struct client_conn *c, uint64_t deadline)
 	return 0;
 }
 
-/* Resolves and connects until the deadline, with exponential backoff and
- * jitter between rounds (every address is tried once per round). */
-static int conn_connect(struct client_conn *c, const char *host, uint16_t port, uint32_t total_ms)
+/* Resolves and connects to c->host:c->port until the deadline, with
+ * exponential backoff and jitter between rounds (every address is tried once
+ * per round; one_round: no second round). */
+static int conn_dial(struct client_conn *c, uint64_t deadline, bool one_round)
 {
-	/* connect_timeout_ms = 0: one round, bounded by the op timeout. */
-	uint64_t deadline = deadline_after(total_ms ? total_ms : c->timeout_ms);
 	struct addrinfo hints = {
 	    .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
 	uint32_t backoff = BACKOFF_START_MS;
@@ -598,12 +736,12 @@ static int conn_connect(struct client_conn *c, const char *host, uint16_t port, 
 	int last = CRUN_ETIMEDOUT;
 	int n;
 
-	n = snprintf(port_s, sizeof(port_s), "%u", (unsigned)port);
+	n = snprintf(port_s, sizeof(port_s), "%u", (unsigned)c->port);
 	(void)n;
 	/* A bound on rounds as well as on time: 0 ms means one round only. */
 	for (unsigned round = 0; round < 1000000; round++) {
 		struct addrinfo *res = NULL;
-		int g = getaddrinfo(host, port_s, &hints, &res);
+		int g = getaddrinfo(c->host, port_s, &hints, &res);
 
 		if (g == 0) {
 			for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
@@ -636,7 +774,7 @@ static int conn_connect(struct client_conn *c, const char *host, uint16_t port, 
 			uint32_t j = backoff / 2 + next_rand(c) % (backoff + 1);
 			int left = poll_ms(deadline);
 
-			if (left == 0 || total_ms == 0)
+			if (left == 0 || one_round)
 				break;
 			if (left > 0 && (uint32_t)left < j)
 				j = (uint32_t)left;
@@ -651,6 +789,156 @@ static int conn_connect(struct client_conn *c, const char *host, uint16_t port, 
 		   : last;
 }
 
+/* ---- the extension's wire calls, and leases held by the handle ---------------- */
+
+/* Sends one extension request and reads its fixed-size reply into rep; no
+ * retries. On an I/O failure the connection is broken and r returned. */
+static int ext_rpc(struct client_conn *c, const struct store_ext_req *q, uint8_t *rep,
+		   uint64_t deadline)
+{
+	size_t need = store_ext_req_size(q), want = store_ext_reply_size(q->op), len;
+	int r;
+
+	if (grow((void **)&c->wbuf, &c->wcap, need, 1) < 0)
+		return CRUN_ENOMEM;
+	r = store_ext_encode_req(q, c->wbuf, c->wcap, &len);
+	if (r < 0)
+		return r;
+	r = send_all(c->fd, c->wbuf, len, deadline);
+	wbuf_trim(c);
+	while (r == 0 && c->rlen - c->rpos < want)
+		r = conn_fill(c, deadline);
+	if (r < 0) {
+		conn_break(c);
+		return r;
+	}
+	memcpy(rep, c->rbuf + c->rpos, want);
+	c->rpos += want;
+	confirm(c);
+	conn_trim(c);
+	return 0;
+}
+
+static int ext_hello(struct client_conn *c, uint64_t deadline)
+{
+	struct store_ext_req q = {
+	    .op = STORE_EXT_HELLO, .magic = STORE_EXT_MAGIC, .version = STORE_EXT_VERSION};
+	uint8_t rep[4];
+
+	TRY(ext_rpc(c, &q, rep, deadline));
+	if (store_get_u32(rep) < 1) {
+		conn_break(c);
+		return CRUN_EPROTO;
+	}
+	c->ext = true;
+	c->ext_used = true;
+	c->ext_version = store_get_u32(rep);
+	return 0;
+}
+
+static void lease_forget(struct client_conn *c, uint64_t id)
+{
+	for (size_t i = 0; i < c->nleases; i++) {
+		if (c->leases[i] == id) {
+			c->leases[i] = c->leases[--c->nleases];
+			return;
+		}
+	}
+}
+
+/* Remembers a lease to re-attach after a reconnect (bounded like the
+ * server's registrations; past that a lease is simply not re-attached). */
+static void lease_note(struct client_conn *c, uint64_t id)
+{
+	for (size_t i = 0; i < c->nleases; i++)
+		if (c->leases[i] == id)
+			return;
+	if (c->nleases >= c->lim.max_items ||
+	    grow((void **)&c->leases, &c->lcap, c->nleases + 1, sizeof(*c->leases)) < 0)
+		return;
+	c->leases[c->nleases++] = id;
+}
+
+/* On a new connection: HELLO again, then LEASE_ATTACH every lease held. One
+ * whose TTL lapsed meanwhile is not found: it stays dead (its expiry key is
+ * set), and later calls on it answer CRUN_ENOTFOUND. */
+static int ext_reopen(struct client_conn *c, uint64_t deadline)
+{
+	TRY(ext_hello(c, deadline));
+	if (c->ext_version < STORE_EXT_VERSION_ATTACH) {
+		c->nleases = 0; /* an old server ended them with the old connection */
+		return 0;
+	}
+	for (size_t i = 0; i < c->nleases && i < c->lim.max_items;) {
+		struct store_ext_req q = {.op = STORE_EXT_LEASE_ATTACH, .id = c->leases[i]};
+		uint8_t st;
+
+		TRY(ext_rpc(c, &q, &st, deadline));
+		if (st == STORE_EXT_OK)
+			i++;
+		else
+			lease_forget(c, c->leases[i]);
+	}
+	return 0;
+}
+
+/* Dials again after the connection was lost (why: c->broke), within
+ * reconnect_ms and the caller's deadline: greeting, HELLO and lease
+ * re-attach, then the replay of unconfirmed writes. 0 when the connection is
+ * back; an error (recorded, the handle stays broken) when it is not, or when
+ * an unconfirmed write could not be replayed (then the connection is back but
+ * this call fails, saying so). */
+static int conn_revive(struct client_conn *c, const char *name, uint64_t deadline)
+{
+	uint64_t d = deadline_after(c->reconnect_ms);
+	size_t log_len = c->ulen;
+	const char *lossy = c->lossy;
+	bool replayed = c->replayed;
+	char why[sizeof(c->broke)];
+	int r;
+
+	if (!c->reconnect_ms)
+		return set_err(c, CRUN_ENOTCONN, name, NULL, 0,
+			       "connection closed after an earlier failure: %s", c->broke);
+	/* Replayed once and lost again before a reply: maybe the server closes
+	 * on that very write (over its limits). Not again: fail, saying so. */
+	if (log_len && replayed) {
+		lossy = "SET (already replayed once)";
+		log_len = 0;
+		replayed = false;
+	}
+	memcpy(why, c->broke, sizeof(why));
+	if (deadline < d)
+		d = deadline;
+	conn_break(c);
+	r = conn_dial(c, d, false); /* its PING reply clears ulen: restored below */
+	if (r == 0 && c->ext_used)
+		r = ext_reopen(c, d);
+	if (r == 0 && log_len) {
+		r = send_all(c->fd, c->unacked, log_len, d);
+		replayed = true;
+	}
+	c->ulen = log_len; /* still unconfirmed until the next reply */
+	c->lossy = lossy;
+	c->replayed = replayed;
+	if (r < 0) {
+		conn_break(c);
+		return set_err(c, r, name, NULL, 0, "connection lost (%s); reconnecting failed: %s",
+			       why, cause_text(r));
+	}
+	c->broken = false;
+	c->broke[0] = '\0';
+	log_at(LL_DEBUG, SUB_STORE, "reconnected to %s after: %s", c->peer, why);
+	if (lossy) {
+		c->lossy = NULL;
+		return set_err(c, CRUN_ECONNRESET, name, NULL, 0,
+			       "connection lost (%s) before an earlier %s was confirmed: it may "
+			       "not have been applied (reconnected; this call was not sent)",
+			       why, lossy);
+	}
+	return 0;
+}
+
 CRUN_API int crun_store_open(const crun_store_opts_t *opts, crun_store_t **ret_store)
 {
 	struct store_limits lim = STORE_LIMITS_DEFAULT;
@@ -658,7 +946,7 @@ CRUN_API int crun_store_open(const crun_store_opts_t *opts, crun_store_t **ret_s
 	struct crun_store *s;
 	const char *prefix = NULL;
 	int dialect = CRUN_STORE_V2;
-	uint32_t cto = 30000, to = 300000;
+	uint32_t cto = 30000, to = 300000, reconnect = CRUN_STORE_RECONNECT_MS_DEFAULT;
 	int r;
 
 	if (!opts || !ret_store || !OPT_HAS(opts, port) || !opts->host || !*opts->host)
@@ -671,6 +959,8 @@ CRUN_API int crun_store_open(const crun_store_opts_t *opts, crun_store_t **ret_s
 		dialect = opts->dialect;
 	if (OPT_HAS(opts, prefix))
 		prefix = opts->prefix;
+	if (OPT_HAS(opts, reconnect_ms))
+		reconnect = opts->reconnect_ms;
 	if (dialect != CRUN_STORE_V1 && dialect != CRUN_STORE_V2)
 		return CRUN_EINVAL;
 	/* NULL or "" means no prefix here; crun_store_view_new("") follows
@@ -688,7 +978,14 @@ CRUN_API int crun_store_open(const crun_store_opts_t *opts, crun_store_t **ret_s
 	c->fd = -1;
 	c->dialect = (enum store_dialect)dialect;
 	c->timeout_ms = to;
+	c->reconnect_ms = reconnect;
 	c->lim = lim;
+	c->port = opts->port;
+	c->host = str_dup(opts->host);
+	if (!c->host) {
+		r = CRUN_ENOMEM;
+		goto fail;
+	}
 	c->rng = clock_now_us() ^ ((uint64_t)getpid() << 32) ^ (uintptr_t)c;
 	if (!c->rng)
 		c->rng = 1;
@@ -702,7 +999,8 @@ CRUN_API int crun_store_open(const crun_store_opts_t *opts, crun_store_t **ret_s
 	r = make_prefix("/", 1, prefix, &s->pfx, &s->pfx_len);
 	if (r < 0)
 		goto fail;
-	r = conn_connect(c, opts->host, opts->port, cto);
+	/* connect_timeout_ms = 0: one round, bounded by the op timeout. */
+	r = conn_dial(c, deadline_after(cto ? cto : to), cto == 0);
 	if (r < 0) {
 		log_at(LL_INFO, SUB_STORE, "cannot connect to store %s (v%d): %s", c->peer, dialect,
 		       crun_strerror(r));
@@ -1151,72 +1449,69 @@ CRUN_API int crun_store_barrier(crun_store_t *s, const char *key, int64_t world_
 	deadline = op_deadline(s->conn, timeout_ms);
 	req.key = s->conn->kv[0];
 	r = conn_send_req(s->conn, &req, deadline);
-	if (r < 0) {
-		conn_break(s->conn);
-		return set_err(s->conn, r, "BARRIER", req.key.p, req.key.len, "%s", cause_text(r));
-	}
+	if (r < 0) /* not retry_safe: fails, saying so */
+		return lost(s->conn, r, STORE_OP_BARRIER, &req.key, 1, deadline);
 	return await_wake(s->conn, STORE_OP_BARRIER, &req.key, deadline);
 }
 
 /* ---- crun's extension ops (store/store_ext.h) -------------------------------- */
 
-/* Sends one extension request and reads its fixed-size reply into rep. */
+/* One extension call with HELLO first where the socket has not had it, and
+ * the reconnect rules of the top of the file: every extension op but
+ * LEASE_GRANT is safe to send twice (a second GRANT would leave an orphan
+ * lease whose expiry reports a failure that did not happen); a second REVOKE
+ * of a lease the first one ended answers "no such lease". */
 static int ext_call(struct crun_store *s, const struct store_ext_req *q, uint8_t *rep)
 {
 	struct client_conn *c = s->conn;
 	const char *name = store_ext_op_name(q->op);
-	size_t need = store_ext_req_size(q), want = store_ext_reply_size(q->op), len;
 	uint64_t deadline = op_deadline(c, 0);
+	bool again = q->op != STORE_EXT_LEASE_GRANT;
 	int r;
 
-	if (c->broken)
-		return set_err(c, CRUN_ENOTCONN, name, NULL, 0,
-			       "connection closed after an earlier failure: %s", c->broke);
-	if (grow((void **)&c->wbuf, &c->wcap, need, 1) < 0)
-		return set_err(c, CRUN_ENOMEM, name, NULL, 0, "out of memory");
-	r = store_ext_encode_req(q, c->wbuf, c->wcap, &len);
-	if (r < 0)
-		return set_err(c, r, name, NULL, 0, "%s", cause_text(r));
-	r = send_all(c->fd, c->wbuf, len, deadline);
-	wbuf_trim(c);
-	while (r == 0 && c->rlen - c->rpos < want)
-		r = conn_fill(c, deadline);
-	if (r < 0) {
-		conn_break(c);
-		return set_err(c, r, name, NULL, 0, "%s",
-			       r == CRUN_ECLOSED ? "closed by the server (no "
-						   "crun extension support?)"
-						 : cause_text(r));
+	for (unsigned tries = 1;; tries++) {
+		bool hello = false;
+
+		if (c->broken)
+			TRY(conn_revive(c, name, deadline));
+		if (!c->ext) {
+			hello = true;
+			r = ext_hello(c, deadline);
+		} else {
+			r = 0;
+		}
+		if (r == 0)
+			r = ext_rpc(c, q, rep, deadline);
+		if (r == 0)
+			return 0;
+		if (!c->broken) /* nothing was sent */
+			return set_err(c, r, name, NULL, 0, "%s", cause_text(r));
+		if (hello && !c->ext_used && r == CRUN_ECLOSED)
+			return set_err(c, r, name, NULL, 0,
+				       "closed by the server (no crun extension support?)");
+		if (!c->reconnect_ms || !transient(r))
+			return set_err(c, r, name, NULL, 0, "%s", cause_text(r));
+		if (!again)
+			return set_err(c, r, name, NULL, 0,
+				       "%s with the request in flight; not sent again (a lease may "
+				       "have been granted; it expires on its own)",
+				       cause_text(r));
+		if (tries >= SEND_TRIES || poll_ms(deadline) == 0)
+			return set_err(c, r, name, NULL, 0, "%s (sent %u times)", cause_text(r),
+				       tries);
+		(void)snprintf(c->broke, sizeof(c->broke), "%s: %s", name, cause_text(r));
 	}
-	memcpy(rep, c->rbuf + c->rpos, want);
-	c->rpos += want;
-	conn_trim(c);
-	return 0;
 }
 
-static int ext_hello(struct crun_store *s)
-{
-	struct store_ext_req q = {
-	    .op = STORE_EXT_HELLO, .magic = STORE_EXT_MAGIC, .version = STORE_EXT_VERSION};
-	uint8_t rep[4];
-
-	if (s->conn->ext)
-		return 0;
-	TRY(ext_call(s, &q, rep));
-	if (store_get_u32(rep) < 1) {
-		conn_break(s->conn);
-		return set_err(s->conn, CRUN_EPROTO, "HELLO", NULL, 0, "bad version %u",
-			       store_get_u32(rep));
-	}
-	s->conn->ext = true;
-	return 0;
-}
-
-static int ext_status(struct crun_store *s, const char *op, uint8_t st)
+/* A status reply: 0, or CRUN_ENOTFOUND (and the handle forgets the lease). */
+static int ext_status(struct crun_store *s, const char *op, uint64_t id, uint8_t st)
 {
 	if (st == STORE_EXT_OK)
 		return 0;
-	return set_err(s->conn, CRUN_ENOTFOUND, op, NULL, 0, "no such lease (expired?)");
+	lease_forget(s->conn, id);
+	return set_err(s->conn, CRUN_ENOTFOUND, op, NULL, 0,
+		       "no such lease %016llx (expired, revoked, or held elsewhere)",
+		       (unsigned long long)id);
 }
 
 CRUN_API int crun_store_lease_grant(crun_store_t *s, uint32_t ttl_ms, const char *expiry_key,
@@ -1227,7 +1522,6 @@ CRUN_API int crun_store_lease_grant(crun_store_t *s, uint32_t ttl_ms, const char
 
 	if (!s || !ret_id || ttl_ms < 1 || ttl_ms > STORE_EXT_TTL_MAX)
 		return CRUN_EINVAL;
-	TRY(ext_hello(s));
 	if (expiry_key) {
 		TRY(check_val(s->conn, "LEASE_GRANT", expiry_val, expiry_len));
 		TRY(mangle(s, "LEASE_GRANT", &expiry_key, 1, false));
@@ -1236,6 +1530,7 @@ CRUN_API int crun_store_lease_grant(crun_store_t *s, uint32_t ttl_ms, const char
 	}
 	TRY(ext_call(s, &q, rep));
 	*ret_id = store_get_u64(rep);
+	lease_note(s->conn, *ret_id);
 	return 0;
 }
 
@@ -1246,9 +1541,24 @@ CRUN_API int crun_store_lease_keepalive(crun_store_t *s, uint64_t id)
 
 	if (!s)
 		return CRUN_EINVAL;
-	TRY(ext_hello(s));
 	TRY(ext_call(s, &q, rep));
-	return ext_status(s, "LEASE_KEEPALIVE", rep[0]);
+	return ext_status(s, "LEASE_KEEPALIVE", id, rep[0]);
+}
+
+CRUN_API int crun_store_lease_attach(crun_store_t *s, uint64_t id)
+{
+	struct store_ext_req q = {.op = STORE_EXT_LEASE_ATTACH, .id = id};
+	uint8_t rep[1];
+
+	if (!s)
+		return CRUN_EINVAL;
+	if (s->conn->ext && s->conn->ext_version < STORE_EXT_VERSION_ATTACH)
+		return set_err(s->conn, CRUN_ENOTSUP, "LEASE_ATTACH", NULL, 0,
+			       "the server's extension is version %u", s->conn->ext_version);
+	TRY(ext_call(s, &q, rep));
+	TRY(ext_status(s, "LEASE_ATTACH", id, rep[0]));
+	lease_note(s->conn, id);
+	return 0;
 }
 
 CRUN_API int crun_store_lease_revoke(crun_store_t *s, uint64_t id)
@@ -1258,9 +1568,9 @@ CRUN_API int crun_store_lease_revoke(crun_store_t *s, uint64_t id)
 
 	if (!s)
 		return CRUN_EINVAL;
-	TRY(ext_hello(s));
 	TRY(ext_call(s, &q, rep));
-	return ext_status(s, "LEASE_REVOKE", rep[0]);
+	lease_forget(s->conn, id);
+	return ext_status(s, "LEASE_REVOKE", id, rep[0]);
 }
 
 CRUN_API int crun_store_set_leased(crun_store_t *s, uint64_t id, const char *key, const void *val,
@@ -1271,11 +1581,10 @@ CRUN_API int crun_store_set_leased(crun_store_t *s, uint64_t id, const char *key
 
 	if (!s || !key)
 		return CRUN_EINVAL;
-	TRY(ext_hello(s));
 	TRY(check_val(s->conn, "SET_LEASED", val, len));
 	TRY(mangle(s, "SET_LEASED", &key, 1, false));
 	q.key = s->conn->kv[0];
 	q.val = (struct store_bytes){val, len};
 	TRY(ext_call(s, &q, rep));
-	return ext_status(s, "SET_LEASED", rep[0]);
+	return ext_status(s, "SET_LEASED", id, rep[0]);
 }

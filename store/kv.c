@@ -36,9 +36,11 @@ static uint64_t kv_hash(const uint8_t *p, size_t n)
 	return h;
 }
 
-int kv_init(struct kv_table *t)
+int kv_init(struct kv_table *t, size_t max_ents, size_t max_key_bytes)
 {
 	memset(t, 0, sizeof(*t));
+	t->max_ents = max_ents;
+	t->max_key_bytes = max_key_bytes;
 	t->buckets = calloc(KV_MIN_BUCKETS, sizeof(*t->buckets));
 	if (!t->buckets)
 		return CRUN_ENOMEM;
@@ -128,7 +130,9 @@ int kv_get_or_add(struct kv_table *t, const uint8_t *key, size_t len, struct kv_
 			return 0;
 		}
 	}
-	if (len > UINT32_MAX)
+	/* Every entry counts, not only keys with a value: a WAIT on a missing
+	 * key or an empty SET costs the same memory. */
+	if (len > UINT32_MAX || t->n_ents >= t->max_ents || len > t->max_key_bytes - t->key_bytes)
 		return CRUN_ETOOBIG;
 	e = calloc(1, sizeof(*e) + len);
 	if (!e)
@@ -142,6 +146,7 @@ int kv_get_or_add(struct kv_table *t, const uint8_t *key, size_t len, struct kv_
 	e->next = t->buckets[h & t->mask];
 	t->buckets[h & t->mask] = e;
 	t->n_ents++;
+	t->key_bytes += len;
 	if (t->n_ents > t->mask + 1)
 		kv_grow(t);
 	*ret_ent = e;
@@ -161,6 +166,7 @@ void kv_gc(struct kv_table *t, struct kv_ent *e)
 		}
 	}
 	t->n_ents--;
+	t->key_bytes -= e->key_len;
 	free(e->val);
 	free(e);
 }

@@ -191,13 +191,14 @@ static int cur_str(struct cur *c, uint64_t max, struct store_bytes *out)
 /* A u64 count, then count strings (per_item = 1) or count key/value pairs
  * (per_item = 2). The whole list is validated so that store_items_next() can
  * walk it later without bounds checks. Bounded: count <= max_items, and each
- * string needs 8 more input bytes. */
-static int cur_list(struct cur *c, const struct store_limits *lim, int per_item, uint64_t *ret_n,
-		    const uint8_t **ret_items)
+ * string needs 8 more input bytes. With st, a list cut short records how far
+ * it was validated, and a later call on the longer prefix resumes there. */
+static int cur_list(struct cur *c, const struct store_limits *lim, int per_item,
+		    struct store_dec_state *st, uint64_t *ret_n, const uint8_t **ret_items)
 {
 	const uint8_t *items;
 	struct store_bytes s;
-	uint64_t n;
+	uint64_t n, i = 0;
 	int r;
 
 	r = cur_u64(c, &n);
@@ -206,15 +207,21 @@ static int cur_list(struct cur *c, const struct store_limits *lim, int per_item,
 	if (n > lim->max_items)
 		return CRUN_ETOOBIG;
 	items = c->p + c->pos;
-	for (uint64_t i = 0; i < n; i++) {
-		r = cur_str(c, lim->max_key_bytes, &s);
+	if (st && st->done && st->pos >= c->pos && st->pos <= c->len) {
+		c->pos = st->pos; /* the strings before it were checked already */
+		i = st->done;
+	}
+	for (; i < n * (uint64_t)per_item; i++) {
+		size_t at = c->pos;
+
+		r = cur_str(c, per_item == 2 && (i & 1) ? lim->max_value_bytes : lim->max_key_bytes,
+			    &s);
+		if (r == CRUN_EAGAIN && st) {
+			st->pos = at;
+			st->done = i;
+		}
 		if (r < 0)
 			return r;
-		if (per_item == 2) {
-			r = cur_str(c, lim->max_value_bytes, &s);
-			if (r < 0)
-				return r;
-		}
 	}
 	*ret_n = n;
 	*ret_items = items;
@@ -234,7 +241,7 @@ void store_items_next(const uint8_t **it, struct store_bytes *ret_item)
 /* ---- requests ----------------------------------------------------------- */
 
 static int decode_fields(struct cur *c, const struct store_limits *lim, enum req_shape shape,
-			 struct store_req *q)
+			 struct store_dec_state *st, struct store_req *q)
 {
 	uint64_t v;
 	int r;
@@ -245,11 +252,11 @@ static int decode_fields(struct cur *c, const struct store_limits *lim, enum req
 	case SH_U32:
 		return cur_u32(c, &q->u32);
 	case SH_KEYS:
-		return cur_list(c, lim, 1, &q->nitems, &q->items);
+		return cur_list(c, lim, 1, st, &q->nitems, &q->items);
 	case SH_PAIRS:
 		/* PyTorch's client writes this count as an i64 and its server reads
 		 * a u64: the bytes are the same, a negative count is just huge. */
-		return cur_list(c, lim, 2, &q->nitems, &q->items);
+		return cur_list(c, lim, 2, st, &q->nitems, &q->items);
 	default:
 		break;
 	}
@@ -275,8 +282,9 @@ static int decode_fields(struct cur *c, const struct store_limits *lim, enum req
 	}
 }
 
-int store_proto_decode_req(enum store_dialect d, const struct store_limits *lim, const uint8_t *buf,
-			   size_t len, struct store_req *out, size_t *used)
+int store_proto_decode_req_from(enum store_dialect d, const struct store_limits *lim,
+				struct store_dec_state *st, const uint8_t *buf, size_t len,
+				struct store_req *out, size_t *used)
 {
 	struct cur c = {.p = buf, .len = len, .pos = 0};
 	struct store_req q = {0};
@@ -293,12 +301,18 @@ int store_proto_decode_req(enum store_dialect d, const struct store_limits *lim,
 		return CRUN_EPROTO;
 	c.pos = 1;
 	q.op = (enum store_op)op;
-	r = decode_fields(&c, lim, (enum req_shape)ops[op].shape, &q);
+	r = decode_fields(&c, lim, (enum req_shape)ops[op].shape, st, &q);
 	if (r < 0)
 		return r;
 	*out = q;
 	*used = c.pos;
 	return 0;
+}
+
+int store_proto_decode_req(enum store_dialect d, const struct store_limits *lim, const uint8_t *buf,
+			   size_t len, struct store_req *out, size_t *used)
+{
+	return store_proto_decode_req_from(d, lim, NULL, buf, len, out, used);
 }
 
 /* size += n, refusing to wrap. */

@@ -7,7 +7,7 @@
 
 bool store_ext_is_op(uint8_t code)
 {
-	return code >= STORE_EXT_HELLO && code <= STORE_EXT_SET_LEASED;
+	return code >= STORE_EXT_HELLO && code <= STORE_EXT_LEASE_ATTACH;
 }
 
 const char *store_ext_op_name(uint8_t code)
@@ -23,6 +23,8 @@ const char *store_ext_op_name(uint8_t code)
 		return "LEASE_REVOKE";
 	case STORE_EXT_SET_LEASED:
 		return "SET_LEASED";
+	case STORE_EXT_LEASE_ATTACH:
+		return "LEASE_ATTACH";
 	default:
 		return "?";
 	}
@@ -38,6 +40,7 @@ size_t store_ext_reply_size(uint8_t op)
 	case STORE_EXT_LEASE_KEEPALIVE:
 	case STORE_EXT_LEASE_REVOKE:
 	case STORE_EXT_SET_LEASED:
+	case STORE_EXT_LEASE_ATTACH:
 		return 1;
 	default:
 		return 0;
@@ -109,6 +112,7 @@ int store_ext_decode_req(const struct store_limits *lim, const uint8_t *buf, siz
 		break;
 	case STORE_EXT_LEASE_KEEPALIVE:
 	case STORE_EXT_LEASE_REVOKE:
+	case STORE_EXT_LEASE_ATTACH:
 		TRY(take_u64(&c, &q.id));
 		break;
 	case STORE_EXT_SET_LEASED:
@@ -134,6 +138,7 @@ size_t store_ext_req_size(const struct store_ext_req *q)
 		return 1 + 8 + 8 + q->key.len + 8 + q->val.len;
 	case STORE_EXT_LEASE_KEEPALIVE:
 	case STORE_EXT_LEASE_REVOKE:
+	case STORE_EXT_LEASE_ATTACH:
 		return 1 + 8;
 	default:
 		return 0;

@@ -15,17 +15,38 @@
  *     buffered (answers stay in request order) except a CANCEL_WAIT at the
  *     front, which is read and answered at once.
  *
+ * Hostile clients (issue 9). Every resource a client can make grow has a
+ * budget (store.h, struct store_server_config): the key space (entries, key
+ * bytes, value bytes), registrations, and the bytes buffered per connection
+ * and in total, input and output. Output is never buffered without bound:
+ * a connection whose replies are not read stops being read (backpressure),
+ * and while the total is over its budget, requests with large replies wait.
+ * A connection over a budget is closed, logged (rate-limited) and counted in
+ * the metric table (STORE_METRIC_MAP). A 1 s sweep closes connections whose
+ * partial frame or unread output stalls, and TCP keepalive finds vanished
+ * hosts. Idle connections are otherwise kept: torch 1.13 opens an idle watch
+ * connection per store object (torch-compat §1.5).
+ *
+ * Connection life: srv_on_accept -> conn_new (socket options, bufferevent,
+ * accounting) -> conn_start (reading on) -> conn_on_read -> conn_process,
+ * until conn_close, the one close path. An authentication or TLS handshake
+ * gate goes between conn_new and conn_start: it owns c->bev until it calls
+ * conn_start() (passed) or conn_drop() (failed), and no request is decoded
+ * before that.
+ *
  * libevent writes with writev(), so the process embedding the server must
  * ignore SIGPIPE (crun-rdzvd and the agent do), or a vanished client kills it.
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -38,6 +59,68 @@
 #include "store/server_int.h"
 #include "store/store_ext.h"
 
+/* Output a peer may leave unread without counting as stalled: a 1.13 client
+ * reads a late STOP_WAITING only with its next request (torch-compat §1.6). */
+#define STALL_OUTPUT_MIN (64 * 1024)
+/* A reply this small is never held back by the total output budget while
+ * the connection has nothing else unsent: one per connection at a time, so a
+ * client filling the budget cannot stall everyone's small requests. */
+#define SMALL_REPLY   4096
+#define LOGRATE_PER_S 10
+#define SWEEP_MS      1000
+
+/* ---- metrics and rate-limited logging -------------------------------------- */
+
+static const char *const metric_names[] = {
+#define X_(id, name, help) name,
+    STORE_METRIC_MAP(X_)
+#undef X_
+};
+
+static const char *const metric_help[] = {
+#define X_(id, name, help) help,
+    STORE_METRIC_MAP(X_)
+#undef X_
+};
+
+const char *store_metric_name(enum store_metric m)
+{
+	return (unsigned)m < STORE_M__MAX ? metric_names[m] : "?";
+}
+
+const char *store_metric_help(enum store_metric m)
+{
+	return (unsigned)m < STORE_M__MAX ? metric_help[m] : "?";
+}
+
+uint64_t store_server_metric(const struct store_server *srv, enum store_metric m)
+{
+	return (unsigned)m < STORE_M__MAX ? srv->metrics[m] : 0;
+}
+
+/* Whether one more WARN line fits this second's budget; the first line of a
+ * new second says how many were left out. */
+static bool log_budget(struct store_server *srv)
+{
+	uint64_t now = clock_now_ms();
+
+	if (now - srv->lr.window_ms >= 1000) {
+		if (srv->lr.suppressed)
+			log_at(LL_WARN, SUB_STORE,
+			       "%llu more refused or dropped clients not logged (see the metrics)",
+			       (unsigned long long)srv->lr.suppressed);
+		srv->lr.window_ms = now;
+		srv->lr.lines = 0;
+		srv->lr.suppressed = 0;
+	}
+	if (srv->lr.lines < LOGRATE_PER_S) {
+		srv->lr.lines++;
+		return true;
+	}
+	srv->lr.suppressed++;
+	return false;
+}
+
 /* ---- connection teardown ----------------------------------------------------- */
 
 /* The one close path: unregisters every wait and watch, frees the
@@ -45,13 +128,24 @@
 static void conn_close(struct store_conn *c)
 {
 	struct store_server *srv = c->srv;
+	struct evbuffer *in = bufferevent_get_input(c->bev), *out = store_conn_out(c);
 
 	store_conn_unregister(c);
 	store_ext_conn_closed(c); /* after the waits are gone: it may SET keys */
 	dl_del(&c->link);
+	dl_del(&c->stall_link);
+	/* Freeing the buffers does not call their callbacks: settle by hand. */
+	if (c->in_cb)
+		evbuffer_remove_cb_entry(in, c->in_cb);
+	if (c->out_cb)
+		evbuffer_remove_cb_entry(out, c->out_cb);
+	srv->in_bytes -= c->in_cb ? evbuffer_get_length(in) : 0;
+	srv->out_bytes -= c->out_cb ? evbuffer_get_length(out) : 0;
 	bufferevent_free(c->bev);
 	srv->st.conns--;
 	free(c);
+	if (!DL_EMPTY(&srv->stalled))
+		event_active(srv->unstall, EV_TIMEOUT, 0); /* its output budget is free */
 }
 
 static void peer_name(int fd, char *buf, size_t cap)
@@ -78,15 +172,30 @@ static void peer_name(int fd, char *buf, size_t cap)
 		buf[0] = '\0';
 }
 
-/* Closes a connection for bad or over-limit input, logged once at WARN. */
-static void conn_drop(struct store_conn *c, int err, const char *what)
+/* Closes a connection for bad or over-limit input: counted under `why`,
+ * logged at WARN within the log budget. `what` adds detail (an op name). */
+static void conn_drop(struct store_conn *c, enum store_metric why, const char *what)
 {
+	struct store_server *srv = c->srv;
 	char peer[INET6_ADDRSTRLEN + 8];
 
-	peer_name(bufferevent_getfd(c->bev), peer, sizeof(peer));
-	log_at(LL_WARN, SUB_STORE, "dropping client %s: %s (%s)", peer, what, crun_strerror(err));
-	c->srv->st.dropped_conns++;
+	srv->metrics[why]++;
+	srv->st.dropped_conns++;
+	if (log_budget(srv)) {
+		peer_name(bufferevent_getfd(c->bev), peer, sizeof(peer));
+		log_at(LL_WARN, SUB_STORE, "dropping client %s: %s%s%s", peer, metric_help[why],
+		       what ? ": " : "", what ? what : "");
+	}
 	conn_close(c);
+}
+
+/* The metric an op's failure counts under: the budget it named, else a
+ * per-request limit or a failed op (which torch answers by closing too). */
+static enum store_metric op_failure(struct store_conn *c, int r)
+{
+	if (c->why)
+		return (enum store_metric)c->why;
+	return r == CRUN_ETOOBIG ? STORE_M_DROP_REQUEST_LIMIT : STORE_M_DROP_OP_FAILED;
 }
 
 /* ---- output ------------------------------------------------------------------ */
@@ -112,17 +221,32 @@ void store_conn_flush(struct store_conn *c)
 	bufferevent_enable(c->bev, EV_WRITE);
 }
 
-/* Output pushed to a connection by someone else's operation (wake-ups, watch
- * notifications) is not throttled; a connection that lets it pile up past the
- * ceiling is closed from its own (deferred) callback. */
-void store_conn_check_pushed(struct store_conn *c)
+static void conn_doom(struct store_conn *c)
 {
-	/* Twice the ceiling: a throttled connection may already hold a full
-	 * ceiling of its own replies when a wake-up arrives. */
-	if (evbuffer_get_length(store_conn_out(c)) / 2 <= c->srv->cfg.max_conn_buffered_bytes)
-		return;
 	c->doomed = true;
 	bufferevent_trigger(c->bev, EV_READ, BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
+}
+
+/* Output pushed to a connection by someone else's operation (wake-ups, watch
+ * notifications) is not throttled; a connection that lets it pile up past its
+ * hard ceiling is closed from its own (deferred) callback. */
+void store_conn_check_pushed(struct store_conn *c)
+{
+	if (evbuffer_get_length(store_conn_out(c)) > c->srv->out_hard_cap)
+		conn_doom(c);
+}
+
+bool store_conn_may_push(struct store_conn *c, size_t bytes)
+{
+	struct store_server *srv = c->srv;
+
+	if (c->doomed)
+		return false;
+	if (evbuffer_get_length(store_conn_out(c)) + bytes <= srv->out_hard_cap &&
+	    (bytes <= SMALL_REPLY || srv->out_bytes + bytes <= srv->cfg.max_total_output_bytes))
+		return true;
+	conn_doom(c);
+	return false;
 }
 
 /* Lets a parked connection read on; its buffered input is processed from a
@@ -135,6 +259,57 @@ void store_conn_unpark(struct store_conn *c)
 	if (evbuffer_get_length(bufferevent_get_input(c->bev)))
 		bufferevent_trigger(c->bev, EV_READ,
 				    BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
+}
+
+/* ---- accounting -------------------------------------------------------------- */
+
+/* Buffer callbacks keep the server's totals and the progress counters the
+ * sweep reads: a few additions per read or write. */
+static void conn_on_in_change(struct evbuffer *b, const struct evbuffer_cb_info *info, void *arg)
+{
+	struct store_conn *c = arg;
+
+	(void)b;
+	c->srv->in_bytes += info->n_added;
+	c->srv->in_bytes -= info->n_deleted;
+	c->rx_bytes += info->n_added;
+}
+
+static void conn_on_out_change(struct evbuffer *b, const struct evbuffer_cb_info *info, void *arg)
+{
+	struct store_conn *c = arg;
+	struct store_server *srv = c->srv;
+
+	(void)b;
+	srv->out_bytes += info->n_added;
+	srv->out_bytes -= info->n_deleted;
+	c->tx_bytes += info->n_deleted;
+	/* Only once the smallest waiting reply fits: no wake-up per write. */
+	if (info->n_deleted && !DL_EMPTY(&srv->stalled) &&
+	    (srv->out_bytes == 0 ||
+	     srv->out_bytes + srv->stall_min <= srv->cfg.max_total_output_bytes))
+		event_active(srv->unstall, EV_TIMEOUT, 0);
+}
+
+/* Resumes every connection paused on the total output budget; each
+ * re-checks its front request from a deferred callback (and may pause again). */
+static void srv_on_unstall(evutil_socket_t fd, short what, void *arg)
+{
+	struct store_server *srv = arg;
+
+	(void)fd;
+	(void)what;
+	srv->stall_min = SIZE_MAX;
+	while (!DL_EMPTY(&srv->stalled)) {
+		struct store_conn *c = DL_ENTRY(srv->stalled.next, struct store_conn, stall_link);
+
+		dl_del(&c->stall_link);
+		c->stalled = false;
+		if (!c->throttled)
+			bufferevent_enable(c->bev, EV_READ);
+		bufferevent_trigger(c->bev, EV_READ,
+				    BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
+	}
 }
 
 /* ---- connection I/O -------------------------------------------------------- */
@@ -160,12 +335,13 @@ static void conn_on_write(struct bufferevent *bev, void *arg)
  * callback (output drained to half the ceiling) resumes it. */
 static void conn_throttle(struct store_conn *c, bool on)
 {
-	size_t cap = c->srv->cfg.max_conn_buffered_bytes;
+	size_t cap = c->srv->cfg.max_conn_output_bytes;
 
 	c->throttled = on;
 	log_at(LL_DEBUG, SUB_STORE, "client %s reading: %zu reply bytes unsent",
 	       on ? "paused" : "resumed", evbuffer_get_length(store_conn_out(c)));
 	if (on) {
+		c->srv->metrics[STORE_M_PAUSE_CONN_OUTPUT]++;
 		bufferevent_disable(c->bev, EV_READ);
 		bufferevent_setwatermark(c->bev, EV_WRITE, cap / 2, 0);
 		c->writing = true;
@@ -173,8 +349,34 @@ static void conn_throttle(struct store_conn *c, bool on)
 		return;
 	}
 	bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
-	bufferevent_enable(c->bev, EV_READ);
+	if (!c->stalled)
+		bufferevent_enable(c->bev, EV_READ);
 	bufferevent_trigger(c->bev, EV_READ, BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
+}
+
+/* Whether q's reply fits the total output budget now. If not, c stops
+ * reading until other connections' output drains (srv_on_unstall). */
+static bool conn_output_budget(struct store_conn *c, const struct store_req *q)
+{
+	struct store_server *srv = c->srv;
+	size_t budget = srv->cfg.max_total_output_bytes, cost;
+
+	/* No reply but LIST_KEYS's can exceed the largest frame: the common
+	 * case costs no lookup. */
+	if (srv->out_bytes + srv->cfg.max_conn_buffered_bytes <= budget &&
+	    q->op != STORE_OP_LIST_KEYS)
+		return true;
+	cost = store_conn_reply_cost(c, q);
+	if (srv->out_bytes == 0 || srv->out_bytes + cost <= budget ||
+	    (cost <= SMALL_REPLY && !evbuffer_get_length(store_conn_out(c))))
+		return true;
+	c->stalled = true;
+	dl_add_tail(&srv->stalled, &c->stall_link);
+	srv->stall_min = MIN(srv->stall_min, cost);
+	bufferevent_disable(c->bev, EV_READ);
+	srv->metrics[STORE_M_PAUSE_TOTAL_OUTPUT]++;
+	log_at(LL_DEBUG, SUB_STORE, "client paused: %zu output bytes in total", srv->out_bytes);
+	return false;
 }
 
 /* Decides the dialect from the first bytes (§1.8). Returns 1 when decided,
@@ -192,6 +394,40 @@ static int conn_sniff(struct store_conn *c, struct evbuffer *in, size_t len)
 	return 1;
 }
 
+/* A partial frame of len bytes at the front: keep it if it may still fit.
+ * Returns false when it closed c. */
+static bool conn_partial(struct store_conn *c, size_t len)
+{
+	if (len < c->srv->cfg.max_conn_buffered_bytes)
+		return true;
+	conn_drop(c, STORE_M_DROP_CONN_INPUT, NULL);
+	return false;
+}
+
+/* An extension op (store_ext.h) at the front. Refused at its first byte
+ * before HELLO, so nothing of a stranger's frame is buffered. */
+static bool conn_ext(struct store_conn *c, const uint8_t *p, size_t len, size_t *used)
+{
+	int r;
+
+	if (!c->ext && p[0] != STORE_EXT_HELLO) {
+		conn_drop(c, STORE_M_DROP_EXT_BEFORE_HELLO, store_ext_op_name(p[0]));
+		return false;
+	}
+	c->why = 0;
+	r = store_ext_process(c, p, len, used);
+	if (r == CRUN_EAGAIN) {
+		*used = 0;
+		return conn_partial(c, len);
+	}
+	if (r < 0) {
+		conn_drop(c, r == CRUN_EPROTO ? STORE_M_DROP_MALFORMED : op_failure(c, r),
+			  store_ext_op_name(p[0]));
+		return false;
+	}
+	return true;
+}
+
 /* Decodes and runs every complete request in the input buffer, in order.
  * Returns false when it closed the connection. */
 static bool conn_process(struct store_conn *c)
@@ -207,17 +443,18 @@ static bool conn_process(struct store_conn *c)
 		int r;
 
 		if (c->doomed) {
-			conn_drop(c, CRUN_ETOOBIG, "undrained output");
+			conn_drop(c, STORE_M_DROP_OUTPUT, NULL);
 			return false;
 		}
-		if (len == 0 || c->throttled)
+		if (len == 0 || c->throttled || c->stalled)
 			return true;
 		if (!c->dialect && !conn_sniff(c, in, len))
 			return true;
 		len = evbuffer_get_length(in);
 		if (len == 0)
 			return true;
-		if (evbuffer_get_length(store_conn_out(c)) > srv->cfg.max_conn_buffered_bytes) {
+		/* Backpressure: no new request while the replies are unread. */
+		if (evbuffer_get_length(store_conn_out(c)) > srv->cfg.max_conn_output_bytes) {
 			conn_throttle(c, true);
 			return true;
 		}
@@ -225,53 +462,81 @@ static bool conn_process(struct store_conn *c)
 		 * land behind it, so a large frame is not copied per segment. */
 		p = evbuffer_pullup(in, (ev_ssize_t)len);
 		if (!p) {
-			conn_drop(c, CRUN_ENOMEM, "input");
+			conn_drop(c, STORE_M_DROP_OP_FAILED, "out of memory");
 			return false;
 		}
 		if (c->parked && p[0] != cancel)
 			return true; /* answered in order once the WAIT completes */
 		if (store_ext_is_op(p[0])) {
-			/* crun's extension ops (store_ext.h), only after HELLO. */
-			r = store_ext_process(c, p, len, &used);
-			if (r == CRUN_EAGAIN) {
-				if (len < srv->cfg.max_conn_buffered_bytes)
-					return true;
-				conn_drop(c, CRUN_ETOOBIG, "frame over the buffer ceiling");
+			if (!conn_ext(c, p, len, &used))
 				return false;
-			}
-			if (r < 0) {
-				conn_drop(c, r, store_ext_op_name(p[0]));
-				return false;
-			}
+			if (!used)
+				return true;
 			evbuffer_drain(in, used);
 			continue;
 		}
-		r = store_proto_decode_req(c->dialect, &srv->cfg.limits, p, len, &q, &used);
-		if (r == CRUN_EAGAIN) {
-			if (len < srv->cfg.max_conn_buffered_bytes)
-				return true;
-			conn_drop(c, CRUN_ETOOBIG, "frame over the buffer ceiling");
-			return false;
-		}
+		/* c->dec makes this O(new bytes) for a list that arrives in
+		 * pieces: only the strings not validated before are looked at. */
+		r = store_proto_decode_req_from(c->dialect, &srv->cfg.limits, &c->dec, p, len, &q,
+						&used);
+		if (r == CRUN_EAGAIN)
+			return conn_partial(c, len);
 		if (r < 0) {
-			conn_drop(c, r,
-				  r == CRUN_ETOOBIG ? "request over a limit" : "malformed request");
+			conn_drop(c,
+				  r == CRUN_ETOOBIG ? STORE_M_DROP_REQUEST_LIMIT
+						    : STORE_M_DROP_MALFORMED,
+				  NULL);
 			return false;
 		}
+		if (!conn_output_budget(c, &q))
+			return true; /* decoded again when resumed */
+		c->why = 0;
 		r = store_conn_dispatch(c, &q);
 		evbuffer_drain(in, used);
+		c->dec = (struct store_dec_state){0};
 		if (r < 0) {
-			conn_drop(c, r, store_proto_op_name(q.op));
+			conn_drop(c, op_failure(c, r), store_proto_op_name(q.op));
 			return false;
 		}
 	}
 }
 
+/* Over the total input budget: the connection holding the most unprocessed
+ * input goes (O(conns), only while over the budget). Returns false when
+ * that was `self`. */
+static bool srv_trim_input(struct store_server *srv, struct store_conn *self)
+{
+	while (srv->in_bytes > srv->cfg.max_total_input_bytes) {
+		struct store_conn *big = NULL;
+		size_t most = 0;
+
+		for (struct dl *n = srv->conns.next; n != &srv->conns; n = n->next) {
+			struct store_conn *c = DL_ENTRY(n, struct store_conn, link);
+			size_t len = evbuffer_get_length(bufferevent_get_input(c->bev));
+
+			if (len > most) {
+				most = len;
+				big = c;
+			}
+		}
+		if (!big)
+			break;
+		conn_drop(big, STORE_M_DROP_TOTAL_INPUT, NULL);
+		if (big == self)
+			return false;
+	}
+	return true;
+}
+
 static void conn_on_read(struct bufferevent *bev, void *arg)
 {
+	struct store_conn *c = arg;
+
 	(void)bev;
-	if (conn_process(arg))
-		store_conn_flush(arg);
+	if (!srv_trim_input(c->srv, c))
+		return;
+	if (conn_process(c))
+		store_conn_flush(c);
 }
 
 static void conn_on_event(struct bufferevent *bev, short what, void *arg)
@@ -282,33 +547,84 @@ static void conn_on_event(struct bufferevent *bev, short what, void *arg)
 	if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)) {
 		log_at(LL_DEBUG, SUB_STORE, "client closed (%s)",
 		       what & BEV_EVENT_EOF ? "eof" : strerror(EVUTIL_SOCKET_ERROR()));
+		c->peer_eof = (what & BEV_EVENT_EOF) != 0; /* leases: store_ext.h */
 		conn_close(c);
+	}
+}
+
+/* ---- timeouts ---------------------------------------------------------------- */
+
+/* Once a second: a connection owing the rest of a frame, or not reading more
+ * than STALL_OUTPUT_MIN of output, without progress for stall_timeout_s is
+ * closed; so is one silent for idle_timeout_s when that is on. Waiting that
+ * the server imposed (parked, paused) does not count. */
+static void srv_on_sweep(evutil_socket_t fd, short what, void *arg)
+{
+	struct store_server *srv = arg;
+	const struct store_server_config *cfg = &srv->cfg;
+	struct dl *n, *next;
+
+	(void)fd;
+	(void)what;
+	for (n = srv->conns.next; n != &srv->conns; n = next) {
+		struct store_conn *c = DL_ENTRY(n, struct store_conn, link);
+		size_t in = evbuffer_get_length(bufferevent_get_input(c->bev));
+		size_t out = evbuffer_get_length(store_conn_out(c));
+		bool rx = c->rx_bytes != c->rx_seen, tx = c->tx_bytes != c->tx_seen;
+		bool owed = in && !rx && !c->parked && !c->throttled && !c->stalled;
+
+		next = n->next; /* c may be closed below */
+		c->rx_seen = c->rx_bytes;
+		c->tx_seen = c->tx_bytes;
+		c->stall_s = owed || (out > STALL_OUTPUT_MIN && !tx) ? c->stall_s + 1 : 0;
+		c->idle_s = rx ? 0 : c->idle_s + 1;
+		if (cfg->stall_timeout_s && c->stall_s >= cfg->stall_timeout_s)
+			conn_drop(c, STORE_M_DROP_STALL, NULL);
+		else if (cfg->idle_timeout_s && c->idle_s >= cfg->idle_timeout_s)
+			conn_drop(c, STORE_M_DROP_IDLE, NULL);
 	}
 }
 
 /* ---- listener -------------------------------------------------------------- */
 
-static void srv_on_accept(struct evconnlistener *lsn, evutil_socket_t fd, struct sockaddr *sa,
-			  int salen, void *arg)
+/* Keepalive probes after keepalive_s of silence, 4 of them keepalive_s/6
+ * apart; TCP_USER_TIMEOUT gives unacknowledged output the same time, so a
+ * vanished host's connections go in about keepalive_s * 5/3. */
+static void sock_keepalive(int fd, uint32_t idle_s)
 {
-	struct store_server *srv = arg;
+	int on = 1, idle = (int)MIN(idle_s, 32767u), intvl = MAX(1, idle / 6), cnt = 4;
+	unsigned user_ms = (unsigned)(idle + intvl * cnt) * 1000u;
+
+	if (!idle_s)
+		return;
+	(void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+	(void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+	(void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+	(void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+	(void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_ms, sizeof(user_ms));
+}
+
+/* A refused client: accepted and closed at once (it sees EOF, not a connect
+ * timeout), logged within the log budget. Takes ownership of fd. */
+static void srv_refuse(struct store_server *srv, int fd, enum store_metric why)
+{
+	srv->metrics[why]++;
+	srv->st.dropped_conns++;
+	if (log_budget(srv))
+		log_at(LL_WARN, SUB_STORE, "refusing a client: %s (%llu open)", metric_help[why],
+		       (unsigned long long)srv->st.conns);
+	close(fd);
+}
+
+/* Takes ownership of fd. Sets up the connection with reading still off: see
+ * conn_start. NULL when out of memory (fd closed). */
+static struct store_conn *conn_new(struct store_server *srv, int fd)
+{
 	struct store_conn *c;
 	int one = 1;
 
-	(void)lsn;
-	(void)sa;
-	(void)salen;
-	if (srv->st.conns >= srv->cfg.max_conns) {
-		if (!srv->full_logged)
-			log_at(LL_WARN, SUB_STORE, "refusing connections: %u open (max_conns)",
-			       srv->cfg.max_conns);
-		srv->full_logged = true;
-		srv->st.dropped_conns++;
-		close(fd);
-		return;
-	}
-	srv->full_logged = false;
 	(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	sock_keepalive(fd, srv->cfg.keepalive_s);
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		goto fail;
@@ -319,18 +635,55 @@ static void srv_on_accept(struct evconnlistener *lsn, evutil_socket_t fd, struct
 	DL_INIT(&c->waits);
 	DL_INIT(&c->watches);
 	DL_INIT(&c->leases);
+	DL_INIT(&c->stall_link);
 	dl_add_tail(&srv->conns, &c->link);
 	srv->st.conns++;
+	srv->metrics[STORE_M_CONNS_ACCEPTED]++;
+	c->in_cb = evbuffer_add_cb(bufferevent_get_input(c->bev), conn_on_in_change, c);
+	c->out_cb = evbuffer_add_cb(store_conn_out(c), conn_on_out_change, c);
+	if (!c->in_cb || !c->out_cb) {
+		conn_close(c);
+		goto fail_logged;
+	}
 	bufferevent_setcb(c->bev, conn_on_read, conn_on_write, conn_on_event, c);
+	/* Reading stops at the per-connection input ceiling. */
 	bufferevent_setwatermark(c->bev, EV_READ, 0, srv->cfg.max_conn_buffered_bytes);
 	/* EV_WRITE (on by default) only while output is left over: see conn_flush. */
-	bufferevent_disable(c->bev, EV_WRITE);
-	bufferevent_enable(c->bev, EV_READ);
-	return;
+	bufferevent_disable(c->bev, EV_WRITE | EV_READ);
+	return c;
 fail:
-	log_at(LL_WARN, SUB_STORE, "out of memory accepting a client");
+	if (c && c->bev)
+		bufferevent_free(c->bev);
+	else
+		close(fd);
 	free(c);
-	close(fd);
+fail_logged:
+	log_at(LL_WARN, SUB_STORE, "out of memory accepting a client");
+	return NULL;
+}
+
+/* The connection is let in: requests are read from now on. */
+static void conn_start(struct store_conn *c)
+{
+	bufferevent_enable(c->bev, EV_READ);
+}
+
+static void srv_on_accept(struct evconnlistener *lsn, evutil_socket_t fd, struct sockaddr *sa,
+			  int salen, void *arg)
+{
+	struct store_server *srv = arg;
+	struct store_conn *c;
+
+	(void)lsn;
+	(void)sa;
+	(void)salen;
+	if (srv->st.conns >= srv->cfg.max_conns) {
+		srv_refuse(srv, fd, STORE_M_REFUSED_MAX_CONNS);
+		return;
+	}
+	c = conn_new(srv, fd);
+	if (c)
+		conn_start(c); /* an auth/TLS gate would start its handshake here */
 }
 
 static void srv_on_accept_retry(evutil_socket_t fd, short what, void *arg)
@@ -342,15 +695,33 @@ static void srv_on_accept_retry(evutil_socket_t fd, short what, void *arg)
 	evconnlistener_enable(srv->lsn);
 }
 
-/* accept() failed (EMFILE, ENFILE, ENOBUFS): pause accepting for 100 ms
- * instead of spinning on a listener that stays readable. */
+/* accept() failed. Out of fds (EMFILE, ENFILE), the spare fd is given up
+ * so the waiting clients can be accepted and closed - they see a clean EOF
+ * instead of a connect timeout - and taken back. Without a spare (or on
+ * ENOBUFS), accepting pauses for 100 ms instead of spinning on a listener
+ * that stays readable. Either way the log line is rate-limited. */
 static void srv_on_accept_error(struct evconnlistener *lsn, void *arg)
 {
 	struct store_server *srv = arg;
 	struct timeval tv = {0, 100 * 1000};
-	int err = EVUTIL_SOCKET_ERROR();
+	int err = EVUTIL_SOCKET_ERROR(), lfd = evconnlistener_get_fd(lsn);
 
-	log_at(LL_WARN, SUB_STORE, "accept: %s; pausing 100 ms", strerror(err));
+	if ((err == EMFILE || err == ENFILE) && srv->reserve_fd >= 0) {
+		close(srv->reserve_fd);
+		srv->reserve_fd = -1;
+		for (int i = 0; i < 64; i++) {
+			int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+
+			if (fd < 0)
+				break;
+			srv_refuse(srv, fd, STORE_M_REFUSED_FD_LIMIT);
+		}
+		srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+		if (srv->reserve_fd >= 0)
+			return;
+	}
+	if (log_budget(srv))
+		log_at(LL_WARN, SUB_STORE, "accept: %s; pausing 100 ms", strerror(err));
 	evconnlistener_disable(lsn);
 	evtimer_add(srv->accept_retry, &tv);
 }
@@ -430,7 +801,135 @@ static uint16_t fd_port(int fd)
 	return ntohs(((struct sockaddr_in *)&ss)->sin_port);
 }
 
-/* ---- public ---------------------------------------------------------------- */
+/* ---- configuration ------------------------------------------------------- */
+
+#define CFG_FIELD(f) \
+	offsetof(struct store_server_config, f), sizeof(((struct store_server_config *)0)->f)
+#define BIG ((uint64_t)1 << 40) /* 1 TiB: keeps size arithmetic safe */
+
+/* Every tunable, once: crun-rdzvd's flags and help, rdzv_conf's store_* keys
+ * and the README table are generated from it. */
+static const struct store_server_limit limit_rows[] = {
+    {"max-conns", "count", "open client connections; auto: min(65536, the fd limit less an eighth)",
+     1, UINT32_MAX, "auto", CFG_FIELD(max_conns)},
+    {"max-key-bytes", "bytes", "longest key accepted", 1, BIG, NULL,
+     CFG_FIELD(limits.max_key_bytes)},
+    {"max-value-bytes", "bytes", "longest value accepted", 1, BIG, NULL,
+     CFG_FIELD(limits.max_value_bytes)},
+    {"max-keys-per-request", "count",
+     "keys per CHECK/WAIT/MULTI_*; also one connection's waits, watches and leases", 1, BIG, NULL,
+     CFG_FIELD(limits.max_items)},
+    {"max-keys", "count", "keys in the store, waited-for ones included", 1, BIG, NULL,
+     CFG_FIELD(max_keys)},
+    {"max-total-key-bytes", "bytes", "bytes of all those keys together", 1, BIG * 64, NULL,
+     CFG_FIELD(max_total_key_bytes)},
+    {"max-total-value-bytes", "bytes", "all values and queued items together", 1, BIG * 64, NULL,
+     CFG_FIELD(max_total_value_bytes)},
+    {"max-waiters", "count", "WAIT/BARRIER/WATCH_KEY registrations, all clients", 1, BIG, NULL,
+     CFG_FIELD(max_waiters)},
+    {"max-conn-buffer-bytes", "bytes",
+     "unprocessed input per connection, so a frame must fit; auto: the largest frame the key and "
+     "value limits allow",
+     64, BIG, "auto", CFG_FIELD(max_conn_buffered_bytes)},
+    {"max-total-input-bytes", "bytes",
+     "unprocessed input, all connections; over it the largest holder is closed", 4096, BIG * 64,
+     NULL, CFG_FIELD(max_total_input_bytes)},
+    {"max-conn-output-bytes", "bytes", "unsent replies past which a connection is not read", 64,
+     BIG, NULL, CFG_FIELD(max_conn_output_bytes)},
+    {"max-total-output-bytes", "bytes",
+     "unsent replies, all connections; past it large replies wait", 4096, BIG * 64, NULL,
+     CFG_FIELD(max_total_output_bytes)},
+    {"keepalive", "seconds", "TCP keepalive idle time; a vanished peer goes after ~5/3 of it", 0,
+     32767, "off", CFG_FIELD(keepalive_s)},
+    {"stall-timeout", "seconds",
+     "close a connection whose partial frame or unread output makes no progress", 0, 86400, "off",
+     CFG_FIELD(stall_timeout_s)},
+    {"idle-timeout", "seconds",
+     "close a connection silent this long (torch 1.13 keeps an idle one per store)", 0, UINT32_MAX,
+     "off", CFG_FIELD(idle_timeout_s)},
+};
+
+const struct store_server_limit *store_server_limits(size_t *ret_n)
+{
+	*ret_n = ARRAY_SIZE(limit_rows);
+	return limit_rows;
+}
+
+uint64_t store_server_limit_get(const struct store_server_config *cfg, size_t i)
+{
+	const struct store_server_limit *l = &limit_rows[i];
+	const char *p = (const char *)cfg + l->offset;
+	uint64_t v64;
+	uint32_t v32;
+
+	if (l->size == sizeof(v32)) {
+		memcpy(&v32, p, sizeof(v32));
+		return v32;
+	}
+	memcpy(&v64, p, sizeof(v64));
+	return v64;
+}
+
+static void limit_put(struct store_server_config *cfg, size_t i, uint64_t v)
+{
+	const struct store_server_limit *l = &limit_rows[i];
+	char *p = (char *)cfg + l->offset;
+	uint32_t v32 = (uint32_t)v;
+
+	if (l->size == sizeof(v32))
+		memcpy(p, &v32, sizeof(v32));
+	else
+		memcpy(p, &v, sizeof(v));
+}
+
+int store_server_config_set(struct store_server_config *cfg, const char *name, const char *text,
+			    char *err, size_t cap)
+{
+	for (size_t i = 0; i < ARRAY_SIZE(limit_rows); i++) {
+		const struct store_server_limit *l = &limit_rows[i];
+		size_t k = 0;
+		uint64_t v;
+
+		while (l->name[k] &&
+		       (name[k] == l->name[k] || (name[k] == '_' && l->name[k] == '-')))
+			k++;
+		if (l->name[k] || name[k])
+			continue;
+		if (parse_uint_range(text, l->min, l->max, &v) < 0) {
+			if (str_printf(err, cap,
+				       "%s: expected an integer (%s) in [%llu, %llu], got '%s'",
+				       l->name, l->unit, (unsigned long long)l->min,
+				       (unsigned long long)l->max, text) < 0 &&
+			    cap)
+				err[0] = '\0';
+			return CRUN_EINVAL;
+		}
+		limit_put(cfg, i, v);
+		return 0;
+	}
+	return CRUN_ENOTFOUND;
+}
+
+/* The largest frame `lim` allows: COMPARE_SET's key and two values. */
+static size_t largest_frame(const struct store_limits *lim)
+{
+	return 1 + 8 + lim->max_key_bytes + 2 * (8 + lim->max_value_bytes);
+}
+
+/* max_conns 0: what the fd limit leaves after a reserve for the embedding
+ * process's other fds (an eighth, at least 64), at most 65536. */
+static uint32_t auto_max_conns(void)
+{
+	struct rlimit rl;
+	uint64_t lim = 1024, reserve;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+		lim = rl.rlim_cur;
+	else if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+		lim = 65536 + 8192;
+	reserve = MAX(64, lim / 8);
+	return lim > reserve + 1 ? (uint32_t)MIN(65536, lim - reserve) : 1;
+}
 
 static void cfg_fill(struct store_server_config *dst, const struct store_server_config *src)
 {
@@ -438,42 +937,49 @@ static void cfg_fill(struct store_server_config *dst, const struct store_server_
 
 	*dst = *src;
 	dst->host = NULL; /* borrowed; only used while binding */
-	/* 0 means "the default" for every limit. */
-	if (!dst->limits.max_key_bytes)
-		dst->limits.max_key_bytes = def.limits.max_key_bytes;
-	if (!dst->limits.max_value_bytes)
-		dst->limits.max_value_bytes = def.limits.max_value_bytes;
-	if (!dst->limits.max_items)
-		dst->limits.max_items = def.limits.max_items;
+	/* 0 means "the default" for every size and count (the *_s times: off). */
+	for (size_t i = 0; i < ARRAY_SIZE(limit_rows); i++)
+		if (strcmp(limit_rows[i].unit, "seconds") && !store_server_limit_get(dst, i))
+			limit_put(dst, i, store_server_limit_get(&def, i));
 	if (!dst->max_conns)
-		dst->max_conns = def.max_conns;
+		dst->max_conns = auto_max_conns();
 	if (!dst->max_conn_buffered_bytes)
-		dst->max_conn_buffered_bytes = def.max_conn_buffered_bytes;
-	if (!dst->max_total_value_bytes)
-		dst->max_total_value_bytes = def.max_total_value_bytes;
+		dst->max_conn_buffered_bytes = largest_frame(&dst->limits);
 }
+
+/* ---- public ---------------------------------------------------------------- */
 
 int store_server_new(struct event_base *base, const struct store_server_config *cfg,
 		     struct store_server **ret_srv)
 {
 	struct store_server *srv;
+	struct timeval sweep = {SWEEP_MS / 1000, 0};
 	int fd = -1, r;
 
 	srv = calloc(1, sizeof(*srv));
 	if (!srv)
 		return CRUN_ENOMEM;
 	srv->base = base;
+	srv->reserve_fd = -1;
+	srv->stall_min = SIZE_MAX;
 	cfg_fill(&srv->cfg, cfg);
+	srv->out_hard_cap = srv->cfg.max_conn_output_bytes + srv->cfg.max_conn_buffered_bytes;
 	DL_INIT(&srv->conns);
-	r = kv_init(&srv->kv);
+	DL_INIT(&srv->stalled);
+	r = kv_init(&srv->kv, srv->cfg.max_keys, srv->cfg.max_total_key_bytes);
 	if (r < 0)
 		goto fail;
 	srv->kv_ready = true;
+	r = CRUN_ENOMEM;
 	srv->accept_retry = evtimer_new(base, srv_on_accept_retry, srv);
-	if (!srv->accept_retry) {
-		r = CRUN_ENOMEM;
+	srv->unstall = event_new(base, -1, 0, srv_on_unstall, srv);
+	srv->sweep = event_new(base, -1, EV_PERSIST, srv_on_sweep, srv);
+	if (!srv->accept_retry || !srv->unstall || !srv->sweep)
 		goto fail;
-	}
+	if ((srv->cfg.stall_timeout_s || srv->cfg.idle_timeout_s) && event_add(srv->sweep, &sweep))
+		goto fail;
+	/* Best effort: without it, the fd limit pauses accepting instead. */
+	srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	r = srv_listen(srv, cfg->host, cfg->port, &fd);
 	if (r < 0) {
 		log_at(LL_ERROR, SUB_STORE, "cannot listen on %s:%u: %s",
@@ -503,10 +1009,17 @@ void store_server_free(struct store_server *srv)
 		return;
 	while (!DL_EMPTY(&srv->conns))
 		conn_close(DL_ENTRY(srv->conns.next, struct store_conn, link));
+	store_ext_server_free(srv); /* leases outlive connections, not the server */
 	if (srv->lsn)
 		evconnlistener_free(srv->lsn);
 	if (srv->accept_retry)
 		event_free(srv->accept_retry);
+	if (srv->unstall)
+		event_free(srv->unstall);
+	if (srv->sweep)
+		event_free(srv->sweep);
+	if (srv->reserve_fd >= 0)
+		close(srv->reserve_fd);
 	if (srv->kv_ready)
 		kv_release(&srv->kv);
 	free(srv);
@@ -515,6 +1028,11 @@ void store_server_free(struct store_server *srv)
 uint16_t store_server_port(const struct store_server *srv)
 {
 	return srv->port;
+}
+
+const struct store_server_config *store_server_get_config(const struct store_server *srv)
+{
+	return &srv->cfg;
 }
 
 static void clear_one(struct kv_ent *e, void *arg)
@@ -538,4 +1056,9 @@ void store_server_get_stats(const struct store_server *srv, struct store_server_
 	*ret = srv->st;
 	ret->keys = srv->kv.n_keys;
 	ret->value_bytes = srv->kv.value_bytes;
+	ret->entries = srv->kv.n_ents;
+	ret->key_bytes = srv->kv.key_bytes;
+	ret->registrations = srv->n_regs;
+	ret->input_bytes = srv->in_bytes;
+	ret->output_bytes = srv->out_bytes;
 }

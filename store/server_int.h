@@ -67,10 +67,13 @@ struct kv_ent {
 
 struct kv_table {
 	struct kv_ent **buckets;
-	size_t mask;	    /* bucket count - 1; a power of two minus one */
-	size_t n_ents;	    /* every entry, for the load factor */
-	size_t n_keys;	    /* entries with a value: GETNUMKEYS */
-	size_t value_bytes; /* values plus queued items */
+	size_t mask;	      /* bucket count - 1; a power of two minus one */
+	size_t n_ents;	      /* every entry, for the load factor */
+	size_t n_keys;	      /* entries with a value: GETNUMKEYS */
+	size_t value_bytes;   /* values plus queued items */
+	size_t key_bytes;     /* key lengths of every entry */
+	size_t max_ents;      /* kv_get_or_add refuses to create more... */
+	size_t max_key_bytes; /* ...or to go past this many key bytes */
 };
 
 /* Ties a connection to a key: a missing key of a WAIT/BARRIER, or a watch. */
@@ -81,13 +84,14 @@ struct kv_reg {
 	struct kv_ent *ent;
 };
 
-/* 0 or CRUN_ENOMEM. */
-int kv_init(struct kv_table *t);
+/* 0 or CRUN_ENOMEM. The budgets are max_ents entries, max_key_bytes of keys. */
+int kv_init(struct kv_table *t, size_t max_ents, size_t max_key_bytes);
 /* Frees every entry, value and queued item; registrations must be gone. */
 void kv_release(struct kv_table *t);
 /* The entry for key, or NULL. */
 struct kv_ent *kv_find(const struct kv_table *t, const uint8_t *key, size_t len);
-/* The entry for key, created empty if needed. 0 or CRUN_ENOMEM. */
+/* The entry for key, created empty if needed. 0, CRUN_ENOMEM, or
+ * CRUN_ETOOBIG when creating it would go over max_ents or max_key_bytes. */
 int kv_get_or_add(struct kv_table *t, const uint8_t *key, size_t len, struct kv_ent **ret_ent);
 /* Frees `e` if it holds nothing any more (no value, queue or registration). */
 void kv_gc(struct kv_table *t, struct kv_ent *e);
@@ -105,34 +109,62 @@ void kv_foreach(struct kv_table *t, void (*fn)(struct kv_ent *e, void *arg), voi
 
 /* ---- server and connections ------------------------------------------------ */
 
+/* A log line budget: at most LOGRATE_PER_S lines a second; the rest are
+ * counted and summed up in the next line that gets through, so a connect
+ * storm cannot flood the log (the metrics still count every event). */
+struct lograte {
+	uint64_t window_ms;
+	uint32_t lines;
+	uint64_t suppressed;
+};
+
 struct store_server {
 	struct event_base *base; /* borrowed */
 	struct evconnlistener *lsn;
 	struct event *accept_retry; /* re-enables accept after EMFILE */
+	struct event *sweep;	    /* 1 s: stall and idle timeouts */
+	struct event *unstall;	    /* resumes connections paused on the total output */
 	struct store_server_config cfg;
 	struct kv_table kv;
 	bool kv_ready;
 	struct dl conns;
+	struct dl stalled; /* struct store_conn.stall_link: waiting for output budget */
 	uint16_t port;
-	bool full_logged; /* max_conns warning printed since the last accept */
+	int reserve_fd; /* spare fd given up to accept-and-close at the fd limit */
 	struct store_server_stats st;
-	uint64_t next_lease_id; /* lease.c */
+	struct lease_table *leases; /* lease.c: every lease by id; NULL until the first */
+	uint64_t n_regs;     /* kv_reg registrations (waits and watches), all conns */
+	size_t in_bytes;     /* unprocessed input, all connections */
+	size_t out_bytes;    /* unsent output, all connections */
+	size_t out_hard_cap; /* one connection's output past which pushes doom it */
+	size_t stall_min;    /* smallest reply a stalled connection waits to send */
+	uint64_t metrics[STORE_M__MAX];
+	struct lograte lr;
 };
 
 struct store_conn {
-	struct dl link;	   /* in store_server.conns */
-	struct dl waits;   /* struct kv_reg.conn_link of WAIT/BARRIER keys */
-	struct dl watches; /* v1 WATCH_KEY registrations */
+	struct dl link;	      /* in store_server.conns */
+	struct dl waits;      /* struct kv_reg.conn_link of WAIT/BARRIER keys */
+	struct dl watches;    /* v1 WATCH_KEY registrations */
+	struct dl stall_link; /* in store_server.stalled while stalled */
 	struct store_server *srv;
 	struct bufferevent *bev;
-	uint64_t pending; /* keys this connection still waits for */
+	struct evbuffer_cb_entry *in_cb, *out_cb; /* keep srv->in/out_bytes */
+	struct store_dec_state dec;		  /* how far the front frame was validated */
+	uint64_t rx_bytes, tx_bytes;		  /* totals, for the sweep's progress check */
+	uint64_t rx_seen, tx_seen;		  /* the totals at the last sweep */
+	uint32_t stall_s, idle_s;		  /* seconds without progress, by the sweep */
+	uint64_t pending;			  /* keys this connection still waits for */
 	uint32_t n_regs;  /* waits + watches + leases, at most limits.max_items */
 	uint8_t dialect;  /* 0 until sniffed, then enum store_dialect */
+	uint8_t why;	  /* enum store_metric of a refusal an op reported */
 	bool parked;	  /* v2 WAIT/BARRIER outstanding: input stays buffered */
 	bool throttled;	  /* output over the ceiling: reading paused */
+	bool stalled;	  /* total output over budget: reading paused */
 	bool writing;	  /* EV_WRITE on: the bufferevent flushes what write() left */
 	bool doomed;	  /* another connection's op overfilled our output */
 	bool ext;	  /* sent HELLO: crun's extension ops (store_ext.h) allowed */
+	bool peer_eof;	  /* closing because the peer closed in order (FIN), not reset */
 	struct dl leases; /* struct store_lease.conn_link (lease.c) */
 };
 
@@ -150,11 +182,28 @@ void store_conn_unpark(struct store_conn *c);
  * other connections' ops has piled up past the ceiling. */
 void store_conn_check_pushed(struct store_conn *c);
 
+/* server.c: the budget check of an op that is about to push `bytes` to c
+ * (a watch notification): false, and c doomed, when it would go over c's
+ * ceiling or the total output budget. */
+bool store_conn_may_push(struct store_conn *c, size_t bytes);
+
+/* server_ops.c: records which budget refused an op and returns CRUN_ETOOBIG,
+ * so the close is logged and counted under that reason. */
+int store_conn_refuse(struct store_conn *c, enum store_metric why);
+/* server_ops.c: an upper bound of the bytes q's reply adds to c's output,
+ * for the total output budget (0 for small fixed-size replies). */
+size_t store_conn_reply_cost(struct store_conn *c, const struct store_req *q);
+
 /* server_ops.c: runs one decoded request; pointers in q point into c's input
  * buffer, so whatever is kept is copied. 0, or a negative crun code after
  * which the caller closes c. */
 int store_conn_dispatch(struct store_conn *c, const struct store_req *q);
 /* server_ops.c: drops every wait and watch registration of c (close path). */
 void store_conn_unregister(struct store_conn *c);
+/* server_ops.c: SET on the server's own behalf (a lease's expiry key, which
+ * may outlive every connection): waiters wake as for a client's SET. 0 or a
+ * negative code (CRUN_ENOMEM, CRUN_ETOOBIG over the value budget). */
+int store_server_set_key(struct store_server *srv, const struct store_bytes *k,
+			 const struct store_bytes *v);
 
 #endif /* CRUN_STORE_SERVER_INT_H */

@@ -12,17 +12,53 @@
 #include "common/common.h"
 #include "store/server_int.h"
 
+int store_conn_refuse(struct store_conn *c, enum store_metric why)
+{
+	c->why = (uint8_t)why;
+	return CRUN_ETOOBIG;
+}
+
+/* Unlinks and frees a registration; the entry stays (see reg_free). */
+static void reg_unlink(struct store_server *srv, struct kv_reg *reg, bool is_wait)
+{
+	dl_del(&reg->key_link);
+	dl_del(&reg->conn_link);
+	reg->conn->n_regs--;
+	srv->n_regs--;
+	if (is_wait)
+		srv->st.waiters--;
+	free(reg);
+}
+
 static void reg_free(struct store_server *srv, struct kv_reg *reg, bool is_wait)
 {
 	struct kv_ent *e = reg->ent;
 
-	dl_del(&reg->key_link);
-	dl_del(&reg->conn_link);
-	reg->conn->n_regs--;
-	if (is_wait)
-		srv->st.waiters--;
-	free(reg);
+	reg_unlink(srv, reg, is_wait);
 	kv_gc(&srv->kv, e);
+}
+
+/* kv_get_or_add, with a refusal counted under the budget that was full. */
+/* A write over a budget: counted, and refused to the client when there is
+ * one (c is NULL for the server's own writes, a lease's expiry key). */
+static int refuse(struct store_server *srv, struct store_conn *c, enum store_metric m)
+{
+	if (c)
+		return store_conn_refuse(c, m);
+	srv->metrics[m]++;
+	return CRUN_ETOOBIG;
+}
+
+static int ent_get(struct store_server *srv, struct store_conn *c, const struct store_bytes *k,
+		   struct kv_ent **ret)
+{
+	struct kv_table *t = &srv->kv;
+	int r = kv_get_or_add(t, k->p, k->len, ret);
+
+	if (r == CRUN_ETOOBIG)
+		return refuse(srv, c,
+			      t->n_ents >= t->max_ents ? STORE_M_DROP_KEYS : STORE_M_DROP_KEY_BYTES);
+	return r;
 }
 
 static void conn_drop_waits(struct store_conn *c)
@@ -90,11 +126,7 @@ static void wake_all(struct store_server *srv, struct kv_ent *e)
 		struct kv_reg *reg = DL_ENTRY(e->waiters.next, struct kv_reg, key_link);
 		struct store_conn *w = reg->conn;
 
-		dl_del(&reg->key_link);
-		dl_del(&reg->conn_link);
-		w->n_regs--;
-		srv->st.waiters--;
-		free(reg);
+		reg_unlink(srv, reg, true);
 		wait_step(w);
 	}
 }
@@ -118,14 +150,21 @@ static void wake_one(struct store_server *srv, struct kv_ent *e)
 				w->pending--;
 			continue;
 		}
-		dl_del(&reg->key_link);
-		dl_del(&reg->conn_link);
-		w->n_regs--;
-		srv->st.waiters--;
-		free(reg);
+		reg_unlink(srv, reg, true);
 		wait_step(w);
 		return;
 	}
+}
+
+/* Whether c may add n registrations: its own ceiling (max_items, which
+ * leases share) and the server's (max_waiters). */
+static int reg_budget(struct store_conn *c, uint64_t n)
+{
+	struct store_server *srv = c->srv;
+
+	if (c->n_regs + n > srv->cfg.limits.max_items || srv->n_regs + n > srv->cfg.max_waiters)
+		return store_conn_refuse(c, STORE_M_DROP_WAITERS);
+	return 0;
 }
 
 static int reg_add(struct store_conn *c, struct kv_ent *e, bool is_wait)
@@ -139,6 +178,7 @@ static int reg_add(struct store_conn *c, struct kv_ent *e, bool is_wait)
 	dl_add_tail(is_wait ? &e->waiters : &e->watchers, &reg->key_link);
 	dl_add_tail(is_wait ? &c->waits : &c->watches, &reg->conn_link);
 	c->n_regs++;
+	c->srv->n_regs++;
 	if (is_wait)
 		c->srv->st.waiters++;
 	return 0;
@@ -166,7 +206,13 @@ static void notify_watchers(struct store_server *srv, struct kv_ent *e, uint8_t 
 		struct store_conn *w = DL_ENTRY(n, struct kv_reg, key_link)->conn;
 		struct evbuffer *out = store_conn_out(w);
 		uint8_t l[8];
-		int r = evbuffer_add(out, hdr, sizeof(hdr));
+		int r;
+
+		/* A notification can carry two whole values: never buffered
+		 * for a watcher that does not read, nor past the total. */
+		if (!store_conn_may_push(w, sizeof(hdr) + e->key_len + 16 + old_len + new_len))
+			continue;
+		r = evbuffer_add(out, hdr, sizeof(hdr));
 
 		r |= evbuffer_add(out, e->key, e->key_len);
 		store_put_u64(l, old_len);
@@ -188,8 +234,8 @@ static void notify_watchers(struct store_server *srv, struct kv_ent *e, uint8_t 
  * ceiling, and tells v1 watchers. The caller replies, then wakes waiters. On
  * failure an entry left holding nothing (a key just created for this write) is
  * freed, so e must not be used after an error. */
-static int put_value(struct store_server *srv, struct kv_ent *e, const uint8_t *v, size_t len,
-		     bool append)
+static int put_value(struct store_server *srv, struct store_conn *c, struct kv_ent *e,
+		     const uint8_t *v, size_t len, bool append)
 {
 	size_t old_len = e->present ? e->val_len : 0;
 	size_t after = srv->kv.value_bytes - (append ? 0 : old_len) + len;
@@ -198,7 +244,7 @@ static int put_value(struct store_server *srv, struct kv_ent *e, const uint8_t *
 	int r;
 
 	if (after > srv->cfg.max_total_value_bytes) {
-		r = CRUN_ETOOBIG;
+		r = refuse(srv, c, STORE_M_DROP_VALUE_BYTES);
 		goto fail;
 	}
 	if (!DL_EMPTY(&e->watchers) && old_len) {
@@ -222,15 +268,21 @@ fail:
 	return r;
 }
 
-static int set_key(struct store_server *srv, const struct store_bytes *k,
+static int set_key(struct store_server *srv, struct store_conn *c, const struct store_bytes *k,
 		   const struct store_bytes *v, bool append)
 {
 	struct kv_ent *e;
 
-	TRY(kv_get_or_add(&srv->kv, k->p, k->len, &e));
-	TRY(put_value(srv, e, v->p, v->len, append));
+	TRY(ent_get(srv, c, k, &e));
+	TRY(put_value(srv, c, e, v->p, v->len, append));
 	wake_all(srv, e);
 	return 0;
+}
+
+int store_server_set_key(struct store_server *srv, const struct store_bytes *k,
+			 const struct store_bytes *v)
+{
+	return set_key(srv, NULL, k, v, false);
 }
 
 /* std::stoll as torch's ADD applies it to the stored text: leading
@@ -280,7 +332,7 @@ static size_t i64_text(int64_t v, char *buf)
 
 /* ADD and BARRIER: the value is a decimal counter (missing = 0) stored back
  * as text. Wrapping on overflow, where torch has undefined behaviour. */
-static int add_counter(struct store_server *srv, struct kv_ent *e, int64_t delta, int64_t *ret)
+static int add_counter(struct store_conn *c, struct kv_ent *e, int64_t delta, int64_t *ret)
 {
 	int64_t cur = 0;
 	char text[24];
@@ -288,7 +340,7 @@ static int add_counter(struct store_server *srv, struct kv_ent *e, int64_t delta
 	if (e->present)
 		TRY(parse_stoll(e->val, e->val_len, &cur));
 	cur = (int64_t)((uint64_t)cur + (uint64_t)delta);
-	TRY(put_value(srv, e, (const uint8_t *)text, i64_text(cur, text), false));
+	TRY(put_value(c->srv, c, e, (const uint8_t *)text, i64_text(cur, text), false));
 	*ret = cur;
 	return 0;
 }
@@ -313,8 +365,8 @@ static int op_add(struct store_conn *c, const struct store_req *q)
 	struct kv_ent *e;
 	int64_t v;
 
-	TRY(kv_get_or_add(&srv->kv, q->key.p, q->key.len, &e));
-	TRY(add_counter(srv, e, q->num, &v));
+	TRY(ent_get(c->srv, c, &q->key, &e));
+	TRY(add_counter(c, e, q->num, &v));
 	TRY(reply_i64(c, v));
 	wake_all(srv, e);
 	return 0;
@@ -331,10 +383,10 @@ static int op_compare_set(struct store_conn *c, const struct store_req *q)
 	if (!e || !e->present) {
 		if (q->val.len)
 			return reply_bytes(c, q->val.p, q->val.len);
-		TRY(kv_get_or_add(&srv->kv, q->key.p, q->key.len, &e));
-		TRY(put_value(srv, e, q->val2.p, q->val2.len, false));
+		TRY(ent_get(c->srv, c, &q->key, &e));
+		TRY(put_value(c->srv, c, e, q->val2.p, q->val2.len, false));
 	} else if (e->val_len == q->val.len && !memcmp(e->val, q->val.p, q->val.len)) {
-		TRY(put_value(srv, e, q->val2.p, q->val2.len, false));
+		TRY(put_value(c->srv, c, e, q->val2.p, q->val2.len, false));
 	}
 	TRY(reply_bytes(c, e->val, e->val_len));
 	wake_all(srv, e);
@@ -359,8 +411,7 @@ static int op_wait(struct store_conn *c, const struct store_req *q, bool check)
 		return reply_u8(c, missing ? STORE_CHECK_NOT_READY : STORE_CHECK_READY);
 	if (!missing)
 		return reply_u8(c, STORE_WAIT_STOP_WAITING);
-	if (c->n_regs + missing > srv->cfg.limits.max_items)
-		return CRUN_ETOOBIG;
+	TRY(reg_budget(c, missing));
 	it = q->items;
 	for (uint64_t i = 0; i < q->nitems; i++) {
 		struct kv_ent *e;
@@ -368,7 +419,7 @@ static int op_wait(struct store_conn *c, const struct store_req *q, bool check)
 		store_items_next(&it, &k);
 		int r;
 
-		TRY(kv_get_or_add(&srv->kv, k.p, k.len, &e));
+		TRY(ent_get(c->srv, c, &k, &e));
 		if (key_exists(e))
 			continue;
 		r = reg_add(c, e, true);
@@ -398,13 +449,16 @@ static int op_delete(struct store_conn *c, const struct store_req *q)
 
 static int op_watch(struct store_conn *c, const struct store_req *q)
 {
-	struct store_server *srv = c->srv;
 	struct kv_ent *e;
+	int r;
 
-	if (c->n_regs + 1 > srv->cfg.limits.max_items)
-		return CRUN_ETOOBIG;
-	TRY(kv_get_or_add(&srv->kv, q->key.p, q->key.len, &e));
-	TRY(reg_add(c, e, false));
+	TRY(reg_budget(c, 1));
+	TRY(ent_get(c->srv, c, &q->key, &e));
+	r = reg_add(c, e, false);
+	if (r < 0) {
+		kv_gc(&c->srv->kv, e);
+		return r;
+	}
 	return reply_u8(c, STORE_WATCH_REGISTERED);
 }
 
@@ -448,7 +502,7 @@ static int op_multi_set(struct store_conn *c, const struct store_req *q)
 
 		store_items_next(&it, &k);
 		store_items_next(&it, &v);
-		TRY(set_key(c->srv, &k, &v, false));
+		TRY(set_key(c->srv, c, &k, &v, false));
 	}
 	return 0;
 }
@@ -466,8 +520,8 @@ static int op_queue_push(struct store_conn *c, const struct store_req *q)
 	struct kv_ent *e;
 
 	if (srv->kv.value_bytes + q->val.len > srv->cfg.max_total_value_bytes)
-		return CRUN_ETOOBIG;
-	TRY(kv_get_or_add(&srv->kv, q->key.p, q->key.len, &e));
+		return store_conn_refuse(c, STORE_M_DROP_VALUE_BYTES);
+	TRY(ent_get(c->srv, c, &q->key, &e));
 	TRY(kv_queue_push(&srv->kv, e, q->val.p, q->val.len));
 	wake_one(srv, e);
 	return 0;
@@ -528,19 +582,51 @@ static int op_barrier(struct store_conn *c, const struct store_req *q)
 	struct kv_ent *e;
 	int64_t n;
 
-	TRY(kv_get_or_add(&srv->kv, q->key.p, q->key.len, &e));
-	TRY(add_counter(srv, e, 1, &n));
+	TRY(ent_get(c->srv, c, &q->key, &e));
+	TRY(add_counter(c, e, 1, &n));
 	if (n >= q->num) {
 		TRY(reply_u8(c, STORE_WAIT_STOP_WAITING));
 		wake_all(srv, e);
 		return 0;
 	}
-	if (c->n_regs + 1 > srv->cfg.limits.max_items)
-		return CRUN_ETOOBIG;
+	TRY(reg_budget(c, 1));
 	TRY(reg_add(c, e, true));
 	c->pending = 1;
 	c->parked = c->dialect == STORE_V2;
 	return 0;
+}
+
+size_t store_conn_reply_cost(struct store_conn *c, const struct store_req *q)
+{
+	struct kv_table *t = &c->srv->kv;
+	const uint8_t *it = q->items;
+	struct kv_ent *e;
+	struct store_bytes k;
+	size_t total = 0;
+
+	switch (q->op) {
+	case STORE_OP_GET:
+		e = kv_find(t, q->key.p, q->key.len);
+		return e && e->present ? 8 + e->val_len : 8;
+	case STORE_OP_COMPARE_SET:
+		e = kv_find(t, q->key.p, q->key.len);
+		total = MAX(q->val.len, q->val2.len);
+		return 8 + (e && e->present ? MAX(total, e->val_len) : total);
+	case STORE_OP_QUEUE_POP:
+		e = kv_find(t, q->key.p, q->key.len);
+		return e && e->q_head ? 16 + e->q_head->len : 8;
+	case STORE_OP_LIST_KEYS:
+		return 8 + 8 * t->n_keys + t->key_bytes;
+	case STORE_OP_MULTI_GET:
+		for (uint64_t i = 0; i < q->nitems; i++) {
+			store_items_next(&it, &k);
+			e = kv_find(t, k.p, k.len);
+			total += 8 + (e && e->present ? e->val_len : 0);
+		}
+		return total;
+	default:
+		return 8; /* one status byte, integer or nonce */
+	}
 }
 
 /* Runs one decoded request. Pointers in q point into the input buffer, which
@@ -554,9 +640,9 @@ int store_conn_dispatch(struct store_conn *c, const struct store_req *q)
 	case STORE_OP_VALIDATE:
 		return q->u32 == STORE_VALIDATE_MAGIC ? 0 : CRUN_EPROTO;
 	case STORE_OP_SET:
-		return set_key(srv, &q->key, &q->val, false);
+		return set_key(c->srv, c, &q->key, &q->val, false);
 	case STORE_OP_APPEND:
-		return set_key(srv, &q->key, &q->val, true);
+		return set_key(c->srv, c, &q->key, &q->val, true);
 	case STORE_OP_GET:
 		return op_get(c, q);
 	case STORE_OP_ADD:

@@ -16,16 +16,49 @@
  *   0x82  LEASE_KEEPALIVE  u64 lease id                          u8 status
  *   0x83  LEASE_REVOKE     u64 lease id                          u8 status
  *   0x84  SET_LEASED       u64 lease id, bytes key, bytes value  u8 status
+ *   0x85  LEASE_ATTACH     u64 lease id                          u8 status  (version 2)
  *
- * status: 0 ok, 1 no such lease (expired, revoked, or another connection's).
+ * status: 0 ok, 1 no such lease (ended, or held by another connection).
+ * HELLO answers the server's version; a client sends LEASE_ATTACH only to a
+ * server that answered 2 or more (a version-1 server closes on it).
  *
- * Semantics. A lease belongs to the connection that granted it. It ends when
- * its TTL passes without a keep-alive, or when its connection closes; then
- * every key set through SET_LEASED under it is deleted, and, if expiry_key
- * is not empty and does not exist yet (the first reason wins), expiry_key is
- * SET to expiry_value - waking every WAIT on it,
- * which is how one failure reaches every agent at O(1) cost. LEASE_REVOKE
- * ends a lease cleanly: its keys are deleted but the expiry key is not set.
+ * Semantics. A lease ends when ttl_ms pass after its last sign of life
+ * (the grant, a keep-alive or an attach), or when its holder closes its
+ * connection in order (below). Then every key set through SET_LEASED
+ * under it is deleted, and, if expiry_key is not empty and does not exist
+ * yet (the first reason wins), expiry_key is SET to expiry_value - waking
+ * every WAIT on it, which is how one failure reaches every agent at O(1)
+ * cost. LEASE_REVOKE ends a lease cleanly: its keys are deleted but the
+ * expiry key is not set.
+ *
+ * Ownership and reconnects (version 2). A lease is held by one connection at
+ * a time: only its holder may keep it alive, revoke it or set keys under it.
+ * How the holder's connection ends decides what happens to its leases:
+ *   - an orderly close by the peer (FIN: the client closed its handle, or
+ *     its process exited or was killed, and its kernel closed the socket):
+ *     its leases end at once, as an expiry (expiry key set). A dead agent is
+ *     noticed in a round trip, not a TTL;
+ *   - anything else (a reset from the network, the client aborting a stream
+ *     it gave up on - crun's client closes those with RST - a read error, the
+ *     server dropping the connection): its leases stay, held by nobody,
+ *     until their TTL runs out from their last sign of life. A client that
+ *     reconnects sends LEASE_ATTACH with the id (which also counts as a
+ *     keep-alive) and nothing has failed.
+ * LEASE_ATTACH takes the lease from whatever connection holds it (the client
+ * may know its old connection is dead before the server does). A lease whose
+ * TTL lapsed stays dead: attaching it answers "no such lease". A process that
+ * leaves cleanly LEASE_REVOKEs first, or its expiry key is set as it closes.
+ * Ids are random 64-bit numbers, so an id from before a server restart is
+ * not found after it.
+ *
+ * Stalls. If the server's own loop was stalled (the process was SIGSTOPped,
+ * or one loop iteration ran long), its clients' keep-alives could not be
+ * read: a tick measures the loop's lag (CLOCK_MONOTONIC, the clock of the
+ * loop's timers) and every lease's deadline is moved later by it, so a
+ * stalled server does not evict the healthy clients it could not hear. (A
+ * suspended host needs no measuring: CLOCK_MONOTONIC, and so every lease
+ * timer, stands still while it sleeps.)
+ *
  * Keys are given as on the wire (already mangled with "/" and prefixes).
  * ttl_ms is 1 ms .. 1 hour.
  */
@@ -44,18 +77,20 @@ enum store_ext_op {
 	STORE_EXT_LEASE_KEEPALIVE = 0x82,
 	STORE_EXT_LEASE_REVOKE = 0x83,
 	STORE_EXT_SET_LEASED = 0x84,
+	STORE_EXT_LEASE_ATTACH = 0x85,
 };
 
-#define STORE_EXT_MAGIC	  0x4352554eu
-#define STORE_EXT_VERSION 1u
-#define STORE_EXT_TTL_MAX (3600u * 1000)
+#define STORE_EXT_MAGIC		 0x4352554eu
+#define STORE_EXT_VERSION	 2u
+#define STORE_EXT_VERSION_ATTACH 2u /* first version with LEASE_ATTACH */
+#define STORE_EXT_TTL_MAX	 (3600u * 1000)
 
 enum { STORE_EXT_OK = 0, STORE_EXT_NO_LEASE = 1 };
 
 struct store_ext_req {
 	uint8_t op;
 	uint32_t magic, version; /* HELLO */
-	uint64_t id;		 /* KEEPALIVE REVOKE SET_LEASED */
+	uint64_t id;		 /* KEEPALIVE REVOKE SET_LEASED ATTACH */
 	uint64_t ttl_ms;	 /* GRANT */
 	struct store_bytes key;	 /* GRANT: expiry key; SET_LEASED: key */
 	struct store_bytes val;	 /* GRANT: expiry value; SET_LEASED: value */
@@ -84,7 +119,11 @@ struct store_conn;
  * code). Returns 0 with *used, CRUN_EAGAIN for a partial frame, or a negative
  * code after which the caller closes c (also: an extension op before HELLO). */
 int store_ext_process(struct store_conn *c, const uint8_t *buf, size_t len, size_t *used);
-/* c is closing: its leases end as if they expired. */
+/* c is closing: its leases stay, held by nobody, for the rest of their TTL
+ * (a client may re-attach them from a new connection). */
 void store_ext_conn_closed(struct store_conn *c);
+/* The server is being freed (after every connection closed): its leases go
+ * without setting expiry keys. */
+void store_ext_server_free(struct store_server *srv);
 
 #endif /* CRUN_STORE_STORE_EXT_H */

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -16,6 +17,7 @@
 
 #include "common/common.h"
 #include "store/store.h"
+#include "worker_sdk/backend_int.h"
 #include "worker_sdk/worker.h"
 
 /* The hosted server's loop runs on its own thread; the only cross-thread
@@ -39,6 +41,8 @@ static struct {
 	crun_pg_t *world;
 	int next_group; /* name of the next crun_pg_new() group */
 	struct host *host;
+	int auto_noted;	    /* "auto fell back to cpu" was said once */
+	char last_err[512]; /* why the last crun_init*() / crun_pg_new() failed */
 } g = {.rank = -1, .world_size = -1, .local_rank = -1, .local_world_size = -1};
 
 static void host_on_stop(evutil_socket_t fd, short what, void *arg)
@@ -150,36 +154,62 @@ static int open_store(const crun_init_opts_t *o, uint32_t tmo)
 static int world_group(const crun_init_opts_t *o, uint32_t tmo)
 {
 	int *ranks = malloc(sizeof(int) * (size_t)o->world_size);
+	struct pg_create_args ca = {.store = g.dpg,
+				    .restart_count = o->restart_count,
+				    .gname = "0",
+				    .my_world_rank = o->rank,
+				    .local_rank = o->local_rank,
+				    .timeout_ms = tmo,
+				    .backend = o->backend,
+				    .auto_noted = &g.auto_noted};
 	int r;
 
 	if (!ranks)
 		return CRUN_ENOMEM;
 	for (int i = 0; i < o->world_size; i++)
 		ranks[i] = i;
-	r = pg_create(g.dpg, o->restart_count, "0", ranks, o->world_size, o->rank, tmo, &g.world);
+	r = pg_create(&ca, ranks, o->world_size, &g.world, g.last_err, sizeof(g.last_err));
 	free(ranks);
 	return r;
 }
 
+/* Checked before anything collective happens, so every rank fails the same
+ * way and at once: a bad name, or "nccl" where the GPU object, CUDA or a
+ * device is missing (CRUN_ENOTSUP, the reason in g.last_err). */
 static int check_backend(const char *b)
 {
+	const struct pg_backend *be;
+	int fell_back;
+
+	g.last_err[0] = '\0';
 	if (!b || !strcmp(b, "auto") || !strcmp(b, "cpu"))
 		return 0;
-	if (!strcmp(b, "nccl"))
-		return CRUN_ENOTSUP; /* crun has no NCCL backend yet */
-	return CRUN_EINVAL;
+	return pg_backend_pick(b, &be, &fell_back, g.last_err, sizeof(g.last_err));
 }
 
-int crun_init_explicit(const crun_init_opts_t *o)
+/* crun_init_opts_t as first released ends with store_dialect. Option structs
+ * only grow at the end (STYLE §2): a caller built against an older header
+ * passes its smaller struct_size, and the fields it lacks take their
+ * defaults from CRUN_INIT_OPTS_INIT. */
+#define INIT_OPTS_FIRST_SIZE (offsetof(crun_init_opts_t, store_dialect) + sizeof(int))
+
+int crun_init_explicit(const crun_init_opts_t *opts)
 {
+	crun_init_opts_t full = CRUN_INIT_OPTS_INIT;
+	const crun_init_opts_t *o = &full;
 	uint32_t tmo;
 	int r;
 
 	if (g.inited)
 		return CRUN_EALREADY;
-	if (!o || o->struct_size < sizeof(*o) || o->world_size < 1 ||
-	    o->world_size > PG_MAX_WORLD || o->rank < 0 || o->rank >= o->world_size ||
-	    !o->master_addr || o->restart_count < 0)
+	if (!opts || opts->struct_size < INIT_OPTS_FIRST_SIZE)
+		return CRUN_EINVAL;
+	/* Read no further than the caller's struct; a newer, bigger one keeps
+	 * its extra tail to itself. */
+	memcpy(&full, opts, MIN(opts->struct_size, sizeof(full)));
+	full.struct_size = sizeof(full);
+	if (o->world_size < 1 || o->world_size > PG_MAX_WORLD || o->rank < 0 ||
+	    o->rank >= o->world_size || !o->master_addr || o->restart_count < 0)
 		return CRUN_EINVAL;
 	TRY(check_backend(o->backend));
 	tmo = o->timeout_ms ? o->timeout_ms : PG_DEFAULT_TIMEOUT_MS;
@@ -310,16 +340,34 @@ int crun_pg_new(const int *ranks, int n, const char *backend, crun_pg_t **ret_pg
 	 * as long as all ranks create groups in the same order (new_group). */
 	TRY(pg_fmt(name, sizeof(name), "%d", g.next_group++));
 	if (!me) {
-		*ret_pg = NULL;
-		return 0;
+		int r = pg_split_skip(g.world, backend, g.last_err, sizeof(g.last_err));
+
+		if (r == 0)
+			*ret_pg = NULL;
+		return r;
 	}
-	return pg_create(g.dpg, g.restart_count, name, ranks, n, g.rank, g.timeout_ms, ret_pg);
+	struct pg_create_args ca = {.store = g.dpg,
+				    .restart_count = g.restart_count,
+				    .gname = name,
+				    .my_world_rank = g.rank,
+				    .local_rank = g.local_rank,
+				    .timeout_ms = g.timeout_ms,
+				    .backend = backend,
+				    .auto_noted = &g.auto_noted,
+				    .parent = g.world};
+
+	return pg_create(&ca, ranks, n, ret_pg, g.last_err, sizeof(g.last_err));
 }
 
 void crun_pg_free(crun_pg_t *pg)
 {
 	if (pg && pg != g.world)
 		pg_stop_and_destroy(pg);
+}
+
+const char *pg_init_last_error(void)
+{
+	return g.last_err;
 }
 
 crun_pg_t *crun_world(void)

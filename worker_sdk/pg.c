@@ -14,6 +14,7 @@
 
 #include "common/common.h"
 #include "kernels/kernels.h"
+#include "worker_sdk/backend_int.h"
 #include "worker_sdk/worker.h"
 
 enum pg_op_kind {
@@ -45,6 +46,7 @@ struct crun_work {
 	struct pg_op op;
 	int done;
 	int result;
+	void *token; /* deferred work: the backend's mark (a CUDA event) */
 };
 
 size_t crun_dtype_size(int dtype)
@@ -91,49 +93,118 @@ static size_t env_size(const char *name, size_t def, size_t min, size_t max)
 	return (size_t)v;
 }
 
-/* Which peers go over shm and which over TCP. */
-static int pick_transports(struct crun_pg *pg, crun_store_t *st, const char *ns, int *is_shm,
-			   int *is_tcp)
+/* Publishes our host id and learns which members share this host: the cpu
+ * backend picks shm or TCP from it, a GPU backend whether CUDA IPC may work. */
+static int find_hosts(struct crun_pg *pg, crun_store_t *st, const char *ns, int *same_host)
 {
-	const char *mode = getenv("CRUN_PG_TRANSPORT");
 	char me[256], key[300];
-	int r;
 
-	if (mode && *mode && strcmp(mode, "tcp") && strcmp(mode, "shm") && strcmp(mode, "auto"))
-		return CRUN_ECONFIG;
 	TRY(host_id(me, sizeof(me)));
 	TRY(pg_fmt(key, sizeof(key), "%shost/%d", ns, pg->rank));
 	TRY(crun_store_set(st, key, me, strlen(me)));
 	for (int p = 0; p < pg->size; p++) {
 		void *v;
 		size_t len;
-		int same;
 
-		if (p == pg->rank)
+		if (p == pg->rank) {
+			same_host[p] = 1;
 			continue;
+		}
 		TRY(pg_fmt(key, sizeof(key), "%shost/%d", ns, p));
 		TRY(crun_store_get(st, key, 0, &v, &len));
-		same = len == strlen(me) && memcmp(v, me, len) == 0;
+		same_host[p] = len == strlen(me) && memcmp(v, me, len) == 0;
 		crun_free(v);
-		if (mode && !strcmp(mode, "shm") && !same)
-			return CRUN_ECONFIG; /* shm forced across hosts */
-		r = same && !(mode && !strcmp(mode, "tcp"));
-		is_shm[p] = r;
-		is_tcp[p] = !r;
-		log_at(LL_DEBUG, SUB_PG, "pg %s: rank %d reaches rank %d over %s", pg->name,
-		       pg->rank, p, r ? "shm" : "tcp");
 	}
 	return 0;
+}
+
+static int store_set_fn(void *st, const char *key, const void *val, size_t len)
+{
+	return crun_store_set(st, key, val, len);
+}
+
+static int store_get_fn(void *st, const char *key, uint32_t timeout_ms, void **ret_val,
+			size_t *ret_len)
+{
+	return crun_store_get(st, key, timeout_ms, ret_val, ret_len);
+}
+
+static int splits_from(const struct crun_pg *parent, const struct pg_backend *be);
+static void quiesce(struct crun_pg *parent);
+
+/* Picks and starts the backend. "auto" that lands on cpu says why once per
+ * process (the SDK's log; CRUN_LOG_LEVEL=info shows it). */
+static int start_backend(struct crun_pg *pg, const struct pg_create_args *ca, const char *ns,
+			 const int *same_host, char *err, size_t cap)
+{
+	struct pg_backend_args a = {.struct_size = sizeof(a),
+				    .rank = pg->rank,
+				    .size = pg->size,
+				    .local_rank = ca->local_rank,
+				    .single_host = 1,
+				    .timeout_ms = ca->timeout_ms,
+				    .ns = ns,
+				    .store = ca->store,
+				    .store_set = store_set_fn,
+				    .store_get = store_get_fn,
+				    .free_val = crun_free,
+				    .core = pg,
+				    .same_host = same_host};
+	int fell_back;
+
+	for (int p = 0; p < pg->size; p++)
+		a.single_host &= same_host[p];
+	TRY(pg_backend_pick(ca->backend, &pg->be, &fell_back, err, cap));
+	if (fell_back && !*ca->auto_noted) {
+		*ca->auto_noted = 1;
+		log_at(LL_INFO, SUB_PG, "backend auto: using cpu (%s)", err);
+	}
+	err[0] = '\0';
+	if (splits_from(ca->parent, pg->be)) {
+		quiesce(ca->parent);
+		a.parent = ca->parent->be_ctx;
+	}
+	return pg->be->init(&a, &pg->be_ctx, err, cap);
+}
+
+/* Whether a new group of backend be is split from parent's communicator.
+ * Members and non-members must come to the same answer, and do: both pick
+ * the backend the same way and compare it with the world's. */
+static int splits_from(const struct crun_pg *parent, const struct pg_backend *be)
+{
+	return parent && parent->be == be && be->split_skip &&
+	       !atomic_load(&((struct crun_pg *)parent)->broken);
+}
+
+/* Waits until parent has no queued work: the split is an operation on its
+ * communicator, which only one thread may drive at a time. */
+static void quiesce(struct crun_pg *parent)
+{
+	pthread_mutex_lock(&parent->mu);
+	while (parent->pending)
+		pthread_cond_wait(&parent->cv, &parent->mu);
+	pthread_mutex_unlock(&parent->mu);
+}
+
+int pg_split_skip(struct crun_pg *world, const char *backend, char *err, size_t cap)
+{
+	const struct pg_backend *be;
+	int fell_back;
+
+	err[0] = '\0';
+	TRY(pg_backend_pick(backend, &be, &fell_back, err, cap));
+	if (!splits_from(world, be))
+		return 0;
+	quiesce(world);
+	return be->split_skip(world->be_ctx, err, cap);
 }
 
 void pg_destroy(struct crun_pg *pg)
 {
 	if (!pg)
 		return;
-	if (pg->peers) {
-		pg_shm_release(pg);
-		pg_tcp_release(pg);
-	}
+	if (pg->be && pg->be_ctx)
+		pg->be->fini(pg->be_ctx);
 	if (pg->mu_ready) {
 		pthread_mutex_destroy(&pg->mu);
 		pthread_cond_destroy(&pg->cv);
@@ -144,12 +215,12 @@ void pg_destroy(struct crun_pg *pg)
 	free(pg);
 }
 
-int pg_create(crun_store_t *st, int restart_count, const char *gname, const int *world_ranks, int n,
-	      int my_world_rank, uint32_t timeout_ms, struct crun_pg **ret_pg)
+int pg_create(const struct pg_create_args *ca, const int *world_ranks, int n,
+	      struct crun_pg **ret_pg, char *ret_err, size_t cap)
 {
 	struct crun_pg *pg;
-	int *is_shm = NULL, *is_tcp = NULL;
-	char ns[96];
+	int *same_host = NULL;
+	char ns[96], err[512] = "";
 	int r;
 
 	pg = calloc(1, sizeof(*pg));
@@ -157,28 +228,27 @@ int pg_create(crun_store_t *st, int restart_count, const char *gname, const int 
 		return CRUN_ENOMEM;
 	pg->size = n;
 	pg->rank = -1;
-	pg->world_rank = my_world_rank;
-	atomic_store(&pg->timeout_ms, timeout_ms);
+	pg->world_rank = ca->my_world_rank;
+	atomic_store(&pg->timeout_ms, ca->timeout_ms);
 	pg->ring_bytes = env_size("CRUN_SHM_RING_BYTES", PG_SHM_RING_BYTES_DEFAULT, 4096, 1u << 30);
 	if (pg->ring_bytes & (pg->ring_bytes - 1))
 		pg->ring_bytes = PG_SHM_RING_BYTES_DEFAULT; /* must be a power of two */
 	pg->ring_threshold =
 	    env_size("CRUN_PG_RING_THRESHOLD", PG_RING_THRESHOLD_DEFAULT, 0, SIZE_MAX / 2);
-	r = pg_fmt(pg->name, sizeof(pg->name), "%s", gname);
+	r = pg_fmt(pg->name, sizeof(pg->name), "%s", ca->gname);
 	if (r < 0)
 		goto fail;
 	r = CRUN_ENOMEM;
 	pg->world_ranks = calloc((size_t)n, sizeof(int));
 	pg->peers = calloc((size_t)n, sizeof(*pg->peers));
-	is_shm = calloc((size_t)n, sizeof(int));
-	is_tcp = calloc((size_t)n, sizeof(int));
-	if (!pg->world_ranks || !pg->peers || !is_shm || !is_tcp)
+	same_host = calloc((size_t)n, sizeof(int));
+	if (!pg->world_ranks || !pg->peers || !same_host)
 		goto fail;
 	for (int p = 0; p < n; p++) {
 		pg->world_ranks[p] = world_ranks[p];
 		pg->peers[p].fd = -1;
 		pg->peers[p].pidfd = -1;
-		if (world_ranks[p] == my_world_rank)
+		if (world_ranks[p] == ca->my_world_rank)
 			pg->rank = p;
 	}
 	pg->peers[pg->rank].kind = PEER_SELF;
@@ -187,34 +257,36 @@ int pg_create(crun_store_t *st, int restart_count, const char *gname, const int 
 	pg->mu_ready = 1;
 	/* PyTorch 2.x group store "<group>/" under "default_pg", then crun's
 	 * own namespace with the attempt, so a reused agent store is safe. */
-	r = pg_fmt(ns, sizeof(ns), "%s//crun/a%d/", gname, restart_count);
+	r = pg_fmt(ns, sizeof(ns), "%s//crun/a%d/", ca->gname, ca->restart_count);
 	if (r == 0)
-		r = pick_transports(pg, st, ns, is_shm, is_tcp);
+		r = find_hosts(pg, ca->store, ns, same_host);
 	if (r == 0)
-		r = pg_shm_setup(pg, st, ns, is_shm);
-	if (r == 0)
-		r = pg_tcp_setup(pg, st, ns, is_tcp);
+		r = start_backend(pg, ca, ns, same_host, err, sizeof(err));
 	if (r < 0)
 		goto fail;
-	free(is_shm);
-	free(is_tcp);
+	free(same_host);
 	*ret_pg = pg;
 	return 0;
 fail:
-	free(is_shm);
-	free(is_tcp);
+	if (ret_err && cap)
+		(void)pg_fmt(ret_err, cap, "pg %s: %s", ca->gname, err[0] ? err : crun_strerror(r));
+	log_at(LL_DEBUG, SUB_PG, "pg %s: cannot create: %s", ca->gname,
+	       err[0] ? err : crun_strerror(r));
+	free(same_host);
 	pg_destroy(pg);
 	return r;
 }
 
 /* ---- running work ----------------------------------------------------------------- */
 
+/* Runs one operation on the group's backend. A backend failure that breaks
+ * the group (peer lost, timeout, abort) sticks: every later call returns it. */
 static int run_op(struct crun_pg *pg, const struct pg_op *o)
 {
-	struct xfer x = {.peer = o->root,
-			 .buf = (uint8_t *)o->rbuf,
-			 .len = o->count * crun_dtype_size(o->dtype)};
+	const struct pg_backend *be = pg->be;
+	void *c = pg->be_ctx;
 	int b = atomic_load(&pg->broken);
+	int r;
 
 	if (b)
 		return b;
@@ -222,33 +294,44 @@ static int run_op(struct crun_pg *pg, const struct pg_op *o)
 		return pg_fail(pg, CRUN_ECANCELED, "aborted");
 	switch (o->kind) {
 	case OP_BROADCAST:
-		return algo_broadcast(pg, o->rbuf, o->count, o->dtype, o->root);
+		r = be->broadcast(c, o->rbuf, o->count, o->dtype, o->root);
+		break;
 	case OP_ALL_REDUCE:
-		return algo_all_reduce(pg, o->sbuf, o->rbuf, o->count, o->dtype, o->op);
+		r = be->all_reduce(c, o->sbuf, o->rbuf, o->count, o->dtype, o->op);
+		break;
 	case OP_REDUCE:
-		return algo_reduce(pg, o->sbuf, o->rbuf, o->count, o->dtype, o->op, o->root);
+		r = be->reduce(c, o->sbuf, o->rbuf, o->count, o->dtype, o->op, o->root);
+		break;
 	case OP_ALL_GATHER:
-		return algo_all_gather(pg, o->sbuf, o->rbuf, o->count, o->dtype);
+		r = be->all_gather(c, o->sbuf, o->rbuf, o->count, o->dtype);
+		break;
 	case OP_GATHER:
-		return algo_gather(pg, o->sbuf, o->rbuf, o->count, o->dtype, o->root);
+		r = be->gather(c, o->sbuf, o->rbuf, o->count, o->dtype, o->root);
+		break;
 	case OP_SCATTER:
-		return algo_scatter(pg, o->sbuf, o->rbuf, o->count, o->dtype, o->root);
+		r = be->scatter(c, o->sbuf, o->rbuf, o->count, o->dtype, o->root);
+		break;
 	case OP_REDUCE_SCATTER:
-		return algo_reduce_scatter(pg, o->sbuf, o->rbuf, o->count, o->dtype, o->op);
+		r = be->reduce_scatter(c, o->sbuf, o->rbuf, o->count, o->dtype, o->op);
+		break;
 	case OP_ALL_TO_ALL:
-		return algo_all_to_all(pg, o->sbuf, o->rbuf, o->count, o->dtype);
+		r = be->all_to_all(c, o->sbuf, o->rbuf, o->count, o->dtype);
+		break;
 	case OP_BARRIER:
-		return pg->size > 1 ? algo_barrier(pg) : 0;
+		r = be->barrier(c);
+		break;
 	case OP_SEND:
-		x.dir = XF_SEND;
-		x.buf = (uint8_t *)o->sbuf;
-		return pg_xfer(pg, &x, 1);
+		r = be->send(c, o->sbuf, o->count, o->dtype, o->root);
+		break;
 	case OP_RECV:
-		x.dir = XF_RECV;
-		return pg_xfer(pg, &x, 1);
+		r = be->recv(c, o->rbuf, o->count, o->dtype, o->root);
+		break;
 	default:
 		return CRUN_EINVAL;
 	}
+	if (r == CRUN_EPEER || r == CRUN_ETIMEDOUT || r == CRUN_ECANCELED)
+		r = pg_fail(pg, r, "%s", be->last_error(c)); /* no-op if already broken */
+	return r;
 }
 
 static void *progress_main(void *arg)
@@ -280,10 +363,52 @@ static void *progress_main(void *arg)
 	return NULL;
 }
 
+/* Async work on a backend with its own ordered queue: enqueue it here, on
+ * the caller's thread (so it keeps its place among blocking calls, which
+ * enqueue the same way), and keep the backend's token for the wait. An
+ * enqueue failure is the work's result, as it would be on the thread. */
+static int submit_deferred(struct crun_pg *pg, const struct pg_op *o, crun_work_t **ret_work)
+{
+	struct crun_work *w = calloc(1, sizeof(*w));
+	int r;
+
+	if (!w)
+		return CRUN_ENOMEM;
+	w->pg = pg;
+	w->op = *o;
+	pg->be->defer(pg->be_ctx, 1);
+	r = run_op(pg, o);
+	pg->be->defer(pg->be_ctx, 0);
+	if (r == 0)
+		r = pg->be->mark(pg->be_ctx, &w->token);
+	if (r < 0) {
+		w->done = 1;
+		w->result = r;
+	}
+	*ret_work = w;
+	return 0;
+}
+
+/* Settles deferred work once its token reports (done or failed). */
+static void settle(struct crun_work *w, int r)
+{
+	struct crun_pg *pg = w->pg;
+
+	if (r == CRUN_EPEER || r == CRUN_ETIMEDOUT || r == CRUN_ECANCELED)
+		r = pg_fail(pg, r, "%s", pg->be->last_error(pg->be_ctx));
+	pg->be->free_token(pg->be_ctx, w->token);
+	w->token = NULL;
+	w->result = r;
+	w->done = 1;
+}
+
 static int submit(struct crun_pg *pg, const struct pg_op *o, crun_work_t **ret_work)
 {
 	struct crun_work *w;
 	int r;
+
+	if (ret_work && pg->be->mark)
+		return submit_deferred(pg, o, ret_work);
 
 	if (!ret_work) {
 		unsigned pending;
@@ -334,6 +459,10 @@ int crun_work_wait(crun_work_t *w)
 
 	if (!w)
 		return CRUN_EINVAL;
+	if (w->token) {
+		settle(w, w->pg->be->wait_token(w->pg->be_ctx, w->token));
+		return w->result;
+	}
 	pthread_mutex_lock(&w->pg->mu);
 	while (!w->done)
 		pthread_cond_wait(&w->pg->cv, &w->pg->mu);
@@ -346,6 +475,15 @@ int crun_work_test(crun_work_t *w, int *ret_done)
 {
 	if (!w || !ret_done)
 		return CRUN_EINVAL;
+	if (w->token) {
+		int done = 0;
+		int r = w->pg->be->test_token(w->pg->be_ctx, w->token, &done);
+
+		if (r < 0 || done)
+			settle(w, r);
+		*ret_done = w->done;
+		return 0;
+	}
 	pthread_mutex_lock(&w->pg->mu);
 	*ret_done = w->done;
 	pthread_mutex_unlock(&w->pg->mu);
@@ -389,8 +527,10 @@ int crun_pg_size(const crun_pg_t *pg)
 
 void crun_pg_set_timeout(crun_pg_t *pg, uint32_t timeout_ms)
 {
-	if (pg)
-		atomic_store(&pg->timeout_ms, timeout_ms);
+	if (!pg)
+		return;
+	atomic_store(&pg->timeout_ms, timeout_ms);
+	pg->be->set_timeout(pg->be_ctx, timeout_ms);
 }
 
 int crun_pg_abort(crun_pg_t *pg)
@@ -398,6 +538,7 @@ int crun_pg_abort(crun_pg_t *pg)
 	if (!pg)
 		return CRUN_EINVAL;
 	atomic_store(&pg->aborted, 1);
+	pg->be->abort(pg->be_ctx);
 	(void)pg_fail(pg, CRUN_ECANCELED, "aborted by crun_pg_abort");
 	return 0;
 }
@@ -405,7 +546,7 @@ int crun_pg_abort(crun_pg_t *pg)
 const char *crun_pg_last_error(const crun_pg_t *pg)
 {
 	if (!pg)
-		return "no process group";
+		return pg_init_last_error();
 	return atomic_load(&((crun_pg_t *)pg)->broken) ? pg->last_error : "";
 }
 

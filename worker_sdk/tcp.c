@@ -2,7 +2,9 @@
  * CRUN_PG_TRANSPORT=tcp). Each rank listens on an ephemeral port, publishes
  * "addr:port" in the store, connects to every lower TCP peer and accepts
  * every higher one: one full-duplex, non-blocking, TCP_NODELAY socket per
- * pair. A hello frame (magic, group rank) says who connected.
+ * pair. A hello frame (magic, group rank) says who connected; incoming
+ * connections are read concurrently, each with a short hello deadline, so a
+ * stranger that connects and stays silent cannot stall group creation.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -22,6 +24,11 @@
 
 #define TCP_MAGIC	0x63727470u /* "crtp" */
 #define TCP_STAGE_BYTES (256u * 1024)
+/* An accepted connection must say who it is within this (peers send their
+ * hello right after connecting; generous for a loaded host)... */
+#define TCP_HELLO_MS 10000u
+/* ...and at most this many wait for it at a time. */
+#define TCP_HELLO_PENDING 64
 
 /* The address peers should dial: CRUN_PG_ADDR, else the local address the
  * kernel would use to reach the store host (a UDP connect sends nothing). */
@@ -154,33 +161,95 @@ static int do_listen(int *ret_fd, uint16_t *ret_port, const char *addr, int back
 	return 0;
 }
 
+/* One incoming connection that has not said who it is yet. */
+struct hello_wait {
+	int fd;
+	uint64_t deadline_ms; /* TCP_HELLO_MS after accept, at most the setup's */
+	size_t got;
+	uint32_t hello[2];
+};
+
+/* Reads what c's hello has so far. 1: complete, 0: not yet, < 0: gone. */
+static int hello_read(struct hello_wait *h)
+{
+	ssize_t n =
+	    recv(h->fd, (uint8_t *)h->hello + h->got, sizeof(h->hello) - h->got, MSG_DONTWAIT);
+
+	if (n == 0)
+		return CRUN_EPEER;
+	if (n < 0)
+		return errno == EAGAIN || errno == EINTR ? 0 : CRUN_EPEER;
+	h->got += (size_t)n;
+	return h->got == sizeof(h->hello);
+}
+
+/* A complete hello from a higher TCP peer we still lack: take its fd. */
+static bool hello_take(struct crun_pg *pg, const struct hello_wait *h)
+{
+	uint32_t r = h->hello[1];
+
+	if (h->hello[0] != TCP_MAGIC || r <= (uint32_t)pg->rank || r >= (uint32_t)pg->size ||
+	    pg->peers[r].kind != PEER_TCP || pg->peers[r].fd >= 0)
+		return false; /* a stranger or a duplicate: not one of ours */
+	pg->peers[r].fd = h->fd;
+	return true;
+}
+
+/* Accepts the `expect` higher peers. Every incoming connection is read
+ * concurrently with its own short hello deadline, so one that sends nothing
+ * (a port scanner) costs a slot for TCP_HELLO_MS, not the whole setup. At
+ * most TCP_HELLO_PENDING wait at once; a flood evicts the oldest. */
 static int accept_peers(struct crun_pg *pg, int lfd, int expect, uint64_t deadline_ms)
 {
-	while (expect > 0) {
-		struct pollfd pfd = {.fd = lfd, .events = POLLIN};
-		uint32_t hello[2];
-		uint64_t now = clock_now_ms();
-		int fd, r;
+	struct hello_wait hw[TCP_HELLO_PENDING];
+	struct pollfd pfd[TCP_HELLO_PENDING + 1];
+	int np = 0, r = 0;
 
-		if (now >= deadline_ms)
-			return CRUN_ETIMEDOUT;
-		if (poll(&pfd, 1, (int)MIN(deadline_ms - now, 1000u)) <= 0)
-			continue;
-		fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-		if (fd < 0)
-			continue;
-		tune(fd);
-		r = io_full(fd, hello, sizeof(hello), 1, deadline_ms);
-		if (r < 0 || hello[0] != TCP_MAGIC || hello[1] <= (uint32_t)pg->rank ||
-		    hello[1] >= (uint32_t)pg->size || pg->peers[hello[1]].kind != PEER_TCP ||
-		    pg->peers[hello[1]].fd >= 0) {
-			fd_close(fd); /* a stranger or a duplicate: not one of ours */
-			continue;
+	while (expect > 0) {
+		uint64_t now = clock_now_ms(), next = deadline_ms;
+
+		if (now >= deadline_ms) {
+			r = CRUN_ETIMEDOUT;
+			break;
 		}
-		pg->peers[hello[1]].fd = fd;
-		expect--;
+		pfd[0] = (struct pollfd){.fd = lfd, .events = POLLIN};
+		for (int i = 0; i < np; i++) {
+			pfd[i + 1] = (struct pollfd){.fd = hw[i].fd, .events = POLLIN};
+			next = MIN(next, hw[i].deadline_ms);
+		}
+		if (poll(pfd, (nfds_t)np + 1, next > now ? (int)MIN(next - now, 1000u) : 0) < 0 &&
+		    errno != EINTR)
+			return -errno;
+		now = clock_now_ms();
+		/* Backwards: removing i moves the last (already seen) into i. */
+		for (int i = np - 1; i >= 0; i--) {
+			int got = pfd[i + 1].revents ? hello_read(&hw[i]) : 0;
+
+			if (got == 1 && hello_take(pg, &hw[i]))
+				expect--;
+			else if (got != 0 || now >= hw[i].deadline_ms)
+				fd_close(hw[i].fd);
+			else
+				continue;
+			hw[i] = hw[--np];
+		}
+		for (int k = 0; k < TCP_HELLO_PENDING && (pfd[0].revents & POLLIN); k++) {
+			int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+
+			if (fd < 0)
+				break;
+			tune(fd);
+			if (np == TCP_HELLO_PENDING) {
+				fd_close(hw[0].fd); /* the oldest: closest to its deadline */
+				hw[0] = hw[--np];
+			}
+			hw[np++] =
+			    (struct hello_wait){fd, MIN(now + TCP_HELLO_MS, deadline_ms), 0, {0}};
+		}
 	}
-	return 0;
+	while (np > 0)
+		fd_close(hw[--np].fd);
+	return r;
 }
 
 int pg_tcp_setup(struct crun_pg *pg, crun_store_t *st, const char *ns, const int *is_tcp)

@@ -78,7 +78,11 @@ struct pg_peer {
 	size_t stage_fill;
 };
 
+struct pg_backend;
+
 struct crun_pg {
+	const struct pg_backend *be; /* cpu built in, or nccl from the GPU object */
+	void *be_ctx;		     /* the backend's state (the cpu backend's is pg) */
 	int rank, size;
 	int world_rank;
 	int *world_ranks; /* group rank -> world rank */
@@ -176,11 +180,32 @@ int algo_all_to_all(struct crun_pg *pg, const void *sbuf, void *rbuf, size_t cou
 
 /* ---- shared by env.c and pg.c ------------------------------------------------ */
 
-/* Builds a group over world ranks (collective among the members only), with
- * keys under `gname` in the worker store. */
-int pg_create(crun_store_t *st, int restart_count, const char *gname, const int *world_ranks, int n,
-	      int my_world_rank, uint32_t timeout_ms, struct crun_pg **ret_pg);
+/* What pg_create() needs beyond the member list. */
+struct pg_create_args {
+	crun_store_t *store; /* the worker store (PrefixStore "default_pg"); borrowed */
+	int restart_count;
+	const char *gname; /* group name: keys live under "<gname>//crun/a<restart>/" */
+	int my_world_rank;
+	int local_rank; /* picks the device of a GPU backend */
+	uint32_t timeout_ms;
+	const char *backend;	/* "cpu", "nccl", "auto" or NULL (= auto) */
+	int *auto_noted;	/* set once "auto fell back to cpu" has been logged */
+	struct crun_pg *parent; /* the world group: split from it where the backend can */
+};
+
+/* Builds a group over world ranks (collective among the members only).
+ * CRUN_ENOTSUP for "nccl" where the GPU object, CUDA or a device is
+ * missing (the reason in *ret_err when ret_err is not NULL: cap bytes). */
+int pg_create(const struct pg_create_args *ca, const int *world_ranks, int n,
+	      struct crun_pg **ret_pg, char *ret_err, size_t cap);
 void pg_destroy(struct crun_pg *pg);
+/* A world rank's share in building a group it is not a member of: where
+ * the group's backend splits from the world's (nccl), the split is
+ * collective over the world. 0 when there is nothing to do. */
+int pg_split_skip(struct crun_pg *world, const char *backend, char *err, size_t cap);
+/* Why the last crun_init*() or crun_pg_new() failed ("" if none): what
+ * crun_pg_last_error(NULL) returns. Valid until the next such call. */
+const char *pg_init_last_error(void);
 /* Waits for queued work, stops the progress thread, then pg_destroy(). */
 void pg_stop_and_destroy(struct crun_pg *pg);
 

@@ -34,11 +34,16 @@ typedef struct crun_store_opts {
 	uint32_t timeout_ms;	     /* default for every op; 0 = wait forever */
 	int dialect;		     /* crun_store_dialect_t */
 	const char *prefix;	     /* optional PrefixStore-style prefix; copied */
+	uint32_t reconnect_ms;	     /* time to re-establish a lost connection; 0 = never */
 } crun_store_opts_t;
 
-#define CRUN_STORE_OPTS_INIT                                                                      \
-	{                                                                                         \
-		sizeof(crun_store_opts_t), "127.0.0.1", 29500, 30000, 300000, CRUN_STORE_V2, NULL \
+/* Also what a caller built before reconnect_ms existed gets. */
+#define CRUN_STORE_RECONNECT_MS_DEFAULT 10000
+
+#define CRUN_STORE_OPTS_INIT                                                                       \
+	{                                                                                          \
+		sizeof(crun_store_opts_t), "127.0.0.1", 29500, 30000, 300000, CRUN_STORE_V2, NULL, \
+		    CRUN_STORE_RECONNECT_MS_DEFAULT                                                \
 	}
 
 /* Connects, retrying with exponential backoff and jitter (start 50 ms, x1.5,
@@ -63,8 +68,21 @@ CRUN_API const char *crun_store_last_error(const crun_store_t *store);
 CRUN_API void crun_store_set_timeout(crun_store_t *store, uint32_t timeout_ms);
 
 /* On any I/O failure or timeout (other than a WAIT timed out and canceled
- * cleanly in v2), the connection is marked broken and every later call returns
- * CRUN_ENOTCONN: the TCPStore stream has no framing to resynchronise on. */
+ * cleanly in v2) the socket is dropped: the TCPStore stream has no framing to
+ * resynchronise on. Reconnecting (reconnect_ms > 0): a lost connection is
+ * dialed again, with jittered exponential backoff, within reconnect_ms and
+ * the call's deadline, by the call that lost it or by the next one; the
+ * greeting, HELLO and lease re-attach are redone. A call whose request was
+ * in flight is sent again only when applying it twice is harmless (SET, GET,
+ * CHECK, WAIT, COMPARE_SET, MULTI_*, PING, QUEUE_LEN, LIST_KEYS and the lease
+ * ops but GRANT); ADD, APPEND, DELETE_KEY, QUEUE_PUSH/POP, BARRIER and
+ * LEASE_GRANT fail with the transport error (CRUN_ECLOSED, CRUN_ECONNRESET...)
+ * and a last_error saying they may or may not have been applied. SET and
+ * MULTI_SET have no reply: until the next reply confirms them they are
+ * replayed after a reconnect; an unconfirmed APPEND or QUEUE_PUSH (or a very
+ * large SET) cannot be, and the call that finds the reset fails with
+ * CRUN_ECONNRESET saying so. reconnect_ms = 0: every call after a failure
+ * returns CRUN_ENOTCONN. */
 
 CRUN_API int crun_store_set(crun_store_t *s, const char *key, const void *val, size_t len);
 
@@ -139,15 +157,23 @@ CRUN_API int crun_store_add_raw(crun_store_t *s, const char *wire_key, int64_t d
  * extension (PyTorch's) closes the connection instead (CRUN_ECLOSED, and the
  * handle is broken). */
 
-/* Grants a lease of ttl_ms (1 ms .. 1 h) owned by this connection. When it
- * lapses without a keep-alive, or the connection closes, every key set with
+/* Grants a lease of ttl_ms (1 ms .. 1 h) held by this connection. When ttl_ms
+ * passes without a keep-alive (or attach), every key set with
  * crun_store_set_leased() under it is deleted and, if expiry_key is not
  * NULL and not set yet, expiry_key (mangled like any key) is set to
- * expiry_val, waking every WAIT on it. */
+ * expiry_val, waking every WAIT on it. The same happens at once when the
+ * handle is closed or the process exits (the server sees the socket close);
+ * revoke first to leave cleanly. A connection lost otherwise (a reset, a
+ * timeout) does NOT end it: the handle redials and re-attaches its leases
+ * within their TTL (see store/store_ext.h). */
 CRUN_API int crun_store_lease_grant(crun_store_t *s, uint32_t ttl_ms, const char *expiry_key,
 				    const void *expiry_val, size_t expiry_len, uint64_t *ret_id);
 /* Restarts the lease's TTL. CRUN_ENOTFOUND when it already ended. */
 CRUN_API int crun_store_lease_keepalive(crun_store_t *s, uint64_t id);
+/* Makes this connection the lease's holder (taking it from any other) and
+ * restarts its TTL: for a lease granted on another handle or process.
+ * CRUN_ENOTFOUND when it already ended. */
+CRUN_API int crun_store_lease_attach(crun_store_t *s, uint64_t id);
 /* Ends the lease cleanly: its keys are deleted, its expiry key is NOT set. */
 CRUN_API int crun_store_lease_revoke(crun_store_t *s, uint64_t id);
 /* SET whose key is deleted when the lease ends. CRUN_ENOTFOUND: no lease. */

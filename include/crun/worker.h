@@ -14,7 +14,9 @@
  *
  * Threads. Apart from crun_pg_abort(), a process group (and the global state
  * made by crun_init()) must be used from one thread at a time. Asynchronous
- * work runs on one progress thread per group, in submission order.
+ * work runs on one progress thread per group, in submission order (nccl
+ * groups: enqueued at once on the group's CUDA stream, each work tied to a
+ * CUDA event that crun_work_test() / crun_work_wait() poll).
  *
  * Errors. Every call that can fail returns 0 or a negative crun_err_t; ret_*
  * parameters are written only on success. After a transport failure a group
@@ -73,7 +75,7 @@ typedef struct crun_init_opts {
 	int restart_count;   /* TORCHELASTIC_RESTART_COUNT */
 	int use_agent_store; /* 1: every rank is a store client; 0: rank 0 hosts it */
 	uint32_t timeout_ms; /* store ops and collectives; 0 = 300000 */
-	const char *backend; /* world group backend: "cpu", "nccl" or "auto"; NULL = auto */
+	const char *backend; /* world group backend, as crun_pg_new(); NULL = auto */
 	int store_dialect;   /* crun_store_dialect_t; 0 = v2 */
 } crun_init_opts_t;
 
@@ -101,7 +103,8 @@ CRUN_API int crun_init(void);
 
 /* Connects to (or hosts) the store, checks in with ADD "init/" +1 (rank 0 of
  * a self-hosted store then waits until all world_size ranks have), and builds
- * the world group. Collective over all ranks. */
+ * the world group. Collective over all ranks. opts->struct_size may be that
+ * of any earlier version of the struct (fields it lacks take their defaults). */
 CRUN_API int crun_init_explicit(const crun_init_opts_t *opts);
 
 /* Frees the world group and closes the store (and stops a hosted server after
@@ -124,10 +127,21 @@ CRUN_API crun_store_t *crun_worker_store(void);
 /* Makes a group of the world ranks ranks[0..n-1] (distinct, in group-rank
  * order). Collective over the WHOLE world, like torch new_group(): every rank
  * calls it in the same order; a rank that is not listed gets *ret_pg = NULL.
- * backend: "cpu", "auto" (= cpu) or "nccl" (CRUN_ENOTSUP: crun has no NCCL
- * backend yet); NULL = "auto". Transport: shared memory between ranks on one
- * host, TCP otherwise; CRUN_PG_TRANSPORT=tcp|shm|auto overrides. Free with
- * crun_pg_free(). */
+ * backend: "cpu", "nccl" or "auto"; NULL = "auto".
+ *   cpu:  shared memory between ranks on one host, TCP otherwise
+ *         (CRUN_PG_TRANSPORT=tcp|shm|auto overrides).
+ *   nccl: NCCL on the GPU LOCAL_RANK of the visible ones, from the
+ *         separately loaded libcrun-cuda.so.0 (libcrun itself never links
+ *         CUDA). Buffers may be device memory (used in place) or host memory
+ *         (staged through the device). Between ranks on one host, all_reduce
+ *         up to CRUN_NCCL_IPC_MAX_BYTES (8 MiB; 0 = off) runs over CUDA IPC
+ *         (one-shot up to CRUN_NCCL_IPC_ONESHOT_BYTES, 256 KiB, then
+ *         two-shot). CRUN_ENOTSUP when the object, CUDA, NCCL or a device is
+ *         missing; crun_pg_last_error(NULL) names what.
+ *   auto: nccl where it loads and a device is usable, else cpu (said once
+ *         per process in the SDK log, CRUN_LOG_LEVEL=info). Every rank must
+ *         come to the same answer: give a job GPUs on all nodes or none.
+ * Free with crun_pg_free(). */
 CRUN_API int crun_pg_new(const int *ranks, int n, const char *backend, crun_pg_t **ret_pg);
 
 /* Waits for queued work, then frees the group. NULL: no-op. Freeing the
@@ -145,7 +159,9 @@ CRUN_API void crun_pg_set_timeout(crun_pg_t *pg, uint32_t timeout_ms);
  * makes the peers' work fail with CRUN_EPEER instead of hanging. */
 CRUN_API int crun_pg_abort(crun_pg_t *pg);
 
-/* Detail of the last failure on pg. Never NULL. */
+/* Detail of the last failure on pg. Never NULL. pg == NULL: why the last
+ * crun_init*() or crun_pg_new() failed (e.g. what the nccl backend lacks),
+ * "" when none did. */
 CRUN_API const char *crun_pg_last_error(const crun_pg_t *pg);
 
 /* ---- collectives ----------------------------------------------------------

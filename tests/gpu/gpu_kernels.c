@@ -1,88 +1,117 @@
-/* gpu_kernels.c: the CUDA kernels behind kernels.h against the CPU kernels,
- * then a short benchmark (GEMM GFLOP/s, reduce GB/s). Built and run by
- * tests/gpu/run.sh only where a device exists; --probe exits 1 without one.
- * Inputs are small integers, so every result is exact and compared bitwise.
+/* gpu_kernels.c: the kernels of libcrun-cuda.so.0, reached the way the SDK
+ * reaches them (kernels_cuda_load), against CPU references: both GEMMs for
+ * many shapes (odd ones, k = 0, unaligned pointers and leading dimensions,
+ * accumulate), every dtype x op of reduce / reduce_multi / div, and the IPC
+ * all_reduce kernel with N "ranks" as N concurrent streams on one device.
+ * Integer-valued inputs make every result exact: compared bit for bit.
+ * Then the benchmarks beside cuBLAS in the same run. Exit 77 without a GPU.
  */
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
+#include <math.h>
+#include <stdint.h>
 
 #include "crun/worker.h"
+#include "gpu/gpu_test.h"
 #include "kernels/kernels.h"
 
-static int fails, checks;
+static const struct kernels_cuda_ops *K;
 
-#define CK(cond, ...)                                                          \
-	do {                                                                   \
-		checks++;                                                      \
-		if (!(cond)) {                                                 \
-			fails++;                                               \
-			fprintf(stderr, "gpu_kernels: FAIL: " __VA_ARGS__);    \
-			fputc('\n', stderr);                                   \
-		}                                                              \
-	} while (0)
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static void *dev_copy(const void *host, size_t len)
+static void *up(const void *host, size_t len)
 {
 	void *d = NULL;
 
-	if (cudaMalloc(&d, len ? len : 1) != cudaSuccess)
-		exit(3);
-	if (len && cudaMemcpy(d, host, len, cudaMemcpyHostToDevice) != cudaSuccess)
-		exit(3);
+	if (K->alloc(&d, len) < 0 || K->copy(d, host, len) < 0) {
+		fprintf(stderr, "device alloc/copy of %zu bytes failed: %s\n", len,
+			K->last_error());
+		exit(1);
+	}
 	return d;
 }
 
-static void put(void *buf, size_t i, int dtype, int v)
+/* ---- GEMM ------------------------------------------------------------------------ */
+
+struct shape {
+	size_t m, n, k;
+};
+
+static const struct shape shapes[] = {
+	{1, 1, 1},	 {1, 7, 3},	{7, 1, 5},	 {5, 5, 0},	   {3, 4, 8},
+	{13, 17, 19},	 {31, 33, 7},	{64, 64, 64},	 {127, 129, 131},  {128, 128, 8},
+	{129, 127, 9},	 {128, 256, 32}, {200, 300, 40}, {257, 129, 300},  {513, 257, 1000},
+	{1000, 24, 999}, {24, 1000, 33}, {1024, 1024, 1024},
+};
+
+/* f32 or (dtype = F16/BF16) tensor-core GEMM of one shape against the CPU.
+ * pad: extra elements per row (unaligned ld); off: pointer offset (unaligned
+ * base). */
+static void gemm_case(int dtype, struct shape s, size_t pad, size_t off, int accumulate)
 {
-	switch (dtype) {
-	case CRUN_F32: ((float *)buf)[i] = (float)v; break;
-	case CRUN_F64: ((double *)buf)[i] = v; break;
-	case CRUN_F16: ((uint16_t *)buf)[i] = kernels_float_to_f16((float)v); break;
-	case CRUN_BF16: ((uint16_t *)buf)[i] = kernels_float_to_bf16((float)v); break;
-	case CRUN_I8: ((int8_t *)buf)[i] = (int8_t)v; break;
-	case CRUN_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
-	case CRUN_I32: ((int32_t *)buf)[i] = v; break;
-	case CRUN_I64: ((int64_t *)buf)[i] = v; break;
+	size_t lda = s.k + pad, ldb = s.n + pad, ldc = s.n + pad;
+	size_t esz = dtype == CRUN_F32 ? 4 : 2;
+	size_t na = s.m * lda + off, nb = (s.k ? s.k : 1) * ldb + off, nc = s.m * ldc + off;
+	float *a32 = calloc(na, 4), *b32 = calloc(nb, 4), *want = calloc(nc, 4);
+	float *got = calloc(nc, 4);
+	uint8_t *a = calloc(na, esz), *b = calloc(nb, esz);
+	uint8_t *da, *db;
+	float *dc;
+	int r;
+
+	for (size_t i = 0; i < na; i++) {
+		a32[i] = (float)gt_val(i, 1);
+		gt_put(a, i, dtype, a32[i]);
 	}
+	for (size_t i = 0; i < nb; i++) {
+		b32[i] = (float)gt_val(i, 2);
+		gt_put(b, i, dtype, b32[i]);
+	}
+	for (size_t i = 0; i < nc; i++)
+		want[i] = (float)gt_val(i, 3); /* what accumulate adds to */
+	da = up(a, na * esz);
+	db = up(b, nb * esz);
+	dc = up(want, nc * 4);
+	kernels_gemm_f32(s.m, s.n, s.k, a32 + off, lda, b32 + off, ldb, want + off, ldc,
+			 accumulate);
+	if (dtype == CRUN_F32)
+		r = K->gemm_f32(s.m, s.n, s.k, (float *)da + off, lda, (float *)db + off, ldb,
+				dc + off, ldc, accumulate, NULL);
+	else
+		r = K->gemm_tc(s.m, s.n, s.k, dtype, da + off * esz, lda, db + off * esz, ldb,
+			       dc + off, ldc, accumulate, NULL);
+	CK(r == 0 && K->sync(NULL) == 0, "gemm dtype %d %zux%zux%zu: %d %s", dtype, s.m, s.n, s.k,
+	   r, K->last_error());
+	K->copy(got, dc, nc * 4);
+	CK(!memcmp(got, want, nc * 4), "gemm dtype %d %zux%zux%zu pad %zu off %zu acc %d differs",
+	   dtype, s.m, s.n, s.k, pad, off, accumulate);
+	K->free(da);
+	K->free(db);
+	K->free(dc);
+	free(a32), free(b32), free(want), free(got), free(a), free(b);
 }
 
 static void test_gemm(void)
 {
-	size_t m = 257, n = 129, k = 300;
-	float *a = malloc(m * k * 4), *b = malloc(k * n * 4), *c = malloc(m * n * 4);
-	float *want = malloc(m * n * 4);
-	float *da, *db, *dc;
+	static const int dtypes[] = {CRUN_F32, CRUN_F16, CRUN_BF16};
 
-	for (size_t i = 0; i < m * k; i++)
-		a[i] = (float)((int)(i * 13 % 7) - 3);
-	for (size_t i = 0; i < k * n; i++)
-		b[i] = (float)((int)(i * 5 % 9) - 4);
-	kernels_gemm_f32(m, n, k, a, k, b, n, want, n, 0);
-	da = dev_copy(a, m * k * 4);
-	db = dev_copy(b, k * n * 4);
-	dc = dev_copy(want, m * n * 4);
-	CK(kernels_cuda_gemm_f32(m, n, k, da, k, db, n, dc, n, 0, NULL) == 0, "gemm launch");
-	CK(kernels_cuda_sync(NULL) == 0, "gemm sync");
-	cudaMemcpy(c, dc, m * n * 4, cudaMemcpyDeviceToHost);
-	CK(!memcmp(c, want, m * n * 4), "gemm result differs from the CPU GEMM");
-	cudaFree(da);
-	cudaFree(db);
-	cudaFree(dc);
-	free(a);
-	free(b);
-	free(c);
-	free(want);
+	for (size_t d = 0; d < 3; d++)
+		for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+			gemm_case(dtypes[d], shapes[i], 0, 0, 0);
+			gemm_case(dtypes[d], shapes[i], 3, 1, 1); /* the scalar-load path */
+			if (shapes[i].m * shapes[i].n < 100000)
+				gemm_case(dtypes[d], shapes[i], 8, 0, 1);
+		}
+	CK(K->gemm_f32(4, 4, 4, NULL, 4, NULL, 4, NULL, 3, 0, NULL) == CRUN_EINVAL, "ldc < n");
+	CK(K->gemm_tc(4, 4, 4, CRUN_F32, NULL, 4, NULL, 4, NULL, 4, 0, NULL) == CRUN_EINVAL,
+	   "tensor-core gemm of f32");
+}
+
+/* ---- reductions ------------------------------------------------------------------------ */
+
+static double input(int dtype, int op, size_t i, int which)
+{
+	if (op == CRUN_PROD)
+		return 1 + (int)((i + (size_t)which) % 2); /* 1 or 2: no overflow in f16 */
+	return gt_val(i, (unsigned)which + 7) * (dtype == CRUN_U8 ? -1 : 1) + (dtype == CRUN_U8) * 3;
 }
 
 static void test_reduce(int dtype, int op)
@@ -92,94 +121,277 @@ static void test_reduce(int dtype, int op)
 	void *dx, *dy;
 
 	for (size_t i = 0; i < n; i++) {
-		put(x, i, dtype, op == CRUN_PROD ? 1 + (int)(i % 3) : (int)(i % 11) - 5);
-		put(y, i, dtype, op == CRUN_PROD ? 1 + (int)(i % 2) : (int)(i * 7 % 13) - 6);
+		gt_put(x, i, dtype, input(dtype, op, i, 0));
+		gt_put(y, i, dtype, input(dtype, op, i, 1));
 	}
-	dx = dev_copy(x, n * esz);
-	dy = dev_copy(y, n * esz);
-	CK(kernels_cuda_reduce(dx, dy, n, dtype, op, NULL) == 0, "reduce launch %d/%d", dtype, op);
-	cudaMemcpy(got, dx, n * esz, cudaMemcpyDeviceToHost);
+	dx = up(x, n * esz);
+	dy = up(y, n * esz);
+	CK(K->reduce(dx, dy, n, dtype, op, NULL) == 0 && K->sync(NULL) == 0, "reduce %d/%d",
+	   dtype, op);
+	K->copy(got, dx, n * esz);
 	kernels_reduce(x, y, n, dtype, op);
-	CK(!memcmp(got, x, n * esz), "reduce dtype %d op %d differs from the CPU kernel", dtype, op);
-	cudaFree(dx);
-	cudaFree(dy);
-	free(x);
-	free(y);
-	free(got);
+	CK(!memcmp(got, x, n * esz), "reduce dtype %d op %d differs from the CPU kernel", dtype,
+	   op);
+	K->free(dx);
+	K->free(dy);
+	free(x), free(y), free(got);
 }
 
-static void test_all_reduce(void)
+/* reduce_multi over nb buffers (AVG divides): the CPU folds pairwise. */
+static void test_reduce_multi(int dtype, int op, int nb)
 {
-	enum { NB = 4 };
-	size_t n = 1 << 20;
-	float *h = malloc(n * 4), *want = calloc(n, 4), *got = malloc(n * 4), *dst;
-	const void *bufs[NB];
+	size_t n = 4099, esz = crun_dtype_size(dtype);
+	uint8_t *want = malloc(n * esz), *h = malloc(n * esz), *got = malloc(n * esz);
+	const void *bufs[KERNELS_CUDA_MAX_BUFS];
+	void *dst;
 
-	for (int b = 0; b < NB; b++) {
+	for (int b = 0; b < nb; b++) {
 		for (size_t i = 0; i < n; i++)
-			h[i] = (float)((int)((i + (size_t)b) % 9) - 4);
-		kernels_reduce(want, h, n, CRUN_F32, CRUN_SUM);
-		bufs[b] = dev_copy(h, n * 4);
+			gt_put(b ? h : want, i, dtype, input(dtype, op, i, b));
+		if (b)
+			kernels_reduce(want, h, n, dtype, op);
+		bufs[b] = up(b ? h : want, n * esz);
 	}
-	dst = dev_copy(want, n * 4);
-	CK(kernels_cuda_all_reduce(dst, bufs, NB, n, CRUN_F32, CRUN_SUM, NULL) == 0, "all_reduce");
-	cudaMemcpy(got, dst, n * 4, cudaMemcpyDeviceToHost);
-	CK(!memcmp(got, want, n * 4), "all_reduce over %d buffers differs", NB);
-	for (int b = 0; b < NB; b++)
-		cudaFree((void *)bufs[b]);
-	cudaFree(dst);
-	free(h);
-	free(want);
-	free(got);
+	if (op == CRUN_AVG)
+		kernels_div(want, n, dtype, nb);
+	dst = up(want, n * esz); /* overwritten */
+	CK(K->reduce_multi(dst, bufs, nb, n, dtype, op, NULL) == 0 && K->sync(NULL) == 0,
+	   "reduce_multi %d/%d/%d", dtype, op, nb);
+	K->copy(got, dst, n * esz);
+	CK(!memcmp(got, want, n * esz), "reduce_multi dtype %d op %d x%d differs", dtype, op, nb);
+	for (int b = 0; b < nb; b++)
+		K->free((void *)bufs[b]);
+	K->free(dst);
+	free(want), free(h), free(got);
+}
+
+/* ---- the IPC all_reduce kernel: N ranks as N streams of one device ---------------- */
+
+static void test_ipc(int nranks, size_t count, int dtype, int op, int two_shot, uint32_t *epoch)
+{
+	size_t esz = crun_dtype_size(dtype), bytes = count * esz;
+	struct kernels_ipc_args a[KERNELS_CUDA_MAX_BUFS];
+	cudaStream_t st[KERNELS_CUDA_MAX_BUFS];
+	void *out[KERNELS_CUDA_MAX_BUFS];
+	uint8_t *want = malloc(bytes), *h = malloc(bytes), *got = malloc(bytes);
+	volatile uint32_t *abort_host;
+	uint32_t *abort_dev;
+	double t0;
+	int r = 0;
+
+	cudaHostAlloc((void **)&abort_host, 4, cudaHostAllocMapped);
+	*abort_host = 0;
+	cudaHostGetDevicePointer((void **)&abort_dev, (void *)abort_host, 0);
+	memset(a, 0, sizeof(a));
+	for (int p = 0; p < nranks; p++) {
+		for (size_t i = 0; i < count; i++)
+			gt_put(p ? h : want, i, dtype, input(dtype, op, i, p));
+		if (p)
+			kernels_reduce(want, h, count, dtype, op);
+		a[0].data[p] = up(p ? h : want, bytes);
+		cudaMalloc((void **)&a[0].signal[p], KERNELS_IPC_SIGNAL_BYTES);
+		cudaMemset(a[0].signal[p], 0, KERNELS_IPC_SIGNAL_BYTES);
+		out[p] = up(h, bytes);
+		cudaStreamCreateWithFlags(&st[p], cudaStreamNonBlocking);
+	}
+	if (op == CRUN_AVG)
+		kernels_div(want, count, dtype, nranks);
+	cudaDeviceSynchronize();
+	++*epoch;
+	for (int p = 0; p < nranks; p++) {
+		a[p] = a[0];
+		a[p].rank = p;
+		a[p].nranks = nranks;
+		a[p].epoch = *epoch;
+		a[p].two_shot = two_shot;
+		a[p].abort_flag = abort_dev;
+		r |= K->ipc_all_reduce(&a[p], out[p], count, dtype, op, st[p]);
+	}
+	/* The ranks wait for each other on the device; if they could not all
+	 * be resident, the flag releases them and the check fails. */
+	t0 = gt_now_s();
+	for (int p = 0; p < nranks; p++)
+		while (cudaStreamQuery(st[p]) == cudaErrorNotReady && !*abort_host)
+			if (gt_now_s() - t0 > 20)
+				*abort_host = 1;
+	CK(r == 0 && cudaDeviceSynchronize() == cudaSuccess && !*abort_host,
+	   "ipc all_reduce %d ranks dtype %d op %d two_shot %d did not finish", nranks, dtype, op,
+	   two_shot);
+	for (int p = 0; p < nranks; p++) {
+		K->copy(got, out[p], bytes);
+		CK(!memcmp(got, want, bytes),
+		   "ipc all_reduce rank %d/%d count %zu dtype %d op %d two_shot %d differs", p, nranks,
+		   count, dtype, op, two_shot);
+		K->free(a[0].data[p]);
+		cudaFree(a[0].signal[p]);
+		K->free(out[p]);
+		cudaStreamDestroy(st[p]);
+	}
+	cudaFreeHost((void *)abort_host);
+	free(want), free(h), free(got);
+}
+
+static void test_ipc_all(void)
+{
+	uint32_t epoch = 0;
+
+	for (int dt = 0; dt < CRUN_DTYPE__MAX; dt++)
+		for (int op = 0; op < CRUN_RED_OP__MAX; op++) {
+			test_ipc(4, 1001, dt, op, 0, &epoch);
+			test_ipc(3, 70001, dt, op, 1, &epoch);
+		}
+	for (int n = 2; n <= KERNELS_CUDA_MAX_BUFS; n++) {
+		test_ipc(n, 1, CRUN_F32, CRUN_SUM, 0, &epoch);
+		test_ipc(n, 5, CRUN_F32, CRUN_SUM, 1, &epoch); /* fewer elements than ranks */
+		test_ipc(n, (1 << 20) + 3, CRUN_F32, CRUN_SUM, 1, &epoch);
+	}
+}
+
+/* ---- benchmarks -------------------------------------------------------------------------- */
+
+/* Seconds per call of fn, timed with events after one warm-up call. */
+static double time_it(void (*fn)(void *), void *arg, int reps)
+{
+	cudaEvent_t e0, e1;
+	float ms = 0;
+
+	fn(arg);
+	cudaEventCreate(&e0);
+	cudaEventCreate(&e1);
+	cudaEventRecord(e0, NULL);
+	for (int i = 0; i < reps; i++)
+		fn(arg);
+	cudaEventRecord(e1, NULL);
+	cudaEventSynchronize(e1);
+	cudaEventElapsedTime(&ms, e0, e1);
+	cudaEventDestroy(e0);
+	cudaEventDestroy(e1);
+	return ms / 1e3 / reps;
+}
+
+struct gemm_run {
+	cublasHandle_t h;
+	int n, dtype;
+	void *a, *b;
+	float *c;
+};
+
+static void run_crun(void *arg)
+{
+	struct gemm_run *g = arg;
+
+	if (g->dtype == CRUN_F32)
+		K->gemm_f32(g->n, g->n, g->n, g->a, g->n, g->b, g->n, g->c, g->n, 0, NULL);
+	else
+		K->gemm_tc(g->n, g->n, g->n, g->dtype, g->a, g->n, g->b, g->n, g->c, g->n, 0, NULL);
+}
+
+/* Row-major C = A B is column-major C^T = B^T A^T: swap the operands. */
+static void run_cublas(void *arg)
+{
+	struct gemm_run *g = arg;
+	const float one = 1, zero = 0;
+	cudaDataType_t t = g->dtype == CRUN_F32 ? CUDA_R_32F
+			   : g->dtype == CRUN_F16 ? CUDA_R_16F
+						  : CUDA_R_16BF;
+
+	cublasGemmEx(g->h, CUBLAS_OP_N, CUBLAS_OP_N, g->n, g->n, g->n, &one, g->b, t, g->n, g->a,
+		     t, g->n, &zero, g->c, CUDA_R_32F, g->n, CUBLAS_COMPUTE_32F,
+		     CUBLAS_GEMM_DEFAULT);
+}
+
+static void bench_gemm(cublasHandle_t h, int dtype, int n)
+{
+	size_t esz = dtype == CRUN_F32 ? 4 : 2, cnt = (size_t)n * n;
+	struct gemm_run g = {h, n, dtype, NULL, NULL, NULL};
+	uint8_t *host = malloc(cnt * esz);
+	float *c1 = malloc(cnt * 4), *c2 = malloc(cnt * 4);
+	double flop = 2.0 * n * n * n, t_crun, t_blas, worst = 0;
+	int reps = flop > 2e11 ? 5 : 20;
+
+	for (size_t i = 0; i < cnt; i++)
+		gt_put(host, i, dtype, gt_val(i, 11) / 4.0);
+	g.a = up(host, cnt * esz);
+	g.b = up(host, cnt * esz);
+	K->alloc((void **)&g.c, cnt * 4);
+	t_crun = time_it(run_crun, &g, reps);
+	K->copy(c1, g.c, cnt * 4);
+	t_blas = time_it(run_cublas, &g, reps);
+	K->copy(c2, g.c, cnt * 4);
+	for (size_t i = 0; i < cnt; i += 97) /* large shapes: cuBLAS is the reference */
+		worst = fmax(worst, fabs(c1[i] - c2[i]) / fmax(1.0, fabs(c2[i])));
+	CK(worst < 1e-3, "gemm dtype %d n=%d differs from cuBLAS by %.3g", dtype, n, worst);
+	gt_row("| gemm %s | %d^3 | %.1f TFLOP/s | %.1f TFLOP/s | %.0f %% |",
+	       dtype == CRUN_F32 ? "f32 (SGEMM)" : dtype == CRUN_F16 ? "f16 (mma.sync)" : "bf16 (mma.sync)",
+	       n, flop / t_crun / 1e12, flop / t_blas / 1e12, 100.0 * t_blas / t_crun);
+	K->free(g.a);
+	K->free(g.b);
+	K->free(g.c);
+	free(host), free(c1), free(c2);
+}
+
+struct red_run {
+	void *x, *y;
+	size_t n;
+};
+
+static void run_reduce(void *arg)
+{
+	struct red_run *r = arg;
+
+	K->reduce(r->x, r->y, r->n, CRUN_F32, CRUN_SUM, NULL);
 }
 
 static void bench(void)
 {
-	size_t n = 4096, bytes = n * n * 4;
-	float *h = calloc(n * n, 4), *da, *db, *dc;
-	double t0, t;
-	int reps = 5;
+	static const int sizes[] = {1024, 2048, 4096, 8192};
+	struct red_run rr = {NULL, NULL, 64u << 20};
+	cublasHandle_t h;
+	double t;
 
-	da = dev_copy(h, bytes);
-	db = dev_copy(h, bytes);
-	dc = dev_copy(h, bytes);
-	kernels_cuda_gemm_f32(n, n, n, da, n, db, n, dc, n, 0, NULL);
-	kernels_cuda_sync(NULL);
-	t0 = now_s();
-	for (int i = 0; i < reps; i++)
-		kernels_cuda_gemm_f32(n, n, n, da, n, db, n, dc, n, 0, NULL);
-	kernels_cuda_sync(NULL);
-	t = (now_s() - t0) / reps;
-	printf("gpu bench: gemm f32 %zux%zux%zu: %.2f ms, %.1f GFLOP/s\n", n, n, n, t * 1e3,
-	       2.0 * n * n * n / t / 1e9);
-	t0 = now_s();
-	for (int i = 0; i < reps; i++)
-		kernels_cuda_reduce(da, db, n * n, CRUN_F32, CRUN_SUM, NULL);
-	t = (now_s() - t0) / reps;
-	printf("gpu bench: reduce f32 sum %zu MiB: %.3f ms, %.1f GB/s (3 x bytes moved)\n",
-	       bytes >> 20, t * 1e3, 3.0 * bytes / t / 1e9);
-	cudaFree(da);
-	cudaFree(db);
-	cudaFree(dc);
-	free(h);
+	if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+		CK(0, "cublasCreate failed");
+		return;
+	}
+	gt_row("| kernel | shape | crun | cuBLAS | crun / cuBLAS |");
+	gt_row("|---|---|---|---|---|");
+	for (int d = 0; d < 3; d++)
+		for (size_t i = 0; i < 4; i++)
+			bench_gemm(h, d == 0 ? CRUN_F32 : d == 1 ? CRUN_BF16 : CRUN_F16, sizes[i]);
+	cublasDestroy(h);
+	K->alloc(&rr.x, rr.n * 4);
+	K->alloc(&rr.y, rr.n * 4);
+	t = time_it(run_reduce, &rr, 20);
+	gt_row("| reduce f32 sum | 256 MiB | %.0f GB/s (3 x bytes moved) | | |",
+	       3.0 * rr.n * 4 / t / 1e9);
+	K->free(rr.x);
+	K->free(rr.y);
 }
 
 int main(int argc, char **argv)
 {
-	if (!kernels_available()) {
-		if (argc < 2)
-			puts("gpu suite skipped: no device");
-		return argc > 1 ? 1 : 0;
-	}
-	if (argc > 1 && !strcmp(argv[1], "--probe"))
-		return 0;
+	char err[512];
+	double t0 = gt_now_s();
+
+	if (kernels_cuda_load(&K, err, sizeof(err)) < 0)
+		return gt_skip(err);
 	test_gemm();
+	printf("gpu_kernels: gemm done (%.1f s)\n", gt_now_s() - t0);
 	for (int dt = 0; dt < CRUN_DTYPE__MAX; dt++)
-		for (int op = 0; op < CRUN_RED_OP__MAX; op++)
+		for (int op = 0; op < CRUN_RED_OP__MAX; op++) {
 			test_reduce(dt, op);
-	test_all_reduce();
-	printf("gpu_kernels: %d checks, %d failures\n", checks, fails);
-	if (!fails)
-		bench();
-	return fails ? 1 : 0;
+			test_reduce_multi(dt, op, 3);
+		}
+	for (int nb = 1; nb <= KERNELS_CUDA_MAX_BUFS; nb++)
+		test_reduce_multi(CRUN_F32, CRUN_AVG, nb);
+	printf("gpu_kernels: reductions done (%.1f s)\n", gt_now_s() - t0);
+	test_ipc_all();
+	printf("gpu_kernels: %d checks, %d failures (%.1f s)\n", gt_checks, gt_fails,
+	       gt_now_s() - t0);
+	if (argc > 1 && !strcmp(argv[1], "--no-bench"))
+		return gt_fails ? 1 : 0;
+	bench();
+	printf("gpu_kernels: %d checks, %d failures with the benchmarks (%.1f s)\n", gt_checks,
+	       gt_fails, gt_now_s() - t0);
+	return gt_fails ? 1 : 0;
 }

@@ -221,11 +221,11 @@ def test_wait_timeout_behaviour(procs, server, ns):
                        ("barrier bb 2", "ERR CRUN_ETIMEDOUT"), ("get a", 'VAL "1"')])
     else:
         # v1 has no CANCEL_WAIT: the client drops the connection rather than
-        # read a late wake-up as the next answer (PyTorch 1.13's desync).
-        assert c.cmd("get a") == "ERR CRUN_ENOTCONN"
-        c2 = cli(procs, server, ns)
-        assert c2.cmd("get a") == 'VAL "1"'
-        c2.close()
+        # read a late wake-up as the next answer (PyTorch 1.13's desync), and
+        # the next call redials a fresh one: the wake-up the key now sends
+        # goes to the closed socket, never into this stream.
+        server["torch"].run(f"P({ns!r}).set('never', b'n')\n")
+        run_script(c, [("get a", 'VAL "1"'), ("get never", 'VAL "n"'), ("get a", 'VAL "1"')])
     c.close()
 
 
@@ -268,7 +268,8 @@ def test_a_wrong_dialect_fails_cleanly(procs, server, ns):
         # not VALIDATE.
         c = StoreCli(procs, cli_path(), "127.0.0.1", server["port"], 1, prefix=ns)
         assert c.cmd("numkeys") in ("ERR CRUN_ECLOSED", "ERR CRUN_ECONNRESET")
-        assert c.cmd("numkeys") == "ERR CRUN_ENOTCONN"
+        # The next call redials and is refused the same way.
+        assert c.cmd("numkeys") in ("ERR CRUN_ECLOSED", "ERR CRUN_ECONNRESET")
         c.close()
     else:
         # libuv re-reads a v1 stream in the v2 numbering: v1 GETNUMKEYS (06)
@@ -277,7 +278,8 @@ def test_a_wrong_dialect_fails_cleanly(procs, server, ns):
         c = StoreCli(procs, cli_path(), "127.0.0.1", server["port"], 1, prefix=ns,
                      timeout_ms=300)
         assert c.cmd("numkeys") == "ERR CRUN_ETIMEDOUT"
-        assert c.cmd("numkeys") == "ERR CRUN_ENOTCONN"
+        # The next call redials a fresh socket and times out the same way.
+        assert c.cmd("numkeys") == "ERR CRUN_ETIMEDOUT"
         c.close()
     c = cli(procs, server, ns)
     assert c.cmd("set alive 1") == "OK"

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import HELPERS, bin_path, free_port
+from conftest import HELPERS, bin_path, free_port, torch_python
 
 TASK = os.path.join(HELPERS, "launch_task.py")
 PY = "/usr/bin/python3"
@@ -170,11 +170,11 @@ def test_both_spellings_and_abbreviations(procs, tmp_path):
     (["--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:1", "--rdzv_conf=bogus=1"], {},
      "--rdzv_conf"),
     (["--rdzv_backend=zookeeper"], {}, "--rdzv_backend"),
-    (["--run_path"], {}, "--run_path"),
-    (["--numa-binding=node"], {}, "--numa-binding"),
     (["--logs_specs=x"], {}, "--logs_specs"),
-    (["--duplicate_stdout_filters=err"], {}, "--duplicate_stdout_filters"),
-    (["--event_log_handler=console"], {}, "--event_log_handler"),
+    (["--numa-binding=nodes"], {}, "--numa-binding"),
+    (["--event_log_handler=kafka"], {}, "--event_log_handler"),
+    (["--run_path=1"], {}, "--run_path"),
+    ([], {"LOGLEVEL": "LOUD"}, "LOGLEVEL"),
     (["--bogus=1"], {}, "--bogus"),
     (["--master_port=70000"], {}, "--master_port"),
     (["--nnodes=1:2"], {}, "--nnodes"),
@@ -184,7 +184,6 @@ def test_both_spellings_and_abbreviations(procs, tmp_path):
     (["--tee", "0:9"], {}, "--tee"),
     (["--signals_to_handle=SIGNOPE"], {}, "--signals_to_handle"),
     (["--shutdown_timeout=soon"], {}, "--shutdown_timeout"),
-    (["--rdzv_conf=is_host=1"], {}, "is_host"),
     (["--nproc_per_node"], {}, "--nproc_per_node"),
     ([], {"PET_NPROC_PER_NODE": "x"}, "PET_NPROC_PER_NODE"),
     ([], {"PET_STANDALONE": "yes"}, "PET_STANDALONE"),
@@ -469,3 +468,150 @@ def test_static_duplicate_node_rank_is_refused(procs):
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
             assert p.wait(timeout=30) == 1
+
+
+# ---- torchrun 2.x parity (issue 11): the same command under crun and torchrun ----------------
+
+LAUNCHERS = ["crun", "torchrun"]
+
+
+def launcher_argv(which):
+    if which == "crun":
+        return [bin_path("crun")]
+    return [torch_python("2"), "-m", "torch.distributed.run"]
+
+
+def start_with(procs, which, args, env=None):
+    env = dict(env or crun_env())
+    env.setdefault("PYTHON_EXEC", PY)  # both launchers run the workers under this
+    return procs.spawn([*launcher_argv(which), *args], env=env)
+
+
+def run_with(procs, which, args, env=None, timeout=180):
+    p = start_with(procs, which, args, env)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{which} {args} did not finish within {timeout}s")
+    return p.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_two_plain_single_node_runs_do_not_collide(procs, tmp_path, launcher):
+    """Item 1: no --master-port/--rdzv-endpoint and one node: a free port and a
+    uuid run id, so two runs on one host overlap (failed before: both bound
+    29500 and the second exited 1 with 'address already in use')."""
+    ps = [start_with(procs, launcher, ["--nproc-per-node=2", TASK, "hold", str(tmp_path), "4"])
+          for _ in range(2)]
+    for p in ps:
+        assert p.wait(timeout=180) == 0, p.stderr.read().decode()
+    envs = [json.load(open(f)) for f in tmp_path.glob("*.json")]
+    assert len(envs) == 4
+    run_ids = {e["TORCHELASTIC_RUN_ID"] for e in envs}
+    assert len(run_ids) == 2 and all(len(r) == 36 for r in run_ids), run_ids
+    assert len({e["MASTER_PORT"] for e in envs}) == 2
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("flags", [
+    ["--log-line-prefix-template=[x${local_rank}]", "--tee=3"],
+    ["--logs-specs=default"],
+    ["--duplicate-stdout-filters=out-line", "--duplicate_stderr_filters", "err-line,,x"],
+    ["--event-log-handler", "null"],
+    ["--numa-binding=node"] if os.path.isdir("/proc/driver/nvidia/gpus") else ["--role=r"],
+], ids=["prefix-template", "logs-specs", "duplicate-filters", "event-null", "numa-or-role"])
+def test_torchrun_2x_flags_are_accepted(procs, launcher, flags):
+    rc, out, err = run_with(procs, launcher, [*flags, "--nproc-per-node=2", TASK, "print"])
+    assert rc == 0, err
+    assert "out-line rank=0" in out and "out-line rank=1" in out
+    if "--tee=3" in flags:
+        assert "[x0]" in out + err and "[x1]" in out + err
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("flags,needle", [
+    (["--logs-specs=x"], "torchrun.logs_specs"),
+    (["--numa-binding=nodes"], "--numa-binding"),
+    (["--print-completion=fish"], "--print-completion"),
+    (["--nproc-per-node=xpu"], "xpu"),  # no Intel XPU on the test machines
+], ids=["logs-specs", "numa-choice", "completion-shell", "xpu"])
+def test_torchrun_2x_flag_errors(procs, launcher, flags, needle):
+    rc, _, err = run_with(procs, launcher, [*flags, TASK, "print"])
+    assert rc != 0 and needle.lower() in err.lower(), err[-2000:]
+    if launcher == "crun":
+        assert rc == 2
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_run_path_runs_the_script_with_runpy(procs, tmp_path, launcher):
+    script = tmp_path / "rp.py"
+    script.write_text("import sys\nprint('RP', __name__, sys.argv[1:], flush=True)\n")
+    rc, out, err = run_with(procs, launcher, ["--run-path", str(script), "a", "-m"])
+    assert rc == 0, err
+    assert "RP __main__ ['a', '-m']" in out
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("mode", ["--standalone", "--master-port"])
+def test_unknown_rdzv_conf_keys_are_ignored(procs, launcher, mode):
+    """Item 8: torchrun ignores keys its static/standalone path does not read;
+    crun warns once (failed before: exit 2, 'not supported by the static
+    backend' even for --standalone)."""
+    args = ["--standalone"] if mode == "--standalone" else [f"--master-port={free_port()}"]
+    rc, _, err = run_with(procs, launcher,
+                          [*args, "--rdzv-conf=is_host=1,bogus_key=2", TASK, "print"])
+    assert rc == 0, err
+    if launcher == "crun":
+        assert err.count("bogus_key") == 1, err
+        assert ("static backend" in err) == (mode != "--standalone"), err
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_loglevel_is_honoured(procs, launcher):
+    rc, _, quiet = run_with(procs, launcher, ["--standalone", TASK, "print"])
+    assert rc == 0, quiet
+    rc, _, loud = run_with(procs, launcher, ["--standalone", TASK, "print"],
+                           crun_env(LOGLEVEL="INFO"))
+    assert rc == 0, loud
+    assert len(loud.splitlines()) > len(quiet.splitlines()) + 2, (quiet, loud)
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_event_log_handler_console_prints_agent_events(procs, launcher):
+    rc, _, err = run_with(procs, launcher,
+                          ["--event-log-handler=console", "--standalone", TASK, "print"])
+    assert rc == 0, err
+    events = [json.loads(ln[ln.index("{"):]) for ln in err.splitlines()
+              if '"source": "AGENT"' in ln]
+    assert events, err
+    assert all("name" in e and "timestamp" in e for e in events)
+
+
+def test_every_torchrun_option_is_accepted(procs):
+    """Each option string of torchrun 2.x's own parser is in crun's option
+    table (its generated bash completion lists the table)."""
+    out = subprocess.run(
+        [torch_python("2"), "-c",
+         "from torch.distributed.run import get_args_parser as g\n"
+         "print(' '.join(s for a in g()._actions for s in a.option_strings))"],
+        capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    rc, comp, err = run(procs, ["--print-completion", "bash"])
+    assert rc == 0, err
+    missing = [o for o in out.stdout.split() if f" {o} " not in f" {comp.replace(chr(34), ' ')} "]
+    assert not missing, missing
+
+
+def test_bash_completion_script_works(procs, tmp_path):
+    rc, comp, err = run(procs, ["--print-completion", "bash"])
+    assert rc == 0, err
+    script = tmp_path / "crun.bash"
+    script.write_text(comp)
+    probe = (f"source {script}\n"
+             "COMP_WORDS=(crun --rdzv-back); COMP_CWORD=1; _crun_complete; echo \"A:${COMPREPLY[*]}\"\n"
+             "COMP_WORDS=(crun --numa-binding ''); COMP_CWORD=2; _crun_complete; "
+             "echo \"B:${COMPREPLY[*]}\"\n")
+    res = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert "A:--rdzv-backend" in res.stdout
+    assert "B:node socket exclusive core-complex" in res.stdout

@@ -1,11 +1,16 @@
 /* test_agent_cli.c: torchrun's command line into crun_agent_config_t, without
  * starting anything: defaults, both spellings, abbreviations, PET_* aliases,
  * rejected flags and bad values naming the flag, program detection. */
+#include <fcntl.h>
+#include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
 #include <string.h>
 
 #include "unit/check_main.h"
 #include "agent/agent.h"
+#include "agent/cli_int.h"
 #include "common/common.h"
 
 static struct cli c;
@@ -40,7 +45,9 @@ START_TEST(defaults_are_torchruns)
 	ck_assert_str_eq(c.cfg.master_addr, "127.0.0.1");
 	ck_assert_uint_eq(c.cfg.master_port, 29500);
 	ck_assert_uint_eq(c.cfg.shutdown_timeout_ms, 30000);
-	ck_assert_int_eq(c.cfg.standalone, 0);
+	/* torchrun 2.x: one node, no --master_port/--rdzv_endpoint: a private
+	 * store on a free port with a uuid run id (crun's --standalone). */
+	ck_assert_int_eq(c.cfg.standalone, 1);
 	ck_assert_ptr_null(c.cfg.rdzv_id);
 	ck_assert_str_eq(c.argv[0], "/usr/bin/python3");
 	ck_assert_str_eq(c.argv[1], "-u");
@@ -170,10 +177,13 @@ static const struct {
 	{ "--rdzv-backend=etcd-v2", "--rdzv-backend=etcd-v2" },
 	/* --rdzv_backend=c10d is accepted now: tests/unit/test_rdzv_c10d.c */
 	{ "--rdzv_backend=nope", "--rdzv_backend" },
-	{ "--run-path", "--run-path" },
-	{ "--numa_binding=node", "--numa_binding" },
+	{ "--run-path=1", "--run-path" },
+	{ "--numa_binding=nodes", "--numa_binding" },
 	{ "--logs-specs=x", "--logs-specs" },
-	{ "--duplicate-stderr-filters=x", "--duplicate-stderr-filters" },
+	{ "--event-log-handler=kafka", "--event-log-handler" },
+	{ "--print-completion=fish", "--print-completion" },
+	{ "--log_level=loud", "--log_level" },
+	{ "--status=nohost", "--status" },
 	{ "--max_restarts=x", "--max_restarts" },
 	{ "--monitor_interval=x", "--monitor_interval" },
 	{ "--start_method=thread", "--start_method" },
@@ -226,12 +236,427 @@ END_TEST
 
 START_TEST(help_and_version)
 {
+	char *help;
+
 	ck_assert_int_eq(parse(ARGS("--help"), no_env), 0);
 	ck_assert(c.help);
-	ck_assert_ptr_nonnull(strstr(cli_help_text(), "--nproc_per_node"));
+	help = cli_help_new(CLI_CRUN);
+	ck_assert_ptr_nonnull(strstr(help, "--nproc_per_node"));
+	ck_assert_ptr_nonnull(strstr(help, "--print-completion"));
+	ck_assert_ptr_null(strstr(help, "\n  --config")); /* crun-agent only */
+	free(help);
+	help = cli_help_new(CLI_AGENT);
+	ck_assert_ptr_nonnull(strstr(help, "\n  --config"));
+	ck_assert_ptr_nonnull(strstr(help, "job.program"));
+	free(help);
 	cli_free(&c);
 	ck_assert_int_eq(parse(ARGS("--version"), no_env), 0);
 	ck_assert(c.version);
+}
+END_TEST
+
+
+/* torchrun 2.x run.py: static, at most one node, neither --rdzv_endpoint nor
+ * --master_port (flag or PET_) -> c10d on localhost:0 with a uuid run id. */
+START_TEST(single_node_run_gets_a_free_port)
+{
+	const char *const pet_port[] = { "PET_MASTER_PORT=2345", NULL };
+
+	ck_assert_int_eq(parse(ARGS("--master_addr=10.0.0.1", "--nnodes=1:1", "x.py"), no_env),
+			 0);
+	ck_assert_int_eq(c.cfg.standalone, 1);
+	cli_free(&c);
+	ck_assert_int_eq(parse(ARGS("--master_port=1234", "x.py"), no_env), 0);
+	ck_assert_int_eq(c.cfg.standalone, 0);
+	ck_assert_uint_eq(c.cfg.master_port, 1234);
+	cli_free(&c);
+	ck_assert_int_eq(parse(ARGS("x.py"), pet_port), 0);
+	ck_assert_int_eq(c.cfg.standalone, 0);
+	cli_free(&c);
+	ck_assert_int_eq(parse(ARGS("--rdzv_endpoint=127.0.0.1:5000", "x.py"), no_env), 0);
+	ck_assert_int_eq(c.cfg.standalone, 0);
+	cli_free(&c);
+	ck_assert_int_eq(parse(ARGS("--nnodes=2", "x.py"), no_env), 0);
+	ck_assert_int_eq(c.cfg.standalone, 0);
+	ck_assert_uint_eq(c.cfg.master_port, 29500);
+}
+END_TEST
+
+START_TEST(torchrun_2x_flags)
+{
+	const char *const env[] = { "PYTHON=py", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=E",
+				    NULL };
+
+	ck_assert_int_eq(parse(ARGS("--logs-specs=default", "--duplicate-stdout-filters=a,b",
+				    "--duplicate_stderr_filters", "c", "--event-log-handler",
+				    "console", "--numa-binding=core-complex", "x.py"),
+			       env),
+			 0);
+	ck_assert_str_eq(c.cfg.line_prefix_template, "E");
+	ck_assert_str_eq(c.cfg.duplicate_stdout_filters, "a,b");
+	ck_assert_str_eq(c.cfg.duplicate_stderr_filters, "c");
+	ck_assert_str_eq(c.event_log_handler, "console");
+	ck_assert_str_eq(c.cfg.numa_binding, "core-complex");
+	cli_free(&c);
+	ck_assert_int_eq(parse(ARGS("--log-line-prefix-template=[${rank}]", "--run-path", "s.py",
+				    "a"),
+			       env),
+			 0);
+	ck_assert_str_eq(c.cfg.line_prefix_template, "[${rank}]");
+	/* torchrun's run_script_path(): runpy.run_path(script, run_name="__main__") */
+	ck_assert_str_eq(c.argv[0], "py");
+	ck_assert_str_eq(c.argv[2], "-c");
+	ck_assert_ptr_nonnull(strstr(c.argv[3], "runpy.run_path(sys.argv[0]"));
+	ck_assert_str_eq(c.argv[4], "s.py");
+	ck_assert_str_eq(c.argv[5], "a");
+	ck_assert_int_eq(c.cfg.run_path, 0); /* built here, not wrapped again */
+	cli_free(&c);
+	ck_assert_int_eq(parse(ARGS("--print-completion", "zsh"), no_env), 0);
+	ck_assert_str_eq(c.completion, "zsh");
+	cli_free(&c);
+	if (cli_xpu_count() == 0) {
+		ck_assert_int_eq(parse(ARGS("--nproc-per-node=xpu", "x.py"), no_env), CRUN_EINVAL);
+		ck_assert_ptr_nonnull(strstr(c.err, "XPU"));
+	}
+}
+END_TEST
+
+START_TEST(log_level_sources)
+{
+	const char *const ll[] = { "LOGLEVEL=INFO", NULL };
+	const char *const both[] = { "LOGLEVEL=INFO", "CRUN_LOG_LEVEL=debug", NULL };
+	const char *const bad_ll[] = { "LOGLEVEL=LOUD", NULL };
+
+	ck_assert_int_eq(parse(ARGS("x.py"), no_env), 0);
+	ck_assert_int_eq(c.log_level, -1);
+	cli_free(&c);
+	ck_assert_int_eq(parse(ARGS("x.py"), ll), 0);
+	ck_assert_int_eq(c.log_level, LL_INFO);
+	cli_free(&c);
+	ck_assert_int_eq(parse(ARGS("x.py"), both), 0);
+	ck_assert_int_eq(c.log_level, LL_DEBUG);
+	cli_free(&c);
+	ck_assert_int_eq(parse(ARGS("--log_level=error", "x.py"), both), 0);
+	ck_assert_int_eq(c.log_level, LL_ERROR);
+	cli_free(&c);
+	ck_assert_int_eq(parse(ARGS("x.py"), bad_ll), CRUN_EINVAL);
+	ck_assert_ptr_nonnull(strstr(c.err, "LOGLEVEL"));
+}
+END_TEST
+
+/* torchrun ignores --rdzv_conf keys its static/standalone path does not read:
+ * crun warns once, naming the mode the user chose. */
+START_TEST(unknown_rdzv_conf_keys_warn)
+{
+	ck_assert_int_eq(parse(ARGS("--standalone", "--rdzv_conf=is_host=1,timeout=5,x=2",
+				    "x.py"),
+			       no_env),
+			 0);
+	ck_assert_uint_eq(c.cfg.join_timeout_ms, 5000);
+	ck_assert_ptr_nonnull(strstr(c.warn, "'is_host', 'x'"));
+	ck_assert_ptr_nonnull(strstr(c.warn, "--standalone"));
+	ck_assert_ptr_null(strstr(c.warn, "static backend"));
+	cli_free(&c);
+	ck_assert_int_eq(parse(ARGS("--nnodes=2", "--master_port=9", "--rdzv_conf=is_host=1",
+				    "x.py"),
+			       no_env),
+			 0);
+	ck_assert_ptr_nonnull(strstr(c.warn, "static backend"));
+	cli_free(&c);
+	ck_assert_int_eq(parse(ARGS("--rdzv_conf=timeout=3", "x.py"), no_env), 0);
+	ck_assert_str_eq(c.warn, "");
+}
+END_TEST
+
+START_TEST(crun_only_flags_are_exact)
+{
+	ck_assert_int_eq(parse(ARGS("--worker_heartbeat_timeout=2.5", "--status=127.0.0.1:0",
+				    "--auth-secret-file=/s", "--worker-store-allow-any", "x.py"),
+			       no_env),
+			 0);
+	ck_assert_uint_eq(c.cfg.worker_heartbeat_timeout_ms, 2500);
+	ck_assert_str_eq(c.status_listen, "127.0.0.1:0");
+	ck_assert_str_eq(c.cfg.auth_secret_file, "/s");
+	ck_assert_int_eq(c.cfg.worker_store_allow_any, 1);
+	cli_free(&c);
+	/* no abbreviation of crun's own flags; --config is crun-agent's */
+	ck_assert_int_eq(parse(ARGS("--worker_heart=1", "x.py"), no_env), CRUN_EINVAL);
+	cli_free(&c);
+	ck_assert_int_eq(parse(ARGS("--config=x.json", "x.py"), no_env), CRUN_EINVAL);
+	ck_assert_ptr_nonnull(strstr(c.err, "--config"));
+}
+END_TEST
+
+START_TEST(completion_scripts)
+{
+	static const char *const shells[] = { "bash", "zsh", "tcsh" };
+
+	for (size_t i = 0; i < ARRAY_SIZE(shells); i++) {
+		char *s = cli_completion_new(CLI_CRUN, shells[i]);
+
+		ck_assert_ptr_nonnull(s);
+		ck_assert_msg(strstr(s, "nproc-per-node") && strstr(s, "nproc_per_node"), "%s",
+			      shells[i]);
+		ck_assert_msg(strstr(s, "core-complex"), "%s: choices", shells[i]);
+		ck_assert_ptr_null(strstr(s, "--config"));
+		free(s);
+	}
+	ck_assert_ptr_null(cli_completion_new(CLI_CRUN, "fish"));
+}
+END_TEST
+
+/* ---- crun-agent --config ------------------------------------------------------ */
+
+static char cfg_path[64];
+
+static int parse_file(const char *json, const char *const *args)
+{
+	char *argv[16];
+	int argc = 0, fd;
+
+	snprintf(cfg_path, sizeof(cfg_path), "/tmp/crun-cli-test-%d.json", (int)getpid());
+	fd = open(cfg_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, json, strlen(json)), (ssize_t)strlen(json));
+	close(fd);
+	argv[argc++] = (char *)"crun-agent";
+	argv[argc++] = (char *)"--config";
+	argv[argc++] = cfg_path;
+	for (; args && *args && argc < 15; args++)
+		argv[argc++] = (char *)*args;
+	argv[argc] = NULL;
+	argc = cli_parse_prog(&c, CLI_AGENT, argc, argv, (char *const *)no_env);
+	unlink(cfg_path);
+	return argc;
+}
+
+START_TEST(config_file_good)
+{
+	ck_assert_int_eq(
+		parse_file("{\"job\": {\"program\": \"t.py\", \"args\": [\"--lr\", \"0.1\"],"
+			   " \"nproc_per_node\": 3, \"env\": {\"A\": \"1\"}},"
+			   " \"rendezvous\": {\"backend\": \"c10d\", \"endpoint\": \"10.0.0.1:7\","
+			   " \"nnodes\": \"1:4\", \"join_timeout\": 30, \"is_host\": false},"
+			   " \"restart\": {\"max_restarts\": 2},"
+			   " \"logs\": {\"tee\": 3, \"local_ranks_filter\": [\"0\", \"2\"]},"
+			   " \"status\": {\"listen\": \"127.0.0.1:0\"},"
+			   " \"daemon\": {\"log_level\": \"info\"}}",
+			   NULL),
+		0);
+	ck_assert_int_eq(c.cfg.nproc_per_node, 3);
+	ck_assert_str_eq(c.cfg.rdzv_backend, "c10d");
+	ck_assert_str_eq(c.cfg.master_addr, "10.0.0.1");
+	ck_assert_uint_eq(c.cfg.master_port, 7);
+	ck_assert_int_eq(c.cfg.min_nnodes, 1);
+	ck_assert_int_eq(c.cfg.max_nnodes, 4);
+	ck_assert_str_eq(c.cfg.rdzv_conf, "join_timeout=30,is_host=0");
+	ck_assert_int_eq(c.cfg.max_restarts, 2);
+	ck_assert_int_eq(c.cfg.tee[1], 3);
+	ck_assert_int_eq(c.cfg.console_ranks[1], 0);
+	ck_assert_int_eq(c.cfg.console_ranks[2], 1);
+	ck_assert_str_eq(c.status_listen, "127.0.0.1:0");
+	ck_assert_int_eq(c.log_level, LL_INFO);
+	ck_assert_str_eq(c.argv[2], "t.py");
+	ck_assert_str_eq(c.argv[3], "--lr");
+	ck_assert_str_eq(c.argv[4], "0.1");
+	ck_assert_str_eq(c.job_env[0], "A=1");
+}
+END_TEST
+
+static const struct {
+	const char *json;
+	const char *needle;
+} bad_files[] = {
+	{ "{\"job\": {\"program\": \"t.py\", \"colour\": 1}}", "unknown key 'job.colour'" },
+	{ "{\"jobs\": {}}", "unknown key 'jobs'" },
+	{ "{\"rendezvous\": {\"endpoint\": 42}}",
+	  "rendezvous.endpoint: expected \"HOST:PORT\", got 42" },
+	{ "{\"restart\": {\"max_restarts\": \"3\"}}", "restart.max_restarts: expected an integer" },
+	{ "{\"rendezvous\": {\"standalone\": 1}}", "rendezvous.standalone: expected true or false" },
+	{ "{\"job\": {\"args\": [1]}}", "job.args: expected an array of strings" },
+	{ "{\"job\": 3}", "job: expected an object" },
+	{ "{\"job\": {\"nproc_per_node\": 0, \"program\": \"t.py\"}}", "job.nproc_per_node" },
+	{ "{\"rendezvous\": {\"backend\": \"c10d\", \"lease_ttl\": 0.001}, \"job\": {\"program\": "
+	  "\"t.py\"}}", "rendezvous.lease_ttl" },
+	{ "{\"job\": {\"numa_binding\": \"all\", \"program\": \"t.py\"}}", "job.numa_binding" },
+	{ "{\"job\": {\"program\": \"t.py\"},}", ":1:" },
+	{ "[]", "expected a JSON object" },
+	{ "{\"rendezvous\": {\"nnodes\": 2}}", "job.program" },
+};
+
+START_TEST(config_file_errors_name_the_path)
+{
+	ck_assert_int_eq(parse_file(bad_files[_i].json, NULL), CRUN_EINVAL);
+	ck_assert_msg(strstr(c.err, bad_files[_i].needle), "%s: %s", bad_files[_i].json, c.err);
+}
+END_TEST
+
+START_TEST(config_file_missing_and_flag_wins)
+{
+	char *argv[] = { (char *)"crun-agent", (char *)"--config=/nonexistent/x.json", NULL };
+
+	ck_assert_int_eq(cli_parse_prog(&c, CLI_AGENT, 2, argv, (char *const *)no_env),
+			 CRUN_EINVAL);
+	ck_assert_ptr_nonnull(strstr(c.err, "/nonexistent/x.json"));
+	cli_free(&c);
+	ck_assert_int_eq(parse_file("{\"job\": {\"program\": \"t.py\", \"nproc_per_node\": 3},"
+				    " \"restart\": {\"max_restarts\": 2}}",
+				    ARGS("--nproc-per-node=2", "other.py", "z")),
+			 0);
+	ck_assert_int_eq(c.cfg.nproc_per_node, 2);
+	ck_assert_int_eq(c.cfg.max_restarts, 2);
+	ck_assert_str_eq(c.argv[2], "other.py"); /* the command line's program wins */
+	ck_assert_str_eq(c.argv[3], "z");
+}
+END_TEST
+
+/* Every flag has a JSON key and every JSON key a flag (or a --rdzv_conf key,
+ * or the positional program), and both ways give the same config: each row
+ * is parsed once as a flag and once from a file, and the results compared. */
+static const struct {
+	const char *json;  /* the row */
+	const char *flag;  /* as a flag (NULL: "--name=<value>") */
+	const char *value; /* JSON text */
+	const char *extra; /* a flag both parses get */
+} samples[] = {
+	{ "rendezvous.nnodes", NULL, "3", "--master_port=5" },
+	{ "job.nproc_per_node", NULL, "2", NULL },
+	{ "rendezvous.backend", NULL, "\"c10d\"", NULL },
+	{ "rendezvous.endpoint", NULL, "\"10.1.1.1:5\"", NULL },
+	{ "rendezvous.id", NULL, "\"j\"", "--master_port=5" },
+	{ "rendezvous.conf", NULL, "\"timeout=9\"", NULL },
+	{ "rendezvous.standalone", "--standalone", "true", "--master_port=5" },
+	{ "restart.max_restarts", NULL, "2", NULL },
+	{ "restart.monitor_interval", NULL, "0.5", NULL },
+	{ "job.start_method", NULL, "\"fork\"", NULL },
+	{ "logs.event_log_handler", NULL, "\"console\"", NULL },
+	{ "job.role", NULL, "\"r\"", NULL },
+	{ "job.module", "--module", "true", NULL },
+	{ "job.no_python", "--no_python", "true", NULL },
+	{ "job.run_path", "--run_path", "true", NULL },
+	{ "logs.dir", NULL, "\"/tmp/x\"", NULL },
+	{ "logs.redirects", NULL, "\"3\"", NULL },
+	{ "logs.tee", NULL, "1", NULL },
+	{ "logs.line_prefix_template", NULL, "\"P\"", NULL },
+	{ "logs.local_ranks_filter", NULL, "\"0\"", NULL },
+	{ "logs.duplicate_stdout_filters", "--duplicate_stdout_filters=a,b", "[\"a\", \"b\"]", NULL },
+	{ "logs.duplicate_stderr_filters", NULL, "\"c\"", NULL },
+	{ "rendezvous.node_rank", NULL, "1", "--nnodes=2" },
+	{ "rendezvous.master_addr", NULL, "\"10.0.0.9\"", NULL },
+	{ "rendezvous.master_port", NULL, "1234", NULL },
+	{ "rendezvous.local_addr", NULL, "\"h\"", NULL },
+	{ "logs.specs", NULL, "\"default\"", NULL },
+	{ "job.numa_binding", NULL, "\"socket\"", NULL },
+	{ "signals.to_handle", NULL, "\"SIGUSR1\"", NULL },
+	{ "signals.shutdown_timeout", NULL, "5", NULL },
+	{ "job.virtual_local_rank", "--virtual_local_rank", "true", NULL },
+	{ "restart.worker_heartbeat_timeout", NULL, "7", NULL },
+	{ "status.listen", "--status=127.0.0.1:1", "\"127.0.0.1:1\"", NULL },
+	{ "daemon.log_level", NULL, "\"debug\"", NULL },
+	{ "security.secret_file", "--auth_secret_file=/s", "\"/s\"", NULL },
+	{ "security.worker_store_allow_any", "--worker_store_allow_any", "true", NULL },
+	{ "rendezvous.join_timeout", "--rdzv_conf=join_timeout=9", "9", "--rdzv_backend=c10d" },
+	{ "rendezvous.last_call_timeout", "--rdzv_conf=last_call_timeout=9", "9",
+	  "--rdzv_backend=c10d" },
+	{ "rendezvous.close_timeout", "--rdzv_conf=close_timeout=9", "9", "--rdzv_backend=c10d" },
+	{ "rendezvous.read_timeout", "--rdzv_conf=read_timeout=9", "9", "--rdzv_backend=c10d" },
+	{ "rendezvous.is_host", "--rdzv_conf=is_host=1", "true", "--rdzv_backend=c10d" },
+	{ "rendezvous.heartbeat_interval", "--rdzv_conf=heartbeat_interval=2", "2",
+	  "--rdzv_backend=c10d" },
+	{ "rendezvous.lease_ttl", "--rdzv_conf=lease_ttl=9", "9", "--rdzv_backend=c10d" },
+	{ "job.program", "t.py", "\"t.py\"", NULL },
+	{ "job.args", "t.py", "[]", NULL },
+	{ "job.env", "t.py", "{}", NULL },
+};
+
+/* What a parse produced, as one comparable string. */
+static void dump(const struct cli *p, char *buf, size_t cap)
+{
+	const crun_agent_config_t *g = &p->cfg;
+	size_t n;
+
+#define S(x) ((x) ? (x) : "-")
+	n = (size_t)snprintf(
+		buf, cap,
+		"%d %d %d %d %s %s %s %u %s %u %d %u %s %s %d %d %s %" PRIu64 " %d %d %d %s %d %s "
+		"%s %s %u %s %d %d %s %s",
+		g->nproc_per_node, g->nnodes, g->node_rank, g->standalone, S(g->rdzv_backend),
+		S(g->rdzv_id), S(g->master_addr), g->master_port, S(g->local_addr),
+		g->join_timeout_ms, g->max_restarts, g->shutdown_timeout_ms, S(g->role),
+		S(g->log_dir), g->redirects ? g->redirects[0] : -1, g->tee ? g->tee[0] : -1,
+		S(g->line_prefix_template), g->signals_to_handle, g->virtual_local_rank,
+		g->min_nnodes, g->max_nnodes, S(g->rdzv_conf), g->run_path,
+		S(g->duplicate_stdout_filters), S(g->duplicate_stderr_filters), S(g->numa_binding),
+		g->worker_heartbeat_timeout_ms, S(g->auth_secret_file), g->worker_store_allow_any,
+		p->log_level, S(p->status_listen), S(p->event_log_handler));
+#undef S
+	for (int i = 0; p->argv && p->argv[i] && n < cap; i++)
+		n += (size_t)snprintf(buf + n, cap - n, " [%s]", p->argv[i]);
+	if (p->console_ranks && n < cap)
+		snprintf(buf + n, cap - n, " console0=%d", p->console_ranks[0]);
+}
+
+START_TEST(every_row_round_trips_between_flag_and_json)
+{
+	for (int k = 0; k < OPT__MAX; k++) {
+		const struct cli_opt *o = &cli_opts[k];
+		char flag[128], json[512], a[2048], b[2048];
+		const char *args[4] = { 0 };
+		int s = -1, n = 0;
+
+		if (o->type == CT_ACTION || k == OPT_CONFIG) {
+			ck_assert_msg(!o->json, "%s: actions have no JSON key", o->name);
+			continue;
+		}
+		ck_assert_msg(o->json, "--%s has no JSON key", o->name);
+		ck_assert_msg(o->name || (o->flags & CF_RDZVKEY) || !strncmp(o->json, "job.", 4),
+			      "%s has no flag", o->json);
+		for (size_t i = 0; i < ARRAY_SIZE(samples); i++)
+			if (strcmp(samples[i].json, o->json) == 0)
+				s = (int)i;
+		ck_assert_msg(s >= 0, "%s: add a round-trip sample", o->json);
+		if (samples[s].flag)
+			snprintf(flag, sizeof(flag), "%s", samples[s].flag);
+		else
+			snprintf(flag, sizeof(flag), "--%s=%s", o->name, samples[s].value);
+		for (char *q = flag; *q; q++) /* the flag takes the JSON string bare */
+			if (*q == '"')
+				memmove(q, q + 1, strlen(q));
+		if (samples[s].extra)
+			args[n++] = samples[s].extra;
+		args[n++] = flag;
+		if (strcmp(flag, "t.py") != 0)
+			args[n++] = "t.py";
+		{
+			char *argv[6] = { (char *)"crun-agent" };
+
+			for (int i = 0; i < n; i++)
+				argv[i + 1] = (char *)args[i];
+			ck_assert_msg(cli_parse_prog(&c, CLI_AGENT, n + 1, argv,
+						     (char *const *)no_env) == 0,
+				      "%s: %s", flag, c.err);
+			dump(&c, a, sizeof(a));
+			cli_free(&c);
+		}
+		/* the same through the file: {"a": {"b": value}} */
+		{
+			const char *dot = strchr(o->json, '.');
+
+			snprintf(json, sizeof(json), "{\"%.*s\": {\"%s\": %s}}",
+				 (int)(dot - o->json), o->json, dot + 1, samples[s].value);
+			args[0] = samples[s].extra;
+			args[1] = strcmp(o->json, "job.program") ? "t.py" : NULL;
+			if (!samples[s].extra) {
+				args[0] = args[1];
+				args[1] = NULL;
+			}
+			args[2] = NULL;
+			ck_assert_msg(parse_file(json, args) == 0, "%s: %s", json, c.err);
+			dump(&c, b, sizeof(b));
+			cli_free(&c);
+		}
+		ck_assert_msg(strcmp(a, b) == 0, "%s:\n flag %s\n file %s", o->json, a, b);
+	}
 }
 END_TEST
 
@@ -253,6 +678,16 @@ static Suite *agent_cli_suite(void)
 	tcase_add_test(tc, module_and_no_python_conflict);
 	tcase_add_test(tc, nproc_keywords);
 	tcase_add_test(tc, help_and_version);
+	tcase_add_test(tc, single_node_run_gets_a_free_port);
+	tcase_add_test(tc, torchrun_2x_flags);
+	tcase_add_test(tc, log_level_sources);
+	tcase_add_test(tc, unknown_rdzv_conf_keys_warn);
+	tcase_add_test(tc, crun_only_flags_are_exact);
+	tcase_add_test(tc, completion_scripts);
+	tcase_add_test(tc, config_file_good);
+	tcase_add_loop_test(tc, config_file_errors_name_the_path, 0, (int)ARRAY_SIZE(bad_files));
+	tcase_add_test(tc, config_file_missing_and_flag_wins);
+	tcase_add_test(tc, every_row_round_trips_between_flag_and_json);
 	suite_add_tcase(s, tc);
 	return s;
 }

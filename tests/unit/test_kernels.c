@@ -6,7 +6,9 @@
  */
 #include <math.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "unit/check_main.h"
 #include "common/common.h"
@@ -267,17 +269,72 @@ START_TEST(stream_copy_copies_every_byte_at_any_alignment)
 }
 END_TEST
 
+/* The GPU object next to this test's libcrun (build/lib), if it was built. */
+static int gpu_object_path(char *buf, size_t cap)
+{
+	char exe[4096];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	char *slash;
+
+	if (n <= 0)
+		return -1;
+	exe[n] = '\0';
+	slash = strrchr(exe, '/');
+	if (!slash)
+		return -1;
+	*slash = '\0';
+	snprintf(buf, cap, "%s/../lib/libcrun-cuda.so.0", exe);
+	return access(buf, R_OK);
+}
+
+/* This machine has CUDA's libraries but no GPU: the door opens the object
+ * and then says what is missing, in CUDA's words, as CRUN_ENOTSUP. */
 START_TEST(cuda_door_reports_no_device_here)
 {
-	float x = 0;
-	const void *bufs[1] = {&x};
+	const struct kernels_cuda_ops *ops = NULL;
+	char err[512] = "";
+	int r;
 
-	/* This machine has nvcc but no GPU: built either way, never usable. */
 	if (kernels_available())
-		return; /* on a GPU machine, tests/gpu covers these */
-	ck_assert_int_lt(kernels_cuda_gemm_f32(1, 1, 1, &x, 1, &x, 1, &x, 1, 0, NULL), 0);
-	ck_assert_int_lt(kernels_cuda_reduce(&x, &x, 1, CRUN_F32, CRUN_SUM, NULL), 0);
-	ck_assert_int_lt(kernels_cuda_all_reduce(&x, bufs, 1, 1, CRUN_F32, CRUN_SUM, NULL), 0);
+		return; /* on a GPU machine, tests/gpu covers the kernels */
+	r = kernels_cuda_load(&ops, err, sizeof(err));
+	ck_assert_int_eq(r, CRUN_ENOTSUP);
+	ck_assert_ptr_null(ops); /* ret_* untouched on failure */
+	ck_assert_msg(err[0] != '\0', "no reason given");
+}
+END_TEST
+
+START_TEST(cuda_door_names_a_missing_object)
+{
+	const struct kernels_cuda_ops *ops = NULL;
+	char err[512] = "";
+
+	setenv("CRUN_CUDA_LIB", "/nonexistent/libcrun-cuda.so.0", 1);
+	ck_assert_int_eq(kernels_cuda_load(&ops, err, sizeof(err)), CRUN_ENOTSUP);
+	unsetenv("CRUN_CUDA_LIB");
+	ck_assert_msg(strstr(err, "CRUN_CUDA_LIB") && strstr(err, "/nonexistent/libcrun-cuda.so.0"),
+		      "reason '%s' does not name the object", err);
+}
+END_TEST
+
+/* The built object itself (WITH_CUDA=1): found, entry point called, and with
+ * no device the CUDA error text comes back. */
+START_TEST(cuda_door_passes_on_the_cuda_error)
+{
+	const struct kernels_cuda_ops *ops = NULL;
+	char path[4200], err[512] = "";
+	void *sym = NULL;
+
+	if (gpu_object_path(path, sizeof(path)) < 0 || kernels_available())
+		return; /* CPU-only build, or a GPU machine */
+	setenv("CRUN_CUDA_LIB", path, 1);
+	ck_assert_int_eq(kernels_cuda_sym("crun_cuda_pg_backend_v1", &sym, err, sizeof(err)), 0);
+	ck_assert_ptr_nonnull(sym);
+	ck_assert_int_eq(kernels_cuda_sym("kernels_cu_gemm_f32", &sym, err, sizeof(err)),
+			 CRUN_ENOTSUP); /* only the versioned doors are exported */
+	ck_assert_int_eq(kernels_cuda_load(&ops, err, sizeof(err)), CRUN_ENOTSUP);
+	unsetenv("CRUN_CUDA_LIB");
+	ck_assert_msg(strstr(err, "cudaGetDeviceCount") != NULL, "reason '%s'", err);
 }
 END_TEST
 
@@ -298,6 +355,8 @@ static Suite *kernels_suite(void)
 	tcase_add_loop_test(tc, gemm_matches_a_naive_triple_loop, 0, 6);
 	tcase_add_loop_test(tc, stream_copy_copies_every_byte_at_any_alignment, 0, 16);
 	tcase_add_test(tc, cuda_door_reports_no_device_here);
+	tcase_add_test(tc, cuda_door_names_a_missing_object);
+	tcase_add_test(tc, cuda_door_passes_on_the_cuda_error);
 	suite_add_tcase(s, tc);
 	return s;
 }

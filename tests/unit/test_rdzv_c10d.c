@@ -76,6 +76,26 @@ START_TEST(conf_errors_name_the_key)
 }
 END_TEST
 
+/* The hosted store's limits come from store_<limit> keys (issue 9). */
+START_TEST(conf_store_limits)
+{
+	struct c10d_conf c;
+	char err[256];
+
+	ck_assert_int_eq(c10d_parse_conf(NULL, &c, err, sizeof(err)), 0);
+	ck_assert_uint_eq(c.store.max_keys, 1u << 20);
+	ck_assert_int_eq(c10d_parse_conf("store_max_keys=5000,store_stall_timeout=0", &c, err,
+					 sizeof(err)), 0);
+	ck_assert_uint_eq(c.store.max_keys, 5000);
+	ck_assert_uint_eq(c.store.stall_timeout_s, 0);
+	ck_assert_int_eq(c10d_parse_conf("store_max_keys=none", &c, err, sizeof(err)),
+			 CRUN_EINVAL);
+	ck_assert_ptr_nonnull(strstr(err, "store_max_keys: expected"));
+	ck_assert_int_eq(c10d_parse_conf("store_bogus=1", &c, err, sizeof(err)), CRUN_EINVAL);
+	ck_assert_ptr_nonnull(strstr(err, "store_bogus"));
+}
+END_TEST
+
 static char *const no_env[] = {NULL};
 
 START_TEST(cli_accepts_elastic_c10d)
@@ -567,6 +587,7 @@ static Suite *c10d_suite(void)
 	Suite *s = suite_create("rdzv_c10d");
 	TCase *tc = tcase_create("pure");
 
+	tcase_add_test(tc, conf_store_limits);
 	tcase_add_test(tc, heterogeneous_prefix_sums);
 	tcase_add_test(tc, conf_defaults_and_keys);
 	tcase_add_test(tc, conf_errors_name_the_key);

@@ -8,6 +8,8 @@
 #include <arpa/inet.h>
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -195,8 +197,8 @@ static void greeting(struct step *s)
 	s->rlen = 4;
 }
 
-static crun_store_t *open_at(uint16_t port, int dialect, const char *prefix, uint32_t cto,
-			     uint32_t to)
+static crun_store_t *open_rc(uint16_t port, int dialect, const char *prefix, uint32_t cto,
+			     uint32_t to, uint32_t reconnect_ms)
 {
 	crun_store_opts_t o = CRUN_STORE_OPTS_INIT;
 	crun_store_t *s = NULL;
@@ -206,8 +208,17 @@ static crun_store_t *open_at(uint16_t port, int dialect, const char *prefix, uin
 	o.prefix = prefix;
 	o.connect_timeout_ms = cto;
 	o.timeout_ms = to;
+	o.reconnect_ms = reconnect_ms;
 	ck_assert_int_eq(crun_store_open(&o, &s), 0);
 	return s;
+}
+
+/* The scripted peer accepts one connection: these handles never reconnect,
+ * so a failure leaves them broken (CRUN_ENOTCONN), the reconnect_ms = 0 rule. */
+static crun_store_t *open_at(uint16_t port, int dialect, const char *prefix, uint32_t cto,
+			     uint32_t to)
+{
+	return open_rc(port, dialect, prefix, cto, to, 0);
 }
 
 /* ---- wire bytes: mangling, views, greeting ------------------------------------ */
@@ -685,7 +696,7 @@ static void e2e_teardown(void)
 
 static crun_store_t *e2e_open(int dialect)
 {
-	return open_at(e2e_port, dialect, NULL, 5000, 10000);
+	return open_rc(e2e_port, dialect, NULL, 5000, 10000, CRUN_STORE_RECONNECT_MS_DEFAULT);
 }
 
 static void assert_get(crun_store_t *s, const char *key, const char *want)
@@ -899,15 +910,26 @@ START_TEST(v2_wait_timeout_keeps_the_connection_usable)
 }
 END_TEST
 
-START_TEST(v1_wait_timeout_closes_the_connection)
+/* v1 has no CANCEL_WAIT: a timed-out WAIT closes its socket, and the next
+ * call dials a fresh one, so the late STOP_WAITING (sent when the key
+ * appears) can never be read as the answer to a later request. */
+START_TEST(v1_wait_timeout_closes_the_connection_and_the_next_call_redials)
 {
 	crun_store_t *s = e2e_open(CRUN_STORE_V1);
+	crun_store_t *other = e2e_open(CRUN_STORE_V1);
 	const char *k = "never";
-	int64_t n;
+	int64_t n = -1;
 
 	ck_assert_int_eq(crun_store_wait(s, &k, 1, 100), CRUN_ETIMEDOUT);
-	ck_assert_int_eq(crun_store_num_keys(s, &n), CRUN_ENOTCONN);
 	ck_assert_ptr_nonnull(strstr(crun_store_last_error(s), "closed"));
+	ck_assert_int_eq(crun_store_set(other, "never", "n", 1), 0);
+	ck_assert_int_eq(crun_store_num_keys(other, &n), 0);
+	ck_assert_int_eq(n, 1);
+	n = -1;
+	ck_assert_int_eq(crun_store_num_keys(s, &n), 0);
+	ck_assert_int_eq(n, 1);
+	assert_get(s, "never", "n");
+	crun_store_close(other);
 	crun_store_close(s);
 }
 END_TEST
@@ -941,6 +963,293 @@ START_TEST(large_values_round_trip)
 }
 END_TEST
 
+/* ---- reconnecting, through a TCP proxy that resets on command ---------------------- */
+
+/* Forwards every connection to the e2e server. Commands on a pipe: 'r'
+ * resets every connection now (RST both ways, SO_LINGER 0); 'c' arms a cut:
+ * the next bytes a client sends are dropped and that connection is reset,
+ * so the request is in flight and never reaches the server. Each command is
+ * acknowledged on a second pipe once done (for 'c': once armed). */
+#define PX_PAIRS 8
+
+struct proxy {
+	int lfd, ctl[2], ack[2];
+	uint16_t port, to_port;
+	pthread_t th;
+	int cli[PX_PAIRS], srv[PX_PAIRS];
+	int cut;	   /* armed */
+	unsigned accepted; /* connections accepted (read after proxy_stop) */
+	unsigned cuts;	   /* cuts done */
+};
+
+static void px_reset(int fd)
+{
+	struct linger lg = {1, 0};
+
+	(void)setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+	close(fd);
+}
+
+static void px_drop(struct proxy *p, int i)
+{
+	px_reset(p->cli[i]);
+	px_reset(p->srv[i]);
+	p->cli[i] = p->srv[i] = -1;
+}
+
+static int px_connect(uint16_t port)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		close(fd);
+		fd = -1;
+	}
+	return fd;
+}
+
+static void *proxy_main(void *arg)
+{
+	struct proxy *p = arg;
+	uint8_t buf[65536];
+
+	for (int iter = 0; iter < 1000000; iter++) {
+		struct pollfd pf[2 + 2 * PX_PAIRS];
+		int n = 0;
+		char cmd;
+
+		pf[n++] = (struct pollfd){.fd = p->ctl[0], .events = POLLIN};
+		pf[n++] = (struct pollfd){.fd = p->lfd, .events = POLLIN};
+		for (int i = 0; i < PX_PAIRS; i++) {
+			pf[n++] = (struct pollfd){.fd = p->cli[i], .events = POLLIN};
+			pf[n++] = (struct pollfd){.fd = p->srv[i], .events = POLLIN};
+		}
+		if (poll(pf, (nfds_t)n, 10000) < 0)
+			continue;
+		if (pf[0].revents) {
+			if (read(p->ctl[0], &cmd, 1) != 1 || cmd == 'q')
+				break;
+			if (cmd == 'r')
+				for (int i = 0; i < PX_PAIRS; i++)
+					if (p->cli[i] >= 0)
+						px_drop(p, i);
+			if (cmd == 'c')
+				p->cut = 1;
+			if (write(p->ack[1], &cmd, 1) != 1)
+				break;
+			continue; /* the fd set changed */
+		}
+		if (pf[1].revents) {
+			int c = accept4(p->lfd, NULL, NULL, SOCK_CLOEXEC);
+
+			for (int i = 0; c >= 0 && i < PX_PAIRS; i++) {
+				if (p->cli[i] >= 0)
+					continue;
+				p->cli[i] = c;
+				p->srv[i] = px_connect(p->to_port);
+				if (p->srv[i] < 0) {
+					close(c);
+					p->cli[i] = -1;
+				}
+				p->accepted++;
+				c = -1;
+			}
+			if (c >= 0)
+				close(c); /* full */
+		}
+		for (int i = 0; i < PX_PAIRS; i++) {
+			for (int side = 0; side < 2 && p->cli[i] >= 0; side++) {
+				struct pollfd *f = &pf[2 + 2 * i + side];
+				int from = side ? p->srv[i] : p->cli[i];
+				int to = side ? p->cli[i] : p->srv[i];
+				ssize_t got;
+
+				if (!f->revents)
+					continue;
+				got = read(from, buf, sizeof(buf));
+				if (got > 0 && side == 0 && p->cut) {
+					p->cut = 0;
+					p->cuts++;
+					px_drop(p, i);
+				} else if (got <= 0 || write(to, buf, (size_t)got) != got) {
+					px_drop(p, i);
+				}
+			}
+		}
+	}
+	for (int i = 0; i < PX_PAIRS; i++)
+		if (p->cli[i] >= 0)
+			px_drop(p, i);
+	return NULL;
+}
+
+static void proxy_start(struct proxy *p, uint16_t to_port)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	socklen_t sl = sizeof(sa);
+
+	memset(p, 0, sizeof(*p));
+	for (int i = 0; i < PX_PAIRS; i++)
+		p->cli[i] = p->srv[i] = -1;
+	p->to_port = to_port;
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	p->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	ck_assert_int_ge(p->lfd, 0);
+	ck_assert_int_eq(bind(p->lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(listen(p->lfd, 16), 0);
+	ck_assert_int_eq(getsockname(p->lfd, (struct sockaddr *)&sa, &sl), 0);
+	p->port = ntohs(sa.sin_port);
+	ck_assert_int_eq(pipe2(p->ctl, O_CLOEXEC), 0);
+	ck_assert_int_eq(pipe2(p->ack, O_CLOEXEC), 0);
+	ck_assert_int_eq(pthread_create(&p->th, NULL, proxy_main, p), 0);
+}
+
+static void proxy_cmd(struct proxy *p, char cmd)
+{
+	char a;
+
+	ck_assert_int_eq(write(p->ctl[1], &cmd, 1), 1);
+	if (cmd != 'q')
+		ck_assert_int_eq(read(p->ack[0], &a, 1), 1);
+}
+
+static void proxy_stop(struct proxy *p)
+{
+	proxy_cmd(p, 'q');
+	pthread_join(p->th, NULL);
+	close(p->lfd);
+	close(p->ctl[0]);
+	close(p->ctl[1]);
+	close(p->ack[0]);
+	close(p->ack[1]);
+}
+
+/* Failed before: the first call after a reset returned CRUN_ECONNRESET or
+ * CRUN_ECLOSED and every later one CRUN_ENOTCONN. */
+START_TEST(a_reset_connection_is_redialed_and_idempotent_ops_go_on)
+{
+	int dialect = _i ? CRUN_STORE_V2 : CRUN_STORE_V1;
+	struct proxy px;
+	crun_store_t *s, *direct = e2e_open(dialect);
+	void *val = NULL;
+	size_t len = 0;
+
+	proxy_start(&px, e2e_port);
+	s = open_rc(px.port, dialect, "job", 5000, 10000, 10000);
+	ck_assert_int_eq(crun_store_set(s, "k", "v", 1), 0);
+	assert_get(s, "k", "v");
+	/* A reset between calls: the next call redials (and, in v2, greets). */
+	proxy_cmd(&px, 'r');
+	assert_get(s, "k", "v");
+	/* A GET whose request is cut in flight is sent again. */
+	proxy_cmd(&px, 'c');
+	assert_get(s, "k", "v");
+	/* A SET has no reply: cut in flight, it is replayed on the new
+	 * connection before the GET that found the reset. */
+	proxy_cmd(&px, 'c');
+	ck_assert_int_eq(crun_store_set(s, "k2", "v2", 2), 0);
+	assert_get(s, "k2", "v2");
+	/* COMPARE_SET cut in flight: sent again, same answer. */
+	proxy_cmd(&px, 'c');
+	ck_assert_msg(crun_store_compare_set(s, "cas", "", 0, "d", 1, &val, &len) == 0, "%s",
+		      crun_store_last_error(s));
+	ck_assert_uint_eq(len, 1);
+	ck_assert_mem_eq(val, "d", 1);
+	crun_free(val);
+	assert_get(direct, "job/cas", "d");
+	proxy_stop(&px);
+	ck_assert_uint_eq(px.cuts, 3);
+	ck_assert_uint_eq(px.accepted, 5); /* the first connection and 4 redials */
+	crun_store_close(s);
+	crun_store_close(direct);
+}
+END_TEST
+
+START_TEST(a_non_idempotent_op_in_flight_fails_clearly_and_is_not_applied_twice)
+{
+	int dialect = _i ? CRUN_STORE_V2 : CRUN_STORE_V1;
+	struct proxy px;
+	crun_store_t *s;
+	int64_t v = 0;
+
+	proxy_start(&px, e2e_port);
+	s = open_rc(px.port, dialect, NULL, 5000, 10000, 10000);
+	ck_assert_int_eq(crun_store_add(s, "cnt", 1, &v), 0);
+	ck_assert_int_eq(v, 1);
+	proxy_cmd(&px, 'c');
+	ck_assert_int_lt(crun_store_add(s, "cnt", 1, &v), 0);
+	ck_assert_msg(strstr(crun_store_last_error(s), "may or may not have been applied"), "%s",
+		      crun_store_last_error(s));
+	/* The next call redials; the cut ADD never reached the server. */
+	ck_assert_int_eq(crun_store_add(s, "cnt", 1, &v), 0);
+	ck_assert_int_eq(v, 2);
+	if (dialect == CRUN_STORE_V2) {
+		/* An APPEND has no reply and cannot be replayed: the call that
+		 * finds the reset says so; the one after works. */
+		proxy_cmd(&px, 'c');
+		ck_assert_int_eq(crun_store_append(s, "ap", "x", 1), 0);
+		ck_assert_int_eq(crun_store_ping(s, NULL), CRUN_ECONNRESET);
+		ck_assert_msg(strstr(crun_store_last_error(s), "APPEND"), "%s",
+			      crun_store_last_error(s));
+		ck_assert_int_eq(crun_store_ping(s, NULL), 0);
+	}
+	proxy_stop(&px);
+	crun_store_close(s);
+}
+END_TEST
+
+START_TEST(without_reconnect_ms_a_lost_connection_stays_lost)
+{
+	struct proxy px;
+	crun_store_t *s;
+	int64_t n;
+
+	proxy_start(&px, e2e_port);
+	s = open_rc(px.port, CRUN_STORE_V2, NULL, 5000, 10000, 0);
+	ck_assert_int_eq(crun_store_num_keys(s, &n), 0);
+	proxy_cmd(&px, 'r');
+	ck_assert_int_lt(crun_store_num_keys(s, &n), 0);
+	ck_assert_int_eq(crun_store_num_keys(s, &n), CRUN_ENOTCONN);
+	proxy_stop(&px);
+	ck_assert_uint_eq(px.accepted, 1);
+	crun_store_close(s);
+}
+END_TEST
+
+/* Failed before: the server ended the lease when the proxy reset its
+ * connection (expiry key set), and the client never came back. */
+START_TEST(a_lease_survives_a_reset_and_is_reattached)
+{
+	struct proxy px;
+	crun_store_t *s, *b = e2e_open(CRUN_STORE_V2);
+	const char *change = "change", *member = "member/a";
+	uint64_t id = 0;
+	int ready = -1;
+
+	proxy_start(&px, e2e_port);
+	s = open_rc(px.port, CRUN_STORE_V2, NULL, 5000, 10000, 10000);
+	ck_assert_int_eq(crun_store_lease_grant(s, 60000, "change", "dead a", 6, &id), 0);
+	ck_assert_int_eq(crun_store_set_leased(s, id, "member/a", "1", 1), 0);
+	proxy_cmd(&px, 'r');
+	ck_assert_msg(crun_store_lease_keepalive(s, id) == 0, "%s", crun_store_last_error(s));
+	ck_assert_int_eq(crun_store_check(b, &member, 1, &ready), 0);
+	ck_assert_int_eq(ready, 1);
+	/* Cut in flight: a keep-alive is sent again after the re-attach. */
+	proxy_cmd(&px, 'c');
+	ck_assert_msg(crun_store_lease_keepalive(s, id) == 0, "%s", crun_store_last_error(s));
+	ck_assert_int_eq(crun_store_lease_revoke(s, id), 0);
+	ck_assert_int_eq(crun_store_check(b, &member, 1, &ready), 0);
+	ck_assert_int_eq(ready, 0);
+	ck_assert_int_eq(crun_store_check(b, &change, 1, &ready), 0);
+	ck_assert_int_eq(ready, 0); /* revoked, never expired */
+	proxy_stop(&px);
+	crun_store_close(s);
+	crun_store_close(b);
+}
+END_TEST
+
 Suite *store_client_e2e_suite(void);
 Suite *store_client_e2e_suite(void)
 {
@@ -954,8 +1263,13 @@ Suite *store_client_e2e_suite(void)
 	tcase_add_loop_test(tc, blocking_get_is_woken_by_another_client, 0, 2);
 	tcase_add_test(tc, barrier_and_blocking_pop_wait_for_the_other_client);
 	tcase_add_test(tc, v2_wait_timeout_keeps_the_connection_usable);
-	tcase_add_test(tc, v1_wait_timeout_closes_the_connection);
+	tcase_add_test(tc, v1_wait_timeout_closes_the_connection_and_the_next_call_redials);
 	tcase_add_test(tc, large_values_round_trip);
+	tcase_add_loop_test(tc, a_reset_connection_is_redialed_and_idempotent_ops_go_on, 0, 2);
+	tcase_add_loop_test(tc, a_non_idempotent_op_in_flight_fails_clearly_and_is_not_applied_twice,
+			    0, 2);
+	tcase_add_test(tc, without_reconnect_ms_a_lost_connection_stays_lost);
+	tcase_add_test(tc, a_lease_survives_a_reset_and_is_reattached);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -1,9 +1,13 @@
 /* test_store_lease.c: Check tests for crun's store extension (store_ext.h):
  * the codec (proto_ext.c) and, against a real server on 127.0.0.1 driven by
  * a loop thread, leases through the public client: keep-alive, TTL expiry
- * setting the expiry key and waking a WAIT on it, a closed connection ending
- * its leases, revoke (keys go, no expiry key), the first reason winning, and
- * extension op codes refused on a connection that did not send HELLO.
+ * setting the expiry key and waking a WAIT on it, a closed connection keeping
+ * its leases for their TTL (re-attachable by id; a lapsed one stays dead)
+ * while an orderly close (the holder's process closed or died) ends them,
+ * revoke (keys go, no expiry key), the first reason winning, and extension
+ * op codes refused on a connection that did not send HELLO. A server in a
+ * child process is SIGSTOPped past the TTL (the stall must not evict a client
+ * that keeps alive) and killed and restarted on its port (the client redials).
  */
 #include <check.h>
 #include <netinet/in.h>
@@ -12,7 +16,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <event2/event.h>
@@ -59,16 +66,116 @@ static void srv_stop(void)
 	event_base_free(g_base);
 }
 
-static crun_store_t *client(void)
+static crun_store_t *client_at(uint16_t port, uint32_t timeout_ms)
 {
 	crun_store_opts_t o = CRUN_STORE_OPTS_INIT;
 	crun_store_t *s = NULL;
 
-	o.port = g_port;
-	o.timeout_ms = 5000;
+	o.port = port;
+	o.timeout_ms = timeout_ms;
 	o.prefix = "job";
 	ck_assert_int_eq(crun_store_open(&o, &s), 0);
 	return s;
+}
+
+static crun_store_t *client(void)
+{
+	return client_at(g_port, 5000);
+}
+
+/* The server's open connections, read on its loop thread. */
+struct conns_q {
+	int fd[2];
+	uint64_t n;
+};
+
+static void conns_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct conns_q *q = arg;
+	struct store_server_stats st;
+
+	(void)fd;
+	(void)what;
+	store_server_get_stats(g_srv, &st);
+	q->n = st.conns;
+	if (write(q->fd[1], "x", 1) != 1)
+		abort();
+}
+
+static uint64_t srv_conns(void)
+{
+	struct conns_q q = {0};
+	struct timeval now = {0, 0};
+	char c;
+
+	ck_assert_int_eq(pipe2(q.fd, O_CLOEXEC), 0);
+	ck_assert_int_eq(event_base_once(g_base, -1, EV_TIMEOUT, conns_cb, &q, &now), 0);
+	ck_assert_int_eq(read(q.fd[0], &c, 1), 1);
+	close(q.fd[0]);
+	close(q.fd[1]);
+	return q.n;
+}
+
+/* Polls until the server has seen connections close (event-driven enough:
+ * the close is in flight; no time bound is asserted). */
+static void await_conns(uint64_t n)
+{
+	for (int i = 0; i < 10000 && srv_conns() != n; i++)
+		usleep(1000);
+	ck_assert_uint_eq(srv_conns(), n);
+}
+
+/* A store server in a child process, which the test can SIGSTOP or kill:
+ * listens on 127.0.0.1:port (0: any) and reports the port it got.
+ * max_value: its value size limit (0: the default). */
+static pid_t fork_server_lim(uint16_t port, size_t max_value, uint16_t *ret_port)
+{
+	int pfd[2];
+	pid_t pid;
+
+	ck_assert_int_eq(pipe2(pfd, O_CLOEXEC), 0);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		struct store_server_config c = STORE_SERVER_CONFIG_DEFAULT;
+		struct event_base *base;
+		struct store_server *srv = NULL;
+		uint16_t got;
+
+		(void)prctl(PR_SET_PDEATHSIG, SIGKILL);
+		log_init("test_store_lease_srv", LL_WARN);
+		signal(SIGPIPE, SIG_IGN);
+		close(pfd[0]);
+		base = event_base_new();
+		c.host = "127.0.0.1";
+		c.port = port;
+		if (max_value)
+			c.limits.max_value_bytes = max_value;
+		if (!base || store_server_new(base, &c, &srv) < 0)
+			_exit(1);
+		got = store_server_port(srv);
+		if (write(pfd[1], &got, sizeof(got)) != (ssize_t)sizeof(got))
+			_exit(1);
+		event_base_loop(base, EVLOOP_NO_EXIT_ON_EMPTY);
+		_exit(0);
+	}
+	close(pfd[1]);
+	ck_assert_int_eq(read(pfd[0], ret_port, sizeof(*ret_port)), (ssize_t)sizeof(*ret_port));
+	close(pfd[0]);
+	return pid;
+}
+
+static pid_t fork_server(uint16_t port, uint16_t *ret_port)
+{
+	return fork_server_lim(port, 0, ret_port);
+}
+
+static void kill_server(pid_t pid)
+{
+	int st;
+
+	kill(pid, SIGKILL);
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
 }
 
 static int exists(crun_store_t *s, const char *key)
@@ -114,10 +221,18 @@ START_TEST(codec_round_trip_and_prefixes)
 	ck_assert_mem_eq(d.key.p, "/k", 2);
 	ck_assert_mem_eq(d.val.p, "vv", 2);
 	ck_assert_int_eq(store_ext_encode_req(&q, buf, len - 1, &len), CRUN_ENOSPC);
+	/* LEASE_ATTACH: an id, as KEEPALIVE. */
+	q = (struct store_ext_req){.op = STORE_EXT_LEASE_ATTACH, .id = 0x1122334455667788ULL};
+	ck_assert_int_eq(store_ext_encode_req(&q, buf, sizeof(buf), &len), 0);
+	ck_assert_uint_eq(len, 9);
+	ck_assert_uint_eq(buf[0], 0x85);
+	ck_assert_int_eq(store_ext_decode_req(&lim, buf, len, &d, &used), 0);
+	ck_assert_uint_eq(d.id, 0x1122334455667788ULL);
+	ck_assert_uint_eq(store_ext_reply_size(STORE_EXT_LEASE_ATTACH), 1);
 	/* Op codes outside the range are not extension ops. */
 	ck_assert(!store_ext_is_op(0x7f));
-	ck_assert(!store_ext_is_op(0x85));
-	buf[0] = 0x85;
+	ck_assert(!store_ext_is_op(0x86));
+	buf[0] = 0x86;
 	ck_assert_int_eq(store_ext_decode_req(&lim, buf, 9, &d, &used), CRUN_EPROTO);
 }
 END_TEST
@@ -168,7 +283,99 @@ START_TEST(ttl_expiry_sets_key_and_deletes_leased_keys)
 }
 END_TEST
 
-START_TEST(closed_connection_ends_its_leases)
+/* Sends one extension request on a raw socket and reads its reply. */
+static void raw_ext(int fd, const struct store_ext_req *q, uint8_t *rep)
+{
+	uint8_t buf[256];
+	size_t len, want = store_ext_reply_size(q->op), got = 0;
+
+	ck_assert_int_eq(store_ext_encode_req(q, buf, sizeof(buf), &len), 0);
+	ck_assert_int_eq(write(fd, buf, len), (ssize_t)len);
+	while (got < want) {
+		ssize_t n = read(fd, rep + got, want - got);
+
+		ck_assert_int_gt(n, 0);
+		got += (size_t)n;
+	}
+}
+
+/* A raw v2 connection (VALIDATE, HELLO) holding a lease on "job/change"
+ * with "job/member/a" set under it, as crun_store_lease_grant would. */
+static int raw_lease_holder(uint32_t ttl_ms, uint64_t *ret_id)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	struct store_ext_req q = {.op = STORE_EXT_HELLO, .magic = STORE_EXT_MAGIC, .version = 2};
+	uint8_t v[5] = {0}, rep[8];
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	sa.sin_port = htons(g_port);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	store_put_u32(v + 1, STORE_VALIDATE_MAGIC);
+	ck_assert_int_eq(write(fd, v, 5), 5);
+	raw_ext(fd, &q, rep);
+	q = (struct store_ext_req){.op = STORE_EXT_LEASE_GRANT, .ttl_ms = ttl_ms};
+	q.key = (struct store_bytes){(const uint8_t *)"/job/change", 11};
+	q.val = (struct store_bytes){(const uint8_t *)"gone", 4};
+	raw_ext(fd, &q, rep);
+	*ret_id = store_get_u64(rep);
+	q = (struct store_ext_req){.op = STORE_EXT_SET_LEASED, .id = *ret_id};
+	q.key = (struct store_bytes){(const uint8_t *)"/job/member/a", 13};
+	q.val = (struct store_bytes){(const uint8_t *)"1", 1};
+	raw_ext(fd, &q, rep);
+	ck_assert_uint_eq(rep[0], STORE_EXT_OK);
+	return fd;
+}
+
+/* Failed before: a reset ended the lease at once (expiry key set), so a
+ * reconnecting client found nothing to re-attach. */
+START_TEST(a_reset_connection_keeps_its_lease_for_the_ttl)
+{
+	struct linger lg = {1, 0};
+	crun_store_t *b, *c;
+	uint64_t id;
+	int fd;
+
+	srv_start();
+	b = client();
+	fd = raw_lease_holder(3000, &id);
+	ck_assert_int_eq(exists(b, "member/a"), 1);
+	/* A reset, as a middlebox or a dead NIC would cause. */
+	ck_assert_int_eq(setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
+	close(fd);
+	await_conns(1);
+	/* The server has seen the reset; the lease is still there. */
+	c = client();
+	ck_assert_msg(crun_store_lease_attach(c, id) == 0, "%s", crun_store_last_error(c));
+	ck_assert_int_eq(exists(b, "member/a"), 1);
+	ck_assert_int_eq(exists(b, "change"), 0);
+	/* b takes it over: c's orderly close then does not touch it, and b
+	 * revokes it cleanly (no expiry key). */
+	ck_assert_int_eq(crun_store_lease_attach(b, id), 0);
+	crun_store_close(c);
+	ck_assert_int_eq(crun_store_lease_revoke(b, id), 0);
+	ck_assert_int_eq(exists(b, "change"), 0);
+	/* A lease reset away and never re-attached ends a TTL later. */
+	fd = raw_lease_holder(300, &id);
+	ck_assert_int_eq(setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
+	close(fd);
+	ck_assert_int_eq(crun_store_wait(b, (const char *const[]){"change"}, 1, 30000), 0);
+	expect_val(b, "change", "gone");
+	ck_assert_int_eq(exists(b, "member/a"), 0);
+	/* A lapsed lease stays dead. */
+	c = client();
+	ck_assert_int_eq(crun_store_lease_attach(c, id), CRUN_ENOTFOUND);
+	ck_assert_int_eq(crun_store_lease_keepalive(c, id), CRUN_ENOTFOUND);
+	crun_store_close(c);
+	crun_store_close(b);
+	srv_stop();
+}
+END_TEST
+
+/* The holder's process closes its socket or dies (its kernel sends FIN):
+ * nobody will re-attach, so its leases end at once, as an expiry. */
+START_TEST(an_orderly_close_ends_its_leases_at_once)
 {
 	crun_store_t *a, *b;
 	uint64_t id;
@@ -178,12 +385,154 @@ START_TEST(closed_connection_ends_its_leases)
 	b = client();
 	ck_assert_int_eq(crun_store_lease_grant(a, 60000, "change", "gone", 4, &id), 0);
 	ck_assert_int_eq(crun_store_set_leased(a, id, "member/a", "1", 1), 0);
-	crun_store_close(a); /* like kill -9: the socket closes */
+	crun_store_close(a); /* like kill -9: the kernel closes the socket */
 	ck_assert_int_eq(crun_store_wait(b, (const char *const[]){"change"}, 1, 5000), 0);
 	expect_val(b, "change", "gone");
 	ck_assert_int_eq(exists(b, "member/a"), 0);
+	ck_assert_int_eq(crun_store_lease_attach(b, id), CRUN_ENOTFOUND);
 	crun_store_close(b);
 	srv_stop();
+}
+END_TEST
+
+START_TEST(attach_moves_a_lease_between_connections)
+{
+	crun_store_t *a, *b;
+	uint64_t id, id2;
+
+	srv_start();
+	a = client();
+	b = client();
+	ck_assert_int_eq(crun_store_lease_grant(a, 60000, "change", "x", 1, &id), 0);
+	ck_assert_int_eq(crun_store_lease_grant(a, 60000, NULL, NULL, 0, &id2), 0);
+	ck_assert_uint_ne(id, id2);
+	/* The old holder may still be open (its peer knows it is dead first). */
+	ck_assert_int_eq(crun_store_lease_attach(b, id), 0);
+	ck_assert_int_eq(crun_store_lease_keepalive(a, id), CRUN_ENOTFOUND);
+	ck_assert_int_eq(crun_store_lease_keepalive(a, id2), 0);
+	ck_assert_int_eq(crun_store_lease_keepalive(b, id), 0);
+	ck_assert_int_eq(crun_store_set_leased(b, id, "member/b", "1", 1), 0);
+	ck_assert_int_eq(crun_store_lease_revoke(b, id), 0);
+	ck_assert_int_eq(exists(a, "member/b"), 0);
+	ck_assert_int_eq(crun_store_lease_revoke(a, id2), 0);
+	ck_assert_int_eq(crun_store_lease_attach(b, id), CRUN_ENOTFOUND);
+	ck_assert_int_eq(exists(a, "change"), 0);
+	crun_store_close(a);
+	crun_store_close(b);
+	srv_stop();
+}
+END_TEST
+
+/* Failed before: on SIGCONT the lease's timer had passed and the lease
+ * expired at once, though its client was healthy. */
+START_TEST(a_stalled_server_does_not_evict_a_client_that_keeps_alive)
+{
+	const uint32_t ttl = 1500;
+	uint16_t port;
+	pid_t pid = fork_server(0, &port);
+	crun_store_t *a = client_at(port, 60000), *b;
+	uint64_t id;
+
+	ck_assert_int_eq(crun_store_lease_grant(a, ttl, "change", "dead a", 6, &id), 0);
+	ck_assert_int_eq(crun_store_set_leased(a, id, "member/a", "1", 1), 0);
+	for (int i = 0; i < 3; i++) {
+		ck_assert_int_eq(crun_store_lease_keepalive(a, id), 0);
+		usleep(ttl / 5 * 1000);
+	}
+	ck_assert_int_eq(kill(pid, SIGSTOP), 0);
+	usleep(3 * ttl * 1000); /* stopped for longer than the TTL */
+	ck_assert_int_eq(kill(pid, SIGCONT), 0);
+	for (int i = 0; i < 10; i++) {
+		ck_assert_msg(crun_store_lease_keepalive(a, id) == 0, "keep-alive %d: %s", i,
+			      crun_store_last_error(a));
+		usleep(ttl / 5 * 1000);
+	}
+	b = client_at(port, 60000);
+	ck_assert_int_eq(exists(b, "change"), 0);
+	ck_assert_int_eq(exists(b, "member/a"), 1);
+	/* Left alone, it still expires: the stall was forgiven, not the TTL. */
+	ck_assert_int_eq(crun_store_wait(b, (const char *const[]){"change"}, 1, 30000), 0);
+	expect_val(b, "change", "dead a");
+	crun_store_close(a);
+	crun_store_close(b);
+	kill_server(pid);
+}
+END_TEST
+
+/* One loop iteration blocks the server for three TTLs (here a callback that
+ * sleeps on the loop thread, as a huge request or a slow disk would). When it
+ * returns, the lease's timer is long past; the stall is measured first and
+ * the client, which keeps alive once the loop answers again, keeps its lease. */
+struct hog {
+	useconds_t us;
+	int done[2];
+};
+
+static void hog_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct hog *h = arg;
+
+	(void)fd;
+	(void)what;
+	usleep(h->us);
+	if (write(h->done[1], "x", 1) != 1)
+		abort();
+}
+
+START_TEST(a_long_loop_iteration_does_not_evict_a_client_that_keeps_alive)
+{
+	const uint32_t ttl = 500;
+	struct hog h = {.us = 3 * ttl * 1000};
+	struct timeval now = {0, 0};
+	crun_store_t *a, *b;
+	uint64_t id;
+	char c;
+
+	srv_start();
+	a = client();
+	b = client();
+	ck_assert_int_eq(crun_store_lease_grant(a, ttl, "change", "dead a", 6, &id), 0);
+	ck_assert_int_eq(pipe2(h.done, O_CLOEXEC), 0);
+	ck_assert_int_eq(event_base_once(g_base, -1, EV_TIMEOUT, hog_cb, &h, &now), 0);
+	ck_assert_int_eq(read(h.done[0], &c, 1), 1);
+	for (int i = 0; i < 5; i++) {
+		ck_assert_msg(crun_store_lease_keepalive(a, id) == 0, "keep-alive %d: %s", i,
+			      crun_store_last_error(a));
+		usleep(ttl / 5 * 1000);
+	}
+	ck_assert_int_eq(exists(b, "change"), 0);
+	close(h.done[0]);
+	close(h.done[1]);
+	crun_store_close(a);
+	crun_store_close(b);
+	srv_stop();
+}
+END_TEST
+
+/* The server is killed and a new one takes its port: the client redials,
+ * replays a SET the dead server never confirmed, and its old lease is gone
+ * (ids are random: the new server does not know it). */
+START_TEST(a_restarted_server_is_redialed_and_old_leases_are_gone)
+{
+	uint16_t port, port2;
+	pid_t pid = fork_server(0, &port);
+	crun_store_t *a = client_at(port, 20000);
+	uint64_t id;
+	int r;
+
+	ck_assert_int_eq(crun_store_lease_grant(a, 60000, "change", "dead a", 6, &id), 0);
+	ck_assert_int_eq(crun_store_set(a, "k", "1", 1), 0);
+	expect_val(a, "k", "1");
+	kill_server(pid);
+	pid = fork_server(port, &port2);
+	ck_assert_uint_eq(port2, port);
+	r = crun_store_set(a, "k2", "2", 1); /* may go into the dead socket */
+	ck_assert_msg(r == 0, "%s", crun_store_last_error(a));
+	expect_val(a, "k2", "2");
+	ck_assert_int_eq(exists(a, "k"), 0); /* a new, empty server */
+	ck_assert_int_eq(crun_store_lease_keepalive(a, id), CRUN_ENOTFOUND);
+	crun_store_close(a);
+	kill_server(pid);
 }
 END_TEST
 
@@ -282,6 +631,32 @@ START_TEST(extension_ops_need_hello)
 }
 END_TEST
 
+/* A SET the server refuses by closing the connection (over its value limit)
+ * has no reply: the client replays it once after redialing, and when that
+ * connection is closed too it stops and fails one call, saying so, instead
+ * of replaying it on every later call. */
+START_TEST(a_write_the_server_refuses_is_replayed_once_not_forever)
+{
+	uint16_t port;
+	pid_t pid = fork_server_lim(0, 64, &port);
+	crun_store_t *a = client_at(port, 20000);
+	char big[100];
+	int r;
+
+	memset(big, 'x', sizeof(big));
+	ck_assert_int_eq(crun_store_set(a, "big", big, sizeof(big)), 0); /* no reply */
+	r = crun_store_ping(a, NULL);
+	ck_assert_int_lt(r, 0);
+	ck_assert_msg(strstr(crun_store_last_error(a), "SET"), "%s", crun_store_last_error(a));
+	ck_assert_msg(crun_store_ping(a, NULL) == 0, "%s", crun_store_last_error(a));
+	ck_assert_int_eq(crun_store_set(a, "k", "1", 1), 0);
+	expect_val(a, "k", "1");
+	ck_assert_int_eq(exists(a, "big"), 0);
+	crun_store_close(a);
+	kill_server(pid);
+}
+END_TEST
+
 static Suite *lease_suite(void)
 {
 	Suite *s = suite_create("store_lease");
@@ -293,12 +668,18 @@ static Suite *lease_suite(void)
 	suite_add_tcase(s, tc);
 	tc = tcase_create("server");
 	tcase_add_test(tc, ttl_expiry_sets_key_and_deletes_leased_keys);
-	tcase_add_test(tc, closed_connection_ends_its_leases);
+	tcase_add_test(tc, a_reset_connection_keeps_its_lease_for_the_ttl);
+	tcase_add_test(tc, an_orderly_close_ends_its_leases_at_once);
+	tcase_add_test(tc, attach_moves_a_lease_between_connections);
+	tcase_add_test(tc, a_stalled_server_does_not_evict_a_client_that_keeps_alive);
+	tcase_add_test(tc, a_long_loop_iteration_does_not_evict_a_client_that_keeps_alive);
+	tcase_add_test(tc, a_restarted_server_is_redialed_and_old_leases_are_gone);
+	tcase_add_test(tc, a_write_the_server_refuses_is_replayed_once_not_forever);
 	tcase_add_test(tc, revoke_deletes_keys_without_expiry);
 	tcase_add_test(tc, first_reason_wins);
 	tcase_add_test(tc, leases_belong_to_their_connection);
 	tcase_add_test(tc, extension_ops_need_hello);
-	tcase_set_timeout(tc, 30);
+	tcase_set_timeout(tc, 90);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -445,6 +445,60 @@ START_TEST(decode_rejects_too_many_items_from_the_count_alone)
 }
 END_TEST
 
+/* A list fed a byte at a time with resumable state: every call resumes where
+ * the last stopped (the state's position only moves forward and never goes
+ * back to the list's start), the final decode equals the one-shot one, and an
+ * oversized string is still refused when it shows up. Before issue 9 every
+ * call re-validated the whole list: O(n^2) for a trickled 300k-key CHECK. */
+START_TEST(resumable_decode_validates_each_list_string_once)
+{
+	static uint8_t b[64 * 1024];
+	struct store_req one, q;
+	struct store_dec_state st = { 0 };
+	size_t used1, used = 0, last_pos = 0, n, len;
+	uint8_t *p = b;
+	int r = CRUN_EAGAIN;
+
+	*p++ = 10; /* v2 MULTI_GET, 2000 keys */
+	p = store_put_u64(p, 2000);
+	for (int i = 0; i < 2000; i++) {
+		char k[16];
+
+		n = (size_t)snprintf(k, sizeof(k), "/k%d", i);
+		p = store_put_bytes(p, k, n);
+	}
+	len = (size_t)(p - b);
+	ck_assert_int_eq(store_proto_decode_req(STORE_V2, NULL, b, len, &one, &used1), 0);
+	for (size_t have = 1; have <= len; have++) {
+		r = store_proto_decode_req_from(STORE_V2, NULL, &st, b, have, &q, &used);
+		if (have < len) {
+			ck_assert_int_eq(r, CRUN_EAGAIN);
+			ck_assert_uint_ge(st.pos, last_pos);
+			last_pos = st.pos;
+		}
+	}
+	ck_assert_int_eq(r, 0);
+	ck_assert_uint_eq(used, used1);
+	ck_assert_uint_eq(q.nitems, 2000);
+	ck_assert_ptr_eq(q.items, one.items);
+	ck_assert_uint_eq(st.done, 1999); /* the last string was the one missing */
+
+	/* v1 WAIT with an oversized 3rd key, resumed past the first two. */
+	memset(&st, 0, sizeof(st));
+	p = b;
+	*p++ = 5;
+	p = store_put_u64(p, 3);
+	p = store_put_bytes(p, "/a", 2);
+	p = store_put_bytes(p, "/b", 2);
+	ck_assert_int_eq(store_proto_decode_req_from(STORE_V1, &lim_small, &st, b, (size_t)(p - b),
+						     &q, &used), CRUN_EAGAIN);
+	ck_assert_uint_eq(st.done, 2);
+	p = store_put_u64(p, 17);
+	ck_assert_int_eq(store_proto_decode_req_from(STORE_V1, &lim_small, &st, b, (size_t)(p - b),
+						     &q, &used), CRUN_ETOOBIG);
+}
+END_TEST
+
 START_TEST(decode_rejects_an_oversized_item_inside_a_list)
 {
 	uint8_t b[128], *p = b;
@@ -1089,6 +1143,7 @@ static Suite *store_proto_suite(void)
 	tcase_add_test(tc, replies_of_every_kind_decode);
 	tcase_add_test(tc, replies_over_limits_or_malformed_are_rejected);
 	tcase_add_test(tc, pipelined_replies_decode_in_order);
+	tcase_add_test(tc, resumable_decode_validates_each_list_string_once);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("vectors");

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -1340,6 +1341,417 @@ START_TEST(random_traffic_never_takes_the_server_down)
 }
 END_TEST
 
+
+/* ---- hostile clients (issue 9) ------------------------------------------------- */
+
+struct metric_q {
+	enum store_metric m;
+	uint64_t v;
+};
+
+static void do_metric(void *arg)
+{
+	struct metric_q *q = arg;
+
+	q->v = store_server_metric(g_srv, q->m);
+}
+
+static uint64_t metric(enum store_metric m)
+{
+	struct metric_q q = { m, 0 };
+
+	srv_call(do_metric, &q);
+	return q.v;
+}
+
+/* Polls until metric m reaches want (bounded: 10 s). */
+static void metric_reaches(enum store_metric m, uint64_t want)
+{
+	for (int i = 0; i < 1000 && metric(m) < want; i++)
+		usleep(10 * 1000);
+	ck_assert_uint_ge(metric(m), want);
+}
+
+/* A v2 client with a 4 KiB receive buffer fixed before connecting (no
+ * autotuning, no window scaling): the kernel cannot hide unread replies. */
+static int cli2_small(void)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(g_port),
+				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	struct timeval tv = { 5, 0 };
+	int small = 4096, fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	ck_assert_int_ge(fd, 0);
+	setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	tx(fd, "\x00\xce\xf7\x85\x3c", 5);
+	return fd;
+}
+
+/* SET of a value too large for struct bb. */
+static void set_big(int fd, enum store_dialect d, const char *k, const char *v, size_t len)
+{
+	struct bb b = { .n = 0 };
+
+	b_u8(&b, (uint8_t)store_proto_opcode(d, STORE_OP_SET));
+	b_str(&b, k);
+	b_u64(&b, len);
+	tx(fd, b.b, b.n);
+	tx(fd, v, len);
+}
+
+/* Any reply to GETNUMKEYS (v1): the connection is alive and served. */
+static void ping_v1_ok(int fd)
+{
+	txhex(fd, "06");
+	(void)rxi64(fd);
+}
+
+/* Empty values cost memory too: before issue 9 only value bytes counted, so
+ * keys were free (4,000 SETs of 64 KiB keys took 280 MiB). The entry count is
+ * a budget now, entries without a value (a WAIT's) included; overwrites and
+ * writes after a delete still work. */
+START_TEST(key_count_is_a_budget)
+{
+	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
+	int fd, good;
+
+	cfg.max_keys = 3;
+	srv_start_cfg(&cfg);
+	good = cli2();
+	fd = cli2();
+	req(good, STORE_V2, STORE_OP_SET, "/a", "");
+	req(good, STORE_V2, STORE_OP_SET, "/b", "");
+	req_keys(good, STORE_V2, STORE_OP_CHECK, 1, "/c", NULL);
+	rxhex(good, "01");
+	req(fd, STORE_V2, STORE_OP_SET, "/c", "");
+	req(fd, STORE_V2, STORE_OP_SET, "/d", "");
+	rxclosed(fd);
+	close(fd);
+	ck_assert_uint_eq(metric(STORE_M_DROP_KEYS), 1);
+	req(good, STORE_V2, STORE_OP_SET, "/a", "x");
+	get_eq(good, STORE_V2, "/a", "x");
+	req(good, STORE_V2, STORE_OP_DELETE_KEY, "/b", NULL);
+	ck_assert_int_eq(rxi64(good), 1);
+	req(good, STORE_V2, STORE_OP_SET, "/d", "y");
+	get_eq(good, STORE_V2, "/d", "y");
+	ck_assert_int_eq(numkeys(good), 3);
+	close(good);
+	srv_stop();
+}
+END_TEST
+
+START_TEST(total_key_bytes_refuse_the_writer)
+{
+	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
+	static char key[1025];
+	struct store_server_stats st;
+	int fd;
+
+	cfg.max_total_key_bytes = 3000;
+	srv_start_cfg(&cfg);
+	fd = cli2();
+	memset(key, 'k', sizeof(key) - 1);
+	key[0] = '/';
+	key[1] = '1';
+	req(fd, STORE_V2, STORE_OP_SET, key, "");
+	key[1] = '2';
+	req(fd, STORE_V2, STORE_OP_SET, key, "");
+	ck_assert_int_eq(numkeys(fd), 2);
+	key[1] = '3';
+	req(fd, STORE_V2, STORE_OP_SET, key, "");
+	rxclosed(fd);
+	close(fd);
+	ck_assert_uint_eq(metric(STORE_M_DROP_KEY_BYTES), 1);
+	srv_call(do_stats, &st);
+	ck_assert_uint_eq(st.key_bytes, 2048);
+	ck_assert_uint_eq(st.entries, 2);
+	srv_stop();
+}
+END_TEST
+
+/* Registrations are a server-wide budget too, not only per connection. */
+START_TEST(waiters_are_a_total_budget)
+{
+	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
+	int a, b, c;
+
+	cfg.max_waiters = 2;
+	srv_start_cfg(&cfg);
+	a = cli2();
+	b = cli2();
+	c = cli2();
+	req_keys(a, STORE_V2, STORE_OP_WAIT, 1, "/x", NULL);
+	req_keys(b, STORE_V2, STORE_OP_WAIT, 1, "/y", NULL);
+	wait_for_waiters(2);
+	req_keys(c, STORE_V2, STORE_OP_WAIT, 1, "/z", NULL);
+	rxclosed(c);
+	close(c);
+	ck_assert_uint_eq(metric(STORE_M_DROP_WAITERS), 1);
+	c = cli2();
+	req(c, STORE_V2, STORE_OP_SET, "/x", "1");
+	rxhex(a, "00");
+	req_keys(c, STORE_V2, STORE_OP_WAIT, 1, "/z", NULL); /* a's slot is free again */
+	wait_for_waiters(2);
+	close(a);
+	close(b);
+	close(c);
+	srv_stop();
+}
+END_TEST
+
+/* Before issue 9 a LEASE_GRANT or SET_LEASED frame was buffered whole (up to
+ * the value limit) before the HELLO check refused it: now its first byte is
+ * enough. */
+START_TEST(extension_op_before_hello_closes_at_its_first_byte)
+{
+	int fd, good;
+
+	srv_start();
+	good = cli2();
+	fd = cli2();
+	txhex(fd, "84");
+	rxclosed(fd);
+	close(fd);
+	fd = cli();
+	txhex(fd, "81");
+	rxclosed(fd);
+	close(fd);
+	ck_assert_uint_eq(metric(STORE_M_DROP_EXT_BEFORE_HELLO), 2);
+	ck_assert_int_eq(numkeys(good), 0);
+	close(good);
+	srv_stop();
+}
+END_TEST
+
+/* Three clients each pipeline 8 GETs of a 1 MiB value without reading. The
+ * total output budget (1.5 MiB) holds: a GET whose reply would go past it
+ * waits until output drains instead of being buffered (before issue 9 each
+ * connection could hold 256 MiB). Every reply arrives once the clients read. */
+START_TEST(total_output_budget_holds_back_large_replies)
+{
+	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
+	const size_t vlen = 1 << 20;
+	char *val = malloc(vlen), *got = malloc(vlen);
+	struct store_server_stats st;
+	int fd[3];
+	struct bb b = { .n = 0 };
+
+	ck_assert_ptr_nonnull(val);
+	ck_assert_ptr_nonnull(got);
+	memset(val, 'v', vlen);
+	cfg.max_total_output_bytes = 3 << 19;
+	cfg.max_conn_output_bytes = 64 * 1024;
+	srv_start_cfg(&cfg);
+	for (int i = 0; i < 3; i++)
+		fd[i] = cli2_small();
+	set_big(fd[0], STORE_V2, "/v", val, vlen);
+	ck_assert_int_eq(numkeys(fd[0]), 1); /* the SET is in before the GETs */
+	for (int i = 0; i < 8; i++) {
+		b_u8(&b, (uint8_t)store_proto_opcode(STORE_V2, STORE_OP_GET));
+		b_str(&b, "/v");
+	}
+	for (int i = 0; i < 3; i++)
+		tx(fd[i], b.b, b.n);
+	metric_reaches(STORE_M_PAUSE_TOTAL_OUTPUT, 1);
+	srv_call(do_stats, &st);
+	ck_assert_uint_le(st.output_bytes, cfg.max_total_output_bytes);
+	for (int i = 0; i < 3; i++) {
+		for (int k = 0; k < 8; k++) {
+			ck_assert_int_eq(rxi64(fd[i]), (int64_t)vlen);
+			rx(fd[i], got, vlen);
+			ck_assert(got[0] == 'v' && got[vlen - 1] == 'v');
+		}
+		ck_assert_int_eq(numkeys(fd[i]), 1);
+	}
+	for (int i = 0; i < 3; i++)
+		close(fd[i]);
+	srv_stop();
+	free(val);
+	free(got);
+}
+END_TEST
+
+/* Partial frames count against a total input budget: past it the connection
+ * holding the most input is closed, not the one that happened to read last. */
+START_TEST(total_input_budget_closes_the_largest_holder)
+{
+	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
+	static uint8_t blob[48 * 1024];
+	uint8_t hdr[32];
+	int big, small, good;
+
+	cfg.max_total_input_bytes = 64 * 1024;
+	srv_start_cfg(&cfg);
+	good = cli();
+	big = cli();
+	small = cli();
+	hdr[0] = 0; /* v1 SET /k, 1 MiB value, sent in part */
+	store_put_bytes(hdr + 1, "/k", 2);
+	store_put_u64(hdr + 11, 1 << 20);
+	tx(small, hdr, 19);
+	tx(small, blob, 8 * 1024);
+	tx(big, hdr, 19);
+	tx(big, blob, sizeof(blob));
+	ping_v1_ok(good);
+	tx(small, blob, 16 * 1024); /* total now 72 KiB: big (48 KiB) goes */
+	rxclosed(big);
+	ck_assert_uint_eq(metric(STORE_M_DROP_TOTAL_INPUT), 1);
+	ping_v1_ok(good);
+	close(big);
+	close(small);
+	close(good);
+	srv_stop();
+}
+END_TEST
+
+/* A partial frame that stops arriving, and a client that does not read its
+ * replies, are closed after stall_timeout_s; an idle, empty connection (torch
+ * 1.13's watch connection) is kept. */
+START_TEST(stalled_frames_and_unread_output_time_out_idle_ones_stay)
+{
+	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
+	const size_t vlen = 1 << 20;
+	char *val = calloc(1, vlen);
+	int idle, partial, unread;
+	struct bb b = { .n = 0 };
+
+	ck_assert_ptr_nonnull(val);
+	cfg.stall_timeout_s = 1;
+	srv_start_cfg(&cfg);
+	idle = cli();
+	partial = cli();
+	unread = cli2_small();
+	txhex(partial, "00 05 00 00");
+	set_big(unread, STORE_V2, "/v", val, vlen);
+	ck_assert_int_eq(numkeys(unread), 1);
+	for (int i = 0; i < 8; i++) {
+		b_u8(&b, (uint8_t)store_proto_opcode(STORE_V2, STORE_OP_GET));
+		b_str(&b, "/v");
+	}
+	tx(unread, b.b, b.n);
+	rxclosed(partial);
+	metric_reaches(STORE_M_DROP_STALL, 2);
+	ck_assert_uint_eq(metric(STORE_M_DROP_STALL), 2);
+	ping_v1_ok(idle);
+	close(idle);
+	close(partial);
+	close(unread);
+	srv_stop();
+	free(val);
+}
+END_TEST
+
+START_TEST(idle_timeout_closes_silent_connections_when_on)
+{
+	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
+	int fd;
+
+	cfg.idle_timeout_s = 1;
+	srv_start_cfg(&cfg);
+	fd = cli();
+	rxclosed(fd);
+	close(fd);
+	ck_assert_uint_eq(metric(STORE_M_DROP_IDLE), 1);
+	srv_stop();
+}
+END_TEST
+
+/* max_conns defaults below the fd limit, and at the fd limit waiting clients
+ * are accepted and closed (they see EOF, not a connect timeout), counted. */
+START_TEST(fd_limit_refuses_cleanly)
+{
+	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	struct timeval tv = { 5, 0 };
+	struct rlimit rl;
+	int fds[256], n = 0, probe, fd;
+
+	srv_start();
+	ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+	ck_assert_uint_lt(store_server_get_config(g_srv)->max_conns, rl.rlim_cur);
+	(void)metric(STORE_M_CONNS_ACCEPTED); /* the loop runs: a break now is not lost */
+	srv_stop();
+	cfg.max_conns = 100000; /* past the fd limit on purpose */
+	srv_start_cfg(&cfg);
+	a.sin_port = htons(g_port);
+	ping_v1_ok(probe = cli());
+	/* Use up every fd, then free one for a client: the server has none
+	 * left to accept it with but its spare. */
+	rl.rlim_cur = (rlim_t)dup(probe) + 32;
+	ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+	while (n < (int)ARRAY_SIZE(fds) && (fds[n] = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0)
+		n++;
+	ck_assert_int_lt(n, (int)ARRAY_SIZE(fds));
+	close(fds[--n]);
+	fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	rxclosed(fd); /* EOF at once, not a connect that hangs in the backlog */
+	close(fd);
+	while (n)
+		close(fds[--n]);
+	ck_assert_uint_eq(metric(STORE_M_REFUSED_FD_LIMIT), 1);
+	ping_v1_ok(probe); /* the server kept serving */
+	fd = cli();
+	ping_v1_ok(fd);
+	close(fd);
+	close(probe);
+	srv_stop();
+}
+END_TEST
+
+/* One table: names unique, and every drop counted in dropped_conns. */
+START_TEST(metric_table_names_are_unique)
+{
+	for (int i = 0; i < STORE_M__MAX; i++) {
+		ck_assert_str_ne(store_metric_name((enum store_metric)i), "?");
+		ck_assert_ptr_nonnull(store_metric_help((enum store_metric)i));
+		for (int j = 0; j < i; j++)
+			ck_assert_str_ne(store_metric_name((enum store_metric)i),
+					 store_metric_name((enum store_metric)j));
+	}
+	ck_assert_str_eq(store_metric_name(STORE_M__MAX), "?");
+}
+END_TEST
+
+/* The tunables table drives flags and rdzv_conf: names with '_' or '-',
+ * ranges checked with the name in the message. */
+START_TEST(config_set_parses_names_and_ranges)
+{
+	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
+	const struct store_server_limit *l;
+	char err[256];
+	size_t n;
+
+	ck_assert_int_eq(store_server_config_set(&cfg, "max-keys", "12", err, sizeof(err)), 0);
+	ck_assert_uint_eq(cfg.max_keys, 12);
+	ck_assert_int_eq(store_server_config_set(&cfg, "max_total_key_bytes", "99", err,
+						 sizeof(err)), 0);
+	ck_assert_uint_eq(cfg.max_total_key_bytes, 99);
+	ck_assert_int_eq(store_server_config_set(&cfg, "stall_timeout", "0", err, sizeof(err)), 0);
+	ck_assert_uint_eq(cfg.stall_timeout_s, 0);
+	ck_assert_int_eq(store_server_config_set(&cfg, "keepalive", "7", err, sizeof(err)), 0);
+	ck_assert_uint_eq(cfg.keepalive_s, 7);
+	ck_assert_int_eq(store_server_config_set(&cfg, "max-keys", "0", err, sizeof(err)),
+			 CRUN_EINVAL);
+	ck_assert(strstr(err, "max-keys") != NULL);
+	ck_assert_int_eq(store_server_config_set(&cfg, "max-keyz", "1", err, sizeof(err)),
+			 CRUN_ENOTFOUND);
+	l = store_server_limits(&n);
+	ck_assert_uint_ge(n, 15);
+	for (size_t i = 0; i < n; i++) {
+		char v[32];
+
+		snprintf(v, sizeof(v), "%llu", (unsigned long long)l[i].max);
+		ck_assert_int_eq(store_server_config_set(&cfg, l[i].name, v, err, sizeof(err)), 0);
+		ck_assert_uint_eq(store_server_limit_get(&cfg, i), l[i].max);
+	}
+}
+END_TEST
+
 Suite *store_server_suite(void);
 Suite *store_server_suite(void)
 {
@@ -1347,6 +1759,7 @@ Suite *store_server_suite(void)
 	TCase *ops = tcase_create("ops");
 	TCase *wait = tcase_create("wait");
 	TCase *frame = tcase_create("framing_and_limits");
+	TCase *hostile = tcase_create("hostile");
 
 	tcase_set_timeout(ops, 20);
 	tcase_add_test(ops, v1_set_wait_get_match_the_113_capture);
@@ -1386,6 +1799,20 @@ Suite *store_server_suite(void)
 	tcase_add_test(frame, frame_over_the_buffer_ceiling_closes);
 	tcase_add_test(frame, random_traffic_never_takes_the_server_down);
 	suite_add_tcase(s, frame);
+
+	tcase_set_timeout(hostile, 30);
+	tcase_add_test(hostile, key_count_is_a_budget);
+	tcase_add_test(hostile, total_key_bytes_refuse_the_writer);
+	tcase_add_test(hostile, waiters_are_a_total_budget);
+	tcase_add_test(hostile, extension_op_before_hello_closes_at_its_first_byte);
+	tcase_add_test(hostile, total_output_budget_holds_back_large_replies);
+	tcase_add_test(hostile, total_input_budget_closes_the_largest_holder);
+	tcase_add_test(hostile, stalled_frames_and_unread_output_time_out_idle_ones_stay);
+	tcase_add_test(hostile, idle_timeout_closes_silent_connections_when_on);
+	tcase_add_test(hostile, fd_limit_refuses_cleanly);
+	tcase_add_test(hostile, metric_table_names_are_unique);
+	tcase_add_test(hostile, config_set_parses_names_and_ranges);
+	suite_add_tcase(s, hostile);
 	return s;
 }
 

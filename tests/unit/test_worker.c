@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -200,6 +201,48 @@ START_TEST(a_single_rank_job_needs_no_peers)
 }
 END_TEST
 
+/* The option struct as first released ends with store_dialect; a program
+ * built then passes that struct_size (smaller than today's sizeof once
+ * fields are appended, and without the trailing padding even now). The
+ * append-only ABI: accept it and default the missing tail; reject less. */
+#define FIRST_OPTS_SIZE (offsetof(crun_init_opts_t, store_dialect) + sizeof(int))
+
+static int old_abi_main(int port)
+{
+	crun_init_opts_t o = CRUN_INIT_OPTS_INIT;
+	int64_t v = 7;
+
+	o.world_size = 1;
+	o.master_port = (uint16_t)port;
+	o.use_agent_store = 0;
+	o.timeout_ms = 20000;
+	o.struct_size = FIRST_OPTS_SIZE - 1;
+	if (crun_init_explicit(&o) != CRUN_EINVAL)
+		return 30; /* shorter than the first version: rejected */
+	o.struct_size = FIRST_OPTS_SIZE;
+	if (crun_init_explicit(&o) < 0)
+		return 31;
+	if (crun_rank() != 0 || crun_world_size() != 1)
+		return 32;
+	if (crun_all_reduce(crun_world(), &v, &v, 1, CRUN_I64, CRUN_SUM, NULL) < 0 || v != 7)
+		return 33;
+	crun_finalize();
+	return 0;
+}
+
+START_TEST(an_option_struct_of_the_first_version_is_accepted)
+{
+	int port = free_port(), status = 0;
+	pid_t pid = fork();
+
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0)
+		_exit(old_abi_main(port)); /* crun_init_explicit keeps process state */
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d", status);
+}
+END_TEST
+
 static Suite *worker_suite(void)
 {
 	Suite *s = suite_create("worker");
@@ -214,6 +257,7 @@ static Suite *worker_suite(void)
 	tcase_add_test(job, a_self_hosted_job_runs_collectives_over_shared_memory);
 	tcase_add_test(job, a_self_hosted_job_runs_collectives_over_tcp);
 	tcase_add_test(job, a_single_rank_job_needs_no_peers);
+	tcase_add_test(job, an_option_struct_of_the_first_version_is_accepted);
 	suite_add_tcase(s, job);
 	return s;
 }

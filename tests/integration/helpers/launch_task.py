@@ -11,6 +11,8 @@
     launch_task.py selfkill              rank 0 SIGKILLs itself; others sleep
     launch_task.py chunks N              write N long lines in small flushed pieces
     launch_task.py print                 one stdout and one stderr line
+    launch_task.py hold OUT N            like env, then wait until OUT holds N env files
+                                         (so concurrent runs provably overlap)
 Every sleep is bounded (60 s) so nothing outlives a broken test for long.
 """
 import json
@@ -90,6 +92,19 @@ elif mode == "chunks":
             time.sleep(0.001)
         sys.stdout.write("\n")
         sys.stdout.flush()
+elif mode == "hold":
+    out, want = sys.argv[2], int(sys.argv[3])
+    with open(os.path.join(out, f"{os.getpid()}.json.tmp"), "w") as f:
+        json.dump(dict(os.environ), f)
+    os.rename(os.path.join(out, f"{os.getpid()}.json.tmp"),
+              os.path.join(out, f"{os.getpid()}.json"))
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        if sum(n.endswith(".json") for n in os.listdir(out)) >= want:
+            break
+        time.sleep(0.05)
+    else:
+        sys.exit("the other run never started")
 elif mode == "print":
     print(f"out-line rank={rank}", flush=True)
     print(f"err-line rank={rank}", file=sys.stderr, flush=True)

@@ -1,0 +1,141 @@
+/* cli_int.h: crun's one option table, shared by the files that read it
+ * (agent/ only). cli.c declares the table and applies values to a
+ * crun_agent_config_t; cli_text.c prints --help, shell completions and the
+ * JSON schema from it; cli_json.c reads a JSON config file into it. Nothing
+ * else lists options: a setting added here is a flag (both spellings), a
+ * PET_* alias, a JSON key, a --help line and a completion at once.
+ */
+#ifndef CRUN_AGENT_CLI_INT_H
+#define CRUN_AGENT_CLI_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "agent/agent.h"
+
+/* How a value is spelled on the command line and in JSON. */
+enum cli_type {
+	CT_FLAG,   /* store_true: no value on the command line; JSON true/false */
+	CT_INT,	   /* integer in [min, max]; JSON number */
+	CT_SECS,   /* seconds, fractions allowed; JSON number */
+	CT_STR,	   /* string; JSON string (a number too with CF_NUMOK) */
+	CT_LIST,   /* comma-separated; JSON string or array of strings */
+	CT_ARGV,   /* JSON only: array of strings (the program's arguments) */
+	CT_ENV,	   /* JSON only: object of strings (the workers' environment) */
+	CT_ACTION, /* command line only: --help, --version, --print-completion */
+	CT__MAX,
+};
+
+enum cli_flags {
+	CF_TORCHRUN = 1u << 0, /* torchrun's flag: argparse prefix abbreviations apply */
+	CF_NUMOK = 1u << 1,    /* CT_STR that JSON may give as a number ("nproc": 8) */
+	CF_AGENT = 1u << 2,    /* crun-agent only (--config) */
+	CF_RDZVKEY = 1u << 3,  /* a --rdzv_conf key: JSON rendezvous.<key>, no flag */
+	CF_HIDDEN = 1u << 4,   /* left out of --help (still completed and parsed) */
+};
+
+/* Where a value came from; a higher source wins (flag > file > env > default). */
+enum cli_src { SRC_NONE, SRC_DEFAULT, SRC_ENV, SRC_FILE, SRC_FLAG };
+
+enum cli_id {
+	/* Order matters twice: --help lists rows in this order, and values are
+	 * applied in it (a row may read rows applied before it). */
+	OPT_NNODES,
+	OPT_NPROC,
+	OPT_RDZV_BACKEND,
+	OPT_RDZV_ENDPOINT,
+	OPT_RDZV_ID,
+	OPT_RDZV_CONF,
+	OPT_STANDALONE,
+	OPT_MAX_RESTARTS,
+	OPT_MONITOR_INTERVAL,
+	OPT_START_METHOD,
+	OPT_EVENT_LOG_HANDLER,
+	OPT_ROLE,
+	OPT_MODULE,
+	OPT_NO_PYTHON,
+	OPT_RUN_PATH,
+	OPT_LOG_DIR,
+	OPT_REDIRECTS,
+	OPT_TEE,
+	OPT_LINE_PREFIX,
+	OPT_LOCAL_RANKS_FILTER,
+	OPT_DUP_STDOUT,
+	OPT_DUP_STDERR,
+	OPT_NODE_RANK,
+	OPT_MASTER_ADDR,
+	OPT_MASTER_PORT,
+	OPT_LOCAL_ADDR,
+	OPT_LOGS_SPECS,
+	OPT_NUMA_BINDING,
+	OPT_SIGNALS,
+	OPT_SHUTDOWN_TIMEOUT,
+	OPT_VIRTUAL_LOCAL_RANK,
+	/* crun's own settings (exact names only, no abbreviations) */
+	OPT_HEARTBEAT_TIMEOUT,
+	OPT_STATUS,
+	OPT_LOG_LEVEL,
+	OPT_SECRET_FILE,
+	OPT_STORE_ALLOW_ANY,
+	OPT_CONFIG,
+	/* rendezvous.<key> in JSON: the c10d --rdzv_conf keys */
+	OPT_RK_JOIN,
+	OPT_RK_LAST_CALL,
+	OPT_RK_CLOSE,
+	OPT_RK_READ,
+	OPT_RK_IS_HOST,
+	OPT_RK_HEARTBEAT,
+	OPT_RK_LEASE_TTL,
+	/* the job itself in JSON (positional on the command line) */
+	OPT_JOB_PROGRAM,
+	OPT_JOB_ARGS,
+	OPT_JOB_ENV,
+	/* actions */
+	OPT_HELP,
+	OPT_VERSION,
+	OPT_PRINT_COMPLETION,
+	OPT__MAX,
+};
+
+/* Parse state: one resolved value per row. */
+struct cli_ctx {
+	const char *val[OPT__MAX];  /* string form; NULL = unset */
+	enum cli_src src[OPT__MAX]; /* who set val */
+	char who[OPT__MAX][160];    /* "argument --nproc-per-node", "PET_NNODES", "f.json: job.x" */
+	char *const *env;	    /* borrowed */
+	char rk_conf[512];	    /* "k=v,..." built from the rendezvous.<key> rows */
+};
+
+struct cli_opt;
+typedef int (*cli_apply_fn)(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
+
+struct cli_opt {
+	const char *name; /* underscore spelling (argparse dest); NULL: JSON only */
+	char short_name;
+	enum cli_type type;
+	unsigned flags;	     /* enum cli_flags */
+	const char *def;     /* default, applied when nothing else set it; NULL none */
+	const char *env;     /* environment aliases, space-separated, first set wins */
+	const char *json;    /* dotted JSON path; NULL: command line only */
+	const char *metavar; /* value placeholder in --help */
+	const char *choices; /* "a|b|c": checked before apply; NULL any */
+	int64_t min, max;    /* CT_INT range */
+	const char *help;    /* one line; "[default]" is added from def */
+	cli_apply_fn apply;  /* NULL: validated only (accepted, no effect) */
+	size_t off;	     /* field of crun_agent_config_t for the generic appliers */
+};
+
+extern const struct cli_opt cli_opts[OPT__MAX];
+
+/* Message helper: formats into c->err, returns CRUN_EINVAL. */
+int cli_fail(struct cli *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Keeps a copy of s for the life of c; NULL on OOM or overflow. */
+const char *cli_keep(struct cli *c, const char *s);
+
+/* cli_json.c: reads the JSON config at path into x (rows with a JSON path,
+ * SRC_FILE, "path: key" as who). 0, or CRUN_EINVAL with c->err naming the
+ * JSON path; CRUN_ENOENT-style failures also come back as CRUN_EINVAL. */
+int cli_json_load(struct cli *c, struct cli_ctx *x, const char *path);
+
+#endif /* CRUN_AGENT_CLI_INT_H */

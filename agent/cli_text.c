@@ -1,0 +1,479 @@
+/* cli_text.c: what the option table prints: --help, shell completion scripts
+ * (bash, zsh, tcsh, as torchrun's --print-completion) and the JSON schema of
+ * crun-agent's config. Everything is derived from cli_opts[], so a new row
+ * shows up in all of them at once.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "agent/agent.h"
+#include "agent/cli_int.h"
+#include "common/common.h"
+
+static bool shown(const struct cli_opt *o, enum cli_prog prog)
+{
+	return o->name && (!(o->flags & CF_AGENT) || prog == CLI_AGENT);
+}
+
+/* "--nproc-per-node, --nproc_per_node" (one spelling when they agree). */
+static void spellings(const struct cli_opt *o, char *buf, size_t cap)
+{
+	char dash[64];
+	size_t n = 0;
+
+	snprintf(dash, sizeof(dash), "%s", o->name);
+	for (char *s = dash; *s; s++)
+		if (*s == '_')
+			*s = '-';
+	if (o->short_name)
+		n = (size_t)snprintf(buf, cap, "-%c, ", o->short_name);
+	if (strcmp(dash, o->name) != 0)
+		snprintf(buf + n, cap - n, "--%s, --%s", dash, o->name);
+	else
+		snprintf(buf + n, cap - n, "--%s", o->name);
+}
+
+/* Words of text, wrapped at 78 columns with `indent` spaces. */
+static void wrap(FILE *f, const char *text, int indent)
+{
+	int col = indent;
+
+	fprintf(f, "%*s", indent, "");
+	for (const char *p = text; *p;) {
+		size_t w = strcspn(p, " ");
+
+		if (col > indent && col + 1 + (int)w > 78) {
+			fprintf(f, "\n%*s", indent, "");
+			col = indent;
+		} else if (col > indent) {
+			fputc(' ', f);
+			col++;
+		}
+		fprintf(f, "%.*s", (int)w, p);
+		col += (int)w;
+		p += w;
+		while (*p == ' ')
+			p++;
+	}
+	fputc('\n', f);
+}
+
+static void help_row(FILE *f, const struct cli_opt *o)
+{
+	char head[160], text[512];
+	size_t n;
+
+	if (o->name)
+		spellings(o, head, sizeof(head));
+	else
+		snprintf(head, sizeof(head), "%s", o->json);
+	fprintf(f, "  %s%s%s\n", head, o->metavar ? " " : "", o->metavar ? o->metavar : "");
+	n = (size_t)snprintf(text, sizeof(text), "%s", o->help);
+	if (o->def && n < sizeof(text))
+		n += (size_t)snprintf(text + n, sizeof(text) - n, " [%s]", o->def);
+	if (o->name && (o->env || o->json) && n < sizeof(text))
+		snprintf(text + n, sizeof(text) - n, " (%s%s%s%s)", o->env ? "env " : "",
+			 o->env ? o->env : "", o->env && o->json ? "; " : "",
+			 o->json ? o->json : "");
+	wrap(f, text, 8);
+}
+
+static void help_section(FILE *f, enum cli_prog prog, const char *title,
+			 bool (*pick)(const struct cli_opt *o, enum cli_prog prog))
+{
+	fprintf(f, "\n%s\n", title);
+	for (int k = 0; k < OPT__MAX; k++)
+		if (pick(&cli_opts[k], prog) && !(cli_opts[k].flags & CF_HIDDEN))
+			help_row(f, &cli_opts[k]);
+}
+
+static bool pick_torchrun(const struct cli_opt *o, enum cli_prog prog)
+{
+	return shown(o, prog) && (o->flags & CF_TORCHRUN);
+}
+
+static bool pick_crun(const struct cli_opt *o, enum cli_prog prog)
+{
+	return shown(o, prog) && !(o->flags & CF_TORCHRUN);
+}
+
+static bool pick_rdzv_key(const struct cli_opt *o, enum cli_prog prog)
+{
+	return o->flags & CF_RDZVKEY;
+}
+
+static bool pick_job(const struct cli_opt *o, enum cli_prog prog)
+{
+	return prog == CLI_AGENT && !o->name && !(o->flags & CF_RDZVKEY);
+}
+
+char *cli_help_new(enum cli_prog prog)
+{
+	bool agent = prog == CLI_AGENT;
+	char *s = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&s, &len);
+
+	if (!f)
+		return NULL;
+	fprintf(f, "usage: %s [options] %s [training_script_args ...]\n\n",
+		agent ? "crun-agent [--config FILE.json]" : "crun",
+		agent ? "[training_script" : "training_script");
+	wrap(f,
+	     agent ? "crun's node agent as a service: one job from a JSON config and/or "
+		     "crun's flags, with systemd's notify protocol and a status page."
+		   : "torchrun-compatible launcher.",
+	     0);
+	wrap(f,
+	     "Every option takes both spellings (--nproc-per-node, --nproc_per_node); "
+	     "torchrun's may be abbreviated to a unique prefix. A flag wins over the JSON "
+	     "config (crun-agent --config), which wins over the environment (the first "
+	     "variable named that is set), which wins over the default in [].",
+	     0);
+	help_section(f, prog, "torchrun's options:", pick_torchrun);
+	help_section(f, prog, "crun's own options (exact names only):", pick_crun);
+	help_section(f, prog,
+		     "c10d rendezvous keys (--rdzv_conf KEY=VALUE,... or rendezvous.KEY in the "
+		     "JSON config):",
+		     pick_rdzv_key);
+	if (agent)
+		help_section(f, prog, "the job in the JSON config:", pick_job);
+	fputc('\n', f);
+	wrap(f,
+	     "Programs: *.py and -m run under $PYTHON_EXEC, $PYTHON or python3 with -u; ELF "
+	     "binaries and non-Python scripts run directly. Not supported (rejected by name): "
+	     "--rdzv_backend=etcd|etcd-v2 without --standalone, --logs_specs other than "
+	     "default.",
+	     0);
+	if (fclose(f) != 0) {
+		free(s);
+		return NULL;
+	}
+	return s;
+}
+
+/* ---- completion ----------------------------------------------------------------- */
+
+static void each_spelling(const struct cli_opt *o, void (*fn)(FILE *, const char *, void *),
+			  FILE *f, void *arg)
+{
+	char dash[64], und[64];
+
+	snprintf(und, sizeof(und), "--%s", o->name);
+	snprintf(dash, sizeof(dash), "%s", und);
+	for (char *s = dash + 2; *s; s++)
+		if (*s == '_')
+			*s = '-';
+	fn(f, dash, arg);
+	if (strcmp(dash, und) != 0)
+		fn(f, und, arg);
+	if (o->short_name) {
+		char sh[3] = {'-', o->short_name, '\0'};
+
+		fn(f, sh, arg);
+	}
+}
+
+static void put_word(FILE *f, const char *w, void *arg)
+{
+	fprintf(f, "%s%s", *(bool *)arg ? " " : "", w);
+	*(bool *)arg = true;
+}
+
+static void put_bash_case(FILE *f, const char *w, void *arg)
+{
+	fprintf(f, "%s%s", *(bool *)arg ? "|" : "\t\t", w);
+	*(bool *)arg = true;
+}
+
+static bool is_dir(const struct cli_opt *o)
+{
+	return o->metavar && strcmp(o->metavar, "DIR") == 0;
+}
+
+static bool is_file(const struct cli_opt *o)
+{
+	return o->metavar && strncmp(o->metavar, "FILE", 4) == 0;
+}
+
+static void choices_words(FILE *f, const char *choices)
+{
+	for (const char *p = choices; *p; p++)
+		fputc(*p == '|' ? ' ' : *p, f);
+}
+
+static void bash(FILE *f, enum cli_prog prog, const char *cmd)
+{
+	bool any;
+
+	fprintf(f,
+		"# bash completion for %s (generated by %s --print-completion bash)\n"
+		"_%s_complete() {\n"
+		"\tlocal cur=\"${COMP_WORDS[COMP_CWORD]}\" prev=\"${COMP_WORDS[COMP_CWORD-1]}\"\n"
+		"\tcase \"$prev\" in\n",
+		cmd, cmd, cmd[4] ? "crun_agent" : "crun");
+	for (int k = 0; k < OPT__MAX; k++) {
+		const struct cli_opt *o = &cli_opts[k];
+
+		if (!shown(o, prog) || !(o->choices || is_dir(o) || is_file(o)))
+			continue;
+		any = false;
+		each_spelling(o, put_bash_case, f, &any);
+		if (o->choices) {
+			fputs(") COMPREPLY=($(compgen -W \"", f);
+			choices_words(f, o->choices);
+			fputs("\" -- \"$cur\")); return ;;\n", f);
+		} else {
+			fprintf(f, ") COMPREPLY=($(compgen -%c -- \"$cur\")); return ;;\n",
+				is_dir(o) ? 'd' : 'f');
+		}
+	}
+	fputs("\tesac\n\tif [[ \"$cur\" == -* ]]; then\n\t\tCOMPREPLY=($(compgen -W \"", f);
+	any = false;
+	for (int k = 0; k < OPT__MAX; k++)
+		if (shown(&cli_opts[k], prog))
+			each_spelling(&cli_opts[k], put_word, f, &any);
+	fprintf(f,
+		"\" -- \"$cur\"))\n\t\treturn\n\tfi\n"
+		"\tCOMPREPLY=($(compgen -f -- \"$cur\"))\n}\n"
+		"complete -o filenames -F _%s_complete %s\n",
+		cmd[4] ? "crun_agent" : "crun", cmd);
+}
+
+/* zsh's _arguments specs: [, ], : and ' are syntax inside them. */
+static void zsh_text(FILE *f, const char *s)
+{
+	for (; *s; s++)
+		fputc(*s == '[' ? '(' : *s == ']' ? ')' : (*s == ':' || *s == '\'') ? ' ' : *s, f);
+}
+
+static void put_zsh(FILE *f, const char *w, void *arg)
+{
+	const struct cli_opt *o = arg;
+	bool val = o->type != CT_FLAG && !(o->type == CT_ACTION && !o->metavar);
+
+	fprintf(f, " \\\n\t'%s%s[", w, val && w[1] == '-' ? "=" : "");
+	zsh_text(f, o->help);
+	fputs("]", f);
+	if (val) {
+		fputc(':', f);
+		zsh_text(f, o->metavar);
+		fputc(':', f);
+		if (o->choices) {
+			fputc('(', f);
+			choices_words(f, o->choices);
+			fputc(')', f);
+		} else if (is_dir(o)) {
+			fputs("_files -/", f);
+		} else if (is_file(o)) {
+			fputs("_files", f);
+		} else {
+			fputc(' ', f);
+		}
+	}
+	fputc('\'', f);
+}
+
+static void zsh(FILE *f, enum cli_prog prog, const char *cmd)
+{
+	fprintf(f,
+		"#compdef %s\n# zsh completion for %s (generated by %s --print-completion zsh)\n"
+		"_arguments -S",
+		cmd, cmd, cmd);
+	for (int k = 0; k < OPT__MAX; k++)
+		if (shown(&cli_opts[k], prog))
+			each_spelling(&cli_opts[k], put_zsh, f, (void *)&cli_opts[k]);
+	fputs(" \\\n\t'1:training script:_files' \\\n\t'*::training script arguments:_normal'\n",
+	      f);
+}
+
+static void put_tcsh_next(FILE *f, const char *w, void *arg)
+{
+	const struct cli_opt *o = arg;
+
+	if (o->choices) {
+		fprintf(f, " \\\n\t'n/%s/(", w);
+		choices_words(f, o->choices);
+		fputs(")/'", f);
+	} else {
+		fprintf(f, " \\\n\t'n/%s/%c/'", w, is_dir(o) ? 'd' : 'f');
+	}
+}
+
+static void put_tcsh_word(FILE *f, const char *w, void *arg)
+{
+	if (w[1] == '-')
+		put_word(f, w + 2, arg);
+}
+
+static void tcsh(FILE *f, enum cli_prog prog, const char *cmd)
+{
+	bool any = false;
+
+	fprintf(f,
+		"# tcsh completion for %s (generated by %s --print-completion tcsh)\n"
+		"complete %s 'c/--/(",
+		cmd, cmd, cmd);
+	for (int k = 0; k < OPT__MAX; k++)
+		if (shown(&cli_opts[k], prog))
+			each_spelling(&cli_opts[k], put_tcsh_word, f, &any);
+	fputs(")/'", f);
+	for (int k = 0; k < OPT__MAX; k++) {
+		const struct cli_opt *o = &cli_opts[k];
+
+		if (shown(o, prog) && (o->choices || is_dir(o) || is_file(o)))
+			each_spelling(o, put_tcsh_next, f, (void *)o);
+	}
+	fputs(" \\\n\t'p/*/f/'\n", f);
+}
+
+char *cli_completion_new(enum cli_prog prog, const char *shell)
+{
+	static const struct {
+		const char *name;
+		void (*fn)(FILE *f, enum cli_prog prog, const char *cmd);
+	} shells[] = {{"bash", bash}, {"zsh", zsh}, {"tcsh", tcsh}};
+	const char *cmd = prog == CLI_AGENT ? "crun-agent" : "crun";
+	char *s = NULL;
+	size_t len = 0;
+	FILE *f;
+
+	for (size_t i = 0; i < ARRAY_SIZE(shells); i++) {
+		if (strcmp(shell, shells[i].name) != 0)
+			continue;
+		f = open_memstream(&s, &len);
+		if (!f)
+			return NULL;
+		shells[i].fn(f, prog, cmd);
+		if (fclose(f) != 0) {
+			free(s);
+			return NULL;
+		}
+		return s;
+	}
+	return NULL;
+}
+
+/* ---- JSON schema ------------------------------------------------------------------ */
+
+static cJSON *leaf_schema(const struct cli_opt *o)
+{
+	cJSON *s = cJSON_CreateObject(), *t;
+
+	if (!s)
+		return NULL;
+	switch (o->type) {
+	case CT_FLAG:
+		cJSON_AddStringToObject(s, "type", "boolean");
+		break;
+	case CT_INT:
+		cJSON_AddStringToObject(s, "type", "integer");
+		cJSON_AddNumberToObject(s, "minimum", (double)o->min);
+		cJSON_AddNumberToObject(s, "maximum", (double)o->max);
+		break;
+	case CT_SECS:
+		cJSON_AddStringToObject(s, "type", "number");
+		cJSON_AddNumberToObject(s, "minimum", 0);
+		break;
+	case CT_LIST:
+		t = cJSON_AddArrayToObject(s, "type");
+		cJSON_AddItemToArray(t, cJSON_CreateString("string"));
+		cJSON_AddItemToArray(t, cJSON_CreateString("array"));
+		cJSON_AddItemToObject(s, "items", cJSON_Parse("{\"type\": \"string\"}"));
+		break;
+	case CT_ARGV:
+		cJSON_AddStringToObject(s, "type", "array");
+		cJSON_AddItemToObject(s, "items", cJSON_Parse("{\"type\": \"string\"}"));
+		break;
+	case CT_ENV:
+		cJSON_AddStringToObject(s, "type", "object");
+		cJSON_AddItemToObject(s, "additionalProperties",
+				      cJSON_Parse("{\"type\": \"string\"}"));
+		break;
+	default:
+		if (o->flags & CF_NUMOK) {
+			t = cJSON_AddArrayToObject(s, "type");
+			cJSON_AddItemToArray(t, cJSON_CreateString("string"));
+			cJSON_AddItemToArray(t, cJSON_CreateString("integer"));
+		} else {
+			cJSON_AddStringToObject(s, "type", "string");
+		}
+		break;
+	}
+	if (o->choices) {
+		t = cJSON_AddArrayToObject(s, "enum");
+		for (const char *p = o->choices; *p;) {
+			size_t n = strcspn(p, "|");
+			char w[64];
+
+			snprintf(w, sizeof(w), "%.*s", (int)n, p);
+			cJSON_AddItemToArray(t, cJSON_CreateString(w));
+			p += n;
+			if (*p == '|')
+				p++;
+		}
+	}
+	cJSON_AddStringToObject(s, "description", o->help);
+	if (o->name) {
+		char flag[72];
+
+		snprintf(flag, sizeof(flag), "--%s", o->name);
+		cJSON_AddStringToObject(s, "x-crun-flag", flag);
+	}
+	if (o->def)
+		cJSON_AddStringToObject(s, "x-crun-default", o->def);
+	return s;
+}
+
+static cJSON *new_object_schema(void)
+{
+	cJSON *s = cJSON_CreateObject();
+
+	cJSON_AddStringToObject(s, "type", "object");
+	cJSON_AddBoolToObject(s, "additionalProperties", 0);
+	cJSON_AddObjectToObject(s, "properties");
+	return s;
+}
+
+char *cli_schema_new(void)
+{
+	cJSON *root = new_object_schema();
+	char *out;
+
+	if (!root)
+		return NULL;
+	cJSON_AddStringToObject(root, "$schema", "https://json-schema.org/draft/2020-12/schema");
+	cJSON_AddStringToObject(root, "$id", "https://crun.invalid/crun-agent.schema.json");
+	cJSON_AddStringToObject(root, "title",
+				"crun-agent --config (generated by crun-agent --print-schema)");
+	for (int k = 0; k < OPT__MAX; k++) {
+		const struct cli_opt *o = &cli_opts[k];
+		cJSON *obj = root;
+		char path[128], *part, *save = NULL, *next;
+
+		if (!o->json)
+			continue;
+		snprintf(path, sizeof(path), "%s", o->json);
+		for (part = strtok_r(path, ".", &save); part; part = next) {
+			cJSON *props = cJSON_GetObjectItemCaseSensitive(obj, "properties");
+			cJSON *child = cJSON_GetObjectItemCaseSensitive(props, part);
+
+			next = strtok_r(NULL, ".", &save);
+			if (!next) {
+				cJSON_AddItemToObject(props, part, leaf_schema(o));
+				break;
+			}
+			if (!child) {
+				child = new_object_schema();
+				cJSON_AddItemToObject(props, part, child);
+			}
+			obj = child;
+		}
+	}
+	out = cJSON_Print(root);
+	cJSON_Delete(root);
+	return out;
+}
