@@ -97,12 +97,13 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 		r = hb ? coord_heartbeat(*cp, me) : coord_lease_keepalive(*cp, lease);
 		if (r == CRUN_ENOTFOUND)
 			r = 0; /* our lease lapsed: the change key is set already */
-		if (r == 0)
-			r = coord_watch(*cp, chk, j->conf.hb_ms);
+		if (r < 0)
+			break; /* a timeout here: the store did not answer within a TTL */
+		r = coord_watch(*cp, chk, j->conf.hb_ms);
 		if (r == 0)
 			break;
 		if (r != CRUN_ETIMEDOUT)
-			break;
+			break; /* only the watch's own timeout is the normal case */
 		r = 0;
 		if (!hb || j->nnodes < 2 || coord_heartbeat_peek(*cp, nbr, &cnt) < 0)
 			continue;
