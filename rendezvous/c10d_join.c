@@ -195,70 +195,70 @@ static int open_next(struct c10d_job *j, struct coord *c, int64_t rd, const char
 	return r < 0 ? c10d_jfail(j, c, r, "opening the next round") : 0;
 }
 
-/* Reads tickets 1..joined (record and alive key each) and, with at least MIN
- * live ones, closes the round with the first MAX of them. 0 whether or not
+/* Reads which of tickets 1..joined are alive (until MAX of them) and, with
+ * at least MIN, closes the round with them and their records (one
+ * MULTI_GET: a record is written before its alive key). 0 whether or not
  * it closed (the caller reads r<rd>/closed). */
 static int try_close(struct c10d_job *j, struct coord *c, int64_t rd, int64_t joined)
 {
 	int n = (int)MIN(joined, (int64_t)j->max + 4096); /* bounded read */
-	struct round_node *nodes = calloc((size_t)n, sizeof(*nodes));
 	struct round_node *m = calloc((size_t)n, sizeof(*m));
-	bool *live = calloc((size_t)n, sizeof(bool));
-	int *idx = calloc((size_t)n, sizeof(int));
+	char **keys = calloc((size_t)n, sizeof(char *)), **vals = calloc((size_t)n, sizeof(char *));
 	char key[96], *val = NULL;
-	int r = CRUN_ENOMEM, k, attempt;
+	int r = CRUN_ENOMEM, k = 0, good = 0, attempt;
 
-	if (!nodes || !m || !live || !idx)
+	if (!m || !keys || !vals)
 		goto out;
 	KEY(key, "r%" PRId64 "/closed", rd);
 	r = coord_exists(c, key);
 	if (r != 0) /* closed already (1), or an error */
 		goto out;
-	for (int i = 0; i < n; i++) {
-		char *v = NULL;
-
+	for (int i = 0; i < n && k < j->max; i++) {
 		r = str_printf(key, sizeof(key), "r%" PRId64 "/alive/%d", rd, i + 1);
-		if (r < 0)
-			goto out;
-		r = coord_exists(c, key);
+		if (r >= 0)
+			r = coord_exists(c, key);
 		if (r < 0)
 			goto out;
 		if (r == 0)
 			continue; /* dead, or not there yet: not a member */
-		r = str_printf(key, sizeof(key), "r%" PRId64 "/node/%d", rd, i + 1);
-		if (r < 0)
+		m[k].ticket = i + 1;
+		r = CRUN_ENOMEM;
+		keys[k] = malloc(64);
+		if (!keys[k])
 			goto out;
-		r = coord_try_get(c, key, &v);
-		if (r == CRUN_ENOTFOUND)
-			continue;
-		if (r < 0)
-			goto out;
-		live[i] = round_record_parse(v, i + 1, &nodes[i]) == 0;
-		if (!live[i])
-			log_at(LL_WARN, SUB_RDZV, "ignoring a bad node record of ticket %d: %.200s",
-			       i + 1, v);
-		crun_free(v);
+		snprintf(keys[k++], 64, "r%" PRId64 "/node/%d", rd, i + 1);
 	}
-	k = round_pick(live, n, j->max, idx);
 	r = 0;
 	if (k < j->min)
 		goto out;
-	for (int i = 0; i < k; i++)
-		m[i] = nodes[idx[i]];
-	r = attempt_of(j, c, rd, &attempt);
+	r = coord_multi_get(c, (const char *const *)keys, (size_t)k, j->conf.read_ms, vals);
 	if (r < 0)
 		goto out;
-	r = round_closed_format(attempt, m, k, &val);
+	for (int i = 0; i < k; i++) {
+		if (round_record_parse(vals[i], m[i].ticket, &m[good]) == 0)
+			good++;
+		else
+			log_at(LL_WARN, SUB_RDZV, "ignoring a bad node record of ticket %d: %.200s",
+			       m[i].ticket, vals[i]);
+	}
+	if (good < j->min)
+		goto out;
+	r = attempt_of(j, c, rd, &attempt);
+	if (r == 0)
+		r = round_closed_format(attempt, m, good, &val);
 	if (r == 0) {
 		KEY(key, "r%" PRId64 "/closed", rd);
 		r = coord_compare_set(c, key, "", val, NULL);
 	}
 	crun_free(val);
 out:
-	free(nodes);
+	for (int i = 0; keys && vals && i < n; i++) {
+		free(keys[i]);
+		crun_free(vals[i]);
+	}
+	free(keys);
+	free(vals);
 	free(m);
-	free(live);
-	free(idx);
 	return r < 0 ? c10d_jfail(j, c, r, "closing the round") : 0;
 }
 
