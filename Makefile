@@ -103,7 +103,7 @@ UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/t
 TEST_HELPERS := $(patsubst tests/helpers/%.c,$(BUILD)/tests/helpers/%,$(wildcard tests/helpers/*.c))
 
 .PHONY: all test unit integration fuzz fuzz-run lint check-layers demo bench clean \
-	test-deps gpu-test gpu-check print-config
+	test-deps gpu-test gpu-check print-config install uninstall deb bench-scale
 all: $(PROGS) $(LIBA) $(LIBSO) $(EXAMPLES) $(BENCHES) $(BUILD)/crun.pc $(CUDA_TARGETS)
 	@echo "built crun (WITH_CUDA=$(WITH_CUDA), SAN=$(SAN)) under $(BUILD)/"
 
@@ -262,6 +262,66 @@ demo: all
 
 bench: all
 	$(Q)sh bench/run.sh $(BUILD)
+
+# ---- install ----------------------------------------------------------------
+# `make install PREFIX=/usr/local DESTDIR=...`: programs, the library (shared
+# with its soname, static), public headers, crun.pc, man pages, the systemd
+# units and example configs (configs never overwrite what is already there).
+PREFIX ?= /usr/local
+DESTDIR ?=
+BINDIR := $(PREFIX)/bin
+LIBDIR := $(PREFIX)/lib
+INCDIR := $(PREFIX)/include
+MANDIR := $(PREFIX)/share/man
+UNITDIR := $(PREFIX)/lib/systemd/system
+SYSCONFDIR := $(if $(filter /usr,$(PREFIX)),/etc,$(PREFIX)/etc)
+INST = install -m 644
+UNITS := $(wildcard configs/systemd/*.service)
+ETC_CONFIGS := $(wildcard configs/*.json configs/*.example.json)
+MANPAGES := $(wildcard $(BUILD)/man/*.[1-8])
+
+install: all
+	$(Q)install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCDIR)/crun
+	$(Q)install -m 755 $(PROGS) $(DESTDIR)$(BINDIR)/
+	$(Q)install -m 755 $(LIBSO) $(DESTDIR)$(LIBDIR)/libcrun.so.0
+	$(Q)$(if $(filter 1,$(WITH_CUDA)),install -m 755 $(LIBCUDA) $(DESTDIR)$(LIBDIR)/)
+	$(Q)ln -sf libcrun.so.0 $(DESTDIR)$(LIBDIR)/libcrun.so
+	$(Q)$(INST) $(LIBA) $(DESTDIR)$(LIBDIR)/
+	$(Q)$(INST) include/crun/*.h $(DESTDIR)$(INCDIR)/crun/
+	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@INCLUDE@|$${prefix}/include|' crun.pc.in \
+		> $(DESTDIR)$(LIBDIR)/pkgconfig/crun.pc
+	$(Q)for m in $(MANPAGES); do s=$${m##*.}; install -d $(DESTDIR)$(MANDIR)/man$$s; \
+		$(INST) $$m $(DESTDIR)$(MANDIR)/man$$s/; done
+	$(Q)$(if $(UNITS),install -d $(DESTDIR)$(UNITDIR) && $(INST) $(UNITS) $(DESTDIR)$(UNITDIR)/)
+	$(Q)install -d $(DESTDIR)$(SYSCONFDIR)/crun
+	$(Q)for f in $(ETC_CONFIGS); do t=$(DESTDIR)$(SYSCONFDIR)/crun/$$(basename $$f); \
+		[ -e $$t ] || $(INST) $$f $$t; done
+	@echo "installed crun under $(DESTDIR)$(PREFIX)"
+
+# Removes what install put there, except configs an operator may have edited.
+uninstall:
+	$(Q)rm -f $(foreach p,$(PROGS),$(DESTDIR)$(BINDIR)/$(notdir $(p))) \
+		$(DESTDIR)$(LIBDIR)/libcrun.so.0 $(DESTDIR)$(LIBDIR)/libcrun.so \
+		$(DESTDIR)$(LIBDIR)/libcrun-cuda.so.0 \
+		$(DESTDIR)$(LIBDIR)/libcrun.a $(DESTDIR)$(LIBDIR)/pkgconfig/crun.pc \
+		$(foreach h,$(wildcard include/crun/*.h),$(DESTDIR)$(INCDIR)/crun/$(notdir $(h))) \
+		$(foreach u,$(UNITS),$(DESTDIR)$(UNITDIR)/$(notdir $(u))) \
+		$(foreach m,$(MANPAGES),$(DESTDIR)$(MANDIR)/man$(subst .,,$(suffix $(m)))/$(notdir $(m)))
+	$(Q)rmdir $(DESTDIR)$(INCDIR)/crun 2>/dev/null || true
+
+# Debian packages from debian/ (needs debhelper; installed on demand).
+deb:
+	$(Q)sh scripts/deps.sh deb
+	$(Q)dpkg-buildpackage -us -uc -b
+
+# The scale benchmarks (not part of make test): the worker-init storm against
+# crun's stores and PyTorch's servers, with local and slow name lookups.
+bench-scale: all
+	$(Q)sh scripts/deps.sh bench
+	$(Q)mkdir -p $(BUILD)/bench/scale
+	$(Q)for r in local slow; do /usr/bin/python3 bench/storm_bench.py $(BUILD) --resolver $$r \
+		--out $(BUILD)/bench/scale/storm-$$r.md --json $(BUILD)/bench/scale/storm-$$r.json \
+		--plot $(BUILD)/bench/scale/storm-$$r.svg || exit 1; done
 
 clean:
 	rm -rf build build-san build-fuzz

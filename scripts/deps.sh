@@ -1,16 +1,21 @@
 #!/bin/sh
-# deps.sh [build|test]: installs the Debian packages crun needs that are
-# missing, with apt-get (through sudo when not root), and says so. "build" is
-# what `make` needs; "test" adds what `make test` needs (PyTorch 1.13, etcd,
-# pytest, clang's fuzzer runtime, iproute2, a venv with PyTorch 2.x from PyPI).
+# deps.sh [build|test|deb|bench]: installs the Debian packages crun needs that
+# are missing, with apt-get (through sudo when not root), and says so. "build"
+# is what `make` needs; "test" adds what `make test` needs (PyTorch 1.13, etcd,
+# pytest, clang's fuzzer runtime, iproute2, a venv with PyTorch 2.x from PyPI);
+# "deb" adds debhelper for `make deb`; "bench" adds gnuplot for `make bench-scale`.
 set -eu
 what=${1:-build}
 
 build_pkgs="build-essential pkg-config libevent-dev libcjson-dev libssl-dev check"
 test_pkgs="python3 python3-venv python3-pytest python3-torch etcd-server etcd-client \
 clang libclang-rt-14-dev iproute2 procps psmisc"
+deb_pkgs="debhelper dpkg-dev fakeroot"
+bench_pkgs="gnuplot-nox"
 pkgs=$build_pkgs
 [ "$what" = test ] && pkgs="$build_pkgs $test_pkgs"
+[ "$what" = deb ] && pkgs="$build_pkgs $deb_pkgs"
+[ "$what" = bench ] && pkgs="$build_pkgs $test_pkgs $bench_pkgs"
 
 missing=
 for p in $pkgs; do
@@ -29,7 +34,7 @@ if [ -n "$missing" ]; then
 	echo "deps: installed:$missing"
 fi
 
-if [ "$what" = test ]; then
+if [ "$what" = test ] || [ "$what" = bench ]; then
 	# PyTorch 2.x (the v2 store dialect) lives in a venv outside the clone
 	# so that CI's fresh clones reuse it. The interop tests fail loudly when
 	# it is missing: they never skip.

@@ -1,0 +1,479 @@
+/* storm.c: the worker-init storm. N simulated PyTorch 2.x ranks (or 1.13 with
+ * --dialect v1) start at once against one TCPStore-protocol server and do what
+ * a rank does at init_process_group under crun (TORCHELASTIC_USE_AGENT_STORE):
+ *
+ *   connect; v2: VALIDATE + PING            (the client's handshake)
+ *   ADD  init/ +1                           (world-size check-in)
+ *   ADD  <pg>store_based_barrier_key:0 +1, then +0 (TORCH_DIST_INIT_BARRIER=1);
+ *        a rank whose +0 reads N SETs <key>:last_worker; every rank WAITs on it
+ *   rank 0 SETs the 128-byte NCCL unique id <pg>0//cuda//0, the others WAIT + GET it
+ *
+ * The sequence is that of a capture of a real 2.15 gloo job through
+ * shared/tools/torch-capture (bench/README.md), with NCCL's unique-id
+ * exchange in place of gloo's all-to-all address exchange (O(N) keys per rank,
+ * which no NCCL job does);
+ * requests are encoded with crun's codec (store/proto.c, checked against
+ * captured PyTorch frames). One thread and one epoll drive every connection.
+ * Connects are paced (at most --inflight outstanding) so the server's accept
+ * backlog is never overrun, and spread over --sources loopback addresses
+ * (127.0.0.2, .3, ...) because connect()'s port search slows down past half the
+ * ephemeral range per address pair.
+ *
+ * Prints one JSON line: seconds from the first connect to the last rank done,
+ * to the last connect, and the wake fan-out (from the SET of :last_worker
+ * being sent to the last WAIT released).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <arpa/inet.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "store/store.h"
+
+#define STORM_MAX_RANKS 65536
+#define STORM_BUF	1024 /* per-connection in/out: the largest frame is the 128-byte id SET */
+#define NCCL_ID_BYTES	128
+
+/* The steps of one rank, in order. */
+enum step {
+	S_CONNECTING,
+	S_PING,
+	S_INIT_ADD,
+	S_BARRIER_ADD,
+	S_BARRIER_CHECK, /* ADD +0 */
+	S_BARRIER_WAIT,	 /* WAIT on :last_worker */
+	S_ID_WAIT,
+	S_ID_GET,
+	S_DONE,
+};
+
+struct rank {
+	int fd;
+	uint32_t idx;
+	enum step step;
+	enum store_op op; /* the request in flight */
+	uint8_t out[STORM_BUF];
+	size_t out_len, out_off;
+	uint8_t in[STORM_BUF];
+	size_t in_len;
+};
+
+struct storm {
+	struct sockaddr_in server;
+	enum store_dialect dialect;
+	uint32_t n, sources, inflight;
+	const char *prefix;
+	char init_key[64], barrier_key[256], last_key[300], id_key[256];
+	int ep;
+	struct rank *ranks;
+	uint32_t next_connect, connecting, done;
+	uint64_t t_start, t_last_connect, t_last_set, t_last_wake, t_done;
+	uint64_t requests;
+	const char *error;
+	struct store_limits lim;
+};
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void fail(struct storm *s, const char *why)
+{
+	if (!s->error)
+		s->error = why;
+}
+
+/* Appends one request to the rank's output; the caller flushes. */
+static void push(struct storm *s, struct rank *r, enum store_op op, const char *key,
+		 const void *val, size_t val_len, int64_t num)
+{
+	struct store_bytes k = { (const uint8_t *)key, key ? strlen(key) : 0 };
+	struct store_req req = { .op = op, .key = k, .num = num };
+	size_t len;
+
+	req.val = (struct store_bytes){ val, val_len };
+	if (op == STORE_OP_WAIT) {
+		req.nitems = 1;
+		req.keys = &k;
+	} else if (op == STORE_OP_VALIDATE) {
+		req.u32 = STORE_VALIDATE_MAGIC;
+	} else if (op == STORE_OP_PING) {
+		req.u32 = r->idx;
+	}
+	if (store_proto_encode_req(s->dialect, &req, r->out + r->out_len,
+				   sizeof(r->out) - r->out_len, &len) < 0) {
+		fail(s, "encode");
+		return;
+	}
+	r->out_len += len;
+	s->requests++;
+	if (store_proto_reply_kind(op) != STORE_REPLY_NONE)
+		r->op = op;
+}
+
+static void want_out(struct storm *s, struct rank *r, int on)
+{
+	struct epoll_event ev = { .events = EPOLLIN | (on ? EPOLLOUT : 0), .data.ptr = r };
+
+	if (epoll_ctl(s->ep, EPOLL_CTL_MOD, r->fd, &ev) < 0)
+		fail(s, "epoll_ctl");
+}
+
+static void flush(struct storm *s, struct rank *r)
+{
+	while (r->out_off < r->out_len) {
+		ssize_t w = send(r->fd, r->out + r->out_off, r->out_len - r->out_off, MSG_NOSIGNAL);
+
+		if (w < 0) {
+			if (errno == EAGAIN) {
+				want_out(s, r, 1);
+				return;
+			}
+			fail(s, "send");
+			return;
+		}
+		r->out_off += (size_t)w;
+	}
+	r->out_off = r->out_len = 0;
+}
+
+static void finish(struct storm *s, struct rank *r)
+{
+	r->step = S_DONE;
+	s->done++;
+	if (s->done == s->n)
+		s->t_done = now_ns();
+}
+
+/* The rank's next request after the reply to the current one. */
+static void advance(struct storm *s, struct rank *r, const struct store_reply *rep)
+{
+	static const uint8_t id_fill = 0x5a;
+	uint8_t id[NCCL_ID_BYTES];
+
+	switch (r->step) {
+	case S_PING:
+		if (rep->u32 != r->idx)
+			fail(s, "ping nonce");
+		r->step = S_CONNECTING; /* the handshake is done */
+		/* fall through */
+	case S_CONNECTING:
+		r->step = S_INIT_ADD;
+		push(s, r, STORE_OP_ADD, s->init_key, NULL, 0, 1);
+		break;
+	case S_INIT_ADD:
+		r->step = S_BARRIER_ADD;
+		push(s, r, STORE_OP_ADD, s->barrier_key, NULL, 0, 1);
+		break;
+	case S_BARRIER_ADD:
+		r->step = S_BARRIER_CHECK;
+		push(s, r, STORE_OP_ADD, s->barrier_key, NULL, 0, 0);
+		break;
+	case S_BARRIER_CHECK:
+		if (rep->num == (int64_t)s->n) {
+			/* Whoever reads N releases everyone (PyTorch 2.x's barrier;
+			 * several ranks may). */
+			push(s, r, STORE_OP_SET, s->last_key, "1", 1, 0);
+			if (!s->t_last_set)
+				s->t_last_set = now_ns();
+		}
+		r->step = S_BARRIER_WAIT;
+		push(s, r, STORE_OP_WAIT, s->last_key, NULL, 0, 0);
+		break;
+	case S_BARRIER_WAIT:
+		s->t_last_wake = now_ns();
+		if (r->idx == 0) {
+			memset(id, id_fill, sizeof(id));
+			push(s, r, STORE_OP_SET, s->id_key, id, sizeof(id), 0);
+			finish(s, r);
+		} else {
+			r->step = S_ID_WAIT;
+			push(s, r, STORE_OP_WAIT, s->id_key, NULL, 0, 0);
+		}
+		break;
+	case S_ID_WAIT:
+		r->step = S_ID_GET;
+		push(s, r, STORE_OP_GET, s->id_key, NULL, 0, 0);
+		break;
+	case S_ID_GET:
+		if (rep->val.len != NCCL_ID_BYTES || rep->val.p[0] != id_fill)
+			fail(s, "unique id");
+		finish(s, r);
+		break;
+	default:
+		fail(s, "reply in a step that expects none");
+	}
+	flush(s, r);
+}
+
+static void on_connected(struct storm *s, struct rank *r)
+{
+	int one = 1;
+	int err = 0;
+	socklen_t len = sizeof(err);
+
+	if (getsockopt(r->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0 || err) {
+		fail(s, "connect");
+		return;
+	}
+	(void)setsockopt(r->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	s->connecting--;
+	s->t_last_connect = now_ns();
+	want_out(s, r, 0);
+	if (s->dialect == STORE_V2) {
+		r->step = S_PING;
+		push(s, r, STORE_OP_VALIDATE, NULL, NULL, 0, 0);
+		push(s, r, STORE_OP_PING, NULL, NULL, 0, 0);
+		flush(s, r);
+	} else {
+		advance(s, r, NULL);
+	}
+}
+
+static void on_readable(struct storm *s, struct rank *r)
+{
+	ssize_t n = recv(r->fd, r->in + r->in_len, sizeof(r->in) - r->in_len, 0);
+	size_t off = 0;
+
+	if (n <= 0) {
+		if (n < 0 && errno == EAGAIN)
+			return;
+		fail(s, n == 0 ? "server closed a connection" : "recv");
+		return;
+	}
+	r->in_len += (size_t)n;
+	while (off < r->in_len && r->step != S_DONE) {
+		struct store_reply rep;
+		size_t used;
+		int rc = store_proto_decode_reply(r->op, 1, &s->lim, r->in + off, r->in_len - off,
+						  &rep, &used);
+
+		if (rc == CRUN_EAGAIN)
+			break;
+		if (rc < 0) {
+			fail(s, "bad reply");
+			return;
+		}
+		off += used;
+		advance(s, r, &rep);
+	}
+	memmove(r->in, r->in + off, r->in_len - off);
+	r->in_len -= off;
+}
+
+static int start_connect(struct storm *s, struct rank *r)
+{
+	struct sockaddr_in src = { .sin_family = AF_INET };
+	struct epoll_event ev = { .events = EPOLLOUT, .data.ptr = r };
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+
+	if (fd < 0)
+		return -errno;
+	if (s->sources > 0) {
+		/* 127.0.0.2 .. 127.0.0.(1 + sources), any port. */
+		src.sin_addr.s_addr = htonl(INADDR_LOOPBACK + 1 + r->idx % s->sources);
+		if (bind(fd, (struct sockaddr *)&src, sizeof(src)) < 0)
+			goto fail;
+	}
+	if (connect(fd, (struct sockaddr *)&s->server, sizeof(s->server)) < 0 &&
+	    errno != EINPROGRESS)
+		goto fail;
+	r->fd = fd;
+	if (epoll_ctl(s->ep, EPOLL_CTL_ADD, fd, &ev) < 0)
+		goto fail;
+	s->connecting++;
+	return 0;
+fail:
+	{
+		int e = -errno;
+
+		close(fd);
+		r->fd = -1;
+		return e;
+	}
+}
+
+static int run(struct storm *s, uint32_t timeout_ms)
+{
+	struct epoll_event evs[512];
+	uint64_t deadline;
+
+	s->t_start = now_ns();
+	deadline = s->t_start + (uint64_t)timeout_ms * 1000000u;
+	while (s->done < s->n && !s->error) {
+		int n;
+
+		while (s->next_connect < s->n && s->connecting < s->inflight) {
+			struct rank *r = &s->ranks[s->next_connect];
+
+			r->idx = s->next_connect++;
+			if (start_connect(s, r) < 0) {
+				fail(s, "socket/connect (file limit?)");
+				break;
+			}
+		}
+		if (now_ns() > deadline) {
+			fail(s, "timed out");
+			break;
+		}
+		n = epoll_wait(s->ep, evs, (int)ARRAY_SIZE(evs), 100);
+		if (n < 0 && errno != EINTR)
+			return -errno;
+		for (int i = 0; i < n; i++) {
+			struct rank *r = evs[i].data.ptr;
+
+			if (evs[i].events & (EPOLLERR | EPOLLHUP) && r->step != S_CONNECTING) {
+				fail(s, "connection error");
+				continue;
+			}
+			if (r->step == S_CONNECTING) {
+				on_connected(s, r);
+				continue;
+			}
+			if (evs[i].events & EPOLLOUT) {
+				want_out(s, r, 0);
+				flush(s, r);
+			}
+			if (evs[i].events & EPOLLIN)
+				on_readable(s, r);
+		}
+	}
+	return s->error ? CRUN_EPROTO : 0;
+}
+
+static const char usage[] =
+	"usage: storm [options]\n"
+	"  --host ADDR        server address (127.0.0.1)\n"
+	"  --port PORT        server port (required)\n"
+	"  -n, --ranks N      simulated ranks (1..65536; each holds one connection)\n"
+	"  --dialect v1|v2    PyTorch 1.13 or 2.x wire dialect (v2)\n"
+	"  --prefix P         key prefix of the default group (/default_pg/, as 2.x under crun)\n"
+	"  --sources K        spread connects over 127.0.0.2..127.0.0.(K+1) (8; 0: any)\n"
+	"  --inflight C       concurrent connects (256)\n"
+	"  --timeout-ms MS    give up after MS (120000)\n";
+
+int main(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "host", required_argument, NULL, 'h' },
+		{ "port", required_argument, NULL, 'p' },
+		{ "ranks", required_argument, NULL, 'n' },
+		{ "dialect", required_argument, NULL, 'd' },
+		{ "prefix", required_argument, NULL, 'P' },
+		{ "sources", required_argument, NULL, 's' },
+		{ "inflight", required_argument, NULL, 'c' },
+		{ "timeout-ms", required_argument, NULL, 't' },
+		{ "help", no_argument, NULL, 'H' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct storm s = { .dialect = STORE_V2, .sources = 8, .inflight = 256,
+			   .prefix = "/default_pg/", .lim = STORE_LIMITS_DEFAULT };
+	const char *host = "127.0.0.1";
+	unsigned long port = 0, timeout_ms = 120000, v;
+	struct rlimit rl;
+	int opt, rc;
+
+	while ((opt = getopt_long(argc, argv, "n:", longopts, NULL)) != -1) {
+		char *end = NULL;
+
+		switch (opt) {
+		case 'h':
+			host = optarg;
+			continue;
+		case 'P':
+			s.prefix = optarg;
+			continue;
+		case 'd':
+			if (strcmp(optarg, "v1") && strcmp(optarg, "v2"))
+				goto bad;
+			s.dialect = optarg[1] == '1' ? STORE_V1 : STORE_V2;
+			continue;
+		case 'H':
+			fputs(usage, stdout);
+			return 0;
+		case 'p':
+		case 'n':
+		case 's':
+		case 'c':
+		case 't':
+			errno = 0;
+			v = strtoul(optarg, &end, 10);
+			if (errno || !*optarg || *end)
+				goto bad;
+			if (opt == 'p')
+				port = v;
+			else if (opt == 'n')
+				s.n = (uint32_t)MIN(v, (unsigned long)UINT32_MAX);
+			else if (opt == 's')
+				s.sources = (uint32_t)MIN(v, 250ul);
+			else if (opt == 'c')
+				s.inflight = (uint32_t)MIN(v, 65536ul);
+			else
+				timeout_ms = v;
+			continue;
+		default:
+			goto bad;
+		}
+	}
+	if (port == 0 || port > 65535 || s.n == 0 || s.n > STORM_MAX_RANKS || s.inflight == 0)
+		goto bad;
+	s.server.sin_family = AF_INET;
+	s.server.sin_port = htons((uint16_t)port);
+	if (inet_pton(AF_INET, host, &s.server.sin_addr) != 1)
+		goto bad;
+	snprintf(s.init_key, sizeof(s.init_key), "init/");
+	snprintf(s.barrier_key, sizeof(s.barrier_key), "%sstore_based_barrier_key:0", s.prefix);
+	snprintf(s.last_key, sizeof(s.last_key), "%s:last_worker", s.barrier_key);
+	snprintf(s.id_key, sizeof(s.id_key), "%s0//cuda//0", s.prefix);
+
+	/* One descriptor per rank plus a few: raise the soft limit to the hard one. */
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+		rl.rlim_cur = rl.rlim_max;
+		(void)setrlimit(RLIMIT_NOFILE, &rl);
+		if (rl.rlim_cur < (rlim_t)s.n + 16) {
+			fprintf(stderr, "storm: %u ranks need %u descriptors; the limit is %llu\n",
+				s.n, s.n + 16, (unsigned long long)rl.rlim_cur);
+			return 2;
+		}
+	}
+	s.ranks = calloc(s.n, sizeof(*s.ranks));
+	s.ep = epoll_create1(EPOLL_CLOEXEC);
+	if (!s.ranks || s.ep < 0) {
+		fprintf(stderr, "storm: out of memory or descriptors\n");
+		return 1;
+	}
+	rc = run(&s, (uint32_t)timeout_ms);
+	printf("{\"ranks\": %u, \"dialect\": \"v%d\", \"ok\": %s, \"error\": \"%s\", "
+	       "\"done\": %u, \"requests\": %" PRIu64 ", \"total_s\": %.6f, "
+	       "\"connect_s\": %.6f, \"fanout_s\": %.6f}\n",
+	       s.n, s.dialect, rc == 0 ? "true" : "false", s.error ? s.error : "", s.done,
+	       s.requests, s.t_done ? (double)(s.t_done - s.t_start) / 1e9 : -1.0,
+	       s.t_last_connect ? (double)(s.t_last_connect - s.t_start) / 1e9 : -1.0,
+	       s.t_last_wake > s.t_last_set && s.t_last_set
+		       ? (double)(s.t_last_wake - s.t_last_set) / 1e9
+		       : 0.0);
+	for (uint32_t i = 0; i < s.next_connect; i++)
+		if (s.ranks[i].fd > 0)
+			close(s.ranks[i].fd);
+	close(s.ep);
+	free(s.ranks);
+	return rc == 0 ? 0 : 1;
+bad:
+	fputs(usage, stderr);
+	return 2;
+}

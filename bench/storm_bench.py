@@ -1,0 +1,327 @@
+#!/usr/bin/env python3
+"""The worker-init storm: N simulated ranks (bench/storm) against crun's stores
+and PyTorch's TCPStore servers, in one run.
+
+Usage: storm_bench.py [BUILD] [--ranks 1024,4096,...] [--servers a,b] [--resolver local|slow]
+                      [--out FILE.md] [--json FILE] [--plot FILE.svg] [--quick]
+
+Servers: crun-rdzvd (v2), crun's worker store as the agent serves it (a standalone
+`crun` whose worker reports MASTER_PORT), PyTorch 2.x libuv and legacy (v2), 1.13
+(v1). Each (server, N) cell gets a fresh server, so its peak RSS (VmHWM) belongs
+to that cell; server CPU seconds are read from /proc around the storm.
+
+The run happens in a private network and mount namespace (loopback only):
+  --resolver local  an /etc/hosts-only nsswitch.conf: the reverse lookups that
+                    PyTorch 2.x servers make for every accepted client stay local;
+  --resolver slow   a stub DNS server on 127.0.0.53 that answers each query after
+                    --dns-delay-ms (NXDOMAIN), standing in for a cluster's slow
+                    resolver without sending a single query off this machine.
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from store_bench import (ROOT, TORCH1, TORCH2, Server, RssSampler, die_with_parent,  # noqa: E402
+                         proc_status, raise_nofile)
+
+RANKS = (1024, 2048, 4096, 8192, 16384, 19900)
+START_TIMEOUT_S = 150
+MODEL_N = 98304
+
+# key, label, dialect
+SERVERS = [
+    ("crun-rdzvd", "crun-rdzvd", 2),
+    ("crun-agent", "crun agent store", 2),
+    ("torch2-libuv", "torch 2.x libuv", 2),
+    ("torch2-legacy", "torch 2.x legacy", 2),
+    ("torch113", "torch 1.13", 1),
+]
+
+WORKER = r"""
+import os, sys, time
+with open(sys.argv[1], "w") as f:
+    f.write(os.environ["MASTER_PORT"] + "\n")
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def log(msg):
+    print(f"storm_bench: {msg}", file=sys.stderr, flush=True)
+
+
+def server_argv(key, build, tmp):
+    script = os.path.join(HERE, "torch_store_server.py")
+    if key == "crun-rdzvd":
+        return [os.path.join(build, "bin", "crun-rdzvd"), "--host", "127.0.0.1", "--port", "0"]
+    if key == "torch113":
+        return [TORCH1, script]
+    if key == "torch2-legacy":
+        return [TORCH2, script, "--libuv", "0"]
+    if key == "torch2-libuv":
+        return [TORCH2, script, "--libuv", "1"]
+    raise ValueError(key)
+
+
+class AgentStore(Server):
+    """`crun --standalone` with one worker that writes MASTER_PORT to a file:
+    the store under test is the one that agent serves to its workers."""
+
+    def __init__(self, build, tmp):
+        self.portfile = os.path.join(tmp, "master_port")
+        worker = os.path.join(tmp, "report_port.py")
+        with open(worker, "w") as f:
+            f.write(WORKER)
+        super().__init__("crun-agent", [os.path.join(build, "bin", "crun"), "--standalone",
+                                        "--nproc_per_node=1", worker, self.portfile, "600"])
+
+    def _read(self):
+        for line in self.proc.stdout:
+            if len(self.lines) < 200:
+                self.lines.append(line.rstrip("\n"))
+        self.ready.set()
+
+    def wait_ready(self, timeout):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end and self.alive():
+            try:
+                with open(self.portfile) as f:
+                    txt = f.read().strip()
+                if txt:
+                    self.port = int(txt)
+                    return True
+            except OSError:
+                pass
+            time.sleep(0.05)
+        return False
+
+
+def storm_once(build, key, dialect, n, tmp, timeout_s):
+    srv = AgentStore(build, tmp) if key == "crun-agent" else Server(key,
+                                                                       server_argv(key, build, tmp))
+    res = {"server": key, "ranks": n}
+    try:
+        srv.start()
+        if not srv.wait_ready(START_TIMEOUT_S):
+            res["error"] = "server did not start: " + " | ".join(srv.lines[-3:])
+            return res
+        before = proc_status(srv.proc.pid)
+        argv = [os.path.join(build, "bench", "storm"), "--port", str(srv.port), "-n", str(n),
+                "--dialect", f"v{dialect}", "--timeout-ms", str(int(timeout_s * 1000))]
+        with RssSampler(srv.proc.pid):
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s + 30)
+        after = proc_status(srv.proc.pid)
+        line = next((l for l in p.stdout.splitlines() if l.startswith("{")), None)
+        res.update(json.loads(line) if line else {"ok": False, "error": p.stderr[-300:]})
+        if before and after:
+            res["server_cpu_s"] = round(after[2] - before[2], 3)
+            res["server_hwm_mb"] = round(after[1] / 1024, 1)
+        res["server_alive"] = srv.alive()
+    except subprocess.TimeoutExpired:
+        res.update(ok=False, error="storm timed out")
+    finally:
+        srv.stop()
+    return res
+
+
+# ---- the slow resolver stand-in -------------------------------------------------
+
+def dns_stub(addr, delay_s, stop):
+    """Answers every DNS query with NXDOMAIN after delay_s (one thread: a
+    resolver that serialises, as a loaded one does)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((addr, 53))
+    s.settimeout(0.2)
+    while not stop.is_set():
+        try:
+            q, peer = s.recvfrom(512)
+        except socket.timeout:
+            continue
+        if len(q) < 12:
+            continue
+        time.sleep(delay_s)
+        # Header: same id, QR=1, opcode from the query, RD copied, RA=1, RCODE=3.
+        flags = 0x8000 | (q[2] << 8 & 0x7900) | 0x0080 | 3
+        s.sendto(q[:2] + flags.to_bytes(2, "big") + q[4:6] + b"\0\0\0\0\0\0" + q[12:], peer)
+    s.close()
+
+
+def private_namespace(argv, resolver):
+    """Re-runs this script in new network + mount namespaces, loopback up, with
+    name lookups pointed where --resolver says. None when that is impossible."""
+    if not shutil.which("unshare"):
+        return None
+    tmp = tempfile.mkdtemp(prefix="crun-storm-ns-")
+    nss = os.path.join(tmp, "nsswitch.conf")
+    resolv = os.path.join(tmp, "resolv.conf")
+    with open(nss, "w") as f:
+        f.write("hosts: files\n" if resolver == "local" else "hosts: files dns\n")
+    with open(resolv, "w") as f:
+        f.write("nameserver 127.0.0.53\noptions timeout:1 attempts:1\n")
+    inner = ("ip link set lo up && mount --bind \"$NSS\" /etc/nsswitch.conf && "
+             "mount --bind \"$RESOLV\" /etc/resolv.conf && exec \"$0\" \"$@\"")
+    env = dict(os.environ, CRUN_BENCH_NETNS="1", NSS=nss, RESOLV=resolv)
+    try:
+        return subprocess.call(["unshare", "--net", "--mount", "--propagation", "private",
+                                "sh", "-c", inner, sys.executable, os.path.abspath(__file__)]
+                               + argv, env=env)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---- the model and the report ------------------------------------------------------
+
+def fit(points):
+    """Least-squares t = a + b*N over (N, t); returns (a, b, max relative error)."""
+    n = len(points)
+    if n < 2:
+        return None
+    sx = sum(p[0] for p in points)
+    sy = sum(p[1] for p in points)
+    sxx = sum(p[0] * p[0] for p in points)
+    sxy = sum(p[0] * p[1] for p in points)
+    den = n * sxx - sx * sx
+    if den == 0:
+        return None
+    b = (n * sxy - sx * sy) / den
+    a = (sy - b * sx) / n
+    err = max(abs(a + b * x - y) / y for x, y in points if y > 0)
+    return a, b, err
+
+
+def table(results, ranks, resolver, env_line):
+    out = [f"Worker-init storm ({resolver} name lookups; {env_line})", "",
+           "| N | " + " | ".join(lbl for _, lbl, _ in SERVERS) + " | crun-agent / libuv |",
+           "|---:|" + "---|" * (len(SERVERS) + 1)]
+    for n in ranks:
+        cells, libuv, agent = [], None, None
+        for key, _, _ in SERVERS:
+            r = results.get((key, n))
+            if not r:
+                cells.append("-")
+            elif not r.get("ok"):
+                cells.append(f"failed: {r.get('error', '?')[:40]}")
+            else:
+                cells.append(f"{r['total_s']:.3f} s, fan-out {r['fanout_s']:.3f} s, "
+                             f"CPU {r.get('server_cpu_s', 0):.2f} s, "
+                             f"{r.get('server_hwm_mb', 0):.0f} MB")
+                if key == "torch2-libuv":
+                    libuv = r
+                if key == "crun-agent":
+                    agent = r
+        ratio = "-"
+        if libuv and agent:
+            ratio = (f"wall {agent['total_s'] / libuv['total_s']:.2f}x, "
+                     f"CPU {agent.get('server_cpu_s', 0) / max(libuv.get('server_cpu_s', 0), 1e-3):.2f}x, "
+                     f"fan-out {agent['fanout_s'] / max(libuv['fanout_s'], 1e-6):.2f}x")
+        out.append(f"| {n} | " + " | ".join(cells) + f" | {ratio} |")
+    out += ["", f"Model: wall time t(N) = a + b*N fitted per server on the measured points, "
+            f"extrapolated to N = {MODEL_N} (a model, not a measurement):", "",
+            "| server | a (s) | b (us/rank) | max error on measured points | t(98,304) |",
+            "|---|---:|---:|---:|---:|"]
+    for key, lbl, _ in SERVERS:
+        pts = [(n, results[(key, n)]["total_s"]) for n in ranks
+               if results.get((key, n), {}).get("ok")]
+        f = fit(pts)
+        if f:
+            a, b, err = f
+            out.append(f"| {lbl} | {a:.3f} | {b * 1e6:.1f} | {err * 100:.0f} % | "
+                       f"{a + b * MODEL_N:.1f} s |")
+    return "\n".join(out) + "\n"
+
+
+def plot(results, ranks, path, resolver):
+    if not shutil.which("gnuplot"):
+        log("gnuplot not found: no plot (apt-get install gnuplot-nox)")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        series = []
+        for key, lbl, _ in SERVERS:
+            pts = [(n, results[(key, n)]["total_s"]) for n in ranks
+                   if results.get((key, n), {}).get("ok")]
+            if not pts:
+                continue
+            dat = os.path.join(tmp, f"{key}.dat")
+            with open(dat, "w") as f:
+                f.writelines(f"{n} {t}\n" for n, t in pts)
+            series.append(f"'{dat}' using 1:2 with linespoints title '{lbl}'")
+        if not series:
+            return
+        script = (f"set terminal svg size 720,440 dynamic\nset output '{path}'\n"
+                  f"set title 'Worker-init storm ({resolver} name lookups)'\n"
+                  "set logscale xy\nset xlabel 'ranks N'\nset ylabel 'first connect to last rank "
+                  "done (s)'\nset key top left\nset grid\nplot " + ", ".join(series) + "\n")
+        subprocess.run(["gnuplot"], input=script, text=True, check=False, timeout=60)
+
+
+def main():
+    ap = argparse.ArgumentParser(description="worker-init storm benchmark")
+    ap.add_argument("build", nargs="?", default=os.environ.get("CRUN_BUILD",
+                                                               os.path.join(ROOT, "build")))
+    ap.add_argument("--ranks", default=",".join(map(str, RANKS)))
+    ap.add_argument("--servers", default=",".join(k for k, _, _ in SERVERS))
+    ap.add_argument("--resolver", choices=["local", "slow"], default="local")
+    ap.add_argument("--dns-delay-ms", type=float, default=2.0)
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds per storm")
+    ap.add_argument("--out")
+    ap.add_argument("--json")
+    ap.add_argument("--plot")
+    cfg = ap.parse_args()
+    if os.environ.get("CRUN_BENCH_NETNS") != "1":
+        rc = private_namespace(sys.argv[1:], cfg.resolver)
+        if rc is not None:
+            return rc
+        log("cannot create namespaces: refusing to run (PyTorch 2.x would query the "
+            "machine's resolver for every client)")
+        return 2
+    build = os.path.abspath(cfg.build)
+    ranks = [int(x) for x in cfg.ranks.split(",") if x]
+    wanted = cfg.servers.split(",")
+    nofile = raise_nofile()
+    stop = threading.Event()
+    if cfg.resolver == "slow":
+        threading.Thread(target=dns_stub, args=("127.0.0.53", cfg.dns_delay_ms / 1000, stop),
+                         daemon=True).start()
+    env_line = (f"{os.cpu_count()} CPUs, RLIMIT_NOFILE {nofile}, "
+                f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+                + (f", stub resolver delay {cfg.dns_delay_ms} ms" if cfg.resolver == "slow" else ""))
+    results = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="crun-storm-") as tmp:
+            for n in ranks:
+                if n + 64 > nofile:
+                    log(f"N={n} needs {n + 64} descriptors per process; limit {nofile}: skipped")
+                    continue
+                for key, _, dialect in SERVERS:
+                    if key not in wanted:
+                        continue
+                    r = storm_once(build, key, dialect, n, tmp, cfg.timeout)
+                    results[(key, n)] = r
+                    log(json.dumps(r))
+    finally:
+        stop.set()
+    text = table(results, ranks, cfg.resolver, env_line)
+    print(text)
+    if cfg.out:
+        with open(cfg.out, "w") as f:
+            f.write(text)
+    if cfg.json:
+        with open(cfg.json, "w") as f:
+            json.dump([r for r in results.values()], f, indent=1)
+    if cfg.plot:
+        plot(results, ranks, cfg.plot, cfg.resolver)
+    failed = [r for r in results.values() if r["server"].startswith("crun") and not r.get("ok")]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""`make install` into a temporary prefix, then use only what was installed:
+a program built with `pkg-config crun` against the installed headers and
+library, the exported symbol list, the public headers as C99 and C++, and the
+installed programs' and library's dependencies (no CUDA, no NCCL)."""
+import os
+import subprocess
+import tempfile
+
+import pytest
+
+from conftest import BUILD, ROOT
+
+SAN = os.environ.get("CRUN_SAN", "0") == "1"
+SAN_FLAGS = ["-fsanitize=address,undefined"] if SAN else []
+
+PROGRAM = r"""
+#include <stdio.h>
+#include <crun/crun.h>
+#include <crun/store.h>
+#include <crun/worker.h>
+#include <crun/agent.h>
+
+int main(void)
+{
+	crun_agent_config_t cfg = CRUN_AGENT_CONFIG_INIT;
+
+	printf("%u %s %d\n", crun_version(), crun_strerror(CRUN_EINVAL),
+	       (int)(cfg.struct_size == sizeof(cfg)));
+	return 0;
+}
+"""
+
+
+def run(argv, **kw):
+    kw.setdefault("timeout", 300)
+    out = subprocess.run(argv, capture_output=True, text=True, **kw)
+    assert out.returncode == 0, f"{argv}: {out.stdout[-2000:]}{out.stderr[-2000:]}"
+    return out.stdout
+
+
+@pytest.fixture(scope="module")
+def prefix():
+    with tempfile.TemporaryDirectory(prefix="crun-install-") as dest:
+        run(["make", "-C", ROOT, "--no-print-directory", "install", f"DESTDIR={dest}",
+             "PREFIX=/usr/local", f"BUILD={BUILD}", f"SAN={'1' if SAN else '0'}"], timeout=900)
+        yield os.path.join(dest, "usr/local")
+
+
+def pc(prefix, *what):
+    env = dict(os.environ, PKG_CONFIG_PATH=os.path.join(prefix, "lib/pkgconfig"),
+               PKG_CONFIG_SYSROOT_DIR="")
+    out = run(["pkg-config", "--define-variable=prefix=" + prefix, *what, "crun"], env=env)
+    return out.split()
+
+
+def test_a_program_builds_against_the_installed_files_only(prefix, tmp_path):
+    src = tmp_path / "p.c"
+    src.write_text(PROGRAM)
+    for link in ("shared", "static"):
+        exe = tmp_path / f"p-{link}"
+        libs = pc(prefix, "--libs") if link == "shared" else \
+            [os.path.join(prefix, "lib/libcrun.a")] + pc(prefix, "--libs", "--static")[2:]
+        if link == "static":
+            libs = [l for l in libs if l != "-lcrun"]
+        run(["cc", "-std=c99", "-Wall", "-Werror", *SAN_FLAGS, *pc(prefix, "--cflags"),
+             "-o", str(exe), str(src), *libs, "-lm", "-ldl", "-pthread"])
+        env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(prefix, "lib"))
+        out = run([str(exe)], env=env)
+        assert out.split()[0].isdigit() and out.split()[-1] == "1", out
+        assert "invalid argument" in out
+
+
+def test_only_crun_symbols_are_exported(prefix):
+    out = run(["nm", "-D", "--defined-only", os.path.join(prefix, "lib/libcrun.so.0")])
+    names = [l.split()[-1] for l in out.splitlines() if l.strip()]
+    assert names, "no exported symbols"
+    strays = [n for n in names if not n.startswith("crun_") and not n.startswith("CRUN_")]
+    assert not strays, f"exported beyond crun_*: {strays[:20]}"
+    soname = run(["objdump", "-p", os.path.join(prefix, "lib/libcrun.so.0")])
+    assert "SONAME               libcrun.so.0" in soname
+
+
+@pytest.mark.parametrize("compiler", [
+    ["cc", "-std=c99", "-pedantic", "-Wall", "-Wextra", "-Werror", "-x", "c"],
+    ["g++", "-std=c++17", "-pedantic", "-Wall", "-Wextra", "-Werror", "-x", "c++"],
+], ids=["c99", "cxx17"])
+def test_public_headers_compile_alone(prefix, tmp_path, compiler):
+    for h in sorted(os.listdir(os.path.join(prefix, "include/crun"))):
+        src = tmp_path / f"{h}.src"
+        src.write_text(f"#include <crun/{h}>\nint crun_test_unit_{h[:-2]};\n")
+        run([*compiler, "-I", os.path.join(prefix, "include"), "-c", str(src),
+             "-o", str(tmp_path / f"{h}.o")])
+
+
+def test_nothing_installed_needs_cuda(prefix):
+    objs = [os.path.join(prefix, "lib/libcrun.so.0")]
+    bindir = os.path.join(prefix, "bin")
+    objs += [os.path.join(bindir, p) for p in sorted(os.listdir(bindir))]
+    for o in objs:
+        dyn = run(["objdump", "-p", o])
+        needed = [l.split()[-1] for l in dyn.splitlines() if l.strip().startswith("NEEDED")]
+        bad = [n for n in needed if "cuda" in n or "nccl" in n or "cublas" in n]
+        assert not bad, f"{o} needs {bad}"
+        runpath = [l for l in dyn.splitlines() if "RUNPATH" in l or "RPATH" in l]
+        assert not runpath, f"{o} carries a build-host runpath: {runpath}"
+
+
+def test_the_gpu_object_sits_beside_the_library(prefix):
+    """libcrun-cuda.so.0 (built when nvcc is there) is installed next to
+    libcrun.so.0, where the SDK's dlopen looks first, with no runpath."""
+    built = os.path.exists(os.path.join(BUILD, "lib", "libcrun-cuda.so.0"))
+    inst = os.path.join(prefix, "lib", "libcrun-cuda.so.0")
+    assert os.path.exists(inst) == built
+    if built:
+        dyn = run(["objdump", "-p", inst])
+        assert "RUNPATH" not in dyn and "RPATH" not in dyn, dyn
+
+
+def test_uninstall_removes_what_install_put(tmp_path):
+    dest = tmp_path / "d"
+    args = ["make", "-C", ROOT, "--no-print-directory", f"DESTDIR={dest}", "PREFIX=/usr/local",
+            f"BUILD={BUILD}", f"SAN={'1' if SAN else '0'}"]
+    run(args + ["install"], timeout=900)
+    run(args + ["uninstall"])
+    left = [os.path.join(d, f) for d, _, fs in os.walk(dest) for f in fs]
+    # Only configs (which an operator may have edited) stay.
+    assert all("/etc/crun/" in f for f in left), left
