@@ -38,7 +38,6 @@ static void reg_free(struct store_server *srv, struct kv_reg *reg, bool is_wait)
 	kv_gc(&srv->kv, e);
 }
 
-/* kv_get_or_add, with a refusal counted under the budget that was full. */
 /* A write over a budget: counted, and refused to the client when there is
  * one (c is NULL for the server's own writes, a lease's expiry key). */
 static int refuse(struct store_server *srv, struct store_conn *c, enum store_metric m)
@@ -49,6 +48,7 @@ static int refuse(struct store_server *srv, struct store_conn *c, enum store_met
 	return CRUN_ETOOBIG;
 }
 
+/* kv_get_or_add, with a refusal counted under the budget that was full. */
 static int ent_get(struct store_server *srv, struct store_conn *c, const struct store_bytes *k,
 		   struct kv_ent **ret)
 {
