@@ -923,10 +923,8 @@ static uint32_t auto_max_conns(void)
 	struct rlimit rl;
 	uint64_t lim = 1024, reserve;
 
-	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
-		lim = rl.rlim_cur;
-	else if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
-		lim = 65536 + 8192;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+		lim = rl.rlim_cur == RLIM_INFINITY ? 65536 + 8192 : rl.rlim_cur;
 	reserve = MAX(64, lim / 8);
 	return lim > reserve + 1 ? (uint32_t)MIN(65536, lim - reserve) : 1;
 }
