@@ -35,7 +35,7 @@ struct c10d {
 	bool have_info;
 	struct rdzv_info info;
 	int round, nnodes, host_member, prev_grank;
-	char nbr_host[RDZV_HOST_MAX], store_host[RDZV_HOST_MAX];
+	char store_host[RDZV_HOST_MAX];
 	enum rdzv_change change;
 	int barrier_result; /* 0, or why the exit barrier did not pass */
 	struct helper job, mon;
@@ -194,7 +194,6 @@ static int start(struct c10d *c, enum c10d_job_kind kind, const char *why)
 	j->nnodes = c->nnodes;
 	j->host_member = c->host_member;
 	j->info = c->info;
-	snprintf(j->nbr_host, sizeof(j->nbr_host), "%s", c->nbr_host);
 	if (kind == JOB_MONITOR) {
 		j->mon_c = c->pend_c;
 		j->lease = c->pend_lease;
@@ -258,7 +257,6 @@ static void round_ended(struct c10d *c, struct c10d_job *j)
 	c->nnodes = j->nnodes;
 	c->host_member = j->host_member;
 	c->prev_grank = j->info.group_rank;
-	snprintf(c->nbr_host, sizeof(c->nbr_host), "%s", j->nbr_host);
 	snprintf(c->store_host, sizeof(c->store_host), "%s", j->store_host);
 	c->have_info = true;
 	c->change = RDZV_CHANGE_NONE;

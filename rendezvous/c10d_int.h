@@ -60,7 +60,6 @@ struct c10d_job {
 	char why[512];			/* JOB_FAIL: root cause, "" when a peer closed */
 	/* the round (input to BARRIER/FAIL/MONITOR, output of ROUND) */
 	int round, nnodes, host_member;
-	char nbr_host[RDZV_HOST_MAX];
 	/* results, read by the loop only after the post */
 	enum round_outcome outcome;
 	enum barrier_outcome barrier;

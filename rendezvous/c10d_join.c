@@ -195,6 +195,29 @@ static int open_next(struct c10d_job *j, struct coord *c, int64_t rd, const char
 	return r < 0 ? c10d_jfail(j, c, r, "opening the next round") : 0;
 }
 
+/* Whether the alive keys of tickets 1..n all exist, in one round trip (a
+ * MULTI_GET that would have to wait is not all): the common case, which
+ * spares the closer n lookups. */
+static bool alive_all(struct coord *c, int64_t rd, int n)
+{
+	char **keys = calloc((size_t)n, sizeof(char *)), **vals = calloc((size_t)n, sizeof(char *));
+	bool ok = keys && vals && n > 0;
+
+	for (int i = 0; ok && i < n; i++) {
+		keys[i] = malloc(64);
+		ok = keys[i] && str_printf(keys[i], 64, "r%" PRId64 "/alive/%d", rd, i + 1) >= 0;
+	}
+	ok = ok && coord_multi_get(c, (const char *const *)keys, (size_t)n, 1, vals) == 0;
+	for (int i = 0; keys && i < n; i++) {
+		free(keys[i]);
+		if (ok)
+			crun_free(vals[i]);
+	}
+	free(keys);
+	free(vals);
+	return ok;
+}
+
 /* Reads which of tickets 1..joined are alive (until MAX of them) and, with
  * at least MIN, closes the round with them and their records (one
  * MULTI_GET: a record is written before its alive key). 0 whether or not
@@ -206,6 +229,7 @@ static int try_close(struct c10d_job *j, struct coord *c, int64_t rd, int64_t jo
 	char **keys = calloc((size_t)n, sizeof(char *)), **vals = calloc((size_t)n, sizeof(char *));
 	char key[96], *val = NULL;
 	int r = CRUN_ENOMEM, k = 0, good = 0, attempt;
+	bool all;
 
 	if (!m || !keys || !vals)
 		goto out;
@@ -213,10 +237,11 @@ static int try_close(struct c10d_job *j, struct coord *c, int64_t rd, int64_t jo
 	r = coord_exists(c, key);
 	if (r != 0) /* closed already (1), or an error */
 		goto out;
+	all = alive_all(c, rd, (int)MIN(n, j->max));
 	for (int i = 0; i < n && k < j->max; i++) {
 		r = str_printf(key, sizeof(key), "r%" PRId64 "/alive/%d", rd, i + 1);
 		if (r >= 0)
-			r = coord_exists(c, key);
+			r = all ? 1 : coord_exists(c, key);
 		if (r < 0)
 			goto out;
 		if (r == 0)
@@ -397,7 +422,6 @@ static int take_assignment(struct c10d_job *j, const struct round_closed *rc, in
 	if (r < 0)
 		return c10d_jfail(j, NULL, r, "computing the rank assignment");
 	j->info = a.info;
-	snprintf(j->nbr_host, sizeof(j->nbr_host), "%s", a.nbr_host);
 	snprintf(j->store_host, sizeof(j->store_host), "%s", a.store_host);
 	j->host_member = a.host_member;
 	j->nnodes = rc->n;

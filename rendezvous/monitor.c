@@ -111,7 +111,7 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 			last = cnt;
 			last_move = clock_now_ms();
 		} else if (clock_now_ms() - last_move > j->conf.ttl_ms) {
-			KEY(why, "dead %s (group rank %d: no heartbeat for %u ms)", j->nbr_host,
+			KEY(why, "dead node of group rank %d (no heartbeat for %u ms)",
 			    (j->info.group_rank + 1) % j->nnodes, j->conf.ttl_ms);
 			(void)coord_expire(*cp, chk, why);
 		}

@@ -3,6 +3,7 @@
  * and no one's death can stop the others from learning them.
  */
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,39 +39,77 @@ int round_record_parse(const char *s, int ticket, struct round_node *ret)
 	return 0;
 }
 
+/* The per-member integers of a closed value: one JSON array each. */
+static const struct {
+	const char *name;
+	size_t off;
+	int lo, hi;
+} closed_ints[] = {
+    {"t", offsetof(struct round_member, ticket), 1, 1 << 30},
+    {"n", offsetof(struct round_member, nproc), 1, 1 << 20},
+    {"pr", offsetof(struct round_member, prev_round), -1, 1 << 30},
+    {"pg", offsetof(struct round_member, prev_grank), -1, 1 << 30},
+};
+
+#define FIELD(node, i) (*(int *)((char *)(node) + closed_ints[i].off))
+
 int round_closed_format(int attempt, const struct round_node *m, int n, char **ret)
 {
-	cJSON *root = cJSON_CreateObject(), *t = cJSON_CreateArray(), *rec = cJSON_CreateArray();
+	cJSON *root = cJSON_CreateObject();
+	int *grank = n > 0 ? calloc((size_t)n, sizeof(int)) : NULL;
+	struct round_member *mm = n > 0 ? calloc((size_t)n, sizeof(*mm)) : NULL;
+	const char *maddr = "", *shost = "";
+	unsigned mport = 0;
 	int r = CRUN_ENOMEM;
 
-	if (!root || !t || !rec)
+	if (!root || (n > 0 && (!grank || !mm)))
 		goto out;
-	cJSON_AddItemToObject(root, "tickets", t);
-	cJSON_AddItemToObject(root, "records", rec);
-	t = rec = NULL;
-	if (!cJSON_AddNumberToObject(root, "attempt", attempt))
-		goto out;
-	for (int i = 0; i < n; i++) {
-		char buf[ROUND_RECORD_MAX];
-		cJSON *x;
-
-		r = round_record_format(&m[i], buf, sizeof(buf));
+	for (int i = 0; i < n; i++)
+		mm[i] = (struct round_member){.ticket = m[i].ticket,
+					      .prev_round = m[i].prev_round,
+					      .prev_grank = m[i].prev_grank,
+					      .nproc = m[i].nproc};
+	if (n > 0) {
+		/* The worker store is group rank 0's: its address travels once,
+		 * not every member's. */
+		r = round_order(mm, n, grank);
 		if (r < 0)
 			goto out;
 		r = CRUN_ENOMEM;
-		x = cJSON_CreateNumber(m[i].ticket);
-		if (!x || !cJSON_AddItemToArray(cJSON_GetObjectItem(root, "tickets"), x))
-			goto out;
-		x = cJSON_CreateString(buf);
-		if (!x || !cJSON_AddItemToArray(cJSON_GetObjectItem(root, "records"), x))
+		for (int i = 0; i < n; i++) {
+			if (grank[i] == 0) {
+				maddr = m[i].addr;
+				mport = m[i].wport;
+			}
+			if (m[i].is_host && !*shost)
+				shost = m[i].host;
+		}
+	}
+	if (!cJSON_AddNumberToObject(root, "attempt", attempt) ||
+	    !cJSON_AddStringToObject(root, "ma", maddr) ||
+	    !cJSON_AddNumberToObject(root, "mp", mport) ||
+	    !cJSON_AddStringToObject(root, "sh", shost))
+		goto out;
+	for (size_t f = 0; f < sizeof(closed_ints) / sizeof(closed_ints[0]); f++) {
+		cJSON *arr = cJSON_AddArrayToObject(root, closed_ints[f].name);
+
+		for (int i = 0; arr && i < n; i++) {
+			cJSON *x = cJSON_CreateNumber(FIELD(&mm[i], f));
+
+			if (!x || !cJSON_AddItemToArray(arr, x)) {
+				cJSON_Delete(x);
+				arr = NULL;
+			}
+		}
+		if (!arr)
 			goto out;
 	}
 	*ret = cJSON_PrintUnformatted(root);
 	r = *ret ? 0 : CRUN_ENOMEM;
 out:
+	free(grank);
+	free(mm);
 	cJSON_Delete(root);
-	cJSON_Delete(t);
-	cJSON_Delete(rec);
 	return r;
 }
 
@@ -83,42 +122,65 @@ void round_closed_free(struct round_closed *rc)
 	rc->n = 0;
 }
 
+/* A string field of at most cap-1 bytes, no spaces (records split on them). */
+static bool copy_word(const cJSON *s, char *buf, size_t cap)
+{
+	if (!cJSON_IsString(s) || strlen(s->valuestring) >= cap || strchr(s->valuestring, ' '))
+		return false;
+	snprintf(buf, cap, "%s", s->valuestring);
+	return true;
+}
+
 int round_closed_parse(const char *s, int max_members, struct round_closed *ret)
 {
 	cJSON *root = s ? cJSON_Parse(s) : NULL;
-	cJSON *a, *t, *rec;
+	cJSON *a, *mp;
 	struct round_closed rc = {0};
-	int n, r = CRUN_EPROTO;
+	int n = -1, r = CRUN_EPROTO;
 
 	if (!root)
 		return CRUN_EPROTO;
 	a = cJSON_GetObjectItem(root, "attempt");
-	t = cJSON_GetObjectItem(root, "tickets");
-	rec = cJSON_GetObjectItem(root, "records");
-	if (!cJSON_IsNumber(a) || a->valuedouble < 0 || a->valuedouble > 1e9 || !cJSON_IsArray(t) ||
-	    !cJSON_IsArray(rec))
-		goto out;
-	n = cJSON_GetArraySize(t);
-	if (n != cJSON_GetArraySize(rec) || n > max_members)
+	mp = cJSON_GetObjectItem(root, "mp");
+	if (!cJSON_IsNumber(a) || a->valuedouble < 0 || a->valuedouble > 1e9 ||
+	    !cJSON_IsNumber(mp) || mp->valuedouble < 0 || mp->valuedouble > 65535 ||
+	    !copy_word(cJSON_GetObjectItem(root, "ma"), rc.master_addr, sizeof(rc.master_addr)) ||
+	    !copy_word(cJSON_GetObjectItem(root, "sh"), rc.store_host, sizeof(rc.store_host)))
 		goto out;
 	rc.attempt = a->valueint;
-	rc.n = n;
-	if (n > 0) {
-		rc.m = calloc((size_t)n, sizeof(*rc.m));
-		if (!rc.m) {
-			r = CRUN_ENOMEM;
+	rc.master_port = (unsigned)mp->valueint;
+	for (size_t f = 0; f < sizeof(closed_ints) / sizeof(closed_ints[0]); f++) {
+		cJSON *arr = cJSON_GetObjectItem(root, closed_ints[f].name);
+
+		if (!cJSON_IsArray(arr) || (n >= 0 && cJSON_GetArraySize(arr) != n))
 			goto out;
+		if (n < 0) {
+			n = cJSON_GetArraySize(arr);
+			if (n > max_members)
+				goto out;
+			if (n > 0 && !(rc.m = calloc((size_t)n, sizeof(*rc.m)))) {
+				r = CRUN_ENOMEM;
+				goto out;
+			}
+		}
+		for (int i = 0; i < n; i++) {
+			cJSON *x = cJSON_GetArrayItem(arr, i);
+
+			if (!cJSON_IsNumber(x) || x->valuedouble < closed_ints[f].lo ||
+			    x->valuedouble > closed_ints[f].hi)
+				goto out;
+			FIELD(&rc.m[i], f) = x->valueint;
 		}
 	}
 	for (int i = 0; i < n; i++) {
-		cJSON *ti = cJSON_GetArrayItem(t, i), *ri = cJSON_GetArrayItem(rec, i);
-
-		if (!cJSON_IsNumber(ti) || ti->valuedouble < 1 || ti->valuedouble > 1e9 ||
-		    !cJSON_IsString(ri) ||
-		    round_record_parse(ri->valuestring, ti->valueint, &rc.m[i]) < 0 ||
-		    (i > 0 && rc.m[i].ticket <= rc.m[i - 1].ticket))
-			goto out;
+		if (i > 0 && rc.m[i].ticket <= rc.m[i - 1].ticket)
+			goto out; /* members are in ticket order */
+		if (rc.m[i].prev_round < 0 || rc.m[i].prev_grank < 0)
+			rc.m[i].prev_round = rc.m[i].prev_grank = -1;
 	}
+	if (n > 0 && (!rc.master_addr[0] || rc.master_port == 0))
+		goto out; /* group rank 0 has no worker store */
+	rc.n = n;
 	*ret = rc;
 	rc.m = NULL;
 	r = 0;
@@ -186,7 +248,7 @@ static int order_cmp(const void *pa, const void *pb)
 	return a->ticket < b->ticket ? -1 : a->ticket > b->ticket;
 }
 
-int round_order(const struct round_node *m, int n, int *ret_grank)
+int round_order(const struct round_member *m, int n, int *ret_grank)
 {
 	struct order_key *k;
 	int newest = -1;
@@ -214,7 +276,7 @@ int round_order(const struct round_node *m, int n, int *ret_grank)
 
 int round_assign(const struct round_closed *rc, int me, struct round_assignment *ret)
 {
-	int n = rc->n, *grank, *nprocs, *by_rank;
+	int n = rc->n, *grank, *nprocs;
 	struct round_assignment a = {0};
 	int r = CRUN_ENOMEM;
 
@@ -222,36 +284,24 @@ int round_assign(const struct round_closed *rc, int me, struct round_assignment 
 		return CRUN_EINVAL;
 	grank = calloc((size_t)n, sizeof(int));
 	nprocs = calloc((size_t)n, sizeof(int));
-	by_rank = calloc((size_t)n, sizeof(int));
-	if (!grank || !nprocs || !by_rank)
+	if (!grank || !nprocs)
 		goto out;
 	r = round_order(rc->m, n, grank);
 	if (r < 0)
 		goto out;
-	for (int i = 0; i < n; i++) {
-		by_rank[grank[i]] = i;
-		a.host_member |= rc->m[i].is_host;
-		if (rc->m[i].is_host)
-			snprintf(a.store_host, sizeof(a.store_host), "%s", rc->m[i].host);
-	}
-	for (int g = 0; g < n; g++)
-		nprocs[g] = rc->m[by_rank[g]].nproc;
+	for (int i = 0; i < n; i++)
+		nprocs[grank[i]] = rc->m[i].nproc;
 	r = rdzv_assign_ranks(nprocs, n, grank[me], &a.info);
 	if (r < 0)
 		goto out;
-	snprintf(a.info.master_addr, sizeof(a.info.master_addr), "%s", rc->m[by_rank[0]].addr);
-	a.info.master_port = (uint16_t)rc->m[by_rank[0]].wport;
+	snprintf(a.info.master_addr, sizeof(a.info.master_addr), "%s", rc->master_addr);
+	a.info.master_port = (uint16_t)rc->master_port;
 	a.info.attempt = rc->attempt;
-	snprintf(a.nbr_host, sizeof(a.nbr_host), "%s", rc->m[by_rank[(grank[me] + 1) % n]].host);
-	if (a.info.master_port == 0) {
-		r = CRUN_EPROTO; /* group rank 0 has no worker store */
-		goto out;
-	}
+	snprintf(a.store_host, sizeof(a.store_host), "%s", rc->store_host);
+	a.host_member = rc->store_host[0] != '\0';
 	*ret = a;
-	r = 0;
 out:
 	free(grank);
 	free(nprocs);
-	free(by_rank);
 	return r;
 }

@@ -5,12 +5,13 @@
  *
  *   node record  "r<r>/node/<t>": "<prev_round> <prev_grank> <nproc> <is_host>
  *                <wport> <addr> <host>" (prev_* -1 when the node is new)
- *   closed value "r<r>/closed": {"attempt":A,"tickets":[t...],"records":["..."]}
- *                written once by COMPARE_SET; members: the tickets listed, in
- *                ticket order, each with its record (so a member reads one key
- *                and computes its assignment locally). No tickets: the round
- *                was abandoned (a joiner died before it closed) and everyone
- *                joins the next one.
+ *   closed value "r<r>/closed": {"attempt":A,"t":[tickets],"n":[nproc],
+ *                "pr":[prev round],"pg":[prev rank],"ma":addr,"mp":port,
+ *                "sh":store host} written once by COMPARE_SET; members in
+ *                ticket order, "ma:mp" group rank 0's worker store (a member
+ *                reads one key and computes its assignment locally). No
+ *                members: the round was abandoned (a joiner died before it
+ *                closed) and everyone joins the next one.
  */
 #ifndef CRUN_RENDEZVOUS_ROUND_INT_H
 #define CRUN_RENDEZVOUS_ROUND_INT_H
@@ -29,6 +30,7 @@
 #define ROUND_STAGGER_MAX 30u
 #define ROUND_RECORD_MAX  (2 * RDZV_HOST_MAX + 64)
 
+/* A node's record, as its joiner wrote it. */
 struct round_node {
 	int ticket;
 	int prev_round, prev_grank; /* -1, -1: not in any earlier round */
@@ -37,18 +39,32 @@ struct round_node {
 	char addr[RDZV_HOST_MAX], host[RDZV_HOST_MAX];
 };
 
-/* One closed round. */
+/* What the assignment needs of a member (a closed value carries only this). */
+struct round_member {
+	int ticket;
+	int prev_round, prev_grank;
+	int nproc;
+};
+
+/* One closed round. Members carry only what the assignment needs (ticket,
+ * nproc, previous round and rank: no addresses), so every member reads a
+ * few bytes per node; the worker store (group rank 0's address) and the
+ * store host's name travel once. */
 struct round_closed {
 	int attempt;
-	int n;		      /* members; 0 = abandoned */
-	struct round_node *m; /* n members in ticket order (malloc'd) */
+	int n;			/* members; 0 = abandoned */
+	struct round_member *m; /* n members in ticket order (malloc'd) */
+	char master_addr[RDZV_HOST_MAX];
+	unsigned master_port;
+	char store_host[RDZV_HOST_MAX]; /* "" when the store host is no member */
 };
 
 int round_record_format(const struct round_node *n, char *buf, size_t cap);
 /* CRUN_EPROTO for a malformed record (bounded fields, nproc >= 1). */
 int round_record_parse(const char *s, int ticket, struct round_node *ret);
 
-/* *ret malloc'd JSON. */
+/* *ret malloc'd JSON; m: full records (their addresses pick the worker
+ * store and the store host). */
 int round_closed_format(int attempt, const struct round_node *m, int n, char **ret);
 /* At most max_members members; CRUN_EPROTO for anything malformed. */
 int round_closed_parse(const char *s, int max_members, struct round_closed *ret);
@@ -77,14 +93,13 @@ int round_pick(const bool *live, int joined, int max, int *ret_idx);
  * when they come from the newest round any member was in (a node back from
  * an older round is new again), ties and new nodes by ticket. ret_grank[i]
  * is member i's group rank. 0, or CRUN_EINVAL / CRUN_ENOMEM. */
-int round_order(const struct round_node *m, int n, int *ret_grank);
+int round_order(const struct round_member *m, int n, int *ret_grank);
 
 /* Member `me`'s assignment: ranks (prefix sums in group rank order), the
- * worker store (group rank 0's addr:wport), the ring neighbour's host (the
- * heartbeat fallback watches it) and whether the store host is a member. */
+ * worker store (group rank 0's addr:wport) and whether (and which) the store
+ * host is a member. */
 struct round_assignment {
 	struct rdzv_info info;
-	char nbr_host[RDZV_HOST_MAX];
 	char store_host[RDZV_HOST_MAX]; /* the member serving the store, or "" */
 	int host_member;
 };
