@@ -221,8 +221,10 @@ static bool alive_all(struct coord *c, int64_t rd, int n)
 /* Reads which of tickets 1..joined are alive (until MAX of them) and, with
  * at least MIN, closes the round with them and their records (one
  * MULTI_GET: a record is written before its alive key). 0 whether or not
- * it closed (the caller reads r<rd>/closed). */
-static int try_close(struct c10d_job *j, struct coord *c, int64_t rd, int64_t joined)
+ * it closed; *ret_closed (malloc'd) is set when this call wrote or found
+ * the closed value, else the caller waits for it. */
+static int try_close(struct c10d_job *j, struct coord *c, int64_t rd, int64_t joined,
+		     char **ret_closed)
 {
 	int n = (int)MIN(joined, (int64_t)j->max + 4096); /* bounded read */
 	struct round_node *m = calloc((size_t)n, sizeof(*m));
@@ -273,7 +275,9 @@ static int try_close(struct c10d_job *j, struct coord *c, int64_t rd, int64_t jo
 		r = round_closed_format(attempt, m, good, &val);
 	if (r == 0) {
 		KEY(key, "r%" PRId64 "/closed", rd);
-		r = coord_compare_set(c, key, "", val, NULL);
+		/* Whoever won, the value now stored is the round: no need to
+		 * wait for it (the store may be busy serving it to everyone). */
+		r = coord_compare_set(c, key, "", val, ret_closed);
 	}
 	crun_free(val);
 out:
@@ -482,7 +486,9 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 		}
 		if (now >= next_try && round_should_close((int)t, j->max, now, min_seen, max_seen,
 							  j->conf.last_call_ms)) {
-			TRY(try_close(j, c, rd, joined));
+			TRY(try_close(j, c, rd, joined, ret_closed));
+			if (*ret_closed)
+				return 0;
 			/* Below MIN live tickets: look again after a TTL. */
 			next_try = now + j->conf.ttl_ms;
 		}
