@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -18,7 +19,9 @@
 #include "common/common.h"
 #include "rendezvous/c10d_int.h"
 #include "rendezvous/coord.h"
+#include "store/auth.h"
 #include "store/store.h"
+#include "store/tls.h"
 
 #define C10D_GRACE_MS 100 /* host: after the last hang-up */
 
@@ -31,6 +34,10 @@ struct c10d {
 	char hostname[RDZV_HOST_MAX];
 	char addr[RDZV_HOST_MAX];	 /* advertised as MASTER_ADDR */
 	struct store_server *rdzv_store; /* served in-process, or NULL */
+	struct store_auth_keys *auth;	 /* its secret (auth_secret_file), or NULL */
+	struct store_tls *tls;		 /* its TLS (tls_cert), or NULL */
+	char *peers;			 /* the last round's node addresses, or NULL */
+	bool tls_ca_set;		 /* rendezvous connections use TLS */
 	uint16_t wport;			 /* this agent's worker store */
 	bool have_info;
 	struct rdzv_info info;
@@ -72,6 +79,7 @@ static int job_run(struct helper_job *h)
 		o.prefix = j->prefix;
 		o.connect_timeout_ms = connect_ms;
 		o.timeout_ms = j->conf.read_ms;
+		c10d_auth_opts(&o, &j->conf, j->prefix);
 		r = coord_open(&o, &c);
 	}
 	if (r < 0) {
@@ -153,6 +161,7 @@ int c10d_join_blocking(const struct c10d_join_args *a, struct rdzv_info *ret_inf
 	o.prefix = prefix;
 	o.connect_timeout_ms = a->conf.join_ms;
 	o.timeout_ms = a->conf.read_ms;
+	c10d_auth_opts(&o, &a->conf, prefix);
 	r = coord_open(&o, &c);
 	if (r < 0) {
 		snprintf(err, cap, "cannot reach the rendezvous store: %s", crun_strerror(r));
@@ -253,6 +262,9 @@ static void barrier_ended(struct c10d *c, struct c10d_job *j)
 static void round_ended(struct c10d *c, struct c10d_job *j)
 {
 	c->info = j->info;
+	free(c->peers);
+	c->peers = j->peers; /* taken */
+	j->peers = NULL;
 	c->round = j->round;
 	c->nnodes = j->nnodes;
 	c->host_member = j->host_member;
@@ -382,8 +394,15 @@ static void maybe_serve(struct c10d *c)
 		return;
 	if (c->conf.is_host < 0 && !endpoint_bindable(c->ep_host, c->ep_port))
 		return;
+	if (c->tls_ca_set && !c->tls) {
+		log_at(LL_INFO, SUB_RDZV,
+		       "not serving the rendezvous store: tls_ca without tls_cert");
+		return;
+	}
 	sc.host = c->conf.is_host == 1 ? NULL : c->ep_host;
 	sc.port = c->ep_port;
+	sc.auth = c->auth;
+	sc.tls = c->tls;
 	r = store_server_new(c->p.base, &sc, &c->rdzv_store);
 	if (r < 0) {
 		c->rdzv_store = NULL;
@@ -392,6 +411,62 @@ static void maybe_serve(struct c10d *c)
 		return;
 	}
 	log_at(LL_WARN, SUB_RDZV, "serving the rendezvous store on %s:%u", c->ep_host, c->ep_port);
+	/* torchrun compatibility keeps this allowed; say what it means once. */
+	if (!c->auth && !c->tls_ca_set && !store_host_is_loopback(sc.host))
+		log_at(LL_WARN, SUB_RDZV,
+		       "the rendezvous store on %s:%u has no authentication: anyone who reaches "
+		       "it can change or end this job (give it a secret: CRUN_AUTH_SECRET_FILE "
+		       "or --rdzv_conf auth_secret_file=FILE)",
+		       sc.host ? sc.host : "*", c->ep_port);
+}
+
+/* TLS of the store served here (tls_cert) and a check of the client side
+ * (tls_ca), before any connection: a bad file is one clear error. */
+static int load_tls(struct c10d *c)
+{
+	struct store_tls_opts o = {.cert = c->conf.tls_cert,
+				   .key = c->conf.tls_key,
+				   .ca = c->conf.tls_ca,
+				   .min_version = c->conf.tls_min};
+	struct store_tls *probe = NULL;
+
+	if ((c->conf.tls_cert[0] || c->conf.tls_key[0]) && !c->conf.tls_ca[0]) {
+		snprintf(c->err, sizeof(c->err),
+			 "argument --rdzv_conf: tls_cert needs tls_ca (agents verify the store)");
+		return CRUN_EINVAL;
+	}
+	if (!c->conf.tls_ca[0])
+		return 0;
+	c->tls_ca_set = true;
+	TRY(store_tls_new_client(&o, &probe, c->err, sizeof(c->err)));
+	store_tls_free(probe);
+	if (!c->conf.tls_cert[0])
+		return 0; /* this agent can only join, not serve */
+	return store_tls_new_server(&o, &c->tls, c->err, sizeof(c->err));
+}
+
+/* The job's secret: rdzv_conf auth_secret_file, else the agent's
+ * --auth_secret_file, else $CRUN_AUTH_SECRET_FILE. Checked here, before any
+ * connection, so a bad file is one clear error. */
+static int load_auth(struct c10d *c, const char *from_agent)
+{
+	struct store_auth_secret s;
+	const char *env = getenv("CRUN_AUTH_SECRET_FILE");
+	int r;
+
+	if (!c->conf.auth_file[0] && from_agent && *from_agent)
+		TRY(str_printf(c->conf.auth_file, sizeof(c->conf.auth_file), "%s", from_agent));
+	if (!c->conf.auth_file[0] && env && *env)
+		TRY(str_printf(c->conf.auth_file, sizeof(c->conf.auth_file), "%s", env));
+	if (!c->conf.auth_file[0])
+		return 0;
+	r = store_auth_secret_read(c->conf.auth_file, &s, c->err, sizeof(c->err));
+	if (r == 0)
+		r = store_auth_keys_new(&c->auth);
+	if (r == 0)
+		r = store_auth_keys_add(c->auth, "", &s);
+	memset(&s, 0, sizeof(s));
+	return r;
 }
 
 int c10d_new(const struct rdzv_params *p, struct c10d **ret)
@@ -437,6 +512,14 @@ int c10d_new(const struct rdzv_params *p, struct c10d **ret)
 		free(c);
 		return CRUN_ENOMEM;
 	}
+	r = load_auth(c, p->auth_secret_file);
+	if (r == 0)
+		r = load_tls(c);
+	if (r < 0) {
+		log_at(LL_ERROR, SUB_RDZV, "%s", c->err[0] ? c->err : crun_strerror(r));
+		c10d_free(c);
+		return CRUN_ECONFIG;
+	}
 	maybe_serve(c);
 	*ret = c;
 	return 0;
@@ -452,15 +535,25 @@ void c10d_free(struct c10d *c)
 	if (c->linger)
 		event_free(c->linger);
 	store_server_free(c->rdzv_store);
+	store_auth_keys_free(c->auth);
+	store_tls_free(c->tls);
+	free(c->peers);
 	free(c);
 }
 
 int c10d_store_to_serve(const struct c10d *c, const char **ret_host, uint16_t *ret_port)
 {
-	(void)c;
+	unsigned char ip[16];
+
 	/* Every agent serves a worker store on an ephemeral port; the round's
-	 * group rank 0 publishes its own as MASTER_ADDR:MASTER_PORT. */
-	*ret_host = NULL;
+	 * group rank 0 publishes its own as MASTER_ADDR:MASTER_PORT. It listens
+	 * on that advertised address only, when it is a local IP address (a
+	 * NAT'd --local_addr or a host name: every interface, as before). */
+	*ret_host =
+	    (inet_pton(AF_INET, c->addr, ip) == 1 || inet_pton(AF_INET6, c->addr, ip) == 1) &&
+		    endpoint_bindable(c->addr, 0)
+		? c->addr
+		: NULL;
 	*ret_port = 0;
 	return 1;
 }
@@ -481,6 +574,15 @@ int c10d_next_round(struct c10d *c)
 const struct rdzv_info *c10d_info(const struct c10d *c)
 {
 	return c->have_info ? &c->info : NULL;
+}
+
+const char *c10d_peer_addrs(const struct c10d *c)
+{
+	if (!c->have_info)
+		return NULL;
+	/* Only group rank 0's worker store is published: the others' take
+	 * loopback alone (also when the addresses could not be read). */
+	return c->info.group_rank == 0 && c->peers ? c->peers : "";
 }
 
 int c10d_exit_barrier(struct c10d *c)

@@ -1,6 +1,7 @@
 /* c10d_conf.c: torchrun's --rdzv_conf for the c10d backend ("k=v,...",
  * seconds), over crun's defaults: pure, unit-tested. */
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -17,6 +18,25 @@ static int conf_secs(const char *k, const char *v, uint32_t *ret, char *err, siz
 	}
 	*ret = (uint32_t)ms;
 	return 0;
+}
+
+/* The file-path keys of rdzv_conf (each a char[512] of the conf), or NULL. */
+static char *conf_path(struct c10d_conf *c, const char *key)
+{
+	static const struct {
+		const char *key;
+		size_t off;
+	} paths[] = {
+	    {"auth_secret_file", offsetof(struct c10d_conf, auth_file)},
+	    {"tls_cert", offsetof(struct c10d_conf, tls_cert)},
+	    {"tls_key", offsetof(struct c10d_conf, tls_key)},
+	    {"tls_ca", offsetof(struct c10d_conf, tls_ca)},
+	};
+
+	for (size_t i = 0; i < ARRAY_SIZE(paths); i++)
+		if (strcmp(key, paths[i].key) == 0)
+			return (char *)c + paths[i].off;
+	return NULL;
 }
 
 int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap)
@@ -69,6 +89,20 @@ int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap)
 			dst = &c.ttl_ms;
 		if (dst) {
 			TRY(conf_secs(item, v, dst, err, cap));
+		} else if (conf_path(&c, item)) {
+			if (str_printf(conf_path(&c, item), sizeof(c.auth_file), "%s", v) < 0) {
+				snprintf(err, cap, "argument --rdzv_conf: %s too long", item);
+				return CRUN_EINVAL;
+			}
+		} else if (strcmp(item, "tls_min_version") == 0) {
+			if (strcmp(v, "1.2") && strcmp(v, "1.3")) {
+				snprintf(
+				    err, cap,
+				    "argument --rdzv_conf: tls_min_version=%s is not 1.2 or 1.3",
+				    v);
+				return CRUN_EINVAL;
+			}
+			c.tls_min = v[2] == '2' ? 12 : 13;
 		} else if (strcmp(item, "is_host") == 0) {
 			if (parse_bool(v, &b) < 0) {
 				snprintf(err, cap,
@@ -93,7 +127,8 @@ int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap)
 			snprintf(err, cap,
 				 "argument --rdzv_conf: unknown key '%s' (expected join_timeout, "
 				 "last_call_timeout, close_timeout, read_timeout, is_host, "
-				 "heartbeat_interval, lease_ttl, store_<limit>)",
+				 "heartbeat_interval, lease_ttl, store_<limit>, auth_secret_file, "
+				 "tls_cert, tls_key, tls_ca, tls_min_version)",
 				 item);
 			return CRUN_EINVAL;
 		}

@@ -71,6 +71,7 @@ struct c10d_job {
 	struct coord *lease_c; /* borrowed: take the lease on it (tests) */
 	uint64_t lease;
 	bool hb, take_lease;
+	char *peers; /* ROUND, group rank 0: the nodes' addresses (c10d_peers.c) */
 	char err[512];
 };
 
@@ -81,6 +82,10 @@ int c10d_job_barrier(struct c10d_job *j, struct coord *c);
 int c10d_job_fail(struct c10d_job *j, struct coord *c);
 /* monitor.c: holds the lease, watches r<n>/change, posts one change. */
 int c10d_job_monitor(struct c10d_job *j, struct coord **cp);
+struct coord_opts;
+/* Authentication and TLS of a connection to the rendezvous store: the job's
+ * secret and its run id (the prefix is "crun-c10d/<run_id>"). */
+void c10d_auth_opts(struct coord_opts *o, const struct c10d_conf *conf, const char *prefix);
 /* Opens a connection to the rendezvous store with op timeout timeout_ms. */
 int c10d_job_open(const struct c10d_job *j, uint32_t timeout_ms, struct coord **ret);
 /* Fills j->err with "what: error[ - detail]" and returns r. */

@@ -16,12 +16,14 @@
 #include "rendezvous/c10d_int.h"
 #include "rendezvous/coord.h"
 #include "rendezvous/round_int.h"
+#include "store/auth.h"
 
 static void job_release(struct helper_job *h)
 {
 	struct c10d_job *j = (struct c10d_job *)h;
 
 	coord_close(j->mon_c);
+	free(j->peers);
 	free(j);
 }
 
@@ -47,6 +49,16 @@ int c10d_jfail(struct c10d_job *j, struct coord *c, int r, const char *what)
 	return r;
 }
 
+void c10d_auth_opts(struct coord_opts *o, const struct c10d_conf *conf, const char *prefix)
+{
+	o->auth_secret_file = conf->auth_file[0] ? conf->auth_file : NULL;
+	o->auth_job = prefix + sizeof(STORE_AUTH_JOB_ROOT) - 2;
+	o->tls_ca = conf->tls_ca[0] ? conf->tls_ca : NULL;
+	o->tls_cert = conf->tls_cert[0] ? conf->tls_cert : NULL;
+	o->tls_key = conf->tls_key[0] ? conf->tls_key : NULL;
+	o->tls_min_version = conf->tls_min;
+}
+
 int c10d_job_open(const struct c10d_job *j, uint32_t timeout_ms, struct coord **ret)
 {
 	struct coord_opts o = {0};
@@ -56,6 +68,7 @@ int c10d_job_open(const struct c10d_job *j, uint32_t timeout_ms, struct coord **
 	o.prefix = j->prefix;
 	o.connect_timeout_ms = timeout_ms;
 	o.timeout_ms = timeout_ms;
+	c10d_auth_opts(&o, &j->conf, j->prefix);
 	return coord_open(&o, ret);
 }
 
@@ -418,13 +431,20 @@ static int not_counted_in(struct c10d_job *j, struct coord *c, int64_t rd, int n
 
 /* Member `me` of the closed round rd: its assignment, from the closed value
  * alone. */
-static int take_assignment(struct c10d_job *j, const struct round_closed *rc, int me, int64_t rd)
+static int take_assignment(struct c10d_job *j, struct coord *c, const struct round_closed *rc,
+			   int me, int64_t rd)
 {
 	struct round_assignment a;
 	int r = round_assign(rc, me, &a);
 
 	if (r < 0)
 		return c10d_jfail(j, NULL, r, "computing the rank assignment");
+	/* Group rank 0 serves the round's worker store: learn who may reach it. */
+	if (a.info.group_rank == 0 &&
+	    c10d_read_peer_addrs(c, (int)rd, rc, j->conf.read_ms, &j->peers) < 0)
+		log_at(LL_WARN, SUB_RDZV,
+		       "cannot read the round's node addresses: the worker store allows "
+		       "loopback only");
 	j->info = a.info;
 	snprintf(j->store_host, sizeof(j->store_host), "%s", a.store_host);
 	j->host_member = a.host_member;
@@ -570,7 +590,7 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 				return 0;
 			}
 		} else {
-			r = take_assignment(j, &rc, mi, rd);
+			r = take_assignment(j, c, &rc, mi, rd);
 			round_closed_free(&rc);
 			return r;
 		}

@@ -27,7 +27,11 @@ struct coord_opts {
 	uint16_t port;
 	const char *prefix; /* every key lives under it */
 	uint32_t connect_timeout_ms;
-	uint32_t timeout_ms; /* default op deadline */
+	uint32_t timeout_ms;			 /* default op deadline */
+	const char *auth_secret_file;		 /* NULL: no authentication (store/auth.h) */
+	const char *auth_job;			 /* the run id the connection speaks for */
+	const char *tls_ca, *tls_cert, *tls_key; /* NULL tls_ca: plaintext */
+	int tls_min_version;			 /* 12 or 13 (0 = 13) */
 };
 
 int coord_open(const struct coord_opts *o, struct coord **ret_c);

@@ -379,6 +379,12 @@ int coord_open(const struct coord_opts *o, struct coord **ret_c)
 	so.connect_timeout_ms = o->connect_timeout_ms;
 	so.timeout_ms = o->timeout_ms;
 	so.dialect = CRUN_STORE_V2;
+	so.auth_secret_file = o->auth_secret_file;
+	so.auth_job = o->auth_job;
+	so.tls_ca = o->tls_ca;
+	so.tls_cert = o->tls_cert;
+	so.tls_key = o->tls_key;
+	so.tls_min_version = o->tls_min_version;
 	r = crun_store_open(&so, &c->s);
 	if (r < 0) {
 		free(c);

@@ -71,9 +71,10 @@ struct rdzv_params {
 	uint32_t barrier_timeout_ms;
 	/* c10d: master_addr/master_port are the rendezvous endpoint */
 	int min_nodes, max_nodes;
-	const char *conf;	 /* rdzv_conf "k=v,..." or NULL */
-	const char *hostname;	 /* for records and messages */
-	struct event_base *base; /* borrowed, the agent's loop */
+	const char *conf;	      /* rdzv_conf "k=v,..." or NULL */
+	const char *hostname;	      /* for records and messages */
+	const char *auth_secret_file; /* c10d: shared secret; NULL = CRUN_AUTH_SECRET_FILE */
+	struct event_base *base;      /* borrowed, the agent's loop */
 	rdzv_event_fn on_event;
 	void *arg;
 	/* Static multi-node: clears the store this agent serves (node 0), on
@@ -101,6 +102,10 @@ bool rdzv_clears_store(const struct rdzv *r);
 int rdzv_next_round(struct rdzv *r);
 /* The last completed round; valid after RDZV_EV_COMPLETE. */
 const struct rdzv_info *rdzv_info(const struct rdzv *r);
+/* The addresses allowed to reach this agent's worker store after the last
+ * round ("a b ...", numeric; valid until the next round), or NULL when the
+ * backend does not know them (then the agent does not narrow its store). */
+const char *rdzv_peer_addrs(const struct rdzv *r);
 
 /* Starts the exit barrier (every agent reached a terminal state, so the node
  * serving the store leaves last); ends with RDZV_EV_BARRIER_DONE. A backend

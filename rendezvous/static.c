@@ -354,6 +354,11 @@ const struct rdzv_info *rdzv_info(const struct rdzv *r)
 	return r->have_info ? &r->info : NULL;
 }
 
+const char *rdzv_peer_addrs(const struct rdzv *r)
+{
+	return r->c10d ? c10d_peer_addrs(r->c10d) : NULL;
+}
+
 int rdzv_exit_barrier(struct rdzv *r)
 {
 	if (r->c10d)
