@@ -19,6 +19,7 @@
 #include "common/common.h"
 #include "rendezvous/c10d_int.h"
 #include "rendezvous/coord.h"
+#include "rendezvous/etcd_int.h"
 #include "store/auth.h"
 #include "store/store.h"
 #include "store/tls.h"
@@ -49,7 +50,9 @@ struct c10d {
 	struct coord *pend_c; /* lease connection handed from the round job */
 	uint64_t pend_lease;
 	bool pend_hb;
-	struct event *linger; /* host: waits for the other agents to hang up */
+	struct etcd_conf *etcd; /* backend "etcd": the cluster; NULL: c10d */
+	char prefix[320];	/* the run's keys */
+	struct event *linger;	/* host: waits for the other agents to hang up */
 	uint64_t linger_until;
 	bool lingered;
 	char err[512];
@@ -80,6 +83,7 @@ static int job_run(struct helper_job *h)
 		o.connect_timeout_ms = connect_ms;
 		o.timeout_ms = j->conf.read_ms;
 		c10d_auth_opts(&o, &j->conf, j->prefix);
+		o.etcd = j->etcd;
 		r = coord_open(&o, &c);
 	}
 	if (r < 0) {
@@ -117,7 +121,12 @@ int c10d_join_on(struct coord *c, const struct c10d_join_args *a, struct rdzv_in
 		return CRUN_ENOMEM;
 	snprintf(j->host, sizeof(j->host), "%s", a->host ? a->host : "");
 	j->port = a->port;
-	snprintf(j->prefix, sizeof(j->prefix), "crun-c10d/%s", a->run_id);
+	if (a->etcd && etcd_prefix(a->etcd, a->run_id, j->prefix, sizeof(j->prefix)) < 0) {
+		j->h.release(&j->h);
+		return CRUN_EINVAL;
+	}
+	if (!a->etcd)
+		snprintf(j->prefix, sizeof(j->prefix), "crun-c10d/%s", a->run_id);
 	j->conf = a->conf;
 	j->min = a->min;
 	j->max = a->max;
@@ -155,13 +164,17 @@ int c10d_join_blocking(const struct c10d_join_args *a, struct rdzv_info *ret_inf
 	char prefix[320];
 	int r;
 
-	TRY(str_printf(prefix, sizeof(prefix), "crun-c10d/%s", a->run_id));
+	if (a->etcd)
+		TRY(etcd_prefix(a->etcd, a->run_id, prefix, sizeof(prefix)));
+	else
+		TRY(str_printf(prefix, sizeof(prefix), "crun-c10d/%s", a->run_id));
 	o.host = a->host;
 	o.port = a->port;
 	o.prefix = prefix;
 	o.connect_timeout_ms = a->conf.join_ms;
 	o.timeout_ms = a->conf.read_ms;
 	c10d_auth_opts(&o, &a->conf, prefix);
+	o.etcd = a->etcd;
 	r = coord_open(&o, &c);
 	if (r < 0) {
 		snprintf(err, cap, "cannot reach the rendezvous store: %s", crun_strerror(r));
@@ -186,7 +199,11 @@ static int start(struct c10d *c, enum c10d_job_kind kind, const char *why)
 	j->h.run = job_run;
 	snprintf(j->host, sizeof(j->host), "%s", c->ep_host);
 	j->port = c->ep_port;
-	snprintf(j->prefix, sizeof(j->prefix), "crun-c10d/%s", c->run_id);
+	snprintf(j->prefix, sizeof(j->prefix), "%s", c->prefix);
+	if (c->etcd && !(j->etcd = mem_dup(c->etcd, sizeof(*c->etcd)))) {
+		j->h.release(&j->h);
+		return CRUN_ENOMEM;
+	}
 	j->conf = c->conf;
 	j->min = c->p.min_nodes;
 	j->max = c->p.max_nodes;
@@ -469,6 +486,24 @@ static int load_auth(struct c10d *c, const char *from_agent)
 	return r;
 }
 
+/* Backend "etcd": master_addr is the endpoint list; the etcd keys of
+ * rdzv_conf are taken out before the round's own keys are parsed. */
+static int etcd_setup(struct c10d *c, const struct rdzv_params *p)
+{
+	char rest[1024];
+
+	c->etcd = calloc(1, sizeof(*c->etcd));
+	if (!c->etcd)
+		return CRUN_ENOMEM;
+	TRY(etcd_parse_endpoints(p->master_addr, c->etcd, c->err, sizeof(c->err)));
+	TRY(etcd_parse_conf(p->conf, c->etcd, rest, sizeof(rest), c->err, sizeof(c->err)));
+	TRY(c10d_parse_conf(rest, &c->conf, c->err, sizeof(c->err)));
+	TRY(etcd_prefix(c->etcd, c->run_id, c->prefix, sizeof(c->prefix)));
+	snprintf(c->ep_host, sizeof(c->ep_host), "%s", c->etcd->ep[0].host);
+	c->ep_port = c->etcd->ep[0].port;
+	return 0;
+}
+
 int c10d_new(const struct rdzv_params *p, struct c10d **ret)
 {
 	struct c10d *c;
@@ -483,16 +518,21 @@ int c10d_new(const struct rdzv_params *p, struct c10d **ret)
 	c->prev_grank = -1;
 	helper_init(&c->job, p->base, on_job, c);
 	helper_init(&c->mon, p->base, on_mon, c);
-	r = c10d_parse_conf(p->conf, &c->conf, c->err, sizeof(c->err));
-	if (r < 0) {
-		log_at(LL_ERROR, SUB_RDZV, "%s", c->err);
-		free(c);
-		return CRUN_ECONFIG;
-	}
 	snprintf(c->run_id, sizeof(c->run_id), "%s", p->run_id ? p->run_id : "none");
 	c->p.run_id = c->run_id;
 	snprintf(c->ep_host, sizeof(c->ep_host), "%s", p->master_addr);
 	c->ep_port = p->master_port;
+	snprintf(c->prefix, sizeof(c->prefix), "crun-c10d/%s", c->run_id);
+	/* "etcd": the same rounds, on an etcd cluster */
+	r = strcmp(p->backend, "etcd") == 0
+		? etcd_setup(c, p)
+		: c10d_parse_conf(p->conf, &c->conf, c->err, sizeof(c->err));
+	if (r < 0) {
+		log_at(LL_ERROR, SUB_RDZV, "%s", c->err);
+		free(c->etcd);
+		free(c);
+		return CRUN_ECONFIG;
+	}
 	snprintf(c->hostname, sizeof(c->hostname), "%s",
 		 p->hostname && *p->hostname ? p->hostname : "localhost");
 	/* MASTER_ADDR of this node: --local_addr, else the endpoint address
@@ -520,7 +560,8 @@ int c10d_new(const struct rdzv_params *p, struct c10d **ret)
 		c10d_free(c);
 		return CRUN_ECONFIG;
 	}
-	maybe_serve(c);
+	if (!c->etcd)
+		maybe_serve(c);
 	*ret = c;
 	return 0;
 }
@@ -538,6 +579,7 @@ void c10d_free(struct c10d *c)
 	store_auth_keys_free(c->auth);
 	store_tls_free(c->tls);
 	free(c->peers);
+	free(c->etcd);
 	free(c);
 }
 

@@ -13,6 +13,7 @@
 #include "store/store.h"
 
 struct c10d;
+struct etcd_conf;
 
 struct c10d_conf {
 	uint32_t join_ms;      /* join_timeout: a round must complete within it */
@@ -59,6 +60,7 @@ struct c10d_join_args {
 	 * coord_mem_leases); *ret_lease then receives its id */
 	bool lease_on_handle;
 	uint64_t *ret_lease;
+	const struct etcd_conf *etcd; /* non-NULL: rounds on etcd (host/port unused) */
 };
 int c10d_join_blocking(const struct c10d_join_args *a, struct rdzv_info *ret_info, int *ret_round,
 		       char *err, size_t cap);

@@ -71,7 +71,8 @@ struct c10d_job {
 	struct coord *lease_c; /* borrowed: take the lease on it (tests) */
 	uint64_t lease;
 	bool hb, take_lease;
-	char *peers; /* ROUND, group rank 0: the nodes' addresses (c10d_peers.c) */
+	char *peers;		/* ROUND, group rank 0: the nodes' addresses (c10d_peers.c) */
+	struct etcd_conf *etcd; /* owned copy; NULL: the crun store */
 	char err[512];
 };
 

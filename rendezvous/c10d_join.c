@@ -24,6 +24,7 @@ static void job_release(struct helper_job *h)
 
 	coord_close(j->mon_c);
 	free(j->peers);
+	free(j->etcd);
 	free(j);
 }
 
@@ -69,6 +70,7 @@ int c10d_job_open(const struct c10d_job *j, uint32_t timeout_ms, struct coord **
 	o.connect_timeout_ms = timeout_ms;
 	o.timeout_ms = timeout_ms;
 	c10d_auth_opts(&o, &j->conf, j->prefix);
+	o.etcd = j->etcd;
 	return coord_open(&o, ret);
 }
 

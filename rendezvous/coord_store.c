@@ -14,6 +14,7 @@
 #include "common/common.h"
 #include "crun/store.h"
 #include "rendezvous/coord.h"
+#include "rendezvous/etcd_int.h"
 
 /* In-memory coordination (coord_mem_*): a key list under one lock, WAIT as a
  * condition variable. No sockets: lets the round algorithm run in unit tests
@@ -43,6 +44,7 @@ struct coord_mem {
 struct coord {
 	crun_store_t *s;
 	struct coord_mem *mem; /* instead of s */
+	struct etcd *etcd;     /* instead of s: coord_etcd.c does the work */
 	char prefix[320];
 	char err[512];
 };
@@ -373,6 +375,14 @@ int coord_open(const struct coord_opts *o, struct coord **ret_c)
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return CRUN_ENOMEM;
+	if (o->etcd) {
+		r = etcd_open(o->etcd, o->prefix, o->connect_timeout_ms, o->timeout_ms, &c->etcd);
+		if (r < 0)
+			free(c);
+		else
+			*ret_c = c;
+		return r;
+	}
 	so.host = o->host;
 	so.port = o->port;
 	so.prefix = o->prefix;
@@ -400,11 +410,14 @@ void coord_close(struct coord *c)
 		return;
 	if (c->s)
 		crun_store_close(c->s);
+	etcd_close(c->etcd);
 	free(c);
 }
 
 const char *coord_last_error(const struct coord *c)
 {
+	if (c && c->etcd)
+		return etcd_last_error(c->etcd);
 	return c ? c->err : "no connection";
 }
 
@@ -412,6 +425,8 @@ int coord_add(struct coord *c, const char *key, int64_t delta, int64_t *ret_valu
 {
 	int r;
 
+	if (c->etcd)
+		return etcd_add(c->etcd, key, delta, ret_value);
 	if (c->mem)
 		return mem_add(c, key, delta, ret_value);
 	r = crun_store_add(c->s, key, delta, ret_value);
@@ -423,6 +438,8 @@ int coord_set(struct coord *c, const char *key, const char *val)
 {
 	int r;
 
+	if (c->etcd)
+		return etcd_set(c->etcd, key, val);
 	if (c->mem) {
 		pthread_mutex_lock(&c->mem->mu);
 		c->mem->ops++;
@@ -440,6 +457,8 @@ int coord_get(struct coord *c, const char *key, uint32_t timeout_ms, char **ret_
 	size_t len;
 	int r;
 
+	if (c->etcd)
+		return etcd_get(c->etcd, key, timeout_ms, ret_val);
 	if (c->mem)
 		return mem_get(c, key, timeout_ms, ret_val);
 	r = crun_store_get(c->s, key, timeout_ms, &v, &len);
@@ -455,6 +474,8 @@ int coord_exists(struct coord *c, const char *key)
 	int ready = 0;
 	int r;
 
+	if (c->etcd)
+		return etcd_exists(c->etcd, key);
 	if (c->mem) {
 		pthread_mutex_lock(&c->mem->mu);
 		c->mem->ops++;
@@ -471,6 +492,8 @@ int coord_exists(struct coord *c, const char *key)
 
 int coord_try_get(struct coord *c, const char *key, char **ret_val)
 {
+	if (c->etcd)
+		return etcd_try_get(c->etcd, key, ret_val);
 	int r = coord_exists(c, key);
 
 	if (r < 0)
@@ -486,6 +509,8 @@ int coord_multi_get(struct coord *c, const char *const *keys, size_t n, uint32_t
 	size_t *lens;
 	int r;
 
+	if (c->etcd)
+		return etcd_multi_get(c->etcd, keys, n, timeout_ms, ret_vals);
 	if (c->mem) {
 		for (size_t i = 0; i < n; i++) {
 			r = mem_get(c, keys[i], timeout_ms, &ret_vals[i]);
@@ -513,6 +538,8 @@ int coord_compare_set(struct coord *c, const char *key, const char *expected, co
 	size_t len;
 	int r;
 
+	if (c->etcd)
+		return etcd_compare_set(c->etcd, key, expected, desired, ret_cur);
 	if (c->mem)
 		return mem_cas(c, key, expected, desired, ret_cur);
 	r = crun_store_compare_set(c->s, key, expected, strlen(expected), desired, strlen(desired),
@@ -531,6 +558,8 @@ int coord_wait(struct coord *c, const char *key, uint32_t timeout_ms)
 {
 	int r;
 
+	if (c->etcd)
+		return etcd_wait(c->etcd, key, timeout_ms);
 	if (c->mem) {
 		pthread_mutex_lock(&c->mem->mu);
 		c->mem->ops++;
@@ -555,6 +584,8 @@ int coord_lease_grant(struct coord *c, uint32_t ttl_ms, const char *expiry_key, 
 {
 	int r;
 
+	if (c->etcd)
+		return etcd_lease_grant(c->etcd, ttl_ms, expiry_key, why, ret_id);
 	if (c->mem)
 		return mem_grant(c, expiry_key, why, ret_id);
 	r = crun_store_lease_grant(c->s, ttl_ms, expiry_key, why, strlen(why), ret_id);
@@ -570,6 +601,8 @@ int coord_lease_keepalive(struct coord *c, uint64_t id)
 {
 	int r;
 
+	if (c->etcd)
+		return etcd_lease_keepalive(c->etcd, id);
 	if (c->mem)
 		return mem_lease_op(c, id, false);
 	r = crun_store_lease_keepalive(c->s, id);
@@ -581,6 +614,8 @@ int coord_lease_revoke(struct coord *c, uint64_t id)
 {
 	int r;
 
+	if (c->etcd)
+		return etcd_lease_revoke(c->etcd, id);
 	if (c->mem)
 		return mem_lease_op(c, id, true);
 	r = crun_store_lease_revoke(c->s, id);

@@ -6,9 +6,11 @@
  * blocking store client run it on a helper thread and post back).
  *
  * Backends: "static" (fixed node ranks, node 0's agent serves the store; also
- * --standalone, a one-node static job with a private store) and "c10d"
- * (elastic membership, c10d.h; static.c forwards every call to it). etcd is
- * not implemented.
+ * --standalone, a one-node static job with a private store), "c10d"
+ * (elastic membership, c10d.h; static.c forwards every call to it) and
+ * "etcd" (the same rounds on an etcd v3 cluster through coord.h: master_addr
+ * is then the member list "host:port,..."; the agent with group rank 0 still
+ * serves the workers' store).
  */
 #ifndef CRUN_RENDEZVOUS_RDZV_H
 #define CRUN_RENDEZVOUS_RDZV_H
@@ -58,7 +60,7 @@ enum rdzv_change {
 typedef void (*rdzv_event_fn)(enum rdzv_event ev, void *arg);
 
 struct rdzv_params {
-	const char *backend; /* "static" or "c10d" */
+	const char *backend; /* "static", "c10d" or "etcd" */
 	bool standalone;
 	const char *run_id; /* key prefix "<run_id>/" */
 	int node_rank;
@@ -128,6 +130,15 @@ enum rdzv_change rdzv_change_kind(const struct rdzv *r);
 int rdzv_close_failed(struct rdzv *r, const char *why);
 /* Checks a --rdzv_conf value for `backend`; 0 or CRUN_EINVAL with err. */
 int rdzv_conf_check(const char *backend, const char *conf, char *err, size_t cap);
+/* Checks an --rdzv_endpoint value for `backend` ("etcd": a comma-separated
+ * member list); 0 or CRUN_EINVAL with err naming the bad entry. */
+int rdzv_endpoint_check(const char *backend, const char *endpoint, char *err, size_t cap);
+
+/* c10d keeps a job's keys under RDZV_C10D_PREFIX "<run_id>/" in the
+ * rendezvous store (c10d.c). For status pages: 1 and the run id of a store
+ * key (NUL-terminated in ret, cut to cap), 0 for a key of no c10d job. */
+#define RDZV_C10D_PREFIX "crun-c10d/"
+int rdzv_run_id_of_key(const uint8_t *key, size_t len, char *ret, size_t cap);
 
 /* Frees the backend. A helper thread still blocked in the store client is
  * detached and frees its own state when its call returns. NULL: no-op. */

@@ -29,6 +29,7 @@
 #include "common/common.h"
 #include "crun/store.h"
 #include "rendezvous/c10d.h"
+#include "rendezvous/etcd_int.h"
 #include "rendezvous/helper_int.h"
 #include "rendezvous/rdzv.h"
 #include "rendezvous/static_int.h"
@@ -247,7 +248,8 @@ int rdzv_new(const struct rdzv_params *p, struct rdzv **ret_rdzv)
 
 	if (!p->base || !p->on_event || p->nproc < 1)
 		return CRUN_EINVAL;
-	if (strcmp(p->backend, "c10d") == 0 && !p->standalone) {
+	if ((strcmp(p->backend, "c10d") == 0 || strcmp(p->backend, "etcd") == 0) &&
+	    !p->standalone) {
 		struct c10d *c;
 
 		TRY(c10d_new(p, &c));
@@ -400,10 +402,25 @@ int rdzv_close_failed(struct rdzv *r, const char *why)
 int rdzv_conf_check(const char *backend, const char *conf, char *err, size_t cap)
 {
 	struct c10d_conf c;
+	struct etcd_conf e = {0};
+	char rest[1024];
 
+	if (strcmp(backend, "etcd") == 0) {
+		TRY(etcd_parse_conf(conf, &e, rest, sizeof(rest), err, cap));
+		return c10d_parse_conf(rest, &c, err, cap);
+	}
 	if (strcmp(backend, "c10d") != 0)
 		return CRUN_ENOTSUP;
 	return c10d_parse_conf(conf, &c, err, cap);
+}
+
+int rdzv_endpoint_check(const char *backend, const char *endpoint, char *err, size_t cap)
+{
+	struct etcd_conf e = {0};
+
+	if (strcmp(backend, "etcd") != 0)
+		return CRUN_ENOTSUP;
+	return etcd_parse_endpoints(endpoint, &e, err, cap);
 }
 
 void rdzv_free(struct rdzv *r)

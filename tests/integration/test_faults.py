@@ -80,7 +80,7 @@ def tmp():
 def crun_env(tmpdir, py=PY):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("PET_") and k not in ("OMP_NUM_THREADS", "TORCHELASTIC_ERROR_FILE")}
-    env["PYTHON"] = py
+    env["PYTHON_EXEC"] = py
     env["TMPDIR"] = tmpdir
     return env
 
