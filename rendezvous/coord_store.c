@@ -627,6 +627,8 @@ int coord_put_leased(struct coord *c, uint64_t id, const char *key, const char *
 {
 	int r;
 
+	if (c->etcd)
+		return etcd_put_leased(c->etcd, id, key, val);
 	if (c->mem)
 		return mem_put_leased(c, id, key, val);
 	r = crun_store_set_leased(c->s, id, key, val, strlen(val));
