@@ -90,6 +90,14 @@ static int make_log_dirs(struct crun_agent *a)
 	return make_temp_dir(a->log_base, prefix, a->run_dir, sizeof(a->run_dir));
 }
 
+static void clear_store(void *arg)
+{
+	struct crun_agent *a = arg;
+
+	if (a->store)
+		store_server_clear(a->store);
+}
+
 static void on_rdzv_event(enum rdzv_event ev, void *arg)
 {
 	static const enum agent_event map[] = {
@@ -365,6 +373,7 @@ CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_a
 	rp.base = a->base;
 	rp.on_event = on_rdzv_event;
 	rp.arg = a;
+	rp.clear_store = clear_store;
 	r = rdzv_new(&rp, &a->rdzv);
 	if (r < 0) {
 		snprintf(a->err, sizeof(a->err), "rendezvous backend '%s': %s", rp.backend,

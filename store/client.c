@@ -652,7 +652,10 @@ static int await_wake(struct client_conn *c, enum store_op op, const struct stor
 		    c, r, name, key ? key->p : NULL, key ? key->len : 0, "%s%s", cause_text(r),
 		    r == CRUN_ETIMEDOUT ? "; v1 connection closed (no CANCEL_WAIT)" : "");
 	}
-	deadline = deadline_after(CANCEL_REPLY_MS);
+	/* A peer that stopped answering must not hold a caller with a short
+	 * op timeout (a lease monitor) for the full cancel allowance. */
+	deadline =
+	    deadline_after(c->timeout_ms ? MIN(CANCEL_REPLY_MS, c->timeout_ms) : CANCEL_REPLY_MS);
 	r = conn_send_req(c, &cancel, deadline);
 	for (int i = 0; r == 0 && i < 2; i++) {
 		r = conn_read_reply(c, STORE_OP_CANCEL_WAIT, 0, deadline, &rep);
