@@ -17,6 +17,7 @@
 #include "agent/agent.h"
 #include "agent/cli_int.h"
 #include "rendezvous/rdzv.h"
+#include "store/auth.h"
 #include "common/common.h"
 
 /* ---- collecting values ------------------------------------------------------ */
@@ -265,6 +266,25 @@ static bool single_node_run(const struct cli *c, const struct cli_ctx *x)
 	       !cli_given(x, OPT_RDZV_ENDPOINT) && x->src[OPT_MASTER_PORT] == SRC_NONE && max == 1;
 }
 
+/* crun-agent is a new program with no torchrun behaviour to keep: its c10d
+ * rendezvous beyond loopback must be authenticated (a secret or TLS) unless
+ * the operator says --insecure. crun only warns (c10d.c), for drop-in use. */
+static int agent_secure_default(struct cli *c, const struct cli_ctx *x)
+{
+	const char *conf = x->val[OPT_RDZV_CONF] ? x->val[OPT_RDZV_CONF] : "";
+	bool secured = c->cfg.auth_secret_file || (x->env && env_get(x->env, "CRUN_AUTH_SECRET_FILE")) ||
+		       strstr(conf, "auth_secret_file=") || strstr(conf, "tls_ca=");
+
+	if (c->prog != CLI_AGENT || strcmp(c->cfg.rdzv_backend, "c10d") != 0 || c->cfg.standalone ||
+	    secured || cli_on(x, OPT_INSECURE) || store_host_is_loopback(c->cfg.master_addr))
+		return 0;
+	return cli_fail(c,
+			"refusing an unauthenticated c10d rendezvous on %s:%u (not loopback): give "
+			"a secret (security.secret_file, --auth_secret_file, CRUN_AUTH_SECRET_FILE) "
+			"or TLS (--rdzv_conf tls_ca=...), or --insecure",
+			c->cfg.master_addr, c->cfg.master_port);
+}
+
 static int cross_checks(struct cli *c, struct cli_ctx *x)
 {
 	bool auto_standalone = single_node_run(c, x);
@@ -285,6 +305,7 @@ static int cross_checks(struct cli *c, struct cli_ctx *x)
 				x->src[OPT_NODE_RANK] > SRC_DEFAULT ? x->who[OPT_NODE_RANK]
 								    : "--node_rank",
 				c->cfg.node_rank, c->cfg.nnodes);
+	TRY(agent_secure_default(c, x));
 	return rdzv_conf(c, x, auto_standalone);
 }
 

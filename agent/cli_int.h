@@ -82,6 +82,7 @@ enum cli_id {
 	OPT_SECRET_FILE,
 	OPT_STORE_ALLOW_ANY,
 	OPT_NO_SLURM,
+	OPT_INSECURE,
 	OPT_CONFIG,
 	/* rendezvous.<key> in JSON: the c10d --rdzv_conf keys */
 	OPT_RK_JOIN,

@@ -158,6 +158,9 @@ const struct cli_opt cli_opts[OPT__MAX] = {
 	0, "ignore a Slurm allocation (by default, inside one, SLURM_NNODES, SLURM_NODEID, the "
 	"first host of SLURM_JOB_NODELIST and SLURM_JOB_ID fill the rendezvous settings no flag "
 	"gives)", NULL, 0},
+[OPT_INSECURE] = {"insecure", 0, CT_FLAG, CF_AGENT, NULL, NULL, "security.insecure", NULL, NULL,
+	0, 0, "run a c10d rendezvous on a non-loopback endpoint without a secret or TLS (refused "
+	"otherwise: anyone who reaches the port could change or end the job)", NULL, 0},
 [OPT_CONFIG] = {"config", 0, CT_STR, CF_AGENT, NULL, NULL, NULL, "FILE.json", NULL, 0, 0,
 	"read settings from a JSON file (configs/crun-agent.schema.json); flags win", NULL, 0},
 [OPT_RK_JOIN] = {NULL, 0, CT_SECS, CF_RDZVKEY, "600", NULL, "rendezvous.join_timeout",

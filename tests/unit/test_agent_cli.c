@@ -503,6 +503,7 @@ START_TEST(config_file_good)
 			   " \"restart\": {\"max_restarts\": 2},"
 			   " \"logs\": {\"tee\": 3, \"local_ranks_filter\": [\"0\", \"2\"]},"
 			   " \"status\": {\"listen\": \"127.0.0.1:0\"},"
+			   " \"security\": {\"secret_file\": \"/etc/crun/s\"},"
 			   " \"daemon\": {\"log_level\": \"info\"}}",
 			   NULL),
 		0);
@@ -669,6 +670,7 @@ static const struct {
 	{ "security.secret_file", "--auth_secret_file=/s", "\"/s\"", NULL },
 	{ "security.worker_store_allow_any", "--worker_store_allow_any", "true", NULL },
 	{ "slurm.ignore", "--no_slurm", "true", NULL },
+	{ "security.insecure", "--insecure", "true", NULL },
 	{ "rendezvous.join_timeout", "--rdzv_conf=join_timeout=9", "9", "--rdzv_backend=c10d" },
 	{ "rendezvous.last_call_timeout", "--rdzv_conf=last_call_timeout=9", "9",
 	  "--rdzv_backend=c10d" },
@@ -837,6 +839,64 @@ START_TEST(slurm_off_standalone_and_broken)
 }
 END_TEST
 
+/* crun-agent's secure default (issue 10): an unauthenticated c10d rendezvous
+ * beyond loopback is refused unless --insecure; crun keeps torchrun's way. */
+static int parse_agent(const char *const *args, const char *const *env)
+{
+	char *argv[64];
+	int argc = 0;
+
+	argv[argc++] = (char *)"crun-agent";
+	for (; args[argc - 1]; argc++)
+		argv[argc] = (char *)args[argc - 1];
+	return cli_parse_prog(&c, CLI_AGENT, argc, argv, (char *const *)env);
+}
+
+START_TEST(agent_refuses_an_open_rendezvous_beyond_loopback)
+{
+	const char *const env[] = { "PYTHON_EXEC=/usr/bin/python3", NULL };
+	const char *const secret_env[] = { "CRUN_AUTH_SECRET_FILE=/etc/crun/s", NULL };
+
+	ck_assert_int_eq(parse_agent(ARGS("--rdzv_backend=c10d", "--rdzv_endpoint=10.9.9.9:29400",
+					  "--nnodes=2", "x.py"),
+				     env),
+			 CRUN_EINVAL);
+	ck_assert_ptr_nonnull(strstr(c.err, "--insecure"));
+	cli_free(&c);
+	ck_assert_int_eq(parse_agent(ARGS("--rdzv_backend=c10d", "--rdzv_endpoint=10.9.9.9:29400",
+					  "--nnodes=2", "--insecure", "x.py"),
+				     env),
+			 0);
+	cli_free(&c);
+	ck_assert_int_eq(parse_agent(ARGS("--rdzv_backend=c10d", "--rdzv_endpoint=10.9.9.9:29400",
+					  "--nnodes=2", "--auth_secret_file=/etc/crun/s", "x.py"),
+				     env),
+			 0);
+	cli_free(&c);
+	ck_assert_int_eq(parse_agent(ARGS("--rdzv_backend=c10d", "--rdzv_endpoint=10.9.9.9:29400",
+					  "--nnodes=2", "--rdzv_conf=tls_ca=/etc/crun/ca.pem",
+					  "x.py"),
+				     env),
+			 0);
+	cli_free(&c);
+	ck_assert_int_eq(parse_agent(ARGS("--rdzv_backend=c10d", "--rdzv_endpoint=10.9.9.9:29400",
+					  "--nnodes=2", "x.py"),
+				     secret_env),
+			 0);
+	cli_free(&c);
+	ck_assert_int_eq(parse_agent(ARGS("--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:29400",
+					  "--nnodes=2", "x.py"),
+				     env),
+			 0);
+	cli_free(&c);
+	/* crun is torchrun: allowed (it warns when it serves such a store) */
+	ck_assert_int_eq(parse(ARGS("--rdzv_backend=c10d", "--rdzv_endpoint=10.9.9.9:29400",
+				    "--nnodes=2", "x.py"),
+			       env),
+			 0);
+}
+END_TEST
+
 static Suite *agent_cli_suite(void)
 {
 	Suite *s = suite_create("agent_cli");
@@ -871,6 +931,7 @@ static Suite *agent_cli_suite(void)
 	tcase_add_test(tc, slurm_fills_the_rendezvous);
 	tcase_add_test(tc, slurm_loses_to_every_explicit_setting);
 	tcase_add_test(tc, slurm_off_standalone_and_broken);
+	tcase_add_test(tc, agent_refuses_an_open_rendezvous_beyond_loopback);
 	suite_add_tcase(s, tc);
 	return s;
 }
