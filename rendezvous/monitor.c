@@ -8,7 +8,10 @@
  *
  * Its connection's operations are bounded by the lease TTL: a store host
  * that died or was cut off is noticed within about one TTL (the same time
- * the store would take to notice us), and said so naming it.
+ * the store would take to notice us), and said so naming it. A store no
+ * member serves (crun-rdzvd) may be restarted under a running job (systemd
+ * does so): its outage is ridden out for C10D_OUTAGE_MS, the client
+ * redialling, before it counts as lost.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -82,11 +85,30 @@ static int read_change(struct c10d_job *j, struct coord *c, const char *chk)
 	return 0;
 }
 
+/* An external store did not answer: true once its outage has lasted
+ * C10D_OUTAGE_MS (then it is lost), else false after a short pause. */
+static bool outage_over(struct c10d_job *j, uint64_t *since, int r)
+{
+	uint64_t now = clock_now_ms();
+
+	if (!*since) {
+		*since = now;
+		log_at(LL_WARN, SUB_RDZV,
+		       "the rendezvous store at %s:%u does not answer (%s); retrying for %u s "
+		       "(a restarting crun-rdzvd costs no worker restart)",
+		       j->host, j->port, crun_strerror(r), C10D_OUTAGE_MS / 1000);
+	}
+	if (now - *since >= C10D_OUTAGE_MS)
+		return true;
+	usleep(MIN(j->conf.hb_ms, 500u) * 1000u);
+	return false;
+}
+
 int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 {
 	char me[64], nbr[64], chk[64], why[512];
 	int64_t cnt, last = -1;
-	uint64_t last_move = clock_now_ms(), lease = j->lease;
+	uint64_t last_move = clock_now_ms(), lease = j->lease, outage = 0;
 	bool hb = j->hb || !lease;
 	int r = 0;
 
@@ -96,15 +118,21 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 	for (int i = 0; r == 0 && i < 1 << 30 && !helper_stopping(&j->h); i++) {
 		r = hb ? coord_heartbeat(*cp, me) : coord_lease_keepalive(*cp, lease);
 		if (r == CRUN_ENOTFOUND)
-			r = 0; /* our lease lapsed: the change key is set already */
+			r = 0; /* our lease lapsed (or a restarted store never knew it) */
+		if (r == 0) {
+			r = coord_watch(*cp, chk, j->conf.hb_ms);
+			if (r == 0)
+				break;
+			if (r == CRUN_ETIMEDOUT)
+				r = 0; /* the watch's own timeout is the normal case */
+		}
+		if (r < 0 && !j->host_member && !outage_over(j, &outage, r)) {
+			r = 0;
+			continue;
+		}
 		if (r < 0)
 			break; /* a timeout here: the store did not answer within a TTL */
-		r = coord_watch(*cp, chk, j->conf.hb_ms);
-		if (r == 0)
-			break;
-		if (r != CRUN_ETIMEDOUT)
-			break; /* only the watch's own timeout is the normal case */
-		r = 0;
+		outage = 0;
 		if (!hb || j->nnodes < 2 || coord_heartbeat_peek(*cp, nbr, &cnt) < 0)
 			continue;
 		if (cnt != last) {
