@@ -214,13 +214,13 @@ integration: all $(TEST_HELPERS)
 FUZZ_BUILD := build-fuzz
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZERS := $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/%,$(FUZZ_SRCS))
-FUZZ_LIB_SRCS := $(wildcard common/*.c) store/proto.c
+FUZZ_LIB_SRCS := $(wildcard common/*.c) store/proto.c store/auth.c
 
 fuzz: $(FUZZERS)
 $(FUZZ_BUILD)/%: tests/fuzz/%.c $(FUZZ_LIB_SRCS) $(wildcard store/*.h common/*.h include/crun/*.h)
 	@mkdir -p $(@D)
 	$(Q)clang -std=gnu11 -D_GNU_SOURCE -g -O1 -I. -Iinclude \
-		-fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_LIB_SRCS)
+		-fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_LIB_SRCS) -lcrypto
 
 fuzz-run: $(FUZZERS)
 	$(Q)set -e; for f in $(FUZZERS); do \

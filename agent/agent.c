@@ -224,6 +224,7 @@ CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_a
 	rp.min_nodes = a->cfg.min_nnodes > 0 ? a->cfg.min_nnodes : a->cfg.nnodes;
 	rp.max_nodes = a->cfg.max_nnodes > 0 ? a->cfg.max_nnodes : a->cfg.nnodes;
 	rp.conf = a->cfg.rdzv_conf;
+	rp.auth_secret_file = a->cfg.auth_secret_file;
 	rp.hostname = a->host;
 	rp.base = a->base;
 	rp.on_event = on_rdzv_event;
@@ -357,6 +358,7 @@ static int start_one(struct crun_agent *a, struct worker *w, const struct rdzv_i
 	v.error_file = w->errfile;
 	v.signals = a->signals_str;
 	v.virtual_local_rank = a->cfg.virtual_local_rank;
+	v.auth_secret_file = a->cfg.auth_secret_file;
 	envp = env_build(a->envp_base, &v);
 	argv = env_argv_subst(a->argv, w->local_rank);
 	r = CRUN_ENOMEM;
@@ -401,6 +403,12 @@ int agent_start_attempt(struct crun_agent *a)
 
 	if (!ri)
 		return CRUN_EINVAL;
+	/* The worker store: loopback and this round's nodes only, unless
+	 * worker_store_allow_any (NAT). PyTorch's client cannot authenticate. */
+	if (a->store && !a->cfg.worker_store_allow_any && rdzv_peer_addrs(a->rdzv) &&
+	    store_server_set_allowlist(a->store, rdzv_peer_addrs(a->rdzv)) < 0)
+		log_at(LL_WARN, SUB_AGENT, "cannot narrow the worker store to '%s', ignoring",
+		       rdzv_peer_addrs(a->rdzv));
 	a->group_rank = ri->group_rank;
 	if (a->run_dir[0]) {
 		TRY(str_printf(attempt_dir, sizeof(attempt_dir), "%s/attempt_%d", a->run_dir,

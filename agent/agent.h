@@ -255,6 +255,7 @@ struct env_vars {
 	const char *error_file;
 	const char *signals; /* TORCHELASTIC_SIGNALS_TO_HANDLE, or NULL */
 	bool virtual_local_rank;
+	const char *auth_secret_file; /* CRUN_AUTH_SECRET_FILE for the SDK's mesh, or NULL */
 };
 
 /* A new NULL-terminated environment: `base` (borrowed) updated with the

@@ -54,18 +54,19 @@ const struct cli_opt cli_opts[OPT__MAX] = {
 	"job.nproc_per_node", "N|auto|cpu|gpu|xpu", NULL, 0, 0, "workers per node", ap_nproc, 0},
 [OPT_RDZV_BACKEND] = {"rdzv_backend", 0, CT_STR, TR, "static", "PET_RDZV_BACKEND",
 	"rendezvous.backend", "BACKEND", "static|c10d|etcd|etcd-v2", 0, 0,
-	"rendezvous backend (etcd only with --standalone)", ap_backend, 0},
+	"rendezvous backend (etcd-v2 = etcd)", ap_backend, 0},
 [OPT_RDZV_ENDPOINT] = {"rdzv_endpoint", 0, CT_STR, TR, NULL, "PET_RDZV_ENDPOINT",
 	"rendezvous.endpoint", "HOST:PORT", NULL, 0, 0,
 	"static: node 0's store [master_addr:master_port]; c10d: the rendezvous store "
-	"(served by the agent whose address it is, else by another agent or crun-rdzvd)",
-	ap_endpoint, 0},
+	"(served by the agent whose address it is, else by another agent or crun-rdzvd); "
+	"etcd: HOST[:2379][,HOST[:PORT]...], the etcd v3 members", ap_endpoint, 0},
 [OPT_RDZV_ID] = {"rdzv_id", 0, CT_STR, TR, NULL, "PET_RDZV_ID", "rendezvous.id", "ID", NULL,
 	0, 0, "run id [none]", ap_rdzv_id, 0},
 [OPT_RDZV_CONF] = {"rdzv_conf", 0, CT_STR, TR, NULL, "PET_RDZV_CONF", "rendezvous.conf",
 	"K=V,...", NULL, 0, 0,
 	"static: timeout, join_timeout, read_timeout (seconds; other keys are ignored with a "
-	"warning, as torchrun ignores them); c10d: the rendezvous keys below", NULL, 0},
+	"warning, as torchrun ignores them); c10d: the rendezvous keys below; etcd: those "
+	"and protocol, cacert, cert, key, key_prefix, username, password_file", NULL, 0},
 [OPT_STANDALONE] = {"standalone", 0, CT_FLAG, TR, NULL, "PET_STANDALONE",
 	"rendezvous.standalone", NULL, NULL, 0, 0,
 	"one node, private store on an ephemeral port, a uuid run id", set_bool, CFG(standalone)},
@@ -266,6 +267,13 @@ static int set_str(struct cli *c, struct cli_ctx *x, enum cli_id id, const char 
 
 /* ---- torchrun's rows ------------------------------------------------------ */
 
+/* Backends with elastic membership (etcd-v2: torchrun's other etcd name). */
+static bool elastic(const char *backend)
+{
+	return strcmp(backend, "c10d") == 0 || strcmp(backend, "etcd") == 0 ||
+	       strcmp(backend, "etcd-v2") == 0;
+}
+
 static int ap_nnodes(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v)
 {
 	const char *colon = strchr(v, ':');
@@ -289,9 +297,9 @@ static int ap_nnodes(struct cli *c, struct cli_ctx *x, enum cli_id id, const cha
 				"%s: invalid value '%s' (expected N or MIN:MAX with 0 < MIN <= "
 				"MAX)",
 				x->who[id], v);
-	if (lo != hi && strcmp(x->val[OPT_RDZV_BACKEND], "c10d") != 0)
-		return cli_fail(c, "%s=%s: elastic MIN:MAX needs --rdzv_backend=c10d", x->who[id],
-				v);
+	if (lo != hi && !elastic(x->val[OPT_RDZV_BACKEND]))
+		return cli_fail(c, "%s=%s: elastic MIN:MAX needs --rdzv_backend=c10d or etcd",
+				x->who[id], v);
 	c->cfg.nnodes = (int)lo;
 	c->cfg.min_nnodes = (int)lo;
 	c->cfg.max_nnodes = (int)hi;
@@ -317,9 +325,10 @@ static int ap_backend(struct cli *c, struct cli_ctx *x, enum cli_id id, const ch
 {
 	bool standalone = on(x, OPT_STANDALONE);
 
-	if (strcmp(v, "c10d") == 0 && !standalone) {
-		c->cfg.rdzv_backend = "c10d";
-		c->cfg.master_port = 29400; /* torchrun's c10d endpoint port */
+	if (elastic(v) && !standalone) {
+		/* etcd-v2 is torchrun's other name for the same etcd backend */
+		c->cfg.rdzv_backend = strcmp(v, "c10d") == 0 ? "c10d" : "etcd";
+		c->cfg.master_port = strcmp(v, "c10d") == 0 ? 29400 : 2379; /* torchrun's ports */
 	} else if (strcmp(v, "static") != 0 && !standalone) {
 		return cli_fail(c,
 				"%s=%s is not supported by crun yet (use static or --standalone)",
@@ -342,6 +351,13 @@ static int ap_endpoint(struct cli *c, struct cli_ctx *x, enum cli_id id, const c
 
 	if (!endpoint_used(x))
 		return 0;
+	if (strcmp(c->cfg.rdzv_backend, "etcd") == 0) {
+		/* A list of members: checked whole, kept whole. */
+		if (rdzv_endpoint_check("etcd", v, c->err, sizeof(c->err)) < 0)
+			return CRUN_EINVAL;
+		c->cfg.master_addr = cli_keep(c, v);
+		return c->cfg.master_addr ? 0 : cli_fail(c, "out of memory");
+	}
 	if (parse_host_port(v, 0, host, sizeof(host), &port) < 0 || !host[0])
 		return cli_fail(c, "%s: invalid endpoint '%s' (expected HOST:PORT)", x->who[id], v);
 	if (port == 0 && c10d)
@@ -829,10 +845,10 @@ static int rdzv_conf(struct cli *c, struct cli_ctx *x, bool auto_standalone)
 
 	if (!x->rk_conf[0] && !*v)
 		return 0;
-	if (strcmp(c->cfg.rdzv_backend, "c10d") == 0 && !c->cfg.standalone) {
+	if (elastic(c->cfg.rdzv_backend) && !c->cfg.standalone) {
 		/* File keys first, so a --rdzv_conf key given as a flag wins. */
 		snprintf(all, sizeof(all), "%s%s%s", x->rk_conf, x->rk_conf[0] && *v ? "," : "", v);
-		if (rdzv_conf_check("c10d", all, c->err, sizeof(c->err)) < 0)
+		if (rdzv_conf_check(c->cfg.rdzv_backend, all, c->err, sizeof(c->err)) < 0)
 			return CRUN_EINVAL;
 		c->cfg.rdzv_conf = cli_keep(c, all);
 		return 0;
@@ -867,7 +883,7 @@ static int cross_checks(struct cli *c, struct cli_ctx *x)
 
 	if (auto_standalone)
 		c->cfg.standalone = 1;
-	if (strcmp(c->cfg.rdzv_backend, "c10d") == 0 && !c->cfg.max_nnodes)
+	if (elastic(c->cfg.rdzv_backend) && !c->cfg.max_nnodes)
 		c->cfg.min_nnodes = c->cfg.max_nnodes = c->cfg.nnodes;
 	if (c->cfg.standalone && c->cfg.nnodes != 1)
 		return cli_fail(c, "--standalone runs one node, but %s=%d",

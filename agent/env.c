@@ -142,6 +142,9 @@ char **env_build(char *const *base, const struct env_vars *v)
 		eb_set(&b, "TORCHELASTIC_SIGNALS_TO_HANDLE", v->signals);
 	if (v->virtual_local_rank)
 		eb_seti(&b, "CUDA_VISIBLE_DEVICES", v->local_rank);
+	/* C workers authenticate their TCP mesh with the job's secret. */
+	if (v->auth_secret_file && *v->auth_secret_file)
+		eb_set(&b, "CRUN_AUTH_SECRET_FILE", v->auth_secret_file);
 	if (b.oom || !b.v) {
 		env_free(b.v);
 		return NULL;

@@ -250,9 +250,9 @@ static enum agent_state barrier_done(struct crun_agent *a)
 
 	if (a->failing)
 		return finish(a, 1);
-	/* Static: node 0's store is the agents' one; c10d lingers in the backend. */
+	/* Static: node 0's store is the agents' one; c10d/etcd linger in the backend. */
 	if (a->store && a->cfg.nnodes > 1 &&
-	    (!a->cfg.rdzv_backend || strcmp(a->cfg.rdzv_backend, "c10d") != 0)) {
+	    (!a->cfg.rdzv_backend || strcmp(a->cfg.rdzv_backend, "static") == 0)) {
 		store_server_get_stats(a->store, &st);
 		if (!a->linger_until_ms)
 			a->linger_until_ms = clock_now_ms() + AGENT_LINGER_MS;

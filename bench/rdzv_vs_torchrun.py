@@ -2,7 +2,7 @@
 """Rendezvous with K real agents: crun against torchrun (2.x and Debian's 1.13), in one run.
 
 Usage: rdzv_vs_torchrun.py [BUILD] [--out FILE] [--ks-crun 2,4,...] [--ks-torch 2,4,...]
-                           [--torch-limit S] [--no-netns] [--keep]
+                           [--torch-limit S] [--no-netns] [--keep] [--backends c10d,etcd]
 BUILD (or $CRUN_BUILD, default ./build) holds bin/crun and bench/launch_worker.
 
 For each launcher and K, K real agent processes are started on 127.0.0.1, one after another,
@@ -35,6 +35,9 @@ crun runs every K (median of --reps-crun runs); torchrun runs once per K, K doub
 previous run took less than --torch-limit / 2.5 (the next one is predicted to exceed the limit
 otherwise); a run not done within --torch-limit is killed and reported as such.
 Every process started is killed at the end (process groups, then stray workers), also on failure.
+--backends c10d,etcd also runs crun with --rdzv_backend=etcd against a one-member etcd
+(/usr/bin/etcd) this script starts in the same namespace (its loopback bytes count too), with a
+fresh --rdzv_id per run.
 """
 import argparse
 import os
@@ -47,7 +50,10 @@ import tempfile
 import time
 
 from benchlib import ROOT, TORCH1, TORCH2, free_port, in_own_netns, ints, kill_recorded_workers
-LABEL = {"crun": "crun", "torch2": "torchrun 2.x", "torch113": "torchrun 1.13"}
+sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+from etcd_cluster import EtcdCluster  # noqa: E402
+LABEL = {"crun": "crun", "crun-etcd": "crun on etcd", "torch2": "torchrun 2.x",
+         "torch113": "torchrun 1.13"}
 KS_CRUN = (2, 4, 8, 16, 32, 64, 128, 256)
 KS_TORCH = (2, 4, 8, 16, 32)
 CRUN_LIMIT_S = 30
@@ -88,11 +94,16 @@ class Bench:
         self.records = []
         self.runs = 0
         self.failures = []      # crun runs that failed among reps that did not all fail
+        self.etcd = EtcdCluster(1) if "etcd" in cfg.backends else None
 
     def argv(self, who, k, port, rec):
         rdzv = [f"--nnodes={k}", "--nproc_per_node=1", "--rdzv_backend=c10d",
                 f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=bench"]
         prog = ["--no_python", self.worker, "hold", rec]
+        if who == "crun-etcd":
+            rdzv = [f"--nnodes={k}", "--nproc_per_node=1", "--rdzv_backend=etcd",
+                    f"--rdzv_endpoint={self.etcd.endpoints()}", f"--rdzv_id=bench{self.runs}"]
+            return [self.crun] + rdzv + ["--rdzv_conf=last_call_timeout=0.1"] + prog
         if who == "crun":
             return [self.crun] + rdzv + ["--rdzv_conf=last_call_timeout=0.1"] + prog
         torch = ["--rdzv_conf=last_call_timeout=1", "--monitor_interval=0.1"]
@@ -219,6 +230,8 @@ class Bench:
 
     def cleanup(self):
         self.kill(list(self.live))
+        if self.etcd:
+            self.etcd.close()
         kill_recorded_workers(self.records)  # workers that left their agent's group
         if not self.cfg.keep:
             shutil.rmtree(self.tmp, ignore_errors=True)
@@ -226,30 +239,40 @@ class Bench:
 
 def collect(b, cfg, t_start):
     res = {}
+    for who in [{"c10d": "crun", "etcd": "crun-etcd"}[x] for x in cfg.backends]:
+        collect_crun(b, cfg, who, res)
+    collect_torch(b, cfg, t_start, res)
+    return res
+
+
+def collect_crun(b, cfg, who, res):
     for k in cfg.ks_crun:
-        runs = [b.run_once("crun", k, CRUN_LIMIT_S) for _ in range(cfg.reps_crun)]
+        runs = [b.run_once(who, k, CRUN_LIMIT_S) for _ in range(cfg.reps_crun)]
         ok = [r for r in runs if r["ok"]]
         for r in runs:
             if not r["ok"]:
-                b.failures.append(f"crun K={k}: {r['why']}")
+                b.failures.append(f"{LABEL[who]} K={k}: {r['why']}")
         if not ok:
-            res[("crun", k)] = runs[0]
-            log(f"crun K={k}: {runs[0]['why']}")
+            res[(who, k)] = runs[0]
+            log(f"{LABEL[who]} K={k}: {runs[0]['why']}")
             break
         mem = {"ok": False, "why": "not traced", "bad_exits": 0}
         if k <= cfg.rss_max_k:
-            mem = b.run_once("crun", k, CRUN_LIMIT_S, traced=True)
+            mem = b.run_once(who, k, CRUN_LIMIT_S, traced=True)
             if not mem["ok"]:
-                log(f"crun K={k} traced: {mem['why']}")
-                b.failures.append(f"crun K={k}, traced: {mem['why']}")
+                log(f"{LABEL[who]} K={k} traced: {mem['why']}")
+                b.failures.append(f"{LABEL[who]} K={k}, traced: {mem['why']}")
                 mem["bad_exits"] = 0
-        res[("crun", k)] = {"ok": True, "k": k, "n": len(ok),
+        res[(who, k)] = {"ok": True, "k": k, "n": len(ok),
                             "s": statistics.median(r["s"] for r in ok),
                             "spawn_s": statistics.median(r["spawn_s"] for r in ok),
                             "bytes": statistics.median(r["bytes"] for r in ok),
                             "rss_mb": mem["rss_mb"] if mem["ok"] else None,
                             "bad_exits": max(r["bad_exits"] for r in ok + [mem])}
-        log(f"crun K={k}: {res[('crun', k)]}")
+        log(f"{LABEL[who]} K={k}: {res[(who, k)]}")
+
+
+def collect_torch(b, cfg, t_start, res):
     for who in cfg.torch:
         for k in cfg.ks_torch:
             if time.monotonic() - t_start > BUDGET_S:
@@ -268,7 +291,6 @@ def collect(b, cfg, t_start):
                 res[(who, nxt[0])] = {"ok": False, "k": nxt[0],
                                       "why": "skipped: would need over half the free memory"}
                 break
-    return res
 
 
 def table(res, cfg, elapsed, failures):
@@ -317,6 +339,8 @@ def main():
                     help="seconds a torchrun round may take before it is killed")
     ap.add_argument("--no-netns", action="store_true", help="run in the current namespace")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir with the logs")
+    ap.add_argument("--backends", default="c10d",
+                    help="crun's rendezvous backends to run: c10d, etcd or both")
     cfg = ap.parse_args()
     if not cfg.no_netns and os.environ.get("CRUN_BENCH_NETNS") != "1":
         rc = in_own_netns(__file__, sys.argv[1:])
@@ -327,6 +351,7 @@ def main():
     cfg.build = os.path.abspath(cfg.build)
     cfg.ks_crun, cfg.ks_torch = ints(cfg.ks_crun), ints(cfg.ks_torch)
     cfg.torch = [w for w in cfg.torch.split(",") if w]
+    cfg.backends = [x for x in cfg.backends.split(",") if x in ("c10d", "etcd")]
     for p in ("bin/crun", "bench/launch_worker", "bench/launch_run"):
         if not os.access(os.path.join(cfg.build, p), os.X_OK):
             log(f"{cfg.build}/{p} is not built (make BUILD=... all)")

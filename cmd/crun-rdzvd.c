@@ -18,7 +18,9 @@
 #include <event2/event.h>
 
 #include "common/common.h"
+#include "store/auth.h"
 #include "store/store.h"
+#include "store/tls.h"
 
 #define PROG "crun-rdzvd"
 
@@ -26,7 +28,23 @@ enum {
 	OPT_BACKLOG = 0x100,
 	OPT_LOG_LEVEL,
 	OPT_VERSION,
+	OPT_AUTH_FILE,
+	OPT_AUTH_DIR,
+	OPT_INSECURE,
+	OPT_TLS_CERT,
+	OPT_TLS_KEY,
+	OPT_TLS_CA,
+	OPT_TLS_MIN,
 	OPT_LIMIT, /* OPT_LIMIT + i: tunable i of store_server_limits() */
+};
+
+/* Security flags (see usage): where the secrets come from, and whether a
+ * non-loopback listener without them is allowed. */
+struct sec_opts {
+	const char *secret_file;
+	const char *secrets_dir;
+	bool insecure;
+	struct store_tls_opts tls;
 };
 
 static const struct option fixed_opts[] = {
@@ -34,6 +52,13 @@ static const struct option fixed_opts[] = {
     {"port", required_argument, NULL, 'p'},
     {"backlog", required_argument, NULL, OPT_BACKLOG},
     {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+    {"auth-secret-file", required_argument, NULL, OPT_AUTH_FILE},
+    {"auth-secrets-dir", required_argument, NULL, OPT_AUTH_DIR},
+    {"insecure", no_argument, NULL, OPT_INSECURE},
+    {"tls-cert", required_argument, NULL, OPT_TLS_CERT},
+    {"tls-key", required_argument, NULL, OPT_TLS_KEY},
+    {"tls-ca", required_argument, NULL, OPT_TLS_CA},
+    {"tls-min-version", required_argument, NULL, OPT_TLS_MIN},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, OPT_VERSION},
 };
@@ -98,11 +123,25 @@ static void usage(FILE *f)
 		"and 2.x clients, dialect detected per connection) in the foreground. Prints\n"
 		"'" PROG " listening on ADDR:PORT' once ready; exits 0 on SIGTERM or SIGINT.\n"
 		"\n"
-		"  -H, --host ADDR                   address or name to bind (default: all\n"
-		"                                    interfaces, IPv6 dual stack, else 0.0.0.0)\n"
+		"  -H, --host ADDR                   address or name to bind (default 127.0.0.1;\n"
+		"                                    \"\" or :: = every interface, dual stack)\n"
 		"  -p, --port N                      TCP port, 0 picks a free one (default 29400)\n"
 		"      --backlog N                   listen backlog (default: SOMAXCONN)\n"
 		"      --log-level LEVEL             error, warn, info (default), debug, trace\n"
+		"\n"
+		"Security (without a secret or TLS only loopback addresses are served):\n"
+		"      --auth-secret-file FILE       every client must prove it knows this secret\n"
+		"                                    (mode 0600, 16+ bytes; env\n"
+		"                                    CRUN_AUTH_SECRET_FILE)\n"
+		"      --auth-secrets-dir DIR        one secret file per run id (the file name):\n"
+		"                                    a client of run id J sees only J's keys\n"
+		"      --insecure                    allow a non-loopback --host without a secret\n"
+		"                                    or TLS\n"
+		"      --tls-cert FILE               serve TLS with this PEM certificate chain\n"
+		"      --tls-key FILE                its PEM private key (default: in --tls-cert)\n"
+		"      --tls-ca FILE                 require client certificates signed by this\n"
+		"                                    CA (mutual TLS)\n"
+		"      --tls-min-version V           1.3 (default) or 1.2\n"
 		"  -h, --help                        show this help and exit\n"
 		"      --version                     print the version and exit\n"
 		"\n"
@@ -143,7 +182,7 @@ static int level_from_name(const char *s)
 	return -1;
 }
 
-static void parse_args(int argc, char **argv, struct store_server_config *cfg)
+static void parse_args(int argc, char **argv, struct store_server_config *cfg, struct sec_opts *sec)
 {
 	char err[256];
 	uint64_t v;
@@ -189,6 +228,30 @@ static void parse_args(int argc, char **argv, struct store_server_config *cfg)
 					  "trace, got '%s'",
 					  optarg);
 			log_max_level = lvl;
+			break;
+		case OPT_AUTH_FILE:
+			sec->secret_file = optarg;
+			break;
+		case OPT_AUTH_DIR:
+			sec->secrets_dir = optarg;
+			break;
+		case OPT_INSECURE:
+			sec->insecure = true;
+			break;
+		case OPT_TLS_CERT:
+			sec->tls.cert = optarg;
+			break;
+		case OPT_TLS_KEY:
+			sec->tls.key = optarg;
+			break;
+		case OPT_TLS_CA:
+			sec->tls.ca = optarg;
+			break;
+		case OPT_TLS_MIN:
+			if (strcmp(optarg, "1.2") && strcmp(optarg, "1.3"))
+				bad_usage("--tls-min-version: expected 1.2 or 1.3, got '%s'",
+					  optarg);
+			sec->tls.min_version = optarg[2] == '2' ? 12 : 13;
 			break;
 		case 'h':
 			usage(stdout);
@@ -290,6 +353,46 @@ static void notify_ready(void)
 	close(fd);
 }
 
+/* Loads the secrets the flags name into a table (NULL: none) and enforces
+ * the secure default: no unauthenticated listener beyond loopback. Exits 2
+ * naming the flag on a bad secret. */
+static struct store_auth_keys *load_secrets(const struct sec_opts *sec, const char *host)
+{
+	struct store_auth_keys *keys = NULL;
+	struct store_auth_secret s;
+	char err[600];
+	int r;
+
+	if (!sec->secret_file && !sec->secrets_dir) {
+		if (sec->tls.cert)
+			return NULL; /* TLS: clients are verified if --tls-ca is given */
+		if (!sec->insecure && !store_host_is_loopback(host))
+			bad_usage("refusing to serve '%s' without authentication: give "
+				  "--auth-secret-file, --auth-secrets-dir or --tls-cert, or "
+				  "--insecure",
+				  host && *host ? host : "*");
+		if (!store_host_is_loopback(host))
+			log_at(LL_WARN, SUB_CMD, "serving %s without authentication (--insecure)",
+			       host && *host ? host : "every interface");
+		return NULL;
+	}
+	if (store_auth_keys_new(&keys) < 0)
+		bad_usage("out of memory");
+	if (sec->secret_file) {
+		r = store_auth_secret_read(sec->secret_file, &s, err, sizeof(err));
+		if (r == 0)
+			r = store_auth_keys_add(keys, "", &s);
+		if (r < 0)
+			bad_usage("--auth-secret-file: %s", err);
+	}
+	if (sec->secrets_dir &&
+	    store_auth_keys_load_dir(keys, sec->secrets_dir, err, sizeof(err)) < 0)
+		bad_usage("--auth-secrets-dir: %s", err);
+	log_at(LL_INFO, SUB_CMD, "clients must authenticate (%zu secret%s)",
+	       store_auth_keys_count(keys), store_auth_keys_count(keys) == 1 ? "" : "s");
+	return keys;
+}
+
 static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
 	(void)what;
@@ -301,13 +404,27 @@ int main(int argc, char **argv)
 {
 	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
 	struct store_server *srv = NULL;
+	struct sec_opts sec = {.secret_file = getenv("CRUN_AUTH_SECRET_FILE")};
+	struct store_auth_keys *keys;
+	struct store_tls *tls = NULL;
+	char tls_err[700];
 	struct event *sig_term = NULL, *sig_int = NULL;
 	struct event_base *base;
 	int r, rc = 1;
 
 	cfg.port = 29400;
+	cfg.host = "127.0.0.1"; /* secure default: say --host to serve further */
 	log_init(PROG, LL_INFO);
-	parse_args(argc, argv, &cfg);
+	if (sec.secret_file && !*sec.secret_file)
+		sec.secret_file = NULL;
+	parse_args(argc, argv, &cfg, &sec);
+	keys = load_secrets(&sec, cfg.host);
+	cfg.auth = keys;
+	if ((sec.tls.key || sec.tls.ca || sec.tls.min_version) && !sec.tls.cert)
+		bad_usage("--tls-key, --tls-ca and --tls-min-version need --tls-cert");
+	if (sec.tls.cert && store_tls_new_server(&sec.tls, &tls, tls_err, sizeof(tls_err)) < 0)
+		bad_usage("--tls-cert: %s", tls_err);
+	cfg.tls = tls;
 	signal(SIGPIPE, SIG_IGN);
 	raise_nofile();
 
@@ -348,5 +465,7 @@ out:
 	if (sig_term)
 		event_free(sig_term);
 	event_base_free(base);
+	store_auth_keys_free(keys);
+	store_tls_free(tls);
 	return rc;
 }

@@ -94,6 +94,8 @@ int main(int argc, char **argv)
 	r = crun_agent_new(&c.cfg, &agent);
 	if (r < 0) {
 		fprintf(stderr, "crun: error: %s\n", crun_strerror(r));
+		if (r == CRUN_ECONFIG)
+			code = 2; /* bad input (a secret file, a TLS file...), already named */
 		goto out_base;
 	}
 	r = crun_agent_run(agent, &code);

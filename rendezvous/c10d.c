@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -39,7 +40,10 @@
 #include "common/common.h"
 #include "rendezvous/c10d.h"
 #include "rendezvous/coord.h"
+#include "rendezvous/etcd_int.h"
+#include "store/auth.h"
 #include "store/store.h"
+#include "store/tls.h"
 
 #define C10D_PROGRESS_MS  3000
 #define C10D_SPARE_MAX_MS (7u * 24 * 3600 * 1000) /* a spare waits at most a week */
@@ -80,6 +84,8 @@ struct job {
 	struct coord *mon_c;
 	uint64_t lease;
 	bool hb, take_lease;
+	struct etcd_conf *etcd; /* owned copy; NULL: the crun store */
+	char *peers; /* ROUND, group rank 0: the nodes' addresses (c10d_peers.c) */
 	char err[512];
 };
 
@@ -92,6 +98,10 @@ struct c10d {
 	char hostname[RDZV_HOST_MAX];
 	char addr[RDZV_HOST_MAX];	 /* advertised as MASTER_ADDR */
 	struct store_server *rdzv_store; /* served in-process, or NULL */
+	struct store_auth_keys *auth;	 /* its secret (auth_secret_file), or NULL */
+	struct store_tls *tls;		 /* its TLS (tls_cert), or NULL */
+	char *peers;			 /* the last round's node addresses, or NULL */
+	bool tls_ca_set;		 /* rendezvous connections use TLS */
 	uint16_t wport;			 /* this agent's worker store */
 	bool have_info;
 	struct rdzv_info info;
@@ -105,7 +115,9 @@ struct c10d {
 	struct coord *pend_c; /* lease connection handed from the round job */
 	uint64_t pend_lease;
 	bool pend_hb;
-	struct event *linger; /* host: waits for the other agents to hang up */
+	struct etcd_conf *etcd; /* backend "etcd": the cluster; NULL: c10d */
+	char prefix[320];	/* the run's keys */
+	struct event *linger;	/* host: waits for the other agents to hang up */
 	uint64_t linger_until;
 	bool lingered;
 	char err[512];
@@ -123,6 +135,25 @@ static int conf_secs(const char *k, const char *v, uint32_t *ret, char *err, siz
 	}
 	*ret = (uint32_t)ms;
 	return 0;
+}
+
+/* The file-path keys of rdzv_conf (each a char[512] of the conf), or NULL. */
+static char *conf_path(struct c10d_conf *c, const char *key)
+{
+	static const struct {
+		const char *key;
+		size_t off;
+	} paths[] = {
+	    {"auth_secret_file", offsetof(struct c10d_conf, auth_file)},
+	    {"tls_cert", offsetof(struct c10d_conf, tls_cert)},
+	    {"tls_key", offsetof(struct c10d_conf, tls_key)},
+	    {"tls_ca", offsetof(struct c10d_conf, tls_ca)},
+	};
+
+	for (size_t i = 0; i < ARRAY_SIZE(paths); i++)
+		if (strcmp(key, paths[i].key) == 0)
+			return (char *)c + paths[i].off;
+	return NULL;
 }
 
 int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap)
@@ -175,6 +206,20 @@ int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap)
 			dst = &c.ttl_ms;
 		if (dst) {
 			TRY(conf_secs(item, v, dst, err, cap));
+		} else if (conf_path(&c, item)) {
+			if (str_printf(conf_path(&c, item), sizeof(c.auth_file), "%s", v) < 0) {
+				snprintf(err, cap, "argument --rdzv_conf: %s too long", item);
+				return CRUN_EINVAL;
+			}
+		} else if (strcmp(item, "tls_min_version") == 0) {
+			if (strcmp(v, "1.2") && strcmp(v, "1.3")) {
+				snprintf(
+				    err, cap,
+				    "argument --rdzv_conf: tls_min_version=%s is not 1.2 or 1.3",
+				    v);
+				return CRUN_EINVAL;
+			}
+			c.tls_min = v[2] == '2' ? 12 : 13;
 		} else if (strcmp(item, "is_host") == 0) {
 			if (parse_bool(v, &b) < 0) {
 				snprintf(err, cap,
@@ -199,7 +244,8 @@ int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap)
 			snprintf(err, cap,
 				 "argument --rdzv_conf: unknown key '%s' (expected join_timeout, "
 				 "last_call_timeout, close_timeout, read_timeout, is_host, "
-				 "heartbeat_interval, lease_ttl, store_<limit>)",
+				 "heartbeat_interval, lease_ttl, store_<limit>, auth_secret_file, "
+				 "tls_cert, tls_key, tls_ca, tls_min_version)",
 				 item);
 			return CRUN_EINVAL;
 		}
@@ -266,6 +312,8 @@ static void job_put(struct job *j)
 		return;
 	fd_close(j->notify_fd);
 	coord_close(j->mon_c);
+	free(j->etcd);
+	free(j->peers);
 	free(j);
 }
 
@@ -656,6 +704,12 @@ static int job_round(struct job *j, struct coord *c)
 		}
 		crun_free(v);
 		j->round = (int)rd;
+		/* Group rank 0 serves the round's worker store: learn who may reach it. */
+		if (j->info.group_rank == 0 &&
+		    c10d_read_peer_addrs(c, (int)rd, (int)n, j->conf.read_ms, &j->peers) < 0)
+			log_at(LL_WARN, SUB_RDZV,
+			       "cannot read the round's node addresses: the worker store "
+			       "allows loopback only");
 		return 0;
 	}
 	return CRUN_ETIMEDOUT;
@@ -744,6 +798,18 @@ static void monitor_post(struct job *j, enum rdzv_change ch)
 	while (n < 0 && errno == EINTR);
 }
 
+/* Authentication of a connection to the rendezvous store: the job's secret
+ * and its run id (the prefix is "crun-c10d/<run_id>", STORE_AUTH_JOB_ROOT). */
+static void auth_opts(struct coord_opts *o, const struct c10d_conf *conf, const char *prefix)
+{
+	o->auth_secret_file = conf->auth_file[0] ? conf->auth_file : NULL;
+	o->auth_job = prefix + sizeof(STORE_AUTH_JOB_ROOT) - 2;
+	o->tls_ca = conf->tls_ca[0] ? conf->tls_ca : NULL;
+	o->tls_cert = conf->tls_cert[0] ? conf->tls_cert : NULL;
+	o->tls_key = conf->tls_key[0] ? conf->tls_key : NULL;
+	o->tls_min_version = conf->tls_min;
+}
+
 /* Opens the monitor's connection (the lease lives and dies with it). */
 static int mon_open(struct job *j, struct coord **ret)
 {
@@ -754,6 +820,8 @@ static int mon_open(struct job *j, struct coord **ret)
 	o.prefix = j->prefix;
 	o.connect_timeout_ms = j->conf.read_ms;
 	o.timeout_ms = j->conf.read_ms;
+	o.etcd = j->etcd;
+	auth_opts(&o, &j->conf, j->prefix);
 	return coord_open(&o, ret);
 }
 
@@ -860,6 +928,8 @@ static void *job_main(void *arg)
 	o.prefix = j->prefix;
 	o.connect_timeout_ms = j->kind == JOB_ROUND ? j->conf.join_ms : j->conf.read_ms;
 	o.timeout_ms = j->conf.read_ms;
+	o.etcd = j->etcd;
+	auth_opts(&o, &j->conf, j->prefix);
 	if (j->kind == JOB_MONITOR && j->mon_c) {
 		c = j->mon_c; /* the round's lease connection */
 		j->mon_c = NULL;
@@ -913,7 +983,12 @@ static struct job *join_job(const struct c10d_join_args *a)
 	j->kind = JOB_ROUND;
 	snprintf(j->host, sizeof(j->host), "%s", a->host ? a->host : "");
 	j->port = a->port;
-	snprintf(j->prefix, sizeof(j->prefix), "crun-c10d/%s", a->run_id);
+	if (a->etcd && etcd_prefix(a->etcd, a->run_id, j->prefix, sizeof(j->prefix)) < 0) {
+		free(j);
+		return NULL;
+	}
+	if (!a->etcd)
+		snprintf(j->prefix, sizeof(j->prefix), "crun-c10d/%s", a->run_id);
 	j->conf = a->conf;
 	j->min = a->min;
 	j->max = a->max;
@@ -956,12 +1031,17 @@ int c10d_join_blocking(const struct c10d_join_args *a, struct rdzv_info *ret_inf
 	char prefix[320];
 	int r;
 
-	TRY(str_printf(prefix, sizeof(prefix), "crun-c10d/%s", a->run_id));
+	if (a->etcd)
+		TRY(etcd_prefix(a->etcd, a->run_id, prefix, sizeof(prefix)));
+	else
+		TRY(str_printf(prefix, sizeof(prefix), "crun-c10d/%s", a->run_id));
+	o.etcd = a->etcd;
 	o.host = a->host;
 	o.port = a->port;
 	o.prefix = prefix;
 	o.connect_timeout_ms = a->conf.join_ms;
 	o.timeout_ms = a->conf.read_ms;
+	auth_opts(&o, &a->conf, prefix);
 	r = coord_open(&o, &c);
 	if (r < 0) {
 		snprintf(err, cap, "cannot reach the rendezvous store: %s", crun_strerror(r));
@@ -1016,7 +1096,13 @@ static int start(struct c10d *c, enum job_kind kind, const char *why)
 	j->kind = kind;
 	snprintf(j->host, sizeof(j->host), "%s", c->ep_host);
 	j->port = c->ep_port;
-	snprintf(j->prefix, sizeof(j->prefix), "crun-c10d/%s", c->run_id);
+	snprintf(j->prefix, sizeof(j->prefix), "%s", c->prefix);
+	if (c->etcd && !(j->etcd = mem_dup(c->etcd, sizeof(*c->etcd)))) {
+		fd_close(pfd[0]);
+		fd_close(pfd[1]);
+		free(j);
+		return CRUN_ENOMEM;
+	}
 	j->conf = c->conf;
 	j->min = c->p.min_nodes;
 	j->max = c->p.max_nodes;
@@ -1135,6 +1221,9 @@ static void on_job(evutil_socket_t fd, short what, void *arg)
 		ev = RDZV_EV_SPARE_DONE;
 	} else {
 		c->info = j->info;
+		free(c->peers);
+		c->peers = j->peers; /* taken */
+		j->peers = NULL;
 		c->round = j->round;
 		c->nnodes = j->nnodes;
 		c->host_member = j->host_member;
@@ -1239,8 +1328,15 @@ static void maybe_serve(struct c10d *c)
 		return;
 	if (c->conf.is_host < 0 && !endpoint_bindable(c->ep_host, c->ep_port))
 		return;
+	if (c->tls_ca_set && !c->tls) {
+		log_at(LL_INFO, SUB_RDZV,
+		       "not serving the rendezvous store: tls_ca without tls_cert");
+		return;
+	}
 	sc.host = c->conf.is_host == 1 ? NULL : c->ep_host;
 	sc.port = c->ep_port;
+	sc.auth = c->auth;
+	sc.tls = c->tls;
 	r = store_server_new(c->p.base, &sc, &c->rdzv_store);
 	if (r < 0) {
 		c->rdzv_store = NULL;
@@ -1249,6 +1345,80 @@ static void maybe_serve(struct c10d *c)
 		return;
 	}
 	log_at(LL_WARN, SUB_RDZV, "serving the rendezvous store on %s:%u", c->ep_host, c->ep_port);
+	/* torchrun compatibility keeps this allowed; say what it means once. */
+	if (!c->auth && !c->tls_ca_set && !store_host_is_loopback(sc.host))
+		log_at(LL_WARN, SUB_RDZV,
+		       "the rendezvous store on %s:%u has no authentication: anyone who reaches "
+		       "it can change or end this job (give it a secret: CRUN_AUTH_SECRET_FILE "
+		       "or --rdzv_conf auth_secret_file=FILE)",
+		       sc.host ? sc.host : "*", c->ep_port);
+}
+
+/* TLS of the store served here (tls_cert) and a check of the client side
+ * (tls_ca), before any connection: a bad file is one clear error. */
+static int load_tls(struct c10d *c)
+{
+	struct store_tls_opts o = {.cert = c->conf.tls_cert,
+				   .key = c->conf.tls_key,
+				   .ca = c->conf.tls_ca,
+				   .min_version = c->conf.tls_min};
+	struct store_tls *probe = NULL;
+
+	if ((c->conf.tls_cert[0] || c->conf.tls_key[0]) && !c->conf.tls_ca[0]) {
+		snprintf(c->err, sizeof(c->err),
+			 "argument --rdzv_conf: tls_cert needs tls_ca (agents verify the store)");
+		return CRUN_EINVAL;
+	}
+	if (!c->conf.tls_ca[0])
+		return 0;
+	c->tls_ca_set = true;
+	TRY(store_tls_new_client(&o, &probe, c->err, sizeof(c->err)));
+	store_tls_free(probe);
+	if (!c->conf.tls_cert[0])
+		return 0; /* this agent can only join, not serve */
+	return store_tls_new_server(&o, &c->tls, c->err, sizeof(c->err));
+}
+
+/* The job's secret: rdzv_conf auth_secret_file, else the agent's
+ * --auth_secret_file, else $CRUN_AUTH_SECRET_FILE. Checked here, before any
+ * connection, so a bad file is one clear error. */
+static int load_auth(struct c10d *c, const char *from_agent)
+{
+	struct store_auth_secret s;
+	const char *env = getenv("CRUN_AUTH_SECRET_FILE");
+	int r;
+
+	if (!c->conf.auth_file[0] && from_agent && *from_agent)
+		TRY(str_printf(c->conf.auth_file, sizeof(c->conf.auth_file), "%s", from_agent));
+	if (!c->conf.auth_file[0] && env && *env)
+		TRY(str_printf(c->conf.auth_file, sizeof(c->conf.auth_file), "%s", env));
+	if (!c->conf.auth_file[0])
+		return 0;
+	r = store_auth_secret_read(c->conf.auth_file, &s, c->err, sizeof(c->err));
+	if (r == 0)
+		r = store_auth_keys_new(&c->auth);
+	if (r == 0)
+		r = store_auth_keys_add(c->auth, "", &s);
+	memset(&s, 0, sizeof(s));
+	return r;
+}
+
+/* Backend "etcd": master_addr is the endpoint list; the etcd keys of
+ * rdzv_conf are taken out before the round's own keys are parsed. */
+static int etcd_setup(struct c10d *c, const struct rdzv_params *p)
+{
+	char rest[1024];
+
+	c->etcd = calloc(1, sizeof(*c->etcd));
+	if (!c->etcd)
+		return CRUN_ENOMEM;
+	TRY(etcd_parse_endpoints(p->master_addr, c->etcd, c->err, sizeof(c->err)));
+	TRY(etcd_parse_conf(p->conf, c->etcd, rest, sizeof(rest), c->err, sizeof(c->err)));
+	TRY(c10d_parse_conf(rest, &c->conf, c->err, sizeof(c->err)));
+	TRY(etcd_prefix(c->etcd, c->run_id, c->prefix, sizeof(c->prefix)));
+	snprintf(c->ep_host, sizeof(c->ep_host), "%s", c->etcd->ep[0].host);
+	c->ep_port = c->etcd->ep[0].port;
+	return 0;
 }
 
 int c10d_new(const struct rdzv_params *p, struct c10d **ret)
@@ -1264,16 +1434,21 @@ int c10d_new(const struct rdzv_params *p, struct c10d **ret)
 	c->p = *p;
 	c->job_rd = c->mon_rd = -1;
 	c->prev_grank = -1;
-	r = c10d_parse_conf(p->conf, &c->conf, c->err, sizeof(c->err));
-	if (r < 0) {
-		log_at(LL_ERROR, SUB_RDZV, "%s", c->err);
-		free(c);
-		return CRUN_ECONFIG;
-	}
 	snprintf(c->run_id, sizeof(c->run_id), "%s", p->run_id ? p->run_id : "none");
 	c->p.run_id = c->run_id;
 	snprintf(c->ep_host, sizeof(c->ep_host), "%s", p->master_addr);
 	c->ep_port = p->master_port;
+	snprintf(c->prefix, sizeof(c->prefix), "crun-c10d/%s", c->run_id);
+	/* "etcd": the same rounds, on an etcd cluster */
+	r = strcmp(p->backend, "etcd") == 0
+		? etcd_setup(c, p)
+		: c10d_parse_conf(p->conf, &c->conf, c->err, sizeof(c->err));
+	if (r < 0) {
+		log_at(LL_ERROR, SUB_RDZV, "%s", c->err);
+		free(c->etcd);
+		free(c);
+		return CRUN_ECONFIG;
+	}
 	snprintf(c->hostname, sizeof(c->hostname), "%s",
 		 p->hostname && *p->hostname ? p->hostname : "localhost");
 	/* MASTER_ADDR of this node: --local_addr, else the endpoint address
@@ -1293,7 +1468,16 @@ int c10d_new(const struct rdzv_params *p, struct c10d **ret)
 		free(c);
 		return CRUN_ENOMEM;
 	}
-	maybe_serve(c);
+	r = load_auth(c, p->auth_secret_file);
+	if (r == 0)
+		r = load_tls(c);
+	if (r < 0) {
+		log_at(LL_ERROR, SUB_RDZV, "%s", c->err[0] ? c->err : crun_strerror(r));
+		c10d_free(c);
+		return CRUN_ECONFIG;
+	}
+	if (!c->etcd)
+		maybe_serve(c);
 	*ret = c;
 	return 0;
 }
@@ -1317,15 +1501,26 @@ void c10d_free(struct c10d *c)
 	if (c->linger)
 		event_free(c->linger);
 	store_server_free(c->rdzv_store);
+	free(c->etcd);
+	store_auth_keys_free(c->auth);
+	store_tls_free(c->tls);
+	free(c->peers);
 	free(c);
 }
 
 int c10d_store_to_serve(const struct c10d *c, const char **ret_host, uint16_t *ret_port)
 {
-	(void)c;
+	unsigned char ip[16];
+
 	/* Every agent serves a worker store on an ephemeral port; the round's
-	 * group rank 0 publishes its own as MASTER_ADDR:MASTER_PORT. */
-	*ret_host = NULL;
+	 * group rank 0 publishes its own as MASTER_ADDR:MASTER_PORT. It listens
+	 * on that advertised address only, when it is a local IP address (a
+	 * NAT'd --local_addr or a host name: every interface, as before). */
+	*ret_host =
+	    (inet_pton(AF_INET, c->addr, ip) == 1 || inet_pton(AF_INET6, c->addr, ip) == 1) &&
+		    endpoint_bindable(c->addr, 0)
+		? c->addr
+		: NULL;
 	*ret_port = 0;
 	return 1;
 }
@@ -1344,6 +1539,15 @@ int c10d_next_round(struct c10d *c)
 const struct rdzv_info *c10d_info(const struct c10d *c)
 {
 	return c->have_info ? &c->info : NULL;
+}
+
+const char *c10d_peer_addrs(const struct c10d *c)
+{
+	if (!c->have_info)
+		return NULL;
+	/* Only group rank 0's worker store is published: the others' take
+	 * loopback alone (also when the addresses could not be read). */
+	return c->info.group_rank == 0 && c->peers ? c->peers : "";
 }
 
 int c10d_exit_barrier(struct c10d *c)

@@ -12,6 +12,7 @@
 #include "store/store.h"
 
 struct c10d;
+struct etcd_conf;
 
 struct c10d_conf {
 	uint32_t join_ms;      /* join_timeout: a round must complete within it */
@@ -24,6 +25,18 @@ struct c10d_conf {
 	/* store_<tunable>=N keys (store_max_keys=..., the names of crun-rdzvd's
 	 * limit flags): the limits of the store this host serves. */
 	struct store_server_config store;
+	/* auth_secret_file: the job's shared secret (store/auth.h) for every
+	 * connection to the rendezvous store, and for the store served here;
+	 * "" = none (then --auth_secret_file / CRUN_AUTH_SECRET_FILE apply). */
+	char auth_file[512];
+	/* tls_cert/tls_key: this node's certificate (served store, and client
+	 * certificate); tls_ca: turns TLS on for every rendezvous connection
+	 * and, on the served store, requires client certificates (mutual);
+	 * tls_min_version: 13 (default) or 12. "" = unset. */
+	char tls_cert[512];
+	char tls_key[512];
+	char tls_ca[512];
+	int tls_min;
 };
 
 /* Parses torchrun's rdzv_conf ("k=v,...", seconds) over the defaults. 0, or
@@ -48,6 +61,7 @@ struct c10d_join_args {
 	int prev_round, prev_grank; /* -1, -1 for a first join */
 	uint16_t wport;		    /* this agent's worker store port */
 	const char *addr, *hostname;
+	const struct etcd_conf *etcd; /* non-NULL: rounds on etcd (host/port unused) */
 };
 int c10d_join_blocking(const struct c10d_join_args *a, struct rdzv_info *ret_info, int *ret_round,
 		       char *err, size_t cap);
@@ -63,6 +77,16 @@ int c10d_store_to_serve(const struct c10d *c, const char **ret_host, uint16_t *r
 void c10d_set_served_port(struct c10d *c, uint16_t port);
 int c10d_next_round(struct c10d *c);
 const struct rdzv_info *c10d_info(const struct c10d *c);
+/* Numeric addresses of the last round's nodes, space separated, when this
+ * agent is group rank 0 (its worker store is the round's); NULL otherwise. */
+const char *c10d_peer_addrs(const struct c10d *c);
+
+/* c10d_peers.c. The address field of a node record into out: 0,
+ * CRUN_EPROTO (not a record) or CRUN_ETOOBIG. Pure. */
+int c10d_record_addr(const char *rec, char *out, size_t cap);
+/* Reads round rd's n node records and resolves their addresses: *ret
+ * (malloc'd) is "a b ...", every address of every node. Blocking. */
+int c10d_read_peer_addrs(struct coord *c, int rd, int n, uint32_t read_ms, char **ret);
 int c10d_exit_barrier(struct c10d *c);
 int c10d_close_failed(struct c10d *c, const char *why);
 enum rdzv_change c10d_change_kind(const struct c10d *c);

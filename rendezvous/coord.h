@@ -20,13 +20,24 @@
 #include <stdint.h>
 
 struct coord;
+struct etcd_conf;
 
 struct coord_opts {
 	const char *host;
 	uint16_t port;
 	const char *prefix; /* every key lives under it */
 	uint32_t connect_timeout_ms;
-	uint32_t timeout_ms; /* default op deadline */
+	uint32_t timeout_ms;			 /* default op deadline */
+	const char *auth_secret_file;		 /* NULL: no authentication (store/auth.h) */
+	const char *auth_job;			 /* the run id the connection speaks for */
+	const char *tls_ca, *tls_cert, *tls_key; /* NULL tls_ca: plaintext */
+	int tls_min_version;			 /* 12 or 13 (0 = 13) */
+	/* Non-NULL: the etcd v3 cluster it describes (etcd_int.h, borrowed)
+	 * instead of the crun store at host:port. Same contracts, with these
+	 * differences: a lease ends only by its TTL or revoke (closing the
+	 * handle ends its leases as an expiry would); a lapsed lease's expiry
+	 * key is written by the first reader after the lapse (coord_etcd.c). */
+	const struct etcd_conf *etcd;
 };
 
 int coord_open(const struct coord_opts *o, struct coord **ret_c);

@@ -14,6 +14,7 @@
 #include "common/common.h"
 #include "crun/store.h"
 #include "rendezvous/coord.h"
+#include "rendezvous/etcd_int.h"
 
 /* In-memory coordination (coord_mem_*): a key list under one lock, WAIT as a
  * condition variable. No sockets: lets the round algorithm run in unit tests
@@ -33,6 +34,7 @@ struct coord_mem {
 struct coord {
 	crun_store_t *s;
 	struct coord_mem *mem; /* instead of s */
+	struct etcd *etcd;     /* instead of s: coord_etcd.c does the work */
 	char prefix[320];
 	char err[512];
 };
@@ -227,12 +229,26 @@ int coord_open(const struct coord_opts *o, struct coord **ret_c)
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return CRUN_ENOMEM;
+	if (o->etcd) {
+		r = etcd_open(o->etcd, o->prefix, o->connect_timeout_ms, o->timeout_ms, &c->etcd);
+		if (r < 0)
+			free(c);
+		else
+			*ret_c = c;
+		return r;
+	}
 	so.host = o->host;
 	so.port = o->port;
 	so.prefix = o->prefix;
 	so.connect_timeout_ms = o->connect_timeout_ms;
 	so.timeout_ms = o->timeout_ms;
 	so.dialect = CRUN_STORE_V2;
+	so.auth_secret_file = o->auth_secret_file;
+	so.auth_job = o->auth_job;
+	so.tls_ca = o->tls_ca;
+	so.tls_cert = o->tls_cert;
+	so.tls_key = o->tls_key;
+	so.tls_min_version = o->tls_min_version;
 	r = crun_store_open(&so, &c->s);
 	if (r < 0) {
 		free(c);
@@ -248,11 +264,14 @@ void coord_close(struct coord *c)
 		return;
 	if (c->s)
 		crun_store_close(c->s);
+	etcd_close(c->etcd);
 	free(c);
 }
 
 const char *coord_last_error(const struct coord *c)
 {
+	if (c && c->etcd)
+		return etcd_last_error(c->etcd);
 	return c ? c->err : "no connection";
 }
 
@@ -260,6 +279,8 @@ int coord_add(struct coord *c, const char *key, int64_t delta, int64_t *ret_valu
 {
 	int r;
 
+	if (c->etcd)
+		return etcd_add(c->etcd, key, delta, ret_value);
 	if (c->mem)
 		return mem_add(c, key, delta, ret_value);
 	r = crun_store_add(c->s, key, delta, ret_value);
@@ -271,6 +292,8 @@ int coord_set(struct coord *c, const char *key, const char *val)
 {
 	int r;
 
+	if (c->etcd)
+		return etcd_set(c->etcd, key, val);
 	if (c->mem) {
 		pthread_mutex_lock(&c->mem->mu);
 		c->mem->ops++;
@@ -288,6 +311,8 @@ int coord_get(struct coord *c, const char *key, uint32_t timeout_ms, char **ret_
 	size_t len;
 	int r;
 
+	if (c->etcd)
+		return etcd_get(c->etcd, key, timeout_ms, ret_val);
 	if (c->mem)
 		return mem_get(c, key, timeout_ms, ret_val);
 	r = crun_store_get(c->s, key, timeout_ms, &v, &len);
@@ -303,6 +328,8 @@ int coord_exists(struct coord *c, const char *key)
 	int ready = 0;
 	int r;
 
+	if (c->etcd)
+		return etcd_exists(c->etcd, key);
 	if (c->mem) {
 		pthread_mutex_lock(&c->mem->mu);
 		c->mem->ops++;
@@ -319,6 +346,8 @@ int coord_exists(struct coord *c, const char *key)
 
 int coord_try_get(struct coord *c, const char *key, char **ret_val)
 {
+	if (c->etcd)
+		return etcd_try_get(c->etcd, key, ret_val);
 	int r = coord_exists(c, key);
 
 	if (r < 0)
@@ -334,6 +363,8 @@ int coord_multi_get(struct coord *c, const char *const *keys, size_t n, uint32_t
 	size_t *lens;
 	int r;
 
+	if (c->etcd)
+		return etcd_multi_get(c->etcd, keys, n, timeout_ms, ret_vals);
 	if (c->mem) {
 		for (size_t i = 0; i < n; i++) {
 			r = mem_get(c, keys[i], timeout_ms, &ret_vals[i]);
@@ -361,6 +392,8 @@ int coord_compare_set(struct coord *c, const char *key, const char *expected, co
 	size_t len;
 	int r;
 
+	if (c->etcd)
+		return etcd_compare_set(c->etcd, key, expected, desired, ret_cur);
 	if (c->mem)
 		return mem_cas(c, key, expected, desired, ret_cur);
 	r = crun_store_compare_set(c->s, key, expected, strlen(expected), desired, strlen(desired),
@@ -379,6 +412,8 @@ int coord_wait(struct coord *c, const char *key, uint32_t timeout_ms)
 {
 	int r;
 
+	if (c->etcd)
+		return etcd_wait(c->etcd, key, timeout_ms);
 	if (c->mem) {
 		pthread_mutex_lock(&c->mem->mu);
 		c->mem->ops++;
@@ -403,6 +438,8 @@ int coord_lease_grant(struct coord *c, uint32_t ttl_ms, const char *expiry_key, 
 {
 	int r;
 
+	if (c->etcd)
+		return etcd_lease_grant(c->etcd, ttl_ms, expiry_key, why, ret_id);
 	if (c->mem)
 		return CRUN_ENOTSUP;
 	r = crun_store_lease_grant(c->s, ttl_ms, expiry_key, why, strlen(why), ret_id);
@@ -418,6 +455,8 @@ int coord_lease_keepalive(struct coord *c, uint64_t id)
 {
 	int r;
 
+	if (c->etcd)
+		return etcd_lease_keepalive(c->etcd, id);
 	if (c->mem)
 		return CRUN_ENOTSUP;
 	r = crun_store_lease_keepalive(c->s, id);
@@ -429,6 +468,8 @@ int coord_lease_revoke(struct coord *c, uint64_t id)
 {
 	int r;
 
+	if (c->etcd)
+		return etcd_lease_revoke(c->etcd, id);
 	if (c->mem)
 		return CRUN_ENOTSUP;
 	r = crun_store_lease_revoke(c->s, id);

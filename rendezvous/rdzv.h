@@ -6,9 +6,11 @@
  * blocking store client run it on a helper thread and post back).
  *
  * Backends: "static" (fixed node ranks, node 0's agent serves the store; also
- * --standalone, a one-node static job with a private store) and "c10d"
- * (elastic membership, c10d.h; static.c forwards every call to it). etcd is
- * not implemented.
+ * --standalone, a one-node static job with a private store), "c10d"
+ * (elastic membership, c10d.h; static.c forwards every call to it) and
+ * "etcd" (the same rounds on an etcd v3 cluster through coord.h: master_addr
+ * is then the member list "host:port,..."; the agent with group rank 0 still
+ * serves the workers' store).
  */
 #ifndef CRUN_RENDEZVOUS_RDZV_H
 #define CRUN_RENDEZVOUS_RDZV_H
@@ -52,7 +54,7 @@ enum rdzv_change {
 typedef void (*rdzv_event_fn)(enum rdzv_event ev, void *arg);
 
 struct rdzv_params {
-	const char *backend; /* "static" or "c10d" */
+	const char *backend; /* "static", "c10d" or "etcd" */
 	bool standalone;
 	const char *run_id; /* key prefix "<run_id>/" */
 	int node_rank;
@@ -65,9 +67,10 @@ struct rdzv_params {
 	uint32_t barrier_timeout_ms;
 	/* c10d: master_addr/master_port are the rendezvous endpoint */
 	int min_nodes, max_nodes;
-	const char *conf;	 /* rdzv_conf "k=v,..." or NULL */
-	const char *hostname;	 /* for records and messages */
-	struct event_base *base; /* borrowed, the agent's loop */
+	const char *conf;	      /* rdzv_conf "k=v,..." or NULL */
+	const char *hostname;	      /* for records and messages */
+	const char *auth_secret_file; /* c10d: shared secret; NULL = CRUN_AUTH_SECRET_FILE */
+	struct event_base *base;      /* borrowed, the agent's loop */
 	rdzv_event_fn on_event;
 	void *arg;
 };
@@ -88,6 +91,10 @@ void rdzv_set_served_port(struct rdzv *r, uint16_t port);
 int rdzv_next_round(struct rdzv *r);
 /* The last completed round; valid after RDZV_EV_COMPLETE. */
 const struct rdzv_info *rdzv_info(const struct rdzv *r);
+/* The addresses allowed to reach this agent's worker store after the last
+ * round ("a b ...", numeric; valid until the next round), or NULL when the
+ * backend does not know them (then the agent does not narrow its store). */
+const char *rdzv_peer_addrs(const struct rdzv *r);
 
 /* Starts the exit barrier (every agent reached a terminal state, so the node
  * serving the store leaves last); ends with RDZV_EV_BARRIER_DONE. A backend
@@ -105,6 +112,9 @@ enum rdzv_change rdzv_change_kind(const struct rdzv *r);
 int rdzv_close_failed(struct rdzv *r, const char *why);
 /* Checks a --rdzv_conf value for `backend`; 0 or CRUN_EINVAL with err. */
 int rdzv_conf_check(const char *backend, const char *conf, char *err, size_t cap);
+/* Checks an --rdzv_endpoint value for `backend` ("etcd": a comma-separated
+ * member list); 0 or CRUN_EINVAL with err naming the bad entry. */
+int rdzv_endpoint_check(const char *backend, const char *endpoint, char *err, size_t cap);
 
 /* Frees the backend. A helper thread still blocked in the store client is
  * detached and frees its own state when its call returns. NULL: no-op. */

@@ -25,6 +25,7 @@
 #include "common/common.h"
 #include "crun/store.h"
 #include "rendezvous/c10d.h"
+#include "rendezvous/etcd_int.h"
 #include "rendezvous/rdzv.h"
 
 #define RDZV_MAX_NODES 65536
@@ -353,7 +354,8 @@ int rdzv_new(const struct rdzv_params *p, struct rdzv **ret_rdzv)
 
 	if (!p->base || !p->on_event || p->nproc < 1)
 		return CRUN_EINVAL;
-	if (strcmp(p->backend, "c10d") == 0 && !p->standalone) {
+	if ((strcmp(p->backend, "c10d") == 0 || strcmp(p->backend, "etcd") == 0) &&
+	    !p->standalone) {
 		struct c10d *c;
 
 		TRY(c10d_new(p, &c));
@@ -449,6 +451,11 @@ const struct rdzv_info *rdzv_info(const struct rdzv *r)
 	return r->have_info ? &r->info : NULL;
 }
 
+const char *rdzv_peer_addrs(const struct rdzv *r)
+{
+	return r->c10d ? c10d_peer_addrs(r->c10d) : NULL;
+}
+
 int rdzv_exit_barrier(struct rdzv *r)
 {
 	if (r->c10d)
@@ -479,10 +486,25 @@ int rdzv_close_failed(struct rdzv *r, const char *why)
 int rdzv_conf_check(const char *backend, const char *conf, char *err, size_t cap)
 {
 	struct c10d_conf c;
+	struct etcd_conf e = {0};
+	char rest[1024];
 
+	if (strcmp(backend, "etcd") == 0) {
+		TRY(etcd_parse_conf(conf, &e, rest, sizeof(rest), err, cap));
+		return c10d_parse_conf(rest, &c, err, cap);
+	}
 	if (strcmp(backend, "c10d") != 0)
 		return CRUN_ENOTSUP;
 	return c10d_parse_conf(conf, &c, err, cap);
+}
+
+int rdzv_endpoint_check(const char *backend, const char *endpoint, char *err, size_t cap)
+{
+	struct etcd_conf e = {0};
+
+	if (strcmp(backend, "etcd") != 0)
+		return CRUN_ENOTSUP;
+	return etcd_parse_endpoints(endpoint, &e, err, cap);
 }
 
 void rdzv_free(struct rdzv *r)

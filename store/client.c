@@ -34,9 +34,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+
 #include "common/common.h"
+#include "store/auth.h"
 #include "store/store.h"
 #include "store/store_ext.h"
+#include "store/tls.h"
 
 #define NO_DEADLINE UINT64_MAX
 #define RBUF_MIN    4096
@@ -88,6 +92,10 @@ struct client_conn {
 	size_t ulen, ucap;
 	const char *lossy; /* an unconfirmed write that cannot be replayed, or NULL */
 	bool replayed;	   /* unacked was replayed once: a second loss drops it */
+	struct store_auth_secret *secret; /* NULL: no authentication (auth.h) */
+	char *auth_job;			  /* the run id we speak for */
+	struct store_tls *tls_ctx;	  /* NULL: plaintext (store/tls.h) */
+	struct store_tls_conn *tls;	  /* the live connection's TLS, or NULL */
 };
 
 struct crun_store {
@@ -164,6 +172,8 @@ static void conn_break(struct client_conn *c)
 {
 	c->broken = true;
 	c->ext = false;
+	store_tls_conn_free(c->tls);
+	c->tls = NULL;
 	if (c->fd >= 0) {
 		/* Abortive close (RST): the server keeps this connection's
 		 * leases for their TTL, for the re-attach after the redial. An
@@ -216,11 +226,21 @@ static int wait_fd(int fd, short events, uint64_t deadline)
 	}
 }
 
-static int send_all(int fd, const uint8_t *p, size_t len, uint64_t deadline)
+static int send_all(struct client_conn *c, const uint8_t *p, size_t len, uint64_t deadline)
 {
-	while (len > 0) {
-		ssize_t n = send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+	int fd = c->fd;
 
+	while (len > 0) {
+		short ev = POLLOUT;
+		ssize_t n = c->tls ? store_tls_write(c->tls, p, len, &ev)
+				   : send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+
+		if (c->tls && n < 0) {
+			if (n != CRUN_EAGAIN)
+				return (int)n;
+			TRY(wait_fd(fd, ev, deadline));
+			continue;
+		}
 		if (n >= 0) {
 			p += n;
 			len -= (size_t)n;
@@ -262,10 +282,25 @@ static int conn_fill(struct client_conn *c, uint64_t deadline)
 		c->rcap = ncap;
 	}
 	for (;;) {
-		r = wait_fd(c->fd, POLLIN, deadline);
-		if (r < 0)
-			return r;
-		n = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, MSG_DONTWAIT);
+		short ev = POLLIN;
+
+		if (c->tls) {
+			/* Read first: TLS may hold decrypted bytes already. */
+			n = store_tls_read(c->tls, c->rbuf + c->rlen, c->rcap - c->rlen, &ev);
+			if (n == CRUN_EAGAIN) {
+				r = wait_fd(c->fd, ev, deadline);
+				if (r < 0)
+					return r;
+				continue;
+			}
+			if (n < 0)
+				return (int)n;
+		} else {
+			r = wait_fd(c->fd, POLLIN, deadline);
+			if (r < 0)
+				return r;
+			n = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, MSG_DONTWAIT);
+		}
 		if (n > 0) {
 			c->rlen += (size_t)n;
 			return 0;
@@ -367,7 +402,7 @@ static int conn_send_req(struct client_conn *c, const struct store_req *req, uin
 	r = store_proto_encode_req(c->dialect, req, c->wbuf, c->wcap, &len);
 	if (r < 0)
 		return r;
-	r = send_all(c->fd, c->wbuf, len, deadline);
+	r = send_all(c, c->wbuf, len, deadline);
 	if (r == 0 && store_proto_reply_kind(req->op) == STORE_REPLY_NONE)
 		note_unacked(c, req->op, c->wbuf, len);
 	wbuf_trim(c);
@@ -434,12 +469,18 @@ static void conn_free(struct client_conn *c)
 {
 	if (!c)
 		return;
+	store_tls_conn_free(c->tls);
+	store_tls_free(c->tls_ctx);
 	if (c->fd >= 0)
 		fd_close(c->fd);
 	free(c->rbuf);
 	free(c->wbuf);
 	free(c->kbuf);
 	free(c->kv);
+	if (c->secret)
+		OPENSSL_cleanse(c->secret, sizeof(*c->secret));
+	free(c->secret);
+	free(c->auth_job);
 	free(c->host);
 	free(c->leases);
 	free(c->unacked);
@@ -714,11 +755,35 @@ static int handshake(struct client_conn *c, uint64_t deadline)
 
 	TRY(store_proto_encode_req(STORE_V2, &v, buf, sizeof(buf), &l1));
 	TRY(store_proto_encode_req(STORE_V2, &p, buf + l1, sizeof(buf) - l1, &l2));
-	TRY(send_all(c->fd, buf, l1 + l2, deadline));
+	TRY(send_all(c, buf, l1 + l2, deadline));
 	TRY(conn_read_reply(c, STORE_OP_PING, 0, deadline, &rep));
 	if (rep.u32 != p.u32)
 		return CRUN_EPROTO;
 	return 0;
+}
+
+/* The auth.h exchange before the first TCPStore byte; the error names the
+ * cause (no challenge, refused, impostor) in last_error. */
+static int client_auth(struct client_conn *c, uint64_t deadline)
+{
+	char why[300];
+	int r = store_auth_client_run(c->fd, c->tls, c->secret, c->auth_job, deadline, why,
+				      sizeof(why));
+
+	if (r < 0 && r != CRUN_ETIMEDOUT && r != CRUN_ECONNRESET && r != CRUN_ECLOSED)
+		return set_err(c, r, "connect", NULL, 0, "%s", why);
+	return r;
+}
+
+/* TLS handshake on the fresh socket, the certificate checked against host. */
+static int client_tls(struct client_conn *c, const char *host, uint64_t deadline)
+{
+	char why[600];
+	int r = store_tls_connect(c->tls_ctx, c->fd, host, deadline, &c->tls, why, sizeof(why));
+
+	if (r < 0 && r != CRUN_ETIMEDOUT)
+		return set_err(c, r, "connect", NULL, 0, "%s", why);
+	return r;
 }
 
 /* Resolves and connects to c->host:c->port until the deadline, with
@@ -729,6 +794,7 @@ static int conn_dial(struct client_conn *c, uint64_t deadline, bool one_round)
 	struct addrinfo hints = {
 	    .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
 	uint32_t backoff = BACKOFF_START_MS;
+	bool hung_up = false; /* the server accepted, then closed on our greeting */
 	char port_s[8];
 	int last = CRUN_ETIMEDOUT;
 	int n;
@@ -749,16 +815,26 @@ static int conn_dial(struct client_conn *c, uint64_t deadline, bool one_round)
 					continue;
 				c->fd = fd;
 				c->rpos = c->rlen = 0;
-				last = c->dialect == STORE_V2 ? handshake(c, deadline) : 0;
+				last = c->tls_ctx ? client_tls(c, c->host, deadline) : 0;
+				if (last == 0 && c->secret)
+					last = client_auth(c, deadline);
+				if (last == 0)
+					last = c->dialect == STORE_V2 ? handshake(c, deadline) : 0;
+				if (last == CRUN_EPROTO && *store_tls_conn_error(c->tls))
+					/* e.g. the server wanted our certificate */
+					(void)set_err(c, last, "connect", NULL, 0, "TLS: %s",
+						      store_tls_conn_error(c->tls));
 				if (last == 0)
 					break;
+				store_tls_conn_free(c->tls);
+				c->tls = NULL;
 				fd_close(c->fd);
 				c->fd = -1;
-				if (last == CRUN_EPROTO)
-					break; /* a wrong echo is not worth retrying */
+				if (last == CRUN_EPROTO || last == CRUN_EACCES)
+					break; /* a wrong echo or secret is not worth retrying */
 			}
 			freeaddrinfo(res);
-			if (last == 0 || last == CRUN_EPROTO)
+			if (last == 0 || last == CRUN_EPROTO || last == CRUN_EACCES)
 				return last;
 		} else if (g == EAI_NONAME || g == EAI_SERVICE || g == EAI_FAMILY) {
 			return set_err(c, CRUN_ERESOLVE, "connect", NULL, 0, "%s", gai_strerror(g));
@@ -767,6 +843,7 @@ static int conn_dial(struct client_conn *c, uint64_t deadline, bool one_round)
 		}
 		log_at(LL_DEBUG, SUB_STORE, "connect to %s: %s; retrying", c->peer,
 		       crun_strerror(last));
+		hung_up |= last == CRUN_ECLOSED || last == CRUN_ECONNRESET;
 		{
 			uint32_t j = backoff / 2 + next_rand(c) % (backoff + 1);
 			int left = poll_ms(deadline);
@@ -780,10 +857,36 @@ static int conn_dial(struct client_conn *c, uint64_t deadline, bool one_round)
 									 : backoff + backoff / 2;
 		}
 	}
+	if (hung_up && last != CRUN_ECONNREFUSED)
+		/* A TLS or authenticating server hangs up on a client without
+		 * them, and says nothing a plaintext client could read. */
+		(void)set_err(c, CRUN_ETIMEDOUT, "connect", NULL, 0,
+			      "the server closed every connection during the handshake (does "
+			      "it require TLS (tls_ca) or a secret (auth_secret_file)?)");
 	return last == CRUN_ETIMEDOUT || last == CRUN_ECONNREFUSED || last == CRUN_ECLOSED ||
 		       last == CRUN_ECONNRESET
 		   ? CRUN_ETIMEDOUT
 		   : last;
+}
+
+/* Loads the secret before connecting: a bad file fails at once, named. */
+static int client_secret(struct client_conn *c, const char *path, const char *job)
+{
+	char why[512];
+	int r;
+
+	c->secret = malloc(sizeof(*c->secret));
+	c->auth_job = str_dup(job ? job : "");
+	if (!c->secret || !c->auth_job)
+		return CRUN_ENOMEM;
+	r = store_auth_secret_read(path, c->secret, why, sizeof(why));
+	if (r < 0) {
+		log_at(LL_DEBUG, SUB_STORE, "%s", why); /* callers check the file first */
+		return r;
+	}
+	if (strlen(c->auth_job) > STORE_AUTH_JOB_MAX)
+		return CRUN_EINVAL;
+	return 0;
 }
 
 /* ---- the extension's wire calls, and leases held by the handle ---------------- */
@@ -801,7 +904,7 @@ static int ext_rpc(struct client_conn *c, const struct store_ext_req *q, uint8_t
 	r = store_ext_encode_req(q, c->wbuf, c->wcap, &len);
 	if (r < 0)
 		return r;
-	r = send_all(c->fd, c->wbuf, len, deadline);
+	r = send_all(c, c->wbuf, len, deadline);
 	wbuf_trim(c);
 	while (r == 0 && c->rlen - c->rpos < want)
 		r = conn_fill(c, deadline);
@@ -912,7 +1015,7 @@ static int conn_revive(struct client_conn *c, const char *name, uint64_t deadlin
 	if (r == 0 && c->ext_used)
 		r = ext_reopen(c, d);
 	if (r == 0 && log_len) {
-		r = send_all(c->fd, c->unacked, log_len, d);
+		r = send_all(c, c->unacked, log_len, d);
 		replayed = true;
 	}
 	c->ulen = log_len; /* still unconfirmed until the next reply */
@@ -993,6 +1096,26 @@ CRUN_API int crun_store_open(const crun_store_opts_t *opts, crun_store_t **ret_s
 		goto fail;
 	}
 	s->conn = c;
+	if (OPT_HAS(opts, tls_ca) && opts->tls_ca) {
+		struct store_tls_opts tlo = {
+		    .ca = opts->tls_ca,
+		    .cert = OPT_HAS(opts, tls_cert) ? opts->tls_cert : NULL,
+		    .key = OPT_HAS(opts, tls_key) ? opts->tls_key : NULL,
+		    .min_version = OPT_HAS(opts, tls_min_version) ? opts->tls_min_version : 0};
+		char why[600];
+
+		r = store_tls_new_client(&tlo, &c->tls_ctx, why, sizeof(why));
+		if (r < 0) {
+			log_at(LL_DEBUG, SUB_STORE, "%s", why);
+			goto fail;
+		}
+	}
+	if (OPT_HAS(opts, auth_secret_file) && opts->auth_secret_file) {
+		r = client_secret(c, opts->auth_secret_file,
+				  OPT_HAS(opts, auth_job) ? opts->auth_job : NULL);
+		if (r < 0)
+			goto fail;
+	}
 	r = make_prefix("/", 1, prefix, &s->pfx, &s->pfx_len);
 	if (r < 0)
 		goto fail;
@@ -1000,7 +1123,7 @@ CRUN_API int crun_store_open(const crun_store_opts_t *opts, crun_store_t **ret_s
 	r = conn_dial(c, deadline_after(cto ? cto : to), cto == 0);
 	if (r < 0) {
 		log_at(LL_INFO, SUB_STORE, "cannot connect to store %s (v%d): %s", c->peer, dialect,
-		       crun_strerror(r));
+		       c->err[0] ? c->err : crun_strerror(r));
 		goto fail;
 	}
 	*ret_store = s;

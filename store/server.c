@@ -58,6 +58,7 @@
 #include "common/common.h"
 #include "store/server_int.h"
 #include "store/store_ext.h"
+#include "store/tls.h"
 
 /* Output a peer may leave unread without counting as stalled: a 1.13 client
  * reads a late STOP_WAITING only with its next request (torch-compat §1.6). */
@@ -132,6 +133,7 @@ static void conn_close(struct store_conn *c)
 
 	store_conn_unregister(c);
 	store_ext_conn_closed(c); /* after the waits are gone: it may SET keys */
+	store_conn_auth_free(c);
 	dl_del(&c->link);
 	dl_del(&c->stall_link);
 	/* Freeing the buffers does not call their callbacks: settle by hand. */
@@ -212,6 +214,12 @@ void store_conn_flush(struct store_conn *c)
 
 	if (c->writing || !evbuffer_get_length(out))
 		return;
+	if (c->srv->cfg.tls) {
+		/* Only the TLS bufferevent may write: it encrypts. */
+		c->writing = true;
+		bufferevent_enable(c->bev, EV_WRITE);
+		return;
+	}
 	/* A socket bufferevent freezes its output's start so only it drains
 	 * it; write the way its own write callback does. */
 	evbuffer_unfreeze(out, 1);
@@ -453,6 +461,10 @@ static bool conn_ext(struct store_conn *c, const uint8_t *p, size_t len, size_t 
 		conn_drop(c, STORE_M_DROP_EXT_BEFORE_HELLO, store_ext_op_name(p[0]));
 		return false;
 	}
+	if (store_conn_auth_check_ext(c, p, len) < 0) {
+		conn_drop(c, STORE_M_DROP_FOREIGN_KEY, store_ext_op_name(p[0]));
+		return false;
+	}
 	c->why = 0;
 	r = store_ext_process(c, p, len, used);
 	if (r == CRUN_EAGAIN) {
@@ -487,6 +499,16 @@ static bool conn_process(struct store_conn *c)
 		}
 		if (len == 0 || c->throttled || c->stalled)
 			return true;
+		if (store_conn_auth_pending(c)) {
+			const char *why = NULL;
+
+			r = store_conn_auth_read(c, &why);
+			if (r < 0)
+				conn_drop(c, STORE_M_DROP_AUTH, why);
+			if (r <= 0)
+				return r == 0;
+			continue;
+		}
 		if (!c->dialect && !conn_sniff(c, in, len))
 			return true;
 		len = evbuffer_get_length(in);
@@ -529,6 +551,10 @@ static bool conn_process(struct store_conn *c)
 		}
 		if (!conn_output_budget(c, &q))
 			return true; /* decoded again when resumed */
+		if (store_conn_auth_check_req(c, &q) < 0) {
+			conn_drop(c, STORE_M_DROP_FOREIGN_KEY, store_proto_op_name(q.op));
+			return false;
+		}
 		c->why = 0;
 		r = store_conn_dispatch(c, &q);
 		evbuffer_drain(in, used);
@@ -582,7 +608,22 @@ static void conn_on_event(struct bufferevent *bev, short what, void *arg)
 {
 	struct store_conn *c = arg;
 
-	(void)bev;
+	if (what & BEV_EVENT_CONNECTED) {
+		store_conn_tls_ready(c); /* the TLS handshake is done */
+		return;
+	}
+	if (what & BEV_EVENT_TIMEOUT) {
+		conn_drop(c, STORE_M_DROP_AUTH, "no TLS handshake or authentication in time");
+		return;
+	}
+	if ((what & BEV_EVENT_ERROR) && c->srv->cfg.tls) {
+		char why[256];
+
+		if (*store_tls_bev_error(bev, why, sizeof(why))) {
+			conn_drop(c, STORE_M_DROP_TLS, why);
+			return;
+		}
+	}
 	if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)) {
 		log_at(LL_DEBUG, SUB_STORE, "client closed (%s)",
 		       what & BEV_EVENT_EOF ? "eof" : strerror(EVUTIL_SOCKET_ERROR()));
@@ -722,9 +763,17 @@ static struct store_conn *conn_new(struct store_server *srv, int fd)
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		goto fail;
-	c->bev = bufferevent_socket_new(srv->base, fd, BEV_OPT_CLOSE_ON_FREE);
-	if (!c->bev)
-		goto fail;
+	if (srv->cfg.tls) {
+		c->bev = store_tls_accept(srv->cfg.tls, srv->base, fd); /* owns fd */
+		if (!c->bev) {
+			free(c);
+			goto fail_logged;
+		}
+	} else {
+		c->bev = bufferevent_socket_new(srv->base, fd, BEV_OPT_CLOSE_ON_FREE);
+		if (!c->bev)
+			goto fail;
+	}
 	c->srv = srv;
 	DL_INIT(&c->waits);
 	DL_INIT(&c->watches);
@@ -769,15 +818,34 @@ static void srv_on_accept(struct evconnlistener *lsn, evutil_socket_t fd, struct
 	struct store_conn *c;
 
 	(void)lsn;
-	(void)sa;
 	(void)salen;
+	if (!store_server_peer_allowed(srv, sa)) {
+		char peer[INET6_ADDRSTRLEN + 8];
+
+		srv->metrics[STORE_M_REFUSED_ALLOWLIST]++;
+		srv->st.dropped_conns++;
+		peer_name(fd, peer, sizeof(peer));
+		if (log_budget(srv))
+			log_at(LL_WARN, SUB_STORE, "refusing client %s: %s", peer,
+			       metric_help[STORE_M_REFUSED_ALLOWLIST]);
+		close(fd);
+		return;
+	}
 	if (srv->st.conns >= srv->cfg.max_conns) {
 		srv_refuse(srv, fd, STORE_M_REFUSED_MAX_CONNS);
 		return;
 	}
 	c = conn_new(srv, fd);
-	if (c)
-		conn_start(c); /* an auth/TLS gate would start its handshake here */
+	if (!c)
+		return;
+	/* The gate (server_auth.c): a challenge out, one answer in, before
+	 * any request is read; with TLS the bufferevent runs the handshake. */
+	if (store_conn_auth_start(c) < 0) {
+		conn_drop(c, STORE_M_DROP_OP_FAILED, "cannot start authentication");
+		return;
+	}
+	conn_start(c);
+	store_conn_flush(c); /* the challenge */
 }
 
 static void srv_on_accept_retry(evutil_socket_t fd, short what, void *arg)
@@ -1115,6 +1183,7 @@ void store_server_free(struct store_server *srv)
 		close(srv->reserve_fd);
 	if (srv->kv_ready)
 		kv_release(&srv->kv);
+	free(srv->allow);
 	free(srv);
 }
 

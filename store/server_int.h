@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <netinet/in.h>
+
 #include <event2/bufferevent.h>
 
 #include "store/store.h"
@@ -140,6 +142,9 @@ struct store_server {
 	size_t stall_min;    /* smallest reply a stalled connection waits to send */
 	uint64_t metrics[STORE_M__MAX];
 	struct lograte lr;
+	struct in6_addr *allow; /* allow.c: allowed peers (v4 as v4-mapped) */
+	size_t n_allow;
+	bool allow_on; /* false: any peer */
 };
 
 struct store_conn {
@@ -169,6 +174,7 @@ struct store_conn {
 	bool ext;	  /* sent HELLO: crun's extension ops (store_ext.h) allowed */
 	bool peer_eof;	  /* closing because the peer closed in order (FIN), not reset */
 	struct dl leases; /* struct store_lease.conn_link (lease.c) */
+	struct conn_auth *auth; /* server_auth.c; NULL: the server has no secrets */
 };
 
 static inline struct evbuffer *store_conn_out(struct store_conn *c)
@@ -208,5 +214,33 @@ void store_conn_unregister(struct store_conn *c);
  * negative code (CRUN_ENOMEM, CRUN_ETOOBIG over the value budget). */
 int store_server_set_key(struct store_server *srv, const struct store_bytes *k,
 			 const struct store_bytes *v);
+
+/* allow.c: whether a connection from sa passes the allowlist. */
+bool store_server_peer_allowed(const struct store_server *srv, const struct sockaddr *sa);
+
+/* ---- server_auth.c: the pre-auth gate (auth.h) ---- */
+
+/* At accept: when the server has secrets, queues the challenge and limits
+ * reading to one answer frame; with secrets or TLS, arms a 10 s deadline
+ * for the handshake (BEV_EVENT_TIMEOUT). 0 or a negative code (close c). */
+int store_conn_auth_start(struct store_conn *c);
+/* The TLS handshake finished: without auth the connection is now trusted. */
+void store_conn_tls_ready(struct store_conn *c);
+/* Close path: frees the auth state. */
+void store_conn_auth_free(struct store_conn *c);
+/* True while c has not passed authentication: nothing but the answer is read. */
+bool store_conn_auth_pending(const struct store_conn *c);
+/* Reads the answer: 1 passed (proof queued), 0 incomplete, or a negative code
+ * with *ret_why (the caller drops c, counted as drop_auth). */
+int store_conn_auth_read(struct store_conn *c, const char **ret_why);
+/* Whether c may see or touch wire key `key` (its job scope). */
+bool store_conn_key_visible(const struct store_conn *c, const uint8_t *key, size_t len);
+/* True when c is limited to one job's keys. */
+bool store_conn_scoped(const struct store_conn *c);
+/* 0, or CRUN_EACCES when a request names a key outside c's scope. */
+int store_conn_auth_check_req(const struct store_conn *c, const struct store_req *q);
+/* The same for an extension request at p (partial frames pass: the
+ * extension decoder reports them). */
+int store_conn_auth_check_ext(const struct store_conn *c, const uint8_t *p, size_t len);
 
 #endif /* CRUN_STORE_SERVER_INT_H */

@@ -554,21 +554,35 @@ static int op_queue_len(struct store_conn *c, const struct store_req *q)
 struct list_ctx {
 	struct store_conn *c;
 	int r;
+	int64_t n;
 };
+
+/* A client authenticated for one job sees only that job's keys. */
+static void count_one(struct kv_ent *e, void *arg)
+{
+	struct list_ctx *lc = arg;
+
+	if (e->present && store_conn_key_visible(lc->c, e->key, e->key_len))
+		lc->n++;
+}
 
 static void list_one(struct kv_ent *e, void *arg)
 {
 	struct list_ctx *lc = arg;
 
-	if (e->present && lc->r == 0)
+	if (e->present && lc->r == 0 && store_conn_key_visible(lc->c, e->key, e->key_len))
 		lc->r = reply_bytes(lc->c, e->key, e->key_len);
 }
 
 static int op_list_keys(struct store_conn *c)
 {
-	struct list_ctx lc = {.c = c, .r = 0};
+	struct list_ctx lc = {.c = c, .r = 0, .n = (int64_t)c->srv->kv.n_keys};
 
-	TRY(reply_i64(c, (int64_t)c->srv->kv.n_keys));
+	if (store_conn_scoped(c)) {
+		lc.n = 0;
+		kv_foreach(&c->srv->kv, count_one, &lc);
+	}
+	TRY(reply_i64(c, lc.n));
 	kv_foreach(&c->srv->kv, list_one, &lc);
 	return lc.r;
 }

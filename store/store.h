@@ -201,6 +201,8 @@ uint32_t store_get_u32(const uint8_t *p);
 
 struct event_base;
 struct store_server;
+struct store_auth_keys;
+struct store_tls;
 
 /* Every limit is on by default (../shared/STYLE.md §3.6). Budgets shared by
  * all connections protect the process (one misbehaving client must not take
@@ -240,6 +242,11 @@ struct store_server_config {
 	uint32_t idle_timeout_s;	/* no byte from the peer for this long closes
 					 * it (0: off, the default: torch 1.13 keeps
 					 * an idle watch connection per store) */
+	/* Secrets (store/auth.h), borrowed, must outlive the server; NULL: no
+	 * authentication. With a table every client must pass the challenge. */
+	const struct store_auth_keys *auth;
+	/* TLS context (store/tls.h), borrowed like auth; NULL: plaintext. */
+	struct store_tls *tls;
 };
 
 #define STORE_SERVER_CONFIG_DEFAULT                                                    \
@@ -292,6 +299,14 @@ const struct store_server_config *store_server_get_config(const struct store_ser
  * restart attempts so 2.x workers, which use no attempt prefix, start clean. */
 void store_server_clear(struct store_server *srv);
 
+/* Narrows who may connect: loopback plus the numeric IPv4/IPv6 addresses
+ * in `addrs` (separated by spaces or commas; "" = loopback only); NULL lifts
+ * the limit (the default). Connections from anyone else are closed at
+ * accept, logged and counted (metric refused_allowlist); open ones are kept. 0,
+ * CRUN_EINVAL (a name or malformed address: the list is unchanged) or
+ * CRUN_ENOMEM. Loop thread only. */
+int store_server_set_allowlist(struct store_server *srv, const char *addrs);
+
 struct store_server_stats {
 	uint64_t conns;
 	uint64_t keys;
@@ -334,6 +349,12 @@ void store_server_get_stats(const struct store_server *srv, struct store_server_
 				    "(stall-timeout)")                                        \
 	X(DROP_IDLE, "drop_idle", "idle (idle-timeout)")                                      \
 	X(DROP_OP_FAILED, "drop_op_failed", "operation failed (as torch closes it)")          \
+	X(REFUSED_ALLOWLIST, "refused_allowlist", "not a node of this job (worker store "     \
+						  "allowlist)")                               \
+	X(DROP_AUTH, "drop_auth", "authentication failed (wrong secret, unknown run id, or "  \
+				  "no answer in time)")                                       \
+	X(DROP_TLS, "drop_tls", "TLS handshake or record failed")                             \
+	X(DROP_FOREIGN_KEY, "drop_foreign_key", "key outside the client's run id")            \
 	X(PAUSE_CONN_OUTPUT, "pause_conn_output", "reading paused: replies unread "           \
 						  "(max-conn-output-bytes)")                  \
 	X(PAUSE_TOTAL_OUTPUT, "pause_total_output", "reading paused: "                        \

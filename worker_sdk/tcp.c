@@ -20,10 +20,33 @@
 
 #include "common/common.h"
 #include "kernels/kernels.h"
+#include "store/auth.h"
 #include "worker_sdk/worker.h"
 
 #define TCP_MAGIC	0x63727470u /* "crtp" */
 #define TCP_STAGE_BYTES (256u * 1024)
+#define TCP_AUTH_MS	5000 /* one stranger may stall the accept loop this long */
+
+/* With $CRUN_AUTH_SECRET_FILE (the job's secret, store/auth.h) every mesh
+ * connection runs the HMAC challenge/response right after its hello: the
+ * listening rank challenges, the dialing rank answers, each proves the
+ * secret to the other, so a stranger can neither join the group nor feed it
+ * data. 1 with *ret filled, 0 without a secret, or a negative code. */
+static int mesh_secret(struct crun_pg *pg, struct store_auth_secret *ret)
+{
+	const char *path = getenv("CRUN_AUTH_SECRET_FILE");
+	char err[600];
+	int r;
+
+	if (!path || !*path)
+		return 0;
+	r = store_auth_secret_read(path, ret, err, sizeof(err));
+	if (r < 0) {
+		log_at(LL_DEBUG, SUB_PG, "rank %d: %s", pg->rank, err);
+		return r;
+	}
+	return 1;
+}
 /* An accepted connection must say who it is within this (peers send their
  * hello right after connecting; generous for a loaded host)... */
 #define TCP_HELLO_MS 10000u
@@ -183,14 +206,24 @@ static int hello_read(struct hello_wait *h)
 	return h->got == sizeof(h->hello);
 }
 
-/* A complete hello from a higher TCP peer we still lack: take its fd. */
-static bool hello_take(struct crun_pg *pg, const struct hello_wait *h)
+/* A complete hello from a higher TCP peer we still lack: take its fd. With
+ * a secret the peer must then pass the challenge (at most TCP_AUTH_MS: a
+ * stranger with a plausible hello stalls the others that long, once). */
+static bool hello_take(struct crun_pg *pg, const struct hello_wait *h,
+		       const struct store_auth_secret *sec)
 {
 	uint32_t r = h->hello[1];
+	char why[300];
 
 	if (h->hello[0] != TCP_MAGIC || r <= (uint32_t)pg->rank || r >= (uint32_t)pg->size ||
 	    pg->peers[r].kind != PEER_TCP || pg->peers[r].fd >= 0)
 		return false; /* a stranger or a duplicate: not one of ours */
+	if (sec &&
+	    store_auth_server_run(h->fd, sec, clock_now_ms() + TCP_AUTH_MS, why, sizeof(why)) < 0) {
+		log_at(LL_DEBUG, SUB_PG, "rank %d: mesh peer claiming rank %u refused: %s",
+		       pg->rank, r, why);
+		return false;
+	}
 	pg->peers[r].fd = h->fd;
 	return true;
 }
@@ -199,7 +232,8 @@ static bool hello_take(struct crun_pg *pg, const struct hello_wait *h)
  * concurrently with its own short hello deadline, so one that sends nothing
  * (a port scanner) costs a slot for TCP_HELLO_MS, not the whole setup. At
  * most TCP_HELLO_PENDING wait at once; a flood evicts the oldest. */
-static int accept_peers(struct crun_pg *pg, int lfd, int expect, uint64_t deadline_ms)
+static int accept_peers(struct crun_pg *pg, int lfd, int expect, uint64_t deadline_ms,
+			const struct store_auth_secret *sec)
 {
 	struct hello_wait hw[TCP_HELLO_PENDING];
 	struct pollfd pfd[TCP_HELLO_PENDING + 1];
@@ -225,7 +259,7 @@ static int accept_peers(struct crun_pg *pg, int lfd, int expect, uint64_t deadli
 		for (int i = np - 1; i >= 0; i--) {
 			int got = pfd[i + 1].revents ? hello_read(&hw[i]) : 0;
 
-			if (got == 1 && hello_take(pg, &hw[i]))
+			if (got == 1 && hello_take(pg, &hw[i], sec))
 				expect--;
 			else if (got != 0 || now >= hw[i].deadline_ms)
 				fd_close(hw[i].fd);
@@ -257,8 +291,13 @@ int pg_tcp_setup(struct crun_pg *pg, crun_store_t *st, const char *ns, const int
 	uint32_t tmo = atomic_load(&pg->timeout_ms);
 	uint64_t deadline = clock_now_ms() + (tmo ? tmo : PG_DEFAULT_TIMEOUT_MS);
 	char addr[64], key[256], val[128];
-	int lfd = -1, higher = 0, r;
+	struct store_auth_secret sec;
+	int lfd = -1, higher = 0, r, have_sec;
 	uint16_t port = 0;
+
+	have_sec = mesh_secret(pg, &sec);
+	if (have_sec < 0)
+		return have_sec;
 
 	for (int p = 0; p < pg->size; p++) {
 		if (!is_tcp[p])
@@ -298,13 +337,23 @@ int pg_tcp_setup(struct crun_pg *pg, crun_store_t *st, const char *ns, const int
 		crun_free(v);
 		if (r == 0)
 			r = io_full(pg->peers[p].fd, hello, sizeof(hello), 0, deadline);
+		if (r == 0 && have_sec) {
+			char why[300];
+
+			r = store_auth_client_run(pg->peers[p].fd, NULL, &sec, "", deadline, why,
+						  sizeof(why));
+			if (r < 0)
+				log_at(LL_DEBUG, SUB_PG, "rank %d: mesh peer %d: %s", pg->rank, p,
+				       why);
+		}
 		if (r < 0)
 			goto out;
 	}
-	r = higher ? accept_peers(pg, lfd, higher, deadline) : 0;
+	r = higher ? accept_peers(pg, lfd, higher, deadline, have_sec ? &sec : NULL) : 0;
 out:
 	if (lfd >= 0)
 		fd_close(lfd);
+	memset(&sec, 0, sizeof(sec));
 	return r;
 }
 

@@ -46,7 +46,7 @@ typedef struct crun_agent_config {
 	int nnodes;		      /* static: number of agents */
 	int node_rank;		      /* static: this agent's group rank */
 	int standalone;		      /* 1: one node, private store on 127.0.0.1:0 */
-	const char *rdzv_backend;     /* "static" or "c10d" ("etcd": CRUN_ENOTSUP for now) */
+	const char *rdzv_backend;     /* "static", "c10d" or "etcd" (master_addr: members) */
 	const char *rdzv_id;	      /* run id; NULL = "none" (standalone: a uuid4) */
 	const char *master_addr;      /* static: node 0's agent store address */
 	uint16_t master_port;	      /* static: its port */

@@ -35,6 +35,21 @@ typedef struct crun_store_opts {
 	int dialect;		     /* crun_store_dialect_t */
 	const char *prefix;	     /* optional PrefixStore-style prefix; copied */
 	uint32_t reconnect_ms;	     /* time to re-establish a lost connection; 0 = never */
+	/* Shared-secret authentication (crun stores started with a secret):
+	 * the file's secret (mode 0600, 16..4096 bytes) and the run id the
+	 * client speaks for (NULL = ""; a daemon with per-job secrets admits it
+	 * to that run id's keys only). NULL file: no authentication. */
+	const char *auth_secret_file;
+	const char *auth_job;
+	/* TLS (crun stores serving TLS): the CA that must have signed the
+	 * server's certificate (setting it turns TLS on; the server's name or IP
+	 * address, `host`, must match the certificate), and an optional client
+	 * certificate and key for servers that require one (mutual TLS).
+	 * tls_min_version: 13 (or 0) = TLS 1.3 only, 12 = TLS 1.2 allowed. */
+	const char *tls_ca;
+	const char *tls_cert;
+	const char *tls_key;
+	int tls_min_version;
 } crun_store_opts_t;
 
 /* Also what a caller built before reconnect_ms existed gets. */
@@ -43,13 +58,17 @@ typedef struct crun_store_opts {
 #define CRUN_STORE_OPTS_INIT                                                                       \
 	{                                                                                          \
 		sizeof(crun_store_opts_t), "127.0.0.1", 29500, 30000, 300000, CRUN_STORE_V2, NULL, \
-		    CRUN_STORE_RECONNECT_MS_DEFAULT                                                \
+		    CRUN_STORE_RECONNECT_MS_DEFAULT, NULL, NULL, NULL, NULL, NULL, 0               \
 	}
 
 /* Connects, retrying with exponential backoff and jitter (start 50 ms, x1.5,
- * cap 2 s) until connect_timeout_ms. v2 sends VALIDATE + PING as PyTorch 2.x
- * does. Returns 0 and *ret_store, or CRUN_ETIMEDOUT, CRUN_ERESOLVE,
- * CRUN_EPROTO (bad PING echo), CRUN_EINVAL. Free with crun_store_close(). */
+ * cap 2 s) until connect_timeout_ms. With auth_secret_file, the
+ * challenge/response runs first (store/auth.h). v2 sends VALIDATE + PING as
+ * PyTorch 2.x does. Returns 0 and *ret_store, or CRUN_ETIMEDOUT, CRUN_ERESOLVE,
+ * CRUN_EPROTO (bad PING echo; no challenge from a server we must
+ * authenticate to), CRUN_EACCES (secret refused, or the server could not
+ * prove it), CRUN_EINVAL. Free with crun_store_close(); on failure the reason
+ * is logged at INFO and, for auth, at DEBUG with details. */
 CRUN_API int crun_store_open(const crun_store_opts_t *opts, crun_store_t **ret_store);
 
 /* A view on base's connection with `prefix` added, like PyTorch's

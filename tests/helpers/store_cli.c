@@ -318,6 +318,19 @@ int main(int argc, char **argv)
 		} else if (!strcmp(a, "--timeout-ms") &&
 			   parse_uint_range(v, 0, UINT32_MAX, &u) == 0) {
 			o.timeout_ms = (uint32_t)u;
+		} else if (!strcmp(a, "--tls-ca")) {
+			o.tls_ca = v;
+		} else if (!strcmp(a, "--tls-cert")) {
+			o.tls_cert = v;
+		} else if (!strcmp(a, "--tls-key")) {
+			o.tls_key = v;
+		} else if (!strcmp(a, "--tls-min-version") &&
+			   parse_uint_range(v, 12, 13, &u) == 0) {
+			o.tls_min_version = (int)u;
+		} else if (!strcmp(a, "--auth-secret-file")) {
+			o.auth_secret_file = v;
+		} else if (!strcmp(a, "--auth-job")) {
+			o.auth_job = v;
 		} else if (!strcmp(a, "--connect-timeout-ms") &&
 			   parse_uint_range(v, 0, UINT32_MAX, &u) == 0) {
 			o.connect_timeout_ms = (uint32_t)u;

@@ -6,6 +6,10 @@ job on every node, restarts exhausted (every agent exits non-zero naming the
 root cause), the store-serving node exiting last, conflicting settings and a
 real PyTorch gloo job under both PyTorch versions.
 
+Every scenario runs over both elastic backends: c10d (the store served by an
+agent) and etcd (one real etcd member for the module, etcd_cluster.py);
+the few about the agent-served rendezvous store are c10d's alone.
+
 Short timings through --rdzv_conf keep the module fast; no test asserts a
 wall-clock bound."""
 import os
@@ -20,6 +24,7 @@ import pytest
 
 from conftest import (HELPERS, bin_path, free_port, records, start_rdzvd, torch_python,
                       wait_records)
+from etcd_cluster import EtcdCluster
 
 TASK = os.path.join(HELPERS, "elastic_task.py")
 JOB = os.path.join(HELPERS, "launch_worker.py")
@@ -51,9 +56,31 @@ def crun_env(py=PY, **extra):
     return env
 
 
+@pytest.fixture(scope="module")
+def _etcd():
+    c = EtcdCluster(1)
+    yield c
+    c.close()
+
+
+@pytest.fixture(autouse=True, params=["c10d", "etcd"])
+def backend(request):
+    """The rendezvous backend of this run of the scenario."""
+    _TMP["backend"] = request.param
+    _TMP["etcd"] = request.getfixturevalue("_etcd") if request.param == "etcd" else None
+    yield request.param
+
+
+def c10d_only():
+    if _TMP["backend"] != "c10d":
+        pytest.skip("about the rendezvous store an agent serves (c10d only)")
+
+
 def agent(procs, port, job, nnodes, args, nproc=2, extra=(), env=None):
+    etcd = _TMP["backend"] == "etcd"
+    ep = _TMP["etcd"].endpoints() if etcd else f"127.0.0.1:{port}"
     argv = [bin_path("crun"), f"--nnodes={nnodes}", f"--nproc_per_node={nproc}",
-            "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={job}",
+            f"--rdzv_backend={_TMP['backend']}", f"--rdzv_endpoint={ep}", f"--rdzv_id={job}",
             CONF, *extra, *args]
     return procs.spawn(argv, env=env or crun_env())
 
@@ -91,7 +118,7 @@ def ranks_of(recs):
     return sorted(int(r["RANK"]) for r in recs)
 
 
-def test_two_nodes_of_two(procs, out):
+def test_two_nodes_of_two(procs, out, backend):
     port = free_port()
     ps = [agent(procs, port, "two", 2, [TASK, "run", out, "0.2"]) for _ in range(2)]
     res = [finish(p) for p in ps]
@@ -106,7 +133,7 @@ def test_two_nodes_of_two(procs, out):
         assert int(r["RANK"]) == 2 * int(r["GROUP_RANK"]) + int(r["LOCAL_RANK"])
     # One worker store for the job, served by group rank 0.
     assert len({(r["MASTER_ADDR"], r["MASTER_PORT"]) for r in recs}) == 1
-    assert any("serving the rendezvous store" in e for _, _, e in res)
+    assert any("serving the rendezvous store" in e for _, _, e in res) == (backend == "c10d")
 
 
 def test_heterogeneous_nproc_prefix_sums(procs, out):
@@ -127,6 +154,7 @@ def test_heterogeneous_nproc_prefix_sums(procs, out):
 
 
 def test_store_node_exits_last(procs, out):
+    c10d_only()
     port = free_port()
     host = agent(procs, port, "last", 2, [TASK, "run", out, "0.2"])
     time.sleep(0.3)  # the first agent binds the endpoint and serves the store
@@ -252,7 +280,8 @@ def test_conflicting_max_is_an_error(procs, out):
 
 def test_run_id_reuse_after_close_is_an_error(procs, out):
     # Against a store that outlives the job (crun-rdzvd), a second job with a
-    # spent run id is told so instead of hanging.
+    # spent run id is told so instead of hanging (etcd: test_etcd.py).
+    c10d_only()
     srv, _, rport = start_rdzvd(procs)
     a = agent(procs, rport, "reuse", "1:1", [TASK, "run", out, "0.1"])
     rc, _, err = finish(a)

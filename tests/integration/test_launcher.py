@@ -165,7 +165,8 @@ def test_both_spellings_and_abbreviations(procs, tmp_path):
     (["--nproc_per_node=0"], {}, "--nproc_per_node"),
     (["--nproc-per-node=lots"], {}, "--nproc-per-node"),
     (["--max_restarts=-1"], {}, "--max_restarts"),
-    (["--rdzv_backend=etcd"], {}, "--rdzv_backend=etcd"),
+    (["--rdzv_backend=etcd", "--rdzv_endpoint=127.0.0.1:2379,,x"], {}, "--rdzv_endpoint"),
+    (["--rdzv_backend=etcd-v2", "--rdzv_conf=protocol=gopher"], {}, "protocol"),
     # c10d is supported (tests/integration/test_elastic.py); its rdzv_conf is checked.
     (["--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:1", "--rdzv_conf=bogus=1"], {},
      "--rdzv_conf"),

@@ -166,6 +166,41 @@ START_TEST(static_endpoint_sets_the_master)
 }
 END_TEST
 
+START_TEST(etcd_takes_a_member_list)
+{
+	ck_assert_int_eq(parse(ARGS("--rdzv-backend=etcd-v2", "--nnodes=1:3",
+				    "--rdzv_endpoint=10.0.0.1:2379,10.0.0.2,[::1]:2380",
+				    "--rdzv_conf=protocol=https,key_prefix=/x/y,join_timeout=9",
+				    "x.py"),
+			       no_env),
+			 0);
+	ck_assert_str_eq(c.cfg.rdzv_backend, "etcd");
+	ck_assert_str_eq(c.cfg.master_addr, "10.0.0.1:2379,10.0.0.2,[::1]:2380");
+	ck_assert_int_eq(c.cfg.min_nnodes, 1);
+	ck_assert_int_eq(c.cfg.max_nnodes, 3);
+	cli_free(&c);
+	ck_assert_int_eq(parse(ARGS("--rdzv_backend=etcd", "--rdzv_endpoint=a:1,,b:2", "x.py"),
+			       no_env),
+			 CRUN_EINVAL);
+	ck_assert_ptr_nonnull(strstr(c.err, "--rdzv_endpoint"));
+	cli_free(&c);
+	ck_assert_int_eq(parse(ARGS("--rdzv_backend=etcd", "--rdzv_conf=protocol=gopher", "x.py"),
+			       no_env),
+			 CRUN_EINVAL);
+	ck_assert_ptr_nonnull(strstr(c.err, "protocol"));
+	cli_free(&c);
+	ck_assert_int_eq(parse(ARGS("--rdzv_backend=etcd", "--rdzv_conf=cacert=/nonexistent/ca",
+				    "x.py"),
+			       no_env),
+			 CRUN_EINVAL);
+	ck_assert_ptr_nonnull(strstr(c.err, "cacert"));
+	cli_free(&c);
+	ck_assert_int_eq(parse(ARGS("--rdzv_backend=etcd", "--rdzv_conf=bogus=1", "x.py"), no_env),
+			 CRUN_EINVAL);
+	ck_assert_ptr_nonnull(strstr(c.err, "bogus"));
+}
+END_TEST
+
 /* Every rejected or bad flag names itself in the error. */
 static const struct {
 	const char *arg;
@@ -173,8 +208,6 @@ static const struct {
 } bad[] = {
 	{ "--nproc_per_node=0", "--nproc_per_node" },
 	{ "--nproc-per-node=x", "--nproc-per-node" },
-	{ "--rdzv_backend=etcd", "--rdzv_backend=etcd" },
-	{ "--rdzv-backend=etcd-v2", "--rdzv-backend=etcd-v2" },
 	/* --rdzv_backend=c10d is accepted now: tests/unit/test_rdzv_c10d.c */
 	{ "--rdzv_backend=nope", "--rdzv_backend" },
 	{ "--run-path=1", "--run-path" },
@@ -674,6 +707,7 @@ static Suite *agent_cli_suite(void)
 	tcase_add_test(tc, std_maps_and_filters);
 	tcase_add_test(tc, signals_and_timeouts);
 	tcase_add_test(tc, static_endpoint_sets_the_master);
+	tcase_add_test(tc, etcd_takes_a_member_list);
 	tcase_add_loop_test(tc, bad_flags_are_named, 0, (int)ARRAY_SIZE(bad));
 	tcase_add_test(tc, module_and_no_python_conflict);
 	tcase_add_test(tc, nproc_keywords);

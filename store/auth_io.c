@@ -1,0 +1,227 @@
+/* auth_io.c: the blocking halves of the auth.h exchange on a connected
+ * socket, for the store client (client.c) and the worker SDK's data mesh
+ * (worker_sdk/tcp.c). Every read is exact-sized: nothing past the exchange
+ * is consumed, so the caller's own protocol starts on a clean stream.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include <openssl/crypto.h>
+
+#include "common/common.h"
+#include "store/auth.h"
+#include "store/tls.h"
+
+#define CHALLENGE_WAIT_MS 10000
+
+static int wait_io(int fd, short ev, uint64_t deadline_ms)
+{
+	for (;;) {
+		struct pollfd p = {.fd = fd, .events = ev};
+		uint64_t now = clock_now_ms();
+		int n;
+
+		if (now >= deadline_ms)
+			return CRUN_ETIMEDOUT;
+		n = poll(&p, 1, deadline_ms - now > INT_MAX ? INT_MAX : (int)(deadline_ms - now));
+		if (n > 0)
+			return 0;
+		if (n < 0 && errno != EINTR)
+			return -errno;
+	}
+}
+
+static int send_exact(int fd, struct store_tls_conn *tls, const uint8_t *p, size_t len,
+		      uint64_t deadline_ms)
+{
+	while (len) {
+		short ev = POLLOUT;
+		ssize_t n;
+
+		if (tls) {
+			n = store_tls_write(tls, p, len, &ev);
+			if (n == CRUN_EAGAIN) {
+				TRY(wait_io(fd, ev, deadline_ms));
+				continue;
+			}
+			if (n < 0)
+				return (int)n;
+		} else {
+			n = send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+		}
+		if (n > 0) {
+			p += n;
+			len -= (size_t)n;
+			continue;
+		}
+		if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+			return -errno;
+		TRY(wait_io(fd, POLLOUT, deadline_ms));
+	}
+	return 0;
+}
+
+/* Reads exactly len bytes: CRUN_ECLOSED on EOF. */
+static int recv_exact(int fd, struct store_tls_conn *tls, uint8_t *p, size_t len,
+		      uint64_t deadline_ms)
+{
+	while (len) {
+		short ev = POLLIN;
+		ssize_t n;
+
+		if (tls) {
+			/* Read first: TLS may hold decrypted bytes the socket no
+			 * longer shows as readable. */
+			n = store_tls_read(tls, p, len, &ev);
+			if (n == CRUN_EAGAIN) {
+				TRY(wait_io(fd, ev, deadline_ms));
+				continue;
+			}
+			if (n < 0)
+				return (int)n;
+		} else {
+			TRY(wait_io(fd, POLLIN, deadline_ms));
+			n = recv(fd, p, len, MSG_DONTWAIT);
+		}
+		if (n > 0) {
+			p += n;
+			len -= (size_t)n;
+			continue;
+		}
+		if (n == 0)
+			return CRUN_ECLOSED;
+		if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+			return -errno;
+	}
+	return 0;
+}
+
+int store_auth_client_run(int fd, struct store_tls_conn *tls, const struct store_auth_secret *s,
+			  const char *job, uint64_t deadline_ms, char *err, size_t cap)
+{
+	uint8_t ch[STORE_AUTH_CHALLENGE_BYTES], ans[STORE_AUTH_ANSWER_MAX];
+	uint8_t proof[STORE_AUTH_PROOF_BYTES];
+	uint8_t nonce_s[STORE_AUTH_NONCE_BYTES], nonce_c[STORE_AUTH_NONCE_BYTES];
+	size_t alen;
+	int r;
+
+	/* A server that authenticates sends its challenge on accept; one that
+	 * does not waits for us forever, so this wait has its own bound. */
+	r = recv_exact(fd, tls, ch, sizeof(ch),
+		       MIN(deadline_ms, clock_now_ms() + CHALLENGE_WAIT_MS));
+	if (r == 0)
+		r = store_auth_decode_challenge(ch, sizeof(ch), nonce_s);
+	if (r < 0) {
+		snprintf(err, cap,
+			 "no authentication challenge from the server (%s): it does not require "
+			 "a secret, or it is not a crun store",
+			 crun_strerror(r));
+		return r == CRUN_ETIMEDOUT || r == CRUN_EPROTO ? CRUN_EPROTO : r;
+	}
+	r = store_auth_answer(s, job, nonce_s, ans, &alen, nonce_c);
+	if (r < 0) {
+		snprintf(err, cap, "cannot build the authentication answer: %s", crun_strerror(r));
+		return r;
+	}
+	r = send_exact(fd, tls, ans, alen, deadline_ms);
+	if (r == 0)
+		r = recv_exact(fd, tls, proof, sizeof(proof), deadline_ms);
+	if (r == CRUN_ECLOSED || r == CRUN_ECONNRESET) {
+		snprintf(err, cap,
+			 "authentication refused: the server closed the connection (wrong "
+			 "secret, or run id '%s' unknown to it)",
+			 job);
+		return CRUN_EACCES;
+	}
+	if (r < 0) {
+		snprintf(err, cap, "authentication: %s", crun_strerror(r));
+		return r;
+	}
+	r = store_auth_check_proof(s, job, nonce_s, nonce_c, proof, sizeof(proof));
+	if (r < 0) {
+		snprintf(err, cap,
+			 "the server failed to prove it knows the secret: not talking "
+			 "to it");
+		return CRUN_EACCES;
+	}
+	return 0;
+}
+
+int store_auth_server_run(int fd, const struct store_auth_secret *s, uint64_t deadline_ms,
+			  char *err, size_t cap)
+{
+	uint8_t ch[STORE_AUTH_CHALLENGE_BYTES], ans[STORE_AUTH_ANSWER_MAX];
+	uint8_t nonce_s[STORE_AUTH_NONCE_BYTES];
+	struct store_auth_keys *keys = NULL;
+	struct store_auth_grant g;
+	size_t have = 0, used;
+	int r;
+
+	TRY(store_auth_nonce(nonce_s));
+	TRY(store_auth_keys_new(&keys));
+	r = store_auth_keys_add(keys, "", s);
+	if (r < 0)
+		goto out;
+	store_auth_encode_challenge(nonce_s, ch);
+	r = send_exact(fd, NULL, ch, sizeof(ch), deadline_ms);
+	/* The answer's length is in its 5th byte: read the head, then the rest. */
+	if (r == 0)
+		r = recv_exact(fd, NULL, ans, 5, deadline_ms);
+	if (r == 0) {
+		have = 5;
+		r = store_auth_verify(keys, nonce_s, ans, have, &used, &g);
+	}
+	if (r == CRUN_EAGAIN) {
+		size_t need = 5 + (size_t)ans[4] + STORE_AUTH_NONCE_BYTES + STORE_AUTH_MAC_BYTES;
+
+		r = need > sizeof(ans) ? CRUN_EPROTO
+				       : recv_exact(fd, NULL, ans + 5, need - 5, deadline_ms);
+		if (r == 0)
+			r = store_auth_verify(keys, nonce_s, ans, need, &used, &g);
+	}
+	if (r == 0)
+		r = send_exact(fd, NULL, g.proof, sizeof(g.proof), deadline_ms);
+	if (r < 0)
+		snprintf(err, cap, "peer failed authentication: %s", crun_strerror(r));
+out:
+	store_auth_keys_free(keys);
+	OPENSSL_cleanse(&g, sizeof(g));
+	return r;
+}
+
+int store_host_is_loopback(const char *host)
+{
+	struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+	struct addrinfo *res, *ai;
+	int lo = 1;
+
+	/* NULL, "" and the wildcards bind every interface. */
+	if (!host || !*host)
+		return 0;
+	if (getaddrinfo(host, "1", &hints, &res) != 0)
+		return 0;
+	for (ai = res; ai; ai = ai->ai_next) {
+		if (ai->ai_family == AF_INET) {
+			const struct sockaddr_in *a = (const struct sockaddr_in *)ai->ai_addr;
+
+			lo &= (ntohl(a->sin_addr.s_addr) >> 24) == 127;
+		} else if (ai->ai_family == AF_INET6) {
+			const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ai->ai_addr;
+
+			lo &= IN6_IS_ADDR_LOOPBACK(&a->sin6_addr) ||
+			      (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr) &&
+			       a->sin6_addr.s6_addr[12] == 127);
+		} else {
+			lo = 0;
+		}
+	}
+	freeaddrinfo(res);
+	return lo;
+}

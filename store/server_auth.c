@@ -1,0 +1,169 @@
+/* server_auth.c: the store server's pre-auth gate (auth.h). When the server
+ * has a table of secrets, a new connection starts "pre-auth": the server
+ * sends a challenge and reads at most one ANSWER frame (the read high
+ * watermark is lowered to its maximum size), answers no store op, and closes
+ * the connection - logged with the peer address and counted - on anything
+ * but a valid answer. After the proof went out the connection is a normal
+ * store connection, limited to its job's keys when its secret was per-job.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <openssl/crypto.h>
+
+#include "common/common.h"
+#include "store/auth.h"
+#include "store/server_int.h"
+#include "store/store_ext.h"
+
+/* A client must finish the TLS handshake and the answer within this: a
+ * silent or slow stranger does not get to hold a connection. */
+#define PREAUTH_TIMEOUT_S 10
+
+struct conn_auth {
+	uint8_t nonce_s[STORE_AUTH_NONCE_BYTES];
+	bool done;
+	struct store_auth_grant grant;
+};
+
+int store_conn_auth_start(struct store_conn *c)
+{
+	const struct timeval tv = {PREAUTH_TIMEOUT_S, 0};
+	uint8_t ch[STORE_AUTH_CHALLENGE_BYTES];
+	struct conn_auth *a;
+
+	if (c->srv->cfg.auth || c->srv->cfg.tls)
+		bufferevent_set_timeouts(c->bev, &tv, NULL);
+	if (!c->srv->cfg.auth)
+		return 0;
+	a = calloc(1, sizeof(*a));
+	if (!a)
+		return CRUN_ENOMEM;
+	c->auth = a;
+	TRY(store_auth_nonce(a->nonce_s));
+	store_auth_encode_challenge(a->nonce_s, ch);
+	if (evbuffer_add(store_conn_out(c), ch, sizeof(ch)) < 0)
+		return CRUN_ENOMEM;
+	/* Read no more than one answer until it checks out. */
+	bufferevent_setwatermark(c->bev, EV_READ, 0, STORE_AUTH_ANSWER_MAX);
+	return 0;
+}
+
+void store_conn_auth_free(struct store_conn *c)
+{
+	if (c->auth)
+		OPENSSL_cleanse(c->auth, sizeof(*c->auth));
+	free(c->auth);
+	c->auth = NULL;
+}
+
+bool store_conn_auth_pending(const struct store_conn *c)
+{
+	return c->auth && !c->auth->done;
+}
+
+int store_conn_auth_read(struct store_conn *c, const char **ret_why)
+{
+	struct evbuffer *in = bufferevent_get_input(c->bev);
+	size_t len = evbuffer_get_length(in), used;
+	const uint8_t *p;
+	int r;
+
+	if (len == 0)
+		return 0;
+	p = evbuffer_pullup(in, (ev_ssize_t)len);
+	if (!p)
+		return CRUN_ENOMEM;
+	r = store_auth_verify(c->srv->cfg.auth, c->auth->nonce_s, p, len, &used, &c->auth->grant);
+	if (r == CRUN_EAGAIN)
+		return 0;
+	if (r == 0 && len > used) {
+		/* The client must wait for our proof: bytes behind the answer
+		 * are a client that does not follow the protocol. */
+		r = CRUN_EPROTO;
+	}
+	if (r < 0) {
+		*ret_why = r == CRUN_EACCES ? "authentication failed (wrong secret or unknown job)"
+			   : r == CRUN_EPROTO
+			       ? "no authentication answer (a client without the secret)"
+			       : "authentication";
+		return r;
+	}
+	evbuffer_drain(in, used);
+	if (evbuffer_add(store_conn_out(c), c->auth->grant.proof, STORE_AUTH_PROOF_BYTES) < 0)
+		return CRUN_ENOMEM;
+	c->auth->done = true;
+	bufferevent_setwatermark(c->bev, EV_READ, 0, c->srv->cfg.max_conn_buffered_bytes);
+	bufferevent_set_timeouts(c->bev, NULL, NULL);
+	log_at(LL_DEBUG, SUB_STORE, "client authenticated for run id '%s'%s", c->auth->grant.job,
+	       c->auth->grant.scoped ? " (its keys only)" : "");
+	return 1;
+}
+
+void store_conn_tls_ready(struct store_conn *c)
+{
+	if (!c->auth)
+		bufferevent_set_timeouts(c->bev, NULL, NULL); /* TLS alone: done */
+}
+
+bool store_conn_key_visible(const struct store_conn *c, const uint8_t *key, size_t len)
+{
+	return !c->auth || store_auth_key_allowed(&c->auth->grant, key, len);
+}
+
+bool store_conn_scoped(const struct store_conn *c)
+{
+	return c->auth && c->auth->grant.scoped;
+}
+
+/* Every key a request names must be in the connection's scope. */
+int store_conn_auth_check_req(const struct store_conn *c, const struct store_req *q)
+{
+	const uint8_t *it = q->items;
+	struct store_bytes k;
+
+	if (!store_conn_scoped(c))
+		return 0;
+	switch (q->op) {
+	case STORE_OP_VALIDATE:
+	case STORE_OP_PING:
+	case STORE_OP_CANCEL_WAIT:
+	case STORE_OP_LIST_KEYS: /* filtered in server_ops.c */
+		return 0;
+	case STORE_OP_GETNUMKEYS:
+		return CRUN_EACCES; /* would count other jobs' keys */
+	case STORE_OP_CHECK:
+	case STORE_OP_WAIT:
+	case STORE_OP_MULTI_GET:
+	case STORE_OP_MULTI_SET:
+		for (uint64_t i = 0; i < q->nitems; i++) {
+			store_items_next(&it, &k);
+			if (!store_conn_key_visible(c, k.p, k.len))
+				return CRUN_EACCES;
+			if (q->op == STORE_OP_MULTI_SET)
+				store_items_next(&it, &k); /* the value */
+		}
+		return 0;
+	default:
+		return store_conn_key_visible(c, q->key.p, q->key.len) ? 0 : CRUN_EACCES;
+	}
+}
+
+int store_conn_auth_check_ext(const struct store_conn *c, const uint8_t *p, size_t len)
+{
+	struct store_ext_req q;
+	size_t used;
+	int r;
+
+	if (!store_conn_scoped(c))
+		return 0;
+	r = store_ext_decode_req(&c->srv->cfg.limits, p, len, &q, &used);
+	if (r < 0)
+		return 0; /* partial or malformed: store_ext_process deals with it */
+	if ((q.op == STORE_EXT_LEASE_GRANT && q.key.len) || q.op == STORE_EXT_SET_LEASED)
+		return store_conn_key_visible(c, q.key.p, q.key.len) ? 0 : CRUN_EACCES;
+	return 0;
+}

@@ -1,0 +1,508 @@
+"""Security of crun's stores (store/auth.h): crun-rdzvd's secure defaults,
+the HMAC challenge in front of every crun-to-crun store, per-job secrets on
+one crun-rdzvd, and the two attacks of the security issue against a running
+c10d job - first shown to work on an unauthenticated job, then shown to fail
+(from an unauthenticated client and from a client authenticated for another
+job) while the job finishes.
+
+The intruder is tests/integration/helpers/crunwire.py: raw TCPStore v2 bytes
+plus the auth exchange, so it sends exactly what an attacker would. No test
+asserts a wall-clock bound."""
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+import ssl
+import sys
+
+from conftest import (BUILD, HELPERS, bin_path, free_port, records, start_rdzvd, wait_line,
+                      wait_records)
+
+sys.path.insert(0, HELPERS)
+import certs as certgen  # noqa: E402
+import crunwire  # noqa: E402
+
+STORE_CLI = os.path.join(BUILD, "tests", "helpers", "store_cli")
+
+TASK = os.path.join(HELPERS, "elastic_task.py")
+PY = "/usr/bin/python3"
+CONF = "--rdzv_conf=last_call_timeout=1,heartbeat_interval=0.3,lease_ttl=1.5,join_timeout=60"
+EVIL_ADDR = "10.99.99.99"
+
+
+@pytest.fixture
+def tmp():
+    d = tempfile.mkdtemp(prefix="crun-sec-")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def secret_file(path, mode=0o600):
+    with open(path, "wb") as f:
+        f.write(os.urandom(24).hex().encode() + b"\n")
+    os.chmod(path, mode)
+    return path
+
+
+def read_secret(path):
+    return open(path, "rb").read().rstrip(b"\r\n")
+
+
+def crun_env(tmpdir, secret=None):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PET_") and k not in ("OMP_NUM_THREADS", "TORCHELASTIC_ERROR_FILE",
+                                                      "CRUN_AUTH_SECRET_FILE")}
+    env["PYTHON"] = PY
+    env["TMPDIR"] = tmpdir
+    if secret:
+        env["CRUN_AUTH_SECRET_FILE"] = secret
+    return env
+
+
+def agent(procs, port, job, out, secs, tmpdir, secret=None, extra=(), by_flag=False):
+    """One crun agent of a 2-node c10d job; the secret comes from
+    CRUN_AUTH_SECRET_FILE, or with by_flag from --auth_secret_file."""
+    if by_flag and secret:
+        extra = [f"--auth_secret_file={secret}", *extra]
+    argv = [bin_path("crun"), "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
+            f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={job}", CONF, *extra,
+            TASK, "run", out, str(secs)]
+    return procs.spawn(argv, env=crun_env(tmpdir, None if by_flag else secret))
+
+
+def finish(p, timeout=120):
+    try:
+        o, e = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail("crun agent did not finish in time")
+    return p.returncode, o.decode(errors="replace"), e.decode(errors="replace")
+
+
+# ---- crun-rdzvd's secure defaults ------------------------------------------------
+
+def test_rdzvd_binds_loopback_by_default(procs):
+    p = procs.spawn([bin_path("crun-rdzvd"), "--port", "0"])
+    m = wait_line(p.stdout, r"crun-rdzvd listening on (\S+):(\d+)", 10)
+    assert m.group(1) == "127.0.0.1"
+
+
+@pytest.mark.parametrize("host", ["", "0.0.0.0", "::"])
+def test_rdzvd_refuses_every_interface_without_a_secret(host):
+    out = subprocess.run([bin_path("crun-rdzvd"), "--host", host, "--port", "0"],
+                         capture_output=True, text=True, timeout=20)
+    assert out.returncode == 2, out
+    assert "without authentication" in out.stderr and "--insecure" in out.stderr, out.stderr
+
+
+def test_rdzvd_serves_every_interface_with_a_secret_or_insecure(procs, tmp):
+    sec = secret_file(os.path.join(tmp, "s"))
+    for extra in (["--auth-secret-file", sec], ["--insecure"]):
+        p = procs.spawn([bin_path("crun-rdzvd"), "--host", "0.0.0.0", "--port", "0", *extra])
+        wait_line(p.stdout, r"crun-rdzvd listening on", 10)
+        p.terminate()
+        p.wait(10)
+
+
+def test_rdzvd_rejects_a_readable_or_short_secret(tmp):
+    loose = secret_file(os.path.join(tmp, "loose"), 0o644)
+    short = os.path.join(tmp, "short")
+    with open(short, "w") as f:
+        f.write("abc\n")
+    os.chmod(short, 0o600)
+    for flag, path, why in (("--auth-secret-file", loose, "accessible by group or others"),
+                            ("--auth-secret-file", short, "shorter than 16"),
+                            ("--auth-secrets-dir", tmp, "auth secret file")):
+        out = subprocess.run([bin_path("crun-rdzvd"), "--port", "0", flag, path],
+                             capture_output=True, text=True, timeout=20)
+        assert out.returncode == 2, out
+        assert flag in out.stderr and why in out.stderr, out.stderr
+
+
+# ---- the gate ------------------------------------------------------------------------
+
+def test_gate_on_rdzvd(procs, tmp):
+    sec = secret_file(os.path.join(tmp, "s"))
+    p, _, port = start_rdzvd(procs, "--auth-secret-file", sec)
+    good = crunwire.Wire(port)
+    good.auth(read_secret(sec), "j")
+    good.hello()
+    good.set("/k", "v")
+    # Wrong secret: closed without a proof.
+    bad = crunwire.Wire(port)
+    with pytest.raises(crunwire.Closed):
+        bad.auth(b"0" * 32, "j")
+    # No secret: a PyTorch-style client's first frame closes it, unanswered.
+    raw = crunwire.Wire(port)
+    raw.challenge()
+    raw.s.sendall(crunwire.VALIDATE + bytes([1]) + crunwire.b("/k") + crunwire.b("evil"))
+    assert raw.closed()
+    # A replayed answer.
+    rec = crunwire.Wire(port)
+    frame = rec.auth(read_secret(sec), "j")
+    rep = crunwire.Wire(port)
+    rep.challenge()
+    rep.s.sendall(frame)
+    assert rep.closed()
+    assert good.get("/k") == b"v"  # untouched
+    p.terminate()
+    err = p.communicate(timeout=10)[1].decode()
+    assert err.count("dropping client 127.0.0.1:") >= 3, err
+
+
+def test_crun_store_client_with_a_plain_server_fails_clearly(procs, tmp):
+    """An agent with a secret against a store without one gives up with a
+    message, it does not hang (the server never sends a challenge)."""
+    _, _, port = start_rdzvd(procs)
+    sec = secret_file(os.path.join(tmp, "s"))
+    p = agent(procs, port, "plain", os.path.join(tmp), 1, tmp, secret=sec)
+    rc, _, err = finish(p)
+    assert rc != 0
+    assert "rendezvous" in err, err[-2000:]
+
+
+# ---- two jobs on one crun-rdzvd ------------------------------------------------------
+
+def secrets_dir(tmp, *jobs):
+    d = os.path.join(tmp, "secrets")
+    os.mkdir(d, 0o700)
+    return d, {j: secret_file(os.path.join(d, j)) for j in jobs}
+
+
+def test_two_jobs_with_their_own_secrets_share_one_rdzvd(procs, tmp):
+    d, secs = secrets_dir(tmp, "jobA", "jobB")
+    _, _, port = start_rdzvd(procs, "--auth-secrets-dir", d)
+    outs = {j: tempfile.mkdtemp(dir=tmp) for j in secs}
+    ps = [agent(procs, port, j, outs[j], 2, tmp, secret=secs[j]) for j in secs for _ in range(2)]
+    # While they run, a client of job A sees only job A.
+    wait_records(outs["jobA"], lambda r: True, "a jobA worker")
+    wait_records(outs["jobB"], lambda r: True, "a jobB worker")
+    a = crunwire.Wire(port)
+    a.auth(read_secret(secs["jobA"]), "jobA")
+    a.hello()
+    keys = a.list_keys()
+    assert keys and all(k.startswith("/crun-c10d/jobA/") for k in keys), keys
+    with pytest.raises(crunwire.Closed):
+        a.get("/crun-c10d/jobB/round")
+    # Job A's secret does not open job B.
+    b = crunwire.Wire(port)
+    with pytest.raises(crunwire.Closed):
+        b.auth(read_secret(secs["jobA"]), "jobB")
+    for p in ps:
+        rc, _, err = finish(p)
+        assert rc == 0, err[-3000:]
+    for j in secs:
+        assert sorted(int(r["RANK"]) for r in records(outs[j])) == [0, 1]
+
+
+# ---- the issue's two attacks against a running c10d job -----------------------------
+
+def current_round(w, pfx):
+    return w.add(f"{pfx}/round", 0)
+
+
+def attack_a(w, pfx):
+    """Two SETs end the job: every agent exits 1 despite --max_restarts."""
+    rd = current_round(w, pfx)
+    w.set(f"{pfx}/closed", "failed: intruder")
+    w.set(f"{pfx}/r{rd}/change", "failed")
+
+
+def attack_b(w, pfx):
+    """Hijack the next round: every worker restarts with the intruder's
+    MASTER_ADDR and a phantom rank 0 (ticket 1, held by the intruder)."""
+    rd = current_round(w, pfx)
+    nxt = rd + 1
+    assert w.cas(f"{pfx}/round", str(rd), str(nxt)) == str(nxt).encode()
+    assert w.add(f"{pfx}/r{nxt}/joined", 1) == 1
+    w.set(f"{pfx}/r{nxt}/closed", "3")
+    for t in (2, 3):  # the two agents will draw tickets 2 and 3
+        w.set(f"{pfx}/r{nxt}/assign/{t}", f"{t - 1} 3 {t - 1} 3 29999 {EVIL_ADDR} x 0")
+    w.set(f"{pfx}/r{rd}/change", "restart intruder")
+
+
+ATTACKS = {"A": attack_a, "B": attack_b}
+
+
+def start_job(procs, tmp, port, job, secret=None, secs=6, by_flag=False):
+    out = tempfile.mkdtemp(dir=tmp)
+    ps = [agent(procs, port, job, out, secs, tmp, secret=secret, extra=["--max_restarts=3"],
+                by_flag=by_flag) for _ in range(2)]
+    wait_records(out, lambda r: True, "a running worker")
+    return out, ps
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_attack_works_on_an_unauthenticated_job(procs, tmp, name):
+    """The baseline: without a secret each attack succeeds (why auth exists)."""
+    port = free_port()
+    out, ps = start_job(procs, tmp, port, "victim")
+    w = crunwire.Wire(port)
+    w.hello()
+    ATTACKS[name](w, "/crun-c10d/victim")
+    res = [finish(p) for p in ps]
+    if name == "A":
+        assert all(rc == 1 for rc, _, _ in res), [e[-1500:] for _, _, e in res]
+    else:
+        wait_records(out, lambda r: r["MASTER_ADDR"] == EVIL_ADDR, "the intruder's MASTER_ADDR")
+
+
+def attacker(kind, port, secs):
+    w = crunwire.Wire(port)
+    if kind == "other-job":
+        w.auth(read_secret(secs["other"]), "other")
+    else:
+        w.challenge()
+    w.hello()
+    return w
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+@pytest.mark.parametrize("kind", ["unauthenticated", "other-job", "agent-hosted"])
+def test_attack_fails_on_an_authenticated_job(procs, tmp, name, kind):
+    d, secs = secrets_dir(tmp, "victim", "other")
+    if kind == "agent-hosted":
+        port = free_port()  # the first agent serves the store, with the secret
+    else:
+        _, _, port = start_rdzvd(procs, "--auth-secrets-dir", d)
+    # The agent-hosted variant takes the secret by flag, the others by env.
+    out, ps = start_job(procs, tmp, port, "victim", secret=secs["victim"],
+                        by_flag=kind == "agent-hosted")
+    w = attacker("other-job" if kind == "other-job" else "unauthenticated", port, secs)
+    with pytest.raises(crunwire.Closed):
+        ATTACKS[name](w, "/crun-c10d/victim")
+    for p in ps:
+        rc, _, err = finish(p)
+        assert rc == 0, err[-3000:]
+    recs = records(out)
+    assert not [r for r in recs if r["MASTER_ADDR"] == EVIL_ADDR]
+    assert {r["TORCHELASTIC_RESTART_COUNT"] for r in recs} == {"0"}
+    assert sorted(int(r["RANK"]) for r in recs) == [0, 1]
+
+
+def test_crun_warns_once_when_serving_an_open_store_beyond_loopback(procs, tmp):
+    port = free_port()
+    out = tempfile.mkdtemp(dir=tmp)
+    argv = [bin_path("crun"), "--nnodes=1", "--nproc_per_node=1", "--rdzv_backend=c10d",
+            f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=warn",
+            CONF.replace("join_timeout=60", "join_timeout=60,is_host=1"), TASK, "run", out, "0"]
+    rc, _, err = finish(procs.spawn(argv, env=crun_env(tmp)))
+    assert rc == 0, err[-2000:]
+    assert err.count("has no authentication") == 1, err
+    sec = secret_file(os.path.join(tmp, "s"))
+    rc, _, err = finish(procs.spawn(argv, env=crun_env(tmp, sec)))
+    assert rc == 0, err[-2000:]
+    assert "has no authentication" not in err, err
+
+
+# ---- TLS -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def certs():
+    d = tempfile.mkdtemp(prefix="crun-certs-")
+    yield certgen.make(d)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def tls_rdzvd(procs, certs, leaf="server", *extra):
+    cert, key = certs[leaf]
+    return start_rdzvd(procs, "--tls-cert", cert, "--tls-key", key, *extra)
+
+
+def cli(port, *args, timeout=30):
+    """One store_cli connection: SET then GET; (connected, stdout, stderr)."""
+    argv = [STORE_CLI, "--host", "127.0.0.1", "--port", str(port),
+            "--connect-timeout-ms", "3000", *args]
+    env = dict(os.environ, CRUN_LOG_LEVEL="info")
+    out = subprocess.run(argv, input="set k v\nget k\n", capture_output=True, text=True,
+                         timeout=timeout, env=env)
+    return out.stdout.startswith("CONNECTED"), out.stdout, out.stderr
+
+
+def client_cert(certs, name="client"):
+    return ["--tls-cert", certs[name][0], "--tls-key", certs[name][1]]
+
+
+def test_tls_good_handshake_and_mutual_tls(procs, certs):
+    _, _, port = tls_rdzvd(procs, certs, "server", "--tls-ca", certs["ca"])
+    ok, out, err = cli(port, "--tls-ca", certs["ca"], *client_cert(certs))
+    assert ok and 'VAL "v"' in out, out + err
+    # Mutual TLS: no client certificate, or one from another CA, is refused.
+    ok, _, err = cli(port, "--tls-ca", certs["ca"])
+    assert not ok and "certificate required" in err, err
+    ok, _, err = cli(port, "--tls-ca", certs["ca"], *client_cert(certs, "foreign"))
+    assert not ok and "TLS" in err, err
+
+
+@pytest.mark.parametrize("leaf,trust,why", [
+    ("server", "other_ca", "not trusted"),          # wrong CA
+    ("foreign", "ca", "not trusted"),               # server cert from another CA
+    ("expired", "ca", "expired"),                   # expired server certificate
+    ("wrong_name", "ca", "mismatch"),               # certificate for another name
+])
+def test_tls_bad_server_certificates_fail_clearly(procs, certs, leaf, trust, why):
+    _, _, port = tls_rdzvd(procs, certs, leaf)
+    ok, _, err = cli(port, "--tls-ca", certs[trust])
+    assert not ok and why in err, err
+
+
+def test_plaintext_client_on_a_tls_port_fails_clearly(procs, certs):
+    p, _, port = tls_rdzvd(procs, certs)
+    ok, out, err = cli(port)
+    assert not ok and "ERR CRUN_ETIMEDOUT" in out
+    assert "does it require TLS" in err, err
+    # A raw TCPStore client is hung up on, the daemon says why.
+    w = crunwire.Wire(port)
+    w.hello()
+    assert w.closed()
+    p.terminate()
+    assert "wrong version number" in p.communicate(timeout=10)[1].decode()
+
+
+def test_tls_client_on_a_plaintext_port_fails_clearly(procs, certs):
+    _, _, port = start_rdzvd(procs)
+    ok, _, err = cli(port, "--tls-ca", certs["ca"])
+    assert not ok and "TLS handshake" in err and "speak TLS" in err, err
+
+
+def test_tls_1_2_only_when_allowed(procs, certs):
+    _, _, port13 = tls_rdzvd(procs, certs)
+    _, _, port12 = tls_rdzvd(procs, certs, "server", "--tls-min-version", "1.2")
+    for port, works in ((port13, False), (port12, True)):
+        ctx = ssl.create_default_context(cafile=certs["ca"])
+        ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+        raw = crunwire.Wire(port)
+        try:
+            s = ctx.wrap_socket(raw.s, server_hostname="127.0.0.1")
+            assert works
+            assert s.version() == "TLSv1.2"
+        except ssl.SSLError:
+            assert not works
+    ok, out, err = cli(port12, "--tls-ca", certs["ca"], "--tls-min-version", "12")
+    assert ok, out + err
+
+
+def test_tls_and_auth_together_on_rdzvd(procs, certs, tmp):
+    sec = secret_file(os.path.join(tmp, "s"))
+    _, _, port = tls_rdzvd(procs, certs, "server", "--auth-secret-file", sec)
+    ok, out, err = cli(port, "--tls-ca", certs["ca"], "--auth-secret-file", sec)
+    assert ok and 'VAL "v"' in out, out + err
+    ok, _, err = cli(port, "--tls-ca", certs["ca"])
+    assert not ok
+
+
+def test_c10d_job_over_mutual_tls_with_auth_resists_the_attacks(procs, certs, tmp):
+    sec = secret_file(os.path.join(tmp, "s"))
+    port = free_port()
+    conf = (f"tls_cert={certs['server'][0]},tls_key={certs['server'][1]},"
+            f"tls_ca={certs['ca']}")
+    out = tempfile.mkdtemp(dir=tmp)
+    ps = [agent(procs, port, "tlsjob", out, 4, tmp, secret=sec,
+                extra=["--max_restarts=3", CONF + "," + conf]) for _ in range(2)]
+    wait_records(out, lambda r: True, "a running worker")
+    # A plaintext intruder is hung up on before it can send a store op.
+    w = crunwire.Wire(port)
+    w.hello()
+    with pytest.raises(crunwire.Closed):
+        attack_a(w, "/crun-c10d/tlsjob")
+    for p in ps:
+        rc, _, err = finish(p)
+        assert rc == 0, err[-3000:]
+    assert sorted(int(r["RANK"]) for r in records(out)) == [0, 1]
+
+
+# ---- the worker SDK's TCP data mesh ------------------------------------------------------
+
+def coll(procs, args, timeout=120):
+    p = procs.spawn([os.path.join(BUILD, "tests", "helpers", "coll_launch"), *args])
+    try:
+        o, e = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail("coll_launch did not finish in time")
+    return p.returncode, o.decode(errors="replace"), e.decode(errors="replace")
+
+
+def test_mesh_with_the_secret_runs_collectives(procs, tmp):
+    sec = secret_file(os.path.join(tmp, "s"))
+    rc, out, err = coll(procs, ["-n", "3", "--timeout", "100", "--env", "CRUN_PG_TRANSPORT=tcp",
+                                "--env", f"CRUN_AUTH_SECRET_FILE={sec}", "--",
+                                os.path.join(BUILD, "tests", "helpers", "coll_worker"),
+                                "matrix", "quick"])
+    assert rc == 0, out[-2000:] + err[-2000:]
+    assert len(re_oks(out)) == 3, out[-2000:]
+
+
+def re_oks(out):
+    import re
+    return re.findall(r"coll_worker rank (\d+): ok \d+ checks", out)
+
+
+def test_mesh_peer_without_the_secret_cannot_join(procs, tmp):
+    """Two "nodes" of one rank each whose secrets differ: rank 1 cannot
+    join rank 0's mesh (both fail, none hangs); with equal secrets they run."""
+    s0 = secret_file(os.path.join(tmp, "s0"))
+    s1 = secret_file(os.path.join(tmp, "s1"))
+    worker = [os.path.join(BUILD, "tests", "helpers", "coll_worker"), "async"]
+    launch = os.path.join(BUILD, "tests", "helpers", "coll_launch")
+    for second, ok in ((s1, False), (s0, True)):
+        common = ["--world", "2", "--master-addr", "127.0.0.1", "--timeout", "60",
+                  "--env", "CRUN_PG_TRANSPORT=tcp", "--env", "CRUN_PG_TIMEOUT_MS=8000"]
+        a = procs.spawn([launch, "-n", "1", "--rank-base", "0", "--agent-store", *common,
+                         "--env", f"CRUN_AUTH_SECRET_FILE={s0}", "--", *worker])
+        m = wait_line(a.stdout, r"store on \S+:(\d+)", 20)
+        b = procs.spawn([launch, "-n", "1", "--rank-base", "1", "--store-port", m.group(1),
+                         *common, "--env", f"CRUN_AUTH_SECRET_FILE={second}", "--", *worker])
+        rcs = []
+        for p in (a, b):
+            try:
+                p.communicate(timeout=90)
+            except subprocess.TimeoutExpired:
+                pytest.fail("mesh ranks did not finish in time")
+            rcs.append(p.returncode)
+        assert (rcs == [0, 0]) == ok, rcs
+
+
+def test_crun_rejects_a_bad_secret_or_tls_file_with_exit_2(tmp):
+    loose = secret_file(os.path.join(tmp, "loose"), 0o644)
+    base = [bin_path("crun"), "--nnodes=1", "--nproc_per_node=1", "--rdzv_backend=c10d",
+            f"--rdzv_endpoint=127.0.0.1:{free_port()}", "--rdzv_id=bad"]
+    for extra, env, why in (
+            ([], crun_env(tmp, loose), "accessible by group or others"),
+            ([f"--rdzv_conf=auth_secret_file={loose}"], crun_env(tmp), "chmod 600"),
+            (["--rdzv_conf=tls_ca=/nonexistent/ca.pem"], crun_env(tmp), "/nonexistent/ca.pem"),
+            ([f"--rdzv_conf=tls_cert={loose}"], crun_env(tmp), "tls_cert needs tls_ca"),
+            (["--rdzv_conf=tls_min_version=1.1"], crun_env(tmp), "tls_min_version")):
+        out = subprocess.run(base + extra + [PY, "-c", "pass"], capture_output=True, text=True,
+                             env=env, timeout=60)
+        assert out.returncode == 2, (extra, out.stderr)
+        assert why in out.stderr, out.stderr
+
+
+def test_reset_connections_reconnect_with_tls_and_auth(procs, certs, tmp):
+    """The store client's redial (after `ss -K` resets every rendezvous
+    connection) redoes TLS and the HMAC exchange: no re-rendezvous, exit 0."""
+    from test_store_reconnect import ss_kill, ss_kill_works
+    if not ss_kill_works():
+        pytest.skip("ss -K cannot destroy sockets here")
+    sec = secret_file(os.path.join(tmp, "s"))
+    port = free_port()
+    conf = (f"tls_cert={certs['server'][0]},tls_key={certs['server'][1]},"
+            f"tls_ca={certs['ca']}")
+    out = tempfile.mkdtemp(dir=tmp)
+    extra = ["--max_restarts=0", CONF.replace("lease_ttl=1.5", "lease_ttl=3") + "," + conf]
+    ps = [agent(procs, port, "resetsec", out, 6, tmp, secret=sec, extra=extra)
+          for _ in range(2)]
+    wait_records(out, lambda r: len(records(out)) >= 2, "both workers")
+    for _ in range(3):
+        ss_kill(port)
+        time.sleep(0.5)
+    for p in ps:
+        rc, _, err = finish(p)
+        assert rc == 0, err[-3000:]
+        assert "re-rendezvous" not in err and "dead" not in err, err[-3000:]
+    recs = records(out)
+    assert {r["TORCHELASTIC_RESTART_COUNT"] for r in recs} == {"0"}
+    assert sorted(int(r["RANK"]) for r in recs) == [0, 1]

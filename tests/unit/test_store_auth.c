@@ -1,0 +1,612 @@
+/* test_store_auth.c: Check tests for the store's HMAC challenge/response
+ * (store/auth.c, store/auth_io.c, store/server_auth.c): the pure core without
+ * sockets (frames, MACs, replay, prefixes, job scopes, secret files), then a
+ * real server with secrets in a loop thread: the public client with the
+ * right, a wrong and no secret; a raw socket that sends a store frame before
+ * answering; a replayed answer; a client of one job reaching for another's.
+ */
+#include <check.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+#include <event2/thread.h>
+
+#include "common/common.h"
+#include "crun/store.h"
+#include "store/auth.h"
+#include "store/server_int.h"
+#include "store/store.h"
+#include "unit/check_main.h"
+
+static const struct store_auth_secret SEC_A = {.bytes = "secret-of-job-A-0123456789", .len = 26};
+static const struct store_auth_secret SEC_B = {.bytes = "secret-of-job-B-9876543210", .len = 26};
+
+/* ---- the pure core -------------------------------------------------------- */
+
+static struct store_auth_keys *keys_of(const char *job, const struct store_auth_secret *s)
+{
+	struct store_auth_keys *k;
+
+	ck_assert_int_eq(store_auth_keys_new(&k), 0);
+	ck_assert_int_eq(store_auth_keys_add(k, job, s), 0);
+	return k;
+}
+
+START_TEST(right_secret_verifies_both_ways)
+{
+	struct store_auth_keys *k = keys_of("", &SEC_A);
+	uint8_t ns[32], nc[32], ans[STORE_AUTH_ANSWER_MAX];
+	struct store_auth_grant g;
+	size_t len, used;
+
+	ck_assert_int_eq(store_auth_nonce(ns), 0);
+	ck_assert_int_eq(store_auth_answer(&SEC_A, "job1", ns, ans, &len, nc), 0);
+	ck_assert_int_eq(store_auth_verify(k, ns, ans, len, &used, &g), 0);
+	ck_assert_uint_eq(used, len);
+	ck_assert_str_eq(g.job, "job1");
+	ck_assert(!g.scoped);
+	ck_assert_int_eq(store_auth_check_proof(&SEC_A, "job1", ns, nc, g.proof, sizeof(g.proof)),
+			 0);
+	/* A server without the secret cannot produce the proof. */
+	ck_assert_int_eq(store_auth_check_proof(&SEC_B, "job1", ns, nc, g.proof, sizeof(g.proof)),
+			 CRUN_EACCES);
+	/* The client's own MAC is not a valid proof (role labels differ). */
+	{
+		uint8_t refl[STORE_AUTH_PROOF_BYTES];
+
+		memcpy(refl, "CRA1", 4);
+		memcpy(refl + 4, ans + len - 32, 32);
+		ck_assert_int_eq(store_auth_check_proof(&SEC_A, "job1", ns, nc, refl, sizeof(refl)),
+				 CRUN_EACCES);
+	}
+	store_auth_keys_free(k);
+}
+END_TEST
+
+START_TEST(wrong_secret_and_replay_are_refused)
+{
+	struct store_auth_keys *k = keys_of("", &SEC_A);
+	uint8_t ns[32], ns2[32], nc[32], ans[STORE_AUTH_ANSWER_MAX];
+	struct store_auth_grant g;
+	size_t len, used;
+
+	ck_assert_int_eq(store_auth_nonce(ns), 0);
+	ck_assert_int_eq(store_auth_nonce(ns2), 0);
+	ck_assert_mem_ne(ns, ns2, 32); /* fresh per call */
+	ck_assert_int_eq(store_auth_answer(&SEC_B, "", ns, ans, &len, nc), 0);
+	ck_assert_int_eq(store_auth_verify(k, ns, ans, len, &used, &g), CRUN_EACCES);
+	/* A correct answer replayed against a new challenge. */
+	ck_assert_int_eq(store_auth_answer(&SEC_A, "", ns, ans, &len, nc), 0);
+	ck_assert_int_eq(store_auth_verify(k, ns2, ans, len, &used, &g), CRUN_EACCES);
+	/* A flipped job byte breaks the MAC too. */
+	ck_assert_int_eq(store_auth_answer(&SEC_A, "ab", ns, ans, &len, nc), 0);
+	ans[5] ^= 1;
+	ck_assert_int_eq(store_auth_verify(k, ns, ans, len, &used, &g), CRUN_EACCES);
+	store_auth_keys_free(k);
+}
+END_TEST
+
+/* _i over every strict prefix of an answer: more bytes needed, never a verdict. */
+START_TEST(every_prefix_of_an_answer_asks_for_more)
+{
+	struct store_auth_keys *k = keys_of("", &SEC_A);
+	uint8_t ns[32] = {1}, nc[32], ans[STORE_AUTH_ANSWER_MAX];
+	struct store_auth_grant g;
+	size_t len, used;
+
+	ck_assert_int_eq(store_auth_answer(&SEC_A, "some-run", ns, ans, &len, nc), 0);
+	if ((size_t)_i < len)
+		ck_assert_int_eq(store_auth_verify(k, ns, ans, (size_t)_i, &used, &g), CRUN_EAGAIN);
+	store_auth_keys_free(k);
+}
+END_TEST
+
+START_TEST(a_store_frame_is_not_an_answer)
+{
+	struct store_auth_keys *k = keys_of("", &SEC_A);
+	const uint8_t validate[] = {0x00, 0xce, 0xf7, 0x85, 0x3c};
+	uint8_t ns[32] = {0}, ch[STORE_AUTH_CHALLENGE_BYTES];
+	struct store_auth_grant g;
+	size_t used;
+
+	ck_assert_int_eq(store_auth_verify(k, ns, validate, 1, &used, &g), CRUN_EPROTO);
+	ck_assert_int_eq(store_auth_verify(k, ns, validate, 5, &used, &g), CRUN_EPROTO);
+	ck_assert_int_eq(store_auth_decode_challenge(validate, 5, ns), CRUN_EPROTO);
+	store_auth_encode_challenge(ns, ch);
+	ck_assert_int_eq(store_auth_decode_challenge(ch, 10, ns), CRUN_EAGAIN);
+	ck_assert_int_eq(store_auth_decode_challenge(ch, sizeof(ch), ns), 0);
+	store_auth_keys_free(k);
+}
+END_TEST
+
+START_TEST(per_job_secrets_scope_keys)
+{
+	struct store_auth_keys *k = keys_of("A", &SEC_A);
+	uint8_t ns[32] = {2}, nc[32], ans[STORE_AUTH_ANSWER_MAX];
+	struct store_auth_grant g;
+	size_t len, used;
+
+	ck_assert_int_eq(store_auth_keys_add(k, "B", &SEC_B), 0);
+	ck_assert_int_eq(store_auth_keys_add(k, "a/b", &SEC_B), CRUN_EINVAL);
+	/* B's secret does not open A, and an unknown job has no secret. */
+	ck_assert_int_eq(store_auth_answer(&SEC_B, "A", ns, ans, &len, nc), 0);
+	ck_assert_int_eq(store_auth_verify(k, ns, ans, len, &used, &g), CRUN_EACCES);
+	ck_assert_int_eq(store_auth_answer(&SEC_A, "C", ns, ans, &len, nc), 0);
+	ck_assert_int_eq(store_auth_verify(k, ns, ans, len, &used, &g), CRUN_EACCES);
+	ck_assert_int_eq(store_auth_answer(&SEC_A, "A", ns, ans, &len, nc), 0);
+	ck_assert_int_eq(store_auth_verify(k, ns, ans, len, &used, &g), 0);
+	ck_assert(g.scoped);
+#define OK(key)	 ck_assert(store_auth_key_allowed(&g, (const uint8_t *)key, strlen(key)))
+#define BAD(key) ck_assert(!store_auth_key_allowed(&g, (const uint8_t *)key, strlen(key)))
+	OK("/crun-c10d/A/round");
+	OK("/crun-c10d/A/r0/assign/1");
+	BAD("/crun-c10d/B/round");
+	BAD("/crun-c10d/AB/round"); /* a longer run id with A as prefix */
+	BAD("/crun-c10d/A");
+	BAD("/other/A/round");
+	BAD("");
+#undef OK
+#undef BAD
+	store_auth_keys_free(k);
+}
+END_TEST
+
+static void write_file(const char *path, const char *text, mode_t mode)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(fd_write_all(fd, text, strlen(text)), 0);
+	ck_assert_int_eq(fchmod(fd, mode), 0);
+	close(fd);
+}
+
+START_TEST(secret_files_must_be_private_and_long_enough)
+{
+	char dir[] = "/tmp/crun-auth-XXXXXX", p[128], err[600];
+	struct store_auth_secret s;
+	struct store_auth_keys *k;
+
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	ck_assert_int_ge(str_printf(p, sizeof(p), "%s/ok", dir), 0);
+	write_file(p, "0123456789abcdef-secret\n", 0600);
+	ck_assert_int_eq(store_auth_secret_read(p, &s, err, sizeof(err)), 0);
+	ck_assert_uint_eq(s.len, 23); /* the newline is not part of it */
+	ck_assert_mem_eq(s.bytes, "0123456789abcdef-secret", 23);
+	chmod(p, 0640);
+	ck_assert_int_eq(store_auth_secret_read(p, &s, err, sizeof(err)), CRUN_EACCES);
+	ck_assert_ptr_nonnull(strstr(err, "accessible by group or others"));
+	ck_assert_ptr_nonnull(strstr(err, p));
+	write_file(p, "short\n", 0600);
+	ck_assert_int_eq(store_auth_secret_read(p, &s, err, sizeof(err)), CRUN_EINVAL);
+	ck_assert_ptr_nonnull(strstr(err, "shorter than 16"));
+	ck_assert_int_eq(store_auth_secret_read("/nonexistent/x", &s, err, sizeof(err)),
+			 CRUN_ENOENT);
+	/* A directory of per-run-id secrets. */
+	write_file(p, "0123456789abcdef-secret-ok\n", 0600);
+	ck_assert_int_ge(str_printf(p, sizeof(p), "%s/job2", dir), 0);
+	write_file(p, "another-secret-of-job-2\n", 0600);
+	ck_assert_int_eq(store_auth_keys_new(&k), 0);
+	ck_assert_int_eq(store_auth_keys_load_dir(k, dir, err, sizeof(err)), 2);
+	ck_assert_uint_eq(store_auth_keys_count(k), 2);
+	store_auth_keys_free(k);
+	chmod(p, 0604);
+	ck_assert_int_eq(store_auth_keys_new(&k), 0);
+	ck_assert_int_eq(store_auth_keys_load_dir(k, dir, err, sizeof(err)), CRUN_EACCES);
+	store_auth_keys_free(k);
+	unlink(p);
+	ck_assert_int_ge(str_printf(p, sizeof(p), "%s/ok", dir), 0);
+	unlink(p);
+	ck_assert_int_eq(store_auth_keys_new(&k), 0);
+	ck_assert_int_eq(store_auth_keys_load_dir(k, dir, err, sizeof(err)), CRUN_EINVAL);
+	store_auth_keys_free(k);
+	rmdir(dir);
+}
+END_TEST
+
+/* ---- a server with secrets ------------------------------------------------- */
+
+static struct event_base *g_base;
+static struct store_server *g_srv;
+static struct store_auth_keys *g_keys;
+static pthread_t g_thread;
+static uint16_t g_port;
+static char g_dir[64], g_file_a[128], g_file_b[128];
+
+static void *loop_main(void *arg)
+{
+	event_base_loop(arg ? arg : g_base, EVLOOP_NO_EXIT_ON_EMPTY);
+	return NULL;
+}
+
+/* Job "A" and job "B" each with their own secret (as crun-rdzvd
+ * --auth-secrets-dir), or with daemon = 1 one secret for all (SEC_A). */
+static void start(int daemon)
+{
+	struct store_server_config c = STORE_SERVER_CONFIG_DEFAULT;
+
+	log_init("test_store_auth", LL_ERROR);
+	signal(SIGPIPE, SIG_IGN);
+	ck_assert_int_eq(evthread_use_pthreads(), 0);
+	g_base = event_base_new();
+	ck_assert_ptr_nonnull(g_base);
+	g_keys = keys_of(daemon ? "" : "A", &SEC_A);
+	if (!daemon)
+		ck_assert_int_eq(store_auth_keys_add(g_keys, "B", &SEC_B), 0);
+	c.host = "127.0.0.1";
+	c.auth = g_keys;
+	ck_assert_int_eq(store_server_new(g_base, &c, &g_srv), 0);
+	g_port = store_server_port(g_srv);
+	ck_assert_int_eq(pthread_create(&g_thread, NULL, loop_main, NULL), 0);
+	ck_assert_int_ge(str_printf(g_dir, sizeof(g_dir), "/tmp/crun-auth-XXXXXX"), 0);
+	ck_assert_ptr_nonnull(mkdtemp(g_dir));
+	ck_assert_int_ge(str_printf(g_file_a, sizeof(g_file_a), "%s/a", g_dir), 0);
+	ck_assert_int_ge(str_printf(g_file_b, sizeof(g_file_b), "%s/b", g_dir), 0);
+	write_file(g_file_a, (const char *)SEC_A.bytes, 0600);
+	write_file(g_file_b, (const char *)SEC_B.bytes, 0600);
+}
+
+static void start_daemon_secret(void)
+{
+	start(1);
+}
+
+static void start_job_secrets(void)
+{
+	start(0);
+}
+
+static void stop(void)
+{
+	event_base_loopbreak(g_base);
+	pthread_join(g_thread, NULL);
+	store_server_free(g_srv);
+	event_base_free(g_base);
+	store_auth_keys_free(g_keys);
+	unlink(g_file_a);
+	unlink(g_file_b);
+	rmdir(g_dir);
+}
+
+struct metric_read {
+	enum store_metric m;
+	uint64_t v;
+	volatile int done;
+};
+
+static void do_metric(evutil_socket_t fd, short what, void *arg)
+{
+	struct metric_read *mr = arg;
+
+	(void)fd;
+	(void)what;
+	mr->v = store_server_metric(g_srv, mr->m);
+	mr->done = 1;
+}
+
+/* A counter of the server's metric table, read on its loop thread. */
+static uint64_t metric(enum store_metric m)
+{
+	struct metric_read mr = {.m = m};
+	const struct timeval now = {0, 0};
+
+	ck_assert_int_eq(event_base_once(g_base, -1, EV_TIMEOUT, do_metric, &mr, &now), 0);
+	for (int i = 0; i < 1000 && !mr.done; i++)
+		usleep(1000);
+	ck_assert(mr.done);
+	return mr.v;
+}
+
+/* Waits (bounded) until the server counted at least n auth failures: a
+ * refused client may return before the server has processed its bytes. */
+static void wait_auth_failures(uint64_t n)
+{
+	uint64_t seen = 0;
+
+	for (int i = 0; i < 500 && (seen = metric(STORE_M_DROP_AUTH)) < n; i++)
+		usleep(2000);
+	ck_assert_uint_ge(seen, n);
+}
+
+static int open_store(const char *file, const char *job, crun_store_t **ret)
+{
+	crun_store_opts_t o = CRUN_STORE_OPTS_INIT;
+
+	o.host = "127.0.0.1";
+	o.port = g_port;
+	o.connect_timeout_ms = 3000;
+	o.timeout_ms = 3000;
+	o.auth_secret_file = file;
+	o.auth_job = job;
+	return crun_store_open(&o, ret);
+}
+
+START_TEST(client_with_the_secret_works_and_others_are_refused)
+{
+	crun_store_t *s, *bad;
+	void *v;
+	size_t len;
+
+	ck_assert_int_eq(open_store(g_file_a, "anyjob", &s), 0);
+	ck_assert_int_eq(crun_store_set(s, "k", "v", 1), 0);
+	ck_assert_int_eq(crun_store_get(s, "k", 1000, &v, &len), 0);
+	ck_assert_mem_eq(v, "v", 1);
+	crun_free(v);
+	ck_assert_int_eq(open_store(g_file_b, "anyjob", &bad), CRUN_EACCES);
+	/* No secret: the client waits for a PING echo it never gets. */
+	ck_assert_int_lt(open_store(NULL, NULL, &bad), 0);
+	wait_auth_failures(2);
+	/* The authenticated connection is unaffected. */
+	ck_assert_int_eq(crun_store_get(s, "k", 1000, &v, &len), 0);
+	crun_free(v);
+	crun_store_close(s);
+}
+END_TEST
+
+static int raw_conn(void)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET,
+				.sin_port = htons(g_port),
+				.sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	struct timeval tv = {5, 0};
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	return fd;
+}
+
+static void read_n(int fd, uint8_t *buf, size_t n)
+{
+	size_t got = 0;
+
+	while (got < n) {
+		ssize_t r = recv(fd, buf + got, n - got, 0);
+
+		ck_assert_int_gt(r, 0);
+		got += (size_t)r;
+	}
+}
+
+/* EOF (or reset) within the receive timeout: the server hung up. */
+static void assert_closed(int fd)
+{
+	uint8_t b;
+	ssize_t r = recv(fd, &b, 1, 0);
+
+	/* Not a receive timeout (EAGAIN): the peer hung up. */
+	ck_assert(r == 0 || (r < 0 && errno == ECONNRESET));
+	close(fd);
+}
+
+START_TEST(a_store_frame_before_the_answer_is_dropped_unread)
+{
+	/* VALIDATE then SET "/x" = "evil", as PyTorch's client would send. */
+	const uint8_t frames[] = {0x00, 0xce, 0xf7, 0x85, 0x3c, 0x01, 2,   0,	0,  0,
+				  0,	0,    0,    0,	  '/',	'x',  4,   0,	0,  0,
+				  0,	0,    0,    0,	  0,	'e',  'v', 'i', 'l'};
+	uint8_t ch[STORE_AUTH_CHALLENGE_BYTES];
+	crun_store_t *s;
+	int ready = 1, fd = raw_conn();
+	const char *key = "x";
+
+	read_n(fd, ch, sizeof(ch));
+	ck_assert_mem_eq(ch, "CRA1", 4);
+	ck_assert_int_eq(send(fd, frames, sizeof(frames), MSG_NOSIGNAL), (ssize_t)sizeof(frames));
+	assert_closed(fd);
+	ck_assert_int_eq(open_store(g_file_a, "", &s), 0);
+	ck_assert_int_eq(crun_store_check(s, &key, 1, &ready), 0);
+	ck_assert_int_eq(ready, 0); /* nothing was written */
+	crun_store_close(s);
+	wait_auth_failures(1);
+}
+END_TEST
+
+START_TEST(a_replayed_answer_is_refused)
+{
+	uint8_t ns[32], nc[32], ch[STORE_AUTH_CHALLENGE_BYTES], ans[STORE_AUTH_ANSWER_MAX];
+	uint8_t proof[STORE_AUTH_PROOF_BYTES];
+	size_t len;
+	int fd = raw_conn(), fd2;
+
+	/* A genuine exchange, recorded. */
+	read_n(fd, ch, sizeof(ch));
+	ck_assert_int_eq(store_auth_decode_challenge(ch, sizeof(ch), ns), 0);
+	ck_assert_int_eq(store_auth_answer(&SEC_A, "", ns, ans, &len, nc), 0);
+	ck_assert_int_eq(send(fd, ans, len, MSG_NOSIGNAL), (ssize_t)len);
+	read_n(fd, proof, sizeof(proof));
+	ck_assert_int_eq(store_auth_check_proof(&SEC_A, "", ns, nc, proof, sizeof(proof)), 0);
+	close(fd);
+	/* The same bytes on a new connection: its challenge is different. */
+	fd2 = raw_conn();
+	read_n(fd2, ch, sizeof(ch));
+	ck_assert_mem_ne(ch + 5, ns, 32);
+	ck_assert_int_eq(send(fd2, ans, len, MSG_NOSIGNAL), (ssize_t)len);
+	assert_closed(fd2);
+}
+END_TEST
+
+START_TEST(a_silent_client_is_dropped_after_the_preauth_deadline)
+{
+	struct timeval tv = {25, 0};
+	uint8_t ch[STORE_AUTH_CHALLENGE_BYTES];
+	int fd = raw_conn();
+
+	read_n(fd, ch, sizeof(ch));
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	/* Half an answer, then silence: the server gives up (10 s), we do not. */
+	ck_assert_int_eq(send(fd, "CRA1", 4, MSG_NOSIGNAL), 4);
+	assert_closed(fd);
+	wait_auth_failures(1);
+}
+END_TEST
+
+START_TEST(a_client_without_a_challenge_fails_clearly)
+{
+	/* Against a server without secrets a client with one must not hang
+	 * past its deadline, and must say why. */
+	struct event_base *b = event_base_new();
+	struct store_server_config c = STORE_SERVER_CONFIG_DEFAULT;
+	struct store_server *plain;
+	crun_store_t *s;
+	pthread_t t;
+	uint16_t port;
+
+	c.host = "127.0.0.1";
+	ck_assert_int_eq(store_server_new(b, &c, &plain), 0);
+	port = store_server_port(plain);
+	ck_assert_int_eq(pthread_create(&t, NULL, loop_main, b), 0);
+	{
+		crun_store_opts_t o = CRUN_STORE_OPTS_INIT;
+
+		o.host = "127.0.0.1";
+		o.port = port;
+		o.connect_timeout_ms = 1000;
+		o.auth_secret_file = g_file_a;
+		ck_assert_int_eq(crun_store_open(&o, &s), CRUN_EPROTO);
+	}
+	event_base_loopbreak(b);
+	pthread_join(t, NULL);
+	store_server_free(plain);
+	event_base_free(b);
+}
+END_TEST
+
+START_TEST(a_job_cannot_touch_or_list_another_jobs_keys)
+{
+	crun_store_t *a, *b, *va, *vb;
+	char **keys;
+	size_t n;
+	void *v;
+	size_t len;
+	int64_t cnt;
+
+	ck_assert_int_eq(open_store(g_file_a, "A", &a), 0);
+	ck_assert_int_eq(open_store(g_file_b, "B", &b), 0);
+	ck_assert_int_eq(crun_store_view_new(a, "crun-c10d/A", &va), 0);
+	ck_assert_int_eq(crun_store_view_new(b, "crun-c10d/B", &vb), 0);
+	ck_assert_int_eq(crun_store_set(va, "round", "1", 1), 0);
+	ck_assert_int_eq(crun_store_set(vb, "round", "7", 1), 0);
+	/* A lists only its own keys. */
+	ck_assert_int_eq(crun_store_list_keys(a, &keys, &n), 0);
+	ck_assert_uint_eq(n, 1);
+	ck_assert_str_eq(keys[0], "crun-c10d/A/round");
+	crun_store_free_list(keys, n);
+	/* The wrong secret for a job is refused outright. */
+	{
+		crun_store_t *x;
+
+		ck_assert_int_eq(open_store(g_file_b, "A", &x), CRUN_EACCES);
+	}
+	/* Any op on B's keys from A is an error (the connection is closed). */
+	crun_store_close(va);
+	ck_assert_int_eq(crun_store_view_new(a, "crun-c10d/B", &va), 0);
+	ck_assert_int_lt(crun_store_add(va, "round", 1, &cnt), 0);
+	crun_store_close(va);
+	crun_store_close(a);
+	ck_assert_int_eq(open_store(g_file_a, "A", &a), 0);
+	ck_assert_int_lt(crun_store_num_keys(a, &cnt), 0); /* would count B's keys */
+	crun_store_close(a);
+	/* B's value is untouched. */
+	ck_assert_int_eq(crun_store_get(vb, "round", 1000, &v, &len), 0);
+	ck_assert_mem_eq(v, "7", 1);
+	crun_free(v);
+	crun_store_close(vb);
+	crun_store_close(b);
+}
+END_TEST
+
+/* ---- the worker store's allowlist (allow.c) ------------------------------- */
+
+static bool allowed(struct store_server *srv, const char *ip)
+{
+	struct sockaddr_in6 a6 = {.sin6_family = AF_INET6};
+	struct sockaddr_in a4 = {.sin_family = AF_INET};
+
+	if (inet_pton(AF_INET, ip, &a4.sin_addr) == 1)
+		return store_server_peer_allowed(srv, (struct sockaddr *)&a4);
+	ck_assert_int_eq(inet_pton(AF_INET6, ip, &a6.sin6_addr), 1);
+	return store_server_peer_allowed(srv, (struct sockaddr *)&a6);
+}
+
+START_TEST(allowlist_admits_loopback_and_the_listed_nodes_only)
+{
+	struct store_server_config c = STORE_SERVER_CONFIG_DEFAULT;
+	struct event_base *b = event_base_new();
+	struct store_server *srv;
+
+	c.host = "127.0.0.1";
+	ck_assert_int_eq(store_server_new(b, &c, &srv), 0);
+	ck_assert(allowed(srv, "10.9.9.9")); /* no list: anyone */
+	ck_assert_int_eq(store_server_set_allowlist(srv, "10.0.0.1 10.0.0.2,fd00::7"), 0);
+	ck_assert(allowed(srv, "10.0.0.1"));
+	ck_assert(allowed(srv, "::ffff:10.0.0.2")); /* v4 on a dual-stack listener */
+	ck_assert(allowed(srv, "fd00::7"));
+	ck_assert(allowed(srv, "127.0.0.1"));
+	ck_assert(allowed(srv, "127.3.4.5"));
+	ck_assert(allowed(srv, "::1"));
+	ck_assert(!allowed(srv, "10.0.0.3"));
+	ck_assert(!allowed(srv, "::ffff:10.0.0.3"));
+	ck_assert(!allowed(srv, "fd00::8"));
+	/* A name is refused and leaves the list as it was. */
+	ck_assert_int_eq(store_server_set_allowlist(srv, "10.0.0.3 node7"), CRUN_EINVAL);
+	ck_assert(!allowed(srv, "10.0.0.3"));
+	ck_assert(allowed(srv, "10.0.0.1"));
+	ck_assert_int_eq(store_server_set_allowlist(srv, ""), 0); /* loopback only */
+	ck_assert(!allowed(srv, "10.0.0.1"));
+	ck_assert(allowed(srv, "127.0.0.1"));
+	ck_assert_int_eq(store_server_set_allowlist(srv, NULL), 0);
+	ck_assert(allowed(srv, "10.0.0.1"));
+	store_server_free(srv);
+	event_base_free(b);
+}
+END_TEST
+
+Suite *store_auth_suite(void);
+Suite *store_auth_suite(void)
+{
+	Suite *s = suite_create("store_auth");
+	TCase *core = tcase_create("core");
+	TCase *srv = tcase_create("server");
+	TCase *jobs = tcase_create("jobs");
+
+	tcase_set_timeout(core, 20);
+	tcase_add_test(core, right_secret_verifies_both_ways);
+	tcase_add_test(core, wrong_secret_and_replay_are_refused);
+	tcase_add_loop_test(core, every_prefix_of_an_answer_asks_for_more, 0, 110);
+	tcase_add_test(core, a_store_frame_is_not_an_answer);
+	tcase_add_test(core, per_job_secrets_scope_keys);
+	tcase_add_test(core, secret_files_must_be_private_and_long_enough);
+	tcase_add_test(core, allowlist_admits_loopback_and_the_listed_nodes_only);
+	suite_add_tcase(s, core);
+
+	tcase_add_checked_fixture(srv, start_daemon_secret, stop);
+	tcase_set_timeout(srv, 60);
+	tcase_add_test(srv, client_with_the_secret_works_and_others_are_refused);
+	tcase_add_test(srv, a_store_frame_before_the_answer_is_dropped_unread);
+	tcase_add_test(srv, a_replayed_answer_is_refused);
+	tcase_add_test(srv, a_silent_client_is_dropped_after_the_preauth_deadline);
+	tcase_add_test(srv, a_client_without_a_challenge_fails_clearly);
+	suite_add_tcase(s, srv);
+
+	tcase_add_checked_fixture(jobs, start_job_secrets, stop);
+	tcase_set_timeout(jobs, 30);
+	tcase_add_test(jobs, a_job_cannot_touch_or_list_another_jobs_keys);
+	suite_add_tcase(s, jobs);
+	return s;
+}
+
+CRUN_CHECK_MAIN(store_auth_suite)
