@@ -668,15 +668,6 @@ static void conn_on_raw_read(evutil_socket_t fd, short what, void *arg)
 	conn_on_read(c->bev, c);
 }
 
-/* Reading on: by rd_ev for a plain socket; the bufferevent reads if that
- * event cannot be had (out of memory), slower but the same. */
-static void conn_read_start(struct store_conn *c)
-{
-	c->rd_ev = event_new(c->srv->base, bufferevent_getfd(c->bev), EV_READ | EV_PERSIST,
-			     conn_on_raw_read, c);
-	conn_read(c, true);
-}
-
 /* ---- timeouts ---------------------------------------------------------------- */
 
 /* Once a second: a connection owing the rest of a frame, or not reading more
@@ -805,10 +796,17 @@ fail_logged:
 	return NULL;
 }
 
-/* The connection is let in: requests are read from now on. */
+/* The connection is let in: requests are read from now on, by rd_ev for a
+ * plain socket. The bufferevent reads under TLS (it decrypts) and behind the
+ * auth gate (its watermark limits the answer, its read timeout is the
+ * gate's deadline); also if rd_ev cannot be had (out of memory): slower,
+ * but the same. */
 static void conn_start(struct store_conn *c)
 {
-	conn_read_start(c);
+	if (!c->srv->cfg.tls && !c->srv->cfg.auth)
+		c->rd_ev = event_new(c->srv->base, bufferevent_getfd(c->bev),
+				     EV_READ | EV_PERSIST, conn_on_raw_read, c);
+	conn_read(c, true);
 }
 
 static void srv_on_accept(struct evconnlistener *lsn, evutil_socket_t fd, struct sockaddr *sa,
