@@ -276,11 +276,36 @@ MANDIR := $(PREFIX)/share/man
 UNITDIR := $(PREFIX)/lib/systemd/system
 SYSCONFDIR := $(if $(filter /usr,$(PREFIX)),/etc,$(PREFIX)/etc)
 INST = install -m 644
+DATADIR := $(PREFIX)/share/crun
 UNITS := $(wildcard configs/systemd/*.service)
-ETC_CONFIGS := $(wildcard configs/*.json configs/*.example.json)
-MANPAGES := $(wildcard $(BUILD)/man/*.[1-8])
+# /etc/crun/rdzvd.json is what crun-rdzvd.service reads; job configs for
+# crun-agent@.service are per job (/etc/crun/agents/JOB.json), so the
+# examples, the schemas and the dashboard go to $(DATADIR).
+ETC_CONFIGS := configs/examples/rdzvd.json
+DATA := $(wildcard configs/*.schema.json configs/examples/*.json configs/grafana/*.json)
+.SECONDEXPANSION:
+# Man pages, each generated from what it documents so it cannot drift: crun
+# and crun-agent from the option table (--print-man), crun-rdzvd and crunctl
+# from their --help, libcrun(3) from the public headers.
+MANPAGES := $(BUILD)/man/crun.1 $(BUILD)/man/crun-agent.8 $(BUILD)/man/crun-rdzvd.8 \
+	$(BUILD)/man/crunctl.1 $(BUILD)/man/libcrun.3
 
-install: all
+$(BUILD)/man/crun.1 $(BUILD)/man/crun-agent.8: $(BUILD)/man/%: $(BUILD)/bin/$$(basename %)
+	@mkdir -p $(@D)
+	$(Q)$< --print-man > $@.tmp && mv $@.tmp $@
+$(BUILD)/man/crun-rdzvd.8: $(BUILD)/bin/crun-rdzvd scripts/help2man.sh
+	@mkdir -p $(@D)
+	$(Q)sh scripts/help2man.sh $< 8 "TCPStore-compatible store and rendezvous daemon" > $@.tmp
+	$(Q)mv $@.tmp $@
+$(BUILD)/man/crunctl.1: $(BUILD)/bin/crunctl scripts/help2man.sh
+	@mkdir -p $(@D)
+	$(Q)sh scripts/help2man.sh $< 1 "status of crun jobs, agents and rendezvous daemons" > $@.tmp
+	$(Q)mv $@.tmp $@
+$(BUILD)/man/libcrun.3: $(wildcard include/crun/*.h) scripts/libcrun-man.sh
+	@mkdir -p $(@D)
+	$(Q)sh scripts/libcrun-man.sh $(sort $(wildcard include/crun/*.h)) > $@.tmp && mv $@.tmp $@
+
+install: all $(MANPAGES)
 	$(Q)install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCDIR)/crun
 	$(Q)install -m 755 $(PROGS) $(DESTDIR)$(BINDIR)/
 	$(Q)install -m 755 $(LIBSO) $(DESTDIR)$(LIBDIR)/libcrun.so.0
@@ -292,7 +317,10 @@ install: all
 		> $(DESTDIR)$(LIBDIR)/pkgconfig/crun.pc
 	$(Q)for m in $(MANPAGES); do s=$${m##*.}; install -d $(DESTDIR)$(MANDIR)/man$$s; \
 		$(INST) $$m $(DESTDIR)$(MANDIR)/man$$s/; done
-	$(Q)$(if $(UNITS),install -d $(DESTDIR)$(UNITDIR) && $(INST) $(UNITS) $(DESTDIR)$(UNITDIR)/)
+	$(Q)install -d $(DESTDIR)$(UNITDIR) $(DESTDIR)$(DATADIR)
+	$(Q)for u in $(UNITS); do sed -e 's|/usr/bin/|$(BINDIR)/|g' -e 's|/etc/crun/|$(SYSCONFDIR)/crun/|g' \
+		$$u > $(DESTDIR)$(UNITDIR)/$$(basename $$u) && chmod 644 $(DESTDIR)$(UNITDIR)/$$(basename $$u); done
+	$(Q)$(INST) $(DATA) $(DESTDIR)$(DATADIR)/
 	$(Q)install -d $(DESTDIR)$(SYSCONFDIR)/crun
 	$(Q)for f in $(ETC_CONFIGS); do t=$(DESTDIR)$(SYSCONFDIR)/crun/$$(basename $$f); \
 		[ -e $$t ] || $(INST) $$f $$t; done
@@ -306,8 +334,9 @@ uninstall:
 		$(DESTDIR)$(LIBDIR)/libcrun.a $(DESTDIR)$(LIBDIR)/pkgconfig/crun.pc \
 		$(foreach h,$(wildcard include/crun/*.h),$(DESTDIR)$(INCDIR)/crun/$(notdir $(h))) \
 		$(foreach u,$(UNITS),$(DESTDIR)$(UNITDIR)/$(notdir $(u))) \
-		$(foreach m,$(MANPAGES),$(DESTDIR)$(MANDIR)/man$(subst .,,$(suffix $(m)))/$(notdir $(m)))
-	$(Q)rmdir $(DESTDIR)$(INCDIR)/crun 2>/dev/null || true
+		$(foreach m,$(MANPAGES),$(DESTDIR)$(MANDIR)/man$(subst .,,$(suffix $(m)))/$(notdir $(m))) \
+		$(foreach f,$(DATA),$(DESTDIR)$(DATADIR)/$(notdir $(f)))
+	$(Q)rmdir $(DESTDIR)$(INCDIR)/crun $(DESTDIR)$(DATADIR) 2>/dev/null || true
 
 # Debian packages from debian/ (needs debhelper; installed on demand).
 deb:

@@ -364,6 +364,9 @@ static int start_one(struct crun_agent *a, struct worker *w, const struct rdzv_i
 	r = CRUN_ENOMEM;
 	if (!envp || !argv)
 		goto out;
+	r = heartbeat_prepare(a, w, attempt_dir, &envp); /* CRUN_HEARTBEAT_FILE */
+	if (r < 0)
+		goto out;
 	if (!a->exe) {
 		r = -a->exe_errno;
 	} else {
@@ -440,6 +443,8 @@ int agent_start_attempt(struct crun_agent *a)
 		if (w->state == W_EXITED)
 			exec_failed = true;
 	}
+	if (heartbeat_arm(a) < 0)
+		log_at(LL_WARN, SUB_AGENT, "cannot watch worker heartbeats, ignoring");
 	if (exec_failed)
 		event_active(a->kick, 0, 0);
 	return 0;
@@ -447,6 +452,7 @@ int agent_start_attempt(struct crun_agent *a)
 
 void agent_end_attempt(struct crun_agent *a)
 {
+	heartbeat_disarm(a);
 	if (a->workers)
 		for (int i = 0; i < a->nworkers; i++)
 			logs_close_worker(a, &a->workers[i]);

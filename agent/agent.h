@@ -7,7 +7,11 @@
  *   logs.c       worker pipes, whole-line output, prefixes, log files
  *   errfile.c    error files, failure records, the root-cause summary
  *   env.c        worker environment and argv
- *   cli.c        torchrun's command line -> crun_agent_config_t
+ *   cli*.c       the option table: command line, JSON config, env -> config
+ *   daemon.c     crun-agent as a service (notify protocol, SIGHUP reload)
+ *   status.c     the status page (/healthz, /status, /jobs, /metrics)
+ *   ctl.c        crunctl's client of the status pages
+ *   heartbeat.c  --worker_heartbeat_timeout
  * Everything runs on the agent's loop thread.
  */
 #ifndef CRUN_AGENT_AGENT_H
@@ -17,6 +21,7 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #include "crun/agent.h"
@@ -166,11 +171,27 @@ struct crun_agent {
 	struct event *stop_req; /* crun_agent_stop() from another thread */
 	int stop_req_fd[2];
 	volatile sig_atomic_t stop_req_sig;
-	int guard_fd; /* write end to the guard process */
+	struct agent_heartbeat *hb; /* heartbeat.c; NULL when off or between attempts */
+	int guard_fd;		    /* write end to the guard process */
 	pid_t guard_pid;
 	sigset_t orig_mask;
 	char err[512];
 };
+
+/* ---- heartbeat.c: --worker_heartbeat_timeout ----------------------------------- */
+
+/* For worker w of the attempt: creates its heartbeat file and appends
+ * CRUN_HEARTBEAT_FILE to *envp (reallocated). No-op when the timeout is 0. */
+int heartbeat_prepare(struct crun_agent *a, const struct worker *w, const char *attempt_dir,
+		      char ***envp);
+/* Starts watching the attempt's files (after every worker was started); a
+ * worker silent past the timeout gets an error file naming it and SIGKILL. */
+int heartbeat_arm(struct crun_agent *a);
+void heartbeat_disarm(struct crun_agent *a); /* stops, removes the files */
+/* Pure: index of the watched worker whose mtime is oldest and past the
+ * timeout, or -1 (unit-tested). */
+int heartbeat_silent(const double *mtime, const bool *watch, int n, double now,
+		     uint32_t timeout_ms);
 
 /* ---- spawn.c ------------------------------------------------------------------ */
 
@@ -282,9 +303,13 @@ struct cli {
 	int nstrs;
 	char **job_env;	  /* owned "K=V" list from job.env (the caller exports it) */
 	char **file_args; /* owned job.args from the config file */
+	char **resolved;  /* owned: each row's final value (cli_changes), or NULL */
 	bool help, version;
 	enum cli_prog prog;
 	const char *completion;	       /* --print-completion SHELL, or NULL */
+	bool schema;		       /* crun-agent --print-schema */
+	bool man;		       /* --print-man (for packaging) */
+	bool print_config;	       /* crun-agent --print-config (after a full parse) */
 	const char *status_listen;     /* --status ADDR:PORT, or NULL (off) */
 	const char *config_path;       /* crun-agent --config FILE, or NULL */
 	const char *event_log_handler; /* "null" or "console" */
@@ -314,8 +339,125 @@ char *cli_help_new(enum cli_prog prog);
 /* A completion script for shell "bash", "zsh" or "tcsh"; malloc'd, NULL for
  * another shell or OOM. */
 char *cli_completion_new(enum cli_prog prog, const char *shell);
+/* A JSON config read as flags, for programs whose options are a getopt
+ * table (crun-rdzvd): each leaf at a known dotted path becomes "--flag=value"
+ * in *ret_argv (NULL-terminated, *ret_argc entries; free each and the array),
+ * to be parsed before the command line's flags so that those win. Unknown
+ * keys, wrong types and unreadable files are CRUN_EINVAL with err naming the
+ * file and the path; "$comment" keys are skipped. */
+struct cli_json_flag {
+	const char *json; /* "limits.max-keys" */
+	const char *flag; /* "max-keys" */
+	bool number;	  /* a whole number, else a string */
+};
+int cli_json_flags(const char *path, const struct cli_json_flag *table, size_t n,
+		   char ***ret_argv, int *ret_argc, char *err, size_t err_cap);
+/* The man page of `prog` (roff, section 1) from the option table; malloc'd. */
+char *cli_man_new(enum cli_prog prog);
 /* The JSON schema (draft 2020-12) of crun-agent's config; malloc'd. */
 char *cli_schema_new(void);
+/* Every resolved setting of a parse as a JSON object keyed by JSON path
+ * (the flag's name for rows without one) plus "argv"; malloc'd. */
+char *cli_resolved_json(const struct cli *c);
+/* What differs between two parses (a SIGHUP reload): settings that apply
+ * live go to `live`, the others (a restart of the agent) to `restart`, both
+ * as ", "-joined names ("" when none). */
+void cli_changes(const struct cli *was, const struct cli *now, char *live, size_t live_cap,
+		 char *restart, size_t restart_cap);
+
+/* ---- daemon.c: crun-agent as a service ---------------------------------------- */
+
+/* The service half both daemons share: systemd's notify socket, the watchdog
+ * ping at half $WATCHDOG_USEC (then on_tick, e.g. a fresh STATUS=, may be
+ * NULL), and SIGHUP, which sends RELOADING=1 and calls on_reload (which ends
+ * with READY=1). Embedded by its owner; everything on `base`'s loop. */
+struct notify;
+struct agent_service {
+	struct notify *notify; /* NULL when not under systemd: sends are no-ops */
+	struct event *watchdog, *sighup;
+	void (*on_reload)(void *arg);
+	void (*on_tick)(void *arg);
+	void *arg;
+};
+int agent_service_start(struct agent_service *s, struct event_base *base, char *const *env,
+			void (*on_reload)(void *arg), void (*on_tick)(void *arg), void *arg);
+void agent_service_stop(struct agent_service *s); /* sends STOPPING=1 */
+
+struct agent_daemon;
+/* Speaks systemd's notify protocol ($NOTIFY_SOCKET: READY=1 once workers run,
+ * STATUS= at every state change, WATCHDOG=1 at half $WATCHDOG_USEC,
+ * STOPPING=1 at the end) and reloads the config on SIGHUP (RELOADING=1 ...
+ * READY=1; the log level applies live, other changes are named as needing a
+ * restart). Takes SIGHUP out of c->cfg.signals_to_handle (it means reload
+ * here) and sets c->cfg.on_state. c, argv and env are borrowed for the
+ * daemon's life (argv/env are parsed again on reload). */
+int agent_daemon_new(struct event_base *base, struct cli *c, int argc, char *const *argv,
+		     char *const *env, struct agent_daemon **ret);
+/* --event_log_handler=console: one JSON line for a state change, in the
+ * shape of torchrun's events (name, source, timestamp, metadata). */
+void agent_event_print(FILE *f, crun_agent_state_t st, int restart_count, const char *role);
+/* The agent whose state STATUS= and the status page report (borrowed). */
+void agent_daemon_attach(struct agent_daemon *d, struct crun_agent *a);
+/* The address the status page bound ("127.0.0.1:8123"), or "" when off. */
+const char *agent_daemon_status_addr(const struct agent_daemon *d);
+void agent_daemon_free(struct agent_daemon *d); /* sends STOPPING=1; NULL: no-op */
+
+/* ---- status.c: GET /healthz, /status, /jobs (JSON), /metrics (Prometheus) ------ */
+
+struct agent_status;
+/* Serves the page on `listen` ("ADDR:PORT", port 0: any free one) on base.
+ * CRUN_EINVAL (bad address), CRUN_EADDRINUSE (cannot bind), CRUN_ENOMEM. */
+int agent_status_start(struct event_base *base, const char *listen, struct agent_status **ret);
+void agent_status_attach(struct agent_status *s, struct crun_agent *a); /* s NULL: no-op */
+/* A store server whose counters /metrics adds (crun-rdzvd's; an agent's own
+ * store is added by itself). Borrowed; s NULL: no-op. */
+void agent_status_attach_store(struct agent_status *s, const struct store_server *srv);
+const char *agent_status_addr(const struct agent_status *s); /* "127.0.0.1:8123" */
+void agent_status_stop(struct agent_status *s);		     /* NULL: no-op */
+/* The bodies, malloc'd (NULL on OOM); a NULL agent gives the bare page. */
+char *agent_status_json(const struct crun_agent *a, const struct store_server *srv);
+/* {"jobs": [...]}: the agent's job, or the c10d jobs whose keys srv holds. */
+char *agent_status_jobs_json(const struct crun_agent *a, const struct store_server *srv);
+/* exits: STATUS_EXIT_CODES counters of worker exit codes, or NULL. */
+char *agent_status_metrics(const struct crun_agent *a, const struct store_server *srv,
+			   const uint64_t *exits, uint64_t uptime_ms);
+/* Call from the agent's state callback: counts the exit codes of each
+ * attempt that ends (crun_agent_worker_exits_total). s NULL: no-op. */
+void agent_status_on_state(struct agent_status *s, crun_agent_state_t st);
+
+/* ---- timerfile.c: torchrun's expiry timers (TORCHELASTIC_TIMER_FILE) ---------- */
+
+struct agent_timers;
+/* One FileTimerClient request line, parsed (pure; unit-tested). */
+struct agent_timer_req {
+	pid_t pid;
+	int sig;	/* 0: do not signal */
+	double expires; /* wall seconds; negative: release */
+	char scope[128];
+};
+int agent_timers_parse(const char *line, struct agent_timer_req *ret);
+/* With TORCHELASTIC_ENABLE_FILE_TIMER=1 in env: makes the FIFO (at
+ * $TORCHELASTIC_TIMER_FILE, else $TMPDIR/crun-timer-<pid>.fifo, written to
+ * path) and serves it on base; the caller exports path as
+ * TORCHELASTIC_TIMER_FILE before the agent copies its environment. *ret is
+ * NULL when not enabled. 0 or -errno / CRUN_EINVAL (not a FIFO). */
+int agent_timers_from_env(struct event_base *base, char *const *env, char *path, size_t cap,
+			  struct agent_timers **ret);
+int agent_timers_start(struct event_base *base, const char *path, struct agent_timers **ret);
+/* The agent whose running workers may be signalled (borrowed). t NULL: no-op. */
+void agent_timers_attach(struct agent_timers *t, struct crun_agent *a);
+void agent_timers_stop(struct agent_timers *t); /* removes a FIFO it made; NULL: no-op */
+
+/* ---- ctl.c: crunctl's client of the status pages ---------------------------------- */
+
+/* GET http://endpoint/path within timeout_ms: 0 with the HTTP status and the
+ * body (malloc'd, NUL-terminated; free()), CRUN_EINVAL (bad endpoint),
+ * CRUN_ETIMEDOUT (refused, reset or too slow) or CRUN_ENOMEM. */
+int agent_ctl_get(const char *endpoint, const char *path, uint32_t timeout_ms, int *ret_status,
+		  char **ret_body);
+/* The /status and /jobs JSON as tables; CRUN_EPROTO for something else. */
+int agent_ctl_print_status(FILE *out, const char *json);
+int agent_ctl_print_jobs(FILE *out, const char *json);
 
 /* ---- slurm.c: defaults from a Slurm allocation --------------------------------- */
 

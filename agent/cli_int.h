@@ -1,9 +1,10 @@
 /* cli_int.h: crun's one option table, shared by the files that read it
- * (agent/ only). cli.c declares the table and applies values to a
- * crun_agent_config_t; cli_text.c prints --help, shell completions and the
- * JSON schema from it; cli_json.c reads a JSON config file into it. Nothing
- * else lists options: a setting added here is a flag (both spellings), a
- * PET_* alias, a JSON key, a --help line and a completion at once.
+ * (agent/ only): cli_table.c declares the table and what each row does,
+ * cli.c runs the loop that resolves and applies values, cli_text.c prints
+ * --help, man pages, shell completions and the JSON schema from it, and
+ * cli_json.c reads a JSON config file into it. Nothing else lists options:
+ * a setting added here is a flag (both spellings), an environment alias, a
+ * JSON key, a --help line and a completion at once.
  */
 #ifndef CRUN_AGENT_CLI_INT_H
 #define CRUN_AGENT_CLI_INT_H
@@ -11,6 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "agent/agent.h"
 
@@ -33,6 +35,7 @@ enum cli_flags {
 	CF_AGENT = 1u << 2,    /* crun-agent only (--config) */
 	CF_RDZVKEY = 1u << 3,  /* a --rdzv_conf key: JSON rendezvous.<key>, no flag */
 	CF_HIDDEN = 1u << 4,   /* left out of --help (still completed and parsed) */
+	CF_LIVE = 1u << 5,     /* crun-agent applies a change on SIGHUP without a restart */
 };
 
 /* Where a value came from; a higher source wins (flag > file > env > default). */
@@ -78,6 +81,7 @@ enum cli_id {
 	OPT_LOG_LEVEL,
 	OPT_SECRET_FILE,
 	OPT_STORE_ALLOW_ANY,
+	OPT_NO_SLURM,
 	OPT_CONFIG,
 	/* rendezvous.<key> in JSON: the c10d --rdzv_conf keys */
 	OPT_RK_JOIN,
@@ -95,6 +99,9 @@ enum cli_id {
 	OPT_HELP,
 	OPT_VERSION,
 	OPT_PRINT_COMPLETION,
+	OPT_PRINT_SCHEMA,
+	OPT_PRINT_CONFIG,
+	OPT_PRINT_MAN,
 	OPT__MAX,
 };
 
@@ -128,6 +135,25 @@ struct cli_opt {
 
 extern const struct cli_opt cli_opts[OPT__MAX];
 
+/* A flag row's value is set and not "0". */
+static inline bool cli_on(const struct cli_ctx *x, enum cli_id id)
+{
+	return x->val[id] && strcmp(x->val[id], "0") != 0;
+}
+
+/* A row has a non-empty value. */
+static inline bool cli_given(const struct cli_ctx *x, enum cli_id id)
+{
+	return x->val[id] && *x->val[id];
+}
+
+/* Backends with elastic membership (etcd-v2: torchrun's other etcd name). */
+static inline bool cli_elastic(const char *backend)
+{
+	return strcmp(backend, "c10d") == 0 || strcmp(backend, "etcd") == 0 ||
+	       strcmp(backend, "etcd-v2") == 0;
+}
+
 /* Message helper: formats into c->err, returns CRUN_EINVAL. */
 int cli_fail(struct cli *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Keeps a copy of s for the life of c; NULL on OOM or overflow. */
@@ -137,5 +163,12 @@ const char *cli_keep(struct cli *c, const char *s);
  * SRC_FILE, "path: key" as who). 0, or CRUN_EINVAL with c->err naming the
  * JSON path; CRUN_ENOENT-style failures also come back as CRUN_EINVAL. */
 int cli_json_load(struct cli *c, struct cli_ctx *x, const char *path);
+
+/* cli_slurm.c: inside a Slurm allocation, the rendezvous settings nothing
+ * else set come from SLURM_* (nnodes, node rank, endpoint on the first host,
+ * the job id as run id, a port derived from it), at the environment's rank:
+ * any flag, file key or PET_* variable wins. 0, or CRUN_EINVAL naming the
+ * SLURM_* variable that is malformed. */
+int cli_slurm_defaults(struct cli *c, struct cli_ctx *x);
 
 #endif /* CRUN_AGENT_CLI_INT_H */

@@ -1,7 +1,9 @@
 /* crun-rdzvd: serves crun's TCPStore-compatible store (store/server.c) in the
- * foreground. Argument parsing, limits, signals and readiness only; the store
- * itself lives in store/. Exit codes: 0 after SIGTERM/SIGINT, 1 when the store
- * cannot start, 2 for a bad flag or value.
+ * foreground. Argument parsing (flags, or --config FILE.json read as flags),
+ * limits, signals, systemd's notify protocol (common/notify.c) and the status
+ * page (agent/status.c) only; the store itself lives in store/. Exit codes: 0
+ * after SIGTERM/SIGINT, 1 when the store cannot start, 2 for a bad flag or
+ * value.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -11,12 +13,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
 #include <event2/event.h>
 
+#include "agent/agent.h"
 #include "common/common.h"
 #include "store/auth.h"
 #include "store/store.h"
@@ -24,10 +26,15 @@
 
 #define PROG "crun-rdzvd"
 
+extern char **environ;
+
 enum {
 	OPT_BACKLOG = 0x100,
 	OPT_LOG_LEVEL,
 	OPT_VERSION,
+	OPT_STATUS,
+	OPT_CONFIG,
+	OPT_PRINT_SCHEMA,
 	OPT_AUTH_FILE,
 	OPT_AUTH_DIR,
 	OPT_INSECURE,
@@ -52,6 +59,9 @@ static const struct option fixed_opts[] = {
     {"port", required_argument, NULL, 'p'},
     {"backlog", required_argument, NULL, OPT_BACKLOG},
     {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+    {"status", required_argument, NULL, OPT_STATUS},
+    {"config", required_argument, NULL, OPT_CONFIG},
+    {"print-schema", no_argument, NULL, OPT_PRINT_SCHEMA},
     {"auth-secret-file", required_argument, NULL, OPT_AUTH_FILE},
     {"auth-secrets-dir", required_argument, NULL, OPT_AUTH_DIR},
     {"insecure", no_argument, NULL, OPT_INSECURE},
@@ -128,6 +138,14 @@ static void usage(FILE *f)
 		"  -p, --port N                      TCP port, 0 picks a free one (default 29400)\n"
 		"      --backlog N                   listen backlog (default: SOMAXCONN)\n"
 		"      --log-level LEVEL             error, warn, info (default), debug, trace\n"
+		"      --status ADDR:PORT            serve /healthz, /status and /metrics over\n"
+		"                                    HTTP; 'off' for none (default 127.0.0.1:0,\n"
+		"                                    a free port, printed once listening)\n"
+		"      --config FILE.json            settings as JSON: host, port, backlog,\n"
+		"                                    log-level, status and limits.NAME for the\n"
+		"                                    limits below; a flag wins over the file;\n"
+		"                                    SIGHUP reads it again\n"
+		"      --print-schema                print the JSON schema of --config and exit\n"
 		"\n"
 		"Security (without a secret or TLS only loopback addresses are served):\n"
 		"      --auth-secret-file FILE       every client must prove it knows this secret\n"
@@ -182,7 +200,18 @@ static int level_from_name(const char *s)
 	return -1;
 }
 
-static void parse_args(int argc, char **argv, struct store_server_config *cfg, struct sec_opts *sec)
+static int print_schema(void);
+
+/* What the daemon keeps beside the store's config. */
+struct daemon_opts {
+	const char *status; /* --status, NULL: off */
+	const char *config; /* --config, or NULL */
+	char **file_argv;   /* the file's settings as flags (owned) */
+	int file_argc;
+};
+
+static void parse_args(int argc, char **argv, struct store_server_config *cfg, struct sec_opts *sec,
+		       struct daemon_opts *d)
 {
 	char err[256];
 	uint64_t v;
@@ -229,6 +258,13 @@ static void parse_args(int argc, char **argv, struct store_server_config *cfg, s
 					  optarg);
 			log_max_level = lvl;
 			break;
+		case OPT_STATUS:
+			d->status = strcmp(optarg, "off") == 0 || !*optarg ? NULL : optarg;
+			break;
+		case OPT_CONFIG:
+			break; /* read before the flags (read_config) */
+		case OPT_PRINT_SCHEMA:
+			exit(print_schema());
 		case OPT_AUTH_FILE:
 			sec->secret_file = optarg;
 			break;
@@ -327,30 +363,196 @@ static void log_metrics(const struct store_server *srv)
 	log_at(LL_INFO, SUB_CMD, "store metrics:%s", off ? line : " none");
 }
 
-/* systemd Type=notify readiness without libsystemd: one datagram to
- * $NOTIFY_SOCKET ('@' = abstract namespace). Best effort. */
-static void notify_ready(void)
-{
-	const char *path = getenv("NOTIFY_SOCKET");
-	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	size_t len;
-	int fd;
+/* --config's keys besides limits.NAME: the flags' own names. --insecure stays
+ * a command-line decision: it is not read from files. */
+static const char *const config_strings[] = {
+    "host",	"log-level", "status", "auth-secret-file", "auth-secrets-dir",
+    "tls-cert", "tls-key",   "tls-ca", "tls-min-version"};
+static const char *const config_numbers[] = {"port", "backlog"};
 
-	if (!path || (path[0] != '/' && path[0] != '@'))
+/* The schema of --config, from the same flags and the store's tunables. */
+static int print_schema(void)
+{
+	size_t nl;
+	const struct store_server_limit *l = store_server_limits(&nl);
+	cJSON *root = cJSON_CreateObject(), *props, *lim, *lprops;
+	char *out;
+
+	cJSON_AddStringToObject(root, "$schema", "https://json-schema.org/draft/2020-12/schema");
+	cJSON_AddStringToObject(root, "$id", "https://crun.invalid/crun-rdzvd.schema.json");
+	cJSON_AddStringToObject(root, "title",
+				"crun-rdzvd --config (generated by crun-rdzvd --print-schema)");
+	cJSON_AddStringToObject(root, "type", "object");
+	cJSON_AddBoolToObject(root, "additionalProperties", 0);
+	props = cJSON_AddObjectToObject(root, "properties");
+	cJSON_AddItemToObject(props, "$comment", cJSON_Parse("{\"type\": \"string\"}"));
+	for (size_t i = 0; i < ARRAY_SIZE(config_strings); i++)
+		cJSON_AddItemToObject(props, config_strings[i],
+				      cJSON_Parse("{\"type\": \"string\"}"));
+	for (size_t i = 0; i < ARRAY_SIZE(config_numbers); i++)
+		cJSON_AddItemToObject(props, config_numbers[i],
+				      cJSON_Parse("{\"type\": \"integer\", \"minimum\": 0}"));
+	lim = cJSON_AddObjectToObject(props, "limits");
+	cJSON_AddStringToObject(lim, "type", "object");
+	cJSON_AddBoolToObject(lim, "additionalProperties", 0);
+	lprops = cJSON_AddObjectToObject(lim, "properties");
+	cJSON_AddItemToObject(lprops, "$comment", cJSON_Parse("{\"type\": \"string\"}"));
+	for (size_t i = 0; i < nl; i++) {
+		cJSON *o = cJSON_AddObjectToObject(lprops, l[i].name);
+
+		cJSON_AddStringToObject(o, "type", "integer");
+		cJSON_AddNumberToObject(o, "minimum", l[i].zero ? 0 : (double)l[i].min);
+		cJSON_AddNumberToObject(o, "maximum", (double)l[i].max);
+		cJSON_AddStringToObject(o, "description", l[i].help);
+	}
+	out = cJSON_Print(root);
+	cJSON_Delete(root);
+	if (!out)
+		return 1;
+	printf("%s\n", out);
+	free(out);
+	return 0;
+}
+
+/* --config: the file's JSON keys are the flags' names (limits under
+ * "limits."), so the file needs no list of its own. */
+static int config_flags(const char *path, char ***ret_argv, int *ret_argc, char *err, size_t cap)
+{
+	struct cli_json_flag t[ARRAY_SIZE(config_strings) + ARRAY_SIZE(config_numbers) + 32];
+	char names[32][80];
+	size_t n = 0, nl;
+	const struct store_server_limit *l = store_server_limits(&nl);
+
+	for (size_t i = 0; i < ARRAY_SIZE(config_strings); i++)
+		t[n++] = (struct cli_json_flag){config_strings[i], config_strings[i], false};
+	for (size_t i = 0; i < ARRAY_SIZE(config_numbers); i++)
+		t[n++] = (struct cli_json_flag){config_numbers[i], config_numbers[i], true};
+	for (size_t i = 0; i < nl && i < ARRAY_SIZE(names); i++) {
+		snprintf(names[i], sizeof(names[i]), "limits.%s", l[i].name);
+		t[n++] = (struct cli_json_flag){names[i], l[i].name, true};
+	}
+	return cli_json_flags(path, t, n, ret_argv, ret_argc, err, cap);
+}
+
+/* Finds --config and puts the file's flags first: argv[0], the file's, then
+ * the command line's (which win, being parsed last). */
+static char **read_config(int *argc, char **argv, struct daemon_opts *d)
+{
+	char err[512], **all;
+
+	for (int i = 1; i < *argc && !d->config; i++) {
+		if (strcmp(argv[i], "--config") == 0 && i + 1 < *argc)
+			d->config = argv[i + 1];
+		else if (strncmp(argv[i], "--config=", 9) == 0)
+			d->config = argv[i] + 9;
+		else if (strcmp(argv[i], "--") == 0)
+			break;
+	}
+	if (!d->config)
+		return argv;
+	if (config_flags(d->config, &d->file_argv, &d->file_argc, err, sizeof(err)) < 0)
+		bad_usage("%s", err);
+	all = calloc((size_t)(*argc + d->file_argc + 1), sizeof(char *));
+	if (!all)
+		bad_usage("out of memory");
+	all[0] = argv[0];
+	memcpy(all + 1, d->file_argv, (size_t)d->file_argc * sizeof(char *));
+	memcpy(all + 1 + d->file_argc, argv + 1, (size_t)(*argc - 1) * sizeof(char *));
+	*argc += d->file_argc;
+	return all;
+}
+
+struct daemon {
+	struct event_base *base;
+	struct store_server *srv;
+	struct daemon_opts *opts;
+	struct agent_service svc; /* notify socket, watchdog, SIGHUP */
+	struct agent_status *status;
+};
+
+static void send_status(struct daemon *d)
+{
+	struct store_server_stats st;
+
+	store_server_get_stats(d->srv, &st);
+	(void)notify_send(
+	    d->svc.notify,
+	    "STATUS=serving on port %u: %llu connections, %llu keys, %llu waiters%s%s",
+	    store_server_port(d->srv), (unsigned long long)st.conns, (unsigned long long)st.keys,
+	    (unsigned long long)st.waiters, d->status ? ", status on " : "",
+	    d->status ? agent_status_addr(d->status) : "");
+}
+
+static void on_tick(void *arg)
+{
+	send_status(arg);
+}
+
+/* SIGHUP: the log level applies at once; the store's limits are fixed when
+ * it starts, so a changed limit is named as needing a restart. */
+static void on_reload(void *arg)
+{
+	struct daemon *d = arg;
+	char err[512], restart[512] = "", **fresh = NULL;
+	int n = 0, lvl;
+
+	if (!d->opts->config || config_flags(d->opts->config, &fresh, &n, err, sizeof(err)) < 0) {
+		if (d->opts->config)
+			log_at(LL_ERROR, SUB_CMD, "reload: %s; keeping the running config", err);
+		(void)notify_send(d->svc.notify, "READY=1\nSTATUS=reload: %s",
+				  d->opts->config ? "failed, see the log" : "no --config to read");
 		return;
-	len = strlen(path);
-	if (len >= sizeof(sa.sun_path))
-		return;
-	memcpy(sa.sun_path, path, len);
-	if (path[0] == '@')
-		sa.sun_path[0] = '\0';
-	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return;
-	if (sendto(fd, "READY=1", 7, MSG_NOSIGNAL, (struct sockaddr *)&sa,
-		   (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len)) < 0)
-		log_at(LL_WARN, SUB_CMD, "NOTIFY_SOCKET: %s", strerror(errno));
-	close(fd);
+	}
+	for (int i = 0; i < n; i++) {
+		bool same = false;
+
+		if (strncmp(fresh[i], "--log-level=", 12) == 0) {
+			lvl = level_from_name(fresh[i] + 12);
+			if (lvl >= 0)
+				log_max_level = lvl;
+			continue;
+		}
+		for (int k = 0; k < d->opts->file_argc && !same; k++)
+			same = strcmp(fresh[i], d->opts->file_argv[k]) == 0;
+		if (!same && strlen(restart) + strlen(fresh[i]) + 3 < sizeof(restart))
+			snprintf(restart + strlen(restart), sizeof(restart) - strlen(restart),
+				 "%s%.*s", restart[0] ? ", " : "", (int)strcspn(fresh[i] + 2, "="),
+				 fresh[i] + 2);
+	}
+	log_at(LL_WARN, SUB_CMD, "reload: applied: log-level; needs a restart: %s",
+	       restart[0] ? restart : "nothing");
+	(void)notify_send(d->svc.notify,
+			  "READY=1\nSTATUS=reloaded: applied log-level; needs a "
+			  "restart: %s",
+			  restart[0] ? restart : "nothing");
+	for (int i = 0; i < n; i++)
+		free(fresh[i]);
+	free(fresh);
+}
+
+static int daemon_start(struct daemon *d)
+{
+	int r;
+
+	r = agent_service_start(&d->svc, d->base, environ, on_reload, on_tick, d);
+	if (r < 0)
+		return r;
+	if (d->opts->status) {
+		r = agent_status_start(d->base, d->opts->status, &d->status);
+		if (r < 0)
+			return r;
+		agent_status_attach_store(d->status, d->srv);
+		printf(PROG " status on http://%s/status\n", agent_status_addr(d->status));
+	}
+	(void)notify_send(d->svc.notify, "READY=1");
+	send_status(d);
+	return 0;
+}
+
+static void daemon_stop(struct daemon *d)
+{
+	agent_status_stop(d->status);
+	agent_service_stop(&d->svc);
 }
 
 /* Loads the secrets the flags name into a table (NULL: none) and enforces
@@ -403,6 +605,8 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 int main(int argc, char **argv)
 {
 	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
+	struct daemon_opts opts = {.status = "127.0.0.1:0"};
+	struct daemon d = {.opts = &opts};
 	struct store_server *srv = NULL;
 	struct sec_opts sec = {.secret_file = getenv("CRUN_AUTH_SECRET_FILE")};
 	struct store_auth_keys *keys;
@@ -417,7 +621,8 @@ int main(int argc, char **argv)
 	log_init(PROG, LL_INFO);
 	if (sec.secret_file && !*sec.secret_file)
 		sec.secret_file = NULL;
-	parse_args(argc, argv, &cfg, &sec);
+	argv = read_config(&argc, argv, &opts);
+	parse_args(argc, argv, &cfg, &sec, &opts);
 	keys = load_secrets(&sec, cfg.host);
 	cfg.auth = keys;
 	if ((sec.tls.key || sec.tls.ca || sec.tls.min_version) && !sec.tls.cert)
@@ -449,8 +654,15 @@ int main(int argc, char **argv)
 	log_limits(srv);
 	printf(PROG " listening on %s:%u\n",
 	       cfg.host && *cfg.host ? cfg.host : "::", store_server_port(srv));
+	d.base = base;
+	d.srv = srv;
+	r = daemon_start(&d);
 	fflush(stdout);
-	notify_ready();
+	if (r < 0) {
+		fprintf(stderr, PROG ": cannot start the status page on %s: %s\n", opts.status,
+			crun_strerror(r));
+		goto out;
+	}
 
 	if (event_base_dispatch(base) < 0) {
 		fprintf(stderr, PROG ": event loop failed\n");
@@ -458,6 +670,7 @@ int main(int argc, char **argv)
 	}
 	rc = 0;
 out:
+	daemon_stop(&d);
 	log_metrics(srv);
 	store_server_free(srv); /* closes every client connection */
 	if (sig_int)
@@ -465,6 +678,11 @@ out:
 	if (sig_term)
 		event_free(sig_term);
 	event_base_free(base);
+	for (int i = 0; i < opts.file_argc; i++)
+		free(opts.file_argv[i]);
+	free(opts.file_argv);
+	if (opts.file_argv)
+		free(argv); /* read_config's array; its strings belong to others */
 	store_auth_keys_free(keys);
 	store_tls_free(tls);
 	return rc;

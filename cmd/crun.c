@@ -3,10 +3,10 @@
  * local agent on it. Exit codes as torchrun: 0 success, 1 any failure, 2 bad
  * command line.
  */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 
 #include <event2/event.h>
 
@@ -15,22 +15,20 @@
 
 extern char **environ;
 
-/* --event_log_handler=console: one JSON line per agent state change on
- * stderr, in the shape of torchrun's events (name, source, timestamp,
- * metadata); the names are crun's states, not torchrun's event set. */
-static void on_state_console(crun_agent_state_t st, int restart_count, void *arg)
-{
-	static const char *const names[] = {"RENDEZVOUS", "RUNNING", "STOPPING", "BARRIER", "DONE"};
-	const struct cli *c = arg;
-	struct timeval tv;
+/* What crun does at a state change: --event_log_handler=console lines and
+ * the status page's exit counters. */
+struct on_state_ctx {
+	const struct cli *c;
+	struct agent_status *status;
+};
 
-	gettimeofday(&tv, NULL);
-	fprintf(stderr,
-		"{\"name\": \"crun.agent.state.%s\", \"source\": \"AGENT\", \"timestamp\": "
-		"%lld, \"metadata\": {\"state\": \"%s\", \"role\": \"%s\", "
-		"\"agent_restarts\": %d}}\n",
-		names[st < 5 ? st : 4], (long long)tv.tv_sec, names[st < 5 ? st : 4],
-		c->cfg.role ? c->cfg.role : "default", restart_count);
+static void on_state(crun_agent_state_t st, int restart_count, void *arg)
+{
+	const struct on_state_ctx *x = arg;
+
+	if (strcmp(x->c->event_log_handler, "console") == 0)
+		agent_event_print(stderr, st, restart_count, x->c->cfg.role);
+	agent_status_on_state(x->status, st);
 }
 
 static int print_text(char *s)
@@ -47,8 +45,12 @@ static int print_text(char *s)
 int main(int argc, char **argv)
 {
 	struct event_base *base;
+	struct agent_status *status = NULL;
+	struct agent_timers *timers = NULL;
+	char timer_path[PATH_MAX];
 	crun_agent_t *agent = NULL;
 	struct cli c;
+	struct on_state_ctx state_ctx = {.c = &c};
 	int code = 1;
 	int r;
 
@@ -61,9 +63,11 @@ int main(int argc, char **argv)
 		cli_free(&c);
 		return 2;
 	}
-	if (c.help || c.version || c.completion) {
+	if (c.help || c.version || c.completion || c.man) {
 		code = 0;
-		if (c.help)
+		if (c.man)
+			code = print_text(cli_man_new(CLI_CRUN));
+		else if (c.help)
 			code = print_text(cli_help_new(CLI_CRUN));
 		else if (c.completion)
 			code = print_text(cli_completion_new(CLI_CRUN, c.completion));
@@ -76,10 +80,8 @@ int main(int argc, char **argv)
 		crun_set_log_level((crun_log_level_t)c.log_level);
 	if (c.warn[0])
 		log_at(LL_WARN, SUB_CMD, "%s", c.warn);
-	if (strcmp(c.event_log_handler, "console") == 0) {
-		c.cfg.on_state = on_state_console;
-		c.cfg.on_state_arg = &c;
-	}
+	c.cfg.on_state = on_state;
+	c.cfg.on_state_arg = &state_ctx;
 	if (c.note[0]) {
 		/* torchrun sets it in its own environment; the workers inherit. */
 		setenv("OMP_NUM_THREADS", "1", 1);
@@ -91,6 +93,23 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	c.cfg.event_base = base;
+	r = agent_timers_from_env(base, environ, timer_path, sizeof(timer_path), &timers);
+	if (r < 0) {
+		fprintf(stderr, "crun: error: TORCHELASTIC_TIMER_FILE: %s\n", crun_strerror(r));
+		goto out_base;
+	}
+	if (timers) /* the workers inherit it, as torchrun's do */
+		setenv("TORCHELASTIC_TIMER_FILE", timer_path, 1);
+	if (c.status_listen) {
+		r = agent_status_start(base, c.status_listen, &status);
+		if (r < 0) {
+			fprintf(stderr, "crun: error: --status %s: %s\n", c.status_listen,
+				crun_strerror(r));
+			goto out_base;
+		}
+		fprintf(stderr, "crun: status page on http://%s/status\n",
+			agent_status_addr(status));
+	}
 	r = crun_agent_new(&c.cfg, &agent);
 	if (r < 0) {
 		fprintf(stderr, "crun: error: %s\n", crun_strerror(r));
@@ -98,11 +117,18 @@ int main(int argc, char **argv)
 			code = 2; /* bad input (a secret file, a TLS file...), already named */
 		goto out_base;
 	}
+	agent_status_attach(status, agent);
+	state_ctx.status = status;
+	agent_timers_attach(timers, agent);
 	r = crun_agent_run(agent, &code);
 	if (r < 0 && code == 0)
 		code = 1;
+	agent_status_attach(status, NULL);
+	agent_timers_attach(timers, NULL);
 	crun_agent_free(agent);
 out_base:
+	agent_status_stop(status);
+	agent_timers_stop(timers);
 	event_base_free(base);
 out:
 	cli_free(&c);

@@ -42,8 +42,11 @@ extern int log_max_level;
 extern unsigned log_subsys_mask;
 
 /* Reads CRUN_LOG_LEVEL (error|warn|info|debug|trace) and CRUN_LOG_SUBSYS
- * (comma list of agent,rdzv,store,pg,cuda,cmd or all). `prog` prefixes lines. */
+ * (comma list of agent,rdzv,store,pg,cuda,cmd or all). `prog` prefixes lines.
+ * When $JOURNAL_STREAM names stderr (systemd), lines carry "<N>" priorities. */
 void log_init(const char *prog, int default_level);
+/* True when journal_stream ("dev:ino") is the stream stderr is connected to. */
+bool log_stderr_is_journal(const char *journal_stream);
 void log_emit(int level, unsigned sub, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
@@ -100,6 +103,21 @@ int fd_set_nonblock(int fd, bool on) WARN_UNUSED;
 int fd_write_all(int fd, const void *buf, size_t len) WARN_UNUSED;
 /* close() that keeps errno and ignores EINTR, for cleanup paths. */
 void fd_close(int fd);
+
+/* ---- service manager notification (notify.c) ------------------------------ */
+
+/* systemd's notify protocol, no libsystemd. notify_open(getenv("NOTIFY_SOCKET"))
+ * gives *ret = NULL when path is NULL or empty (every send is then a no-op);
+ * CRUN_EINVAL for a path that is neither absolute nor '@abstract'. */
+struct notify;
+int notify_open(const char *path, struct notify **ret) WARN_UNUSED;
+/* One datagram ("READY=1", "STATUS=...", "WATCHDOG=1", newline-joined lines);
+ * never blocks. 0 or -errno (the message is dropped). */
+int notify_send(struct notify *n, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Watchdog ping period in ms (half of $WATCHDOG_USEC), 0 when off or when
+ * $WATCHDOG_PID names another process. */
+uint64_t notify_watchdog_ms(const char *usec, const char *pid);
+void notify_close(struct notify *n); /* NULL: no-op */
 
 /* ---- strings -------------------------------------------------------------- */
 

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -18,6 +19,9 @@ unsigned log_subsys_mask = SUB_ALL;
 static crun_log_fn log_handler;
 static void *log_handler_arg;
 static char log_prog[32] = "crun";
+/* Set by log_init when stderr is the journal (JOURNAL_STREAM matches it):
+ * lines then start with a syslog "<N>" priority and carry no pid. */
+static bool log_journal;
 
 static const char *const level_letter = "EWIDT";
 
@@ -65,6 +69,20 @@ void log_init(const char *prog, int default_level)
 		snprintf(log_prog, sizeof(log_prog), "%s", prog);
 	log_max_level = lvl ? level_from_name(lvl, default_level) : default_level;
 	log_subsys_mask = sub ? subsys_from_list(sub) : SUB_ALL;
+	log_journal = log_stderr_is_journal(getenv("JOURNAL_STREAM"));
+}
+
+bool log_stderr_is_journal(const char *journal_stream)
+{
+	unsigned long long dev, ino;
+	struct stat st;
+
+	/* systemd.exec(5): "<device>:<inode>" of the stream it connected; a child
+	 * whose stderr was redirected elsewhere inherits the variable, so compare. */
+	if (!journal_stream || sscanf(journal_stream, "%llu:%llu", &dev, &ino) != 2)
+		return false;
+	return fstat(STDERR_FILENO, &st) == 0 && (unsigned long long)st.st_dev == dev &&
+	       (unsigned long long)st.st_ino == ino;
 }
 
 CRUN_API void crun_set_log_handler(crun_log_fn fn, void *arg)
@@ -92,7 +110,13 @@ void log_emit(int level, unsigned sub, const char *file, int line, const char *f
 		log_handler((crun_log_level_t)level, msg, log_handler_arg);
 		return;
 	}
-	if (level >= LL_DEBUG)
+	if (log_journal) /* syslog priorities: err 3, warning 4, info 6, debug 7 */
+		n = fprintf(stderr, "<%d>%s: %s\n", level <= LL_ERROR  ? 3
+						     : level == LL_WARN ? 4
+						     : level == LL_INFO ? 6
+									: 7,
+			    log_prog, msg);
+	else if (level >= LL_DEBUG)
 		n = fprintf(stderr, "%s[%d] %c %s:%d: %s\n", log_prog, (int)getpid(),
 			    level_letter[level < 5 ? level : 4], file, line, msg);
 	else

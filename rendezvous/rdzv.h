@@ -116,6 +116,12 @@ int rdzv_conf_check(const char *backend, const char *conf, char *err, size_t cap
  * member list); 0 or CRUN_EINVAL with err naming the bad entry. */
 int rdzv_endpoint_check(const char *backend, const char *endpoint, char *err, size_t cap);
 
+/* c10d keeps a job's keys under RDZV_C10D_PREFIX "<run_id>/" in the
+ * rendezvous store (c10d.c). For status pages: 1 and the run id of a store
+ * key (NUL-terminated in ret, cut to cap), 0 for a key of no c10d job. */
+#define RDZV_C10D_PREFIX "crun-c10d/"
+int rdzv_run_id_of_key(const uint8_t *key, size_t len, char *ret, size_t cap);
+
 /* Frees the backend. A helper thread still blocked in the store client is
  * detached and frees its own state when its call returns. NULL: no-op. */
 void rdzv_free(struct rdzv *r);

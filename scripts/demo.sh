@@ -29,8 +29,8 @@ wait "$node1"
 py=${PYTHON:-/usr/bin/python3}
 if "$py" -c 'import torch' 2>/dev/null; then
 	echo
-	echo "== PYTHON=$py crun --standalone --nproc_per_node=4 tests/integration/helpers/launch_worker.py"
-	PYTHON=$py "$crun" --standalone --nproc_per_node=4 --tee=3 \
+	echo "== PYTHON_EXEC=$py crun --standalone --nproc_per_node=4 tests/integration/helpers/launch_worker.py"
+	PYTHON_EXEC=$py "$crun" --standalone --nproc_per_node=4 --tee=3 \
 		"$here/tests/integration/helpers/launch_worker.py"
 fi
 echo

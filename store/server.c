@@ -1211,6 +1211,34 @@ void store_server_clear(struct store_server *srv)
 	kv_foreach(&srv->kv, clear_one, srv);
 }
 
+struct each_key {
+	void (*fn)(const uint8_t *key, size_t len, void *arg);
+	void *arg;
+};
+
+static void each_key_one(struct kv_ent *e, void *arg)
+{
+	const struct each_key *k = arg;
+
+	if (e->present)
+		k->fn(e->key, e->key_len, k->arg);
+}
+
+uint64_t store_server_op_count(const struct store_server *srv, enum store_op op)
+{
+	return (unsigned)op < STORE_OP__MAX ? srv->op_counts[op] : 0;
+}
+
+void store_server_each_key(const struct store_server *srv,
+			   void (*fn)(const uint8_t *key, size_t len, void *arg), void *arg)
+{
+	struct each_key k = {fn, arg};
+
+	/* kv_foreach takes the table mutable for its other callers; nothing
+	 * here changes it. */
+	kv_foreach((struct kv_table *)&srv->kv, each_key_one, &k);
+}
+
 void store_server_get_stats(const struct store_server *srv, struct store_server_stats *ret)
 {
 	*ret = srv->st;

@@ -134,6 +134,8 @@ struct store_server {
 	uint16_t port;
 	int reserve_fd; /* spare fd given up to accept-and-close at the fd limit */
 	struct store_server_stats st;
+	/* PyTorch-protocol requests by op, for /metrics. */
+	uint64_t op_counts[STORE_OP__MAX];
 	struct lease_table *leases; /* lease.c: every lease by id; NULL until the first */
 	uint64_t n_regs;     /* kv_reg registrations (waits and watches), all conns */
 	size_t in_bytes;     /* unprocessed input, all connections */

@@ -650,6 +650,8 @@ int store_conn_dispatch(struct store_conn *c, const struct store_req *q)
 	struct store_server *srv = c->srv;
 
 	srv->st.requests++;
+	if ((unsigned)q->op < STORE_OP__MAX)
+		srv->op_counts[q->op]++;
 	switch (q->op) {
 	case STORE_OP_VALIDATE:
 		return q->u32 == STORE_VALIDATE_MAGIC ? 0 : CRUN_EPROTO;

@@ -322,6 +322,14 @@ struct store_server_stats {
 	uint64_t output_bytes; /* unsent output, all connections */
 };
 void store_server_get_stats(const struct store_server *srv, struct store_server_stats *ret);
+/* PyTorch-protocol requests of one op served so far (crun's extension ops
+ * count only in store_server_stats.requests). */
+uint64_t store_server_op_count(const struct store_server *srv, enum store_op op);
+/* Calls fn for every key that has a value (not for queues or bare
+ * registrations), in no order; fn must not touch the server. O(keys): for
+ * status pages, not for the request path. */
+void store_server_each_key(const struct store_server *srv,
+			   void (*fn)(const uint8_t *key, size_t len, void *arg), void *arg);
 
 /* Counters of refusals and limit hits, one table: X(ID, name, help). Every
  * closed or refused connection counts in exactly one DROP_ or REFUSED_ row

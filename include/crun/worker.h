@@ -211,6 +211,16 @@ CRUN_API int crun_work_test(crun_work_t *work, int *ret_done);
 /* Waits for the work if it is still running, then frees it. NULL: no-op. */
 CRUN_API void crun_work_free(crun_work_t *work);
 
+/* ---- liveness ---------------------------------------------------------------- */
+
+/* Tells the agent this worker is alive, for --worker_heartbeat_timeout: sets
+ * the modification time of the file named by $CRUN_HEARTBEAT_FILE (set by the
+ * agent, one per worker) to now, creating it if needed. Python workers do the
+ * same with os.utime(os.environ["CRUN_HEARTBEAT_FILE"]). Needs no crun_init();
+ * any thread; one system call. Returns 0 (also when the variable is unset:
+ * nobody watches) or -errno. */
+CRUN_API int crun_heartbeat(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -50,7 +50,7 @@ def out():
 def crun_env(py=PY, **extra):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("PET_") and k not in ("OMP_NUM_THREADS", "TORCHELASTIC_ERROR_FILE")}
-    env["PYTHON"] = py
+    env["PYTHON_EXEC"] = py
     env["TMPDIR"] = _TMP["dir"]
     env.update({k: str(v) for k, v in extra.items()})
     return env

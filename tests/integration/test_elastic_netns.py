@@ -75,7 +75,7 @@ def net():
 def crun_env(tmp):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("PET_") and k not in ("OMP_NUM_THREADS", "TORCHELASTIC_ERROR_FILE")}
-    env["PYTHON"] = PY
+    env["PYTHON_EXEC"] = PY
     env["TMPDIR"] = tmp
     return env
 

@@ -105,6 +105,29 @@ def test_nothing_installed_needs_cuda(prefix):
         assert not runpath, f"{o} carries a build-host runpath: {runpath}"
 
 
+def test_every_program_and_the_library_have_a_man_page_that_renders(prefix):
+    pages = {"man1/crun.1", "man8/crun-agent.8", "man8/crun-rdzvd.8", "man1/crunctl.1",
+             "man3/libcrun.3"}
+    mandir = os.path.join(prefix, "share/man")
+    for page in sorted(pages):
+        path = os.path.join(mandir, page)
+        assert os.path.exists(path), f"{page} is not installed"
+        out = subprocess.run(["man", "-l", path], capture_output=True, text=True, timeout=60,
+                             env=dict(os.environ, MANWIDTH="80", MAN_KEEP_FORMATTING="0"))
+        assert out.returncode == 0, out.stderr
+        assert "warning" not in out.stderr.lower(), out.stderr
+        name = os.path.basename(page).rsplit(".", 1)[0]
+        assert name.replace("-", "") in out.stdout.replace("-", "").replace("\u2010", ""), \
+            out.stdout[:300]
+    # Every exported function of the library is on libcrun(3).
+    lib = subprocess.run(["man", "-l", os.path.join(mandir, "man3/libcrun.3")],
+                         capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, MANWIDTH="200")).stdout
+    syms = run(["nm", "-D", "--defined-only", os.path.join(prefix, "lib/libcrun.so.0")])
+    for sym in (l.split()[-1].split("@")[0] for l in syms.splitlines() if " T " in l):
+        assert sym in lib.replace("\u2010", "-").replace("- ", "-"), f"{sym} missing from libcrun(3)"
+
+
 def test_the_gpu_object_sits_beside_the_library(prefix):
     """libcrun-cuda.so.0 (built when nvcc is there) is installed next to
     libcrun.so.0, where the SDK's dlopen looks first, with no runpath."""

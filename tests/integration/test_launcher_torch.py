@@ -30,7 +30,7 @@ def _private_tmpdir():
 def env_for(py, **extra):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("PET_") and k != "OMP_NUM_THREADS"}
-    env["PYTHON"] = py
+    env["PYTHON_EXEC"] = py
     env["TMPDIR"] = _TMP["dir"]
     env.update({k: str(v) for k, v in extra.items()})
     return env

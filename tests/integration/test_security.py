@@ -56,7 +56,7 @@ def crun_env(tmpdir, secret=None):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("PET_") and k not in ("OMP_NUM_THREADS", "TORCHELASTIC_ERROR_FILE",
                                                       "CRUN_AUTH_SECRET_FILE")}
-    env["PYTHON"] = PY
+    env["PYTHON_EXEC"] = PY
     env["TMPDIR"] = tmpdir
     if secret:
         env["CRUN_AUTH_SECRET_FILE"] = secret

@@ -39,7 +39,7 @@ def net():
 def crun_env(tmp, py=PY):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("PET_") and k not in ("OMP_NUM_THREADS", "TORCHELASTIC_ERROR_FILE")}
-    env["PYTHON"] = py
+    env["PYTHON_EXEC"] = py
     env["TMPDIR"] = tmp
     # gloo picks its interface from the host name, which names no address
     # inside a test namespace.

@@ -65,7 +65,7 @@ def out():
 def crun_env():
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("PET_") and k not in ("OMP_NUM_THREADS", "TORCHELASTIC_ERROR_FILE")}
-    env["PYTHON"] = PY
+    env["PYTHON_EXEC"] = PY
     return env
 
 

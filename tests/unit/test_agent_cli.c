@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <unistd.h>
 #include <string.h>
@@ -28,7 +29,7 @@ static int parse(const char *const *args, const char *const *env)
 }
 
 #define ARGS(...) ((const char *const[]){ __VA_ARGS__, NULL })
-static const char *const no_env[] = { "PYTHON=/usr/bin/python3", NULL };
+static const char *const no_env[] = { "PYTHON_EXEC=/usr/bin/python3", NULL };
 
 static void teardown(void)
 {
@@ -116,10 +117,39 @@ START_TEST(pet_env_is_a_default_and_cli_wins)
 	ck_assert_int_eq(c.cfg.standalone, 1);
 	ck_assert_int_eq(c.cfg.max_restarts, 5);
 	ck_assert_int_eq(c.cfg.tee[2], 3);
-	ck_assert_str_eq(c.argv[0], "python3"); /* no PYTHON: python3 */
+	ck_assert_str_eq(c.argv[0], "python3"); /* no PYTHON_EXEC: python3 */
 	cli_free(&c);
 	ck_assert_int_eq(parse(ARGS("--nproc_per_node=2", "x.py"), env), 0);
 	ck_assert_int_eq(c.cfg.nproc_per_node, 2);
+}
+END_TEST
+
+/* Issue 11 item 7: $PYTHON is not read (torchrun ignores it); python3 beside
+ * the program as invoked (a venv's bin/) comes before python3 on PATH. */
+START_TEST(interpreter_choice)
+{
+	const char *const env[] = { "PYTHON=/nonexistent/python", NULL };
+	char dir[64], py[96], *argv[] = { NULL, (char *)"x.py", NULL };
+	char self[96];
+	FILE *f;
+
+	ck_assert_int_eq(parse(ARGS("x.py"), env), 0);
+	ck_assert_str_eq(c.argv[0], "python3");
+	cli_free(&c);
+	snprintf(dir, sizeof(dir), "/tmp/crun-venv-%d", (int)getpid());
+	snprintf(py, sizeof(py), "%s/python3", dir);
+	snprintf(self, sizeof(self), "%s/crun", dir);
+	ck_assert_int_eq(mkdir(dir, 0700), 0);
+	f = fopen(py, "w");
+	ck_assert_ptr_nonnull(f);
+	fclose(f);
+	ck_assert_int_eq(chmod(py, 0700), 0);
+	argv[0] = self;
+	ck_assert_int_eq(cli_parse(&c, 2, argv, (char *const *)env), 0);
+	ck_assert_str_eq(c.argv[0], py);
+	cli_free(&c);
+	unlink(py);
+	rmdir(dir);
 }
 END_TEST
 
@@ -317,7 +347,7 @@ END_TEST
 
 START_TEST(torchrun_2x_flags)
 {
-	const char *const env[] = { "PYTHON=py", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=E",
+	const char *const env[] = { "PYTHON_EXEC=py", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=E",
 				    NULL };
 
 	ck_assert_int_eq(parse(ARGS("--logs-specs=default", "--duplicate-stdout-filters=a,b",
@@ -543,6 +573,56 @@ START_TEST(config_file_missing_and_flag_wins)
 }
 END_TEST
 
+/* crun-rdzvd --config: a JSON file as flags for a getopt table. */
+START_TEST(json_as_flags)
+{
+	static const struct cli_json_flag t[] = {
+		{ "host", "host", false },
+		{ "port", "port", true },
+		{ "limits.max-keys", "max-keys", true },
+	};
+	static const struct {
+		const char *json, *needle;
+	} badj[] = {
+		{ "{\"limits\": {\"nope\": 1}}", "unknown key 'limits.nope'" },
+		{ "{\"port\": \"1\"}", "port: expected a whole number, got \"1\"" },
+		{ "{\"port\": -1}", "port: expected a whole number" },
+		{ "{\"host\": 7}", "host: expected a string" },
+		{ "{\"limits\": 3}", "limits: expected an object" },
+		{ "{", ": not valid JSON" },
+	};
+	char **argv = NULL, err[256];
+	int argc = 0, fd;
+
+	snprintf(cfg_path, sizeof(cfg_path), "/tmp/crun-jf-%d.json", (int)getpid());
+	for (size_t i = 0; i <= ARRAY_SIZE(badj); i++) {
+		const char *json = i < ARRAY_SIZE(badj) ? badj[i].json
+						       : "{\"$comment\": \"x\", \"host\": \"h\", "
+							 "\"port\": 1, \"limits\": {\"max-keys\": 5}}";
+
+		fd = open(cfg_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		ck_assert_int_eq(write(fd, json, strlen(json)), (ssize_t)strlen(json));
+		close(fd);
+		if (i < ARRAY_SIZE(badj)) {
+			ck_assert_int_eq(cli_json_flags(cfg_path, t, 3, &argv, &argc, err,
+							sizeof(err)),
+					 CRUN_EINVAL);
+			ck_assert_msg(strstr(err, badj[i].needle), "%s: %s", json, err);
+		}
+	}
+	ck_assert_int_eq(cli_json_flags(cfg_path, t, 3, &argv, &argc, err, sizeof(err)), 0);
+	unlink(cfg_path);
+	ck_assert_int_eq(argc, 3);
+	ck_assert_str_eq(argv[0], "--host=h");
+	ck_assert_str_eq(argv[1], "--port=1");
+	ck_assert_str_eq(argv[2], "--max-keys=5");
+	ck_assert_ptr_null(argv[3]);
+	for (int i = 0; i < argc; i++)
+		free(argv[i]);
+	free(argv);
+}
+END_TEST
+
 /* Every flag has a JSON key and every JSON key a flag (or a --rdzv_conf key,
  * or the positional program), and both ways give the same config: each row
  * is parsed once as a flag and once from a file, and the results compared. */
@@ -588,6 +668,7 @@ static const struct {
 	{ "daemon.log_level", NULL, "\"debug\"", NULL },
 	{ "security.secret_file", "--auth_secret_file=/s", "\"/s\"", NULL },
 	{ "security.worker_store_allow_any", "--worker_store_allow_any", "true", NULL },
+	{ "slurm.ignore", "--no_slurm", "true", NULL },
 	{ "rendezvous.join_timeout", "--rdzv_conf=join_timeout=9", "9", "--rdzv_backend=c10d" },
 	{ "rendezvous.last_call_timeout", "--rdzv_conf=last_call_timeout=9", "9",
 	  "--rdzv_backend=c10d" },
@@ -693,6 +774,69 @@ START_TEST(every_row_round_trips_between_flag_and_json)
 }
 END_TEST
 
+/* Slurm: the allocation fills what nothing else gave (issue 14). */
+#define SLURM_ENV                                                                           \
+	"PYTHON_EXEC=/usr/bin/python3", "SLURM_JOB_ID=4242", "SLURM_NNODES=4", "SLURM_NODEID=3", \
+		"SLURM_JOB_NODELIST=gpu[07-09],login2"
+
+START_TEST(slurm_fills_the_rendezvous)
+{
+	const char *const env[] = { SLURM_ENV, NULL };
+
+	ck_assert_int_eq(parse(ARGS("--nproc_per_node=8", "train.py"), env), 0);
+	ck_assert_str_eq(c.cfg.rdzv_backend, "c10d");
+	ck_assert_int_eq(c.cfg.min_nnodes, 4);
+	ck_assert_int_eq(c.cfg.max_nnodes, 4);
+	ck_assert_str_eq(c.cfg.rdzv_id, "4242");
+	ck_assert_str_eq(c.cfg.master_addr, "gpu07");
+	ck_assert_uint_eq(c.cfg.master_port, SLURM_PORT_BASE + 4242 % SLURM_PORT_SPAN);
+	ck_assert_int_eq(c.cfg.standalone, 0);
+}
+END_TEST
+
+START_TEST(slurm_loses_to_every_explicit_setting)
+{
+	const char *const env[] = { SLURM_ENV, "PET_RDZV_ID=mine", NULL };
+
+	ck_assert_int_eq(parse(ARGS("--nnodes=1:2", "--rdzv_endpoint=head:1234", "x.py"), env), 0);
+	ck_assert_int_eq(c.cfg.min_nnodes, 1);
+	ck_assert_int_eq(c.cfg.max_nnodes, 2);
+	ck_assert_str_eq(c.cfg.master_addr, "head");
+	ck_assert_uint_eq(c.cfg.master_port, 1234);
+	ck_assert_str_eq(c.cfg.rdzv_id, "mine");
+	cli_free(&c);
+	/* static chosen by hand: node 0 of the list serves the store */
+	ck_assert_int_eq(parse(ARGS("--rdzv_backend=static", "x.py"), env), 0);
+	ck_assert_str_eq(c.cfg.rdzv_backend, "static");
+	ck_assert_int_eq(c.cfg.nnodes, 4);
+	ck_assert_int_eq(c.cfg.node_rank, 3);
+	ck_assert_str_eq(c.cfg.master_addr, "gpu07");
+	ck_assert_uint_eq(c.cfg.master_port, SLURM_PORT_BASE + 4242 % SLURM_PORT_SPAN);
+}
+END_TEST
+
+START_TEST(slurm_off_standalone_and_broken)
+{
+	const char *const env[] = { SLURM_ENV, NULL };
+	const char *const off[] = { SLURM_ENV, "CRUN_NO_SLURM=1", NULL };
+	const char *const broken[] = { "SLURM_JOB_ID=7", "SLURM_NNODES=2", NULL };
+
+	ck_assert_int_eq(parse(ARGS("--no_slurm", "x.py"), env), 0);
+	ck_assert_int_eq(c.cfg.standalone, 1); /* a plain one-node run, as without Slurm */
+	cli_free(&c);
+	ck_assert_int_eq(parse(ARGS("x.py"), off), 0);
+	ck_assert_int_eq(c.cfg.standalone, 1);
+	cli_free(&c);
+	ck_assert_int_eq(parse(ARGS("--standalone", "x.py"), env), 0);
+	ck_assert_int_eq(c.cfg.nnodes, 1);
+	ck_assert_ptr_null(strstr(c.cfg.rdzv_id ? c.cfg.rdzv_id : "", "4242"));
+	cli_free(&c);
+	ck_assert_int_eq(parse(ARGS("x.py"), broken), CRUN_EINVAL);
+	ck_assert_ptr_nonnull(strstr(c.err, "SLURM_"));
+	ck_assert_ptr_nonnull(strstr(c.err, "--no_slurm"));
+}
+END_TEST
+
 static Suite *agent_cli_suite(void)
 {
 	Suite *s = suite_create("agent_cli");
@@ -705,6 +849,7 @@ static Suite *agent_cli_suite(void)
 	tcase_add_test(tc, options_end_at_the_program);
 	tcase_add_test(tc, pet_env_is_a_default_and_cli_wins);
 	tcase_add_test(tc, std_maps_and_filters);
+	tcase_add_test(tc, interpreter_choice);
 	tcase_add_test(tc, signals_and_timeouts);
 	tcase_add_test(tc, static_endpoint_sets_the_master);
 	tcase_add_test(tc, etcd_takes_a_member_list);
@@ -722,6 +867,10 @@ static Suite *agent_cli_suite(void)
 	tcase_add_loop_test(tc, config_file_errors_name_the_path, 0, (int)ARRAY_SIZE(bad_files));
 	tcase_add_test(tc, config_file_missing_and_flag_wins);
 	tcase_add_test(tc, every_row_round_trips_between_flag_and_json);
+	tcase_add_test(tc, json_as_flags);
+	tcase_add_test(tc, slurm_fills_the_rendezvous);
+	tcase_add_test(tc, slurm_loses_to_every_explicit_setting);
+	tcase_add_test(tc, slurm_off_standalone_and_broken);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -1,0 +1,236 @@
+/* daemon.c: what makes the node agent a service (crun-agent): systemd's
+ * notify protocol (common/notify.c) driven by the agent's state changes, the
+ * watchdog ping, SIGHUP as "re-read the config", and the status page
+ * (status.c). All of it runs on the agent's loop; the agent itself does not
+ * know it is a daemon.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+
+#include "agent/agent.h"
+#include "rendezvous/rdzv.h"
+#include "common/common.h"
+
+/* ---- the service half, shared with crun-rdzvd ---------------------------------- */
+
+static void svc_on_watchdog(evutil_socket_t fd, short what, void *arg)
+{
+	struct agent_service *s = arg;
+
+	/* The ping proves the loop turns; a wedged loop misses it and systemd
+	 * restarts the unit (WatchdogSec=). */
+	(void)notify_send(s->notify, "WATCHDOG=1");
+	if (s->on_tick)
+		s->on_tick(s->arg);
+}
+
+static void svc_on_sighup(evutil_socket_t fd, short what, void *arg)
+{
+	struct agent_service *s = arg;
+
+	(void)notify_send(s->notify, "RELOADING=1\nMONOTONIC_USEC=%llu",
+			  (unsigned long long)clock_now_us());
+	s->on_reload(s->arg); /* ends with READY=1 and a STATUS= */
+}
+
+int agent_service_start(struct agent_service *s, struct event_base *base, char *const *env,
+			void (*on_reload)(void *arg), void (*on_tick)(void *arg), void *arg)
+{
+	uint64_t wd_ms =
+	    notify_watchdog_ms(env_get(env, "WATCHDOG_USEC"), env_get(env, "WATCHDOG_PID"));
+
+	memset(s, 0, sizeof(*s));
+	s->on_reload = on_reload;
+	s->on_tick = on_tick;
+	s->arg = arg;
+	if (notify_open(env_get(env, "NOTIFY_SOCKET"), &s->notify) < 0) {
+		log_at(LL_WARN, SUB_AGENT, "NOTIFY_SOCKET '%s' is not usable, ignoring",
+		       env_get(env, "NOTIFY_SOCKET"));
+		s->notify = NULL;
+	}
+	s->sighup = evsignal_new(base, SIGHUP, svc_on_sighup, s);
+	if (!s->sighup || evsignal_add(s->sighup, NULL) < 0)
+		return CRUN_ENOMEM;
+	if (wd_ms && s->notify) {
+		struct timeval tv = {.tv_sec = (time_t)(wd_ms / 1000),
+				     .tv_usec = (suseconds_t)(wd_ms % 1000) * 1000};
+
+		s->watchdog = event_new(base, -1, EV_PERSIST, svc_on_watchdog, s);
+		if (!s->watchdog || event_add(s->watchdog, &tv) < 0)
+			return CRUN_ENOMEM;
+		(void)notify_send(s->notify, "WATCHDOG=1");
+	}
+	return 0;
+}
+
+void agent_service_stop(struct agent_service *s)
+{
+	(void)notify_send(s->notify, "STOPPING=1");
+	if (s->watchdog)
+		event_free(s->watchdog);
+	if (s->sighup)
+		event_free(s->sighup);
+	notify_close(s->notify);
+	memset(s, 0, sizeof(*s));
+}
+
+void agent_event_print(FILE *f, crun_agent_state_t st, int restart_count, const char *role)
+{
+	static const char *const names[] = {"RENDEZVOUS", "RUNNING", "STOPPING", "BARRIER", "DONE"};
+	const char *name = (unsigned)st < ARRAY_SIZE(names) ? names[st] : "DONE";
+
+	/* The shape of torchrun's events (name, source, timestamp, metadata);
+	 * the names are crun's states, not torchrun's event set. */
+	fprintf(f,
+		"{\"name\": \"crun.agent.state.%s\", \"source\": \"AGENT\", \"timestamp\": "
+		"%.0f, \"metadata\": {\"state\": \"%s\", \"role\": \"%s\", "
+		"\"agent_restarts\": %d}}\n",
+		name, clock_wall_s(), name, role ? role : "default", restart_count);
+}
+
+/* ---- crun-agent ------------------------------------------------------------------- */
+
+struct agent_daemon {
+	struct event_base *base; /* borrowed */
+	struct cli *cli;	 /* borrowed: the running config */
+	int argc;
+	char *const *argv, *const *env; /* borrowed, parsed again on SIGHUP */
+	struct crun_agent *agent;	/* borrowed, NULL until attached */
+	struct agent_service svc;
+	struct agent_status *status; /* NULL when --status is off */
+	bool ready;
+	int reloads;
+};
+
+static const char *state_name(crun_agent_state_t st)
+{
+	static const char *const names[] = {"rendezvous", "running", "stopping", "exit barrier",
+					    "done"};
+
+	return (unsigned)st < ARRAY_SIZE(names) ? names[st] : "?";
+}
+
+/* STATUS= text: what an operator sees in `systemctl status`. */
+static void send_status(struct agent_daemon *d, crun_agent_state_t st, int restarts)
+{
+	struct crun_agent *a = d->agent;
+	char where[160] = "";
+
+	if (a && st == CRUN_AGENT_RUNNING && a->rdzv) {
+		const struct rdzv_info *ri = rdzv_info(a->rdzv);
+
+		snprintf(where, sizeof(where), ", node %d/%d, world size %d", ri->group_rank,
+			 ri->group_world_size, ri->world_size);
+	}
+	(void)notify_send(d->svc.notify, "STATUS=%s: job '%s' %s%s, %d restart%s%s%s",
+			  d->cli->config_path ? d->cli->config_path : "crun-agent",
+			  a && a->run_id[0] ? a->run_id : "?", state_name(st), where, restarts,
+			  restarts == 1 ? "" : "s",
+			  agent_daemon_status_addr(d)[0] ? ", status on " : "",
+			  agent_daemon_status_addr(d));
+}
+
+static void on_state(crun_agent_state_t st, int restarts, void *arg)
+{
+	struct agent_daemon *d = arg;
+
+	log_at(LL_INFO, SUB_AGENT, "agent %s (restart %d)", state_name(st), restarts);
+	agent_status_on_state(d->status, st);
+	if (strcmp(d->cli->event_log_handler, "console") == 0)
+		agent_event_print(stderr, st, restarts, d->cli->cfg.role);
+	/* READY=1 once workers run: before that the unit is "activating", so a
+	 * job that cannot rendezvous never looks started. */
+	if (st == CRUN_AGENT_RUNNING && !d->ready) {
+		d->ready = true;
+		(void)notify_send(d->svc.notify, "READY=1");
+	}
+	if (st == CRUN_AGENT_DONE)
+		(void)notify_send(d->svc.notify, "STOPPING=1");
+	send_status(d, st, restarts);
+}
+
+static void on_reload(void *arg)
+{
+	struct agent_daemon *d = arg;
+	char live[256], restart[512];
+	struct cli fresh;
+
+	if (cli_parse_prog(&fresh, CLI_AGENT, d->argc, d->argv, d->env) < 0) {
+		log_at(LL_ERROR, SUB_AGENT, "reload: %s; keeping the running config", fresh.err);
+		(void)notify_send(d->svc.notify, "READY=1\nSTATUS=reload failed: %s", fresh.err);
+		cli_free(&fresh);
+		return;
+	}
+	cli_changes(d->cli, &fresh, live, sizeof(live), restart, sizeof(restart));
+	if (fresh.log_level != d->cli->log_level)
+		crun_set_log_level(
+		    (crun_log_level_t)(fresh.log_level >= 0 ? fresh.log_level : LL_INFO));
+	d->cli->log_level = fresh.log_level;
+	d->reloads++;
+	log_at(LL_WARN, SUB_AGENT, "reload %d: applied: %s; needs a restart of the agent: %s",
+	       d->reloads, live[0] ? live : "nothing", restart[0] ? restart : "nothing");
+	(void)notify_send(d->svc.notify,
+			  "READY=1\nSTATUS=reloaded: applied %s; needs a restart: %s",
+			  live[0] ? live : "nothing", restart[0] ? restart : "nothing");
+	cli_free(&fresh);
+}
+
+int agent_daemon_new(struct event_base *base, struct cli *c, int argc, char *const *argv,
+		     char *const *env, struct agent_daemon **ret)
+{
+	struct agent_daemon *d = calloc(1, sizeof(*d));
+	uint64_t mask = c->cfg.signals_to_handle;
+	int r;
+
+	if (!d)
+		return CRUN_ENOMEM;
+	d->base = base;
+	d->cli = c;
+	d->argc = argc;
+	d->argv = argv;
+	d->env = env;
+	/* Under a service manager SIGHUP means "reload", not "forward". */
+	if (!mask)
+		mask = 1ull << SIGTERM | 1ull << SIGINT | 1ull << SIGHUP | 1ull << SIGQUIT;
+	c->cfg.signals_to_handle = mask & ~(1ull << SIGHUP);
+	c->cfg.on_state = on_state;
+	c->cfg.on_state_arg = d;
+	r = agent_service_start(&d->svc, base, env, on_reload, NULL, d);
+	if (r < 0)
+		goto fail;
+	if (c->status_listen) {
+		r = agent_status_start(base, c->status_listen, &d->status);
+		if (r < 0)
+			goto fail;
+	}
+	*ret = d;
+	return 0;
+fail:
+	agent_daemon_free(d);
+	return r;
+}
+
+void agent_daemon_attach(struct agent_daemon *d, struct crun_agent *a)
+{
+	d->agent = a;
+	agent_status_attach(d->status, a);
+	send_status(d, CRUN_AGENT_RENDEZVOUS, 0);
+}
+
+const char *agent_daemon_status_addr(const struct agent_daemon *d)
+{
+	return d->status ? agent_status_addr(d->status) : "";
+}
+
+void agent_daemon_free(struct agent_daemon *d)
+{
+	if (!d)
+		return;
+	agent_status_stop(d->status);
+	agent_service_stop(&d->svc);
+	free(d);
+}

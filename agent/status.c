@@ -1,0 +1,432 @@
+/* status.c: the agent's status page over libevent's evhttp (--status
+ * ADDR:PORT): GET /healthz, GET /status and /jobs (JSON) and GET /metrics (Prometheus
+ * text exposition format 0.0.4, crun_ prefix). The JSON and metrics bodies
+ * are built by pure functions from the agent's state, so tests can check
+ * them without a socket.
+ */
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+
+#include <cjson/cJSON.h>
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+
+#include "agent/agent.h"
+#include "rendezvous/rdzv.h"
+#include "store/store.h"
+#include "common/common.h"
+
+#define STATUS_MAX_HEADERS_BYTES 8192 /* a status client sends a GET line and a few headers */
+
+#define STATUS_EXIT_CODES 256 /* codes 0..255; anything else counts as 255 */
+
+struct agent_status {
+	struct evhttp *http;
+	/* Worker exits by code over the agent's life, counted when an attempt
+	 * ends (agent_status_on_state); last is the previous public state. */
+	uint64_t exits[STATUS_EXIT_CODES];
+	crun_agent_state_t last;
+	struct crun_agent *agent;	  /* borrowed, NULL until attached */
+	const struct store_server *store; /* borrowed: crun-rdzvd's server, or NULL */
+	uint64_t started_ms;
+	char addr[300];
+};
+
+static const char *worker_state(const struct worker *w)
+{
+	return w->state == W_RUNNING ? "running" : w->state == W_EXITED ? "exited" : "init";
+}
+
+char *agent_status_json(const struct crun_agent *a, const struct store_server *srv)
+{
+	cJSON *root = cJSON_CreateObject(), *ws;
+	char *out;
+
+	if (!root)
+		return NULL;
+	cJSON_AddBoolToObject(root, "ok", 1);
+	if (srv || (a && a->store)) {
+		struct store_server_stats st;
+		cJSON *o = cJSON_AddObjectToObject(root, "store");
+
+		store_server_get_stats(srv ? srv : a->store, &st);
+		cJSON_AddNumberToObject(o, "port", store_server_port(srv ? srv : a->store));
+		cJSON_AddNumberToObject(o, "connections", (double)st.conns);
+		cJSON_AddNumberToObject(o, "keys", (double)st.keys);
+		cJSON_AddNumberToObject(o, "value_bytes", (double)st.value_bytes);
+		cJSON_AddNumberToObject(o, "waiters", (double)st.waiters);
+		cJSON_AddNumberToObject(o, "requests", (double)st.requests);
+		cJSON_AddNumberToObject(o, "dropped_connections", (double)st.dropped_conns);
+	}
+	if (a) {
+		cJSON_AddStringToObject(root, "run_id", a->run_id);
+		cJSON_AddStringToObject(root, "role", a->role);
+		cJSON_AddStringToObject(root, "host", a->host);
+		cJSON_AddStringToObject(root, "state", agent_state_name(a->state));
+		cJSON_AddStringToObject(root, "rdzv_backend", a->cfg.rdzv_backend);
+		cJSON_AddNumberToObject(root, "restart_count", a->restart_count);
+		cJSON_AddNumberToObject(root, "max_restarts", a->cfg.max_restarts);
+		cJSON_AddNumberToObject(root, "group_rank", a->group_rank);
+		if (a->rdzv &&
+		    (a->state == AS_RUNNING || a->state == AS_STOPPING || a->state == AS_BARRIER)) {
+			const struct rdzv_info *ri = rdzv_info(a->rdzv);
+
+			cJSON_AddNumberToObject(root, "group_world_size", ri->group_world_size);
+			cJSON_AddNumberToObject(root, "world_size", ri->world_size);
+			cJSON_AddStringToObject(root, "master_addr", ri->master_addr);
+			cJSON_AddNumberToObject(root, "master_port", ri->master_port);
+		}
+		ws = cJSON_AddArrayToObject(root, "workers");
+		for (int i = 0; ws && a->workers && i < a->nworkers; i++) {
+			const struct worker *w = &a->workers[i];
+			cJSON *o = cJSON_CreateObject();
+
+			cJSON_AddNumberToObject(o, "local_rank", w->local_rank);
+			cJSON_AddNumberToObject(o, "global_rank", w->global_rank);
+			cJSON_AddNumberToObject(o, "pid", w->pid);
+			cJSON_AddStringToObject(o, "state", worker_state(w));
+			if (w->state == W_EXITED)
+				cJSON_AddNumberToObject(o, "exit_code", w->exit_code);
+			else
+				cJSON_AddNullToObject(o, "exit_code");
+			cJSON_AddItemToArray(ws, o);
+		}
+	}
+	out = cJSON_PrintUnformatted(root);
+	cJSON_Delete(root);
+	return out;
+}
+
+#define STATUS_MAX_JOBS 1024 /* a page lists at most this many jobs */
+
+/* crun-rdzvd's jobs: the run ids its keys belong to, with their key counts. */
+struct job_count {
+	cJSON *jobs;
+	int n;
+};
+
+static void count_key(const uint8_t *key, size_t len, void *arg)
+{
+	struct job_count *jc = arg;
+	char id[256];
+	cJSON *j, *keys;
+
+	if (!rdzv_run_id_of_key(key, len, id, sizeof(id)))
+		return;
+	cJSON_ArrayForEach(j, jc->jobs)
+	{
+		if (strcmp(cJSON_GetObjectItemCaseSensitive(j, "run_id")->valuestring, id) == 0) {
+			keys = cJSON_GetObjectItemCaseSensitive(j, "keys");
+			cJSON_SetNumberValue(keys, keys->valuedouble + 1);
+			return;
+		}
+	}
+	if (jc->n >= STATUS_MAX_JOBS || !(j = cJSON_CreateObject()))
+		return;
+	cJSON_AddStringToObject(j, "run_id", id);
+	cJSON_AddStringToObject(j, "backend", "c10d");
+	cJSON_AddNumberToObject(j, "keys", 1);
+	cJSON_AddItemToArray(jc->jobs, j);
+	jc->n++;
+}
+
+char *agent_status_jobs_json(const struct crun_agent *a, const struct store_server *srv)
+{
+	cJSON *root = cJSON_CreateObject(), *jobs, *j;
+	char *out;
+
+	if (!root)
+		return NULL;
+	jobs = cJSON_AddArrayToObject(root, "jobs");
+	if (!a && srv && jobs) {
+		struct job_count jc = {jobs, 0};
+
+		store_server_each_key(srv, count_key, &jc);
+	}
+	if (a && jobs && (j = cJSON_CreateObject())) {
+		cJSON_AddStringToObject(j, "run_id", a->run_id);
+		cJSON_AddStringToObject(j, "role", a->role);
+		cJSON_AddStringToObject(j, "state", agent_state_name(a->state));
+		cJSON_AddNumberToObject(j, "restart_count", a->restart_count);
+		if (a->rdzv && a->state == AS_RUNNING)
+			cJSON_AddNumberToObject(j, "world_size", rdzv_info(a->rdzv)->world_size);
+		cJSON_AddItemToArray(jobs, j);
+	}
+	out = cJSON_PrintUnformatted(root);
+	cJSON_Delete(root);
+	return out;
+}
+
+/* Prometheus label values escape \, " and newline (exposition format 0.0.4). */
+static void label(FILE *f, const char *v)
+{
+	for (; *v; v++) {
+		if (*v == '\\' || *v == '"')
+			fputc('\\', f);
+		if (*v == '\n') {
+			fputs("\\n", f);
+			continue;
+		}
+		fputc(*v, f);
+	}
+}
+
+static void gauge(FILE *f, const char *name, const char *help, const char *type)
+{
+	fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* The store server's gauges and counters (crun-rdzvd's, or the store this
+ * agent serves): one row per field of struct store_server_stats. */
+static const struct {
+	const char *name, *type, *help;
+	size_t off;
+} store_rows[] = {
+#define ROW(name, type, field, help)                                         \
+	{                                                                    \
+		name, type, help, offsetof(struct store_server_stats, field) \
+	}
+    ROW("crun_store_connections", "gauge", conns, "client connections open"),
+    ROW("crun_store_keys", "gauge", keys, "keys held"),
+    ROW("crun_store_value_bytes", "gauge", value_bytes, "bytes of the values held"),
+    ROW("crun_store_waiters", "gauge", waiters, "clients blocked in WAIT"),
+    ROW("crun_store_requests_total", "counter", requests, "requests served"),
+    ROW("crun_store_dropped_connections_total", "counter", dropped_conns,
+	"connections refused or closed for bad or over-limit input"),
+    ROW("crun_store_entries", "gauge", entries, "keys with a value, a queue or a registration"),
+    ROW("crun_store_key_bytes", "gauge", key_bytes, "bytes of those keys"),
+    ROW("crun_store_registrations", "gauge", registrations, "waits and watches registered"),
+    ROW("crun_store_input_bytes", "gauge", input_bytes, "unprocessed input, all connections"),
+    ROW("crun_store_output_bytes", "gauge", output_bytes, "unsent output, all connections"),
+#undef ROW
+};
+
+static void store_metrics(FILE *f, const struct store_server *srv)
+{
+	struct store_server_stats st;
+
+	store_server_get_stats(srv, &st);
+	for (size_t i = 0; i < ARRAY_SIZE(store_rows); i++) {
+		gauge(f, store_rows[i].name, store_rows[i].help, store_rows[i].type);
+		fprintf(f, "%s %" PRIu64 "\n", store_rows[i].name,
+			*(const uint64_t *)((const char *)&st + store_rows[i].off));
+	}
+	gauge(f, "crun_store_ops_total", "requests served by operation", "counter");
+	for (int op = 0; op < STORE_OP__MAX; op++)
+		fprintf(f, "crun_store_ops_total{op=\"%s\"} %" PRIu64 "\n",
+			store_proto_op_name((enum store_op)op),
+			store_server_op_count(srv, (enum store_op)op));
+	/* The server's own table of refusals and limit hits, one label each. */
+	gauge(f, "crun_store_events_total",
+	      "connections accepted, refused or dropped, and backpressure pauses, by reason",
+	      "counter");
+	for (int m = 0; m < STORE_M__MAX; m++)
+		fprintf(f, "crun_store_events_total{event=\"%s\"} %" PRIu64 "\n",
+			store_metric_name((enum store_metric)m),
+			store_server_metric(srv, (enum store_metric)m));
+}
+
+char *agent_status_metrics(const struct crun_agent *a, const struct store_server *srv,
+			   const uint64_t *exits, uint64_t uptime_ms)
+{
+	char *s = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&s, &len);
+
+	if (!f)
+		return NULL;
+	gauge(f, "crun_agent_up", "1 while the agent serves this page", "gauge");
+	fputs("crun_agent_up 1\n", f);
+	gauge(f, "crun_agent_uptime_seconds", "seconds since the status page started", "gauge");
+	fprintf(f, "crun_agent_uptime_seconds %.3f\n", (double)uptime_ms / 1000.0);
+	if (a) {
+		int running = 0, exited = 0;
+
+		gauge(f, "crun_agent_info", "the agent's job (labels), always 1", "gauge");
+		fputs("crun_agent_info{run_id=\"", f);
+		label(f, a->run_id);
+		fputs("\",role=\"", f);
+		label(f, a->role);
+		fputs("\",host=\"", f);
+		label(f, a->host);
+		fputs("\"} 1\n", f);
+		gauge(f, "crun_agent_state", "1 for the agent's current state", "gauge");
+		for (int st = AS_INIT; st < AS__MAX; st++)
+			fprintf(f, "crun_agent_state{state=\"%s\"} %d\n",
+				agent_state_name((enum agent_state)st), (int)a->state == st);
+		gauge(f, "crun_agent_restarts_total", "worker group restarts so far", "counter");
+		fprintf(f, "crun_agent_restarts_total %d\n", a->restart_count);
+		gauge(f, "crun_agent_max_restarts", "restarts allowed (--max_restarts)", "gauge");
+		fprintf(f, "crun_agent_max_restarts %d\n", a->cfg.max_restarts);
+		gauge(f, "crun_agent_group_rank", "this node's rank in the current round", "gauge");
+		fprintf(f, "crun_agent_group_rank %d\n", a->group_rank);
+		for (int i = 0; a->workers && i < a->nworkers; i++) {
+			running += a->workers[i].state == W_RUNNING;
+			exited += a->workers[i].state == W_EXITED;
+		}
+		gauge(f, "crun_agent_workers", "workers of the current attempt by state", "gauge");
+		fprintf(f, "crun_agent_workers{state=\"running\"} %d\n", running);
+		fprintf(f, "crun_agent_workers{state=\"exited\"} %d\n", exited);
+		gauge(f, "crun_agent_worker_exit_code",
+		      "exit code of each exited worker of the current attempt", "gauge");
+		for (int i = 0; a->workers && i < a->nworkers; i++)
+			if (a->workers[i].state == W_EXITED)
+				fprintf(f, "crun_agent_worker_exit_code{local_rank=\"%d\"} %d\n",
+					a->workers[i].local_rank, a->workers[i].exit_code);
+	}
+	if (a && exits) {
+		gauge(f, "crun_agent_worker_exits_total",
+		      "workers of finished attempts by exit code (128+N: signal N)", "counter");
+		for (int code = 0; code < STATUS_EXIT_CODES; code++)
+			if (exits[code] || code == 0)
+				fprintf(f,
+					"crun_agent_worker_exits_total{code=\"%d\"} %" PRIu64 "\n",
+					code, exits[code]);
+	}
+	if (!srv && a)
+		srv = a->store;
+	if (srv)
+		store_metrics(f, srv);
+	if (fclose(f) != 0) {
+		free(s);
+		return NULL;
+	}
+	return s;
+}
+
+static void reply(struct evhttp_request *req, int code, const char *type, char *body)
+{
+	struct evbuffer *b = evhttp_request_get_output_buffer(req);
+
+	if (!body) {
+		evhttp_send_error(req, HTTP_INTERNAL, "out of memory");
+		return;
+	}
+	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", type);
+	evbuffer_add(b, body, strlen(body));
+	free(body);
+	evhttp_send_reply(req, code, code == 200 ? "OK" : "Not Found", NULL);
+}
+
+static void on_request(struct evhttp_request *req, void *arg)
+{
+	struct agent_status *s = arg;
+	const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
+	const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
+
+	if (evhttp_request_get_command(req) != EVHTTP_REQ_GET || !path) {
+		evhttp_send_error(req, 405, "only GET");
+		return;
+	}
+	if (strcmp(path, "/healthz") == 0)
+		reply(req, 200, "text/plain; charset=utf-8", str_dup("ok\n"));
+	else if (strcmp(path, "/status") == 0)
+		reply(req, 200, "application/json", agent_status_json(s->agent, s->store));
+	else if (strcmp(path, "/jobs") == 0)
+		reply(req, 200, "application/json", agent_status_jobs_json(s->agent, s->store));
+	else if (strcmp(path, "/metrics") == 0)
+		reply(req, 200, "text/plain; version=0.0.4; charset=utf-8",
+		      agent_status_metrics(s->agent, s->store, s->exits,
+					   clock_now_ms() - s->started_ms));
+	else
+		evhttp_send_error(req, HTTP_NOTFOUND, "try /healthz, /status, /jobs or /metrics");
+}
+
+int agent_status_start(struct event_base *base, const char *listen, struct agent_status **ret)
+{
+	struct agent_status *s = calloc(1, sizeof(*s));
+	struct evhttp_bound_socket *bs;
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	char host[256], ip[INET6_ADDRSTRLEN];
+	uint16_t port = 0;
+	int r = CRUN_EINVAL;
+
+	if (!s)
+		return CRUN_ENOMEM;
+	if (parse_host_port(listen, 0, host, sizeof(host), &port) < 0)
+		goto fail;
+	r = CRUN_ENOMEM;
+	s->http = evhttp_new(base);
+	if (!s->http)
+		goto fail;
+	evhttp_set_max_headers_size(s->http, STATUS_MAX_HEADERS_BYTES);
+	evhttp_set_max_body_size(s->http, 0);
+	evhttp_set_timeout(s->http, 10);
+	evhttp_set_gencb(s->http, on_request, s);
+	bs = evhttp_bind_socket_with_handle(s->http, host, port);
+	if (!bs) {
+		r = log_fail(SUB_AGENT, CRUN_EADDRINUSE, "cannot serve the status page on '%s'",
+			     listen);
+		goto fail;
+	}
+	if (getsockname(evhttp_bound_socket_get_fd(bs), (struct sockaddr *)&ss, &sl) == 0) {
+		const void *in = ss.ss_family == AF_INET6
+				     ? (const void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
+				     : (const void *)&((struct sockaddr_in *)&ss)->sin_addr;
+
+		port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+						      : ((struct sockaddr_in *)&ss)->sin_port);
+		inet_ntop(ss.ss_family, in, ip, sizeof(ip));
+		snprintf(s->addr, sizeof(s->addr), ss.ss_family == AF_INET6 ? "[%s]:%u" : "%s:%u",
+			 ip, port);
+	}
+	s->started_ms = clock_now_ms();
+	log_at(LL_INFO, SUB_AGENT, "status page on http://%s/status", s->addr);
+	*ret = s;
+	return 0;
+fail:
+	agent_status_stop(s);
+	return r;
+}
+
+void agent_status_on_state(struct agent_status *s, crun_agent_state_t st)
+{
+	const struct crun_agent *a = s ? s->agent : NULL;
+
+	if (!a)
+		return;
+	/* An attempt is over when the agent leaves RUNNING or STOPPING for a new
+	 * round, the exit barrier or the end; the workers still hold their exit
+	 * codes then (the next attempt resets them). */
+	if ((s->last == CRUN_AGENT_RUNNING || s->last == CRUN_AGENT_STOPPING) &&
+	    (st == CRUN_AGENT_RENDEZVOUS || st == CRUN_AGENT_BARRIER || st == CRUN_AGENT_DONE))
+		for (int i = 0; a->workers && i < a->nworkers; i++)
+			if (a->workers[i].state == W_EXITED)
+				s->exits[MIN((unsigned)a->workers[i].exit_code,
+					     STATUS_EXIT_CODES - 1u)]++;
+	s->last = st;
+}
+
+void agent_status_attach(struct agent_status *s, struct crun_agent *a)
+{
+	if (s)
+		s->agent = a;
+}
+
+void agent_status_attach_store(struct agent_status *s, const struct store_server *srv)
+{
+	if (s)
+		s->store = srv;
+}
+
+const char *agent_status_addr(const struct agent_status *s)
+{
+	return s->addr;
+}
+
+void agent_status_stop(struct agent_status *s)
+{
+	if (!s)
+		return;
+	if (s->http)
+		evhttp_free(s->http);
+	free(s);
+}

@@ -1,0 +1,220 @@
+/* crunctl: look at running crun agents (and crun-rdzvd) through their
+ * status pages (--status ADDR:PORT): a multi-call tool with one entry per
+ * command, as git's. Exit codes: 0 ok, 1 the page could not be read, 2 bad
+ * usage.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "agent/agent.h"
+#include "common/common.h"
+
+#define PROG "crunctl"
+
+struct opts {
+	const char *endpoint;
+	const char *rdzv_id;
+	bool json;
+	uint64_t interval_ms;
+	uint64_t count; /* watch: stop after this many changes; 0 = until the page goes away */
+	uint32_t timeout_ms;
+};
+
+static int fetch(const struct opts *o, const char *path, char **ret_body)
+{
+	int status = 0, r = agent_ctl_get(o->endpoint, path, o->timeout_ms, &status, ret_body);
+
+	if (r < 0) {
+		fprintf(stderr, PROG ": cannot read http://%s%s: %s\n", o->endpoint, path,
+			crun_strerror(r));
+		return 1;
+	}
+	if (status != 200) {
+		fprintf(stderr, PROG ": http://%s%s: HTTP %d\n", o->endpoint, path, status);
+		free(*ret_body);
+		return 1;
+	}
+	return 0;
+}
+
+/* The page's job must be the one asked for (--rdzv_id), so a script never
+ * reads another job's state from a reused port. */
+static int check_job(const struct opts *o, const char *body)
+{
+	char want[300];
+
+	if (!o->rdzv_id)
+		return 0;
+	snprintf(want, sizeof(want), "\"run_id\":\"%s\"", o->rdzv_id);
+	if (strstr(body, want))
+		return 0;
+	fprintf(stderr, PROG ": %s does not serve job '%s'\n", o->endpoint, o->rdzv_id);
+	return 1;
+}
+
+static int show(const struct opts *o, const char *path, int (*print)(FILE *out, const char *json))
+{
+	char *body;
+	int rc = fetch(o, path, &body);
+
+	if (rc)
+		return rc;
+	rc = check_job(o, body);
+	if (!rc && o->json)
+		printf("%s\n", body);
+	else if (!rc && print(stdout, body) < 0) {
+		fprintf(stderr, PROG ": http://%s%s: not a crun status page\n", o->endpoint, path);
+		rc = 1;
+	}
+	free(body);
+	return rc;
+}
+
+static int cmd_status(const struct opts *o)
+{
+	return show(o, "/status", agent_ctl_print_status);
+}
+
+static int cmd_jobs(const struct opts *o)
+{
+	return show(o, "/jobs", agent_ctl_print_jobs);
+}
+
+/* Polls /status and prints it whenever it changes; ends when the page goes
+ * away (the job ended: exit 0) or after --count changes. */
+static int cmd_watch(const struct opts *o)
+{
+	char *last = NULL;
+	uint64_t changes = 0;
+	int rc;
+
+	for (;;) {
+		char *body;
+		int status = 0;
+
+		if (agent_ctl_get(o->endpoint, "/status", o->timeout_ms, &status, &body) < 0 ||
+		    status != 200) {
+			rc = last ? 0 : 1; /* seen, then gone: the job is over */
+			if (!last)
+				fprintf(stderr, PROG ": cannot read http://%s/status\n",
+					o->endpoint);
+			break;
+		}
+		if (!last || strcmp(last, body) != 0) {
+			if (o->json)
+				printf("%s\n", body);
+			else if (agent_ctl_print_status(stdout, body) == 0)
+				printf("\n");
+			fflush(stdout);
+			free(last);
+			last = body;
+			if (o->count && ++changes >= o->count) {
+				rc = 0;
+				break;
+			}
+		} else {
+			free(body);
+		}
+		usleep((useconds_t)(o->interval_ms * 1000));
+	}
+	free(last);
+	return rc;
+}
+
+static const struct {
+	const char *name;
+	int (*fn)(const struct opts *o);
+	const char *help;
+} commands[] = {
+    {"status", cmd_status, "a job's state, ranks, restarts and workers (GET /status)"},
+    {"jobs", cmd_jobs, "the jobs a page serves (GET /jobs)"},
+    {"watch", cmd_watch, "print /status again whenever it changes"},
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: " PROG " COMMAND --endpoint HOST:PORT [--rdzv_id JOB] [--json]\n"
+		   "               [--interval S] [--count N] [--timeout S]\n\ncommands:\n");
+	for (size_t i = 0; i < ARRAY_SIZE(commands); i++)
+		fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].help);
+	fprintf(f,
+		"\nHOST:PORT is a status page: crun/crun-agent --status, crun-rdzvd --status.\n");
+}
+
+static int seconds(const char *flag, const char *v, uint64_t *ret_ms)
+{
+	if (parse_seconds_ms(v, ret_ms) < 0) {
+		fprintf(stderr, PROG ": %s: invalid number of seconds '%s'\n", flag, v);
+		return -1;
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option longs[] = {{"endpoint", required_argument, NULL, 'e'},
+					      {"rdzv_id", required_argument, NULL, 'j'},
+					      {"rdzv-id", required_argument, NULL, 'j'},
+					      {"json", no_argument, NULL, 'J'},
+					      {"interval", required_argument, NULL, 'i'},
+					      {"count", required_argument, NULL, 'c'},
+					      {"timeout", required_argument, NULL, 't'},
+					      {"help", no_argument, NULL, 'h'},
+					      {NULL, 0, NULL, 0}};
+	struct opts o = {.interval_ms = 1000, .timeout_ms = 5000};
+	uint64_t ms;
+	int c;
+
+	log_init(PROG, LL_WARN);
+	if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+		usage(argc < 2 ? stderr : stdout);
+		return argc < 2 ? 2 : 0;
+	}
+	while ((c = getopt_long(argc - 1, argv + 1, "+h", longs, NULL)) != -1) {
+		switch (c) {
+		case 'e':
+			o.endpoint = optarg;
+			break;
+		case 'j':
+			o.rdzv_id = optarg;
+			break;
+		case 'J':
+			o.json = true;
+			break;
+		case 'i':
+			if (seconds("--interval", optarg, &o.interval_ms) < 0)
+				return 2;
+			o.interval_ms = MAX(o.interval_ms, 10); /* a poll, not a busy loop */
+			break;
+		case 't':
+			if (seconds("--timeout", optarg, &ms) < 0 || ms == 0 || ms > UINT32_MAX)
+				return 2;
+			o.timeout_ms = (uint32_t)ms;
+			break;
+		case 'c':
+			if (parse_u64(optarg, &o.count) < 0) {
+				fprintf(stderr, PROG ": --count: invalid number '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			return 2;
+		}
+	}
+	if (!o.endpoint) {
+		fprintf(stderr, PROG ": %s: --endpoint HOST:PORT is required\n", argv[1]);
+		return 2;
+	}
+	for (size_t i = 0; i < ARRAY_SIZE(commands); i++)
+		if (strcmp(argv[1], commands[i].name) == 0)
+			return commands[i].fn(&o);
+	fprintf(stderr, PROG ": unknown command '%s'\n", argv[1]);
+	usage(stderr);
+	return 2;
+}

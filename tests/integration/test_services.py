@@ -1,0 +1,668 @@
+"""crun as a service (issue 12): crun-agent --config, the JSON schema and the
+option table, systemd's notify protocol against a real AF_UNIX datagram socket
+bound here, SIGHUP reloads, journal priorities, the status page (/healthz,
+/status, /metrics parsed by prometheus_client's own parser) and the units in
+configs/systemd/ checked by systemd-analyze verify."""
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import sys
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import ROOT, bin_path, free_port, start_rdzvd
+
+PY = "/usr/bin/python3"
+
+# A worker that records its pid, then runs until OUT/stop appears (bounded).
+WORKER = """\
+import os, sys, time
+out = sys.argv[1]
+rank = os.environ["RANK"]
+with open(os.path.join(out, rank + ".pid.tmp"), "w") as f:
+    f.write(str(os.getpid()))
+os.rename(os.path.join(out, rank + ".pid.tmp"), os.path.join(out, rank + ".pid"))
+with open(os.path.join(out, rank + ".env"), "w") as f:
+    f.write(os.environ.get("JOB_VAR", "-"))
+end = time.monotonic() + 60
+while time.monotonic() < end and not os.path.exists(os.path.join(out, "stop")):
+    time.sleep(0.05)
+"""
+
+
+@pytest.fixture
+def job(tmp_path):
+    (tmp_path / "w.py").write_text(WORKER)
+    (tmp_path / "out").mkdir()
+    return tmp_path
+
+
+def agent_env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PET_", "NOTIFY_", "WATCHDOG_", "JOURNAL_", "LOGLEVEL"))}
+    env["PYTHON_EXEC"] = PY
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def write_config(job, cfg):
+    p = job / "job.json"
+    p.write_text(json.dumps(cfg))
+    return p
+
+
+def base_config(d, **over):
+    cfg = {"job": {"program": str(d / "w.py"), "args": [str(d / "out")],
+                   "nproc_per_node": 2, "env": {"JOB_VAR": "from-config"}},
+           "rendezvous": {"standalone": True},
+           "logs": {"dir": str(d / "logs")}}
+    for k, v in over.items():
+        cfg.setdefault(k, {}).update(v)
+    return cfg
+
+
+def wait_for(pred, timeout=60, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.02)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def pids(job, n):
+    out = job / "out"
+    wait_for(lambda: len(list(out.glob("*.pid"))) >= n, what=f"{n} workers")
+    return {int(p.name.split(".")[0]): int(p.read_text()) for p in out.glob("*.pid")}
+
+
+class NotifySocket:
+    """The service manager's end: a datagram socket bound in a temp dir."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="crun-notify-")
+        self.path = os.path.join(self.dir, "notify")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.settimeout(0.05)
+        self.msgs = []  # (monotonic time, text)
+
+    def drain(self):
+        while True:
+            try:
+                data = self.sock.recv(4096)
+            except (socket.timeout, BlockingIOError):
+                return self.msgs
+            self.msgs.append((time.monotonic(), data.decode()))
+
+    def wait(self, needle, timeout=60):
+        def seen():
+            self.drain()
+            return any(needle in m for _, m in self.msgs)
+        wait_for(seen, timeout, what=f"notify {needle!r} (got {[m for _, m in self.msgs]})")
+
+    def close(self):
+        self.sock.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def notify():
+    n = NotifySocket()
+    yield n
+    n.close()
+
+
+def run_agent(procs, args, env=None, timeout=120):
+    p = procs.spawn([bin_path("crun-agent"), *args], env=env or agent_env())
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"crun-agent {args} did not finish")
+    return p.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+# ---- config ------------------------------------------------------------------------
+
+def test_config_file_runs_the_job_and_a_flag_wins(procs, job):
+    cfg = write_config(job, base_config(job))
+    (job / "out" / "stop").write_text("")
+    rc, _, err = run_agent(procs, ["--config", str(cfg), "--nproc-per-node=3"])
+    assert rc == 0, err
+    assert sorted(pids(job, 3)) == [0, 1, 2]  # the flag's 3, not the file's 2
+    assert {(job / "out" / f"{r}.env").read_text() for r in range(3)} == {"from-config"}
+
+
+@pytest.mark.parametrize("cfg,needle", [
+    ({"job": {"program": "x.py", "colour": "red"}}, "unknown key 'job.colour'"),
+    ({"rendezvous": {"endpoint": 42}, "job": {"program": "x.py"}},
+     'rendezvous.endpoint: expected "HOST:PORT", got 42'),
+    ({"restart": {"max_restarts": "3"}, "job": {"program": "x.py"}},
+     "restart.max_restarts: expected an integer"),
+    ({"job": {"program": "x.py", "nproc_per_node": "lots"}}, "job.nproc_per_node"),
+    ({"rendezvous": {"nnodes": 2}}, "job.program"),
+], ids=["unknown-key", "wrong-type", "string-for-int", "bad-value", "no-program"])
+def test_config_errors_name_the_json_path_exit_2_and_start_nothing(procs, job, cfg, needle):
+    cfg["job"] = {**cfg.get("job", {}), "args": [str(job / "out")]}
+    if "program" in cfg["job"]:
+        cfg["job"]["program"] = str(job / "w.py")
+    rc, _, err = run_agent(procs, ["--config", str(write_config(job, cfg))])
+    assert rc == 2, err
+    assert needle in err, err
+    assert not list((job / "out").iterdir())  # nothing started
+
+
+def test_agent_serves_its_status_page_by_default(procs, job, notify):
+    cfg = write_config(job, base_config(job))
+    p = procs.spawn([bin_path("crun-agent"), "--config", str(cfg)],
+                    env=agent_env(NOTIFY_SOCKET=notify.path))
+    pids(job, 2)
+    addr = status_addr(notify)
+    assert addr.startswith("127.0.0.1:") and get(addr, "/healthz")[0] == 200
+    (job / "out" / "stop").write_text("")
+    assert p.wait(timeout=60) == 0
+    rc, out, _ = run_agent(procs, ["--config", str(cfg), "--status=off", "--print-config"])
+    assert rc == 0 and json.loads(out)["status.listen"] == "off"
+
+
+def test_agent_console_events(procs, job):
+    cfg = write_config(job, base_config(job, logs={"event_log_handler": "console"}))
+    (job / "out" / "stop").write_text("")
+    rc, _, err = run_agent(procs, ["--config", str(cfg), "--status=off"])
+    assert rc == 0, err
+    names = [json.loads(ln)["name"] for ln in err.splitlines() if ln.startswith('{"name"')]
+    assert "crun.agent.state.RUNNING" in names and names[-1] == "crun.agent.state.DONE", names
+
+
+def test_missing_config_file_exits_2(procs, job):
+    rc, _, err = run_agent(procs, ["--config", str(job / "nope.json")])
+    assert rc == 2 and "nope.json" in err, err
+
+
+def test_schema_file_is_the_tables_and_examples_parse(procs):
+    rc, out, err = run_agent(procs, ["--print-schema"])
+    assert rc == 0, err
+    with open(os.path.join(ROOT, "configs", "crun-agent.schema.json")) as f:
+        assert json.load(f) == json.loads(out), "regenerate: crun-agent --print-schema"
+    examples = os.path.join(ROOT, "configs", "examples")
+    for name in sorted(n for n in os.listdir(examples) if n.startswith("job-")):
+        rc, out, err = run_agent(procs, ["--config", os.path.join(examples, name),
+                                         "--nproc_per_node=1", "--print-config"])
+        assert rc == 0, (name, err)
+        assert json.loads(out)["argv"][-1] != name
+
+
+@pytest.mark.parametrize("schema,example", [
+    ("crun-agent.schema.json", "job-c10d.json"), ("crun-agent.schema.json", "job-static.json"),
+    ("crun-rdzvd.schema.json", "rdzvd.json")])
+def test_examples_validate_against_the_schemas(schema, example):
+    import jsonschema
+    with open(os.path.join(ROOT, "configs", schema)) as f:
+        sch = json.load(f)
+    jsonschema.Draft202012Validator.check_schema(sch)
+    with open(os.path.join(ROOT, "configs", "examples", example)) as f:
+        jsonschema.Draft202012Validator(sch).validate(json.load(f))
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft202012Validator(sch).validate({"no_such_key": 1})
+
+
+@pytest.mark.parametrize("unit", ["crun-agent@.service", "crun-rdzvd.service"])
+def test_systemd_units_verify_clean(tmp_path, unit):
+    src = open(os.path.join(ROOT, "configs", "systemd", unit)).read()
+    build = os.path.dirname(bin_path("crun-agent"))
+    # The units name the installed /usr/bin programs; verify checks they exist.
+    src = src.replace("/usr/bin/crun-", build + "/crun-")
+    dst = tmp_path / unit.replace("@.", "@job1.")
+    dst.write_text(src)
+    res = subprocess.run(["systemd-analyze", "verify", str(dst)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and not res.stderr.strip(), res.stderr + res.stdout
+
+
+# ---- notify protocol -------------------------------------------------------------------
+
+def test_notify_ready_status_watchdog_reload_stopping(procs, job, notify):
+    cfg = write_config(job, base_config(job, daemon={"log_level": "info"}))
+    env = agent_env(NOTIFY_SOCKET=notify.path, WATCHDOG_USEC=200000)
+    p = procs.spawn([bin_path("crun-agent"), "--config", str(cfg)], env=env)
+    before = pids(job, 2)
+    notify.wait("READY=1")
+    notify.wait("STATUS=")
+    t0 = time.monotonic()
+    wait_for(lambda: notify.drain() and sum(
+        1 for t, m in notify.msgs if "WATCHDOG=1" in m and t >= t0) >= 5,
+        what="5 watchdog pings")
+    span = time.monotonic() - t0
+    pings = [t for t, m in notify.msgs if m == "WATCHDOG=1" and t >= t0]
+    # Paced by a timer at half of WATCHDOG_USEC (100 ms), not a busy loop.
+    assert len(pings) <= span / 0.05 + 2, (len(pings), span)
+    # SIGHUP: re-read the changed config; workers keep running.
+    write_config(job, base_config(job, daemon={"log_level": "debug"},
+                                  job={"nproc_per_node": 3}))
+    n_ready = sum("READY=1" in m for _, m in notify.drain())
+    p.send_signal(signal.SIGHUP)
+    notify.wait("RELOADING=1")
+    wait_for(lambda: sum("READY=1" in m for _, m in notify.drain()) > n_ready,
+             what="READY=1 after the reload")
+    reload_status = [m for _, m in notify.msgs if "reloaded" in m][-1]
+    assert "applied log_level" in reload_status and "nproc_per_node" in reload_status
+    assert pids(job, 2) == before and p.poll() is None
+    (job / "out" / "stop").write_text("")
+    assert p.wait(timeout=60) == 0, p.stderr.read().decode()
+    notify.wait("STOPPING=1")
+    texts = [m for _, m in notify.msgs]
+    first = {k: next(i for i, m in enumerate(texts) if k in m)
+             for k in ("READY=1", "RELOADING=1", "STOPPING=1")}
+    assert first["READY=1"] < first["RELOADING=1"] < first["STOPPING=1"]
+    assert any("running" in m and m.startswith("STATUS=") for m in texts), texts
+
+
+def test_bad_reload_keeps_the_running_config(procs, job, notify):
+    cfg = write_config(job, base_config(job))
+    env = agent_env(NOTIFY_SOCKET=notify.path)
+    p = procs.spawn([bin_path("crun-agent"), "--config", str(cfg)], env=env)
+    pids(job, 2)
+    notify.wait("READY=1")
+    cfg.write_text('{"job": {"program": 5}}')
+    p.send_signal(signal.SIGHUP)
+    notify.wait("reload failed")
+    assert "job.program" in [m for _, m in notify.msgs if "reload failed" in m][-1]
+    (job / "out" / "stop").write_text("")
+    assert p.wait(timeout=60) == 0
+
+
+def test_journal_stream_gives_priority_prefixes(procs, job):
+    cfg = write_config(job, base_config(job))
+    (job / "out" / "stop").write_text("")
+    log = job / "stderr.log"
+    with open(log, "wb") as f:
+        st = os.fstat(f.fileno())
+        env = agent_env(JOURNAL_STREAM=f"{st.st_dev}:{st.st_ino}")
+        p = procs.spawn([bin_path("crun-agent"), "--config", str(cfg)], env=env, stderr=f)
+        assert p.wait(timeout=120) == 0
+    lines = [ln for ln in log.read_text().splitlines() if "crun-agent" in ln]
+    assert lines and all(re.match(r"<[0-7]>crun-agent: ", ln) for ln in lines), lines
+    assert any(ln.startswith("<6>") for ln in lines)
+
+
+# ---- status page ------------------------------------------------------------------------
+
+def get(addr, path):
+    with urllib.request.urlopen(f"http://{addr}{path}", timeout=10) as r:
+        return r.status, r.headers.get("Content-Type"), r.read().decode()
+
+
+def status_addr(notify):
+    notify.wait("status on ")
+    m = [m for _, m in notify.msgs if "status on " in m][-1]
+    return m.split("status on ")[1].split()[0]
+
+
+def test_status_page_healthz_status_metrics(procs, job, notify):
+    cfg = write_config(job, base_config(job, status={"listen": "127.0.0.1:0"},
+                                        restart={"max_restarts": 2}))
+    env = agent_env(NOTIFY_SOCKET=notify.path)
+    p = procs.spawn([bin_path("crun-agent"), "--config", str(cfg)], env=env)
+    workers = pids(job, 2)
+    notify.wait("READY=1")
+    addr = status_addr(notify)
+    assert get(addr, "/healthz")[:3:2] == (200, "ok\n")
+    code, ctype, body = get(addr, "/status")
+    st = json.loads(body)
+    assert code == 200 and ctype == "application/json"
+    assert st["state"] == "running" and st["max_restarts"] == 2 and st["world_size"] == 2
+    assert {w["global_rank"]: w["pid"] for w in st["workers"]} == workers
+    assert all(w["state"] == "running" and w["exit_code"] is None for w in st["workers"])
+    code, ctype, text = get(addr, "/metrics")
+    assert ctype.startswith("text/plain; version=0.0.4")
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    assert all(n.startswith("crun_") for n in fams)
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in fams.values() for s in f.samples}
+    assert samples[("crun_agent_workers", (("state", "running"),))] == 2
+    assert samples[("crun_agent_state", (("state", "running"),))] == 1
+    assert samples[("crun_agent_max_restarts", ())] == 2
+    # this agent serves the job's store (standalone): its counters are there too
+    assert fams["crun_store_requests"].type == "counter"
+    assert samples[("crun_store_connections", ())] >= 0
+    # the Grafana dashboard queries only families crun exports
+    with open(os.path.join(ROOT, "configs", "grafana", "crun-dashboard.json")) as f:
+        dash = json.load(f)
+    exprs = [t["expr"] for p_ in dash["panels"] for t in p_["targets"]]
+    exprs.append(dash["templating"]["list"][1]["query"])
+    used = {re.sub(r"_total$", "", n) for e in exprs for n in re.findall(r"crun_[a-z_]+", e)}
+    assert used and used <= set(fams), used - set(fams)
+    with pytest.raises(urllib.error.HTTPError) as e:
+        get(addr, "/nope")
+    assert e.value.code == 404
+    (job / "out" / "stop").write_text("")
+    assert p.wait(timeout=60) == 0
+
+
+def test_status_of_a_two_node_static_job(procs, job):
+    """Two agents of one static job: each page shows its node's group rank,
+    the shared world and its own workers."""
+    port = free_port()
+    cfg = write_config(job, base_config(job, rendezvous={
+        "standalone": False, "nnodes": 2, "master_port": port, "id": "two"}))
+    agents, addrs = [], []
+    for rank in (0, 1):
+        n = NotifySocket()
+        agents.append((n, procs.spawn([bin_path("crun-agent"), "--config", str(cfg),
+                                       f"--node_rank={rank}"],
+                                      env=agent_env(NOTIFY_SOCKET=n.path))))
+    try:
+        for n, _ in agents:
+            n.wait("READY=1")
+            addrs.append(status_addr(n))
+        pages = [json.loads(get(a, "/status")[2]) for a in addrs]
+        assert sorted(p_["group_rank"] for p_ in pages) == [0, 1]
+        for p_ in pages:
+            assert p_["run_id"] == "two" and p_["world_size"] == 4
+            assert p_["group_world_size"] == 2 and p_["master_port"] == port
+            assert sorted(w["global_rank"] for w in p_["workers"]) == \
+                [2 * p_["group_rank"], 2 * p_["group_rank"] + 1]
+        all_pids = {w["pid"] for p_ in pages for w in p_["workers"]}
+        assert all_pids == set(pids(job, 4).values())
+        (job / "out" / "stop").write_text("")
+        for _, p in agents:
+            assert p.wait(timeout=60) == 0
+    finally:
+        for n, _ in agents:
+            n.close()
+
+
+EXIT3 = """\
+import os, sys, time
+out = sys.argv[1]
+rank, attempt = os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]
+open(os.path.join(out, rank + "." + attempt + ".pid"), "w").write(str(os.getpid()))
+if attempt == "0" and rank == "1":
+    sys.exit(3)
+end = time.monotonic() + 60
+while time.monotonic() < end and not os.path.exists(os.path.join(out, "stop")):
+    time.sleep(0.05)
+"""
+
+
+def test_worker_exits_by_code_are_counted(procs, job):
+    """Attempt 0: rank 1 exits 3, rank 0 is stopped with SIGTERM (143); the
+    restarted attempt runs: /metrics counts both exits by code."""
+    (job / "e.py").write_text(EXIT3)
+    p = procs.spawn([bin_path("crun"), "--status=127.0.0.1:0", "--nproc_per_node=2",
+                     "--max_restarts=1", str(job / "e.py"), str(job / "out")], env=agent_env())
+    addr = wait_for(lambda: (re.findall(r"http://([^/]+)/status", p.stderr.readline().decode())
+                             or [None])[0], what="status line")
+    wait_for(lambda: len(list((job / "out").glob("*.1.pid"))) == 2, what="attempt 1")
+    text = get(addr, "/metrics")[2]
+    samples = {(s_.name, tuple(sorted(s_.labels.items()))): s_.value
+               for f in text_string_to_metric_families(text) for s_ in f.samples}
+    assert samples[("crun_agent_worker_exits_total", (("code", "3"),))] == 1, text
+    assert samples[("crun_agent_worker_exits_total", (("code", "143"),))] == 1, text
+    assert samples[("crun_agent_restarts_total", ())] == 1
+    (job / "out" / "stop").write_text("")
+    assert p.wait(timeout=60) == 0
+
+
+def test_crun_status_flag_serves_the_page(procs, job):
+    p = procs.spawn([bin_path("crun"), "--status=127.0.0.1:0", "--nproc_per_node=1",
+                     str(job / "w.py"), str(job / "out")], env=agent_env())
+    pids(job, 1)
+    line = wait_for(lambda: p.stderr.readline().decode(), what="status line")
+    addr = re.search(r"http://([^/]+)/status", line).group(1)
+    st = json.loads(get(addr, "/status")[2])
+    assert st["state"] == "running" and len(st["workers"]) == 1
+    (job / "out" / "stop").write_text("")
+    assert p.wait(timeout=60) == 0
+
+
+# ---- crunctl ---------------------------------------------------------------------------
+
+def crunctl(*args, timeout=60):
+    return subprocess.run([bin_path("crunctl"), *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_crunctl_status_jobs_watch_against_a_live_job(procs, job, notify):
+    cfg = write_config(job, base_config(job, status={"listen": "127.0.0.1:0"}))
+    env = agent_env(NOTIFY_SOCKET=notify.path)
+    p = procs.spawn([bin_path("crun-agent"), "--config", str(cfg)], env=env)
+    workers = pids(job, 2)
+    notify.wait("READY=1")
+    addr = status_addr(notify)
+    res = crunctl("status", "--endpoint", addr)
+    assert res.returncode == 0, res.stderr
+    assert "state running" in res.stdout and "restarts 0/0" in res.stdout
+    for rank, pid in workers.items():
+        assert re.search(rf"^{rank}\s+{rank}\s+{pid}\s+running\s+-$", res.stdout, re.M), \
+            res.stdout
+    res = crunctl("status", "--endpoint", addr, "--json")
+    st = json.loads(res.stdout)
+    assert {w["pid"] for w in st["workers"]} == set(workers.values())
+    res = crunctl("status", "--endpoint", addr, "--rdzv_id", st["run_id"])
+    assert res.returncode == 0, res.stderr
+    res = crunctl("status", "--endpoint", addr, "--rdzv_id", "someone-else")
+    assert res.returncode == 1 and "someone-else" in res.stderr
+    res = crunctl("jobs", "--endpoint", addr)
+    assert res.returncode == 0 and st["run_id"] in res.stdout, res.stdout + res.stderr
+    assert crunctl("watch", "--endpoint", addr, "--count", "1").returncode == 0
+    # watch follows the job to its end: running, then the page goes away.
+    w = procs.spawn([bin_path("crunctl"), "watch", "--endpoint", addr, "--json",
+                     "--interval", "0.05"])
+    wait_for(lambda: os.path.exists(f"/proc/{w.pid}"), what="watch")
+    time.sleep(0.3)
+    (job / "out" / "stop").write_text("")
+    assert p.wait(timeout=60) == 0
+    out, err = w.communicate(timeout=60)
+    assert w.returncode == 0, err
+    states = [json.loads(ln)["state"] for ln in out.decode().splitlines()]
+    assert states[0] == "running" and len(states) >= 1, states
+
+
+def test_crunctl_errors(procs):
+    assert crunctl("status").returncode == 2
+    assert crunctl("frobnicate", "--endpoint", "127.0.0.1:1").returncode == 2
+    res = crunctl("status", "--endpoint", "127.0.0.1:1", "--timeout", "2")
+    assert res.returncode == 1 and "127.0.0.1:1" in res.stderr
+
+
+# ---- hung workers (--worker_heartbeat_timeout) --------------------------------------------
+
+PY_BEATER = """\
+import os, sys, time
+rank = int(os.environ["RANK"])
+restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+path = os.environ["CRUN_HEARTBEAT_FILE"]
+for _ in range(10):
+    os.utime(path)
+    time.sleep(0.05)
+if rank == 1 and restart == 0:
+    print("rank 1 hangs", flush=True)
+    time.sleep(30)
+print(f"rank {rank} done", flush=True)
+"""
+
+
+def hb_program(kind, tmp_path):
+    if kind == "python":
+        script = tmp_path / "beater.py"
+        script.write_text(PY_BEATER)
+        return [str(script)]
+    return [os.path.join(os.path.dirname(bin_path("crun")), "..", "tests", "helpers",
+                         "hb_worker"), "10", "1"]
+
+
+@pytest.mark.parametrize("kind", ["c", "python"])
+def test_silent_worker_is_restarted_and_named(procs, tmp_path, kind):
+    """Rank 1 stops beating on the first attempt: the agent kills it, names it
+    as the root cause and the restart succeeds."""
+    args = ["--standalone", "--nproc_per_node=2", "--max_restarts=1",
+            "--worker_heartbeat_timeout=1", f"--log_dir={tmp_path / 'logs'}",
+            *hb_program(kind, tmp_path)]
+    p = procs.spawn([bin_path("crun"), *args], env=agent_env())
+    out, err = p.communicate(timeout=120)
+    out, err = out.decode(), err.decode()
+    assert p.returncode == 0, err
+    assert "rank 1 hangs" in out and "rank 1 done" in out, out
+    assert re.search(r"worker rank 1 .*sent no heartbeat", err), err
+
+
+@pytest.mark.parametrize("kind", ["c", "python"])
+def test_silent_worker_without_restarts_fails_naming_the_rank(procs, tmp_path, kind):
+    args = ["--standalone", "--nproc_per_node=2", "--worker_heartbeat_timeout=0.5",
+            f"--log_dir={tmp_path / 'logs'}", *hb_program(kind, tmp_path)]
+    p = procs.spawn([bin_path("crun"), *args], env=agent_env())
+    out, err = p.communicate(timeout=120)
+    err = err.decode()
+    assert p.returncode == 1, err
+    root = err[err.index("Root Cause"):]
+    assert "rank      : 1" in root and "no heartbeat from rank 1" in root, root
+
+
+def test_heartbeat_is_off_by_default(procs, tmp_path):
+    p = procs.spawn([bin_path("crun"), "--standalone", *hb_program("c", tmp_path)[:1], "2"],
+                    env=agent_env())
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert b"(file unset)" in out
+
+
+# ---- crun-rdzvd restarts under a running job -------------------------------------------
+
+def test_rdzvd_restart_costs_no_worker_restart(procs, job):
+    """crun-rdzvd is killed and started again on its port while a 3-agent c10d
+    job runs: the workers keep running (same pids, attempt 0) and the job
+    finishes. (torchrun's job dies with its store host.)"""
+    rd, host, port = start_rdzvd(procs)
+    args = ["--nnodes=3", "--rdzv_backend=c10d", f"--rdzv_endpoint={host}:{port}",
+            "--rdzv_id=restart", "--rdzv_conf=heartbeat_interval=0.3,lease_ttl=1.5",
+            f"--log_dir={job / 'logs'}", str(job / "w.py"), str(job / "out")]
+    agents = [procs.spawn([bin_path("crun"), *args], env=agent_env()) for _ in range(3)]
+    before = pids(job, 3)
+    # crunctl jobs against crun-rdzvd's page: the job and its keys
+    status_line = rdzvd_lines(rd, 1)[0]
+    page = re.search(r"http://([^/]+)/status", status_line).group(1)
+    res = crunctl("jobs", "--endpoint", page, "--json")
+    jobs = {j["run_id"]: j for j in json.loads(res.stdout)["jobs"]}
+    assert "restart" in jobs and jobs["restart"]["keys"] > 0, res.stdout + res.stderr
+    res = crunctl("jobs", "--endpoint", page)
+    assert re.search(r"^restart\s", res.stdout, re.M), res.stdout
+    rd.kill()
+    rd.wait(timeout=10)
+    time.sleep(2)  # longer than the lease TTL: the agents see the outage
+    rd2 = procs.spawn([bin_path("crun-rdzvd"), "--host", host, "--port", str(port)])
+    time.sleep(3)
+    assert all(a.poll() is None for a in agents)
+    assert pids(job, 3) == before and len(list((job / "out").glob("*.pid"))) == 3
+    (job / "out" / "stop").write_text("")
+    for a in agents:
+        assert a.wait(timeout=60) == 0, a.stderr.read().decode()
+    rd2.send_signal(signal.SIGTERM)
+    assert rd2.wait(timeout=10) == 0
+
+
+# ---- crun-rdzvd as a service ------------------------------------------------------------
+
+def rdzvd_lines(p, n, timeout=20):
+    """The first n stdout lines of a crun-rdzvd (listening, status)."""
+    lines = []
+    deadline = time.monotonic() + timeout
+    while len(lines) < n and time.monotonic() < deadline:
+        ln = p.stdout.readline().decode()
+        if ln:
+            lines.append(ln.strip())
+    return lines
+
+
+def test_rdzvd_config_file_and_flags(procs, tmp_path):
+    cfg = tmp_path / "rdzvd.json"
+    cfg.write_text(json.dumps({"$comment": "test", "host": "127.0.0.1", "port": 0,
+                               "status": "off", "limits": {"max-keys": 1234}}))
+    p = procs.spawn([bin_path("crun-rdzvd"), "--config", str(cfg), "--max-keys=4321"],
+                    env=agent_env())
+    assert rdzvd_lines(p, 1)[0].startswith("crun-rdzvd listening on 127.0.0.1:")
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=20)
+    assert p.returncode == 0
+    assert "max-keys 4321" in err.decode()  # the flag won over the file
+    res = subprocess.run([bin_path("crun-rdzvd"), "--print-schema"], capture_output=True,
+                         text=True, timeout=20)
+    with open(os.path.join(ROOT, "configs", "crun-rdzvd.schema.json")) as f:
+        assert json.load(f) == json.loads(res.stdout), "regenerate: crun-rdzvd --print-schema"
+    example = os.path.join(ROOT, "configs", "examples", "rdzvd.json")
+    secret = tmp_path / "secret"
+    secret.write_text("0123456789abcdef0123456789abcdef\n")
+    secret.chmod(0o600)
+    p = procs.spawn([bin_path("crun-rdzvd"), "--config", example, "--host=127.0.0.1",
+                     "--port=0", "--status=off", f"--auth-secret-file={secret}"],
+                    env=agent_env())
+    assert "listening on 127.0.0.1:" in rdzvd_lines(p, 1)[0]
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=20)
+    assert p.returncode == 0 and "max-conns 20000" in err.decode(), err
+    for bad, needle in [({"limits": {"max-bogus": 1}}, "unknown key 'limits.max-bogus'"),
+                        ({"port": "29400"}, "port: expected a whole number"),
+                        ({"limits": {"max-keys": 0.5}}, "limits.max-keys")]:
+        cfg.write_text(json.dumps(bad))
+        res = subprocess.run([bin_path("crun-rdzvd"), "--config", str(cfg)],
+                             capture_output=True, text=True, timeout=20)
+        assert res.returncode == 2 and needle in res.stderr, res.stderr
+
+
+def test_rdzvd_notify_status_page_and_reload(procs, tmp_path, notify):
+    from test_client_interop import cli_path
+    sys.path.insert(0, os.path.join(ROOT, "tests", "integration", "helpers"))
+    from storecli import StoreCli
+
+    cfg = tmp_path / "rdzvd.json"
+    cfg.write_text(json.dumps({"host": "127.0.0.1", "port": 0, "log-level": "info",
+                               "status": "127.0.0.1:0"}))
+    p = procs.spawn([bin_path("crun-rdzvd"), "--config", str(cfg)],
+                    env=agent_env(NOTIFY_SOCKET=notify.path, WATCHDOG_USEC=200000))
+    listen, status = rdzvd_lines(p, 2)
+    port = int(listen.rsplit(":", 1)[1])
+    addr = re.search(r"http://([^/]+)/status", status).group(1)
+    notify.wait("READY=1")
+    notify.wait("STATUS=serving on port")
+    t0 = time.monotonic()
+    wait_for(lambda: notify.drain() and sum(
+        1 for t, m in notify.msgs if m == "WATCHDOG=1" and t >= t0) >= 3, what="pings")
+    c = StoreCli(procs, cli_path(), "127.0.0.1", port, 2)
+    assert c.cmd("set k v") == "OK"
+    fams = {f.name: f for f in text_string_to_metric_families(get(addr, "/metrics")[2])}
+    samples = {(s_.name, tuple(sorted(s_.labels.items()))): s_.value
+               for f in fams.values() for s_ in f.samples}
+    assert samples[("crun_store_keys", ())] == 1
+    assert samples[("crun_store_connections", ())] >= 1
+    assert samples[("crun_store_events_total", (("event", "conns_accepted"),))] >= 1
+    assert samples[("crun_store_ops_total", (("op", "SET"),))] == 1
+    assert "crun_agent_state" not in fams  # a store, not an agent
+    with open(os.path.join(ROOT, "configs", "grafana", "crun-dashboard.json")) as f:
+        dash = json.load(f)
+    store_used = {re.sub(r"_total$", "", n) for p_ in dash["panels"] for t in p_["targets"]
+                  for n in re.findall(r"crun_store_[a-z_]+", t["expr"])}
+    assert store_used and store_used <= set(fams), store_used - set(fams)
+    st = json.loads(get(addr, "/status")[2])
+    assert st["store"]["keys"] == 1 and st["store"]["port"] == port
+    # SIGHUP: the log level applies, a changed limit needs a restart
+    cfg.write_text(json.dumps({"host": "127.0.0.1", "port": 0, "log-level": "debug",
+                               "status": "127.0.0.1:0", "limits": {"max-keys": 7}}))
+    p.send_signal(signal.SIGHUP)
+    notify.wait("RELOADING=1")
+    notify.wait("reloaded")
+    assert "needs a restart: max-keys" in [m for _, m in notify.msgs if "reloaded" in m][-1]
+    assert c.cmd("get k") == "VAL \"v\""  # still serving, keys kept
+    c.close()
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=20) == 0
+    notify.wait("STOPPING=1")

@@ -1,0 +1,93 @@
+/* test_status.c: the status page's pure parts: the bare page's bodies and
+ * which job a rendezvous store key belongs to (crun-rdzvd's GET /jobs), and
+ * torchrun's expiry-timer request lines. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "unit/check_main.h"
+#include "agent/agent.h"
+#include "rendezvous/rdzv.h"
+
+static int id_of(const char *key, char *id, size_t cap)
+{
+	return rdzv_run_id_of_key((const uint8_t *)key, strlen(key), id, cap);
+}
+
+START_TEST(run_id_of_key)
+{
+	char id[8];
+
+	ck_assert_int_eq(id_of("crun-c10d/job42/round", id, sizeof(id)), 1);
+	ck_assert_str_eq(id, "job42");
+	ck_assert_int_eq(id_of("/crun-c10d/j/r0/node/1", id, sizeof(id)), 1); /* v2 '/' */
+	ck_assert_str_eq(id, "j");
+	ck_assert_int_eq(id_of("crun-c10d/a-very-long-id/x", id, sizeof(id)), 1);
+	ck_assert_str_eq(id, "a-very-"); /* cut to the buffer */
+	ck_assert_int_eq(id_of("crun-c10d//x", id, sizeof(id)), 0);
+	ck_assert_int_eq(id_of("crun-c10d/noslash", id, sizeof(id)), 0);
+	ck_assert_int_eq(id_of("crun-c10d/", id, sizeof(id)), 0);
+	ck_assert_int_eq(id_of("other/job/x", id, sizeof(id)), 0);
+	ck_assert_int_eq(id_of("", id, sizeof(id)), 0);
+	ck_assert_int_eq(id_of("crun-c10d/j/x", id, 0), 0);
+}
+END_TEST
+
+START_TEST(bare_page_bodies)
+{
+	char *s = agent_status_json(NULL, NULL);
+
+	ck_assert_str_eq(s, "{\"ok\":true}");
+	free(s);
+	s = agent_status_jobs_json(NULL, NULL);
+	ck_assert_str_eq(s, "{\"jobs\":[]}");
+	free(s);
+	s = agent_status_metrics(NULL, NULL, NULL, 1500);
+	ck_assert_ptr_nonnull(strstr(s, "# TYPE crun_agent_up gauge\ncrun_agent_up 1\n"));
+	ck_assert_ptr_nonnull(strstr(s, "crun_agent_uptime_seconds 1.500\n"));
+	ck_assert_ptr_null(strstr(s, "crun_store_")); /* no store attached */
+	free(s);
+}
+END_TEST
+
+/* torch's FileTimerClient request lines (timerfile.c). */
+START_TEST(timer_requests)
+{
+	struct agent_timer_req q;
+
+	ck_assert_int_eq(agent_timers_parse("{\"version\": 1, \"pid\": 42, \"scope_id\": "
+					    "\"s\", \"expiration_time\": 12.5, \"signal\": 9}",
+					    &q),
+			 0);
+	ck_assert_int_eq(q.pid, 42);
+	ck_assert_str_eq(q.scope, "s");
+	ck_assert(q.expires == 12.5);
+	ck_assert_int_eq(q.sig, 9);
+	ck_assert_int_eq(agent_timers_parse("{\"pid\": 42, \"scope_id\": \"s\", "
+					    "\"expiration_time\": -1, \"signal\": 0}",
+					    &q),
+			 0);
+	ck_assert(q.expires < 0);
+	ck_assert_int_eq(q.sig, 0);
+	ck_assert_int_eq(agent_timers_parse("{\"pid\": 0, \"scope_id\": \"s\", "
+					    "\"expiration_time\": 1}",
+					    &q),
+			 CRUN_EPROTO);
+	ck_assert_int_eq(agent_timers_parse("{\"pid\": 1, \"expiration_time\": 1}", &q),
+			 CRUN_EPROTO);
+	ck_assert_int_eq(agent_timers_parse("not json", &q), CRUN_EPROTO);
+}
+END_TEST
+
+static Suite *status_suite(void)
+{
+	Suite *s = suite_create("status");
+	TCase *tc = tcase_create("pure");
+
+	tcase_add_test(tc, run_id_of_key);
+	tcase_add_test(tc, bare_page_bodies);
+	tcase_add_test(tc, timer_requests);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+CRUN_CHECK_MAIN(status_suite)
