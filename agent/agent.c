@@ -3,13 +3,17 @@
  * state machine that drives all of it is in fsm.c.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/random.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <event2/event.h>
@@ -17,7 +21,7 @@
 #include "agent/agent.h"
 #include "common/common.h"
 #include "rendezvous/rdzv.h"
-#include "store/store.h"
+#include "store/server.h"
 
 extern char **environ;
 
@@ -42,10 +46,34 @@ static bool log_to_null(const struct crun_agent *a)
 	return a->cfg.log_dir && strcmp(a->cfg.log_dir, "/dev/null") == 0;
 }
 
-/* torchrun's layout (torch-compat §4.4): <base>/<run_id>_XXXXXXXX/. */
+/* Python's tempfile.mkdtemp(prefix=..., dir=...): prefix plus 8 characters
+ * of [a-z0-9_] (mkdtemp(3) has 6 and wants them spelled XXXXXX). */
+static int make_temp_dir(const char *dir, const char *prefix, char *out, size_t cap)
+{
+	static const char chars[] = "abcdefghijklmnopqrstuvwxyz0123456789_";
+
+	for (int tries = 0; tries < 100; tries++) {
+		uint8_t rnd[8];
+		char name[9];
+
+		if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd))
+			return CRUN_EIO;
+		for (int i = 0; i < 8; i++)
+			name[i] = chars[rnd[i] % (sizeof(chars) - 1)];
+		name[8] = '\0';
+		TRY(str_printf(out, cap, "%s/%s%s", dir, prefix, name));
+		if (mkdir(out, 0700) == 0)
+			return 0;
+		if (errno != EEXIST)
+			return -errno;
+	}
+	return CRUN_EEXIST;
+}
+
+/* torchrun's layout (torch-compat §4.4): <base>/<run_id>_<8 chars>/. */
 static int make_log_dirs(struct crun_agent *a)
 {
-	char tmpl[PATH_MAX];
+	char prefix[300];
 
 	if (log_to_null(a))
 		return 0;
@@ -55,16 +83,19 @@ static int make_log_dirs(struct crun_agent *a)
 	} else {
 		const char *tmp = getenv("TMPDIR");
 
-		TRY(str_printf(tmpl, sizeof(tmpl), "%s/torchelastic_XXXXXXXX",
-			       tmp && *tmp ? tmp : "/tmp"));
-		if (!mkdtemp(tmpl))
-			return -errno;
-		TRY(str_printf(a->log_base, sizeof(a->log_base), "%s", tmpl));
+		TRY(make_temp_dir(tmp && *tmp ? tmp : "/tmp", "torchelastic_", a->log_base,
+				  sizeof(a->log_base)));
 	}
-	TRY(str_printf(tmpl, sizeof(tmpl), "%s/%s_XXXXXXXX", a->log_base, a->run_id));
-	if (!mkdtemp(tmpl))
-		return -errno;
-	return str_printf(a->run_dir, sizeof(a->run_dir), "%s", tmpl);
+	TRY(str_printf(prefix, sizeof(prefix), "%s_", a->run_id));
+	return make_temp_dir(a->log_base, prefix, a->run_dir, sizeof(a->run_dir));
+}
+
+static void clear_store(void *arg)
+{
+	struct crun_agent *a = arg;
+
+	if (a->store)
+		store_server_clear(a->store);
 }
 
 static void on_rdzv_event(enum rdzv_event ev, void *arg)
@@ -116,6 +147,98 @@ static int serve_store(struct crun_agent *a)
 	return 0;
 }
 
+/* --run-path: the script runs through runpy.run_path in a fresh interpreter,
+ * as torchrun's run_script_path does in its spawned worker; sys.argv is
+ * [script, args...] and __name__ is "__main__" either way. */
+static const char runpy_snippet[] =
+    "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')";
+
+static int prepare_program(struct crun_agent *a)
+{
+	char py[PATH_MAX];
+	const char *pre[4] = {env_python(a->envp_base, py, sizeof(py)), "-u", "-c",
+			      runpy_snippet};
+	size_t n = 0;
+	char **argv;
+
+	if (!a->cfg.run_path)
+		return 0;
+	while (a->argv[n])
+		n++;
+	argv = calloc(n + 5, sizeof(char *));
+	if (!argv)
+		return CRUN_ENOMEM;
+	for (size_t i = 0; i < 4; i++)
+		if (!(argv[i] = str_dup(pre[i]))) {
+			env_free(argv);
+			return CRUN_ENOMEM;
+		}
+	memcpy(argv + 4, a->argv, (n + 1) * sizeof(char *));
+	free(a->argv); /* its strings moved to argv */
+	a->argv = argv;
+	return 0;
+}
+
+/* torchrun's --virtual-local-rank: rank i sees the i-th inherited device. */
+static int check_visible_devices(struct crun_agent *a)
+{
+	const char *name = env_get(a->envp_base, "HIP_VISIBLE_DEVICES") ? "HIP_VISIBLE_DEVICES"
+									 : "CUDA_VISIBLE_DEVICES";
+	const char *v = env_get(a->envp_base, name);
+	int n = 1;
+
+	if (!a->cfg.virtual_local_rank || !v || !*v)
+		return 0;
+	for (const char *p = v; *p; p++)
+		n += *p == ',';
+	if (n >= a->nworkers)
+		return 0;
+	snprintf(a->err, sizeof(a->err),
+		 "--virtual-local-rank: %d workers but %s=%s names only %d devices", a->nworkers,
+		 name, v, n);
+	return CRUN_EINVAL;
+}
+
+static int prepare_numa(struct crun_agent *a)
+{
+	const char *mode = a->cfg.numa_binding;
+	int r;
+
+	if (!mode || !*mode)
+		return 0;
+	r = numa_cpus_for_gpus(env_get(a->envp_base, "CRUN_SYSFS_ROOT"), mode, a->nworkers,
+			       &a->numa_cpus);
+	if (r == CRUN_ENOENT)
+		snprintf(a->err, sizeof(a->err),
+			 "--numa-binding=%s binds each worker to the cpus of its GPU, but this "
+			 "machine has fewer NVIDIA GPUs than the %d workers (read from "
+			 "/sys/bus/pci/drivers/nvidia)",
+			 mode, a->nworkers);
+	else if (r < 0)
+		snprintf(a->err, sizeof(a->err), "--numa-binding=%s: %s", mode, crun_strerror(r));
+	for (int i = 0; r == 0 && i < a->nworkers; i++)
+		log_at(LL_INFO, SUB_AGENT, "numa binding: local rank %d on cpus %s", i,
+		       a->numa_cpus[i]);
+	return r;
+}
+
+/* The agent hosts job-wide stores: raise the soft fd limit to the hard one
+ * (as crun-rdzvd does); the workers get the original back (spawn.c). */
+static void raise_nofile(struct crun_agent *a)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &a->nofile_orig) < 0)
+		return;
+	rl = a->nofile_orig;
+	if (rl.rlim_cur >= rl.rlim_max)
+		return;
+	rl.rlim_cur = rl.rlim_max;
+	if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+		log_at(LL_WARN, SUB_AGENT, "cannot raise RLIMIT_NOFILE: %s, ignoring",
+		       strerror(errno));
+}
+
 static int copy_config(struct crun_agent *a, const crun_agent_config_t *cfg)
 {
 	size_t n = 0;
@@ -160,12 +283,17 @@ CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_a
 	if (!a)
 		return CRUN_ENOMEM;
 	a->guard_fd = -1;
+	a->ino_fd = -1;
+	a->filt_fd[0] = a->filt_fd[1] = -1;
 	a->stop_req_fd[0] = a->stop_req_fd[1] = -1;
 	r = copy_config(a, cfg);
 	if (r < 0)
 		goto fail;
+	raise_nofile(a);
 	if (gethostname(a->host, sizeof(a->host) - 1) < 0)
 		snprintf(a->host, sizeof(a->host), "localhost");
+	snprintf(a->short_host, sizeof(a->short_host), "%.*s", (int)strcspn(a->host, "."),
+		 a->host);
 	{
 		uint64_t m = a->cfg.signals_to_handle;
 		size_t o = 0;
@@ -178,20 +306,29 @@ CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_a
 				    (size_t)snprintf(a->signals_str + o, sizeof(a->signals_str) - o,
 						     "%s%s", o ? "," : "", supervise_signame(s));
 	}
+	a->envp_base = env_copy(environ);
+	r = CRUN_ENOMEM;
+	if (!a->envp_base)
+		goto fail;
+	r = prepare_program(a);
+	if (r < 0)
+		goto fail;
 	a->exe = spawn_resolve(a->argv[0]);
 	if (!a->exe)
 		a->exe_errno = errno;
-	a->envp_base = env_copy(environ);
 	a->nworkers = a->cfg.nproc_per_node;
 	a->workers = calloc((size_t)a->nworkers, sizeof(*a->workers));
 	r = CRUN_ENOMEM;
-	if (!a->envp_base || !a->workers)
+	if (!a->workers)
 		goto fail;
-	for (int i = 0; i < a->nworkers; i++) {
-		struct worker *w = &a->workers[i];
-
-		w->out.fd = w->err.fd = w->out.file_fd = w->err.file_fd = -1;
-	}
+	for (int i = 0; i < a->nworkers; i++)
+		logs_reset_worker(&a->workers[i]);
+	r = check_visible_devices(a);
+	if (r < 0)
+		goto fail;
+	r = prepare_numa(a);
+	if (r < 0)
+		goto fail;
 	r = make_log_dirs(a);
 	if (r < 0) {
 		snprintf(a->err, sizeof(a->err), "cannot create the log directory: %s",
@@ -206,6 +343,13 @@ CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_a
 		if (!a->base)
 			goto fail;
 	}
+	r = logs_init(a);
+	if (r < 0) {
+		snprintf(a->err, sizeof(a->err), "cannot set up worker output: %s",
+			 crun_strerror(r));
+		goto fail;
+	}
+	r = CRUN_ENOMEM;
 	a->kick = event_new(a->base, -1, 0, on_kick, a);
 	a->linger_timer = evtimer_new(a->base, on_linger, a);
 	if (!a->kick || !a->linger_timer)
@@ -229,6 +373,7 @@ CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_a
 	rp.base = a->base;
 	rp.on_event = on_rdzv_event;
 	rp.arg = a;
+	rp.clear_store = clear_store;
 	r = rdzv_new(&rp, &a->rdzv);
 	if (r < 0) {
 		snprintf(a->err, sizeof(a->err), "rendezvous backend '%s': %s", rp.backend,
@@ -255,9 +400,29 @@ CRUN_API int crun_agent_run(crun_agent_t *a, int *ret_exit_code)
 {
 	if (!a || a->state != AS_INIT)
 		return CRUN_EINVAL;
+	sigset_t pipe_set, saved;
+	int r = 0;
+
+	/* A write to a vanished store client or worker pipe must fail with
+	 * EPIPE, not kill a host that left SIGPIPE at its default: block it on
+	 * this thread for the run and discard what was raised meanwhile. */
+	sigemptyset(&pipe_set);
+	sigaddset(&pipe_set, SIGPIPE);
+	pthread_sigmask(SIG_BLOCK, &pipe_set, &saved);
 	agent_fire(a, AE_START);
 	if (a->state != AS_DONE && event_base_dispatch(a->base) < 0)
-		return CRUN_EIO;
+		r = CRUN_EIO;
+	if (!sigismember(&saved, SIGPIPE)) {
+		struct timespec zero = {0, 0};
+		sigset_t pending;
+
+		while (sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) &&
+		       sigtimedwait(&pipe_set, NULL, &zero) > 0)
+			;
+	}
+	pthread_sigmask(SIG_SETMASK, &saved, NULL);
+	if (r < 0)
+		return r;
 	if (a->state != AS_DONE) {
 		/* The loop ended under us (a borrowed base stopped by its owner):
 		 * make sure nothing we started outlives the call. */
@@ -292,8 +457,13 @@ CRUN_API void crun_agent_free(crun_agent_t *a)
 {
 	if (!a)
 		return;
+	a->closing = true;    /* the loop is over: the console may be waited for */
 	agent_end_attempt(a); /* closes every worker's log streams */
+	/* The console may take a while to flush: keep the signal events (a
+	 * SIGTERM now is only recorded) until it is done. */
+	logs_fini(a);
 	supervise_fini(a);
+	numa_free(a->numa_cpus, a->nworkers);
 	rdzv_free(a->rdzv);
 	store_server_free(a->store);
 	if (a->kick)
@@ -328,7 +498,7 @@ static int start_one(struct crun_agent *a, struct worker *w, const struct rdzv_i
 	struct spawn_req req = {0};
 	char wdir[PATH_MAX];
 	char **envp = NULL, **argv = NULL;
-	int out_wr = -1, err_wr = -1;
+	cpu_set_t cpus;
 	int r;
 
 	w->errfile[0] = '\0';
@@ -337,8 +507,7 @@ static int start_one(struct crun_agent *a, struct worker *w, const struct rdzv_i
 		TRY(logs_mkdirs(wdir));
 		TRY(str_printf(w->errfile, sizeof(w->errfile), "%s/error.json", wdir));
 	}
-	/* It may hand out one write end and then fail: close it at out. */
-	r = logs_open_worker(a, w, attempt_dir, &out_wr, &err_wr);
+	r = logs_open_worker(a, w, attempt_dir);
 	if (r < 0)
 		goto out;
 	v.local_rank = w->local_rank;
@@ -373,9 +542,12 @@ static int start_one(struct crun_agent *a, struct worker *w, const struct rdzv_i
 		req.path = a->exe;
 		req.argv = argv;
 		req.envp = envp;
-		req.stdout_fd = out_wr;
-		req.stderr_fd = err_wr;
+		req.stdout_fd = w->out.child_fd;
+		req.stderr_fd = w->err.child_fd;
 		req.deathsig = SIGKILL;
+		req.nofile = a->nofile_orig.rlim_cur ? &a->nofile_orig : NULL;
+		if (a->numa_cpus && numa_parse_cpulist(a->numa_cpus[w->local_rank], &cpus) == 0)
+			req.cpus = &cpus;
 		r = spawn_worker(&req, &a->orig_mask, &w->pid);
 	}
 	if (r == 0) {
@@ -390,8 +562,7 @@ static int start_one(struct crun_agent *a, struct worker *w, const struct rdzv_i
 		r = 0;
 	}
 out:
-	fd_close(out_wr);
-	fd_close(err_wr);
+	logs_after_spawn(w);
 	env_free(envp);
 	env_free(argv);
 	return r;
@@ -419,6 +590,9 @@ int agent_start_attempt(struct crun_agent *a)
 		(void)logs_rmtree(attempt_dir);
 		TRY(logs_mkdirs(attempt_dir));
 	}
+	r = logs_open_attempt(a, attempt_dir);
+	if (r < 0)
+		return r;
 	log_at(LL_INFO, SUB_AGENT,
 	       "starting %d workers: group_rank=%d group_world_size=%d base_rank=%d "
 	       "world_size=%d master=%s:%u restart_count=%d",
@@ -428,7 +602,7 @@ int agent_start_attempt(struct crun_agent *a)
 		struct worker *w = &a->workers[i];
 
 		memset(w, 0, sizeof(*w));
-		w->out.fd = w->err.fd = w->out.file_fd = w->err.file_fd = -1;
+		logs_reset_worker(w);
 		w->local_rank = i;
 		w->global_rank = ri->base_rank + i;
 		r = start_one(a, w, ri, attempt_dir);
@@ -456,6 +630,7 @@ void agent_end_attempt(struct crun_agent *a)
 	if (a->workers)
 		for (int i = 0; i < a->nworkers; i++)
 			logs_close_worker(a, &a->workers[i]);
+	logs_close_attempt(a);
 	for (int i = 0; i < a->nfailures; i++)
 		errfile_failure_free(&a->failures[i]);
 	a->nfailures = 0;
@@ -468,6 +643,17 @@ static const char *entry_name(const struct crun_agent *a)
 	return a->argv[0];
 }
 
+/* A worker crun stopped is not a failure, unless the stop was for another
+ * worker's failure and it ended by itself with an error before our signal
+ * could act (torchrun lists every rank that failed by the time it looks). */
+static bool counts_as_failure(const struct crun_agent *a, const struct worker *w)
+{
+	if (!w->stopping)
+		return true;
+	return (a->stop_reason == STOP_FAILED || a->stop_reason == STOP_RESTART) &&
+	       w->term_sig == 0 && w->exit_code != 0;
+}
+
 int agent_collect_failures(struct crun_agent *a)
 {
 	for (int i = 0; i < a->nworkers; i++) {
@@ -477,7 +663,7 @@ int agent_collect_failures(struct crun_agent *a)
 		if (w->state != W_EXITED || w->reported)
 			continue;
 		w->reported = true;
-		if (w->exit_code == 0 || w->stopping)
+		if (w->exit_code == 0 || !counts_as_failure(a, w))
 			continue;
 		f = realloc(a->failures, (size_t)(a->nfailures + 1) * sizeof(*f));
 		if (!f)
@@ -502,6 +688,9 @@ void agent_report_failure(struct crun_agent *a)
 	if (root < 0)
 		return;
 	msg = errfile_format_summary(entry_name(a), a->host, a->failures, a->nfailures);
+	/* After the workers' last teed lines, not in the middle of them. The
+	 * job is over here; a stuck console holds it 2 s at most. */
+	logs_flush_console(a, 2000);
 	if (msg) {
 		fputs(msg, stderr);
 		fflush(stderr);

@@ -4,7 +4,9 @@
  *   fsm.c        the state table and its actions (restart policy lives here)
  *   spawn.c      fork/exec of one worker (STYLE §6 protocol)
  *   supervise.c  signals as loop events, the one reap path, stopping, guard
- *   logs.c       worker pipes, whole-line output, prefixes, log files
+ *   logs.c       where worker output goes, tailing teed files, prefixes
+ *   console.c    the agent's console writer thread (never blocks the loop)
+ *   numa.c       --numa-binding: a GPU's NUMA node/socket/cores from sysfs
  *   errfile.c    error files, failure records, the root-cause summary
  *   env.c        worker environment and argv
  *   cli*.c       the option table: command line, JSON config, env -> config
@@ -12,7 +14,7 @@
  *   status.c     the status page (/healthz, /status, /jobs, /metrics)
  *   ctl.c        crunctl's client of the status pages
  *   heartbeat.c  --worker_heartbeat_timeout
- * Everything runs on the agent's loop thread.
+ * Everything runs on the agent's loop thread, except console.c's writer.
  */
 #ifndef CRUN_AGENT_AGENT_H
 #define CRUN_AGENT_AGENT_H
@@ -21,6 +23,8 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sched.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <sys/types.h>
 
@@ -76,46 +80,59 @@ void agent_root_cause_line(struct crun_agent *a, char *buf, size_t cap);
 
 /* ---- workers ---------------------------------------------------------------- */
 
-#define AGENT_RING_LINES 8     /* stderr lines kept per worker for the summary */
-#define AGENT_RING_LINE	 256   /* bytes per kept line */
-#define AGENT_LINE_MAX	 16384 /* longer lines are emitted in pieces */
-#define AGENT_LINGER_MS	 5000  /* node 0 waits this long for the others to leave */
+#define AGENT_RING_LINES	 8     /* stderr lines shown per worker in the summary */
+#define AGENT_RING_LINE		 256   /* bytes per shown line */
+#define AGENT_LINE_MAX		 16384 /* duplicate filters decide on this much of a line */
+#define AGENT_LINGER_MS		 5000  /* node 0 waits this long for the others to leave */
+#define AGENT_CONSOLE_BYTES	 (4u << 20) /* console queue per stream */
+#define AGENT_CONSOLE_STALL_MS	 1000	    /* no progress this long: drop, not wait */
+#define AGENT_CONSOLE_FLUSH_MS	 10000	    /* at exit, wait this long for a slow reader */
 
 enum worker_state { W_INIT, W_RUNNING, W_EXITED };
 
+/* Where one worker stream goes (logs.c has the torchrun rules). */
+enum stream_mode {
+	SM_DIRECT, /* the caller's own fd */
+	SM_NULL,   /* /dev/null (--local-ranks-filter) */
+	SM_FILE,   /* <attempt>/<rank>/std{out,err}.log, written by the worker */
+	SM_TEE,	   /* that file, tailed by the agent to its console */
+};
+
 struct worker;
 
-/* One of a worker's two output pipes. */
+/* One of a worker's two output streams. */
 struct agent_stream {
 	struct crun_agent *a;
 	struct worker *w;
 	int which; /* CRUN_STD_OUT or CRUN_STD_ERR */
-	int fd;	   /* read end, nonblocking, or -1 */
-	struct event *ev;
-	int file_fd;   /* stdout.log / stderr.log, or -1 */
-	bool console;  /* echo lines to the agent's own stream */
-	bool prefixed; /* tee: echo with the line prefix */
-	size_t len;
-	char buf[AGENT_LINE_MAX];
+	enum stream_mode mode;
+	int child_fd;	 /* the worker's fd until spawned; owned when > 2 */
+	int tail_fd;	 /* SM_TEE: read side of the log file, or -1 */
+	int wd;		 /* SM_TEE: inotify watch, or -1 */
+	char *path;	 /* SM_TEE: the file tailed (malloc'd), or NULL */
+	bool console;	 /* SM_TEE: copied to the agent's console */
+	bool line_start; /* the next console byte starts a line */
+	char *fline;	 /* duplicate filter: the current line (AGENT_LINE_MAX) */
+	size_t flen;
+	int fmatch; /* -1 undecided; else whether the rest of the line matches */
 };
 
 struct worker {
 	int local_rank;
 	int global_rank;
-	pid_t pid; /* also the process group id */
+	pid_t pid; /* also the process group and session id */
 	enum worker_state state;
 	int exit_code; /* shell convention: 128+sig, 127 exec failure */
 	int term_sig;  /* signal that ended it, or 0 */
 	int exec_err;  /* errno of a failed exec, or 0 */
 	bool stopping; /* crun sent it a signal */
+	bool stopped;  /* job control: stopped (SIGSTOP, SIGTSTP, ...) */
 	bool reported; /* its exit went through on_worker_exit */
 	bool sigkilled_by_us;
 	double exit_time; /* wall seconds */
 	char prefix[128];
 	char errfile[PATH_MAX];
 	struct agent_stream out, err;
-	int ring_head, ring_n;
-	char ring[AGENT_RING_LINES][AGENT_RING_LINE];
 };
 
 /* A worker failure as the summary reports it (torchrun's ProcessFailure). */
@@ -149,6 +166,7 @@ struct crun_agent {
 	char role[64];
 	char run_id[256];
 	char host[256];
+	char short_host[256]; /* ${hostname}: up to the first dot */
 	char signals_str[256];	 /* TORCHELASTIC_SIGNALS_TO_HANDLE */
 	char log_base[PATH_MAX]; /* --log_dir or the temp dir */
 	char run_dir[PATH_MAX];	 /* <log_base>/<run_id>_XXXXXXXX */
@@ -175,6 +193,18 @@ struct crun_agent {
 	int guard_fd;		    /* write end to the guard process */
 	pid_t guard_pid;
 	sigset_t orig_mask;
+	struct rlimit nofile_orig; /* restored in the workers */
+	bool subreaper;		   /* the process adopts orphans: sweep worker groups */
+	/* logs.c */
+	struct agent_console *console;
+	int ino_fd;
+	struct event *ino_ev, *tail_more; /* tail_more: a timer */
+	bool closing;			  /* crun_agent_free: the loop is over */
+	char *filters[2]; /* duplicate filters, stdout/stderr, or NULL */
+	int nfilters[2];
+	int filt_fd[2]; /* <attempt>/filtered_std{out,err}.log, or -1 */
+	/* numa.c: cpu lists per local rank, or NULL */
+	char **numa_cpus;
 	char err[512];
 };
 
@@ -199,11 +229,14 @@ struct spawn_req {
 	const char *path;
 	char *const *argv;
 	char *const *envp;
-	int stdout_fd, stderr_fd;
+	int stdout_fd, stderr_fd; /* may be 1 and 2 themselves */
 	int deathsig;
+	const struct rlimit *nofile; /* RLIMIT_NOFILE for the worker, or NULL */
+	const cpu_set_t *cpus;	     /* sched_setaffinity mask, or NULL */
 };
 
-/* Starts one worker in its own process group. Returns 0 and *ret_pid once the
+/* Starts one worker in a new session (torchrun's start_new_session: reading
+ * a terminal never stops it with SIGTTIN), so pid == pgid == sid. Returns 0 and *ret_pid once the
  * child has exec'd, or -errno from fork, child setup or exec (the failed child
  * has been reaped). Loop thread only: PDEATHSIG follows the creating thread. */
 int spawn_worker(const struct spawn_req *req, const sigset_t *orig_mask, pid_t *ret_pid);
@@ -230,25 +263,78 @@ const char *supervise_signame(int sig); /* "SIGTERM"; static */
 
 /* ---- logs.c ------------------------------------------------------------------- */
 
-/* Creates the pipes, files and events of worker w for this attempt. The
- * write ends go to *ret_out_wr and *ret_err_wr, which the caller closes (set to
- * -1 beforehand): one may already be set when a later step fails. */
-int logs_open_worker(struct crun_agent *a, struct worker *w, const char *attempt_dir,
-		     int *ret_out_wr, int *ret_err_wr);
-/* Reads what is left in w's pipes (nonblocking), emits the last partial
- * lines and closes pipes, events and files. */
-void logs_close_worker(struct crun_agent *a, struct worker *w);
-/* Drains w's pipes without closing them (called at reap time). */
+/* Sets up console.c, inotify and the duplicate filters; logs_fini undoes it
+ * (flushing the console for at most AGENT_CONSOLE_FLUSH_MS). */
+int logs_init(struct crun_agent *a);
+void logs_fini(struct crun_agent *a);
+/* Opens / closes an attempt's filtered_std{out,err}.log (when filtered). */
+int logs_open_attempt(struct crun_agent *a, const char *attempt_dir);
+void logs_close_attempt(struct crun_agent *a);
+/* Marks w's streams as holding nothing (fds -1), for a zeroed worker. */
+void logs_reset_worker(struct worker *w);
+/* Decides where w's streams go for this attempt and opens their files; the
+ * fds for the child are w->out.child_fd and w->err.child_fd. */
+int logs_open_worker(struct crun_agent *a, struct worker *w, const char *attempt_dir);
+/* Closes the agent's copies of the child fds (after the spawn). */
+void logs_after_spawn(struct worker *w);
+/* Copies more of w's teed files (called at reap time; the rest follows). */
 void logs_drain_worker(struct crun_agent *a, struct worker *w);
-/* Expands $role_name $rank $local_rank $group_rank (and ${...}) in tmpl. */
-int logs_render_prefix(const char *tmpl, const char *role, int rank, int local_rank, int group_rank,
-		       char *buf, size_t cap);
-/* Copies the kept stderr lines of w (at most AGENT_RING_LINES), '\n'-joined,
- * malloc'd; NULL when none. */
+/* Copies the rest of w's teed files and closes its streams. On the loop a
+ * full console queue drops (counted); once a->closing is set it waits for
+ * room, AGENT_CONSOLE_FLUSH_MS in all. */
+void logs_close_worker(struct crun_agent *a, struct worker *w);
+/* Copies every teed file to its end and waits until the console wrote it:
+ * at most timeout_ms in all. Blocks: for the end of a job only. */
+void logs_flush_console(struct crun_agent *a, uint32_t timeout_ms);
+/* Expands $role_name $rank $local_rank $group_rank $hostname (and ${...}). */
+int logs_render_prefix(const char *tmpl, const char *role, const char *host, int rank,
+		       int local_rank, int group_rank, char *buf, size_t cap);
+/* The last stderr lines of w (at most AGENT_RING_LINES), read back from its
+ * stderr.log; malloc'd; NULL when its stderr went to no file. */
 char *logs_stderr_tail(const struct worker *w);
 /* mkdir -p and rm -rf helpers for the log layout. */
 int logs_mkdirs(const char *path);
 int logs_rmtree(const char *path);
+
+/* ---- console.c ------------------------------------------------------------------ */
+
+struct agent_console;
+/* Starts the writer thread over out_fd/err_fd (borrowed) with a queue of
+ * cap_bytes per stream. 0 or a negative code. */
+int console_new(int out_fd, int err_fd, size_t cap_bytes, struct agent_console **ret);
+/* Queues n bytes for stream `which` (CRUN_STD_OUT/ERR); never blocks. When
+ * the queue is full the chunk is dropped and the lines it begins counted
+ * (starts_line: p[0] begins a line); the count is shown as
+ * "[crun: N lines dropped]" before the next chunk that fits. */
+void console_put(struct agent_console *c, int which, const char *p, size_t n, bool starts_line);
+/* Free bytes in the queue of `which` (SIZE_MAX when nothing is written any
+ * more); *ret_stalled_ms (may be NULL) gets how long bytes have waited
+ * without the writer making progress (0 when the queue is empty). */
+size_t console_room(struct agent_console *c, int which, uint64_t *ret_stalled_ms);
+/* Waits until `need` bytes are free or clock_now_ms() reaches until_ms; true
+ * when they are. Blocks: not for the loop while it serves. */
+bool console_wait_room(struct agent_console *c, int which, size_t need, uint64_t until_ms);
+/* Lines dropped on `which` so far. */
+uint64_t console_dropped(struct agent_console *c, int which);
+/* Waits at most timeout_ms for both queues to be written; true if they were. */
+bool console_flush(struct agent_console *c, uint32_t timeout_ms);
+/* Flushes (bounded), stops the thread and frees. NULL: no-op. */
+void console_free(struct agent_console *c, uint32_t flush_timeout_ms);
+
+/* ---- numa.c ---------------------------------------------------------------------- */
+
+/* For --numa-binding: the cpu list (as in sysfs, "0-3,8-11") each of the
+ * first n GPUs should run on, read under `root` ("" = the real /). Modes:
+ * node (the GPU's NUMA node), socket (every node of its package),
+ * exclusive (the node's cpus split evenly between the GPUs sharing it),
+ * core-complex (the cpus sharing the L3 cache with the first cpu of the
+ * share exclusive gives). Returns 0 and a malloc'd array of n malloc'd
+ * strings (free with numa_free), CRUN_ENOENT when there are fewer than n
+ * GPUs, CRUN_EINVAL for an unknown mode, or -errno. */
+int numa_cpus_for_gpus(const char *root, const char *mode, int n, char ***ret);
+void numa_free(char **cpus, int n);
+/* "0-3,8" -> mask; 0 or CRUN_EINVAL. */
+int numa_parse_cpulist(const char *list, cpu_set_t *ret);
 
 /* ---- errfile.c ------------------------------------------------------------------ */
 
@@ -278,6 +364,12 @@ struct env_vars {
 	bool virtual_local_rank;
 	const char *auth_secret_file; /* CRUN_AUTH_SECRET_FILE for the SDK's mesh, or NULL */
 };
+
+/* The interpreter for *.py and -m programs: $PYTHON_EXEC when set, else the
+ * python3 beside the running program (a venv's bin/), else "python3" (looked
+ * up on PATH at spawn). Returns a string borrowed from env, buf (cap bytes,
+ * PATH_MAX is enough) or a static one. */
+const char *env_python(char *const *env, char *buf, size_t cap);
 
 /* A new NULL-terminated environment: `base` (borrowed) updated with the
  * torchrun worker variables. Free with env_free(). */

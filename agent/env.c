@@ -4,7 +4,9 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <limits.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "agent/agent.h"
 #include "common/common.h"
@@ -101,6 +103,62 @@ static void eb_seti(struct envb *b, const char *name, long v)
 	eb_set(b, name, buf);
 }
 
+/* torchrun's --virtual-local-rank: the worker sees one device as device 0,
+ * the local_rank-th of an inherited CUDA_VISIBLE_DEVICES (HIP_VISIBLE_DEVICES
+ * first on ROCm, where it wins), else the local_rank-th device. The count is
+ * checked when the agent is made (agent.c). */
+static void set_visible_device(struct envb *b, char *const *base, int local_rank)
+{
+	const char *hip = env_get(base, "HIP_VISIBLE_DEVICES");
+	const char *list = hip && *hip ? hip : env_get(base, "CUDA_VISIBLE_DEVICES");
+	char dev[64];
+
+	snprintf(dev, sizeof(dev), "%d", local_rank);
+	if (list) {
+		const char *p = list;
+		size_t len;
+
+		for (int i = 0; i < local_rank && p; i++)
+			if ((p = strchr(p, ',')))
+				p++;
+		if (p) {
+			while (*p == ' ')
+				p++;
+			len = strcspn(p, ",");
+			while (len && p[len - 1] == ' ')
+				len--;
+			snprintf(dev, sizeof(dev), "%.*s", (int)len, p);
+		}
+	}
+	eb_set(b, "CUDA_VISIBLE_DEVICES", dev);
+	if (hip && *hip)
+		eb_set(b, "HIP_VISIBLE_DEVICES", dev);
+}
+
+const char *env_python(char *const *env, char *buf, size_t cap)
+{
+	const char *py = env_get(env, "PYTHON_EXEC");
+	char self[PATH_MAX];
+	ssize_t n;
+
+	/* torchrun runs workers with PYTHON_EXEC or its own interpreter; the
+	 * nearest thing crun has to "its own" is the python3 installed beside
+	 * it (a venv's bin/), so a venv's crun finds the venv's torch. */
+	if (py && *py)
+		return py;
+	n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	if (n > 0) {
+		char *slash;
+
+		self[n] = '\0';
+		slash = strrchr(self, '/');
+		if (slash && str_printf(buf, cap, "%.*s/python3", (int)(slash - self), self) >= 0 &&
+		    access(buf, X_OK) == 0)
+			return buf;
+	}
+	return "python3";
+}
+
 char **env_build(char *const *base, const struct env_vars *v)
 {
 	struct envb b = {0};
@@ -141,7 +199,7 @@ char **env_build(char *const *base, const struct env_vars *v)
 	if (v->signals)
 		eb_set(&b, "TORCHELASTIC_SIGNALS_TO_HANDLE", v->signals);
 	if (v->virtual_local_rank)
-		eb_seti(&b, "CUDA_VISIBLE_DEVICES", v->local_rank);
+		set_visible_device(&b, base, v->local_rank);
 	/* C workers authenticate their TCP mesh with the job's secret. */
 	if (v->auth_secret_file && *v->auth_secret_file)
 		eb_set(&b, "CRUN_AUTH_SECRET_FILE", v->auth_secret_file);

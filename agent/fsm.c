@@ -14,7 +14,7 @@
 #include "agent/agent.h"
 #include "common/common.h"
 #include "rendezvous/rdzv.h"
-#include "store/store.h"
+#include "store/server.h"
 
 static const char *const state_names[AS__MAX] = {
     [AS_INIT] = "init",		[AS_RENDEZVOUS] = "rendezvous", [AS_RUNNING] = "running",
@@ -86,7 +86,14 @@ static enum agent_state on_rdzv_failed(struct crun_agent *a)
 
 static enum agent_state start_workers(struct crun_agent *a)
 {
-	int r = agent_start_attempt(a);
+	const struct rdzv_info *ri = rdzv_info(a->rdzv);
+	int r;
+
+	/* The round's job-wide attempt wins over this node's own count, so a
+	 * node that joined late agrees with the others. */
+	if (ri && ri->attempt >= 0)
+		a->restart_count = ri->attempt;
+	r = agent_start_attempt(a);
 
 	if (r < 0) {
 		a->run_error = r;
@@ -118,8 +125,10 @@ enum agent_state agent_after_stop(struct crun_agent *a)
 			a->restart_count++;
 		log_at(LL_WARN, SUB_AGENT, "restarting workers (attempt %d of %d restarts)",
 		       a->restart_count, a->cfg.max_restarts);
-		/* 2.x workers use no attempt prefix: start them on an empty store. */
-		if (a->store)
+		/* 2.x workers use no attempt prefix: start them on an empty store
+		 * (a shared static store: the backend clears it once every node
+		 * stopped). */
+		if (a->store && !rdzv_clears_store(a->rdzv))
 			store_server_clear(a->store);
 		return open_round(a);
 	case STOP_FAILED: {
@@ -135,18 +144,21 @@ enum agent_state agent_after_stop(struct crun_agent *a)
 		}
 		return finish(a, 1);
 	}
-	case STOP_PEER_FAILED:
+	case STOP_PEER_FAILED: {
+		const char *lead = rdzv_change_kind(a->rdzv) == RDZV_CHANGE_LOST
+				       ? ""
+				       : "the job failed on another node: ";
+
 		agent_end_attempt(a);
-		fprintf(stderr, "crun: error: the job failed on another node: %s\n",
-			rdzv_last_error(a->rdzv));
+		fprintf(stderr, "crun: error: %s%s\n", lead, rdzv_last_error(a->rdzv));
 		fflush(stderr);
-		snprintf(a->err, sizeof(a->err), "the job failed on another node: %s",
-			 rdzv_last_error(a->rdzv));
+		snprintf(a->err, sizeof(a->err), "%s%s", lead, rdzv_last_error(a->rdzv));
 		if (rdzv_close_failed(a->rdzv, NULL) == 0) {
 			a->failing = true;
 			return AS_BARRIER;
 		}
 		return finish(a, 1);
+	}
 	default:
 		agent_end_attempt(a);
 		return finish(a, 1);
@@ -180,6 +192,7 @@ static enum agent_state on_peer_changed(struct crun_agent *a)
 {
 	switch (rdzv_change_kind(a->rdzv)) {
 	case RDZV_CHANGE_FAILED:
+	case RDZV_CHANGE_LOST:
 		return begin_stop(a, STOP_PEER_FAILED, SIGTERM);
 	case RDZV_CHANGE_RESTART:
 		return begin_stop(a, STOP_RESTART, SIGTERM);
@@ -194,7 +207,9 @@ static enum agent_state on_peer_changed(struct crun_agent *a)
  * handled, except a failure of the job, which must win. */
 static enum agent_state peer_changed_while_stopping(struct crun_agent *a)
 {
-	if (rdzv_change_kind(a->rdzv) == RDZV_CHANGE_FAILED && a->stop_reason != STOP_FAILED &&
+	enum rdzv_change ch = rdzv_change_kind(a->rdzv);
+
+	if ((ch == RDZV_CHANGE_FAILED || ch == RDZV_CHANGE_LOST) && a->stop_reason != STOP_FAILED &&
 	    a->stop_reason != STOP_SIGNAL)
 		a->stop_reason = STOP_PEER_FAILED;
 	return AS_STOPPING;
@@ -215,6 +230,9 @@ static enum agent_state stop_for_exit(struct crun_agent *a)
 
 static enum agent_state after_exit_while_stopping(struct crun_agent *a)
 {
+	/* A worker that failed on its own while the others were being
+	 * stopped is a failure too (torchrun lists every failed rank). */
+	(void)agent_collect_failures(a);
 	if (count_running(a) > 0)
 		return AS_STOPPING;
 	return agent_after_stop(a);
@@ -250,6 +268,13 @@ static enum agent_state barrier_done(struct crun_agent *a)
 
 	if (a->failing)
 		return finish(a, 1);
+	if (rdzv_barrier_result(a->rdzv) < 0) {
+		/* A peer failed or never finished: this job did not succeed. */
+		fprintf(stderr, "crun: error: %s\n", rdzv_last_error(a->rdzv));
+		fflush(stderr);
+		snprintf(a->err, sizeof(a->err), "%s", rdzv_last_error(a->rdzv));
+		return finish(a, 1);
+	}
 	/* Static: node 0's store is the agents' one; c10d/etcd linger in the backend. */
 	if (a->store && a->cfg.nnodes > 1 &&
 	    (!a->cfg.rdzv_backend || strcmp(a->cfg.rdzv_backend, "static") == 0)) {
@@ -266,6 +291,28 @@ static enum agent_state barrier_done(struct crun_agent *a)
 	return finish(a, 0);
 }
 
+/* c10d: a peer restarted (or the membership changed) while this node waited
+ * in the exit barrier: the nodes restart together. A failure ends the
+ * barrier itself; a lost store ends the job here. */
+static enum agent_state barrier_peer_changed(struct crun_agent *a)
+{
+	if (a->failing)
+		return AS_BARRIER;
+	switch (rdzv_change_kind(a->rdzv)) {
+	case RDZV_CHANGE_RESTART:
+		a->stop_reason = STOP_RESTART;
+		return agent_after_stop(a);
+	case RDZV_CHANGE_MEMBERSHIP:
+		a->stop_reason = STOP_PEER;
+		return agent_after_stop(a);
+	case RDZV_CHANGE_LOST:
+		a->stop_reason = STOP_PEER_FAILED;
+		return agent_after_stop(a);
+	default:
+		return AS_BARRIER;
+	}
+}
+
 const agent_action agent_fsm[AS__MAX][AE__MAX] = {
     [AS_INIT] = {[AE_START] = open_round, [AE_TERM_SIGNAL] = exit_on_signal},
     [AS_RENDEZVOUS] = {[AE_RDZV_COMPLETE] = start_workers,
@@ -279,7 +326,9 @@ const agent_action agent_fsm[AS__MAX][AE__MAX] = {
 		     [AE_GRACE_EXPIRED] = kill_all,
 		     [AE_PEER_CHANGED] = peer_changed_while_stopping,
 		     [AE_TERM_SIGNAL] = signal_while_stopping},
-    [AS_BARRIER] = {[AE_BARRIER_DONE] = barrier_done, [AE_TERM_SIGNAL] = exit_on_signal},
+    [AS_BARRIER] = {[AE_BARRIER_DONE] = barrier_done,
+		    [AE_PEER_CHANGED] = barrier_peer_changed,
+		    [AE_TERM_SIGNAL] = exit_on_signal},
 };
 
 static crun_agent_state_t public_state(enum agent_state s)

@@ -1,18 +1,25 @@
-/* logs.c: worker output. Each worker's stdout and stderr come through their own
- * nonblocking pipe, read on the loop and cut into whole lines, so lines of
- * different workers never interleave mid-line. A line goes to the worker's
- * log file when redirected or teed (torchrun's layout, torch-compat §4.4), to
- * the agent's own stdout/stderr unless redirected-only or filtered out, with
- * the tee prefix ("[default0]:") when teed. The last stderr lines of every
- * worker are kept for the failure summary.
+/* logs.c: where worker output goes, as torchrun lays it out (torch-compat
+ * §4.4, torch/distributed/elastic/multiprocessing/api.py DefaultLogsSpecs).
+ * No worker byte passes through a pipe of crun's:
+ *   - a stream neither redirected nor teed gets the caller's own fd (a
+ *     terminal stays a terminal: isatty, \r progress, colours);
+ *   - a rank left out by --local-ranks-filter and not redirected: /dev/null;
+ *   - redirected: the worker writes <attempt>/<rank>/std{out,err}.log itself,
+ *     so the file is whole and never waits for the agent;
+ *   - teed: the same file, which the agent tails (inotify) and copies to its
+ *     console with the line prefix at the start of each line only, and, with
+ *     --duplicate-std*-filters, matching lines to <attempt>/filtered_*.log.
+ * Console copies go through console.c and never block the loop.
  */
 #define _XOPEN_SOURCE_EXTENDED 1
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,11 +28,11 @@
 #include "agent/agent.h"
 #include "common/common.h"
 
-int logs_render_prefix(const char *tmpl, const char *role, int rank, int local_rank, int group_rank,
-		       char *buf, size_t cap)
+int logs_render_prefix(const char *tmpl, const char *role, const char *host, int rank,
+		       int local_rank, int group_rank, char *buf, size_t cap)
 {
-	static const char *const names[] = {"role_name", "rank", "local_rank", "group_rank",
-					    "node_rank"};
+	static const char *const names[] = {"role_name", "rank",      "local_rank",
+					    "group_rank", "node_rank", "hostname"};
 	size_t o = 0;
 
 	if (cap == 0)
@@ -67,8 +74,10 @@ int logs_render_prefix(const char *tmpl, const char *role, int rank, int local_r
 			snprintf(val, sizeof(val), "%d", rank);
 		else if (which == 2)
 			snprintf(val, sizeof(val), "%d", local_rank);
-		else if (which >= 3)
+		else if (which == 3 || which == 4)
 			snprintf(val, sizeof(val), "%d", group_rank);
+		else if (which == 5) /* torchrun: socket.gethostname(), short */
+			snprintf(val, sizeof(val), "%s", host);
 		if (!skip) { /* a plain character (or an unknown $name, kept as is) */
 			val[0] = *p;
 			val[1] = '\0';
@@ -85,214 +94,514 @@ int logs_render_prefix(const char *tmpl, const char *role, int rank, int local_r
 	return 0;
 }
 
-static void ring_push(struct worker *w, const char *line, size_t len)
-{
-	char *slot = w->ring[w->ring_head];
 
-	if (len >= AGENT_RING_LINE)
-		len = AGENT_RING_LINE - 1;
-	memcpy(slot, line, len);
-	slot[len] = '\0';
-	w->ring_head = (w->ring_head + 1) % AGENT_RING_LINES;
-	if (w->ring_n < AGENT_RING_LINES)
-		w->ring_n++;
-}
+/* ---- the failure summary's stderr lines ---------------------------------------- */
 
 char *logs_stderr_tail(const struct worker *w)
 {
-	size_t cap = (size_t)AGENT_RING_LINES * (AGENT_RING_LINE + 1) + 1, o = 0;
-	char *out;
+	enum { TAIL_BYTES = AGENT_RING_LINES * AGENT_RING_LINE };
+	char path[PATH_MAX], *buf, *start;
+	const char *slash = strrchr(w->errfile, '/');
+	struct stat st;
+	ssize_t n;
+	int fd, lines = 0;
 
-	if (w->ring_n == 0)
+	/* Only a stream the worker wrote to a file can be read back; one that
+	 * went to the caller's terminal is already on the user's screen. */
+	if (!slash || !(w->err.mode == SM_FILE || w->err.mode == SM_TEE))
 		return NULL;
-	out = malloc(cap);
+	if (str_printf(path, sizeof(path), "%.*s/stderr.log", (int)(slash - w->errfile),
+		       w->errfile) < 0)
+		return NULL;
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return NULL;
+	buf = malloc(TAIL_BYTES + 1);
+	if (!buf || fstat(fd, &st) < 0)
+		goto fail;
+	n = pread(fd, buf, TAIL_BYTES, st.st_size > TAIL_BYTES ? st.st_size - TAIL_BYTES : 0);
+	if (n <= 0)
+		goto fail;
+	while (n > 0 && buf[n - 1] == '\n')
+		n--;
+	buf[n] = '\0';
+	start = buf + n;
+	while (start > buf && lines < AGENT_RING_LINES)
+		if (*--start == '\n' && ++lines == AGENT_RING_LINES)
+			start++;
+	if (n == 0)
+		goto fail;
+	memmove(buf, start, strlen(start) + 1);
+	fd_close(fd);
+	return buf;
+fail:
+	free(buf);
+	fd_close(fd);
+	return NULL;
+}
+
+/* ---- tailing teed files ----------------------------------------------------------- */
+
+enum { TAIL_CHUNK = 65536, TAIL_ROUNDS = 16 };
+
+/* Duplicate filters: torchrun's "a,b" list where ",," is a literal comma,
+ * kept as '\0'-separated needles; *ret_n counts them. */
+static char *parse_filters(const char *spec, int *ret_n)
+{
+	size_t len = strlen(spec), o = 0;
+	char *out = calloc(len + 1, 1);
+	int n = 1;
+
 	if (!out)
 		return NULL;
-	for (int i = 0; i < w->ring_n; i++) {
-		int idx = (w->ring_head - w->ring_n + i + AGENT_RING_LINES) % AGENT_RING_LINES;
-		size_t l = strlen(w->ring[idx]);
-
-		if (i)
-			out[o++] = '\n';
-		memcpy(out + o, w->ring[idx], l);
-		o += l;
+	for (const char *p = spec; *p; p++) {
+		if (p[0] == ',' && p[1] == ',') {
+			out[o++] = ',';
+			p++;
+		} else if (*p == ',') {
+			out[o++] = '\0';
+			n++;
+		} else {
+			out[o++] = *p;
+		}
 	}
-	out[o] = '\0';
+	*ret_n = n;
 	return out;
 }
 
-static void emit_line(struct agent_stream *s, const char *line, size_t len)
+/* torchrun's any(needle in line for needle in filters). */
+static bool filter_match(const char *needles, int n, const char *line, size_t len)
 {
-	if (s->file_fd >= 0) {
-		if (fd_write_all(s->file_fd, line, len) < 0 ||
-		    fd_write_all(s->file_fd, "\n", 1) < 0)
-			log_at(LL_WARN, SUB_AGENT, "worker log file: %s", strerror(errno));
-	}
-	if (s->which == CRUN_STD_ERR)
-		ring_push(s->w, line, len);
-	if (s->console) {
-		static char out[sizeof(((struct worker *)0)->prefix) + AGENT_LINE_MAX + 1];
-		size_t o = 0;
+	for (const char *p = needles; n-- > 0; p += strlen(p) + 1)
+		if (memmem(line, len, p, strlen(p)))
+			return true;
+	return false;
+}
 
-		if (s->prefixed) {
-			size_t pl = strlen(s->w->prefix);
+static void filter_write(struct agent_stream *s, const char *p, size_t n)
+{
+	int fd = s->a->filt_fd[s->which == CRUN_STD_ERR];
 
-			memcpy(out, s->w->prefix, pl);
-			o = pl;
+	if (fd >= 0 && fd_write_all(fd, p, n) < 0)
+		log_at(LL_WARN, SUB_AGENT, "filtered log: %s, ignoring", strerror(errno));
+}
+
+/* Feeds bytes to the duplicate filter: a line is decided when complete, or
+ * on its first AGENT_LINE_MAX bytes when longer; a matching line is written
+ * whole, prefixed, whatever its length. */
+static void filter_feed(struct agent_stream *s, const char *p, size_t n, bool eof)
+{
+	const char *needles = s->a->filters[s->which == CRUN_STD_ERR];
+	int nn = s->a->nfilters[s->which == CRUN_STD_ERR];
+
+	if (!needles || !s->fline)
+		return;
+	while (n || (eof && s->flen)) {
+		const char *nl = n ? memchr(p, '\n', n) : NULL;
+		size_t take = nl ? (size_t)(nl - p) + 1 : n;
+
+		if (s->fmatch < 0) {
+			size_t room = AGENT_LINE_MAX - s->flen;
+			size_t c = MIN(take, room);
+
+			if (c) /* p is NULL at EOF */
+				memcpy(s->fline + s->flen, p, c);
+			s->flen += c;
+			if (nl && c == take) { /* a whole line: decide, emit, reset */
+				if (filter_match(needles, nn, s->fline, s->flen)) {
+					filter_write(s, s->w->prefix, strlen(s->w->prefix));
+					filter_write(s, s->fline, s->flen);
+				}
+				s->flen = 0;
+			} else if (s->flen == AGENT_LINE_MAX || (eof && n == c)) {
+				s->fmatch = filter_match(needles, nn, s->fline, s->flen);
+				if (s->fmatch) {
+					filter_write(s, s->w->prefix, strlen(s->w->prefix));
+					filter_write(s, s->fline, s->flen);
+				}
+				s->flen = 0;
+				if (eof && n == c)
+					s->fmatch = -1;
+			}
+			p += c;
+			n -= c;
+			continue;
 		}
-		memcpy(out + o, line, len);
-		o += len;
-		out[o++] = '\n';
-		/* One write per line keeps lines whole on the agent's stream. */
-		if (fd_write_all(s->which == CRUN_STD_OUT ? STDOUT_FILENO : STDERR_FILENO, out, o) <
-		    0)
-			return;
+		if (s->fmatch)
+			filter_write(s, p, take);
+		if (nl)
+			s->fmatch = -1;
+		p += take;
+		n -= take;
 	}
 }
 
-/* Emits every whole line in the buffer; a line that fills the buffer is
- * emitted in pieces; at EOF the rest is emitted as a last line. */
-static void flush_lines(struct agent_stream *s, bool eof)
+/* Copies a chunk to the console, the prefix at each line start only. Puts
+ * are cut at line ends, so a full queue drops whole lines. */
+static void console_feed(struct agent_stream *s, const char *p, size_t n)
 {
-	size_t start = 0;
+	enum { OUT_CAP = TAIL_CHUNK + 4096 };
+	struct agent_console *c = s->a->console;
+	size_t plen = strlen(s->w->prefix), o = 0;
+	bool out_starts = s->line_start;
+	char *out;
 
-	for (;;) {
-		char *nl = memchr(s->buf + start, '\n', s->len - start);
+	if (!s->console || !c)
+		return;
+	out = malloc(OUT_CAP);
+	if (!out)
+		return;
+	while (n) {
+		const char *nl = memchr(p, '\n', n);
+		size_t take = nl ? (size_t)(nl - p) + 1 : n;
 
-		if (!nl)
+		if (o && o + plen + take > OUT_CAP) { /* flush what we have first */
+			console_put(c, s->which, out, o, out_starts);
+			o = 0;
+		}
+		if (o == 0)
+			out_starts = s->line_start;
+		if (s->line_start) {
+			memcpy(out + o, s->w->prefix, plen);
+			o += plen;
+		}
+		if (o + take > OUT_CAP) { /* a line longer than the buffer: as is */
+			console_put(c, s->which, out, o, out_starts);
+			console_put(c, s->which, p, take, false);
+			o = 0;
+		} else {
+			memcpy(out + o, p, take);
+			o += take;
+		}
+		s->line_start = nl != NULL;
+		p += take;
+		n -= take;
+	}
+	if (o)
+		console_put(c, s->which, out, o, out_starts);
+	free(out);
+}
+
+enum pump_mode {
+	PUMP_LIVE,  /* the loop: retry later while a reader is slow, not stalled */
+	PUMP_FORCE, /* a full queue drops (counted); 64 MiB of reads at most */
+	PUMP_BLOCK, /* the end: wait for a reader that progresses, to a deadline */
+};
+
+/* Whether the console of `which` took no byte for AGENT_CONSOLE_STALL_MS
+ * while it had some queued: then lines are dropped, not waited for. */
+static bool console_stalled(struct crun_agent *a, int which)
+{
+	uint64_t stalled_ms = 0;
+
+	(void)console_room(a->console, which, &stalled_ms);
+	return stalled_ms >= AGENT_CONSOLE_STALL_MS;
+}
+
+/* Reads up to `rounds` chunks of a teed file; true when more may be left
+ * (*ret_waiting: because the console is slow). */
+static bool tail_pump(struct agent_stream *s, int rounds, enum pump_mode mode, uint64_t until_ms,
+		      bool *ret_waiting)
+{
+	enum { NEED = TAIL_CHUNK + 8192 }; /* a chunk with its prefixes */
+	bool more = false;
+	int forced = 0;
+	char *buf;
+
+	if (s->tail_fd < 0)
+		return false;
+	buf = malloc(TAIL_CHUNK);
+	if (!buf)
+		return false;
+	for (int i = 0; i < rounds; i++) {
+		ssize_t n;
+
+		/* Wait while the reader makes progress; a stalled one (or the
+		 * deadline) turns waiting into dropping. */
+		while (mode == PUMP_BLOCK && s->console &&
+		       console_room(s->a->console, s->which, NULL) < NEED) {
+			if (console_stalled(s->a, s->which) || clock_now_ms() >= until_ms)
+				mode = PUMP_FORCE;
+			else
+				(void)console_wait_room(s->a->console, s->which, NEED,
+							MIN(until_ms, clock_now_ms() + 100));
+		}
+		if (mode == PUMP_LIVE && s->console &&
+		    console_room(s->a->console, s->which, NULL) < NEED &&
+		    !console_stalled(s->a, s->which)) {
+			*ret_waiting = more = true;
 			break;
-		emit_line(s, s->buf + start, (size_t)(nl - (s->buf + start)));
-		start = (size_t)(nl - s->buf) + 1;
-	}
-	if (start == 0 && s->len == sizeof(s->buf)) {
-		emit_line(s, s->buf, s->len);
-		start = s->len;
-	}
-	if (eof && start < s->len) {
-		emit_line(s, s->buf + start, s->len - start);
-		start = s->len;
-	}
-	memmove(s->buf, s->buf + start, s->len - start);
-	s->len -= start;
-}
-
-static void stream_close_fd(struct agent_stream *s)
-{
-	if (s->ev) {
-		event_free(s->ev);
-		s->ev = NULL;
-	}
-	fd_close(s->fd);
-	s->fd = -1;
-}
-
-/* Reads until EAGAIN or EOF; bounded so one chatty worker cannot starve the
- * loop (the event fires again while data remains). */
-static void stream_read(struct agent_stream *s)
-{
-	for (int round = 0; round < 64 && s->fd >= 0; round++) {
-		ssize_t n = read(s->fd, s->buf + s->len, sizeof(s->buf) - s->len);
-
+		}
+		if (mode == PUMP_FORCE && ++forced > 1024) { /* 64 MiB: enough */
+			more = true;
+			break;
+		}
+		n = read(s->tail_fd, buf, TAIL_CHUNK);
 		if (n < 0 && errno == EINTR)
 			continue;
-		if (n < 0 && errno == EAGAIN)
-			return;
-		if (n <= 0) {
-			flush_lines(s, true);
-			stream_close_fd(s);
-			return;
-		}
-		s->len += (size_t)n;
-		flush_lines(s, false);
+		if (n <= 0)
+			break;
+		console_feed(s, buf, (size_t)n);
+		filter_feed(s, buf, (size_t)n, false);
+		more = i == rounds - 1;
+	}
+	if (!more && mode != PUMP_LIVE)
+		filter_feed(s, NULL, 0, true);
+	free(buf);
+	if (more && mode != PUMP_LIVE && s->console && s->path) {
+		char note[PATH_MAX + 64];
+		int n = snprintf(note, sizeof(note), "%s[crun: the rest is in %s]\n",
+				 s->line_start ? "" : "\n", s->path);
+
+		/* Closing with more than the bound left: say where it is. */
+		console_put(s->a->console, s->which, note, (size_t)MIN(n, (int)sizeof(note) - 1),
+			    false);
+	}
+	return more;
+}
+
+static void pump_all(struct crun_agent *a)
+{
+	bool more = false, waiting = false;
+
+	for (int i = 0; a->workers && i < a->nworkers; i++) {
+		more |= tail_pump(&a->workers[i].out, TAIL_ROUNDS, PUMP_LIVE, 0, &waiting);
+		more |= tail_pump(&a->workers[i].err, TAIL_ROUNDS, PUMP_LIVE, 0, &waiting);
+	}
+	/* Bounded work per callback: come back on the next loop iteration, or
+	 * a little later when a slow console is what holds us. */
+	if (more) {
+		struct timeval tv = {0, waiting ? 20 * 1000 : 0};
+
+		evtimer_add(a->tail_more, &tv);
 	}
 }
 
-static void on_pipe(evutil_socket_t fd, short what, void *arg)
+static void on_inotify(evutil_socket_t fd, short what, void *arg)
+{
+	char ev[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+
+	(void)what;
+	for (int i = 0; i < 64; i++) /* coalesced: which file does not matter */
+		if (read(fd, ev, sizeof(ev)) <= 0)
+			break;
+	pump_all(arg);
+}
+
+static void on_tail_more(evutil_socket_t fd, short what, void *arg)
 {
 	(void)fd;
 	(void)what;
-	stream_read(arg);
+	pump_all(arg);
+}
+
+/* ---- per worker stream ---------------------------------------------------------- */
+
+static void stream_reset(struct agent_stream *s)
+{
+	s->child_fd = s->tail_fd = s->wd = -1;
+	s->mode = SM_DIRECT;
+	s->fline = NULL;
+	s->path = NULL;
+}
+
+void logs_reset_worker(struct worker *w)
+{
+	stream_reset(&w->out);
+	stream_reset(&w->err);
 }
 
 static int open_stream(struct crun_agent *a, struct worker *w, struct agent_stream *s, int which,
-		       const char *attempt_dir, int *ret_wr)
+		       const char *attempt_dir)
 {
 	int r_mask = a->cfg.redirects ? a->cfg.redirects[w->local_rank] : 0;
 	int t_mask = a->cfg.tee ? a->cfg.tee[w->local_rank] : 0;
-	int p[2];
+	bool shown = !a->cfg.console_ranks || a->cfg.console_ranks[w->local_rank];
+	char path[PATH_MAX];
 
 	s->a = a;
 	s->w = w;
 	s->which = which;
-	s->len = 0;
-	s->file_fd = -1;
-	if (attempt_dir[0] && ((r_mask | t_mask) & which)) {
-		char path[PATH_MAX];
-
-		TRY(str_printf(path, sizeof(path), "%s/%d/%s", attempt_dir, w->local_rank,
-			       which == CRUN_STD_OUT ? "stdout.log" : "stderr.log"));
-		s->file_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
-		if (s->file_fd < 0)
-			return -errno;
+	s->line_start = true;
+	s->fmatch = -1;
+	s->flen = 0;
+	/* torchrun: a tee implies the redirect; --log_dir=/dev/null has no
+	 * files at all, so everything stays on the console. */
+	if (!attempt_dir[0] || !((r_mask | t_mask) & which)) {
+		s->mode = shown ? SM_DIRECT : SM_NULL;
+		if (shown) {
+			s->child_fd = which == CRUN_STD_OUT ? STDOUT_FILENO : STDERR_FILENO;
+			return 0;
+		}
+		s->child_fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+		return s->child_fd < 0 ? -errno : 0;
 	}
-	s->console = !(r_mask & which) || (t_mask & which);
-	if (a->cfg.console_ranks && !a->cfg.console_ranks[w->local_rank])
-		s->console = false;
-	s->prefixed = (t_mask & which) != 0;
-	if (pipe2(p, O_CLOEXEC) < 0)
+	TRY(str_printf(path, sizeof(path), "%s/%d/%s", attempt_dir, w->local_rank,
+		       which == CRUN_STD_OUT ? "stdout.log" : "stderr.log"));
+	s->child_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+	if (s->child_fd < 0)
 		return -errno;
-	s->fd = p[0];
-	*ret_wr = p[1];
-	if (fd_set_nonblock(s->fd, true) < 0)
-		return CRUN_EIO;
-	s->ev = event_new(a->base, s->fd, EV_READ | EV_PERSIST, on_pipe, s);
-	if (!s->ev || event_add(s->ev, NULL) < 0)
+	s->mode = SM_FILE;
+	if (!(t_mask & which))
+		return 0;
+	/* A teed rank left out by the filter: file only, not tailed (torchrun). */
+	s->mode = SM_TEE;
+	s->console = shown;
+	if (!shown && !a->filters[which == CRUN_STD_ERR])
+		return 0;
+	s->path = str_dup(path);
+	if (!s->path)
 		return CRUN_ENOMEM;
+	s->tail_fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (s->tail_fd < 0)
+		return -errno;
+	if (a->ino_fd >= 0)
+		s->wd = inotify_add_watch(a->ino_fd, path, IN_MODIFY);
+	if (a->filters[which == CRUN_STD_ERR]) {
+		s->fline = malloc(AGENT_LINE_MAX);
+		if (!s->fline)
+			return CRUN_ENOMEM;
+	}
 	return 0;
 }
 
-int logs_open_worker(struct crun_agent *a, struct worker *w, const char *attempt_dir,
-		     int *ret_out_wr, int *ret_err_wr)
+int logs_open_worker(struct crun_agent *a, struct worker *w, const char *attempt_dir)
 {
 	const char *tmpl = a->cfg.line_prefix_template;
-	int r;
 
 	if (!tmpl || !*tmpl)
 		tmpl = "[${role_name}${local_rank}]:";
-	if (logs_render_prefix(tmpl, a->role, w->global_rank, w->local_rank, a->group_rank,
-			       w->prefix, sizeof(w->prefix)) < 0)
+	if (logs_render_prefix(tmpl, a->role, a->short_host, w->global_rank, w->local_rank,
+			       a->group_rank, w->prefix, sizeof(w->prefix)) < 0)
 		w->prefix[0] = '\0';
-	r = open_stream(a, w, &w->out, CRUN_STD_OUT, attempt_dir, ret_out_wr);
-	if (r < 0)
-		return r;
-	return open_stream(a, w, &w->err, CRUN_STD_ERR, attempt_dir, ret_err_wr);
+	logs_reset_worker(w);
+	TRY(open_stream(a, w, &w->out, CRUN_STD_OUT, attempt_dir));
+	return open_stream(a, w, &w->err, CRUN_STD_ERR, attempt_dir);
+}
+
+static void drop_child_fd(struct agent_stream *s)
+{
+	if (s->child_fd > STDERR_FILENO)
+		fd_close(s->child_fd);
+	s->child_fd = -1;
+}
+
+void logs_after_spawn(struct worker *w)
+{
+	drop_child_fd(&w->out);
+	drop_child_fd(&w->err);
 }
 
 void logs_drain_worker(struct crun_agent *a, struct worker *w)
 {
-	(void)a;
-	if (w->out.fd >= 0)
-		stream_read(&w->out);
-	if (w->err.fd >= 0)
-		stream_read(&w->err);
+	(void)w;
+	pump_all(a); /* what is left follows on the timer until the close */
 }
 
-static void close_stream(struct agent_stream *s)
+static void close_stream(struct crun_agent *a, struct agent_stream *s)
 {
-	if (s->fd >= 0)
-		stream_read(s);
-	if (s->len)
-		flush_lines(s, true);
-	stream_close_fd(s);
-	fd_close(s->file_fd);
-	s->file_fd = -1;
+	bool waiting = false;
+
+	/* The end of an attempt: wait for a reader that keeps reading, for
+	 * AGENT_CONSOLE_FLUSH_MS at most (on the loop too: a stalled reader costs
+	 * it AGENT_CONSOLE_STALL_MS once); then drop, 64 MiB of reads at most. */
+	(void)a;
+	(void)tail_pump(s, INT_MAX, PUMP_BLOCK, clock_now_ms() + AGENT_CONSOLE_FLUSH_MS,
+			&waiting);
+	drop_child_fd(s);
+	if (s->wd >= 0 && a->ino_fd >= 0)
+		(void)inotify_rm_watch(a->ino_fd, s->wd);
+	s->wd = -1;
+	fd_close(s->tail_fd);
+	s->tail_fd = -1;
+	free(s->fline);
+	s->fline = NULL;
+	free(s->path);
+	s->path = NULL;
 }
 
 void logs_close_worker(struct crun_agent *a, struct worker *w)
 {
-	(void)a;
-	close_stream(&w->out);
-	close_stream(&w->err);
+	close_stream(a, &w->out);
+	close_stream(a, &w->err);
+}
+
+/* ---- the agent's share ---------------------------------------------------------- */
+
+int logs_open_attempt(struct crun_agent *a, const char *attempt_dir)
+{
+	static const char *const names[2] = {"filtered_stdout.log", "filtered_stderr.log"};
+
+	for (int i = 0; i < 2; i++) {
+		char path[PATH_MAX];
+
+		if (!a->filters[i] || !attempt_dir[0])
+			continue;
+		TRY(str_printf(path, sizeof(path), "%s/%s", attempt_dir, names[i]));
+		a->filt_fd[i] = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+		if (a->filt_fd[i] < 0)
+			return -errno;
+	}
+	return 0;
+}
+
+void logs_close_attempt(struct crun_agent *a)
+{
+	for (int i = 0; i < 2; i++) {
+		fd_close(a->filt_fd[i]);
+		a->filt_fd[i] = -1;
+	}
+}
+
+int logs_init(struct crun_agent *a)
+{
+	const char *spec[2] = {a->cfg.duplicate_stdout_filters, a->cfg.duplicate_stderr_filters};
+
+	a->ino_fd = -1;
+	a->filt_fd[0] = a->filt_fd[1] = -1;
+	for (int i = 0; i < 2; i++)
+		if (spec[i] && *spec[i] && !(a->filters[i] = parse_filters(spec[i], &a->nfilters[i])))
+			return CRUN_ENOMEM;
+	TRY(console_new(STDOUT_FILENO, STDERR_FILENO, AGENT_CONSOLE_BYTES, &a->console));
+	a->ino_fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+	if (a->ino_fd < 0)
+		return -errno;
+	a->ino_ev = event_new(a->base, a->ino_fd, EV_READ | EV_PERSIST, on_inotify, a);
+	a->tail_more = evtimer_new(a->base, on_tail_more, a);
+	if (!a->ino_ev || !a->tail_more || event_add(a->ino_ev, NULL) < 0)
+		return CRUN_ENOMEM;
+	return 0;
+}
+
+void logs_flush_console(struct crun_agent *a, uint32_t timeout_ms)
+{
+	uint64_t until = clock_now_ms() + timeout_ms;
+	bool waiting = false;
+
+	for (int i = 0; a->workers && i < a->nworkers; i++) {
+		(void)tail_pump(&a->workers[i].out, INT_MAX, PUMP_BLOCK, until, &waiting);
+		(void)tail_pump(&a->workers[i].err, INT_MAX, PUMP_BLOCK, until, &waiting);
+	}
+	(void)console_flush(a->console, (uint32_t)(until > clock_now_ms() ? until - clock_now_ms()
+									  : 0));
+}
+
+void logs_fini(struct crun_agent *a)
+{
+	if (a->ino_ev)
+		event_free(a->ino_ev);
+	if (a->tail_more)
+		event_free(a->tail_more);
+	a->ino_ev = a->tail_more = NULL;
+	fd_close(a->ino_fd);
+	a->ino_fd = -1;
+	logs_close_attempt(a);
+	console_free(a->console, AGENT_CONSOLE_FLUSH_MS);
+	a->console = NULL;
+	for (int i = 0; i < 2; i++) {
+		free(a->filters[i]);
+		a->filters[i] = NULL;
+	}
 }
 
 int logs_mkdirs(const char *path)

@@ -2,6 +2,9 @@
  * before the fork, every signal is blocked across it, and the child runs only
  * async-signal-safe calls until execve. Errors in the child come back through
  * a close-on-exec pipe as an errno; EOF on that pipe means the exec worked.
+ * The worker leads a new session (torchrun's start_new_session=True): a
+ * worker reading the terminal is never stopped by SIGTTIN, and kill(-pid)
+ * still reaches its whole group.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -10,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -47,7 +51,7 @@ int spawn_worker(const struct spawn_req *req, const sigset_t *orig_mask, pid_t *
 	if (pid == 0) {
 		int fd = status_pipe[1];
 
-		if (setpgid(0, 0) < 0)
+		if (setsid() < 0)
 			child_fail(fd, errno);
 		if (prctl(PR_SET_PDEATHSIG, req->deathsig) < 0)
 			child_fail(fd, errno);
@@ -58,6 +62,13 @@ int spawn_worker(const struct spawn_req *req, const sigset_t *orig_mask, pid_t *
 				signal(s, SIG_DFL);
 		if (sigprocmask(SIG_SETMASK, orig_mask, NULL) < 0)
 			child_fail(fd, errno);
+		/* The agent's raised fd limit is its own: workers get the one
+		 * crun was started with, as under torchrun. */
+		if (req->nofile && setrlimit(RLIMIT_NOFILE, req->nofile) < 0)
+			child_fail(fd, errno);
+		if (req->cpus && sched_setaffinity(0, sizeof(*req->cpus), req->cpus) < 0)
+			child_fail(fd, errno);
+		/* dup2 onto itself keeps the fd (the caller's own stdout). */
 		if (dup2(req->stdout_fd, STDOUT_FILENO) < 0 ||
 		    dup2(req->stderr_fd, STDERR_FILENO) < 0)
 			child_fail(fd, errno);
@@ -83,7 +94,7 @@ int spawn_worker(const struct spawn_req *req, const sigset_t *orig_mask, pid_t *
 			;
 		return -child_err;
 	}
-	*ret_pid = pid; /* EOF: exec succeeded, so setpgid() has run too */
+	*ret_pid = pid; /* EOF: exec succeeded, so setsid() has run too */
 	return 0;
 }
 

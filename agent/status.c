@@ -20,7 +20,7 @@
 
 #include "agent/agent.h"
 #include "rendezvous/rdzv.h"
-#include "store/store.h"
+#include "store/server.h"
 #include "common/common.h"
 
 #define STATUS_MAX_HEADERS_BYTES 8192 /* a status client sends a GET line and a few headers */

@@ -1,13 +1,19 @@
 /* supervise.c: process supervision (STYLE §6). Signals are loop events; one
  * reap path (peek with WNOWAIT, kill what is left of the worker's group while
  * the zombie still pins its pgid, then reap); stopping with a grace timer.
+ * Only the agent's own children are waited for, each by pid (waitid(P_PID)):
+ * a host that embeds the agent keeps the exit status of children it forked.
+ * Whether the process adopts orphans (subreaper) and how it treats SIGPIPE
+ * are the program's choices (cmd/crun.c), not the library's.
  *
  * The guard: PR_SET_PDEATHSIG kills a worker when the agent dies, but not the
  * worker's own children. So at start-up the agent forks a tiny guard process
  * that reads "+pgid"/"-pgid" records from a pipe; when the agent dies (even by
  * SIGKILL) the pipe reaches EOF and the guard SIGKILLs every group still
  * registered. A group is unregistered before its leader is reaped, while the
- * zombie still pins the pgid, so the guard can never hit a reused id.
+ * zombie still pins the pgid, so the guard can never hit a reused id. The
+ * guard leads its own session, so `kill -9 -PGID` of crun's group does not
+ * take it along; it holds no fd but its channel.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -16,7 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <event2/event.h>
@@ -92,63 +101,95 @@ int supervise_parse_signals(const char *list, uint64_t *ret_mask)
 	return 0;
 }
 
-static struct worker *find_worker(struct crun_agent *a, pid_t pid)
+static void note_exit(struct crun_agent *a, struct worker *w, int status)
 {
-	for (int i = 0; i < a->nworkers; i++)
-		if (a->workers[i].state == W_RUNNING && a->workers[i].pid == pid)
-			return &a->workers[i];
-	return NULL;
+	w->state = W_EXITED;
+	w->stopped = false;
+	w->exit_time = clock_wall_s();
+	if (WIFSIGNALED(status)) {
+		w->term_sig = WTERMSIG(status);
+		w->exit_code = 128 + w->term_sig;
+	} else {
+		w->exit_code = WEXITSTATUS(status);
+	}
+	logs_drain_worker(a, w);
+	log_at(LL_INFO, SUB_AGENT, "worker %d (pid %d) exited with %d", w->local_rank, (int)w->pid,
+	       w->exit_code);
+}
+
+/* Job control of a live worker: a stop holds the whole job, so say so. */
+static void note_stop(struct worker *w, const siginfo_t *si)
+{
+	if (si->si_code == CLD_STOPPED || si->si_code == CLD_TRAPPED) {
+		w->stopped = true;
+		log_at(LL_WARN, SUB_AGENT,
+		       "worker %d (pid %d) is stopped by %s; the job waits until it is continued",
+		       w->local_rank, (int)w->pid, supervise_signame(si->si_status));
+	} else if (si->si_code == CLD_CONTINUED) {
+		w->stopped = false;
+		log_at(LL_WARN, SUB_AGENT, "worker %d (pid %d) continues", w->local_rank,
+		       (int)w->pid);
+	}
+}
+
+/* Reaps worker w if it exited; true when it did. */
+static bool reap_worker(struct crun_agent *a, struct worker *w)
+{
+	siginfo_t si = {0};
+	int status;
+
+	while (waitid(P_PID, (id_t)w->pid, &si, WEXITED | WNOHANG | WNOWAIT) < 0)
+		if (errno != EINTR)
+			return false;
+	if (si.si_pid != w->pid) {
+		/* Alive: collect a stop or continue notice, if any. */
+		memset(&si, 0, sizeof(si));
+		if (waitid(P_PID, (id_t)w->pid, &si, WSTOPPED | WCONTINUED | WNOHANG) == 0 &&
+		    si.si_pid == w->pid)
+			note_stop(w, &si);
+		return false;
+	}
+	/* The unreaped zombie still pins its pid and pgid, so killing
+	 * what is left of its group cannot hit an unrelated process. */
+	(void)kill(-w->pid, SIGKILL);
+	supervise_guard_del(a, w->pid);
+	while (waitpid(w->pid, &status, 0) < 0 && errno == EINTR)
+		;
+	note_exit(a, w, status);
+	return true;
+}
+
+/* When this process adopts orphans (crun is a subreaper), the worker's
+ * killed group members come back to us: reap them by group. Bounded. */
+static void sweep_group(struct worker *w)
+{
+	for (int i = 0; i < 64; i++) {
+		siginfo_t si = {0};
+
+		if (waitid(P_PGID, (id_t)w->pid, &si, WEXITED | WNOHANG) < 0 || si.si_pid == 0)
+			return;
+		log_at(LL_DEBUG, SUB_AGENT, "reaped orphan %d of worker %d", (int)si.si_pid,
+		       w->local_rank);
+	}
 }
 
 static void agent_reap(struct crun_agent *a)
 {
 	bool any = false;
 
-	for (int guard = 0; guard < 100000; guard++) {
-		siginfo_t si = {0};
-		struct worker *w;
-		int status;
+	for (int i = 0; i < a->nworkers; i++) {
+		struct worker *w = &a->workers[i];
 
-		if (waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) < 0) {
-			if (errno == EINTR)
-				continue;
-			if (errno != ECHILD)
-				log_at(LL_ERROR, SUB_AGENT, "waitid: %s", strerror(errno));
-			break;
-		}
-		if (si.si_pid == 0)
-			break; /* no more zombies */
-
-		/* The unreaped zombie still pins its pid and pgid, so killing
-		 * what is left of its group cannot hit an unrelated process. */
-		w = find_worker(a, si.si_pid);
-		if (w) {
-			(void)kill(-w->pid, SIGKILL);
-			supervise_guard_del(a, w->pid);
-		}
-		while (waitpid(si.si_pid, &status, 0) < 0 && errno == EINTR)
-			;
-		if (si.si_pid == a->guard_pid) {
-			log_at(LL_WARN, SUB_AGENT, "the guard process exited");
-			a->guard_pid = 0;
-			continue;
-		}
-		if (!w) {
-			log_at(LL_DEBUG, SUB_AGENT, "reaped orphan %d", (int)si.si_pid);
-			continue;
-		}
-		w->state = W_EXITED;
-		w->exit_time = clock_wall_s();
-		if (WIFSIGNALED(status)) {
-			w->term_sig = WTERMSIG(status);
-			w->exit_code = 128 + w->term_sig;
-		} else {
-			w->exit_code = WEXITSTATUS(status);
-		}
-		logs_drain_worker(a, w);
-		log_at(LL_INFO, SUB_AGENT, "worker %d (pid %d) exited with %d", w->local_rank,
-		       (int)w->pid, w->exit_code);
-		any = true;
+		if (w->state == W_RUNNING)
+			any |= reap_worker(a, w);
+		if (w->state == W_EXITED && w->pid > 0 && a->subreaper)
+			sweep_group(w);
+	}
+	if (a->guard_pid > 0 && waitpid(a->guard_pid, NULL, WNOHANG) == a->guard_pid) {
+		log_at(LL_WARN, SUB_AGENT, "the guard process exited");
+		a->guard_pid = 0;
+		fd_close(a->guard_fd);
+		a->guard_fd = -1;
 	}
 	if (any)
 		agent_fire(a, AE_WORKER_EXIT);
@@ -200,6 +241,9 @@ void supervise_signal_workers(struct crun_agent *a, int sig)
 		if (kill(-w->pid, sig) < 0 && errno != ESRCH)
 			log_at(LL_WARN, SUB_AGENT, "kill(-%d, %d): %s", (int)w->pid, sig,
 			       strerror(errno));
+		/* A stopped group would hold the signal until continued. */
+		if (w->stopped && sig != SIGKILL)
+			(void)kill(-w->pid, SIGCONT);
 	}
 }
 
@@ -234,9 +278,10 @@ static void guard_send(struct crun_agent *a, char op, pid_t pgid)
 	memset(&rec, 0, sizeof(rec)); /* no uninitialised padding on the wire */
 	rec.op = op;
 	rec.pgid = (int32_t)pgid;
-	/* 8 bytes < PIPE_BUF: atomic. Blocking is fine: the guard drains at once. */
+	/* 8 bytes on a stream socket the guard drains at once. MSG_NOSIGNAL: a
+	 * dead guard must not raise SIGPIPE in a host that did not ignore it. */
 	do
-		n = write(a->guard_fd, &rec, sizeof(rec));
+		n = send(a->guard_fd, &rec, sizeof(rec), MSG_NOSIGNAL);
 	while (n < 0 && errno == EINTR);
 }
 
@@ -284,24 +329,44 @@ static _Noreturn void guard_main(int rd)
 	_exit(0);
 }
 
+/* Child side: every fd above 2 but `keep` closed, whatever the limit. */
+static void close_all_but(int keep)
+{
+	struct rlimit rl;
+
+	if (keep != 3) {
+		if (dup2(keep, 3) < 0)
+			_exit(127);
+		keep = 3;
+	}
+	if (syscall(SYS_close_range, 4u, ~0u, 0u) == 0)
+		return;
+	/* Before Linux 5.9: every fd up to the hard limit (the soft one may
+	 * have been lowered after fds above it were opened). */
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_max == RLIM_INFINITY ||
+	    rl.rlim_max > (1u << 20))
+		rl.rlim_max = 1u << 20;
+	for (rlim_t fd = 4; fd < rl.rlim_max; fd++)
+		close((int)fd);
+}
+
 static int start_guard(struct crun_agent *a)
 {
 	sigset_t all, saved;
 	int p[2];
 	pid_t pid;
 
-	if (pipe2(p, O_CLOEXEC) < 0)
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, p) < 0)
 		return -errno;
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &saved);
 	pid = fork();
 	if (pid == 0) {
-		close(p[1]);
-		/* Close every other fd we might hold so that the guard does not
-		 * keep sockets or worker pipes open. */
-		for (int fd = 3; fd < 1024; fd++)
-			if (fd != p[0])
-				close(fd);
+		/* Its own session: a signal to crun's process group (kill -9
+		 * -PGID, a terminal's ^C) never reaches it. */
+		(void)setsid();
+		/* No sockets, worker files or the host's fds held open. */
+		close_all_but(p[0]);
 		/* Nor the stdio pipes of whoever started the agent. */
 		int null = open("/dev/null", O_RDWR);
 
@@ -309,9 +374,11 @@ static int start_guard(struct crun_agent *a)
 			dup2(null, 0);
 			dup2(null, 1);
 			dup2(null, 2);
+			if (null > 3)
+				close(null);
 		}
 		sigprocmask(SIG_SETMASK, &saved, NULL);
-		guard_main(p[0]);
+		guard_main(3);
 	}
 	pthread_sigmask(SIG_SETMASK, &saved, NULL);
 	close(p[0]);
@@ -334,10 +401,13 @@ int supervise_init(struct crun_agent *a)
 	if (!mask)
 		mask = 1ull << SIGTERM | 1ull << SIGINT | 1ull << SIGHUP | 1ull << SIGQUIT;
 	pthread_sigmask(SIG_SETMASK, NULL, &a->orig_mask);
-	/* Orphaned grandchildren are re-parented to us and reaped by agent_reap. */
-	if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0)
-		log_at(LL_WARN, SUB_AGENT, "PR_SET_CHILD_SUBREAPER: %s", strerror(errno));
-	signal(SIGPIPE, SIG_IGN);
+	{
+		int on = 0;
+
+		/* The program (cmd/crun.c) may make us adopt orphans; then the
+		 * killed members of a worker's group come back to be reaped. */
+		a->subreaper = prctl(PR_GET_CHILD_SUBREAPER, &on) == 0 && on;
+	}
 	r = start_guard(a);
 	if (r < 0)
 		return log_fail(SUB_AGENT, r, "cannot start the guard process");

@@ -30,7 +30,7 @@
 #include "common/common.h"
 #include "rendezvous/c10d.h"
 #include "rendezvous/etcd_int.h"
-#include "store/store.h"
+#include "store/server.h"
 
 #define K_MAX 8192
 

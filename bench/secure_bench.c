@@ -28,7 +28,7 @@
 #include "crun/store.h"
 #include "rendezvous/c10d.h"
 #include "store/auth.h"
-#include "store/store.h"
+#include "store/server.h"
 #include "store/tls.h"
 
 #define T_MAX 256

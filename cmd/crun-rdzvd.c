@@ -21,7 +21,7 @@
 #include "agent/agent.h"
 #include "common/common.h"
 #include "store/auth.h"
-#include "store/store.h"
+#include "store/server.h"
 #include "store/tls.h"
 
 #define PROG "crun-rdzvd"

@@ -3,10 +3,13 @@
  * local agent on it. Exit codes as torchrun: 0 success, 1 any failure, 2 bad
  * command line.
  */
+#include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 
 #include <event2/event.h>
 
@@ -55,6 +58,12 @@ int main(int argc, char **argv)
 	int r;
 
 	log_init("crun", LL_WARN);
+	/* The program's choices, not the library's (an embedding host keeps
+	 * its own): adopt what workers orphan, so the agent reaps it, and
+	 * take EPIPE from a vanished peer instead of dying. */
+	if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0)
+		log_at(LL_WARN, SUB_CMD, "PR_SET_CHILD_SUBREAPER: %s, ignoring", strerror(errno));
+	signal(SIGPIPE, SIG_IGN);
 	if (cli_parse(&c, argc, argv, environ) < 0) {
 		fprintf(stderr,
 			"usage: crun [options] training_script [training_script_args ...]\n"

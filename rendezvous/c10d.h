@@ -1,15 +1,16 @@
 /* c10d.h: the c10d rendezvous backend behind rdzv.h (static.c dispatches to
- * it), plus its pure parts for unit tests: rdzv_conf parsing and the group
- * rank order of a round.
+ * it), plus rdzv_conf parsing and a blocking join for tests and benchmarks.
+ * The round algorithm's pure core is round_int.h.
  */
 #ifndef CRUN_RENDEZVOUS_C10D_H
 #define CRUN_RENDEZVOUS_C10D_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "rendezvous/rdzv.h"
-#include "store/store.h"
+#include "store/server.h"
 
 struct c10d;
 struct etcd_conf;
@@ -43,12 +44,6 @@ struct c10d_conf {
  * CRUN_EINVAL with err naming the key. */
 int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap);
 
-/* Group rank order of a round: n joined nodes (in ticket order) with their
- * previous group rank (-1 when new). Nodes that were in the previous round
- * keep their relative order in front; new ones follow in ticket order.
- * ret_grank[i] is ticket i+1's group rank. 0 or CRUN_EINVAL. */
-int c10d_order(const int *prev_grank, int n, int *ret_grank);
-
 /* One agent's join of the next round, run synchronously on the calling
  * thread (what the agent's helper thread does): for benchmarks and tests
  * that drive many rendezvous clients in one process. */
@@ -61,6 +56,10 @@ struct c10d_join_args {
 	int prev_round, prev_grank; /* -1, -1 for a first join */
 	uint16_t wport;		    /* this agent's worker store port */
 	const char *addr, *hostname;
+	/* take a lease on the join's own handle (in-memory tests of liveness,
+	 * coord_mem_leases); *ret_lease then receives its id */
+	bool lease_on_handle;
+	uint64_t *ret_lease;
 	const struct etcd_conf *etcd; /* non-NULL: rounds on etcd (host/port unused) */
 };
 int c10d_join_blocking(const struct c10d_join_args *a, struct rdzv_info *ret_info, int *ret_round,
@@ -84,10 +83,14 @@ const char *c10d_peer_addrs(const struct c10d *c);
 /* c10d_peers.c. The address field of a node record into out: 0,
  * CRUN_EPROTO (not a record) or CRUN_ETOOBIG. Pure. */
 int c10d_record_addr(const char *rec, char *out, size_t cap);
-/* Reads round rd's n node records and resolves their addresses: *ret
- * (malloc'd) is "a b ...", every address of every node. Blocking. */
-int c10d_read_peer_addrs(struct coord *c, int rd, int n, uint32_t read_ms, char **ret);
+/* Reads the node records of round rd's members and resolves their
+ * addresses: *ret (malloc'd) is "a b ...", every address of every node.
+ * Blocking. */
+struct round_closed;
+int c10d_read_peer_addrs(struct coord *c, int rd, const struct round_closed *rc, uint32_t read_ms,
+			 char **ret);
 int c10d_exit_barrier(struct c10d *c);
+int c10d_barrier_result(const struct c10d *c);
 int c10d_close_failed(struct c10d *c, const char *why);
 enum rdzv_change c10d_change_kind(const struct c10d *c);
 const char *c10d_last_error(const struct c10d *c);

@@ -1,6 +1,6 @@
 /* c10d_peers.c: the addresses of a round's nodes, for the worker store's
  * allowlist (store_server_set_allowlist): group rank 0's agent serves the
- * store every worker of the round reaches, so it reads the round's node
+ * store every worker of the round reaches, so it reads the members' node
  * records once and resolves them - on the round's helper thread, where
  * blocking is fine - to numeric addresses.
  */
@@ -13,17 +13,15 @@
 #include "common/common.h"
 #include "rendezvous/c10d.h"
 #include "rendezvous/coord.h"
+#include "rendezvous/round_int.h"
 
 int c10d_record_addr(const char *rec, char *out, size_t cap)
 {
-	int prev, nproc, is_host;
-	unsigned wport;
-	char addr[256];
+	struct round_node n;
 
-	/* "prev_grank nproc is_host wport addr host" (c10d.c) */
-	if (sscanf(rec, "%d %d %d %u %255s", &prev, &nproc, &is_host, &wport, addr) != 5)
+	if (round_record_parse(rec, 1, &n) < 0)
 		return CRUN_EPROTO;
-	return str_printf(out, cap, "%s", addr) < 0 ? CRUN_ETOOBIG : 0;
+	return str_printf(out, cap, "%s", n.addr) < 0 ? CRUN_ETOOBIG : 0;
 }
 
 /* Appends every address `name` resolves to ("a b ..."), bounded by cap. */
@@ -52,8 +50,10 @@ static int append_resolved(const char *name, char *buf, size_t cap, size_t *len)
 	return r;
 }
 
-int c10d_read_peer_addrs(struct coord *c, int rd, int n, uint32_t read_ms, char **ret)
+int c10d_read_peer_addrs(struct coord *c, int rd, const struct round_closed *rc, uint32_t read_ms,
+			 char **ret)
 {
+	int n = rc->n;
 	size_t cap = (size_t)n * 2 * (NI_MAXHOST + 1) + 1, len = 0;
 	char **keys = calloc((size_t)n, sizeof(char *));
 	char **vals = calloc((size_t)n, sizeof(char *));
@@ -67,7 +67,7 @@ int c10d_read_peer_addrs(struct coord *c, int rd, int n, uint32_t read_ms, char 
 		keys[i] = malloc(64);
 		if (!keys[i])
 			goto out;
-		snprintf(keys[i], 64, "r%d/node/%d", rd, i + 1);
+		snprintf(keys[i], 64, "r%d/node/%d", rd, rc->m[i].ticket);
 	}
 	r = coord_multi_get(c, (const char *const *)keys, (size_t)n, read_ms, vals);
 	for (int i = 0; r == 0 && i < n; i++) {

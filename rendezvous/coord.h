@@ -16,6 +16,7 @@
 #ifndef CRUN_RENDEZVOUS_COORD_H
 #define CRUN_RENDEZVOUS_COORD_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -42,12 +43,20 @@ struct coord_opts {
 
 int coord_open(const struct coord_opts *o, struct coord **ret_c);
 
-/* In-memory coordination shared by handles of one process (no sockets, no
- * leases: CRUN_ENOTSUP), for unit tests of the round algorithm. */
+/* In-memory coordination shared by handles of one process (no sockets; no
+ * leases, CRUN_ENOTSUP, unless coord_mem_leases() turned them on), for unit
+ * tests of the round algorithm. */
 struct coord_mem;
 int coord_mem_new(struct coord_mem **ret);
 void coord_mem_free(struct coord_mem *m); /* after every handle is closed */
 uint64_t coord_mem_ops(struct coord_mem *m);
+/* In-memory leases, for tests of liveness without sockets: after
+ * coord_mem_leases(m, true), lease calls on m's handles succeed (TTL not
+ * enforced) and coord_mem_expire(m, id) ends lease id as an expiry would:
+ * its keys are deleted and its expiry key is set unless it exists. 0, or
+ * CRUN_ENOTFOUND for an unknown or ended lease. */
+void coord_mem_leases(struct coord_mem *m, bool on);
+int coord_mem_expire(struct coord_mem *m, uint64_t id);
 int coord_open_mem(struct coord_mem *m, const char *prefix, struct coord **ret_c);
 void coord_close(struct coord *c);
 const char *coord_last_error(const struct coord *c);
@@ -78,6 +87,13 @@ int coord_lease_grant(struct coord *c, uint32_t ttl_ms, const char *expiry_key, 
 /* CRUN_ENOTFOUND when the lease already ended. */
 int coord_lease_keepalive(struct coord *c, uint64_t id);
 int coord_lease_revoke(struct coord *c, uint64_t id);
+/* Ephemeral key: sets key to val under lease `id`; the key is deleted when
+ * the lease ends (expiry, revoke, or its holder lost for longer than the
+ * TTL). This is how the round algorithm tells a live member from a dead one
+ * without asking it: "r<r>/alive/<t>" exists exactly while ticket t's lease
+ * does. CRUN_ENOTFOUND when the lease already ended, CRUN_ENOTSUP without
+ * leases. A backend may implement it as its native put-with-lease (etcd). */
+int coord_put_leased(struct coord *c, uint64_t id, const char *key, const char *val);
 
 /* Heartbeat fallback. `name` identifies the holder's liveness record. */
 int coord_heartbeat(struct coord *c, const char *name);

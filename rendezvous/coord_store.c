@@ -22,13 +22,23 @@
 struct mkv {
 	struct mkv *next;
 	char *key, *val;
+	uint64_t lease; /* 0: a plain key */
+};
+
+/* An in-memory lease: its expiry key (full, prefixed) and value. */
+struct mlease {
+	struct mlease *next;
+	uint64_t id;
+	char *expiry_key, *why;
 };
 
 struct coord_mem {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	struct mkv *head;
-	uint64_t ops;
+	struct mlease *leases;
+	uint64_t ops, next_lease;
+	bool leases_on;
 };
 
 struct coord {
@@ -69,6 +79,14 @@ void coord_mem_free(struct coord_mem *m)
 		free(m->head->val);
 		free(m->head);
 		m->head = n;
+	}
+	while (m->leases) {
+		struct mlease *n = m->leases->next;
+
+		free(m->leases->expiry_key);
+		free(m->leases->why);
+		free(m->leases);
+		m->leases = n;
 	}
 	pthread_cond_destroy(&m->cv);
 	pthread_mutex_destroy(&m->mu);
@@ -217,6 +235,134 @@ static int mem_cas(struct coord *c, const char *key, const char *expected, const
 			r = CRUN_ENOMEM;
 	}
 	pthread_mutex_unlock(&c->mem->mu);
+	return r;
+}
+
+void coord_mem_leases(struct coord_mem *m, bool on)
+{
+	pthread_mutex_lock(&m->mu);
+	m->leases_on = on;
+	pthread_mutex_unlock(&m->mu);
+}
+
+/* Locked: the live lease id, or NULL. */
+static struct mlease **mlease_find(struct coord_mem *m, uint64_t id)
+{
+	for (struct mlease **l = &m->leases; *l; l = &(*l)->next)
+		if ((*l)->id == id)
+			return l;
+	return NULL;
+}
+
+/* Locked: ends lease id; its keys go, its expiry key is set when `expire`. */
+static int mlease_end(struct coord_mem *m, uint64_t id, bool expire)
+{
+	struct mlease **lp = mlease_find(m, id), *l;
+
+	if (!lp)
+		return CRUN_ENOTFOUND;
+	l = *lp;
+	*lp = l->next;
+	for (struct mkv **e = &m->head; *e;) {
+		struct mkv *x = *e;
+
+		if (x->lease != id) {
+			e = &x->next;
+			continue;
+		}
+		*e = x->next;
+		free(x->key);
+		free(x->val);
+		free(x);
+	}
+	if (expire && l->expiry_key[0]) {
+		struct coord raw = {.mem = m}; /* empty prefix: the key is full */
+
+		if (!mfind(&raw, l->expiry_key))
+			(void)mput(&raw, l->expiry_key, l->why);
+	}
+	pthread_cond_broadcast(&m->cv);
+	free(l->expiry_key);
+	free(l->why);
+	free(l);
+	return 0;
+}
+
+int coord_mem_expire(struct coord_mem *m, uint64_t id)
+{
+	int r;
+
+	pthread_mutex_lock(&m->mu);
+	r = mlease_end(m, id, true);
+	pthread_mutex_unlock(&m->mu);
+	return r;
+}
+
+static int mem_grant(struct coord *c, const char *expiry_key, const char *why, uint64_t *ret)
+{
+	struct coord_mem *m = c->mem;
+	struct mlease *l;
+	size_t kl = strlen(c->prefix) + strlen(expiry_key) + 1;
+	int r = CRUN_ENOMEM;
+
+	pthread_mutex_lock(&m->mu);
+	m->ops++;
+	if (!m->leases_on) {
+		pthread_mutex_unlock(&m->mu);
+		return CRUN_ENOTSUP;
+	}
+	l = calloc(1, sizeof(*l));
+	if (l)
+		l->expiry_key = malloc(kl);
+	if (l && l->expiry_key && (l->why = str_dup(why)) != NULL) {
+		snprintf(l->expiry_key, kl, "%s%s", expiry_key[0] ? c->prefix : "", expiry_key);
+		l->id = ++m->next_lease;
+		l->next = m->leases;
+		m->leases = l;
+		*ret = l->id;
+		r = 0;
+	} else if (l) {
+		free(l->expiry_key);
+		free(l);
+	}
+	pthread_mutex_unlock(&m->mu);
+	return r;
+}
+
+static int mem_put_leased(struct coord *c, uint64_t id, const char *key, const char *val)
+{
+	struct coord_mem *m = c->mem;
+	int r;
+
+	pthread_mutex_lock(&m->mu);
+	m->ops++;
+	if (!m->leases_on)
+		r = CRUN_ENOTSUP;
+	else if (!mlease_find(m, id))
+		r = CRUN_ENOTFOUND;
+	else
+		r = mput(c, key, val);
+	if (r == 0)
+		mfind(c, key)->lease = id;
+	pthread_mutex_unlock(&m->mu);
+	return r;
+}
+
+/* keepalive (expire = false, nothing to do but check) or revoke. */
+static int mem_lease_op(struct coord *c, uint64_t id, bool revoke)
+{
+	struct coord_mem *m = c->mem;
+	int r;
+
+	pthread_mutex_lock(&m->mu);
+	m->ops++;
+	if (!m->leases_on)
+		r = CRUN_ENOTSUP;
+	else if (revoke)
+		r = mlease_end(m, id, false);
+	else
+		r = mlease_find(m, id) ? 0 : CRUN_ENOTFOUND;
+	pthread_mutex_unlock(&m->mu);
 	return r;
 }
 
@@ -441,7 +587,7 @@ int coord_lease_grant(struct coord *c, uint32_t ttl_ms, const char *expiry_key, 
 	if (c->etcd)
 		return etcd_lease_grant(c->etcd, ttl_ms, expiry_key, why, ret_id);
 	if (c->mem)
-		return CRUN_ENOTSUP;
+		return mem_grant(c, expiry_key, why, ret_id);
 	r = crun_store_lease_grant(c->s, ttl_ms, expiry_key, why, strlen(why), ret_id);
 
 	if (r == CRUN_ECLOSED || r == CRUN_EPROTO) {
@@ -458,7 +604,7 @@ int coord_lease_keepalive(struct coord *c, uint64_t id)
 	if (c->etcd)
 		return etcd_lease_keepalive(c->etcd, id);
 	if (c->mem)
-		return CRUN_ENOTSUP;
+		return mem_lease_op(c, id, false);
 	r = crun_store_lease_keepalive(c->s, id);
 
 	return r < 0 && r != CRUN_ENOTFOUND ? fail(c, r, "lease_keepalive", "") : r;
@@ -471,10 +617,22 @@ int coord_lease_revoke(struct coord *c, uint64_t id)
 	if (c->etcd)
 		return etcd_lease_revoke(c->etcd, id);
 	if (c->mem)
-		return CRUN_ENOTSUP;
+		return mem_lease_op(c, id, true);
 	r = crun_store_lease_revoke(c->s, id);
 
 	return r < 0 && r != CRUN_ENOTFOUND ? fail(c, r, "lease_revoke", "") : r;
+}
+
+int coord_put_leased(struct coord *c, uint64_t id, const char *key, const char *val)
+{
+	int r;
+
+	if (c->etcd)
+		return etcd_put_leased(c->etcd, id, key, val);
+	if (c->mem)
+		return mem_put_leased(c, id, key, val);
+	r = crun_store_set_leased(c->s, id, key, val, strlen(val));
+	return r < 0 && r != CRUN_ENOTFOUND ? fail(c, r, "set_leased", key) : r;
 }
 
 int coord_heartbeat(struct coord *c, const char *name)

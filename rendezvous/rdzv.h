@@ -33,13 +33,18 @@ struct rdzv_info {
 	int role_world_size;
 	char master_addr[RDZV_HOST_MAX]; /* worker store, MASTER_ADDR */
 	uint16_t master_port;
+	/* Job-wide attempt (restarts so far) the round carries, the same on
+	 * every node: TORCHELASTIC_RESTART_COUNT and the workers' store
+	 * prefixes. -1: the backend does not keep one (one node: the agent
+	 * counts its own). */
+	int attempt;
 };
 
 enum rdzv_event {
 	RDZV_EV_COMPLETE,     /* a round finished: rdzv_info() is valid */
 	RDZV_EV_FAILED,	      /* the round failed: rdzv_last_error() says why */
 	RDZV_EV_PEER_CHANGED, /* membership changed: restart without counting */
-	RDZV_EV_BARRIER_DONE, /* exit barrier passed (or timed out, logged) */
+	RDZV_EV_BARRIER_DONE, /* exit barrier over: rdzv_barrier_result() says how */
 	RDZV_EV_SPARE_DONE,   /* c10d: this agent waited as a spare; the job ended */
 };
 
@@ -49,6 +54,7 @@ enum rdzv_change {
 	RDZV_CHANGE_RESTART,	/* a worker failed somewhere: counts as a restart */
 	RDZV_CHANGE_MEMBERSHIP, /* a node joined or died: not counted */
 	RDZV_CHANGE_FAILED,	/* the job was closed as failed: stop and exit 1 */
+	RDZV_CHANGE_LOST,	/* the rendezvous store is gone: stop and exit 1 */
 };
 
 typedef void (*rdzv_event_fn)(enum rdzv_event ev, void *arg);
@@ -73,6 +79,9 @@ struct rdzv_params {
 	struct event_base *base;      /* borrowed, the agent's loop */
 	rdzv_event_fn on_event;
 	void *arg;
+	/* Static multi-node: clears the store this agent serves (node 0), on
+	 * the loop, once every node stopped its workers for a restart. */
+	void (*clear_store)(void *arg);
 };
 
 /* Creates a backend. CRUN_ENOTSUP for a backend not implemented, CRUN_ECONFIG
@@ -85,6 +94,10 @@ int rdzv_new(const struct rdzv_params *p, struct rdzv **ret_rdzv);
 int rdzv_store_to_serve(const struct rdzv *r, const char **ret_host, uint16_t *ret_port);
 /* Tells the backend the port the agent's store actually bound. */
 void rdzv_set_served_port(struct rdzv *r, uint16_t port);
+
+/* Whether the backend clears the served store itself between attempts
+ * (static multi-node: only once every node stopped); else the agent does. */
+bool rdzv_clears_store(const struct rdzv *r);
 
 /* Starts the next round; completion arrives as RDZV_EV_COMPLETE or
  * RDZV_EV_FAILED. Returns 0 or a negative code if it could not start. */
@@ -102,13 +115,18 @@ const char *rdzv_peer_addrs(const struct rdzv *r);
 int rdzv_exit_barrier(struct rdzv *r);
 
 const char *rdzv_last_error(const struct rdzv *r);
+/* After RDZV_EV_BARRIER_DONE: 0 when every node finished, else
+ * CRUN_ETIMEDOUT (the barrier timed out: a peer is still running or hung)
+ * or CRUN_ERDZVCLOSED (the job failed elsewhere); rdzv_last_error() says
+ * which. An agent must not report success then. */
+int rdzv_barrier_result(const struct rdzv *r);
 
-/* c10d: the kind of the last RDZV_EV_PEER_CHANGED. */
+/* The kind of the last RDZV_EV_PEER_CHANGED (c10d, static multi-node). */
 enum rdzv_change rdzv_change_kind(const struct rdzv *r);
-/* c10d: closes the job as failed (why = root cause, or NULL when a peer
- * closed it) so every agent stops; the agent serving the rendezvous store
- * waits (bounded) for the others to read it. Ends with RDZV_EV_BARRIER_DONE.
- * CRUN_ENOTSUP for backends without a shared job state. */
+/* Closes the job as failed (why = root cause, or NULL when a peer closed
+ * it) so every agent stops (c10d, static multi-node); the agent serving the
+ * c10d store waits (bounded) for the others to read it. Ends with
+ * RDZV_EV_BARRIER_DONE. CRUN_ENOTSUP for a one-node job. */
 int rdzv_close_failed(struct rdzv *r, const char *why);
 /* Checks a --rdzv_conf value for `backend`; 0 or CRUN_EINVAL with err. */
 int rdzv_conf_check(const char *backend, const char *conf, char *err, size_t cap);

@@ -6,15 +6,19 @@
  * node 0 never starts (and possibly restarts and clears the store) before
  * every agent has read what it needs.
  *
- * The exchange uses the blocking client, so it runs on a helper thread and
- * posts back to the loop through a pipe: the loop (which on node 0 also serves
- * the store) never blocks.
+ * Restarts of a multi-node job are coordinated through the same store, as
+ * c10d does: a monitor on every node watches "crun/rdzv/restart/<A>"; the
+ * node whose worker failed sets it (first reason wins), every node stops its
+ * workers and counts in under "stopped/<A>"; once all stopped, node 0 clears
+ * its store (2.x workers use no attempt prefix) and sets "go/<A+1>", and
+ * attempt A+1 starts everywhere with the same TORCHELASTIC_RESTART_COUNT. A
+ * node out of restarts writes "failed: <why>" there instead, and every node
+ * stops and exits 1.
+ *
+ * Store calls use the blocking client, so they run on helper threads
+ * (helper_int.h): the loop (which on node 0 also serves the store) never
+ * blocks.
  */
-#include <errno.h>
-#include <fcntl.h>
-#include <pthread.h>
-#include <signal.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,29 +30,11 @@
 #include "crun/store.h"
 #include "rendezvous/c10d.h"
 #include "rendezvous/etcd_int.h"
+#include "rendezvous/helper_int.h"
 #include "rendezvous/rdzv.h"
+#include "rendezvous/static_int.h"
 
 #define RDZV_MAX_NODES 65536
-
-enum job_kind { JOB_JOIN, JOB_BARRIER };
-
-/* State shared with a helper thread. Two references: the rdzv's and the
- * thread's; whoever drops the last one frees it, so rdzv_free() never waits
- * for a thread blocked in the store client. */
-struct rdzv_job {
-	atomic_int refs;
-	enum job_kind kind;
-	char host[RDZV_HOST_MAX];
-	uint16_t port;
-	char run_id[256];
-	int node_rank, nnodes, nproc;
-	uint32_t join_timeout_ms, barrier_timeout_ms;
-	int notify_fd; /* write end; the loop watches the read end */
-	/* results, read by the loop only after the notify byte */
-	int result;
-	int *nprocs;
-	char err[512];
-};
 
 struct rdzv {
 	struct c10d *c10d; /* the c10d backend, when chosen: every call goes there */
@@ -61,18 +47,19 @@ struct rdzv {
 	struct rdzv_info info;
 	struct event *kick; /* deferred completion for one-node jobs */
 	enum rdzv_event kick_ev;
-	struct rdzv_job *job; /* running helper, or NULL */
-	pthread_t thread;
-	int notify_rd;
-	struct event *notify_ev;
+	struct helper job, mon;
+	bool multi; /* several nodes: restarts are coordinated */
+	int attempt;
+	enum rdzv_change change;
+	int barrier_result;
+	char why[512]; /* for JOB_FAIL */
 	char err[512];
 };
 
-static void job_put(struct rdzv_job *j)
+static void job_release(struct helper_job *h)
 {
-	if (atomic_fetch_sub(&j->refs, 1) != 1)
-		return;
-	fd_close(j->notify_fd);
+	struct rdzv_job *j = (struct rdzv_job *)h;
+
 	free(j->nprocs);
 	free(j);
 }
@@ -102,157 +89,95 @@ int rdzv_assign_ranks(const int *nprocs, int nnodes, int me, struct rdzv_info *r
 	return 0;
 }
 
-static int job_fail(struct rdzv_job *j, crun_store_t *s, int r, const char *what)
+static int job_run(struct helper_job *h)
 {
-	snprintf(j->err, sizeof(j->err), "%s: %s%s%s", what, crun_strerror(r), s ? " - " : "",
-		 s ? crun_store_last_error(s) : "");
-	return r;
-}
-
-static int key_printf(char *buf, size_t cap, const char *what, int v)
-{
-	return str_printf(buf, cap, "crun/rdzv/%s/%d", what, v);
-}
-
-/* The nproc exchange plus a barrier (see the file comment). */
-static int job_join(struct rdzv_job *j, crun_store_t *s)
-{
-	char key[128], val[32];
-	int64_t n;
-	int r;
-
-	TRY(key_printf(key, sizeof(key), "claim", j->node_rank));
-	r = crun_store_add(s, key, 1, &n);
-	if (r < 0)
-		return job_fail(j, s, r, "claiming the node rank");
-	if (n != 1) {
-		snprintf(j->err, sizeof(j->err),
-			 "another agent already joined run '%s' with --node_rank=%d", j->run_id,
-			 j->node_rank);
-		return CRUN_ECONFIG;
-	}
-	TRY(key_printf(key, sizeof(key), "nproc", j->node_rank));
-	TRY(str_printf(val, sizeof(val), "%d", j->nproc));
-	r = crun_store_set(s, key, val, strlen(val));
-	if (r < 0)
-		return job_fail(j, s, r, "publishing nproc");
-	for (int i = 0; i < j->nnodes; i++) {
-		void *v = NULL;
-		size_t len;
-		uint64_t np;
-
-		TRY(key_printf(key, sizeof(key), "nproc", i));
-		r = crun_store_get(s, key, j->join_timeout_ms, &v, &len);
-		if (r < 0)
-			return job_fail(j, s, r,
-					r == CRUN_ETIMEDOUT ? "timed out waiting for an agent to "
-							      "join (is every --node_rank started?)"
-							    : "reading an agent's nproc");
-		r = parse_uint_range(v, 1, 1u << 20, &np);
-		crun_free(v);
-		if (r < 0)
-			return job_fail(j, NULL, CRUN_EPROTO, "bad nproc record in the store");
-		j->nprocs[i] = (int)np;
-	}
-	r = crun_store_add(s, "crun/rdzv/joined", 1, &n);
-	if (r < 0)
-		return job_fail(j, s, r, "joining the start barrier");
-	if (n == j->nnodes) {
-		r = crun_store_set(s, "crun/rdzv/all_joined", "1", 1);
-		if (r < 0)
-			return job_fail(j, s, r, "closing the start barrier");
-	}
-	r = crun_store_wait(s, (const char *const[]){"crun/rdzv/all_joined"}, 1,
-			    j->join_timeout_ms);
-	if (r < 0)
-		return job_fail(j, s, r, "waiting at the start barrier");
-	return 0;
-}
-
-/* torchrun's 2.x exit barrier keys, plus a departure count so that node 0,
- * whose agent serves the store, leaves strictly after every other agent read
- * its wake-up. */
-static int job_barrier(struct rdzv_job *j, crun_store_t *s)
-{
-	const char *num = "torchelastic/agent/terminal_state/num_members";
-	const char *last = "torchelastic/agent/terminal_state/last_member";
-	char val[32];
-	int64_t n;
-	int r;
-
-	r = crun_store_add(s, num, 1, &n);
-	if (r < 0)
-		return job_fail(j, s, r, "exit barrier");
-	if (n == j->nnodes) {
-		TRY(str_printf(val, sizeof(val), "%d", j->node_rank));
-		r = crun_store_set(s, last, val, strlen(val));
-		if (r < 0)
-			return job_fail(j, s, r, "exit barrier");
-	}
-	r = crun_store_wait(s, &last, 1, j->barrier_timeout_ms);
-	if (r < 0)
-		return job_fail(j, s, r, "exit barrier");
-	if (j->node_rank != 0) {
-		r = crun_store_add(s, "crun/rdzv/departed", 1, &n);
-		if (r < 0)
-			return job_fail(j, s, r, "exit barrier");
-		if (n == j->nnodes - 1)
-			r = crun_store_set(s, "crun/rdzv/departed_all", "1", 1);
-		return r < 0 ? job_fail(j, s, r, "exit barrier") : 0;
-	}
-	r = crun_store_wait(s, (const char *const[]){"crun/rdzv/departed_all"}, 1,
-			    j->barrier_timeout_ms);
-	return r < 0 ? job_fail(j, s, r, "exit barrier (waiting for agents to leave)") : 0;
-}
-
-static void *job_main(void *arg)
-{
-	struct rdzv_job *j = arg;
+	struct rdzv_job *j = (struct rdzv_job *)h;
 	crun_store_opts_t o = CRUN_STORE_OPTS_INIT;
 	crun_store_t *s = NULL;
-	char one = 1;
-	ssize_t n;
 	int r;
 
 	o.host = j->host;
 	o.port = j->port;
 	o.connect_timeout_ms = j->kind == JOB_JOIN ? j->join_timeout_ms : 30000;
-	o.timeout_ms = j->kind == JOB_JOIN ? j->join_timeout_ms : j->barrier_timeout_ms;
+	o.timeout_ms = j->kind == JOB_JOIN || j->kind == JOB_RESTART ? j->join_timeout_ms
+								     : j->barrier_timeout_ms;
 	o.prefix = j->run_id;
 	r = crun_store_open(&o, &s);
 	if (r < 0) {
 		snprintf(j->err, sizeof(j->err), "cannot reach the agent store at %s:%u: %s",
 			 j->host, j->port, crun_strerror(r));
-	} else {
-		r = j->kind == JOB_JOIN ? job_join(j, s) : job_barrier(j, s);
-		crun_store_close(s);
+		return r;
 	}
-	j->result = r;
-	/* The write is the release point for the results above. */
-	do
-		n = write(j->notify_fd, &one, 1);
-	while (n < 0 && errno == EINTR);
-	job_put(j);
-	return NULL;
+	switch (j->kind) {
+	case JOB_JOIN:
+		r = static_job_join(j, s);
+		break;
+	case JOB_BARRIER:
+		r = static_job_barrier(j, s);
+		break;
+	case JOB_RESTART:
+		r = static_job_restart(j, s);
+		break;
+	case JOB_GO:
+		r = static_job_go(j, s);
+		break;
+	case JOB_FAIL:
+		r = static_job_fail_all(j, s);
+		break;
+	default:
+		r = static_job_monitor(j, s);
+		break;
+	}
+	crun_store_close(s);
+	return r;
 }
 
-static void finish_job(struct rdzv *r)
+static int start_job(struct rdzv *r, enum job_kind kind);
+
+/* A round (the first, or a coordinated restart) is done: workers may start;
+ * a multi-node job watches for the next restart from now on. */
+static enum rdzv_event round_done(struct rdzv *r)
 {
-	struct rdzv_job *j = r->job;
+	r->info.attempt = r->multi ? r->attempt : -1;
+	r->change = RDZV_CHANGE_NONE;
+	if (r->multi && start_job(r, JOB_MONITOR) < 0)
+		log_at(LL_ERROR, SUB_RDZV, "cannot watch the job for restarts");
+	return RDZV_EV_COMPLETE;
+}
+
+static void on_job(struct helper *h, void *arg)
+{
+	struct rdzv *r = arg;
+	struct rdzv_job *j = (struct rdzv_job *)helper_finish(h);
 	enum rdzv_event ev;
 
-	pthread_join(r->thread, NULL);
-	r->job = NULL;
-	/* The write end closes with the job's last reference: stop watching
-	 * the pipe, or its EOF would wake the loop until the next job. */
-	event_del(r->notify_ev);
-	if (j->kind == JOB_BARRIER) {
-		if (j->result < 0)
-			log_at(LL_WARN, SUB_RDZV, "%s", j->err);
+	if (!j)
+		return;
+	if (j->kind == JOB_BARRIER || j->kind == JOB_FAIL) {
+		r->barrier_result = j->kind == JOB_BARRIER && j->h.result < 0 ? CRUN_ETIMEDOUT : 0;
+		if (j->h.result < 0) {
+			snprintf(r->err, sizeof(r->err), "%s", j->err);
+			log_at(LL_ERROR, SUB_RDZV, "%s", j->err);
+		}
+		/* Node 0 waits for every other agent to hang up: ours too. */
+		helper_drop(&r->mon);
 		ev = RDZV_EV_BARRIER_DONE;
-	} else if (j->result < 0) {
+	} else if (j->h.result < 0) {
 		snprintf(r->err, sizeof(r->err), "%s", j->err);
 		ev = RDZV_EV_FAILED;
+	} else if (j->kind == JOB_RESTART && r->p.node_rank == 0) {
+		/* Every node stopped its workers: clear, then let them go. */
+		if (r->p.clear_store)
+			r->p.clear_store(r->p.arg);
+		helper_job_put(&j->h);
+		if (start_job(r, JOB_GO) < 0) {
+			snprintf(r->err, sizeof(r->err), "cannot start the next attempt");
+			r->p.on_event(RDZV_EV_FAILED, r->p.arg);
+		}
+		return;
+	} else if (j->kind == JOB_RESTART || j->kind == JOB_GO) {
+		r->attempt++;
+		ev = round_done(r);
 	} else if (rdzv_assign_ranks(j->nprocs, j->nnodes, j->node_rank, &r->info) < 0) {
 		snprintf(r->err, sizeof(r->err), "inconsistent nproc records");
 		ev = RDZV_EV_FAILED;
@@ -260,23 +185,21 @@ static void finish_job(struct rdzv *r)
 		snprintf(r->info.master_addr, sizeof(r->info.master_addr), "%s", r->master_addr);
 		r->info.master_port = r->p.master_port;
 		r->have_info = true;
-		ev = RDZV_EV_COMPLETE;
+		ev = round_done(r);
 	}
-	job_put(j);
+	helper_job_put(&j->h);
 	r->p.on_event(ev, r->p.arg);
 }
 
-static void on_notify(evutil_socket_t fd, short what, void *arg)
+static void on_mon(struct helper *h, void *arg)
 {
 	struct rdzv *r = arg;
-	char buf[8];
-	ssize_t n;
+	struct rdzv_job *j = (struct rdzv_job *)h->job;
 
-	(void)what;
-	n = read(fd, buf, sizeof(buf));
-	if (n <= 0 || !r->job)
-		return;
-	finish_job(r);
+	r->change = j->change;
+	snprintf(r->err, sizeof(r->err), "%s", j->err);
+	log_at(LL_WARN, SUB_RDZV, "attempt %d is over: %s", r->attempt, j->err);
+	r->p.on_event(RDZV_EV_PEER_CHANGED, r->p.arg);
 }
 
 static void on_kick(evutil_socket_t fd, short what, void *arg)
@@ -290,28 +213,21 @@ static void on_kick(evutil_socket_t fd, short what, void *arg)
 
 static int start_job(struct rdzv *r, enum job_kind kind)
 {
+	struct helper *slot = kind == JOB_MONITOR ? &r->mon : &r->job;
 	struct rdzv_job *j;
-	sigset_t all, saved;
-	int pfd[2];
-	int err;
 
-	if (r->job)
+	if (slot->job)
 		return CRUN_EBUSY;
 	j = calloc(1, sizeof(*j));
 	if (!j)
 		return CRUN_ENOMEM;
+	j->h.run = job_run;
+	j->h.release = job_release;
 	j->nprocs = calloc((size_t)r->p.nnodes, sizeof(int));
 	if (!j->nprocs) {
 		free(j);
 		return CRUN_ENOMEM;
 	}
-	if (pipe2(pfd, O_CLOEXEC | O_NONBLOCK) < 0) {
-		err = -errno;
-		free(j->nprocs);
-		free(j);
-		return err;
-	}
-	atomic_init(&j->refs, 2);
 	j->kind = kind;
 	snprintf(j->host, sizeof(j->host), "%s", r->master_addr);
 	j->port = r->p.master_port;
@@ -321,31 +237,9 @@ static int start_job(struct rdzv *r, enum job_kind kind)
 	j->nproc = r->p.nproc;
 	j->join_timeout_ms = r->p.join_timeout_ms;
 	j->barrier_timeout_ms = r->p.barrier_timeout_ms;
-	j->notify_fd = pfd[1];
-	if (r->notify_ev)
-		event_free(r->notify_ev);
-	fd_close(r->notify_rd); /* also when a failed start left no event */
-	r->notify_rd = pfd[0];
-	r->notify_ev = event_new(r->p.base, pfd[0], EV_READ | EV_PERSIST, on_notify, r);
-	if (!r->notify_ev || event_add(r->notify_ev, NULL) < 0) {
-		job_put(j);
-		job_put(j);
-		return CRUN_ENOMEM;
-	}
-	r->job = j;
-	/* The helper takes no signals: they belong to the loop thread, and a
-	 * write to a closed notify pipe must fail with EPIPE, not kill us. */
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &saved);
-	err = pthread_create(&r->thread, NULL, job_main, j);
-	pthread_sigmask(SIG_SETMASK, &saved, NULL);
-	if (err) {
-		r->job = NULL;
-		job_put(j);
-		job_put(j);
-		return -err;
-	}
-	return 0;
+	j->attempt = r->attempt;
+	snprintf(j->why, sizeof(j->why), "%s", r->why);
+	return helper_start(slot, &j->h);
 }
 
 int rdzv_new(const struct rdzv_params *p, struct rdzv **ret_rdzv)
@@ -365,7 +259,6 @@ int rdzv_new(const struct rdzv_params *p, struct rdzv **ret_rdzv)
 			return CRUN_ENOMEM;
 		}
 		r->c10d = c;
-		r->notify_rd = -1;
 		*ret_rdzv = r;
 		return 0;
 	}
@@ -380,7 +273,9 @@ int rdzv_new(const struct rdzv_params *p, struct rdzv **ret_rdzv)
 	if (!r)
 		return CRUN_ENOMEM;
 	r->p = *p;
-	r->notify_rd = -1;
+	helper_init(&r->job, p->base, on_job, r);
+	helper_init(&r->mon, p->base, on_mon, r);
+	r->multi = !p->standalone && p->nnodes > 1;
 	snprintf(r->run_id, sizeof(r->run_id), "%s", p->run_id ? p->run_id : "none");
 	r->p.run_id = r->run_id;
 	if (p->standalone)
@@ -425,8 +320,12 @@ int rdzv_next_round(struct rdzv *r)
 	if (r->c10d)
 		return c10d_next_round(r->c10d);
 	/* Static membership never changes: later rounds (restarts) reuse the
-	 * first round's answer; re-running the exchange would race with node
-	 * 0 clearing the store between attempts. */
+	 * first round's answer. Several nodes restart together (file comment). */
+	if (r->multi && r->have_info) {
+		helper_drop(&r->mon);
+		helper_drop(&r->job); /* an exit barrier a peer's restart woke */
+		return start_job(r, JOB_RESTART);
+	}
 	if (r->have_info || r->p.nnodes == 1) {
 		if (!r->have_info) {
 			int one[1] = {r->p.nproc};
@@ -435,6 +334,7 @@ int rdzv_next_round(struct rdzv *r)
 			snprintf(r->info.master_addr, sizeof(r->info.master_addr), "%s",
 				 r->master_addr);
 			r->info.master_port = r->p.master_port;
+			r->info.attempt = -1;
 			r->have_info = true;
 		}
 		r->kick_ev = RDZV_EV_COMPLETE;
@@ -442,6 +342,11 @@ int rdzv_next_round(struct rdzv *r)
 		return 0;
 	}
 	return start_job(r, JOB_JOIN);
+}
+
+bool rdzv_clears_store(const struct rdzv *r)
+{
+	return !r->c10d && r->multi;
 }
 
 const struct rdzv_info *rdzv_info(const struct rdzv *r)
@@ -468,6 +373,11 @@ int rdzv_exit_barrier(struct rdzv *r)
 	return start_job(r, JOB_BARRIER);
 }
 
+int rdzv_barrier_result(const struct rdzv *r)
+{
+	return r->c10d ? c10d_barrier_result(r->c10d) : r->barrier_result;
+}
+
 const char *rdzv_last_error(const struct rdzv *r)
 {
 	return r->c10d ? c10d_last_error(r->c10d) : r->err;
@@ -475,12 +385,18 @@ const char *rdzv_last_error(const struct rdzv *r)
 
 enum rdzv_change rdzv_change_kind(const struct rdzv *r)
 {
-	return r->c10d ? c10d_change_kind(r->c10d) : RDZV_CHANGE_NONE;
+	return r->c10d ? c10d_change_kind(r->c10d) : r->change;
 }
 
 int rdzv_close_failed(struct rdzv *r, const char *why)
 {
-	return r->c10d ? c10d_close_failed(r->c10d, why) : CRUN_ENOTSUP;
+	if (r->c10d)
+		return c10d_close_failed(r->c10d, why);
+	if (!r->multi || !r->have_info || r->change == RDZV_CHANGE_LOST)
+		return CRUN_ENOTSUP;
+	snprintf(r->why, sizeof(r->why), "%s", why ? why : "");
+	helper_drop(&r->job);
+	return start_job(r, JOB_FAIL);
 }
 
 int rdzv_conf_check(const char *backend, const char *conf, char *err, size_t cap)
@@ -512,14 +428,10 @@ void rdzv_free(struct rdzv *r)
 	if (!r)
 		return;
 	c10d_free(r->c10d);
-	if (r->job) {
-		pthread_detach(r->thread);
-		job_put(r->job);
+	if (!r->c10d) {
+		helper_fini(&r->mon);
+		helper_fini(&r->job);
 	}
-	if (r->notify_ev)
-		event_free(r->notify_ev);
-	if (r->notify_rd >= 0)
-		fd_close(r->notify_rd);
 	if (r->kick)
 		event_free(r->kick);
 	free(r);

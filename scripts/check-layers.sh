@@ -25,5 +25,22 @@ for m in common kernels store rendezvous worker_sdk agent; do
 		done
 	done
 done
+# Who may start a store server (include store/server.h): STYLE §1 has
+# agent -> store(server, tls); cmd/, tests/ and bench/ may use anything. Two
+# library files host a store themselves, each for PyTorch parity; no other
+# file of rendezvous/ or worker_sdk/ may. One line per file: path, then why.
+server_hosts='
+rendezvous/c10d.c the c10d host serves the rendezvous store in-process (torchrun is_host)
+rendezvous/c10d.h the c10d options carry the config of the store that host serves
+worker_sdk/env.c rank 0 hosts the worker store without an agent store (PyTorch rank 0)
+'
+for f in $(grep -lE '^#include "store/server(_int)?\.h"' rendezvous/*.[ch] worker_sdk/*.[ch] \
+	kernels/*.[ch] common/*.[ch] 2>/dev/null); do
+	case "$server_hosts" in
+	*"
+$f "*) ;;
+	*) echo "check-layers: $f includes store/server.h (only agent/, cmd/, tests/, bench/ and the hosts listed in $0 start a store server)"; bad=1 ;;
+	esac
+done
 [ $bad -eq 0 ] && echo "check-layers: ok"
 exit $bad

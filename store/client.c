@@ -58,6 +58,11 @@
 #define UNACKED_MAX (256u * 1024)
 /* Sends of one op, the first included, across reconnects. */
 #define SEND_TRIES 3
+/* A server that closed the connection in order and then refuses to be
+ * dialed has exited: give it this long to come back (a supervised restart)
+ * rather than the whole reconnect_ms, so a dead store host is reported
+ * within a lease TTL. */
+#define GONE_MS 1000
 
 struct client_conn {
 	unsigned refs; /* the base handle plus each open view */
@@ -69,6 +74,7 @@ struct client_conn {
 	char peer[300];	 /* "host:port" for messages */
 	char err[640];	 /* last_error of the base and of every view */
 	char broke[400]; /* the failure that broke the connection, for later calls */
+	int broke_r;	 /* and its code */
 	/* Buffered reader: bytes [rpos, rlen) of rbuf are received, unparsed. */
 	uint8_t *rbuf;
 	size_t rcap, rpos, rlen;
@@ -160,8 +166,10 @@ __attribute__((format(printf, 6, 7))) static int set_err(struct client_conn *c, 
 		n = snprintf(c->err, sizeof(c->err), "%s on %s: %s (%s)", op, c->peer, cause,
 			     crun_err_name(r));
 	(void)n;
-	if (c->broken && !c->broke[0])
+	if (c->broken && !c->broke[0]) {
 		memcpy(c->broke, c->err, sizeof(c->broke) - 1);
+		c->broke_r = r;
+	}
 	log_at(LL_DEBUG, SUB_STORE, "%s", c->err);
 	return r;
 }
@@ -591,6 +599,7 @@ static int lost(struct client_conn *c, int r, enum store_op op, const struct sto
 	if (tries >= SEND_TRIES || poll_ms(deadline) == 0)
 		return set_err(c, r, name, kp, kl, "%s (sent %u times)", cause_text(r), tries);
 	(void)snprintf(c->broke, sizeof(c->broke), "%s: %s", name, cause_text(r));
+	c->broke_r = r;
 	return conn_revive(c, name, deadline);
 }
 
@@ -643,7 +652,10 @@ static int await_wake(struct client_conn *c, enum store_op op, const struct stor
 		    c, r, name, key ? key->p : NULL, key ? key->len : 0, "%s%s", cause_text(r),
 		    r == CRUN_ETIMEDOUT ? "; v1 connection closed (no CANCEL_WAIT)" : "");
 	}
-	deadline = deadline_after(CANCEL_REPLY_MS);
+	/* A peer that stopped answering must not hold a caller with a short
+	 * op timeout (a lease monitor) for the full cancel allowance. */
+	deadline =
+	    deadline_after(c->timeout_ms ? MIN(CANCEL_REPLY_MS, c->timeout_ms) : CANCEL_REPLY_MS);
 	r = conn_send_req(c, &cancel, deadline);
 	for (int i = 0; r == 0 && i < 2; i++) {
 		r = conn_read_reply(c, STORE_OP_CANCEL_WAIT, 0, deadline, &rep);
@@ -788,8 +800,10 @@ static int client_tls(struct client_conn *c, const char *host, uint64_t deadline
 
 /* Resolves and connects to c->host:c->port until the deadline, with
  * exponential backoff and jitter between rounds (every address is tried once
- * per round; one_round: no second round). */
-static int conn_dial(struct client_conn *c, uint64_t deadline, bool one_round)
+ * per round; one_round: no second round). From refused_until on, a round
+ * whose last answer was "connection refused" ends the dialing with it. */
+static int conn_dial(struct client_conn *c, uint64_t deadline, bool one_round,
+		     uint64_t refused_until)
 {
 	struct addrinfo hints = {
 	    .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
@@ -841,6 +855,9 @@ static int conn_dial(struct client_conn *c, uint64_t deadline, bool one_round)
 		} else {
 			last = CRUN_ERESOLVE;
 		}
+		if (last == CRUN_ECONNREFUSED && refused_until != NO_DEADLINE &&
+		    clock_now_ms() >= refused_until)
+			return last;
 		log_at(LL_DEBUG, SUB_STORE, "connect to %s: %s; retrying", c->peer,
 		       crun_strerror(last));
 		hung_up |= last == CRUN_ECLOSED || last == CRUN_ECONNRESET;
@@ -1011,7 +1028,11 @@ static int conn_revive(struct client_conn *c, const char *name, uint64_t deadlin
 	if (deadline < d)
 		d = deadline;
 	conn_break(c);
-	r = conn_dial(c, d, false); /* its PING reply clears ulen: restored below */
+	/* its PING reply clears ulen: restored below */
+	r = conn_dial(c, d, false,
+		      c->broke_r == CRUN_ECLOSED || c->broke_r == CRUN_EPIPE
+			  ? deadline_after(GONE_MS) /* the server closed in order */
+			  : NO_DEADLINE);
 	if (r == 0 && c->ext_used)
 		r = ext_reopen(c, d);
 	if (r == 0 && log_len) {
@@ -1028,6 +1049,7 @@ static int conn_revive(struct client_conn *c, const char *name, uint64_t deadlin
 	}
 	c->broken = false;
 	c->broke[0] = '\0';
+	c->broke_r = 0;
 	log_at(LL_DEBUG, SUB_STORE, "reconnected to %s after: %s", c->peer, why);
 	if (lossy) {
 		c->lossy = NULL;
@@ -1120,7 +1142,7 @@ CRUN_API int crun_store_open(const crun_store_opts_t *opts, crun_store_t **ret_s
 	if (r < 0)
 		goto fail;
 	/* connect_timeout_ms = 0: one round, bounded by the op timeout. */
-	r = conn_dial(c, deadline_after(cto ? cto : to), cto == 0);
+	r = conn_dial(c, deadline_after(cto ? cto : to), cto == 0, NO_DEADLINE);
 	if (r < 0) {
 		log_at(LL_INFO, SUB_STORE, "cannot connect to store %s (v%d): %s", c->peer, dialect,
 		       c->err[0] ? c->err : crun_strerror(r));
@@ -1620,6 +1642,7 @@ static int ext_call(struct crun_store *s, const struct store_ext_req *q, uint8_t
 			return set_err(c, r, name, NULL, 0, "%s (sent %u times)", cause_text(r),
 				       tries);
 		(void)snprintf(c->broke, sizeof(c->broke), "%s: %s", name, cause_text(r));
+		c->broke_r = r;
 	}
 }
 

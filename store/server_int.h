@@ -16,6 +16,7 @@
 
 #include <event2/bufferevent.h>
 
+#include "store/server.h"
 #include "store/store.h"
 
 /* ---- intrusive doubly linked lists ---------------------------------------- */

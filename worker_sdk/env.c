@@ -16,7 +16,7 @@
 #include <event2/event.h>
 
 #include "common/common.h"
-#include "store/store.h"
+#include "store/server.h"
 #include "worker_sdk/backend_int.h"
 #include "worker_sdk/worker.h"
 

@@ -36,7 +36,7 @@
 #include <event2/event.h>
 
 #include "common/common.h"
-#include "store/store.h"
+#include "store/server.h"
 
 extern char **environ;
 

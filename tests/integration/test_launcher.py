@@ -6,14 +6,19 @@ import json
 import os
 import re
 import shutil
+import socket
 import tempfile
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
 
-from conftest import HELPERS, bin_path, free_port, torch_python
+from conftest import BUILD, HELPERS, bin_path, free_port, torch_python
+
+sys.path.insert(0, HELPERS)
+from storecli import StoreCli  # noqa: E402
 
 TASK = os.path.join(HELPERS, "launch_task.py")
 PY = "/usr/bin/python3"
@@ -40,12 +45,20 @@ def crun_env(**extra):
     return env
 
 
-def start(procs, args, env=None, **kw):
-    return procs.spawn([bin_path("crun"), *args], env=env or crun_env(), **kw)
+def launcher_argv(which):
+    """The command of a launcher under comparison: crun, or the real torchrun
+    2.x of the test venv (fails loudly when it is missing)."""
+    if which == "crun":
+        return [bin_path("crun")]
+    return [torch_python("2"), "-m", "torch.distributed.run"]
 
 
-def run(procs, args, env=None, timeout=60):
-    p = start(procs, args, env)
+def start(procs, args, env=None, which="crun", **kw):
+    return procs.spawn([*launcher_argv(which), *args], env=env or crun_env(), **kw)
+
+
+def run(procs, args, env=None, timeout=60, which="crun"):
+    p = start(procs, args, env, which)
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -224,7 +237,9 @@ def test_help_and_version(procs):
 
 def test_options_end_at_the_program(procs, tmp_path):
     script = tmp_path / "args.py"
-    script.write_text("import sys, os\nprint('ARGS', os.environ['LOCAL_RANK'], sys.argv[1:])\n")
+    # One write per worker: both share crun's stdout (as under torchrun).
+    script.write_text("import sys, os\n"
+                      "sys.stdout.write(f\"ARGS {os.environ['LOCAL_RANK']} {sys.argv[1:]}\\n\")\n")
     rc, out, err = run(procs, ["--standalone", "--nproc_per_node=2", str(script),
                                "--nproc_per_node=9", "-m", "x${local_rank}y"])
     assert rc == 0, err
@@ -276,8 +291,12 @@ def test_restart_recovers_with_restart_count(procs, tmp_path):
     assert sorted(os.listdir(tmp_path / runs[0])) == ["attempt_0", "attempt_1"]
 
 
-def test_restarts_exhausted_prints_root_cause_and_exits_1(procs):
+@pytest.mark.parametrize("redirect", [False, True])
+def test_restarts_exhausted_prints_root_cause_and_exits_1(procs, redirect):
+    # Without a redirect the worker writes to crun's own stderr (its lines are
+    # above the summary); with one, the summary reads its stderr.log back.
     rc, out, err = run(procs, ["--standalone", "--nproc_per_node=2", "--max_restarts=1",
+                               *(["--redirects=2"] if redirect else []),
                                TASK, "exit", "3", "1", "99"])
     assert rc == 1
     assert "attempt 1 rank 1" in out
@@ -286,9 +305,52 @@ def test_restarts_exhausted_prints_root_cause_and_exits_1(procs):
     assert "rank      : 1 (local_rank: 1)" in block
     assert "exitcode  : 3 (pid: " in block
     assert "error_file: <N/A>" in block
-    assert "rank 1 exits 3" in block  # last stderr lines of the failed worker
+    assert "rank 1 exits 3" in (block if redirect else err)  # the failed worker's stderr
     assert "Failures:\n  <NO_OTHER_FAILURES>" in err  # rank 0 was stopped, not failed
     assert err.count("=" * 60) >= 2 and "-" * 60 in err
+
+
+@pytest.mark.parametrize("which", ["crun", "torchrun"])
+def test_summary_lists_every_failed_rank(procs, tmp_path, which):
+    # Issue 11.6: both ranks exited 2, crun said "Failures: <NO_OTHER_FAILURES>".
+    # The ranks ignore SIGTERM so that a quick stop cannot turn a failure
+    # into a stopped worker under either launcher.
+    rc, _, err = run(procs, ["--standalone", "--nproc_per_node=2", TASK, "fail_together",
+                             str(tmp_path), "2"], which=which)
+    assert rc == 1
+    assert "<NO_OTHER_FAILURES>" not in err, err[-3000:]
+    for r in (0, 1):
+        assert f"rank      : {r} (local_rank: {r})" in err
+    assert err.count("exitcode  : 2 (pid: ") == 2
+
+
+def read_until(stream, pattern, timeout_s):
+    """Reads a pipe (select, never blocking past the deadline) until pattern
+    shows up in what was read."""
+    import select
+    deadline, got = time.monotonic() + timeout_s, b""
+    while not re.search(pattern.encode(), got):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([stream.fileno()], [], [], left)[0]:
+            pytest.fail(f"no {pattern!r} within {timeout_s}s in {got[-2000:]!r}")
+        chunk = os.read(stream.fileno(), 65536)
+        if not chunk:
+            pytest.fail(f"EOF before {pattern!r}: {got[-2000:]!r}")
+        got += chunk
+
+
+def test_stopped_worker_is_reported_and_still_stoppable(procs, tmp_path):
+    # Issue 11.3: a stopped worker held the job silently; a stop signal to
+    # its group stayed pending until the grace period ran out.
+    p = start(procs, ["--standalone", "--nproc_per_node=2", "--shutdown_timeout=600", TASK,
+                      "trap", str(tmp_path), "0"])
+    wait_files(tmp_path, ".ready", 2)
+    pid = int((tmp_path / "1.ready").read_text())
+    os.kill(pid, signal.SIGSTOP)
+    read_until(p.stderr, rf"worker 1 \(pid {pid}\) is stopped by SIGSTOP", 30)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 1  # far below the 600 s grace
+    assert (tmp_path / "1.sig").read_text().split() == ["15"]
 
 
 def test_worker_exit_code_is_not_passed_through(procs):
@@ -361,14 +423,19 @@ def test_second_sigint_skips_the_grace_period(procs, tmp_path):
     assert p.wait(timeout=30) == 1  # far below the 600 s grace
 
 
-def test_no_worker_or_grandchild_survives_sigkill_of_the_agent(procs, tmp_path):
+@pytest.mark.parametrize("target", ["pid", "pgid"])
+def test_no_worker_or_grandchild_survives_sigkill_of_the_agent(procs, tmp_path, target):
+    # "pgid": kill -9 -PGID of crun's group took the guard along (issue 8.7).
     p = start(procs, ["--standalone", "--nproc_per_node=2", TASK, "grandchild", str(tmp_path)])
     wait_files(tmp_path, ".ready", 2)
     pids = []
     for r in (0, 1):
         pids += [int(x) for x in (tmp_path / f"{r}.pids").read_text().split()]
     assert all(pid_alive(x) for x in pids)
-    os.kill(p.pid, signal.SIGKILL)
+    if target == "pgid":
+        os.killpg(os.getpgid(p.pid), signal.SIGKILL)
+    else:
+        os.kill(p.pid, signal.SIGKILL)
     p.wait(timeout=10)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and any(pid_alive(x) for x in pids):
@@ -401,12 +468,200 @@ def test_per_rank_redirect_map_and_prefix_template(procs, tmp_path):
     assert "rank=1" not in out + err
 
 
-def test_lines_stay_whole(procs):
-    rc, out, err = run(procs, ["--standalone", "--nproc_per_node=2", TASK, "chunks", "5"])
+BYTES = b"progress 1\rprogress 2\r" + b"L" * 300000 + b"\nline two\ntail without newline"
+
+
+@pytest.mark.parametrize("which", ["crun", "torchrun"])
+@pytest.mark.parametrize("mode", ["plain", "redirect", "tee"])
+def test_output_passes_through_as_written(procs, tmp_path, which, mode):
+    # Issue 11.2: crun cut a 300,000-byte line every 16,384 bytes, held \r
+    # progress back and added a final newline, on the console and in files.
+    flags = {"plain": [], "redirect": ["--redirects=3"], "tee": ["--tee=3"]}[mode]
+    p = start(procs, ["--standalone", "--nproc_per_node=1", f"--log_dir={tmp_path}", *flags,
+                      TASK, "bytes"], which=which)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err[-3000:]
+    if mode == "plain":
+        assert out == BYTES and BYTES in err
+    if mode == "redirect":
+        assert BYTES not in out
+    if mode != "plain":
+        (logs,) = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs
+                   if f == "stdout.log"]
+        assert open(logs, "rb").read() == BYTES  # whole, nothing added
+        assert open(logs.replace("stdout.log", "stderr.log"), "rb").read() == BYTES
+    if mode == "tee" and which == "crun":
+        # The prefix at line starts only; \r and the unfinished line kept.
+        # (torchrun's tail reads text lines: \r becomes a line end there.)
+        want = b"[default0]:" + BYTES.replace(b"\n", b"\n[default0]:")
+        assert out == want and want in err
+
+
+def _spawn_in_pty(cmd, env):
+    """Starts cmd as the session leader of a new pty, like a login shell
+    would: the pty is its controlling terminal."""
+    import pty
+    import termios
+    master, slave = pty.openpty()
+
+    def ctty():
+        os.setsid()
+        import fcntl
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    p = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, env=env,
+                         preexec_fn=ctty, close_fds=True)
+    os.close(slave)
+    return p, master
+
+
+@pytest.mark.parametrize("which", ["crun", "torchrun"])
+@pytest.mark.parametrize("mode", ["plain", "tee"])
+def test_worker_owns_the_terminal_like_under_torchrun(procs, tmp_path, which, mode):
+    # Issue 11.2/11.3: a worker saw a pipe instead of the terminal, and
+    # input() stopped it with SIGTTIN (its own group in crun's session).
+    flags = ["--tee=3", f"--log_dir={tmp_path / 'logs'}"] if mode == "tee" else []
+    p, master = _spawn_in_pty([*launcher_argv(which), "--standalone", "--nproc_per_node=1", *flags,
+                               TASK, "tty", str(tmp_path)], crun_env())
+    procs.procs.append(p)
+    try:
+        wait_files(tmp_path, ".tty", 1)
+        # A teed stdout is a file under both launchers; stdin stays the tty.
+        assert (tmp_path / "0.tty").read_text() == ("True True" if mode == "plain"
+                                                     else "True False")
+        os.write(master, b"typed by the user\n")
+        assert p.wait(timeout=60) == 0
+        assert (tmp_path / "0.input").read_text() == "typed by the user"
+    finally:
+        os.close(master)
+
+
+@pytest.mark.parametrize("which", ["crun", "torchrun"])
+@pytest.mark.parametrize("mode", ["plain", "tee"])
+def test_blocked_console_never_blocks_the_stores(procs, tmp_path, which, mode):
+    # Issue 8.6: `crun ... flooding_app | sleep 12` stopped store replies for
+    # every node: lines went to a blocking stdout on the loop that serves the
+    # stores. Here nobody reads crun's stdout while a client uses the store.
+    n = 60000  # ~7 MB: far past the pipe and crun's console queue
+    flags = ["--tee=3", f"--log_dir={tmp_path / 'logs'}"] if mode == "tee" else []
+    p = start(procs, ["--standalone", "--nproc_per_node=2", *flags, TASK, "flood",
+                      str(tmp_path), str(n)], which=which)
+    wait_files(tmp_path, "port", 1)
+    port = int((tmp_path / "port").read_text())
+    if mode == "tee":  # the worker wrote it all to its file; crun is copying
+        wait_files(tmp_path, "flooded", 1)
+    time.sleep(1)  # let the console queue and the pipe fill up
+    lat = []
+    cli = StoreCli(procs, os.path.join(BUILD, "tests", "helpers", "store_cli"), "127.0.0.1", port, 2,
+                   timeout_ms=20000, connect_timeout_ms=20000)
+    for i in range(20):
+        t0 = time.monotonic()
+        assert cli.cmd(f"set blocked/k{i} v{i}", 30) == "OK"
+        assert cli.cmd(f"get blocked/k{i}", 30) == f'VAL "v{i}"'
+        lat.append(time.monotonic() - t0)
+    cli.close()
+    print(f"{which} {mode}: store set+get under a blocked console: "
+          f"median {sorted(lat)[len(lat) // 2] * 1000:.1f} ms, max {max(lat) * 1000:.1f} ms")
+    (tmp_path / "go").write_text("")
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err[-3000:]
+    if mode == "tee":
+        (logs,) = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path / "logs") for f in fs
+                   if f == "stdout.log" and os.path.basename(d) == "0"]
+        assert open(logs, "rb").read().count(b"\n") == n  # the file lost nothing
+        if which == "crun":
+            dropped = [int(x) for x in re.findall(rb"\[crun: (\d+) lines dropped\]", out)]
+            assert dropped and sum(dropped) + out.count(b"[default0]:flood ") == n
+    else:
+        assert out.count(b"\n") == n  # the worker wrote to the pipe itself
+
+
+@pytest.mark.parametrize("which", ["crun", "torchrun"])
+def test_hostname_in_the_prefix_template(procs, which):
+    # Issue 11.5: ${hostname} was printed literally.
+    env = crun_env(TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="<${hostname}:${rank}>")
+    rc, out, err = run(procs, ["--standalone", "--nproc_per_node=1", "--tee=3", TASK, "print"],
+                       env, which=which)
     assert rc == 0, err
-    lines = [ln for ln in out.splitlines() if ln]
-    assert len(lines) == 10
-    assert all(ln in ("a" * 1000, "b" * 1000) for ln in lines)
+    assert f"<{socket.gethostname()}:0>out-line rank=0" in out
+
+
+@pytest.mark.parametrize("which", ["crun", "torchrun"])
+def test_virtual_local_rank_keeps_inherited_devices(procs, tmp_path, which):
+    # Issue 11.4: with CUDA_VISIBLE_DEVICES=4,5 the workers got 0 and 1.
+    env = crun_env(CUDA_VISIBLE_DEVICES="4,5")
+    rc, _, err = run(procs, ["--standalone", "--nproc_per_node=2", "--virtual-local-rank",
+                             TASK, "env", str(tmp_path)], env, which=which)
+    assert rc == 0, err
+    envs = load_envs(tmp_path, 2)
+    assert [(envs[r]["LOCAL_RANK"], envs[r]["CUDA_VISIBLE_DEVICES"]) for r in (0, 1)] == \
+        [("0", "4"), ("0", "5")]
+
+
+@pytest.mark.parametrize("which", ["crun", "torchrun"])
+def test_default_log_dir_names_match_torchrun(procs, tmp_path, which):
+    # Issue 11.10: torchelastic_XXXXXXXX left two literal X's.
+    env = crun_env(TMPDIR=tmp_path)
+    rc, _, err = run(procs, ["--standalone", "--redirects=1", TASK, "print"], env, which=which)
+    assert rc == 0, err
+    (base,) = os.listdir(tmp_path)
+    assert re.fullmatch(r"torchelastic_[a-z0-9_]{8}", base), base
+    (run_dir,) = os.listdir(tmp_path / base)
+    assert re.fullmatch(r"[0-9a-f-]{36}_[a-z0-9_]{8}", run_dir), run_dir  # <uuid run id>_
+
+
+@pytest.mark.parametrize("which", ["crun", "torchrun"])
+def test_loglevel_is_honoured(procs, which):
+    # Issue 11.10: LOGLEVEL=INFO shows the launcher's INFO lines, the default
+    # (WARNING) does not.
+    args = ["--standalone", "--nproc_per_node=1", TASK, "print"]
+    rc, _, quiet = run(procs, args, crun_env(LOGLEVEL="WARNING"), which=which)
+    assert rc == 0, quiet
+    rc, _, chatty = run(procs, args, crun_env(LOGLEVEL="INFO"), which=which)
+    assert rc == 0, chatty
+    noise = [ln for ln in chatty.splitlines() if "rank=0" not in ln]
+    assert len(noise) >= 3 and all("rank=0" in ln for ln in quiet.splitlines() if ln), quiet
+
+
+@pytest.mark.parametrize("which", ["crun", "torchrun"])
+def test_python_env_does_not_pick_the_interpreter(procs, tmp_path, which):
+    # Issue 11.7: an unrelated $PYTHON changed crun's interpreter; torchrun
+    # uses PYTHON_EXEC or its own. crun: PYTHON_EXEC, else python3.
+    script = tmp_path / "who.py"
+    script.write_text("import sys\nprint('EXE', sys.executable)\n")
+    env = crun_env(PYTHON="/bin/false")
+    del env["PYTHON_EXEC"]
+    rc, out, err = run(procs, ["--standalone", str(script)], env, which=which)
+    assert rc == 0, err
+    assert "EXE " in out and "/bin/false" not in out
+    env["PYTHON_EXEC"] = PY
+    rc, out, err = run(procs, ["--standalone", str(script)], env, which=which)
+    assert rc == 0 and f"EXE {PY}" in out, err
+
+
+@pytest.mark.parametrize("which", ["crun", "torchrun"])
+def test_duplicate_filters_write_torchruns_files(procs, tmp_path, which):
+    # Issue 11.9: matching lines of teed streams, prefixed, in
+    # <run>/attempt_<n>/filtered_std{out,err}.log.
+    rc, _, err = run(procs, ["--standalone", "--nproc-per-node=2", "--tee=3",
+                             f"--log-dir={tmp_path}", "--duplicate-stdout-filters=out-line",
+                             "--duplicate-stderr-filters=nothing", TASK, "print"], which=which)
+    assert rc == 0, err
+    (run_dir,) = os.listdir(tmp_path)
+    attempt = tmp_path / run_dir / "attempt_0"
+    assert sorted((attempt / "filtered_stdout.log").read_text().splitlines()) == \
+        ["[default0]:out-line rank=0", "[default1]:out-line rank=1"]
+    assert (attempt / "filtered_stderr.log").read_text() == ""
+
+
+@pytest.mark.skipif(os.path.isdir("/sys/bus/pci/drivers/nvidia"), reason="this machine has GPUs")
+@pytest.mark.parametrize("which,needle", [("crun", "fewer NVIDIA GPUs"),
+                                          ("torchrun", "No accelerator available")])
+def test_numa_binding_without_gpus_fails_clearly(procs, which, needle):
+    # Issue 11.9 (the mapping itself: test_agent_core/test_agent_api on a fake sysfs).
+    rc, out, err = run(procs, ["--standalone", "--numa-binding=node", TASK, "print"],
+                       which=which)
+    assert rc == 1 and needle in err, err[-2000:]
+    assert "out-line" not in out  # nothing started
 
 
 def test_log_dir_dev_null_sets_empty_error_file(procs, tmp_path):
@@ -477,25 +732,12 @@ def test_static_duplicate_node_rank_is_refused(procs):
 LAUNCHERS = ["crun", "torchrun"]
 
 
-def launcher_argv(which):
-    if which == "crun":
-        return [bin_path("crun")]
-    return [torch_python("2"), "-m", "torch.distributed.run"]
-
-
 def start_with(procs, which, args, env=None):
-    env = dict(env or crun_env())
-    env.setdefault("PYTHON_EXEC", PY)  # both launchers run the workers under this
-    return procs.spawn([*launcher_argv(which), *args], env=env)
+    return start(procs, args, env, which)  # crun_env sets PYTHON_EXEC for both
 
 
 def run_with(procs, which, args, env=None, timeout=180):
-    p = start_with(procs, which, args, env)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{which} {args} did not finish within {timeout}s")
-    return p.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+    return run(procs, args, env, timeout, which)
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)

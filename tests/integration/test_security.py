@@ -218,9 +218,11 @@ def attack_b(w, pfx):
     nxt = rd + 1
     assert w.cas(f"{pfx}/round", str(rd), str(nxt)) == str(nxt).encode()
     assert w.add(f"{pfx}/r{nxt}/joined", 1) == 1
-    w.set(f"{pfx}/r{nxt}/closed", "3")
-    for t in (2, 3):  # the two agents will draw tickets 2 and 3
-        w.set(f"{pfx}/r{nxt}/assign/{t}", f"{t - 1} 3 {t - 1} 3 29999 {EVIL_ADDR} x 0")
+    # The closed round (rendezvous/round_int.h): the two agents will draw
+    # tickets 2 and 3, and the worker store it names is the intruder's.
+    w.set(f"{pfx}/r{nxt}/closed",
+          '{"attempt":1,"ma":"%s","mp":29999,"sh":"","t":[2,3],"n":[1,1],'
+          '"pr":[-1,-1],"pg":[-1,-1]}' % EVIL_ADDR)
     w.set(f"{pfx}/r{rd}/change", "restart intruder")
 
 

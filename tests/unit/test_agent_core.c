@@ -150,17 +150,22 @@ START_TEST(prefix_templates_expand)
 {
 	char buf[128];
 
-	ck_assert_int_eq(logs_render_prefix("[${role_name}${local_rank}]:", "default", 5, 1, 2, buf,
-					    sizeof(buf)),
+	ck_assert_int_eq(logs_render_prefix("[${role_name}${local_rank}]:", "default", "h", 5, 1, 2,
+					    buf, sizeof(buf)),
 			 0);
 	ck_assert_str_eq(buf, "[default1]:");
 	ck_assert_int_eq(logs_render_prefix("$role_name-$rank-$local_rank-$group_rank $$ $other",
-					    "t", 5, 1, 2, buf, sizeof(buf)),
+					    "t", "h", 5, 1, 2, buf, sizeof(buf)),
 			 0);
 	ck_assert_str_eq(buf, "t-5-1-2 $ $other");
-	ck_assert_int_eq(logs_render_prefix("[$rank_x]", "t", 5, 1, 2, buf, sizeof(buf)), 0);
+	ck_assert_int_eq(logs_render_prefix("[$rank_x]", "t", "h", 5, 1, 2, buf, sizeof(buf)), 0);
 	ck_assert_str_eq(buf, "[$rank_x]");
-	ck_assert_int_eq(logs_render_prefix("$rank", "t", 5, 1, 2, buf, 1), CRUN_ETOOBIG);
+	ck_assert_int_eq(logs_render_prefix("$rank", "t", "h", 5, 1, 2, buf, 1), CRUN_ETOOBIG);
+	/* Issue 11.5: ${hostname} was printed literally. */
+	ck_assert_int_eq(logs_render_prefix("${hostname}:${rank}: $hostname", "t", "node7", 5, 1,
+					    2, buf, sizeof(buf)),
+			 0);
+	ck_assert_str_eq(buf, "node7:5: node7");
 }
 END_TEST
 
@@ -204,6 +209,159 @@ START_TEST(env_has_torchruns_variables_and_keeps_the_rest)
 	ck_assert_str_eq(env_get(e, "LOCAL_RANK"), "0");
 	ck_assert_str_eq(env_get(e, "CUDA_VISIBLE_DEVICES"), "1");
 	env_free(e);
+}
+END_TEST
+
+/* Issue 11.4: with an inherited CUDA_VISIBLE_DEVICES=4,5 the workers got 0/1,
+ * the wrong GPUs on a shared node; torchrun maps rank i to the i-th entry. */
+START_TEST(virtual_local_rank_keeps_the_inherited_mapping)
+{
+	char *const cuda[] = { "CUDA_VISIBLE_DEVICES=4, 5", NULL };
+	char *const hip[] = { "CUDA_VISIBLE_DEVICES=0,1", "HIP_VISIBLE_DEVICES=2,3", NULL };
+	struct env_vars v = { .local_rank = 1, .role = "default", .master_addr = "h",
+			      .run_id = "r", .virtual_local_rank = true };
+	char **e = env_build(cuda, &v);
+
+	ck_assert_str_eq(env_get(e, "CUDA_VISIBLE_DEVICES"), "5");
+	ck_assert_str_eq(env_get(e, "LOCAL_RANK"), "0");
+	env_free(e);
+	e = env_build(hip, &v);
+	ck_assert_str_eq(env_get(e, "CUDA_VISIBLE_DEVICES"), "3");
+	ck_assert_str_eq(env_get(e, "HIP_VISIBLE_DEVICES"), "3");
+	env_free(e);
+	v.virtual_local_rank = false; /* plain mode leaves the inherited list alone */
+	e = env_build(cuda, &v);
+	ck_assert_str_eq(env_get(e, "CUDA_VISIBLE_DEVICES"), "4, 5");
+	env_free(e);
+}
+END_TEST
+
+/* Issue 11.7: $PYTHON no longer picks the interpreter; PYTHON_EXEC does. */
+START_TEST(python_is_python_exec_else_python3)
+{
+	char *const with[] = { "PYTHON=/usr/bin/false", "PYTHON_EXEC=/opt/py/bin/python", NULL };
+	char *const without[] = { "PYTHON=/usr/bin/false", NULL };
+	char buf[PATH_MAX];
+
+	ck_assert_str_eq(env_python(with, buf, sizeof(buf)), "/opt/py/bin/python");
+	/* This test binary has no python3 beside it (build/tests/). */
+	ck_assert_str_eq(env_python(without, buf, sizeof(buf)), "python3");
+}
+END_TEST
+
+/* ---- --numa-binding on a fake sysfs tree ----------------------------------------- */
+
+static char sysroot[64];
+
+static void put(const char *rel, const char *text)
+{
+	char path[512], cmd[700];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s%s", sysroot, rel);
+	snprintf(cmd, sizeof(cmd), "mkdir -p \"$(dirname '%s')\"", path);
+	ck_assert_int_eq(system(cmd), 0);
+	f = fopen(path, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs(text, f);
+	fclose(f);
+}
+
+/* Node 0: cpus 0-7 (hyperthread pairs n, n+4; two L3 complexes {0,1,4,5} and
+ * {2,3,6,7}), node 1: cpus 8-15, both on package 0; node 2: cpus 16-23 on
+ * package 1. GPUs: two on node 0, two on node 1 (one says -1: node 0 in
+ * torch's rule... here it is the first of node 1 by its numa_node file). */
+static void fake_sysfs(int ngpus)
+{
+	static const char *const bdf[] = { "0000:17:00.0", "0000:3a:00.0", "0000:86:00.0",
+					   "0000:af:00.0" };
+	static const char *const node[] = { "0\n", "-1\n", "1\n", "1\n" };
+	char rel[256], val[64];
+
+	snprintf(sysroot, sizeof(sysroot), "/tmp/crun-sysfs-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(sysroot));
+	put("/sys/devices/system/node/node0/cpulist", "0-7\n");
+	put("/sys/devices/system/node/node1/cpulist", "8-15\n");
+	put("/sys/devices/system/node/node2/cpulist", "16-23\n");
+	for (int c = 0; c < 24; c++) {
+		int sib = c % 8 < 4 ? c + 4 : c - 4;
+
+		snprintf(rel, sizeof(rel), "/sys/devices/system/cpu/cpu%d/topology/thread_siblings_list", c);
+		snprintf(val, sizeof(val), "%d,%d\n", MIN(c, sib), MAX(c, sib));
+		put(rel, val);
+		snprintf(rel, sizeof(rel), "/sys/devices/system/cpu/cpu%d/topology/physical_package_id", c);
+		put(rel, c < 16 ? "0\n" : "1\n");
+		if (c >= 8)
+			continue;
+		snprintf(rel, sizeof(rel), "/sys/devices/system/cpu/cpu%d/cache/index0/type", c);
+		put(rel, "Instruction\n");
+		snprintf(rel, sizeof(rel), "/sys/devices/system/cpu/cpu%d/cache/index0/level", c);
+		put(rel, "1\n");
+		snprintf(rel, sizeof(rel), "/sys/devices/system/cpu/cpu%d/cache/index1/type", c);
+		put(rel, "Unified\n");
+		snprintf(rel, sizeof(rel), "/sys/devices/system/cpu/cpu%d/cache/index1/level", c);
+		put(rel, "3\n");
+		snprintf(rel, sizeof(rel), "/sys/devices/system/cpu/cpu%d/cache/index1/shared_cpu_list", c);
+		put(rel, c % 4 < 2 ? "0-1,4-5\n" : "2-3,6-7\n");
+	}
+	for (int g = 0; g < ngpus; g++) {
+		snprintf(rel, sizeof(rel), "/sys/bus/pci/drivers/nvidia/%s", bdf[g]);
+		put(rel, "");
+		snprintf(rel, sizeof(rel), "/sys/bus/pci/devices/%s/numa_node", bdf[g]);
+		put(rel, node[g]);
+	}
+	put("/sys/bus/pci/drivers/nvidia/module", ""); /* not a PCI address: skipped */
+}
+
+static void rm_sysfs(void)
+{
+	char cmd[128];
+
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", sysroot);
+	ck_assert_int_eq(system(cmd), 0);
+}
+
+START_TEST(numa_binding_maps_gpus_to_cpus)
+{
+	static const struct {
+		const char *mode;
+		const char *want[4];
+	} cases[] = {
+		{ "node", { "0-7", "0-7", "8-15", "8-15" } },
+		{ "socket", { "0-15", "0-15", "0-15", "0-15" } },
+		{ "exclusive", { "0-1,4-5", "2-3,6-7", "8-9,12-13", "10-11,14-15" } },
+		/* Node 1 has no cache files: every cpu is its own complex. */
+		{ "core-complex", { "0-1,4-5", "2-3,6-7", "8", "9" } },
+	};
+	char **cpus = NULL;
+
+	fake_sysfs(4);
+	for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
+		ck_assert_int_eq(numa_cpus_for_gpus(sysroot, cases[i].mode, 4, &cpus), 0);
+		for (int g = 0; g < 4; g++)
+			ck_assert_msg(strcmp(cpus[g], cases[i].want[g]) == 0, "%s gpu %d: %s != %s",
+				      cases[i].mode, g, cpus[g], cases[i].want[g]);
+		numa_free(cpus, 4);
+	}
+	ck_assert_int_eq(numa_cpus_for_gpus(sysroot, "node", 5, &cpus), CRUN_ENOENT);
+	ck_assert_int_eq(numa_cpus_for_gpus(sysroot, "nodes", 1, &cpus), CRUN_EINVAL);
+	rm_sysfs();
+	fake_sysfs(0);
+	ck_assert_int_eq(numa_cpus_for_gpus(sysroot, "node", 1, &cpus), CRUN_ENOENT);
+	rm_sysfs();
+}
+END_TEST
+
+START_TEST(cpulists_parse)
+{
+	cpu_set_t s;
+
+	ck_assert_int_eq(numa_parse_cpulist("0-2,5\n", &s), 0);
+	ck_assert_int_eq(CPU_COUNT(&s), 4);
+	ck_assert(CPU_ISSET(5, &s) && !CPU_ISSET(3, &s));
+	ck_assert_int_eq(numa_parse_cpulist("3-1", &s), CRUN_EINVAL);
+	ck_assert_int_eq(numa_parse_cpulist("x", &s), CRUN_EINVAL);
+	ck_assert_int_eq(numa_parse_cpulist("99999", &s), CRUN_EINVAL);
 }
 END_TEST
 
@@ -253,6 +411,10 @@ static Suite *agent_core_suite(void)
 	tcase_add_test(tc, prefix_templates_expand);
 	tcase_add_test(tc, env_has_torchruns_variables_and_keeps_the_rest);
 	tcase_add_test(tc, argv_substitutes_local_rank);
+	tcase_add_test(tc, virtual_local_rank_keeps_the_inherited_mapping);
+	tcase_add_test(tc, python_is_python_exec_else_python3);
+	tcase_add_test(tc, numa_binding_maps_gpus_to_cpus);
+	tcase_add_test(tc, cpulists_parse);
 	tcase_add_test(tc, signal_lists_parse);
 	suite_add_tcase(s, tc);
 	return s;

@@ -31,7 +31,7 @@
 #include "common/common.h"
 #include "rendezvous/coord.h"
 #include "rendezvous/etcd_int.h"
-#include "store/store.h"
+#include "store/server.h"
 #include "unit/check_main.h"
 
 #define ETCD_BIN "/usr/bin/etcd"

@@ -1,7 +1,9 @@
-/* test_rdzv_c10d.c: Check tests for the c10d rendezvous' pure parts: group
- * rank order across rounds (survivors keep their order, new nodes follow in
- * ticket order), prefix-sum global ranks for heterogeneous nproc, rdzv_conf
- * parsing, and the command line accepting c10d with MIN:MAX.
+/* test_rdzv_c10d.c: Check tests for the c10d rendezvous: prefix-sum global
+ * ranks for heterogeneous nproc, rdzv_conf parsing, the command line
+ * accepting c10d with MIN:MAX, and whole rounds of several agents (threads)
+ * over the in-memory coordination, with in-memory leases for the liveness
+ * cases: a dead or silent ticket 1, a joiner that dies before its record, a
+ * node back from an older round, the job-wide attempt.
  */
 #include <check.h>
 #include <pthread.h>
@@ -14,42 +16,9 @@
 #include "rendezvous/c10d.h"
 #include "rendezvous/coord.h"
 #include "rendezvous/rdzv.h"
+#include "rendezvous/round_int.h"
 #include "common/common.h"
 #include "unit/check_main.h"
-
-START_TEST(order_first_round_is_ticket_order)
-{
-	int prev[4] = {-1, -1, -1, -1}, g[4];
-
-	ck_assert_int_eq(c10d_order(prev, 4, g), 0);
-	for (int i = 0; i < 4; i++)
-		ck_assert_int_eq(g[i], i);
-}
-END_TEST
-
-START_TEST(order_keeps_survivors_stable)
-{
-	/* Round 2 after group rank 1 died: tickets arrive in any order; the
-	 * survivors (old 0, 2, 3) keep their relative order, the newcomer
-	 * goes last. */
-	int prev[4] = {3, -1, 0, 2}, g[4];
-
-	ck_assert_int_eq(c10d_order(prev, 4, g), 0);
-	ck_assert_int_eq(g[2], 0); /* old 0 */
-	ck_assert_int_eq(g[3], 1); /* old 2 */
-	ck_assert_int_eq(g[0], 2); /* old 3 */
-	ck_assert_int_eq(g[1], 3); /* new */
-}
-END_TEST
-
-START_TEST(order_rejects_duplicates_and_empty)
-{
-	int prev[3] = {0, 0, -1}, g[3];
-
-	ck_assert_int_eq(c10d_order(prev, 3, g), CRUN_EINVAL);
-	ck_assert_int_eq(c10d_order(prev, 0, g), CRUN_EINVAL);
-}
-END_TEST
 
 START_TEST(heterogeneous_prefix_sums)
 {
@@ -131,9 +100,15 @@ static char *const no_env[] = {NULL};
 
 START_TEST(cli_accepts_elastic_c10d)
 {
-	char *argv[] = {"crun", "--nnodes=1:3", "--nproc_per_node=2", "--rdzv_backend=c10d",
-			"--rdzv_endpoint=10.0.0.1", "--rdzv_id=job",
-			"--rdzv_conf=last_call_timeout=1,lease_ttl=2", "x.py", NULL};
+	char *argv[] = {"crun",
+			"--nnodes=1:3",
+			"--nproc_per_node=2",
+			"--rdzv_backend=c10d",
+			"--rdzv_endpoint=10.0.0.1",
+			"--rdzv_id=job",
+			"--rdzv_conf=last_call_timeout=1,lease_ttl=2",
+			"x.py",
+			NULL};
 	struct cli c;
 
 	ck_assert_int_eq(cli_parse(&c, 8, argv, no_env), 0);
@@ -212,6 +187,21 @@ static void ag_join(struct ag *g)
 	pthread_join(g->thr, NULL);
 }
 
+/* Waits for g's join and checks it succeeded. */
+static void ag_ok(struct ag *g)
+{
+	ag_join(g);
+	ck_assert_msg(g->result == 0, "%s", g->err);
+}
+
+/* g comes back for the next round with the rank of the one it completed. */
+static void ag_rejoin(struct ag *g)
+{
+	g->a.prev_round = g->round;
+	g->a.prev_grank = g->info.group_rank;
+	ag_start(g);
+}
+
 static char *mem_val(struct coord_mem *m, const char *key)
 {
 	struct coord *c;
@@ -287,12 +277,18 @@ START_TEST(round_closes_after_min_and_last_call)
 		ag_start(&g[i]);
 	}
 	for (int i = 0; i < 2; i++) {
-		ag_join(&g[i]);
-		ck_assert_msg(g[i].result == 0, "%s", g[i].err);
+		ag_ok(&g[i]);
 		ck_assert_int_eq(g[i].info.group_world_size, 2);
 	}
 	closed = mem_val(m, "r0/closed");
-	ck_assert_str_eq(closed, "2");
+	{
+		struct round_closed rc;
+
+		ck_assert_int_eq(round_closed_parse(closed, 8, &rc), 0);
+		ck_assert_int_eq(rc.n, 2);
+		ck_assert_int_eq(rc.attempt, 0);
+		round_closed_free(&rc);
+	}
 	free(closed);
 	coord_mem_free(m);
 }
@@ -310,8 +306,7 @@ START_TEST(late_joiner_triggers_next_round_and_ranks_stay)
 		ag_start(&g[i]);
 	}
 	for (int i = 0; i < 2; i++) {
-		ag_join(&g[i]);
-		ck_assert_msg(g[i].result == 0, "%s", g[i].err);
+		ag_ok(&g[i]);
 	}
 	/* A third node: round 0 is closed with 2 < MAX, so it asks for more. */
 	ag_init(&g[2], m, 2, 2, 3, 2, "last_call_timeout=0.05");
@@ -322,13 +317,10 @@ START_TEST(late_joiner_triggers_next_round_and_ranks_stay)
 	free(ch);
 	/* The members come back for round 1 with their old group ranks. */
 	for (int i = 0; i < 2; i++) {
-		g[i].a.prev_round = 0;
-		g[i].a.prev_grank = g[i].info.group_rank;
-		ag_start(&g[i]);
+		ag_rejoin(&g[i]);
 	}
 	for (int i = 0; i < 3; i++) {
-		ag_join(&g[i]);
-		ck_assert_msg(g[i].result == 0, "%s", g[i].err);
+		ag_ok(&g[i]);
 		ck_assert_int_eq(g[i].round, 1);
 		ck_assert_int_eq(g[i].info.group_world_size, 3);
 		ck_assert_int_eq(g[i].info.world_size, 6);
@@ -354,13 +346,10 @@ START_TEST(restart_marks_the_round_and_bumps_it)
 	for (int i = 0; i < 2; i++)
 		ag_join(&g[i]);
 	for (int i = 0; i < 2; i++) {
-		g[i].a.prev_round = 0;
-		g[i].a.prev_grank = g[i].info.group_rank;
-		ag_start(&g[i]);
+		ag_rejoin(&g[i]);
 	}
 	for (int i = 0; i < 2; i++) {
-		ag_join(&g[i]);
-		ck_assert_msg(g[i].result == 0, "%s", g[i].err);
+		ag_ok(&g[i]);
 		ck_assert_int_eq(g[i].round, 1);
 		ck_assert_int_eq(g[i].info.group_rank, g[i].a.prev_grank);
 	}
@@ -384,8 +373,7 @@ START_TEST(spare_waits_then_job_ends)
 		ag_start(&g[i]);
 	}
 	for (int i = 0; i < 2; i++) {
-		ag_join(&g[i]);
-		ck_assert_msg(g[i].result == 0, "%s", g[i].err);
+		ag_ok(&g[i]);
 	}
 	ag_init(&g[2], m, 2, 1, 2, 1, NULL);
 	ag_start(&g[2]);
@@ -446,15 +434,160 @@ START_TEST(too_few_nodes_time_out)
 }
 END_TEST
 
+/* Issue 8, item 1: ticket 1 drew its ticket and died before writing its
+ * record (no record, no alive key). The others close the round without it:
+ * no one waits for ticket 1 to close or assign. */
+START_TEST(dead_ticket_1_before_its_record_is_dropped)
+{
+	struct coord_mem *m;
+	struct coord *c;
+	struct ag g[2];
+	int64_t t;
+
+	ck_assert_int_eq(coord_mem_new(&m), 0);
+	ck_assert_int_eq(coord_open_mem(m, "crun-c10d/job", &c), 0);
+	ck_assert_int_eq(coord_add(c, "r0/joined", 1, &t), 0);
+	ck_assert_int_eq(t, 1);
+	for (int i = 0; i < 2; i++) {
+		ag_init(&g[i], m, i + 1, 2, 3, 1, "last_call_timeout=0.05,join_timeout=5");
+		ag_start(&g[i]);
+	}
+	for (int i = 0; i < 2; i++) {
+		ag_ok(&g[i]);
+		ck_assert_int_eq(g[i].round, 0);
+		ck_assert_int_eq(g[i].info.group_world_size, 2);
+	}
+	ck_assert_int_ne(g[0].info.group_rank, g[1].info.group_rank);
+	coord_close(c);
+	coord_mem_free(m);
+}
+END_TEST
+
+/* Ticket 1 wrote its record and took its lease, then died while the round
+ * was open (its lease expired): the round is abandoned and the survivors
+ * form the next one at once. */
+START_TEST(ticket_1_dying_in_an_open_round_abandons_it)
+{
+	struct coord_mem *m;
+	struct coord *c;
+	struct ag g[2];
+	uint64_t lease = 0;
+	int64_t t;
+
+	ck_assert_int_eq(coord_mem_new(&m), 0);
+	coord_mem_leases(m, true);
+	ck_assert_int_eq(coord_open_mem(m, "crun-c10d/job", &c), 0);
+	ck_assert_int_eq(coord_add(c, "r0/joined", 1, &t), 0);
+	ck_assert_int_eq(coord_set(c, "r0/node/1", "-1 -1 1 0 999 10.0.0.9 host9"), 0);
+	ck_assert_int_eq(coord_lease_grant(c, 1000, "r0/change", "dead host9", &lease), 0);
+	ck_assert_int_eq(coord_put_leased(c, lease, "r0/alive/1", "host9"), 0);
+	for (int i = 0; i < 2; i++) {
+		ag_init(&g[i], m, i + 1, 2, 4, 1, "last_call_timeout=0.3,join_timeout=5");
+		g[i].a.lease_on_handle = true;
+		ag_start(&g[i]);
+	}
+	wait_key(m, "r0/alive/3");
+	ck_assert_int_eq(coord_mem_expire(m, lease), 0);
+	ck_assert_int_eq(coord_exists(c, "r0/alive/1"), 0);
+	for (int i = 0; i < 2; i++) {
+		ag_ok(&g[i]);
+		ck_assert_int_eq(g[i].round, 1);
+		ck_assert_int_eq(g[i].info.group_world_size, 2);
+		ck_assert_int_eq(g[i].info.attempt, 0); /* a death is no restart */
+	}
+	coord_close(c);
+	coord_mem_free(m);
+}
+END_TEST
+
+/* Issue 8, item 2: B missed round 1 and rejoins in round 2 carrying its
+ * round-0 group rank, which C holds since round 1. Before: "ordering the
+ * nodes: invalid argument" on every agent. */
+START_TEST(node_back_from_an_older_round_gets_a_new_rank)
+{
+	struct coord_mem *m;
+	struct ag g[3];
+	int seen[3] = {0};
+
+	ck_assert_int_eq(coord_mem_new(&m), 0);
+	for (int i = 0; i < 3; i++) {
+		ag_init(&g[i], m, i, 2, 3, 1, "last_call_timeout=0.05");
+		ag_start(&g[i]);
+	}
+	for (int i = 0; i < 3; i++) {
+		ag_ok(&g[i]);
+	}
+	/* Round 1 without B (g[1]): A and C restart. */
+	for (int i = 0; i < 3; i += 2) {
+		ag_rejoin(&g[i]);
+	}
+	for (int i = 0; i < 3; i += 2) {
+		ag_ok(&g[i]);
+		ck_assert_int_eq(g[i].round, 1);
+	}
+	/* B comes back late (round 1 closed with 2 < MAX: it asks for room),
+	 * the others follow it into round 2. */
+	ag_rejoin(&g[1]);
+	wait_key(m, "r1/change");
+	for (int i = 0; i < 3; i += 2) {
+		ag_rejoin(&g[i]);
+	}
+	for (int i = 0; i < 3; i++) {
+		ag_ok(&g[i]);
+		ck_assert_int_eq(g[i].round, 2);
+		ck_assert_int_eq(g[i].info.group_world_size, 3);
+		seen[g[i].info.group_rank]++;
+	}
+	for (int i = 0; i < 3; i++)
+		ck_assert_int_eq(seen[i], 1);
+	ck_assert_int_eq(g[1].info.group_rank, 2);
+	coord_mem_free(m);
+}
+END_TEST
+
+/* Issue 8, item 3: after a counted restart, a node that joins later starts at
+ * the job's attempt, not at 0. */
+START_TEST(late_node_gets_the_job_wide_attempt)
+{
+	struct coord_mem *m;
+	struct ag g[3];
+
+	ck_assert_int_eq(coord_mem_new(&m), 0);
+	for (int i = 0; i < 2; i++) {
+		ag_init(&g[i], m, i, 2, 3, 1, "last_call_timeout=0.05");
+		ag_start(&g[i]);
+	}
+	for (int i = 0; i < 2; i++)
+		ag_join(&g[i]);
+	for (int i = 0; i < 2; i++) { /* a worker failed: both restart */
+		ck_assert_int_eq(g[i].info.attempt, 0);
+		ag_rejoin(&g[i]);
+	}
+	for (int i = 0; i < 2; i++) {
+		ag_ok(&g[i]);
+		ck_assert_int_eq(g[i].info.attempt, 1);
+	}
+	ag_init(&g[2], m, 2, 2, 3, 1, "last_call_timeout=0.05");
+	ag_start(&g[2]);
+	wait_key(m, "r1/change");
+	for (int i = 0; i < 2; i++) {
+		ag_rejoin(&g[i]);
+	}
+	for (int i = 0; i < 3; i++) {
+		ag_ok(&g[i]);
+		ck_assert_int_eq(g[i].round, 2);
+		ck_assert_int_eq(g[i].info.attempt, 1); /* a join is no restart */
+	}
+	coord_mem_free(m);
+}
+END_TEST
+
 static Suite *c10d_suite(void)
 {
 	Suite *s = suite_create("rdzv_c10d");
 	TCase *tc = tcase_create("pure");
 
 	tcase_add_test(tc, conf_store_limits);
-	tcase_add_test(tc, order_first_round_is_ticket_order);
-	tcase_add_test(tc, order_keeps_survivors_stable);
-	tcase_add_test(tc, order_rejects_duplicates_and_empty);
 	tcase_add_test(tc, heterogeneous_prefix_sums);
 	tcase_add_test(tc, conf_defaults_and_keys);
 	tcase_add_test(tc, conf_errors_name_the_key);
@@ -470,6 +603,10 @@ static Suite *c10d_suite(void)
 	tcase_add_test(tc, spare_waits_then_job_ends);
 	tcase_add_test(tc, conflicts_and_reuse_are_errors);
 	tcase_add_test(tc, too_few_nodes_time_out);
+	tcase_add_test(tc, dead_ticket_1_before_its_record_is_dropped);
+	tcase_add_test(tc, ticket_1_dying_in_an_open_round_abandons_it);
+	tcase_add_test(tc, node_back_from_an_older_round_gets_a_new_rank);
+	tcase_add_test(tc, late_node_gets_the_job_wide_attempt);
 	tcase_set_timeout(tc, 30);
 	suite_add_tcase(s, tc);
 	return s;

@@ -27,7 +27,7 @@
 #include "crun/store.h"
 #include "store/auth.h"
 #include "store/server_int.h"
-#include "store/store.h"
+#include "store/server.h"
 #include "unit/check_main.h"
 
 static const struct store_auth_secret SEC_A = {.bytes = "secret-of-job-A-0123456789", .len = 26};

@@ -22,7 +22,7 @@
 #include <event2/thread.h>
 
 #include "crun/store.h"
-#include "store/store.h"
+#include "store/server.h"
 #include "unit/check_main.h"
 
 /* ---- a scripted peer ---------------------------------------------------------- */
@@ -1218,6 +1218,91 @@ START_TEST(without_reconnect_ms_a_lost_connection_stays_lost)
 }
 END_TEST
 
+/* The e2e server's waiter count, read on its loop thread. */
+struct waiters_q {
+	int fd[2];
+	uint64_t n;
+};
+
+static void waiters_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct waiters_q *q = arg;
+	struct store_server_stats st;
+
+	(void)fd;
+	(void)what;
+	store_server_get_stats(e2e_srv, &st);
+	q->n = st.waiters;
+	if (write(q->fd[1], "x", 1) != 1)
+		abort();
+}
+
+static uint64_t e2e_waiters(void)
+{
+	struct waiters_q q = {0};
+	struct timeval now = {0, 0};
+	char c;
+
+	ck_assert_int_eq(pipe2(q.fd, O_CLOEXEC), 0);
+	ck_assert_int_eq(event_base_once(e2e_base, -1, EV_TIMEOUT, waiters_cb, &q, &now), 0);
+	ck_assert_int_eq(read(q.fd[0], &c, 1), 1);
+	close(q.fd[0]);
+	close(q.fd[1]);
+	return q.n;
+}
+
+struct blocked_get {
+	crun_store_t *s;
+	int r;
+	char val[16];
+};
+
+static void *blocked_get_main(void *arg)
+{
+	struct blocked_get *g = arg;
+	void *v = NULL;
+	size_t len = 0;
+
+	g->r = crun_store_get(g->s, "late", 20000, &v, &len);
+	if (g->r == 0) {
+		snprintf(g->val, sizeof(g->val), "%.*s", (int)len, (const char *)v);
+		crun_free(v);
+	}
+	return NULL;
+}
+
+/* A GET blocked in WAIT when the connection is reset: the wait registration
+ * died with the old socket; the client registers it again on the new one
+ * and is woken when the key appears. */
+START_TEST(a_wait_in_flight_during_a_reset_is_registered_again)
+{
+	int dialect = _i ? CRUN_STORE_V2 : CRUN_STORE_V1;
+	struct proxy px;
+	struct blocked_get g = {0};
+	crun_store_t *direct = e2e_open(dialect);
+	pthread_t th;
+
+	proxy_start(&px, e2e_port);
+	g.s = open_rc(px.port, dialect, NULL, 5000, 30000, 10000);
+	ck_assert_int_eq(pthread_create(&th, NULL, blocked_get_main, &g), 0);
+	for (int i = 0; i < 10000 && e2e_waiters() != 1; i++)
+		usleep(1000);
+	ck_assert_uint_eq(e2e_waiters(), 1);
+	proxy_cmd(&px, 'r');
+	/* Registered again from the new connection (the old one is gone). */
+	for (int i = 0; i < 10000 && e2e_waiters() != 1; i++)
+		usleep(1000);
+	ck_assert_int_eq(crun_store_set(direct, "late", "v", 1), 0);
+	pthread_join(th, NULL);
+	ck_assert_msg(g.r == 0, "%s", crun_store_last_error(g.s));
+	ck_assert_str_eq(g.val, "v");
+	proxy_stop(&px);
+	ck_assert_uint_eq(px.accepted, 2);
+	crun_store_close(g.s);
+	crun_store_close(direct);
+}
+END_TEST
+
 /* Failed before: the server ended the lease when the proxy reset its
  * connection (expiry key set), and the client never came back. */
 START_TEST(a_lease_survives_a_reset_and_is_reattached)
@@ -1269,6 +1354,7 @@ Suite *store_client_e2e_suite(void)
 	tcase_add_loop_test(tc, a_non_idempotent_op_in_flight_fails_clearly_and_is_not_applied_twice,
 			    0, 2);
 	tcase_add_test(tc, without_reconnect_ms_a_lost_connection_stays_lost);
+	tcase_add_loop_test(tc, a_wait_in_flight_during_a_reset_is_registered_again, 0, 2);
 	tcase_add_test(tc, a_lease_survives_a_reset_and_is_reattached);
 	suite_add_tcase(s, tc);
 	return s;

@@ -27,7 +27,7 @@
 
 #include "common/common.h"
 #include "crun/store.h"
-#include "store/store.h"
+#include "store/server.h"
 #include "store/store_ext.h"
 #include "unit/check_main.h"
 
@@ -66,16 +66,22 @@ static void srv_stop(void)
 	event_base_free(g_base);
 }
 
-static crun_store_t *client_at(uint16_t port, uint32_t timeout_ms)
+static crun_store_t *client_rc(uint16_t port, uint32_t timeout_ms, uint32_t reconnect_ms)
 {
 	crun_store_opts_t o = CRUN_STORE_OPTS_INIT;
 	crun_store_t *s = NULL;
 
 	o.port = port;
 	o.timeout_ms = timeout_ms;
+	o.reconnect_ms = reconnect_ms;
 	o.prefix = "job";
 	ck_assert_int_eq(crun_store_open(&o, &s), 0);
 	return s;
+}
+
+static crun_store_t *client_at(uint16_t port, uint32_t timeout_ms)
+{
+	return client_rc(port, timeout_ms, CRUN_STORE_RECONNECT_MS_DEFAULT);
 }
 
 static crun_store_t *client(void)
@@ -657,6 +663,28 @@ START_TEST(a_write_the_server_refuses_is_replayed_once_not_forever)
 }
 END_TEST
 
+/* The server process dies: the client sees it close the connection in
+ * order, then every redial refused. It reports that after a short grace for
+ * a supervised restart, not after its whole reconnect budget (10 minutes
+ * here: without the grace this test runs into its tcase timeout). */
+START_TEST(a_dead_server_is_reported_after_a_short_grace)
+{
+	uint16_t port;
+	pid_t pid = fork_server(0, &port);
+	crun_store_t *a = client_rc(port, 600000, 600000);
+	const char *k = "never";
+
+	ck_assert_int_eq(crun_store_set(a, "k", "1", 1), 0);
+	expect_val(a, "k", "1");
+	kill_server(pid);
+	ck_assert_int_lt(crun_store_wait(a, &k, 1, 0), 0);
+	ck_assert_msg(strstr(crun_store_last_error(a), "refused"), "%s",
+		      crun_store_last_error(a));
+	ck_assert_int_lt(crun_store_ping(a, NULL), 0); /* still gone: same again */
+	crun_store_close(a);
+}
+END_TEST
+
 static Suite *lease_suite(void)
 {
 	Suite *s = suite_create("store_lease");
@@ -680,6 +708,10 @@ static Suite *lease_suite(void)
 	tcase_add_test(tc, leases_belong_to_their_connection);
 	tcase_add_test(tc, extension_ops_need_hello);
 	tcase_set_timeout(tc, 90);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("dead_server");
+	tcase_add_test(tc, a_dead_server_is_reported_after_a_short_grace);
+	tcase_set_timeout(tc, 60);
 	suite_add_tcase(s, tc);
 	return s;
 }

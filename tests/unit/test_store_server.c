@@ -23,7 +23,7 @@
 #include <event2/thread.h>
 
 #include "common/common.h"
-#include "store/store.h"
+#include "store/server.h"
 #include "unit/check_main.h"
 
 /* ---- a server in a loop thread ----------------------------------------------- */

@@ -11,6 +11,14 @@
     launch_task.py selfkill              rank 0 SIGKILLs itself; others sleep
     launch_task.py chunks N              write N long lines in small flushed pieces
     launch_task.py print                 one stdout and one stderr line
+    launch_task.py bytes                 exact bytes: \r progress, a 300,000-byte line, no
+                                         final newline (the same on stdout and stderr)
+    launch_task.py flood OUT N           rank 0 writes MASTER_PORT to OUT/port, N stdout lines,
+                                         OUT/flooded; then every rank waits for OUT/go
+    launch_task.py tty OUT               write isatty() of stdin/stdout to OUT/<RANK>.tty,
+                                         read one line (input()) into OUT/<RANK>.input
+    launch_task.py fail_together OUT CODE ignore SIGTERM, wait until every local rank is
+                                         ready, then all exit CODE at once
     launch_task.py hold OUT N            like env, then wait until OUT holds N env files
                                          (so concurrent runs provably overlap)
 Every sleep is bounded (60 s) so nothing outlives a broken test for long.
@@ -108,5 +116,41 @@ elif mode == "hold":
 elif mode == "print":
     print(f"out-line rank={rank}", flush=True)
     print(f"err-line rank={rank}", file=sys.stderr, flush=True)
+elif mode == "bytes":
+    data = b"progress 1\rprogress 2\r" + b"L" * 300000 + b"\nline two\ntail without newline"
+    for f in (sys.stdout.buffer, sys.stderr.buffer):
+        f.write(data)
+        f.flush()
+elif mode == "flood":
+    out, n = sys.argv[2], int(sys.argv[3])
+    if rank == 0:
+        with open(os.path.join(out, "port.tmp"), "w") as f:
+            f.write(os.environ["MASTER_PORT"])
+        os.rename(os.path.join(out, "port.tmp"), os.path.join(out, "port"))
+        line = "x" * 100
+        for i in range(n):
+            sys.stdout.write(f"flood {i} {line}\n")
+        sys.stdout.flush()
+        open(os.path.join(out, "flooded"), "w").close()
+    end = time.monotonic() + 60
+    while not os.path.exists(os.path.join(out, "go")) and time.monotonic() < end:
+        time.sleep(0.05)
+elif mode == "tty":
+    out = sys.argv[2]
+    with open(os.path.join(out, f"{rank}.tty"), "w") as f:
+        f.write(f"{sys.stdin.isatty()} {sys.stdout.isatty()}")
+    line = input()
+    with open(os.path.join(out, f"{rank}.input"), "w") as f:
+        f.write(line)
+elif mode == "fail_together":
+    out, code = sys.argv[2], int(sys.argv[3])
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ready(out)
+    end = time.monotonic() + 60
+    n = int(os.environ["LOCAL_WORLD_SIZE"])
+    while time.monotonic() < end and sum(
+            os.path.exists(os.path.join(out, f"{r}.ready")) for r in range(n)) < n:
+        time.sleep(0.01)
+    sys.exit(code)
 else:
     sys.exit(f"unknown mode {mode}")

@@ -37,7 +37,10 @@ def main():
     assert b.item() == 42.0 + restart, b
 
     dist.barrier()
-    print(f"launch_worker ok rank={rank} world={world} restart={restart}", flush=True)
+    # One write per line: the ranks share the launcher's stdout (crun and
+    # torchrun alike hand it to them), and print() writes the newline apart.
+    sys.stdout.write(f"launch_worker ok rank={rank} world={world} restart={restart}\n")
+    sys.stdout.flush()
     dist.destroy_process_group()
 
 

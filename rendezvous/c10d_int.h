@@ -1,0 +1,99 @@
+/* c10d_int.h: what the parts of the c10d backend share. c10d.c is the loop
+ * glue (configuration, the in-process rendezvous store, starting jobs and
+ * turning their results into rdzv events); c10d_join.c holds the blocking
+ * job bodies (join a round, exit barrier, close as failed) and monitor.c the
+ * liveness monitor. All three job kinds run on helper threads
+ * (helper_int.h) against coord.h; the round algorithm itself is pure
+ * (round_int.h).
+ *
+ * Keys (under "crun-c10d/<run_id>/"):
+ *   conf              "MIN:MAX" of the first agent; others must match
+ *   closed            "done <round>" or "failed: <why>": the run id is spent
+ *   round             the current round number (decimal counter)
+ *   r<n>/joined       ticket counter of round n
+ *   r<n>/node/<t>     ticket t's record (round_int.h)
+ *   r<n>/alive/<t>    ephemeral under ticket t's lease: t is alive
+ *   r<n>/closed       the members and the attempt (round_int.h), written once
+ *                     by COMPARE_SET by whichever member closes first
+ *   r<n>/change       why round n is over ("restart ...", "join ...",
+ *                     "dead ...", "failed"); every lease's expiry key
+ *   r<n>/lease/<g>/hb heartbeat fallback of group rank g (see coord.h)
+ *   r<n>/exit, departed, departed_all, failed_ack, failed_acked: barriers
+ */
+#ifndef CRUN_RENDEZVOUS_C10D_INT_H
+#define CRUN_RENDEZVOUS_C10D_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "rendezvous/c10d.h"
+#include "rendezvous/helper_int.h"
+
+#define C10D_PROGRESS_MS  3000
+#define C10D_SPARE_MAX_MS (7u * 24 * 3600 * 1000) /* a spare waits at most a week */
+#define C10D_DEPART_MS	  10000
+#define C10D_POLL_MS	  250 /* a joiner's longest wait between looks */
+
+enum c10d_job_kind { JOB_ROUND, JOB_BARRIER, JOB_FAIL, JOB_MONITOR };
+
+enum round_outcome { RO_OK, RO_SPARE_DONE };
+
+/* What an exit barrier ended with. */
+enum barrier_outcome { BO_PASSED, BO_FAILED, BO_TIMED_OUT };
+
+struct coord;
+
+/* One helper job's input and results. */
+struct c10d_job {
+	struct helper_job h; /* first: the helper's view */
+	enum c10d_job_kind kind;
+	char host[RDZV_HOST_MAX]; /* rendezvous store */
+	uint16_t port;
+	char prefix[320];
+	struct c10d_conf conf;
+	int min, max, nproc, is_host;
+	int prev_round, prev_grank;
+	uint16_t wport;
+	char addr[RDZV_HOST_MAX];
+	char hostname[RDZV_HOST_MAX];
+	char store_host[RDZV_HOST_MAX]; /* the agent serving the store, for messages */
+	char why[512];			/* JOB_FAIL: root cause, "" when a peer closed */
+	/* the round (input to BARRIER/FAIL/MONITOR, output of ROUND) */
+	int round, nnodes, host_member;
+	/* results, read by the loop only after the post */
+	enum round_outcome outcome;
+	enum barrier_outcome barrier;
+	struct rdzv_info info;
+	enum rdzv_change change;
+	/* ROUND -> MONITOR: the connection holding this agent's lease, taken
+	 * with the ticket (no unguarded window) */
+	struct coord *mon_c;
+	struct coord *lease_c; /* borrowed: take the lease on it (tests) */
+	uint64_t lease;
+	bool hb, take_lease;
+	char *peers;		/* ROUND, group rank 0: the nodes' addresses (c10d_peers.c) */
+	struct etcd_conf *etcd; /* owned copy; NULL: the crun store */
+	char err[512];
+};
+
+struct c10d_job *c10d_job_new(enum c10d_job_kind kind);
+/* The job bodies (on a helper thread, or the caller's for c10d_join_on). */
+int c10d_job_round(struct c10d_job *j, struct coord *c);
+int c10d_job_barrier(struct c10d_job *j, struct coord *c);
+int c10d_job_fail(struct c10d_job *j, struct coord *c);
+/* monitor.c: holds the lease, watches r<n>/change, posts one change. */
+int c10d_job_monitor(struct c10d_job *j, struct coord **cp);
+struct coord_opts;
+/* Authentication and TLS of a connection to the rendezvous store: the job's
+ * secret and its run id (the prefix is "crun-c10d/<run_id>"). */
+void c10d_auth_opts(struct coord_opts *o, const struct c10d_conf *conf, const char *prefix);
+/* Opens a connection to the rendezvous store with op timeout timeout_ms. */
+int c10d_job_open(const struct c10d_job *j, uint32_t timeout_ms, struct coord **ret);
+/* Fills j->err with "what: error[ - detail]" and returns r. */
+int c10d_jfail(struct c10d_job *j, struct coord *c, int r, const char *what);
+/* Counts key up by one; the caller that reaches `target` sets done_key. */
+int c10d_count_in(struct coord *c, const char *rkey, const char *done_key, int64_t target);
+
+#define KEY(buf, ...) TRY(str_printf(buf, sizeof(buf), __VA_ARGS__))
+
+#endif /* CRUN_RENDEZVOUS_C10D_INT_H */

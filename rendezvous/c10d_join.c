@@ -1,0 +1,696 @@
+/* c10d_join.c: the blocking bodies of the c10d jobs (c10d_int.h): joining
+ * rounds until one counts this agent in, the exit barrier and closing the
+ * job as failed. A round is leaderless: every member polls the ticket count,
+ * any of them closes it (COMPARE_SET r<n>/closed) once its own last-call
+ * timer fired or MAX tickets were drawn, dropping tickets whose alive key is
+ * gone, and every member computes the assignment from the closed value
+ * (round.c). A death while the round is open abandons it (closed with no
+ * members) and everyone joins the next one.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "rendezvous/c10d_int.h"
+#include "rendezvous/coord.h"
+#include "rendezvous/round_int.h"
+#include "store/auth.h"
+
+static void job_release(struct helper_job *h)
+{
+	struct c10d_job *j = (struct c10d_job *)h;
+
+	coord_close(j->mon_c);
+	free(j->peers);
+	free(j->etcd);
+	free(j);
+}
+
+struct c10d_job *c10d_job_new(enum c10d_job_kind kind)
+{
+	struct c10d_job *j = calloc(1, sizeof(*j));
+
+	if (!j)
+		return NULL;
+	j->kind = kind;
+	j->h.notify_fd = -1;
+	j->h.release = job_release;
+	return j;
+}
+
+int c10d_jfail(struct c10d_job *j, struct coord *c, int r, const char *what)
+{
+	const char *detail = c ? coord_last_error(c) : "";
+
+	/* A timed-out wait leaves no detail: no dangling separator then. */
+	snprintf(j->err, sizeof(j->err), "%s: %s%s%s", what, crun_strerror(r), *detail ? " - " : "",
+		 detail);
+	return r;
+}
+
+void c10d_auth_opts(struct coord_opts *o, const struct c10d_conf *conf, const char *prefix)
+{
+	o->auth_secret_file = conf->auth_file[0] ? conf->auth_file : NULL;
+	o->auth_job = prefix + sizeof(STORE_AUTH_JOB_ROOT) - 2;
+	o->tls_ca = conf->tls_ca[0] ? conf->tls_ca : NULL;
+	o->tls_cert = conf->tls_cert[0] ? conf->tls_cert : NULL;
+	o->tls_key = conf->tls_key[0] ? conf->tls_key : NULL;
+	o->tls_min_version = conf->tls_min;
+}
+
+int c10d_job_open(const struct c10d_job *j, uint32_t timeout_ms, struct coord **ret)
+{
+	struct coord_opts o = {0};
+
+	o.host = j->host;
+	o.port = j->port;
+	o.prefix = j->prefix;
+	o.connect_timeout_ms = timeout_ms;
+	o.timeout_ms = timeout_ms;
+	c10d_auth_opts(&o, &j->conf, j->prefix);
+	o.etcd = j->etcd;
+	return coord_open(&o, ret);
+}
+
+int c10d_count_in(struct coord *c, const char *rkey, const char *done_key, int64_t target)
+{
+	int64_t n;
+
+	TRY(coord_add(c, rkey, 1, &n));
+	if (n == target)
+		TRY(coord_set(c, done_key, "1"));
+	return 0;
+}
+
+/* Configuration checks before joining: the same MIN:MAX for every agent,
+ * and no joining a run id that already ended. */
+static int check_job(struct c10d_job *j, struct coord *c)
+{
+	char want[64], *cur = NULL, *closed = NULL;
+	int r;
+
+	KEY(want, "%d:%d", j->min, j->max);
+	r = coord_compare_set(c, "conf", "", want, &cur);
+	if (r < 0)
+		return c10d_jfail(j, c, r, "reading the job configuration");
+	if (strcmp(cur, want) != 0) {
+		snprintf(
+		    j->err, sizeof(j->err),
+		    "conflicting settings: this agent has --nnodes=%s but run '%s' was started "
+		    "with --nnodes=%s",
+		    want, j->prefix, cur);
+		crun_free(cur);
+		return CRUN_ECONFIG;
+	}
+	crun_free(cur);
+	r = coord_try_get(c, "closed", &closed);
+	if (r == 0) {
+		snprintf(j->err, sizeof(j->err),
+			 "run id already used: the rendezvous '%s' was closed (%s); use a new "
+			 "--rdzv_id",
+			 j->prefix, closed);
+		crun_free(closed);
+		return CRUN_ECONFIG;
+	}
+	return r == CRUN_ENOTFOUND ? 0 : c10d_jfail(j, c, r, "reading the job state");
+}
+
+static void progress(struct c10d_job *j, struct coord *c, int64_t rd, int64_t joined,
+		     uint64_t left_ms)
+{
+	char hosts[512] = "", key[128];
+	size_t o = 0;
+
+	for (int64_t t = 1; t <= joined && t <= 8 && o + 64 < sizeof(hosts); t++) {
+		struct round_node n;
+		char *v = NULL;
+
+		if (str_printf(key, sizeof(key), "r%" PRId64 "/node/%" PRId64, rd, t) < 0 ||
+		    coord_try_get(c, key, &v) < 0)
+			continue;
+		if (round_record_parse(v, (int)t, &n) == 0)
+			o += (size_t)snprintf(hosts + o, sizeof(hosts) - o, "%s%s", o ? ", " : "",
+					      n.host);
+		crun_free(v);
+	}
+	log_at(LL_WARN, SUB_RDZV,
+	       "rendezvous '%s' round %" PRId64 ": %" PRId64 " of %d/%d nodes joined (hosts: "
+	       "%s%s), %" PRIu64 " s left",
+	       j->prefix, rd, joined, j->min, j->max, hosts, joined > 8 ? ", ..." : "",
+	       left_ms / 1000);
+}
+
+/* The attempt round rd carries: round rd-1 is closed (or abandoned) before
+ * anyone can join rd, so its value and why it ended decide. */
+static int attempt_of(struct c10d_job *j, struct coord *c, int64_t rd, int *ret)
+{
+	struct round_closed prev = {0};
+	char key[64], *v = NULL, *chg = NULL;
+	int r;
+
+	if (rd == 0) {
+		*ret = 0;
+		return 0;
+	}
+	KEY(key, "r%" PRId64 "/closed", rd - 1);
+	r = coord_get(c, key, j->conf.read_ms, &v);
+	if (r < 0)
+		return c10d_jfail(j, c, r, "reading the previous round");
+	r = round_closed_parse(v, j->max, &prev);
+	crun_free(v);
+	if (r < 0)
+		return c10d_jfail(j, NULL, r, "bad closed value of the previous round");
+	KEY(key, "r%" PRId64 "/change", rd - 1);
+	r = coord_try_get(c, key, &chg);
+	if (r < 0 && r != CRUN_ENOTFOUND) {
+		round_closed_free(&prev);
+		return c10d_jfail(j, c, r, "reading why the previous round ended");
+	}
+	*ret = round_next_attempt(prev.attempt, r == 0 ? chg : NULL);
+	crun_free(chg);
+	round_closed_free(&prev);
+	return 0;
+}
+
+/* Ends an open round rd with no members (a joiner died before it closed):
+ * first writer wins; *ret_cur gets whatever closed it. */
+static int abandon(struct c10d_job *j, struct coord *c, int64_t rd, char **ret_cur)
+{
+	char key[64], *val = NULL;
+	int attempt, r;
+
+	TRY(attempt_of(j, c, rd, &attempt));
+	r = round_closed_format(attempt, NULL, 0, &val);
+	if (r < 0)
+		return c10d_jfail(j, NULL, r, "abandoning the round");
+	KEY(key, "r%" PRId64 "/closed", rd);
+	r = coord_compare_set(c, key, "", val, ret_cur);
+	crun_free(val);
+	return r < 0 ? c10d_jfail(j, c, r, "abandoning the round") : 0;
+}
+
+/* Moves the job from round rd (closed) to rd+1, saying why on r<rd>/change
+ * unless a reason is there already. */
+static int open_next(struct c10d_job *j, struct coord *c, int64_t rd, const char *why)
+{
+	char key[64], cur[32], nxt[32];
+	int r = 0;
+
+	if (why) {
+		KEY(key, "r%" PRId64 "/change", rd);
+		r = coord_compare_set(c, key, "", why, NULL);
+	}
+	if (r == 0) {
+		KEY(cur, "%" PRId64, rd);
+		KEY(nxt, "%" PRId64, rd + 1);
+		r = coord_compare_set(c, "round", cur, nxt, NULL);
+	}
+	return r < 0 ? c10d_jfail(j, c, r, "opening the next round") : 0;
+}
+
+/* Whether the alive keys of tickets 1..n all exist, in one round trip (a
+ * MULTI_GET that would have to wait is not all): the common case, which
+ * spares the closer n lookups. */
+static bool alive_all(struct coord *c, int64_t rd, int n)
+{
+	char **keys = calloc((size_t)n, sizeof(char *)), **vals = calloc((size_t)n, sizeof(char *));
+	bool ok = keys && vals && n > 0;
+
+	for (int i = 0; ok && i < n; i++) {
+		keys[i] = malloc(64);
+		ok = keys[i] && str_printf(keys[i], 64, "r%" PRId64 "/alive/%d", rd, i + 1) >= 0;
+	}
+	ok = ok && coord_multi_get(c, (const char *const *)keys, (size_t)n, 1, vals) == 0;
+	for (int i = 0; keys && i < n; i++) {
+		free(keys[i]);
+		if (ok)
+			crun_free(vals[i]);
+	}
+	free(keys);
+	free(vals);
+	return ok;
+}
+
+/* Reads which of tickets 1..joined are alive (until MAX of them) and, with
+ * at least MIN, closes the round with them and their records (one
+ * MULTI_GET: a record is written before its alive key). 0 whether or not
+ * it closed; *ret_closed (malloc'd) is set when this call wrote or found
+ * the closed value, else the caller waits for it. */
+static int try_close(struct c10d_job *j, struct coord *c, int64_t rd, int64_t joined,
+		     char **ret_closed)
+{
+	int n = (int)MIN(joined, (int64_t)j->max + 4096); /* bounded read */
+	struct round_node *m = calloc((size_t)n, sizeof(*m));
+	char **keys = calloc((size_t)n, sizeof(char *)), **vals = calloc((size_t)n, sizeof(char *));
+	char key[96], *val = NULL;
+	int r = CRUN_ENOMEM, k = 0, good = 0, attempt;
+	bool all;
+
+	if (!m || !keys || !vals)
+		goto out;
+	KEY(key, "r%" PRId64 "/closed", rd);
+	r = coord_exists(c, key);
+	if (r != 0) /* closed already (1), or an error */
+		goto out;
+	all = alive_all(c, rd, (int)MIN(n, j->max));
+	for (int i = 0; i < n && k < j->max; i++) {
+		r = str_printf(key, sizeof(key), "r%" PRId64 "/alive/%d", rd, i + 1);
+		if (r >= 0)
+			r = all ? 1 : coord_exists(c, key);
+		if (r < 0)
+			goto out;
+		if (r == 0)
+			continue; /* dead, or not there yet: not a member */
+		m[k].ticket = i + 1;
+		r = CRUN_ENOMEM;
+		keys[k] = malloc(64);
+		if (!keys[k])
+			goto out;
+		snprintf(keys[k++], 64, "r%" PRId64 "/node/%d", rd, i + 1);
+	}
+	r = 0;
+	if (k < j->min)
+		goto out;
+	r = coord_multi_get(c, (const char *const *)keys, (size_t)k, j->conf.read_ms, vals);
+	if (r < 0)
+		goto out;
+	for (int i = 0; i < k; i++) {
+		if (round_record_parse(vals[i], m[i].ticket, &m[good]) == 0)
+			good++;
+		else
+			log_at(LL_WARN, SUB_RDZV, "ignoring a bad node record of ticket %d: %.200s",
+			       m[i].ticket, vals[i]);
+	}
+	if (good < j->min)
+		goto out;
+	r = attempt_of(j, c, rd, &attempt);
+	if (r == 0)
+		r = round_closed_format(attempt, m, good, &val);
+	if (r == 0) {
+		KEY(key, "r%" PRId64 "/closed", rd);
+		/* Whoever won, the value now stored is the round: no need to
+		 * wait for it (the store may be busy serving it to everyone). */
+		r = coord_compare_set(c, key, "", val, ret_closed);
+	}
+	crun_free(val);
+out:
+	for (int i = 0; keys && vals && i < n; i++) {
+		free(keys[i]);
+		crun_free(vals[i]);
+	}
+	free(keys);
+	free(vals);
+	free(m);
+	return r < 0 ? c10d_jfail(j, c, r, "closing the round") : 0;
+}
+
+/* Waits for round rd+1 to open (a spare). RO_SPARE_DONE when the job ended
+ * instead. */
+static int wait_next_round(struct c10d_job *j, struct coord *c, int64_t rd, uint64_t deadline)
+{
+	char key[64];
+	uint64_t last_log = clock_now_ms();
+
+	KEY(key, "r%" PRId64 "/joined", rd + 1);
+	for (int i = 0; i < 1 << 30; i++) {
+		uint64_t now = clock_now_ms();
+		int r;
+
+		if (now >= deadline) {
+			snprintf(j->err, sizeof(j->err),
+				 "timed out waiting for the next round of rendezvous '%s'",
+				 j->prefix);
+			return CRUN_ETIMEDOUT;
+		}
+		r = coord_wait(c, key, (uint32_t)MIN(1000, deadline - now));
+		if (r == 0)
+			return 0;
+		if (r != CRUN_ETIMEDOUT)
+			return c10d_jfail(j, c, r, "waiting for the next round");
+		r = coord_exists(c, "closed");
+		if (r < 0)
+			return c10d_jfail(j, c, r, "reading the job state");
+		if (r == 1) {
+			j->outcome = RO_SPARE_DONE;
+			return 0;
+		}
+		if (clock_now_ms() - last_log >= C10D_PROGRESS_MS * 2) {
+			last_log = clock_now_ms();
+			log_at(LL_WARN, SUB_RDZV,
+			       "rendezvous '%s': round %" PRId64 " is full (%d/%d nodes); waiting "
+			       "as a spare",
+			       j->prefix, rd, j->nnodes, j->max);
+		}
+	}
+	return CRUN_ETIMEDOUT;
+}
+
+/* Takes this agent's lease for round rd as soon as it holds a ticket, on the
+ * connection the monitor will keep: from then on its death (connection
+ * closed, or silence for a TTL) deletes its alive key and sets r<rd>/change,
+ * even before the round completes. A store without leases: heartbeats
+ * (monitor) and a plain alive key instead. */
+static int lease_for(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t)
+{
+	char chk[64], why[512], alive[64];
+	struct coord *lc;
+	int r = 0;
+
+	KEY(alive, "r%" PRId64 "/alive/%" PRId64, rd, t);
+	if (!j->take_lease || j->hb) {
+		r = coord_set(c, alive, j->hostname);
+		return r < 0 ? c10d_jfail(j, c, r, "writing the alive key") : 0;
+	}
+	KEY(chk, "r%" PRId64 "/change", rd);
+	KEY(why, "dead %s (ticket %" PRId64 ": lease expired or connection lost)", j->hostname, t);
+	if (j->lease)
+		(void)coord_lease_revoke(j->lease_c ? j->lease_c : j->mon_c, j->lease);
+	j->lease = 0;
+	if (!j->mon_c && !j->lease_c)
+		r = c10d_job_open(j, j->conf.ttl_ms, &j->mon_c);
+	if (r < 0)
+		return c10d_jfail(j, NULL, r, "connecting the lease monitor");
+	lc = j->lease_c ? j->lease_c : j->mon_c;
+	r = coord_lease_grant(lc, j->conf.ttl_ms, chk, why, &j->lease);
+	if (r == CRUN_ENOTSUP) {
+		log_at(LL_WARN, SUB_RDZV,
+		       "the rendezvous store has no leases; falling back to heartbeats");
+		coord_close(j->mon_c);
+		j->mon_c = NULL;
+		j->hb = true;
+		if (!j->lease_c)
+			r = c10d_job_open(j, j->conf.ttl_ms, &j->mon_c);
+		if (r == 0)
+			r = coord_set(c, alive, j->hostname);
+		return r < 0 ? c10d_jfail(j, c, r, "writing the alive key") : 0;
+	}
+	if (r == 0)
+		r = coord_put_leased(lc, j->lease, alive, j->hostname);
+	return r < 0 ? c10d_jfail(j, lc, r, "taking the lease") : 0;
+}
+
+/* Keeps this agent's lease alive while it waits in an open round (the
+ * monitor does it once the round completes). A lapsed lease (this process
+ * was stopped past the TTL) already set the round's change key: the round
+ * is abandoned and joined again, so there is nothing to do here. */
+static void keep_lease(struct c10d_job *j, uint64_t now, uint64_t *last)
+{
+	struct coord *lc = j->lease_c ? j->lease_c : j->mon_c;
+
+	if (!j->lease || !lc || now - *last < j->conf.hb_ms)
+		return;
+	*last = now;
+	(void)coord_lease_keepalive(lc, j->lease);
+}
+
+/* A ticket the closed round does not list: a spare waits for the next
+ * round; a late joiner asks the running round to make room and joins the
+ * next one at once. RO_SPARE_DONE when the job ended meanwhile. */
+static int not_counted_in(struct c10d_job *j, struct coord *c, int64_t rd, int n,
+			  uint64_t *deadline)
+{
+	bool spare = n >= j->max;
+	char why[320];
+
+	log_at(LL_WARN, SUB_RDZV, "rendezvous '%s': round %" PRId64 " closed with %d nodes; %s",
+	       j->prefix, rd, n,
+	       spare ? "waiting as a spare" : "a new round will include this node");
+	if (!spare) {
+		KEY(why, "join %s", j->hostname);
+		return open_next(j, c, rd, why);
+	}
+	if (j->lease) {
+		/* A spare's death must not disturb the running job. */
+		(void)coord_lease_revoke(j->lease_c ? j->lease_c : j->mon_c, j->lease);
+		j->lease = 0;
+	}
+	TRY(wait_next_round(j, c, rd, clock_now_ms() + C10D_SPARE_MAX_MS));
+	*deadline = clock_now_ms() + j->conf.join_ms;
+	return 0;
+}
+
+/* Member `me` of the closed round rd: its assignment, from the closed value
+ * alone. */
+static int take_assignment(struct c10d_job *j, struct coord *c, const struct round_closed *rc,
+			   int me, int64_t rd)
+{
+	struct round_assignment a;
+	int r = round_assign(rc, me, &a);
+
+	if (r < 0)
+		return c10d_jfail(j, NULL, r, "computing the rank assignment");
+	/* Group rank 0 serves the round's worker store: learn who may reach it. */
+	if (a.info.group_rank == 0 &&
+	    c10d_read_peer_addrs(c, (int)rd, rc, j->conf.read_ms, &j->peers) < 0)
+		log_at(LL_WARN, SUB_RDZV,
+		       "cannot read the round's node addresses: the worker store allows "
+		       "loopback only");
+	j->info = a.info;
+	snprintf(j->store_host, sizeof(j->store_host), "%s", a.store_host);
+	j->host_member = a.host_member;
+	j->nnodes = rc->n;
+	j->round = (int)rd;
+	return 0;
+}
+
+/* Polls round rd (open) until it is closed; closes it when this member's
+ * timer fires; abandons it when a joiner died. *ret_closed: the value. */
+static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t,
+		       uint64_t deadline, char **ret_closed)
+{
+	char key[64], jk[64], chk[64];
+	uint64_t min_seen = 0, max_seen = 0, next_try = 0, last_log = clock_now_ms();
+	uint64_t last_keep = clock_now_ms();
+	uint32_t poll = MIN(C10D_POLL_MS, j->conf.hb_ms);
+	int64_t joined = t;
+	int r;
+
+	KEY(key, "r%" PRId64 "/closed", rd);
+	KEY(jk, "r%" PRId64 "/joined", rd);
+	KEY(chk, "r%" PRId64 "/change", rd);
+	for (int i = 0; i < 1 << 30; i++) {
+		uint64_t now = clock_now_ms();
+
+		if (now >= deadline) {
+			snprintf(j->err, sizeof(j->err),
+				 "timed out after %u s waiting for %d nodes to join rendezvous "
+				 "'%s' round %" PRId64 " (%" PRId64 " joined)",
+				 j->conf.join_ms / 1000, j->min, j->prefix, rd, joined);
+			return CRUN_ETIMEDOUT;
+		}
+		keep_lease(j, now, &last_keep);
+		r = coord_add(c, jk, 0, &joined);
+		if (r < 0)
+			return c10d_jfail(j, c, r, "counting the nodes");
+		if (joined >= j->min && !min_seen)
+			min_seen = now;
+		if (joined >= j->max && !max_seen)
+			max_seen = now;
+		r = coord_exists(c, chk);
+		if (r < 0)
+			return c10d_jfail(j, c, r, "watching the round");
+		if (r == 1) {
+			/* A ticket holder died (its lease set the change key)
+			 * before the round closed: nobody can tell whether it
+			 * would have been counted, so start over. */
+			char *why = NULL;
+
+			if (coord_try_get(c, chk, &why) == 0) {
+				log_at(LL_WARN, SUB_RDZV,
+				       "rendezvous '%s' round %" PRId64 " ended before it closed "
+				       "(%.200s); starting over",
+				       j->prefix, rd, why);
+				crun_free(why);
+			}
+			return abandon(j, c, rd, ret_closed);
+		}
+		if (now >= next_try && round_should_close((int)t, j->max, now, min_seen, max_seen,
+							  j->conf.last_call_ms)) {
+			TRY(try_close(j, c, rd, joined, ret_closed));
+			if (*ret_closed)
+				return 0;
+			/* Below MIN live tickets: look again after a TTL. */
+			next_try = now + j->conf.ttl_ms;
+		}
+		r = coord_wait(c, key, (uint32_t)MIN(poll, deadline - now));
+		if (r == 0)
+			return coord_get(c, key, j->conf.read_ms, ret_closed) < 0
+				   ? c10d_jfail(j, c, CRUN_EPROTO, "reading the closed round")
+				   : 0;
+		if (r != CRUN_ETIMEDOUT)
+			return c10d_jfail(j, c, r, "waiting for the round to close");
+		if (clock_now_ms() - last_log >= C10D_PROGRESS_MS) {
+			last_log = clock_now_ms();
+			progress(j, c, rd, joined, deadline - clock_now_ms());
+		}
+	}
+	return CRUN_ETIMEDOUT;
+}
+
+/* Joins rounds until one that counts this agent in completes. */
+int c10d_job_round(struct c10d_job *j, struct coord *c)
+{
+	uint64_t deadline = clock_now_ms() + j->conf.join_ms;
+	struct round_node me = {0};
+	char key[128], val[ROUND_RECORD_MAX];
+	int64_t rd, t;
+	int r;
+
+	TRY(check_job(j, c));
+	if (j->prev_round >= 0) {
+		/* Whoever comes back first moves the job to the next round; the
+		 * round's change key says why, if nobody said it yet. */
+		KEY(val, "restart %s", j->hostname);
+		TRY(open_next(j, c, j->prev_round, val));
+	}
+	me.prev_round = j->prev_round;
+	me.prev_grank = j->prev_grank;
+	me.nproc = j->nproc;
+	me.is_host = j->is_host;
+	me.wport = j->wport;
+	snprintf(me.addr, sizeof(me.addr), "%s", j->addr);
+	snprintf(me.host, sizeof(me.host), "%s", j->hostname);
+	TRY(round_record_format(&me, val, sizeof(val)));
+	for (int attempt = 0; attempt < 1 << 20; attempt++) {
+		struct round_closed rc = {0};
+		char *closed = NULL;
+		int mi;
+
+		r = coord_add(c, "round", 0, &rd);
+		if (r < 0)
+			return c10d_jfail(j, c, r, "reading the round");
+		KEY(key, "r%" PRId64 "/joined", rd);
+		r = coord_add(c, key, 1, &t);
+		if (r < 0)
+			return c10d_jfail(j, c, r, "joining");
+		KEY(key, "r%" PRId64 "/node/%" PRId64, rd, t);
+		r = coord_set(c, key, val);
+		if (r < 0)
+			return c10d_jfail(j, c, r, "writing the node record");
+		TRY(lease_for(j, c, rd, t));
+		log_at(LL_WARN, SUB_RDZV,
+		       "joined rendezvous '%s' round %" PRId64 " as ticket %" PRId64, j->prefix, rd,
+		       t);
+		TRY(wait_closed(j, c, rd, t, deadline, &closed));
+		r = round_closed_parse(closed, j->max, &rc);
+		crun_free(closed);
+		if (r < 0)
+			return c10d_jfail(j, NULL, r, "bad closed round value");
+		log_at(LL_DEBUG, SUB_RDZV, "round %" PRId64 " closed with %d, ticket %" PRId64, rd,
+		       rc.n, t);
+		if (rc.n == 0) { /* abandoned: everyone joins the next round */
+			log_at(LL_WARN, SUB_RDZV,
+			       "rendezvous '%s' round %" PRId64 " was abandoned; joining the next",
+			       j->prefix, rd);
+			r = open_next(j, c, rd, NULL);
+		} else if ((mi = round_closed_find(&rc, (int)t)) < 0) {
+			r = not_counted_in(j, c, rd, rc.n, &deadline);
+			if (r == 0 && j->outcome == RO_SPARE_DONE) {
+				round_closed_free(&rc);
+				return 0;
+			}
+		} else {
+			r = take_assignment(j, c, &rc, mi, rd);
+			round_closed_free(&rc);
+			return r;
+		}
+		round_closed_free(&rc);
+		if (r < 0)
+			return r;
+	}
+	return CRUN_ETIMEDOUT;
+}
+
+/* Waits for the job's end. A peer that restarts instead wakes this node
+ * through its monitor (the agent then leaves the barrier for the next round);
+ * a peer that fails sets "closed" to the failure. */
+static int barrier_wait(struct c10d_job *j, struct coord *c)
+{
+	char *v = NULL;
+	int r = coord_wait(c, "closed", j->conf.join_ms);
+
+	if (r == CRUN_ETIMEDOUT) {
+		j->barrier = BO_TIMED_OUT;
+		snprintf(j->err, sizeof(j->err),
+			 "exit barrier: timed out after %u s waiting for the other nodes of "
+			 "rendezvous '%s' round %d to finish",
+			 j->conf.join_ms / 1000, j->prefix, j->round);
+		return r;
+	}
+	if (r == 0)
+		r = coord_get(c, "closed", j->conf.read_ms, &v);
+	if (r < 0)
+		return c10d_jfail(j, c, r, "exit barrier");
+	if (strncmp(v, "failed", 6) == 0) {
+		j->barrier = BO_FAILED;
+		snprintf(j->err, sizeof(j->err), "the job failed on another node: %s", v);
+	}
+	crun_free(v);
+	return 0;
+}
+
+int c10d_job_barrier(struct c10d_job *j, struct coord *c)
+{
+	char k1[64], k2[64], val[64];
+	int64_t n;
+	int r;
+
+	j->barrier = BO_PASSED;
+	KEY(k1, "r%d/exit", j->round);
+	r = coord_add(c, k1, 1, &n);
+	if (r < 0)
+		return c10d_jfail(j, c, r, "exit barrier");
+	if (n == j->nnodes) {
+		KEY(val, "done %d", j->round);
+		r = coord_compare_set(c, "closed", "", val, NULL);
+		if (r < 0)
+			return c10d_jfail(j, c, r, "exit barrier");
+	}
+	r = barrier_wait(j, c);
+	if (r < 0 && j->barrier == BO_PASSED)
+		j->barrier = BO_FAILED;
+	if (r < 0 || j->barrier != BO_PASSED)
+		return r;
+	KEY(k1, "r%d/departed", j->round);
+	KEY(k2, "r%d/departed_all", j->round);
+	if (!j->is_host)
+		return c10d_count_in(c, k1, k2, j->nnodes - j->host_member);
+	if (j->nnodes - j->host_member > 0) {
+		r = coord_wait(c, k2, C10D_DEPART_MS);
+		if (r < 0)
+			log_at(LL_WARN, SUB_RDZV,
+			       "not every agent left within %u s; leaving anyway",
+			       C10D_DEPART_MS / 1000);
+	}
+	return 0;
+}
+
+int c10d_job_fail(struct c10d_job *j, struct coord *c)
+{
+	char key[64], val[600];
+	int r;
+
+	if (j->why[0]) {
+		KEY(val, "failed: %s", j->why);
+		r = coord_compare_set(c, "closed", "", val, NULL);
+		if (r == 0) {
+			/* Overwrites any earlier reason: members still watching
+			 * must learn that this is the end. */
+			KEY(key, "r%d/change", j->round);
+			r = coord_set(c, key, "failed");
+		}
+		if (r < 0)
+			return c10d_jfail(j, c, r, "closing the rendezvous as failed");
+	}
+	/* The agent serving the store waits for the others to have read it. */
+	if (j->is_host && j->nnodes > 1) {
+		KEY(key, "r%d/failed_acked", j->round);
+		r = coord_wait(c, key, j->conf.close_ms);
+		if (r < 0)
+			log_at(LL_WARN, SUB_RDZV, "not every agent saw the failure within %u s",
+			       j->conf.close_ms / 1000);
+	}
+	return 0;
+}

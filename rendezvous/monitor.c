@@ -1,0 +1,139 @@
+/* monitor.c: the liveness monitor of a completed c10d round. It keeps this
+ * agent's lease alive (its expiry, or our connection closing, sets the
+ * round's change key on the server and deletes our alive key), blocks on the
+ * change key, and posts one change: a restart, a membership change, the job
+ * failed, or the rendezvous store lost. A store without leases: heartbeats,
+ * watching the ring neighbour's. On stop (the agent moved on) the lease is
+ * revoked, so leaving is not a failure.
+ *
+ * Its connection's operations are bounded by the lease TTL: a store host
+ * that died or was cut off is noticed within about one TTL (the same time
+ * the store would take to notice us), and said so naming it.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "rendezvous/c10d_int.h"
+#include "rendezvous/coord.h"
+
+static void post(struct c10d_job *j, enum rdzv_change ch)
+{
+	j->change = ch;
+	helper_post(&j->h);
+}
+
+static void store_lost(struct c10d_job *j, struct coord *c, int r)
+{
+	snprintf(j->err, sizeof(j->err),
+		 "lost the rendezvous store at %.64s:%u%s%.64s%s (%.120s); a c10d job cannot go "
+		 "on without the node serving its store (crun-rdzvd or etcd outlive any node)",
+		 j->host, j->port, j->store_host[0] ? ", served by the agent on host '" : "",
+		 j->store_host, j->store_host[0] ? "'" : "",
+		 c && *coord_last_error(c) ? coord_last_error(c) : crun_strerror(r));
+	post(j, RDZV_CHANGE_LOST);
+}
+
+/* The round is over: what its change key says, and the "failed" handshake.
+ * 1 (nothing posted) when the job itself is over. */
+static int read_change(struct c10d_job *j, struct coord *c, const char *chk)
+{
+	char k1[64], k2[64], *v = NULL, *done = NULL;
+	bool failed;
+	int r = coord_get(c, chk, j->conf.ttl_ms, &v);
+
+	if (r < 0) {
+		store_lost(j, c, r);
+		return r;
+	}
+	snprintf(j->err, sizeof(j->err), "%s", v);
+	failed = strncmp(v, "failed", 6) == 0;
+	if (coord_try_get(c, "closed", &done) == 0) {
+		bool ended = strncmp(done, "done", 4) == 0;
+
+		failed = !ended;
+		crun_free(done);
+		if (ended) {
+			/* Every node passed the exit barrier: nodes leaving now
+			 * are not a membership change. */
+			crun_free(v);
+			return 1;
+		}
+	}
+	if (failed) {
+		char *why = NULL;
+
+		if (coord_get(c, "closed", j->conf.ttl_ms, &why) == 0) {
+			snprintf(j->err, sizeof(j->err), "%s", why);
+			crun_free(why);
+		}
+		KEY(k1, "r%d/failed_ack", j->round);
+		KEY(k2, "r%d/failed_acked", j->round);
+		/* Everyone but the failing agent acknowledges. */
+		(void)c10d_count_in(c, k1, k2, j->nnodes - 1);
+		post(j, RDZV_CHANGE_FAILED);
+	} else {
+		post(j,
+		     strncmp(v, "restart", 7) == 0 ? RDZV_CHANGE_RESTART : RDZV_CHANGE_MEMBERSHIP);
+	}
+	crun_free(v);
+	return 0;
+}
+
+int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
+{
+	char me[64], nbr[64], chk[64], why[512];
+	int64_t cnt, last = -1;
+	uint64_t last_move = clock_now_ms(), lease = j->lease;
+	bool hb = j->hb || !lease;
+	int r = 0;
+
+	KEY(me, "r%d/lease/%d", j->round, j->info.group_rank);
+	KEY(nbr, "r%d/lease/%d", j->round, (j->info.group_rank + 1) % j->nnodes);
+	KEY(chk, "r%d/change", j->round);
+	for (int i = 0; r == 0 && i < 1 << 30 && !helper_stopping(&j->h); i++) {
+		r = hb ? coord_heartbeat(*cp, me) : coord_lease_keepalive(*cp, lease);
+		if (r == CRUN_ENOTFOUND)
+			r = 0; /* our lease lapsed: the change key is set already */
+		if (r < 0)
+			break; /* a timeout here: the store did not answer within a TTL */
+		r = coord_watch(*cp, chk, j->conf.hb_ms);
+		if (r == 0)
+			break;
+		if (r != CRUN_ETIMEDOUT)
+			break; /* only the watch's own timeout is the normal case */
+		r = 0;
+		if (!hb || j->nnodes < 2 || coord_heartbeat_peek(*cp, nbr, &cnt) < 0)
+			continue;
+		if (cnt != last) {
+			last = cnt;
+			last_move = clock_now_ms();
+		} else if (clock_now_ms() - last_move > j->conf.ttl_ms) {
+			KEY(why, "dead node of group rank %d (no heartbeat for %u ms)",
+			    (j->info.group_rank + 1) % j->nnodes, j->conf.ttl_ms);
+			(void)coord_expire(*cp, chk, why);
+		}
+	}
+	if (helper_stopping(&j->h)) {
+		if (lease && *cp)
+			(void)coord_lease_revoke(*cp, lease);
+		return 0;
+	}
+	if (r < 0) {
+		store_lost(j, *cp, r);
+		return r;
+	}
+	TRY(read_change(j, *cp, chk));
+	/* Stay connected (lease held) until the agent moves on: closing now
+	 * would look like a failure of this node to the others. */
+	for (int i = 0; i < 1 << 30 && !helper_stopping(&j->h); i++) {
+		if (lease && coord_lease_keepalive(*cp, lease) < 0)
+			break;
+		usleep(j->conf.hb_ms * 1000u < 1000000u ? j->conf.hb_ms * 1000u : 999999u);
+	}
+	if (lease && helper_stopping(&j->h))
+		(void)coord_lease_revoke(*cp, lease);
+	return 0;
+}

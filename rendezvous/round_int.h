@@ -1,0 +1,108 @@
+/* round_int.h: the pure core of a leaderless rendezvous round (DESIGN.md
+ * "Rendezvous"), shared by the store (c10d.c) and etcd backends. No I/O: the
+ * backends read records, alive keys and the previous round from their
+ * coordination service and ask these functions what to write and decide.
+ *
+ *   node record  "r<r>/node/<t>": "<prev_round> <prev_grank> <nproc> <is_host>
+ *                <wport> <addr> <host>" (prev_* -1 when the node is new)
+ *   closed value "r<r>/closed": {"attempt":A,"t":[tickets],"n":[nproc],
+ *                "pr":[prev round],"pg":[prev rank],"ma":addr,"mp":port,
+ *                "sh":store host} written once by COMPARE_SET; members in
+ *                ticket order, "ma:mp" group rank 0's worker store (a member
+ *                reads one key and computes its assignment locally). No
+ *                members: the round was abandoned (a joiner died before it
+ *                closed) and everyone joins the next one.
+ */
+#ifndef CRUN_RENDEZVOUS_ROUND_INT_H
+#define CRUN_RENDEZVOUS_ROUND_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rendezvous/rdzv.h"
+
+/* Spreads the close attempts of the members over time: the ticket-t member
+ * tries last_call + min(t-1, ROUND_STAGGER_MAX) * ROUND_STAGGER_MS after MIN
+ * (one reader of the records in the common case, another one soon after if
+ * the first is dead). */
+#define ROUND_STAGGER_MS  100u
+#define ROUND_STAGGER_MAX 30u
+#define ROUND_RECORD_MAX  (2 * RDZV_HOST_MAX + 64)
+
+/* A node's record, as its joiner wrote it. */
+struct round_node {
+	int ticket;
+	int prev_round, prev_grank; /* -1, -1: not in any earlier round */
+	int nproc, is_host;
+	unsigned wport;
+	char addr[RDZV_HOST_MAX], host[RDZV_HOST_MAX];
+};
+
+/* What the assignment needs of a member (a closed value carries only this). */
+struct round_member {
+	int ticket;
+	int prev_round, prev_grank;
+	int nproc;
+};
+
+/* One closed round. Members carry only what the assignment needs (ticket,
+ * nproc, previous round and rank: no addresses), so every member reads a
+ * few bytes per node; the worker store (group rank 0's address) and the
+ * store host's name travel once. */
+struct round_closed {
+	int attempt;
+	int n;			/* members; 0 = abandoned */
+	struct round_member *m; /* n members in ticket order (malloc'd) */
+	char master_addr[RDZV_HOST_MAX];
+	unsigned master_port;
+	char store_host[RDZV_HOST_MAX]; /* "" when the store host is no member */
+};
+
+int round_record_format(const struct round_node *n, char *buf, size_t cap);
+/* CRUN_EPROTO for a malformed record (bounded fields, nproc >= 1). */
+int round_record_parse(const char *s, int ticket, struct round_node *ret);
+
+/* *ret malloc'd JSON; m: full records (their addresses pick the worker
+ * store and the store host). */
+int round_closed_format(int attempt, const struct round_node *m, int n, char **ret);
+/* At most max_members members; CRUN_EPROTO for anything malformed. */
+int round_closed_parse(const char *s, int max_members, struct round_closed *ret);
+void round_closed_free(struct round_closed *rc);
+/* Index of ticket t among the members, or -1. */
+int round_closed_find(const struct round_closed *rc, int ticket);
+
+/* The attempt of a round from the round before it: +1 when that round ended
+ * by a worker failure (its change value starts with "restart"). */
+int round_next_attempt(int prev_attempt, const char *prev_change);
+
+/* When the member holding `ticket` tries to close: at MAX at once (the
+ * MAX-th ticket first, the others staggered), else after MIN plus the last
+ * call (staggered). min_seen / max_seen: when this member first saw that
+ * many tickets (0 = not yet). */
+bool round_should_close(int ticket, int max, uint64_t now, uint64_t min_seen, uint64_t max_seen,
+			uint32_t last_call_ms);
+
+/* Members from what the closer read of tickets 1..joined: live[i] says
+ * ticket i+1 has both its record and its alive key. The first `max` live
+ * tickets; dead and silent ones are dropped. Returns how many (into
+ * ret_idx, indexes into live). */
+int round_pick(const bool *live, int joined, int max, int *ret_idx);
+
+/* Group rank order, total for any input: previous group ranks are kept only
+ * when they come from the newest round any member was in (a node back from
+ * an older round is new again), ties and new nodes by ticket. ret_grank[i]
+ * is member i's group rank. 0, or CRUN_EINVAL / CRUN_ENOMEM. */
+int round_order(const struct round_member *m, int n, int *ret_grank);
+
+/* Member `me`'s assignment: ranks (prefix sums in group rank order), the
+ * worker store (group rank 0's addr:wport) and whether (and which) the store
+ * host is a member. */
+struct round_assignment {
+	struct rdzv_info info;
+	char store_host[RDZV_HOST_MAX]; /* the member serving the store, or "" */
+	int host_member;
+};
+int round_assign(const struct round_closed *rc, int me, struct round_assignment *ret);
+
+#endif /* CRUN_RENDEZVOUS_ROUND_INT_H */
