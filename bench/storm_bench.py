@@ -62,7 +62,10 @@ def log(msg):
 def server_argv(key, build, tmp):
     script = os.path.join(HERE, "torch_store_server.py")
     if key == "crun-rdzvd":
-        return [os.path.join(build, "bin", "crun-rdzvd"), "--host", "127.0.0.1", "--port", "0"]
+        # The automatic --max-conns keeps an eighth of the fd limit in
+        # reserve (17,500 of 20,000): N = 19,900 needs more.
+        return [os.path.join(build, "bin", "crun-rdzvd"), "--host", "127.0.0.1", "--port", "0",
+                "--max-conns", "65536"]
     if key == "torch113":
         return [TORCH1, script]
     if key == "torch2-legacy":

@@ -27,7 +27,7 @@
  * hosts. Idle connections are otherwise kept: torch 1.13 opens an idle watch
  * connection per store object (torch-compat §1.5).
  *
- * Connection life: srv_on_accept -> conn_new (socket options, bufferevent,
+ * Connection life: srv_on_accept -> conn_new (bufferevent,
  * accounting) -> conn_start (reading on) -> conn_on_read -> conn_process,
  * until conn_close, the one close path. An authentication or TLS handshake
  * gate goes between conn_new and conn_start: it owns c->bev until it calls
@@ -143,6 +143,8 @@ static void conn_close(struct store_conn *c)
 		evbuffer_remove_cb_entry(out, c->out_cb);
 	srv->in_bytes -= c->in_cb ? evbuffer_get_length(in) : 0;
 	srv->out_bytes -= c->out_cb ? evbuffer_get_length(out) : 0;
+	if (c->rd_ev)
+		event_free(c->rd_ev); /* before the bufferevent closes the fd */
 	bufferevent_free(c->bev);
 	srv->st.conns--;
 	free(c);
@@ -269,6 +271,41 @@ void store_conn_unpark(struct store_conn *c)
 				    BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
 }
 
+/* ---- plain-socket reading ---------------------------------------------------- */
+
+/* A plain TCP connection is read by an event of its own, one recv() per
+ * readiness, instead of by its socket bufferevent: libevent's evbuffer_read
+ * asks FIONREAD (an ioctl) before every read, a quarter of the system calls
+ * a request costs in a worker-init storm. Output, the deferred read
+ * triggers and the callbacks stay the bufferevent's. Connections whose
+ * bufferevent must read (TLS decrypts in it) have rd_ev NULL. */
+#define RAW_READ_MAX 16384 /* a bufferevent's default single read */
+
+/* Reading on or off for flow control (throttled, stalled). */
+static void conn_read(struct store_conn *c, bool on)
+{
+	if (!c->rd_ev) {
+		if (on)
+			bufferevent_enable(c->bev, EV_READ);
+		else
+			bufferevent_disable(c->bev, EV_READ);
+		return;
+	}
+	c->rd_on = on;
+	if (on && !c->rd_full)
+		event_add(c->rd_ev, NULL);
+	else
+		event_del(c->rd_ev);
+}
+
+/* The input fell below its ceiling (the bufferevent's read high watermark). */
+static void conn_read_unfull(struct store_conn *c)
+{
+	c->rd_full = false;
+	if (c->rd_on)
+		event_add(c->rd_ev, NULL);
+}
+
 /* ---- accounting -------------------------------------------------------------- */
 
 /* Buffer callbacks keep the server's totals and the progress counters the
@@ -277,10 +314,12 @@ static void conn_on_in_change(struct evbuffer *b, const struct evbuffer_cb_info 
 {
 	struct store_conn *c = arg;
 
-	(void)b;
 	c->srv->in_bytes += info->n_added;
 	c->srv->in_bytes -= info->n_deleted;
 	c->rx_bytes += info->n_added;
+	if (c->rd_full && info->n_deleted &&
+	    evbuffer_get_length(b) < c->srv->cfg.max_conn_buffered_bytes)
+		conn_read_unfull(c);
 }
 
 static void conn_on_out_change(struct evbuffer *b, const struct evbuffer_cb_info *info, void *arg)
@@ -314,7 +353,7 @@ static void srv_on_unstall(evutil_socket_t fd, short what, void *arg)
 		dl_del(&c->stall_link);
 		c->stalled = false;
 		if (!c->throttled)
-			bufferevent_enable(c->bev, EV_READ);
+			conn_read(c, true);
 		bufferevent_trigger(c->bev, EV_READ,
 				    BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
 	}
@@ -350,7 +389,7 @@ static void conn_throttle(struct store_conn *c, bool on)
 	       on ? "paused" : "resumed", evbuffer_get_length(store_conn_out(c)));
 	if (on) {
 		c->srv->metrics[STORE_M_PAUSE_CONN_OUTPUT]++;
-		bufferevent_disable(c->bev, EV_READ);
+		conn_read(c, false);
 		bufferevent_setwatermark(c->bev, EV_WRITE, cap / 2, 0);
 		c->writing = true;
 		bufferevent_enable(c->bev, EV_WRITE);
@@ -358,7 +397,7 @@ static void conn_throttle(struct store_conn *c, bool on)
 	}
 	bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
 	if (!c->stalled)
-		bufferevent_enable(c->bev, EV_READ);
+		conn_read(c, true);
 	bufferevent_trigger(c->bev, EV_READ, BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
 }
 
@@ -381,7 +420,7 @@ static bool conn_output_budget(struct store_conn *c, const struct store_req *q)
 	c->stalled = true;
 	dl_add_tail(&srv->stalled, &c->stall_link);
 	srv->stall_min = MIN(srv->stall_min, cost);
-	bufferevent_disable(c->bev, EV_READ);
+	conn_read(c, false);
 	srv->metrics[STORE_M_PAUSE_TOTAL_OUTPUT]++;
 	log_at(LL_DEBUG, SUB_STORE, "client paused: %zu output bytes in total", srv->out_bytes);
 	return false;
@@ -593,6 +632,42 @@ static void conn_on_event(struct bufferevent *bev, short what, void *arg)
 	}
 }
 
+/* Readable: one recv() of what fits under the input ceiling, then the
+ * same path as a bufferevent read (conn_on_read, conn_on_event). */
+static void conn_on_raw_read(evutil_socket_t fd, short what, void *arg)
+{
+	struct store_conn *c = arg;
+	struct evbuffer *in = bufferevent_get_input(c->bev);
+	size_t len = evbuffer_get_length(in), cap = c->srv->cfg.max_conn_buffered_bytes;
+	uint8_t buf[RAW_READ_MAX];
+	ssize_t n;
+	int r;
+
+	(void)what;
+	if (len >= cap) { /* parked with a full buffer: wait for it to drain */
+		c->rd_full = true;
+		event_del(c->rd_ev);
+		return;
+	}
+	n = recv(fd, buf, MIN(sizeof(buf), cap - len), 0);
+	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+		return;
+	if (n <= 0) {
+		conn_on_event(c->bev, BEV_EVENT_READING | (n ? BEV_EVENT_ERROR : BEV_EVENT_EOF), c);
+		return;
+	}
+	/* A socket bufferevent freezes its input's end so only it fills it;
+	 * fill it the way its own read callback does. */
+	evbuffer_unfreeze(in, 0);
+	r = evbuffer_add(in, buf, (size_t)n);
+	evbuffer_freeze(in, 0);
+	if (r < 0) {
+		conn_drop(c, STORE_M_DROP_OP_FAILED, "out of memory");
+		return;
+	}
+	conn_on_read(c->bev, c);
+}
+
 /* ---- timeouts ---------------------------------------------------------------- */
 
 /* Once a second: a connection owing the rest of a frame, or not reading more
@@ -645,6 +720,18 @@ static void sock_keepalive(int fd, uint32_t idle_s)
 	(void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_ms, sizeof(user_ms));
 }
 
+/* Accepted sockets inherit these from the listener (Linux copies the
+ * listener's socket into each connection: TCP_NODELAY, SO_KEEPALIVE and its
+ * timers, TCP_USER_TIMEOUT), so they cost six setsockopt calls once instead
+ * of per accept, a fifth of the system calls of a worker-init storm. */
+static void listener_sockopts(int fd, uint32_t keepalive_s)
+{
+	int one = 1;
+
+	(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	sock_keepalive(fd, keepalive_s);
+}
+
 /* A refused client: accepted and closed at once (it sees EOF, not a connect
  * timeout), logged within the log budget. Takes ownership of fd. */
 static void srv_refuse(struct store_server *srv, int fd, enum store_metric why)
@@ -662,10 +749,8 @@ static void srv_refuse(struct store_server *srv, int fd, enum store_metric why)
 static struct store_conn *conn_new(struct store_server *srv, int fd)
 {
 	struct store_conn *c;
-	int one = 1;
 
-	(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-	sock_keepalive(fd, srv->cfg.keepalive_s);
+	/* TCP_NODELAY and keepalive come from the listener (listener_sockopts). */
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		goto fail;
@@ -711,10 +796,17 @@ fail_logged:
 	return NULL;
 }
 
-/* The connection is let in: requests are read from now on. */
+/* The connection is let in: requests are read from now on, by rd_ev for a
+ * plain socket. The bufferevent reads under TLS (it decrypts) and behind the
+ * auth gate (its watermark limits the answer, its read timeout is the
+ * gate's deadline); also if rd_ev cannot be had (out of memory): slower,
+ * but the same. */
 static void conn_start(struct store_conn *c)
 {
-	bufferevent_enable(c->bev, EV_READ);
+	if (!c->srv->cfg.tls && !c->srv->cfg.auth)
+		c->rd_ev = event_new(c->srv->base, bufferevent_getfd(c->bev),
+				     EV_READ | EV_PERSIST, conn_on_raw_read, c);
+	conn_read(c, true);
 }
 
 static void srv_on_accept(struct evconnlistener *lsn, evutil_socket_t fd, struct sockaddr *sa,
@@ -1053,6 +1145,7 @@ int store_server_new(struct event_base *base, const struct store_server_config *
 		goto fail;
 	}
 	srv->port = fd_port(fd);
+	listener_sockopts(fd, srv->cfg.keepalive_s);
 	/* backlog 0: the socket already listens. accept4 with CLOEXEC. */
 	srv->lsn = evconnlistener_new(base, srv_on_accept, srv,
 				      LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, 0, fd);

@@ -157,6 +157,7 @@ struct store_conn {
 	struct dl stall_link; /* in store_server.stalled while stalled */
 	struct store_server *srv;
 	struct bufferevent *bev;
+	struct event *rd_ev; /* plain TCP: reads itself (server.c, conn_read); NULL: bev reads */
 	struct evbuffer_cb_entry *in_cb, *out_cb; /* keep srv->in/out_bytes */
 	struct store_dec_state dec;		  /* how far the front frame was validated */
 	uint64_t rx_bytes, tx_bytes;		  /* totals, for the sweep's progress check */
@@ -170,6 +171,8 @@ struct store_conn {
 	bool throttled;	  /* output over the ceiling: reading paused */
 	bool stalled;	  /* total output over budget: reading paused */
 	bool writing;	  /* EV_WRITE on: the bufferevent flushes what write() left */
+	bool rd_on;	  /* rd_ev: reading wanted (not paused by flow control) */
+	bool rd_full;	  /* rd_ev: input at max_conn_buffered_bytes, off until drained */
 	bool doomed;	  /* another connection's op overfilled our output */
 	bool ext;	  /* sent HELLO: crun's extension ops (store_ext.h) allowed */
 	bool peer_eof;	  /* closing because the peer closed in order (FIN), not reset */

@@ -632,6 +632,92 @@ START_TEST(v2_parked_wait_keeps_later_requests_in_order)
 }
 END_TEST
 
+/* A parked connection keeps reading only up to its input ceiling
+ * (max_conn_buffered_bytes): the rest waits in the socket, is read once the
+ * WAIT completes and the buffer drains, and every reply comes, in order. */
+START_TEST(parked_input_at_the_ceiling_waits_then_resumes)
+{
+	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
+	struct store_server_stats st = { 0 };
+	uint8_t frames[60][5];
+	int w, o;
+
+	cfg.max_conn_buffered_bytes = 64;
+	srv_start_cfg(&cfg);
+	w = cli2();
+	o = cli2();
+	req_keys(w, STORE_V2, STORE_OP_WAIT, 1, "/late", NULL);
+	for (int i = 0; i < 60; i++) { /* 300 bytes of PINGs behind it */
+		frames[i][0] = 0x0d;
+		store_put_u32(frames[i] + 1, (uint32_t)i);
+	}
+	tx(w, frames, sizeof(frames));
+	rxnone(w, 100);
+	srv_call(do_stats, &st);
+	ck_assert_uint_le(st.input_bytes, 64);
+	req(o, STORE_V2, STORE_OP_SET, "/late", "x");
+	rxhex(w, "00");
+	for (int i = 0; i < 60; i++)
+		rxeq(w, frames[i] + 1, 4);
+	ping(w); /* not closed for its input */
+	close(w);
+	close(o);
+	srv_stop();
+}
+END_TEST
+
+/* The server's end of client fd `cli_fd` (the server runs in this process). */
+static int server_end(int cli_fd)
+{
+	struct sockaddr_in me, a;
+	socklen_t len = sizeof(me);
+
+	ck_assert_int_eq(getsockname(cli_fd, (struct sockaddr *)&me, &len), 0);
+	for (int fd = 3; fd < 4096; fd++) {
+		len = sizeof(a);
+		if (fd == cli_fd || getpeername(fd, (struct sockaddr *)&a, &len) < 0 ||
+		    a.sin_family != AF_INET || a.sin_port != me.sin_port)
+			continue;
+		len = sizeof(a);
+		if (getsockname(fd, (struct sockaddr *)&a, &len) == 0 && a.sin_port == htons(g_port))
+			return fd;
+	}
+	return -1;
+}
+
+static int sockopt_int(int fd, int level, int name)
+{
+	int v = -1;
+	socklen_t len = sizeof(v);
+
+	ck_assert_int_eq(getsockopt(fd, level, name, &v, &len), 0);
+	return v;
+}
+
+/* TCP_NODELAY and keepalive are set once on the listener; every accepted
+ * connection must have them all the same (Linux copies them on accept). */
+START_TEST(accepted_sockets_have_nodelay_and_keepalive)
+{
+	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
+	int c, s;
+
+	cfg.keepalive_s = 12; /* probes every 2 s, 4 of them: 20 s in all */
+	srv_start_cfg(&cfg);
+	c = cli2();
+	ping(c);
+	s = server_end(c);
+	ck_assert_int_ge(s, 0);
+	ck_assert_int_eq(sockopt_int(s, IPPROTO_TCP, TCP_NODELAY), 1);
+	ck_assert_int_eq(sockopt_int(s, SOL_SOCKET, SO_KEEPALIVE), 1);
+	ck_assert_int_eq(sockopt_int(s, IPPROTO_TCP, TCP_KEEPIDLE), 12);
+	ck_assert_int_eq(sockopt_int(s, IPPROTO_TCP, TCP_KEEPINTVL), 2);
+	ck_assert_int_eq(sockopt_int(s, IPPROTO_TCP, TCP_KEEPCNT), 4);
+	ck_assert_int_eq(sockopt_int(s, IPPROTO_TCP, TCP_USER_TIMEOUT), 20000);
+	close(c);
+	srv_stop();
+}
+END_TEST
+
 START_TEST(cancel_wait_replies_canceled_and_unregisters)
 {
 	int w, o;
@@ -1782,6 +1868,8 @@ Suite *store_server_suite(void)
 	tcase_add_test(wait, wait_counts_every_missing_key);
 	tcase_add_test(wait, v1_wait_does_not_block_later_requests_and_still_fires);
 	tcase_add_test(wait, v2_parked_wait_keeps_later_requests_in_order);
+	tcase_add_test(wait, parked_input_at_the_ceiling_waits_then_resumes);
+	tcase_add_test(wait, accepted_sockets_have_nodelay_and_keepalive);
 	tcase_add_test(wait, cancel_wait_replies_canceled_and_unregisters);
 	tcase_add_test(wait, closing_a_waiting_connection_unregisters_it);
 	suite_add_tcase(s, wait);
