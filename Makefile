@@ -246,7 +246,7 @@ else
 endif
 
 # ---- lint --------------------------------------------------------------------
-SRC_ALL := $(wildcard */*.c */*.h include/crun/*.h tests/*/*.c)
+SRC_ALL := $(filter-out build%,$(wildcard */*.c */*.h include/crun/*.h tests/*/*.c))
 lint: check-layers
 	$(Q)clang-format --dry-run --Werror $(filter-out tests/%,$(SRC_ALL))
 	$(Q)cppcheck --quiet --error-exitcode=1 --enable=warning,performance,portability \

@@ -156,8 +156,7 @@ static const char runpy_snippet[] =
 static int prepare_program(struct crun_agent *a)
 {
 	char py[PATH_MAX];
-	const char *pre[4] = {env_python(a->envp_base, py, sizeof(py)), "-u", "-c",
-			      runpy_snippet};
+	const char *pre[4] = {env_python(a->envp_base, py, sizeof(py)), "-u", "-c", runpy_snippet};
 	size_t n = 0;
 	char **argv;
 
@@ -183,7 +182,7 @@ static int prepare_program(struct crun_agent *a)
 static int check_visible_devices(struct crun_agent *a)
 {
 	const char *name = env_get(a->envp_base, "HIP_VISIBLE_DEVICES") ? "HIP_VISIBLE_DEVICES"
-									 : "CUDA_VISIBLE_DEVICES";
+									: "CUDA_VISIBLE_DEVICES";
 	const char *v = env_get(a->envp_base, name);
 	int n = 1;
 
@@ -292,8 +291,7 @@ CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_a
 	raise_nofile(a);
 	if (gethostname(a->host, sizeof(a->host) - 1) < 0)
 		snprintf(a->host, sizeof(a->host), "localhost");
-	snprintf(a->short_host, sizeof(a->short_host), "%.*s", (int)strcspn(a->host, "."),
-		 a->host);
+	snprintf(a->short_host, sizeof(a->short_host), "%.*s", (int)strcspn(a->host, "."), a->host);
 	{
 		uint64_t m = a->cfg.signals_to_handle;
 		size_t o = 0;

@@ -80,13 +80,13 @@ void agent_root_cause_line(struct crun_agent *a, char *buf, size_t cap);
 
 /* ---- workers ---------------------------------------------------------------- */
 
-#define AGENT_RING_LINES	 8     /* stderr lines shown per worker in the summary */
-#define AGENT_RING_LINE		 256   /* bytes per shown line */
-#define AGENT_LINE_MAX		 16384 /* duplicate filters decide on this much of a line */
-#define AGENT_LINGER_MS		 5000  /* node 0 waits this long for the others to leave */
-#define AGENT_CONSOLE_BYTES	 (4u << 20) /* console queue per stream */
-#define AGENT_CONSOLE_STALL_MS	 1000	    /* no progress this long: drop, not wait */
-#define AGENT_CONSOLE_FLUSH_MS	 10000	    /* at exit, wait this long for a slow reader */
+#define AGENT_RING_LINES       8	  /* stderr lines shown per worker in the summary */
+#define AGENT_RING_LINE	       256	  /* bytes per shown line */
+#define AGENT_LINE_MAX	       16384	  /* duplicate filters decide on this much of a line */
+#define AGENT_LINGER_MS	       5000	  /* node 0 waits this long for the others to leave */
+#define AGENT_CONSOLE_BYTES    (4u << 20) /* console queue per stream */
+#define AGENT_CONSOLE_STALL_MS 1000	  /* no progress this long: drop, not wait */
+#define AGENT_CONSOLE_FLUSH_MS 10000	  /* at exit, wait this long for a slow reader */
 
 enum worker_state { W_INIT, W_RUNNING, W_EXITED };
 
@@ -166,7 +166,7 @@ struct crun_agent {
 	char role[64];
 	char run_id[256];
 	char host[256];
-	char short_host[256]; /* ${hostname}: up to the first dot */
+	char short_host[256];	 /* ${hostname}: up to the first dot */
 	char signals_str[256];	 /* TORCHELASTIC_SIGNALS_TO_HANDLE */
 	char log_base[PATH_MAX]; /* --log_dir or the temp dir */
 	char run_dir[PATH_MAX];	 /* <log_base>/<run_id>_XXXXXXXX */
@@ -200,7 +200,7 @@ struct crun_agent {
 	int ino_fd;
 	struct event *ino_ev, *tail_more; /* tail_more: a timer */
 	bool closing;			  /* crun_agent_free: the loop is over */
-	char *filters[2]; /* duplicate filters, stdout/stderr, or NULL */
+	char *filters[2];		  /* duplicate filters, stdout/stderr, or NULL */
 	int nfilters[2];
 	int filt_fd[2]; /* <attempt>/filtered_std{out,err}.log, or -1 */
 	/* numa.c: cpu lists per local rank, or NULL */
@@ -442,8 +442,8 @@ struct cli_json_flag {
 	const char *flag; /* "max-keys" */
 	bool number;	  /* a whole number, else a string */
 };
-int cli_json_flags(const char *path, const struct cli_json_flag *table, size_t n,
-		   char ***ret_argv, int *ret_argc, char *err, size_t err_cap);
+int cli_json_flags(const char *path, const struct cli_json_flag *table, size_t n, char ***ret_argv,
+		   int *ret_argc, char *err, size_t err_cap);
 /* The man page of `prog` (roff, section 1) from the option table; malloc'd. */
 char *cli_man_new(enum cli_prog prog);
 /* The JSON schema (draft 2020-12) of crun-agent's config; malloc'd. */
@@ -553,15 +553,15 @@ int agent_ctl_print_jobs(FILE *out, const char *json);
 
 /* ---- slurm.c: defaults from a Slurm allocation --------------------------------- */
 
-#define SLURM_MAX_HOSTS	  65536
-#define SLURM_PORT_BASE	  20000 /* rendezvous port = base + job id % span */
-#define SLURM_PORT_SPAN	  9000
-#define SLURM_HOST_MAX	  256
+#define SLURM_MAX_HOSTS 65536
+#define SLURM_PORT_BASE 20000 /* rendezvous port = base + job id % span */
+#define SLURM_PORT_SPAN 9000
+#define SLURM_HOST_MAX	256
 
 struct slurm_job {
-	unsigned long job_id; /* SLURM_JOB_ID: the run id */
-	int nnodes;	      /* SLURM_NNODES */
-	int node_id;	      /* SLURM_NODEID */
+	unsigned long job_id;		 /* SLURM_JOB_ID: the run id */
+	int nnodes;			 /* SLURM_NNODES */
+	int node_id;			 /* SLURM_NODEID */
 	char first_host[SLURM_HOST_MAX]; /* first of SLURM_JOB_NODELIST: the endpoint */
 	uint16_t port;			 /* derived from the job id */
 };

@@ -272,17 +272,19 @@ static bool single_node_run(const struct cli *c, const struct cli_ctx *x)
 static int agent_secure_default(struct cli *c, const struct cli_ctx *x)
 {
 	const char *conf = x->val[OPT_RDZV_CONF] ? x->val[OPT_RDZV_CONF] : "";
-	bool secured = c->cfg.auth_secret_file || (x->env && env_get(x->env, "CRUN_AUTH_SECRET_FILE")) ||
+	bool secured = c->cfg.auth_secret_file ||
+		       (x->env && env_get(x->env, "CRUN_AUTH_SECRET_FILE")) ||
 		       strstr(conf, "auth_secret_file=") || strstr(conf, "tls_ca=");
 
 	if (c->prog != CLI_AGENT || strcmp(c->cfg.rdzv_backend, "c10d") != 0 || c->cfg.standalone ||
 	    secured || cli_on(x, OPT_INSECURE) || store_host_is_loopback(c->cfg.master_addr))
 		return 0;
-	return cli_fail(c,
-			"refusing an unauthenticated c10d rendezvous on %s:%u (not loopback): give "
-			"a secret (security.secret_file, --auth_secret_file, CRUN_AUTH_SECRET_FILE) "
-			"or TLS (--rdzv_conf tls_ca=...), or --insecure",
-			c->cfg.master_addr, c->cfg.master_port);
+	return cli_fail(
+	    c,
+	    "refusing an unauthenticated c10d rendezvous on %s:%u (not loopback): give "
+	    "a secret (security.secret_file, --auth_secret_file, CRUN_AUTH_SECRET_FILE) "
+	    "or TLS (--rdzv_conf tls_ca=...), or --insecure",
+	    c->cfg.master_addr, c->cfg.master_port);
 }
 
 static int cross_checks(struct cli *c, struct cli_ctx *x)

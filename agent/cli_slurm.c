@@ -41,7 +41,8 @@ int cli_slurm_defaults(struct cli *c, struct cli_ctx *x)
 		return cli_fail(c, "SLURM_JOB_ID is set but SLURM_NNODES, SLURM_NODEID or "
 				   "SLURM_JOB_NODELIST is missing or malformed (--no_slurm ignores "
 				   "the allocation)");
-	is_static = x->src[OPT_RDZV_BACKEND] >= SRC_ENV && strcmp(x->val[OPT_RDZV_BACKEND], "static") == 0;
+	is_static =
+	    x->src[OPT_RDZV_BACKEND] >= SRC_ENV && strcmp(x->val[OPT_RDZV_BACKEND], "static") == 0;
 	TRY(fill(c, x, OPT_RDZV_BACKEND, "c10d", "SLURM_JOB_ID"));
 	snprintf(num, sizeof(num), "%d", j.nnodes);
 	TRY(fill(c, x, OPT_NNODES, num, "SLURM_NNODES"));

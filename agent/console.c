@@ -30,9 +30,9 @@ struct console_q {
 	size_t cap, head, len;
 	uint64_t dropped_lines; /* since the last marker */
 	uint64_t dropped_total;
-	bool last_nl; /* the last queued byte was '\n' */
-	bool dead;    /* EPIPE or another hard error: discard */
-	bool writing; /* the thread holds bytes it took out of the ring */
+	bool last_nl;		/* the last queued byte was '\n' */
+	bool dead;		/* EPIPE or another hard error: discard */
+	bool writing;		/* the thread holds bytes it took out of the ring */
 	uint64_t written_bytes; /* progress ... */
 	uint64_t moved_ms;	/* ... and when it last moved, or the queue filled */
 };

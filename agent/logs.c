@@ -31,7 +31,7 @@
 int logs_render_prefix(const char *tmpl, const char *role, const char *host, int rank,
 		       int local_rank, int group_rank, char *buf, size_t cap)
 {
-	static const char *const names[] = {"role_name", "rank",      "local_rank",
+	static const char *const names[] = {"role_name",  "rank",      "local_rank",
 					    "group_rank", "node_rank", "hostname"};
 	size_t o = 0;
 
@@ -93,7 +93,6 @@ int logs_render_prefix(const char *tmpl, const char *role, const char *host, int
 	buf[o] = '\0';
 	return 0;
 }
-
 
 /* ---- the failure summary's stderr lines ---------------------------------------- */
 
@@ -506,8 +505,7 @@ static void close_stream(struct crun_agent *a, struct agent_stream *s)
 	 * AGENT_CONSOLE_FLUSH_MS at most (on the loop too: a stalled reader costs
 	 * it AGENT_CONSOLE_STALL_MS once); then drop, 64 MiB of reads at most. */
 	(void)a;
-	(void)tail_pump(s, INT_MAX, PUMP_BLOCK, clock_now_ms() + AGENT_CONSOLE_FLUSH_MS,
-			&waiting);
+	(void)tail_pump(s, INT_MAX, PUMP_BLOCK, clock_now_ms() + AGENT_CONSOLE_FLUSH_MS, &waiting);
 	drop_child_fd(s);
 	if (s->wd >= 0 && a->ino_fd >= 0)
 		(void)inotify_rm_watch(a->ino_fd, s->wd);
@@ -538,7 +536,8 @@ int logs_open_attempt(struct crun_agent *a, const char *attempt_dir)
 		if (!a->filters[i] || !attempt_dir[0])
 			continue;
 		TRY(str_printf(path, sizeof(path), "%s/%s", attempt_dir, names[i]));
-		a->filt_fd[i] = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+		a->filt_fd[i] =
+		    open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
 		if (a->filt_fd[i] < 0)
 			return -errno;
 	}
@@ -560,7 +559,8 @@ int logs_init(struct crun_agent *a)
 	a->ino_fd = -1;
 	a->filt_fd[0] = a->filt_fd[1] = -1;
 	for (int i = 0; i < 2; i++)
-		if (spec[i] && *spec[i] && !(a->filters[i] = parse_filters(spec[i], &a->nfilters[i])))
+		if (spec[i] && *spec[i] &&
+		    !(a->filters[i] = parse_filters(spec[i], &a->nfilters[i])))
 			return CRUN_ENOMEM;
 	TRY(console_new(STDOUT_FILENO, STDERR_FILENO, AGENT_CONSOLE_BYTES, &a->console));
 	a->ino_fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
@@ -582,8 +582,8 @@ void logs_flush_console(struct crun_agent *a, uint32_t timeout_ms)
 		(void)tail_pump(&a->workers[i].out, INT_MAX, PUMP_BLOCK, until, &waiting);
 		(void)tail_pump(&a->workers[i].err, INT_MAX, PUMP_BLOCK, until, &waiting);
 	}
-	(void)console_flush(a->console, (uint32_t)(until > clock_now_ms() ? until - clock_now_ms()
-									  : 0));
+	(void)console_flush(a->console,
+			    (uint32_t)(until > clock_now_ms() ? until - clock_now_ms() : 0));
 }
 
 void logs_fini(struct crun_agent *a)

@@ -132,8 +132,9 @@ static int gpu_nodes(const char *root, int *nodes, int cap)
 		char path[PATH_MAX];
 		long node = 0;
 
-		if (i < cap && str_printf(path, sizeof(path), "/sys/bus/pci/devices/%s/numa_node",
-					  names[i] ? names[i] : "") >= 0 &&
+		if (i < cap &&
+		    str_printf(path, sizeof(path), "/sys/bus/pci/devices/%s/numa_node",
+			       names[i] ? names[i] : "") >= 0 &&
 		    read_int(root, path, &node) == 0)
 			nodes[i] = node < 0 ? 0 : (int)node;
 		else if (i < cap)
@@ -185,8 +186,8 @@ static int group_key(const char *root, int c, bool cache)
 			break;
 		if (strncmp(buf, "Unified", 7) != 0 && strncmp(buf, "Data", 4) != 0)
 			continue;
-		snprintf(path, sizeof(path), "/sys/devices/system/cpu/cpu%d/cache/index%d/level",
-			 c, i);
+		snprintf(path, sizeof(path), "/sys/devices/system/cpu/cpu%d/cache/index%d/level", c,
+			 i);
 		if (read_int(root, path, &level) < 0 || level <= best_level)
 			continue;
 		snprintf(path, sizeof(path),
@@ -272,9 +273,9 @@ static int bind_one(const char *root, const char *mode, const int *nodes, int ng
 		int n = groups ? group_cpus(root, &cpus, cc, groups, keys, MAXG) : CRUN_ENOMEM;
 		int r = 0;
 
-		if (n < 0) {
+		if (n <= 0) { /* no core group in the node: nothing to bind to */
 			free(groups);
-			return n;
+			return n < 0 ? n : CRUN_ENOENT;
 		}
 		CPU_ZERO(ret);
 		if (!cc) { /* physical cores, in key order, split between the GPUs */
@@ -289,7 +290,7 @@ static int bind_one(const char *root, const char *mode, const int *nodes, int ng
 					if (keys[g] == k && idx++ >= start && idx <= end)
 						CPU_OR(ret, ret, &groups[g]);
 		} else { /* biggest cache groups first, then lowest key */
-			int order[MAXG];
+			int order[MAXG] = {0};
 
 			for (int i = 0; i < n; i++)
 				order[i] = i;

@@ -172,7 +172,7 @@ void slurm_hostlist_free(char **hosts, size_t n)
 
 int slurm_hostlist_expand(const char *list, size_t max, char ***ret_hosts, size_t *ret_n)
 {
-	struct hostvec v = { 0 };
+	struct hostvec v = {0};
 	const char *s = list;
 	int r = 0;
 
@@ -228,7 +228,7 @@ static int env_ulong(char *const *env, const char *name, unsigned long max, unsi
 
 int slurm_job_from_env(char *const *env, struct slurm_job *ret_job)
 {
-	struct slurm_job j = { 0 };
+	struct slurm_job j = {0};
 	char **hosts = NULL;
 	size_t nhosts = 0;
 	unsigned long v;

@@ -173,11 +173,12 @@ static int run_k(int k)
 	event_base_loopbreak(base);
 	pthread_join(loop, NULL);
 	store_server_get_stats(srv, &st);
-	printf("{\"bench\":\"rdzv\",\"backend\":\"%s\",\"k\":%d,\"ok\":%d,\"bad_ranks\":%d,\"seconds\":%.3f,"
+	printf("{\"bench\":\"rdzv\",\"backend\":\"%s\",\"k\":%d,\"ok\":%d,\"bad_ranks\":%d,"
+	       "\"seconds\":%.3f,"
 	       "\"requests\":%" PRIu64 ",\"requests_per_node\":%.1f,\"lo_bytes\":%" PRIu64
 	       ",\"lo_bytes_per_node\":%.0f,\"keys\":%" PRIu64 "}\n",
-	       g_etcd ? "etcd" : "c10d", k, ok, bad_rank, (double)(t1 - t0) / 1e6, st.requests, (double)st.requests / k,
-	       b1 - b0, (double)(b1 - b0) / k, st.keys);
+	       g_etcd ? "etcd" : "c10d", k, ok, bad_rank, (double)(t1 - t0) / 1e6, st.requests,
+	       (double)st.requests / k, b1 - b0, (double)(b1 - b0) / k, st.keys);
 	fflush(stdout);
 	store_server_free(srv);
 	event_base_free(base);

@@ -102,11 +102,11 @@ static void fail(struct storm *s, const char *why)
 static void push(struct storm *s, struct rank *r, enum store_op op, const char *key,
 		 const void *val, size_t val_len, int64_t num)
 {
-	struct store_bytes k = { (const uint8_t *)key, key ? strlen(key) : 0 };
-	struct store_req req = { .op = op, .key = k, .num = num };
+	struct store_bytes k = {(const uint8_t *)key, key ? strlen(key) : 0};
+	struct store_req req = {.op = op, .key = k, .num = num};
 	size_t len;
 
-	req.val = (struct store_bytes){ val, val_len };
+	req.val = (struct store_bytes){val, val_len};
 	if (op == STORE_OP_WAIT) {
 		req.nitems = 1;
 		req.keys = &k;
@@ -128,7 +128,7 @@ static void push(struct storm *s, struct rank *r, enum store_op op, const char *
 
 static void want_out(struct storm *s, struct rank *r, int on)
 {
-	struct epoll_event ev = { .events = EPOLLIN | (on ? EPOLLOUT : 0), .data.ptr = r };
+	struct epoll_event ev = {.events = EPOLLIN | (on ? EPOLLOUT : 0), .data.ptr = r};
 
 	if (epoll_ctl(s->ep, EPOLL_CTL_MOD, r->fd, &ev) < 0)
 		fail(s, "epoll_ctl");
@@ -171,7 +171,7 @@ static void advance(struct storm *s, struct rank *r, const struct store_reply *r
 		if (rep->u32 != r->idx)
 			fail(s, "ping nonce");
 		r->step = S_CONNECTING; /* the handshake is done */
-		/* fall through */
+					/* fall through */
 	case S_CONNECTING:
 		r->step = S_INIT_ADD;
 		push(s, r, STORE_OP_ADD, s->init_key, NULL, 0, 1);
@@ -278,8 +278,8 @@ static void on_readable(struct storm *s, struct rank *r)
 
 static int start_connect(struct storm *s, struct rank *r)
 {
-	struct sockaddr_in src = { .sin_family = AF_INET };
-	struct epoll_event ev = { .events = EPOLLOUT, .data.ptr = r };
+	struct sockaddr_in src = {.sin_family = AF_INET};
+	struct epoll_event ev = {.events = EPOLLOUT, .data.ptr = r};
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 
 	if (fd < 0)
@@ -298,14 +298,13 @@ static int start_connect(struct storm *s, struct rank *r)
 		goto fail;
 	s->connecting++;
 	return 0;
-fail:
-	{
-		int e = -errno;
+fail : {
+	int e = -errno;
 
-		close(fd);
-		r->fd = -1;
-		return e;
-	}
+	close(fd);
+	r->fd = -1;
+	return e;
+}
 }
 
 static int run(struct storm *s, uint32_t timeout_ms)
@@ -357,32 +356,35 @@ static int run(struct storm *s, uint32_t timeout_ms)
 }
 
 static const char usage[] =
-	"usage: storm [options]\n"
-	"  --host ADDR        server address (127.0.0.1)\n"
-	"  --port PORT        server port (required)\n"
-	"  -n, --ranks N      simulated ranks (1..65536; each holds one connection)\n"
-	"  --dialect v1|v2    PyTorch 1.13 or 2.x wire dialect (v2)\n"
-	"  --prefix P         key prefix of the default group (/default_pg/, as 2.x under crun)\n"
-	"  --sources K        spread connects over 127.0.0.2..127.0.0.(K+1) (8; 0: any)\n"
-	"  --inflight C       concurrent connects (256)\n"
-	"  --timeout-ms MS    give up after MS (120000)\n";
+    "usage: storm [options]\n"
+    "  --host ADDR        server address (127.0.0.1)\n"
+    "  --port PORT        server port (required)\n"
+    "  -n, --ranks N      simulated ranks (1..65536; each holds one connection)\n"
+    "  --dialect v1|v2    PyTorch 1.13 or 2.x wire dialect (v2)\n"
+    "  --prefix P         key prefix of the default group (/default_pg/, as 2.x under crun)\n"
+    "  --sources K        spread connects over 127.0.0.2..127.0.0.(K+1) (8; 0: any)\n"
+    "  --inflight C       concurrent connects (256)\n"
+    "  --timeout-ms MS    give up after MS (120000)\n";
 
 int main(int argc, char **argv)
 {
 	static const struct option longopts[] = {
-		{ "host", required_argument, NULL, 'h' },
-		{ "port", required_argument, NULL, 'p' },
-		{ "ranks", required_argument, NULL, 'n' },
-		{ "dialect", required_argument, NULL, 'd' },
-		{ "prefix", required_argument, NULL, 'P' },
-		{ "sources", required_argument, NULL, 's' },
-		{ "inflight", required_argument, NULL, 'c' },
-		{ "timeout-ms", required_argument, NULL, 't' },
-		{ "help", no_argument, NULL, 'H' },
-		{ NULL, 0, NULL, 0 },
+	    {"host", required_argument, NULL, 'h'},
+	    {"port", required_argument, NULL, 'p'},
+	    {"ranks", required_argument, NULL, 'n'},
+	    {"dialect", required_argument, NULL, 'd'},
+	    {"prefix", required_argument, NULL, 'P'},
+	    {"sources", required_argument, NULL, 's'},
+	    {"inflight", required_argument, NULL, 'c'},
+	    {"timeout-ms", required_argument, NULL, 't'},
+	    {"help", no_argument, NULL, 'H'},
+	    {NULL, 0, NULL, 0},
 	};
-	struct storm s = { .dialect = STORE_V2, .sources = 8, .inflight = 256,
-			   .prefix = "/default_pg/", .lim = STORE_LIMITS_DEFAULT };
+	struct storm s = {.dialect = STORE_V2,
+			  .sources = 8,
+			  .inflight = 256,
+			  .prefix = "/default_pg/",
+			  .lim = STORE_LIMITS_DEFAULT};
 	const char *host = "127.0.0.1";
 	unsigned long port = 0, timeout_ms = 120000, v;
 	struct rlimit rl;
@@ -465,8 +467,8 @@ int main(int argc, char **argv)
 	       s.requests, s.t_done ? (double)(s.t_done - s.t_start) / 1e9 : -1.0,
 	       s.t_last_connect ? (double)(s.t_last_connect - s.t_start) / 1e9 : -1.0,
 	       s.t_last_wake > s.t_last_set && s.t_last_set
-		       ? (double)(s.t_last_wake - s.t_last_set) / 1e9
-		       : 0.0);
+		   ? (double)(s.t_last_wake - s.t_last_set) / 1e9
+		   : 0.0);
 	for (uint32_t i = 0; i < s.next_connect; i++)
 		if (s.ranks[i].fd > 0)
 			close(s.ranks[i].fd);

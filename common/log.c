@@ -111,10 +111,11 @@ void log_emit(int level, unsigned sub, const char *file, int line, const char *f
 		return;
 	}
 	if (log_journal) /* syslog priorities: err 3, warning 4, info 6, debug 7 */
-		n = fprintf(stderr, "<%d>%s: %s\n", level <= LL_ERROR  ? 3
-						     : level == LL_WARN ? 4
-						     : level == LL_INFO ? 6
-									: 7,
+		n = fprintf(stderr, "<%d>%s: %s\n",
+			    level <= LL_ERROR  ? 3
+			    : level == LL_WARN ? 4
+			    : level == LL_INFO ? 6
+					       : 7,
 			    log_prog, msg);
 	else if (level >= LL_DEBUG)
 		n = fprintf(stderr, "%s[%d] %c %s:%d: %s\n", log_prog, (int)getpid(),

@@ -804,8 +804,8 @@ fail_logged:
 static void conn_start(struct store_conn *c)
 {
 	if (!c->srv->cfg.tls && !c->srv->cfg.auth)
-		c->rd_ev = event_new(c->srv->base, bufferevent_getfd(c->bev),
-				     EV_READ | EV_PERSIST, conn_on_raw_read, c);
+		c->rd_ev = event_new(c->srv->base, bufferevent_getfd(c->bev), EV_READ | EV_PERSIST,
+				     conn_on_raw_read, c);
 	conn_read(c, true);
 }
 

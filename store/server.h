@@ -25,37 +25,37 @@ struct store_tls;
  * default"; for the *_s times 0 means "off". store_server_limits() lists them
  * all with their flag names, for --help, rdzv_conf and the README. */
 struct store_server_config {
-	const char *host; /* bind address; NULL or "" = dual-stack any ("::") */
-	uint16_t port;	  /* 0 = ephemeral; read back with store_server_port() */
-	int backlog;	  /* listen backlog; 0 = SOMAXCONN */
-	struct store_limits limits; /* per request; max_items also caps one
-				     * connection's registrations (waits,
-				     * watches, leases) */
-	uint32_t max_conns; /* 0 = min(65536, RLIMIT_NOFILE soft limit less
-			     * an eighth, at least 64, for other fds) */
+	const char *host;		/* bind address; NULL or "" = dual-stack any ("::") */
+	uint16_t port;			/* 0 = ephemeral; read back with store_server_port() */
+	int backlog;			/* listen backlog; 0 = SOMAXCONN */
+	struct store_limits limits;	/* per request; max_items also caps one
+					 * connection's registrations (waits,
+					 * watches, leases) */
+	uint32_t max_conns;		/* 0 = min(65536, RLIMIT_NOFILE soft limit less
+					 * an eighth, at least 64, for other fds) */
 	size_t max_conn_buffered_bytes; /* one connection's unprocessed input (a
 					 * frame must fit); 0 = the largest legal
 					 * frame under `limits` */
 	size_t max_total_value_bytes;	/* values plus queued items, whole key space */
 	/* Appended for issue 9 (hostile clients). */
-	uint64_t max_keys;		/* entries in the key space (keys with a value,
-					 * a queue or a registration) */
-	size_t max_total_key_bytes;	/* bytes of those entries' keys */
-	uint64_t max_waiters;		/* WAIT/BARRIER/WATCH_KEY registrations, all
-					 * connections */
-	size_t max_total_input_bytes;	/* unprocessed input, all connections */
-	size_t max_conn_output_bytes;	/* reading pauses while a connection has
-					 * more unsent replies than this */
-	size_t max_total_output_bytes;	/* unsent replies, all connections */
-	uint32_t keepalive_s;		/* TCP keepalive idle time; the peer is
-					 * dropped ~keepalive_s * 5/3 after it
-					 * vanished (0: off) */
-	uint32_t stall_timeout_s;	/* a partial frame that gets no byte, or
-					 * unsent output the peer does not read, for
-					 * this long closes it (0: off) */
-	uint32_t idle_timeout_s;	/* no byte from the peer for this long closes
-					 * it (0: off, the default: torch 1.13 keeps
-					 * an idle watch connection per store) */
+	uint64_t max_keys;	       /* entries in the key space (keys with a value,
+					* a queue or a registration) */
+	size_t max_total_key_bytes;    /* bytes of those entries' keys */
+	uint64_t max_waiters;	       /* WAIT/BARRIER/WATCH_KEY registrations, all
+					* connections */
+	size_t max_total_input_bytes;  /* unprocessed input, all connections */
+	size_t max_conn_output_bytes;  /* reading pauses while a connection has
+					* more unsent replies than this */
+	size_t max_total_output_bytes; /* unsent replies, all connections */
+	uint32_t keepalive_s;	       /* TCP keepalive idle time; the peer is
+					* dropped ~keepalive_s * 5/3 after it
+					* vanished (0: off) */
+	uint32_t stall_timeout_s;      /* a partial frame that gets no byte, or
+					* unsent output the peer does not read, for
+					* this long closes it (0: off) */
+	uint32_t idle_timeout_s;       /* no byte from the peer for this long closes
+					* it (0: off, the default: torch 1.13 keeps
+					* an idle watch connection per store) */
 	/* Secrets (store/auth.h), borrowed, must outlive the server; NULL: no
 	 * authentication. With a table every client must pass the challenge. */
 	const struct store_auth_keys *auth;
@@ -63,16 +63,15 @@ struct store_server_config {
 	struct store_tls *tls;
 };
 
-#define STORE_SERVER_CONFIG_DEFAULT                                                    \
-	{                                                                              \
-		.host = NULL, .port = 0, .backlog = 0, .limits = STORE_LIMITS_DEFAULT, \
-		.max_conns = 0, .max_conn_buffered_bytes = 0,                          \
-		.max_total_value_bytes = (size_t)1024 * 1024 * 1024,                   \
-		.max_keys = 1u << 20, .max_total_key_bytes = 64u * 1024 * 1024,        \
-		.max_waiters = 1u << 20, .max_total_input_bytes = 512u * 1024 * 1024,  \
-		.max_conn_output_bytes = 1024 * 1024,                                  \
-		.max_total_output_bytes = 512u * 1024 * 1024, .keepalive_s = 30,       \
-		.stall_timeout_s = 60, .idle_timeout_s = 0,                            \
+#define STORE_SERVER_CONFIG_DEFAULT                                                                \
+	{                                                                                          \
+		.host = NULL, .port = 0, .backlog = 0, .limits = STORE_LIMITS_DEFAULT,             \
+		.max_conns = 0, .max_conn_buffered_bytes = 0,                                      \
+		.max_total_value_bytes = (size_t)1024 * 1024 * 1024, .max_keys = 1u << 20,         \
+		.max_total_key_bytes = 64u * 1024 * 1024, .max_waiters = 1u << 20,                 \
+		.max_total_input_bytes = 512u * 1024 * 1024, .max_conn_output_bytes = 1024 * 1024, \
+		.max_total_output_bytes = 512u * 1024 * 1024, .keepalive_s = 30,                   \
+		.stall_timeout_s = 60, .idle_timeout_s = 0,                                        \
 	}
 
 /* One tunable of struct store_server_config, for flag parsers and help
@@ -129,11 +128,11 @@ struct store_server_stats {
 	uint64_t requests;
 	uint64_t dropped_conns; /* refused, or closed for bad/over-limit input */
 	/* Appended for issue 9. */
-	uint64_t entries;      /* max_keys counts these */
-	uint64_t key_bytes;    /* max_total_key_bytes counts these */
+	uint64_t entries;	/* max_keys counts these */
+	uint64_t key_bytes;	/* max_total_key_bytes counts these */
 	uint64_t registrations; /* waits and watches: max_waiters counts these */
-	uint64_t input_bytes;  /* unprocessed input, all connections */
-	uint64_t output_bytes; /* unsent output, all connections */
+	uint64_t input_bytes;	/* unprocessed input, all connections */
+	uint64_t output_bytes;	/* unsent output, all connections */
 };
 void store_server_get_stats(const struct store_server *srv, struct store_server_stats *ret);
 /* PyTorch-protocol requests of one op served so far (crun's extension ops
@@ -150,43 +149,51 @@ void store_server_each_key(const struct store_server *srv,
  * (their sum is store_server_stats.dropped_conns) and is logged once at WARN
  * with the row's help text (rate-limited). PAUSE_ rows count backpressure,
  * which closes nothing. For an exporter: iterate 0..STORE_M__MAX. */
-#define STORE_METRIC_MAP(X)                                                                   \
-	X(CONNS_ACCEPTED, "conns_accepted", "connections accepted")                          \
-	X(REFUSED_MAX_CONNS, "refused_max_conns", "connection limit reached (max_conns)")    \
-	X(REFUSED_FD_LIMIT, "refused_fd_limit", "out of file descriptors")                   \
-	X(DROP_MALFORMED, "drop_malformed", "malformed request")                              \
-	X(DROP_REQUEST_LIMIT, "drop_request_limit", "request over a per-request limit")       \
-	X(DROP_EXT_BEFORE_HELLO, "drop_ext_before_hello", "extension op before HELLO")        \
-	X(DROP_KEYS, "drop_keys", "key space full (max-keys)")                                \
-	X(DROP_KEY_BYTES, "drop_key_bytes", "key bytes full (max-total-key-bytes)")           \
-	X(DROP_VALUE_BYTES, "drop_value_bytes", "value bytes full (max-total-value-bytes)")   \
-	X(DROP_WAITERS, "drop_waiters", "too many registrations (max-waiters, "               \
-					"max-keys-per-request)")                              \
-	X(DROP_CONN_INPUT, "drop_conn_input", "frame over max-conn-buffer-bytes")             \
-	X(DROP_TOTAL_INPUT, "drop_total_input", "largest input holder over "                  \
-						"max-total-input-bytes")                      \
-	X(DROP_OUTPUT, "drop_output", "pushed output not read (watch notifications, "         \
-				      "wake-ups)")                                            \
-	X(DROP_STALL, "drop_stall", "partial frame or unread output stalled "                 \
-				    "(stall-timeout)")                                        \
-	X(DROP_IDLE, "drop_idle", "idle (idle-timeout)")                                      \
-	X(DROP_OP_FAILED, "drop_op_failed", "operation failed (as torch closes it)")          \
-	X(REFUSED_ALLOWLIST, "refused_allowlist", "not a node of this job (worker store "     \
-						  "allowlist)")                               \
-	X(DROP_AUTH, "drop_auth", "authentication failed (wrong secret, unknown run id, or "  \
-				  "no answer in time)")                                       \
-	X(DROP_TLS, "drop_tls", "TLS handshake or record failed")                             \
-	X(DROP_FOREIGN_KEY, "drop_foreign_key", "key outside the client's run id")            \
-	X(PAUSE_CONN_OUTPUT, "pause_conn_output", "reading paused: replies unread "           \
-						  "(max-conn-output-bytes)")                  \
-	X(PAUSE_TOTAL_OUTPUT, "pause_total_output", "reading paused: "                        \
-						    "max-total-output-bytes reached")
+#define STORE_METRIC_MAP(X)                                                                 \
+	X(CONNS_ACCEPTED, "conns_accepted", "connections accepted")                         \
+	X(REFUSED_MAX_CONNS, "refused_max_conns", "connection limit reached (max_conns)")   \
+	X(REFUSED_FD_LIMIT, "refused_fd_limit", "out of file descriptors")                  \
+	X(DROP_MALFORMED, "drop_malformed", "malformed request")                            \
+	X(DROP_REQUEST_LIMIT, "drop_request_limit", "request over a per-request limit")     \
+	X(DROP_EXT_BEFORE_HELLO, "drop_ext_before_hello", "extension op before HELLO")      \
+	X(DROP_KEYS, "drop_keys", "key space full (max-keys)")                              \
+	X(DROP_KEY_BYTES, "drop_key_bytes", "key bytes full (max-total-key-bytes)")         \
+	X(DROP_VALUE_BYTES, "drop_value_bytes", "value bytes full (max-total-value-bytes)") \
+	X(DROP_WAITERS, "drop_waiters",                                                     \
+	  "too many registrations (max-waiters, "                                           \
+	  "max-keys-per-request)")                                                          \
+	X(DROP_CONN_INPUT, "drop_conn_input", "frame over max-conn-buffer-bytes")           \
+	X(DROP_TOTAL_INPUT, "drop_total_input",                                             \
+	  "largest input holder over "                                                      \
+	  "max-total-input-bytes")                                                          \
+	X(DROP_OUTPUT, "drop_output",                                                       \
+	  "pushed output not read (watch notifications, "                                   \
+	  "wake-ups)")                                                                      \
+	X(DROP_STALL, "drop_stall",                                                         \
+	  "partial frame or unread output stalled "                                         \
+	  "(stall-timeout)")                                                                \
+	X(DROP_IDLE, "drop_idle", "idle (idle-timeout)")                                    \
+	X(DROP_OP_FAILED, "drop_op_failed", "operation failed (as torch closes it)")        \
+	X(REFUSED_ALLOWLIST, "refused_allowlist",                                           \
+	  "not a node of this job (worker store "                                           \
+	  "allowlist)")                                                                     \
+	X(DROP_AUTH, "drop_auth",                                                           \
+	  "authentication failed (wrong secret, unknown run id, or "                        \
+	  "no answer in time)")                                                             \
+	X(DROP_TLS, "drop_tls", "TLS handshake or record failed")                           \
+	X(DROP_FOREIGN_KEY, "drop_foreign_key", "key outside the client's run id")          \
+	X(PAUSE_CONN_OUTPUT, "pause_conn_output",                                           \
+	  "reading paused: replies unread "                                                 \
+	  "(max-conn-output-bytes)")                                                        \
+	X(PAUSE_TOTAL_OUTPUT, "pause_total_output",                                         \
+	  "reading paused: "                                                                \
+	  "max-total-output-bytes reached")
 
 enum store_metric {
 #define STORE_M_X_(id, name, help) STORE_M_##id,
 	STORE_METRIC_MAP(STORE_M_X_)
 #undef STORE_M_X_
-	STORE_M__MAX,
+	    STORE_M__MAX,
 };
 
 /* "drop_keys"...; static text, "?" out of range. */

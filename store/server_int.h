@@ -138,11 +138,11 @@ struct store_server {
 	/* PyTorch-protocol requests by op, for /metrics. */
 	uint64_t op_counts[STORE_OP__MAX];
 	struct lease_table *leases; /* lease.c: every lease by id; NULL until the first */
-	uint64_t n_regs;     /* kv_reg registrations (waits and watches), all conns */
-	size_t in_bytes;     /* unprocessed input, all connections */
-	size_t out_bytes;    /* unsent output, all connections */
-	size_t out_hard_cap; /* one connection's output past which pushes doom it */
-	size_t stall_min;    /* smallest reply a stalled connection waits to send */
+	uint64_t n_regs;	    /* kv_reg registrations (waits and watches), all conns */
+	size_t in_bytes;	    /* unprocessed input, all connections */
+	size_t out_bytes;	    /* unsent output, all connections */
+	size_t out_hard_cap;	    /* one connection's output past which pushes doom it */
+	size_t stall_min;	    /* smallest reply a stalled connection waits to send */
 	uint64_t metrics[STORE_M__MAX];
 	struct lograte lr;
 	struct in6_addr *allow; /* allow.c: allowed peers (v4 as v4-mapped) */
@@ -164,19 +164,19 @@ struct store_conn {
 	uint64_t rx_seen, tx_seen;		  /* the totals at the last sweep */
 	uint32_t stall_s, idle_s;		  /* seconds without progress, by the sweep */
 	uint64_t pending;			  /* keys this connection still waits for */
-	uint32_t n_regs;  /* waits + watches + leases, at most limits.max_items */
-	uint8_t dialect;  /* 0 until sniffed, then enum store_dialect */
-	uint8_t why;	  /* enum store_metric of a refusal an op reported */
-	bool parked;	  /* v2 WAIT/BARRIER outstanding: input stays buffered */
-	bool throttled;	  /* output over the ceiling: reading paused */
-	bool stalled;	  /* total output over budget: reading paused */
-	bool writing;	  /* EV_WRITE on: the bufferevent flushes what write() left */
-	bool rd_on;	  /* rd_ev: reading wanted (not paused by flow control) */
-	bool rd_full;	  /* rd_ev: input at max_conn_buffered_bytes, off until drained */
-	bool doomed;	  /* another connection's op overfilled our output */
-	bool ext;	  /* sent HELLO: crun's extension ops (store_ext.h) allowed */
-	bool peer_eof;	  /* closing because the peer closed in order (FIN), not reset */
-	struct dl leases; /* struct store_lease.conn_link (lease.c) */
+	uint32_t n_regs;	/* waits + watches + leases, at most limits.max_items */
+	uint8_t dialect;	/* 0 until sniffed, then enum store_dialect */
+	uint8_t why;		/* enum store_metric of a refusal an op reported */
+	bool parked;		/* v2 WAIT/BARRIER outstanding: input stays buffered */
+	bool throttled;		/* output over the ceiling: reading paused */
+	bool stalled;		/* total output over budget: reading paused */
+	bool writing;		/* EV_WRITE on: the bufferevent flushes what write() left */
+	bool rd_on;		/* rd_ev: reading wanted (not paused by flow control) */
+	bool rd_full;		/* rd_ev: input at max_conn_buffered_bytes, off until drained */
+	bool doomed;		/* another connection's op overfilled our output */
+	bool ext;		/* sent HELLO: crun's extension ops (store_ext.h) allowed */
+	bool peer_eof;		/* closing because the peer closed in order (FIN), not reset */
+	struct dl leases;	/* struct store_lease.conn_link (lease.c) */
 	struct conn_auth *auth; /* server_auth.c; NULL: the server has no secrets */
 };
 

@@ -56,8 +56,8 @@ static int ent_get(struct store_server *srv, struct store_conn *c, const struct 
 	int r = kv_get_or_add(t, k->p, k->len, ret);
 
 	if (r == CRUN_ETOOBIG)
-		return refuse(srv, c,
-			      t->n_ents >= t->max_ents ? STORE_M_DROP_KEYS : STORE_M_DROP_KEY_BYTES);
+		return refuse(
+		    srv, c, t->n_ents >= t->max_ents ? STORE_M_DROP_KEYS : STORE_M_DROP_KEY_BYTES);
 	return r;
 }
 
