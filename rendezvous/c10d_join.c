@@ -137,9 +137,16 @@ static void progress(struct c10d_job *j, struct coord *c, int64_t rd, int64_t jo
 	}
 	log_at(LL_WARN, SUB_RDZV,
 	       "rendezvous '%s' round %" PRId64 ": %" PRId64 " of %d/%d nodes joined (hosts: "
-	       "%s%s), %" PRIu64 " s left",
+	       "%s%s), %" PRIu64 " s left%s",
 	       j->prefix, rd, joined, j->min, j->max, hosts, joined > 8 ? ", ..." : "",
-	       left_ms / 1000);
+	       left_ms / 1000,
+	       /* The store host cannot tell "everyone else died" from "my link is
+		* cut"; in the second case the others have already ended the job
+		* (they lost the store), so say it rather than wait in silence. */
+	       j->is_host && joined == 1 && j->prev_round >= 0
+		   ? "; this node serves the rendezvous store and is alone: if its network "
+		     "was cut, the other nodes could not reach the store and have ended the job"
+		   : "");
 }
 
 /* The attempt round rd carries: round rd-1 is closed (or abandoned) before
