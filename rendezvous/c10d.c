@@ -646,6 +646,11 @@ int c10d_close_failed(struct c10d *c, const char *why)
 	/* Without its store the job cannot be closed: the agent just stops. */
 	if (c->change == RDZV_CHANGE_LOST)
 		return CRUN_ECLOSED;
+	/* A peer closed it and our monitor acknowledged: with nothing to write
+	 * and no store to keep serving for the others, just stop (a job would
+	 * only dial a store whose host may already be gone, for read_timeout). */
+	if ((!why || !*why) && !c->rdzv_store)
+		return CRUN_ECLOSED;
 	helper_drop(&c->job); /* a barrier a peer's failure woke */
 	return start(c, JOB_FAIL, why && *why ? why : NULL);
 }

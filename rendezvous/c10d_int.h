@@ -33,6 +33,7 @@
 #define C10D_SPARE_MAX_MS (7u * 24 * 3600 * 1000) /* a spare waits at most a week */
 #define C10D_DEPART_MS	  10000
 #define C10D_POLL_MS	  250	 /* a joiner's longest wait between looks */
+#define C10D_REASON_MS	  5000u	 /* reading why the job failed, once it did */
 #define C10D_OUTAGE_MS	  60000u /* a store no member serves may be down this long */
 
 enum c10d_job_kind { JOB_ROUND, JOB_BARRIER, JOB_FAIL, JOB_MONITOR };

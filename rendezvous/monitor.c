@@ -68,7 +68,10 @@ static int read_change(struct c10d_job *j, struct coord *c, const char *chk)
 	if (failed) {
 		char *why = NULL;
 
-		if (coord_get(c, "closed", j->conf.ttl_ms, &why) == 0) {
+		/* The job is over either way: give the reason a few seconds
+		 * on a starved machine rather than print the failure without
+		 * its root cause. */
+		if (coord_get(c, "closed", MAX(j->conf.ttl_ms, C10D_REASON_MS), &why) == 0) {
 			snprintf(j->err, sizeof(j->err), "%s", why);
 			crun_free(why);
 		}
