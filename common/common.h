@@ -103,6 +103,9 @@ int fd_set_nonblock(int fd, bool on) WARN_UNUSED;
 int fd_write_all(int fd, const void *buf, size_t len) WARN_UNUSED;
 /* close() that keeps errno and ignores EINTR, for cleanup paths. */
 void fd_close(int fd);
+/* Waits until fd is ready for `events` (POLLIN/POLLOUT) or the CLOCK_MONOTONIC
+ * deadline (ms, clock_now_ms) passes: 0, CRUN_ETIMEDOUT or -errno. */
+int fd_wait_until(int fd, short events, uint64_t deadline_ms);
 
 /* ---- service manager notification (notify.c) ------------------------------ */
 

@@ -4,6 +4,8 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -240,4 +242,21 @@ void *mem_dup(const void *p, size_t len)
 	if (d && len)
 		memcpy(d, p, len);
 	return d;
+}
+
+int fd_wait_until(int fd, short events, uint64_t deadline_ms)
+{
+	for (;;) {
+		struct pollfd p = {.fd = fd, .events = events};
+		uint64_t now = clock_now_ms();
+		int n;
+
+		if (now >= deadline_ms)
+			return CRUN_ETIMEDOUT;
+		n = poll(&p, 1, deadline_ms - now > INT_MAX ? INT_MAX : (int)(deadline_ms - now));
+		if (n > 0)
+			return 0;
+		if (n < 0 && errno != EINTR)
+			return -errno;
+	}
 }

@@ -21,23 +21,6 @@
 
 #define CHALLENGE_WAIT_MS 10000
 
-static int wait_io(int fd, short ev, uint64_t deadline_ms)
-{
-	for (;;) {
-		struct pollfd p = {.fd = fd, .events = ev};
-		uint64_t now = clock_now_ms();
-		int n;
-
-		if (now >= deadline_ms)
-			return CRUN_ETIMEDOUT;
-		n = poll(&p, 1, deadline_ms - now > INT_MAX ? INT_MAX : (int)(deadline_ms - now));
-		if (n > 0)
-			return 0;
-		if (n < 0 && errno != EINTR)
-			return -errno;
-	}
-}
-
 static int send_exact(int fd, struct store_tls_conn *tls, const uint8_t *p, size_t len,
 		      uint64_t deadline_ms)
 {
@@ -48,7 +31,7 @@ static int send_exact(int fd, struct store_tls_conn *tls, const uint8_t *p, size
 		if (tls) {
 			n = store_tls_write(tls, p, len, &ev);
 			if (n == CRUN_EAGAIN) {
-				TRY(wait_io(fd, ev, deadline_ms));
+				TRY(fd_wait_until(fd, ev, deadline_ms));
 				continue;
 			}
 			if (n < 0)
@@ -63,7 +46,7 @@ static int send_exact(int fd, struct store_tls_conn *tls, const uint8_t *p, size
 		}
 		if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
 			return -errno;
-		TRY(wait_io(fd, POLLOUT, deadline_ms));
+		TRY(fd_wait_until(fd, POLLOUT, deadline_ms));
 	}
 	return 0;
 }
@@ -81,13 +64,13 @@ static int recv_exact(int fd, struct store_tls_conn *tls, uint8_t *p, size_t len
 			 * longer shows as readable. */
 			n = store_tls_read(tls, p, len, &ev);
 			if (n == CRUN_EAGAIN) {
-				TRY(wait_io(fd, ev, deadline_ms));
+				TRY(fd_wait_until(fd, ev, deadline_ms));
 				continue;
 			}
 			if (n < 0)
 				return (int)n;
 		} else {
-			TRY(wait_io(fd, POLLIN, deadline_ms));
+			TRY(fd_wait_until(fd, POLLIN, deadline_ms));
 			n = recv(fd, p, len, MSG_DONTWAIT);
 		}
 		if (n > 0) {

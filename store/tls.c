@@ -196,23 +196,6 @@ static void pipe_restore(struct pipe_guard *g)
 	errno = saved;
 }
 
-static int poll_until(int fd, short ev, uint64_t deadline_ms)
-{
-	for (;;) {
-		struct pollfd p = {.fd = fd, .events = ev};
-		uint64_t now = clock_now_ms();
-		int n;
-
-		if (now >= deadline_ms)
-			return CRUN_ETIMEDOUT;
-		n = poll(&p, 1, deadline_ms - now > INT_MAX ? INT_MAX : (int)(deadline_ms - now));
-		if (n > 0)
-			return 0;
-		if (n < 0 && errno != EINTR)
-			return -errno;
-	}
-}
-
 /* The peer name check: an IP literal against the certificate's IP SANs, a
  * name against its DNS names (OpenSSL does the matching). */
 static int expect_host(SSL *ssl, const char *host)
@@ -254,8 +237,8 @@ int store_tls_connect(struct store_tls *t, int fd, const char *host, uint64_t de
 			break;
 		e = SSL_get_error(c->ssl, n);
 		if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
-			r = poll_until(fd, e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT,
-				       deadline_ms);
+			r = fd_wait_until(fd, e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT,
+					  deadline_ms);
 			if (r < 0) {
 				snprintf(err, cap, "TLS handshake with '%s': %s", host,
 					 crun_strerror(r));
