@@ -400,6 +400,29 @@ static bool endpoint_bindable(const char *host, uint16_t port)
 	return ok;
 }
 
+/* Someone accepts connections on host:port (a connect succeeds at once). */
+static bool endpoint_accepts(const char *host, uint16_t port)
+{
+	struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+	struct addrinfo *res = NULL;
+	char port_s[8];
+	bool ok = false;
+
+	snprintf(port_s, sizeof(port_s), "%u", port);
+	if (getaddrinfo(host, port_s, &hints, &res) != 0)
+		return false;
+	for (struct addrinfo *ai = res; ai && !ok; ai = ai->ai_next) {
+		int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+
+		if (fd < 0)
+			continue;
+		ok = connect(fd, ai->ai_addr, ai->ai_addrlen) == 0;
+		fd_close(fd);
+	}
+	freeaddrinfo(res);
+	return ok;
+}
+
 /* Serves the rendezvous store here when the endpoint is ours: is_host=1, or
  * auto and the endpoint address binds (a local address whose port is free). */
 static void maybe_serve(struct c10d *c)
@@ -420,7 +443,16 @@ static void maybe_serve(struct c10d *c)
 	sc.port = c->ep_port;
 	sc.auth = c->auth;
 	sc.tls = c->tls;
-	r = store_server_new(c->p.base, &sc, &c->rdzv_store);
+	/* Two agents of one host may race for the endpoint: with SO_REUSEADDR
+	 * both binds can succeed and both listens fail. The loser of a real
+	 * race finds the winner listening; after a tie, try again after a
+	 * random pause (bounded: 5 tries, under 0.3 s in all). */
+	for (int i = 0; i < 5; i++) {
+		r = store_server_new(c->p.base, &sc, &c->rdzv_store);
+		if (r != CRUN_EADDRINUSE || endpoint_accepts(c->ep_host, c->ep_port))
+			break;
+		usleep(10000u + (unsigned)(clock_now_us() % 40000u));
+	}
 	if (r < 0) {
 		c->rdzv_store = NULL;
 		log_at(LL_INFO, SUB_RDZV, "not serving the rendezvous store on %s:%u (%s)",
