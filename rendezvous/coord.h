@@ -78,6 +78,16 @@ int coord_compare_set(struct coord *c, const char *key, const char *expected, co
 int coord_wait(struct coord *c, const char *key, uint32_t timeout_ms);
 /* 1 when the key exists, 0 when not. */
 int coord_exists(struct coord *c, const char *key);
+/* Waits up to timeout_ms until any of keys[0..n) exists (n <= COORD_ANY_MAX):
+ * the index of one that does (the lowest, when several already did), or
+ * CRUN_ETIMEDOUT (the handle stays usable). One request on the crun store
+ * (WAIT_ANY), one watch stream on etcd; a store without WAIT_ANY (PyTorch's)
+ * gets a poll every COORD_ANY_POLL_MS instead. This is how a waiter sleeps
+ * until whichever of several events comes first; pass only keys not yet
+ * seen (a present key answers at once). */
+#define COORD_ANY_MAX	  16
+#define COORD_ANY_POLL_MS 250
+int coord_wait_any(struct coord *c, const char *const *keys, size_t n, uint32_t timeout_ms);
 
 /* Leases (see the file comment): granted on this handle's connection; on
  * expiry expiry_key is set to `why`. CRUN_ENOTSUP (and the handle is

@@ -212,15 +212,23 @@ int round_next_attempt(int prev_attempt, const char *prev_change)
 	return prev_attempt + (prev_change && strncmp(prev_change, "restart", 7) == 0 ? 1 : 0);
 }
 
-bool round_should_close(int ticket, int max, uint64_t now, uint64_t min_seen, uint64_t max_seen,
+uint64_t round_close_at(int ticket, int max, uint64_t min_seen, uint64_t max_seen,
 			uint32_t last_call_ms)
 {
 	uint64_t stagger =
 	    (uint64_t)MIN((unsigned)(ticket - 1), ROUND_STAGGER_MAX) * ROUND_STAGGER_MS;
 
 	if (max_seen)
-		return now >= max_seen + (ticket == max ? 0 : stagger + ROUND_STAGGER_MS);
-	return min_seen && now >= min_seen + last_call_ms + stagger;
+		return max_seen + (ticket == max ? 0 : stagger + ROUND_STAGGER_MS);
+	return min_seen ? min_seen + last_call_ms + stagger : 0;
+}
+
+bool round_should_close(int ticket, int max, uint64_t now, uint64_t min_seen, uint64_t max_seen,
+			uint32_t last_call_ms)
+{
+	uint64_t at = round_close_at(ticket, max, min_seen, max_seen, last_call_ms);
+
+	return at && now >= at;
 }
 
 int round_pick(const bool *live, int joined, int max, int *ret_idx)

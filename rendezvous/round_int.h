@@ -82,6 +82,10 @@ int round_next_attempt(int prev_attempt, const char *prev_change);
  * many tickets (0 = not yet). */
 bool round_should_close(int ticket, int max, uint64_t now, uint64_t min_seen, uint64_t max_seen,
 			uint32_t last_call_ms);
+/* The same as a time: when that member tries to close (0: not before MIN is
+ * seen), so that it can sleep until then. A time 0 never counts as seen. */
+uint64_t round_close_at(int ticket, int max, uint64_t min_seen, uint64_t max_seen,
+			uint32_t last_call_ms);
 
 /* Members from what the closer read of tickets 1..joined: live[i] says
  * ticket i+1 has both its record and its alive key. The first `max` live

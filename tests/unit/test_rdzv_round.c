@@ -244,6 +244,12 @@ START_TEST(close_timers_are_staggered_by_ticket)
 	/* The stagger is bounded: ticket 10000 does not wait for minutes. */
 	ck_assert(round_should_close(10000, 20000, 1500 + ROUND_STAGGER_MS * ROUND_STAGGER_MAX,
 				     1000, 0, 500));
+	/* The same as times a member can sleep until. */
+	ck_assert_uint_eq(round_close_at(1, 4, 1000, 0, 500), 1500);
+	ck_assert_uint_eq(round_close_at(3, 4, 1000, 0, 500), 1500 + 2 * ROUND_STAGGER_MS);
+	ck_assert_uint_eq(round_close_at(1, 4, 0, 0, 500), 0);
+	ck_assert_uint_eq(round_close_at(4, 4, 1000, 2000, 500), 2000);
+	ck_assert_uint_eq(round_close_at(2, 4, 1000, 2000, 500), 2000 + 2 * ROUND_STAGGER_MS);
 }
 END_TEST
 
