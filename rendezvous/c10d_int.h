@@ -16,8 +16,12 @@
  *   r<n>/clock_max    the same at MAX: the round closes now
  *   r<n>/node/<t>     ticket t's record (round_int.h)
  *   r<n>/alive/<t>    ephemeral under ticket t's lease: t is alive
- *   r<n>/closed       the members and the attempt (round_int.h), written once
- *                     by COMPARE_SET by whichever member closes first
+ *   r<n>/closed       the head: attempt, size, worker store, closer T
+ *                     (round_int.h), written once by COMPARE_SET by
+ *                     whichever member closes first
+ *   r<n>/a/<T>/<t>    ticket t's group rank, base rank and world size, by
+ *                     closer T (before its head): what a member reads
+ *   r<n>/members/<T>  closer T's member list (group rank 0, status pages)
  *   r<n>/change       why round n is over ("restart ...", "join ...",
  *                     "dead ...", "failed"); every lease's expiry key
  *   r<n>/lease/<g>/hb heartbeat fallback of group rank g (see coord.h)

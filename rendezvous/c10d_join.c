@@ -154,7 +154,7 @@ static void progress(struct c10d_job *j, struct coord *c, int64_t rd, int64_t jo
  * anyone can join rd, so its value and why it ended decide. */
 static int attempt_of(struct c10d_job *j, struct coord *c, int64_t rd, int *ret)
 {
-	struct round_closed prev = {0};
+	struct round_head prev;
 	char key[64], *v = NULL, *chg = NULL;
 	int r;
 
@@ -166,19 +166,16 @@ static int attempt_of(struct c10d_job *j, struct coord *c, int64_t rd, int *ret)
 	r = coord_get(c, key, j->conf.read_ms, &v);
 	if (r < 0)
 		return c10d_jfail(j, c, r, "reading the previous round");
-	r = round_closed_parse(v, j->max, &prev);
+	r = round_head_parse(v, &prev);
 	crun_free(v);
 	if (r < 0)
 		return c10d_jfail(j, NULL, r, "bad closed value of the previous round");
 	KEY(key, "r%" PRId64 "/change", rd - 1);
 	r = coord_try_get(c, key, &chg);
-	if (r < 0 && r != CRUN_ENOTFOUND) {
-		round_closed_free(&prev);
+	if (r < 0 && r != CRUN_ENOTFOUND)
 		return c10d_jfail(j, c, r, "reading why the previous round ended");
-	}
 	*ret = round_next_attempt(prev.attempt, r == 0 ? chg : NULL);
 	crun_free(chg);
-	round_closed_free(&prev);
 	return 0;
 }
 
@@ -186,11 +183,12 @@ static int attempt_of(struct c10d_job *j, struct coord *c, int64_t rd, int *ret)
  * first writer wins; *ret_cur gets whatever closed it. */
 static int abandon(struct c10d_job *j, struct coord *c, int64_t rd, char **ret_cur)
 {
+	struct round_head h = {0};
 	char key[64], *val = NULL;
-	int attempt, r;
+	int r;
 
-	TRY(attempt_of(j, c, rd, &attempt));
-	r = round_closed_format(attempt, NULL, 0, &val);
+	TRY(attempt_of(j, c, rd, &h.attempt));
+	r = round_head_format(&h, &val);
 	if (r < 0)
 		return c10d_jfail(j, NULL, r, "abandoning the round");
 	KEY(key, "r%" PRId64 "/closed", rd);
@@ -241,16 +239,61 @@ static bool alive_all(struct coord *c, int64_t rd, int n)
 	return ok;
 }
 
+/* Closes round rd as ticket t with members m[0..n): first every member's
+ * assignment and the member list under this closer's name (one MULTI_SET:
+ * no other closer writes there), then the head by COMPARE_SET. Whoever won,
+ * *ret_closed gets the head now stored: no need to wait for it (the store
+ * may be busy serving it to everyone). */
+static int write_close(struct coord *c, int64_t rd, int64_t t, int attempt,
+		       const struct round_node *m, int n, char **ret_closed)
+{
+	struct round_plan p;
+	char **keys = calloc((size_t)n + 1, sizeof(char *)), *head = NULL, key[64];
+	const char **vals = calloc((size_t)n + 1, sizeof(char *));
+	int r = keys && vals ? round_plan_make(attempt, (int)t, m, n, &p) : CRUN_ENOMEM;
+
+	if (r < 0) {
+		free(keys);
+		free(vals);
+		return r;
+	}
+	for (int i = 0; i < n && r == 0; i++) {
+		r = asprintf(&keys[i], "r%" PRId64 "/a/%" PRId64 "/%d", rd, t, p.ticket[i]) < 0
+			? CRUN_ENOMEM
+			: 0;
+		vals[i] = p.val[i];
+	}
+	if (r == 0)
+		r = asprintf(&keys[n], "r%" PRId64 "/members/%" PRId64, rd, t) < 0 ? CRUN_ENOMEM
+										   : 0;
+	vals[n] = p.members;
+	if (r == 0)
+		r = coord_multi_set(c, (const char *const *)keys, vals, (size_t)n + 1);
+	if (r == 0)
+		r = round_head_format(&p.head, &head);
+	if (r == 0)
+		r = str_printf(key, sizeof(key), "r%" PRId64 "/closed", rd);
+	if (r >= 0)
+		r = coord_compare_set(c, key, "", head, ret_closed);
+	crun_free(head);
+	for (int i = 0; i <= n; i++)
+		free(keys[i]);
+	free(keys);
+	free(vals);
+	round_plan_free(&p);
+	return r;
+}
+
 /* Reads which of tickets 1..joined are alive (until MAX of them) and, with
  * at least MIN, closes the round with them and their records (one
  * MULTI_GET: a record is written before its alive key). 0 whether or not
  * it closed; *ret_closed (malloc'd) is set when this call wrote or found
  * the closed value, else the caller waits for it. */
-static int try_close(struct c10d_job *j, struct coord *c, int64_t rd, char **ret_closed)
+static int try_close(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t, char **ret_closed)
 {
 	struct round_node *m = NULL;
 	char **keys = NULL, **vals = NULL;
-	char key[96], *val = NULL;
+	char key[96];
 	int r, n = 0, k = 0, good = 0, attempt;
 	int64_t joined;
 	bool all;
@@ -303,14 +346,7 @@ static int try_close(struct c10d_job *j, struct coord *c, int64_t rd, char **ret
 		goto out;
 	r = attempt_of(j, c, rd, &attempt);
 	if (r == 0)
-		r = round_closed_format(attempt, m, good, &val);
-	if (r == 0) {
-		KEY(key, "r%" PRId64 "/closed", rd);
-		/* Whoever won, the value now stored is the round: no need to
-		 * wait for it (the store may be busy serving it to everyone). */
-		r = coord_compare_set(c, key, "", val, ret_closed);
-	}
-	crun_free(val);
+		r = write_close(c, rd, t, attempt, m, good, ret_closed);
 out:
 	for (int i = 0; keys && vals && i < n; i++) {
 		free(keys[i]);
@@ -446,26 +482,54 @@ static int not_counted_in(struct c10d_job *j, struct coord *c, int64_t rd, int n
 	return 0;
 }
 
-/* Member `me` of the closed round rd: its assignment, from the closed value
- * alone. */
-static int take_assignment(struct c10d_job *j, struct coord *c, const struct round_closed *rc,
-			   int me, int64_t rd)
+/* Group rank 0: the addresses of every member, from the member list. */
+static int read_peers(struct c10d_job *j, struct coord *c, const struct round_head *h, int64_t rd)
+{
+	struct round_closed rc;
+	char key[96], *v = NULL;
+	int r;
+
+	KEY(key, "r%" PRId64 "/members/%d", rd, h->by);
+	r = coord_get(c, key, j->conf.read_ms, &v);
+	if (r == 0)
+		r = round_closed_parse(v, h->nodes, &rc);
+	crun_free(v);
+	if (r < 0)
+		return r;
+	r = c10d_read_peer_addrs(c, (int)rd, &rc, j->conf.read_ms, &j->peers);
+	round_closed_free(&rc);
+	return r;
+}
+
+/* Ticket t's place in the closed round rd (head h): its own assignment key,
+ * two small reads whatever the round's size. 1 when t is not a member. */
+static int take_assignment(struct c10d_job *j, struct coord *c, const struct round_head *h,
+			   int64_t rd, int64_t t)
 {
 	struct round_assignment a;
-	int r = round_assign(rc, me, &a);
+	char key[96], *v = NULL;
+	int r;
 
+	KEY(key, "r%" PRId64 "/a/%d/%" PRId64, rd, h->by, t);
+	r = coord_try_get(c, key, &v);
+	if (r == CRUN_ENOTFOUND)
+		return 1; /* written before the head: absent = not a member */
 	if (r < 0)
-		return c10d_jfail(j, NULL, r, "computing the rank assignment");
-	/* Group rank 0 serves the round's worker store: learn who may reach it. */
-	if (a.info.group_rank == 0 &&
-	    c10d_read_peer_addrs(c, (int)rd, rc, j->conf.read_ms, &j->peers) < 0)
+		return c10d_jfail(j, c, r, "reading the rank assignment");
+	r = round_member_assign(h, v, &a);
+	crun_free(v);
+	if (r < 0)
+		return c10d_jfail(j, NULL, r, "bad rank assignment");
+	/* Group rank 0 serves the round's worker store: learn who may reach
+	 * it (the one member that reads the whole member list). */
+	if (a.info.group_rank == 0 && read_peers(j, c, h, rd) < 0)
 		log_at(LL_WARN, SUB_RDZV,
 		       "cannot read the round's node addresses: the worker store allows "
 		       "loopback only");
 	j->info = a.info;
 	snprintf(j->store_host, sizeof(j->store_host), "%s", a.store_host);
 	j->host_member = a.host_member;
-	j->nnodes = rc->n;
+	j->nnodes = h->nodes;
 	j->round = (int)rd;
 	return 0;
 }
@@ -544,7 +608,7 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 			return join_timed_out(j, c, rd);
 		keep_lease(j, now, &last_keep);
 		if (at && now >= at && now >= next_try) {
-			TRY(try_close(j, c, rd, ret_closed));
+			TRY(try_close(j, c, rd, t, ret_closed));
 			if (*ret_closed)
 				return 0;
 			/* Below MIN live tickets: look again after a TTL. */
@@ -622,9 +686,8 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 	snprintf(me.host, sizeof(me.host), "%s", j->hostname);
 	TRY(round_record_format(&me, val, sizeof(val)));
 	for (int attempt = 0; attempt < 1 << 20; attempt++) {
-		struct round_closed rc = {0};
+		struct round_head h;
 		char *closed = NULL;
-		int mi;
 
 		r = coord_add(c, "round", 0, &rd);
 		if (r < 0)
@@ -643,29 +706,25 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 		       "joined rendezvous '%s' round %" PRId64 " as ticket %" PRId64, j->prefix, rd,
 		       t);
 		TRY(wait_closed(j, c, rd, t, deadline, &closed));
-		r = round_closed_parse(closed, j->max, &rc);
+		r = round_head_parse(closed, &h);
 		crun_free(closed);
 		if (r < 0)
 			return c10d_jfail(j, NULL, r, "bad closed round value");
 		log_at(LL_DEBUG, SUB_RDZV, "round %" PRId64 " closed with %d, ticket %" PRId64, rd,
-		       rc.n, t);
-		if (rc.n == 0) { /* abandoned: everyone joins the next round */
+		       h.nodes, t);
+		if (h.nodes == 0) { /* abandoned: everyone joins the next round */
 			log_at(LL_WARN, SUB_RDZV,
 			       "rendezvous '%s' round %" PRId64 " was abandoned; joining the next",
 			       j->prefix, rd);
 			r = open_next(j, c, rd, NULL);
-		} else if ((mi = round_closed_find(&rc, (int)t)) < 0) {
-			r = not_counted_in(j, c, rd, rc.n, &deadline);
-			if (r == 0 && j->outcome == RO_SPARE_DONE) {
-				round_closed_free(&rc);
-				return 0;
-			}
 		} else {
-			r = take_assignment(j, c, &rc, mi, rd);
-			round_closed_free(&rc);
-			return r;
+			r = take_assignment(j, c, &h, rd, t);
+			if (r <= 0)
+				return r;
+			r = not_counted_in(j, c, rd, h.nodes, &deadline);
+			if (r == 0 && j->outcome == RO_SPARE_DONE)
+				return 0;
 		}
-		round_closed_free(&rc);
 		if (r < 0)
 			return r;
 	}

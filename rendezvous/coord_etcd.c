@@ -41,6 +41,7 @@
 #include "rendezvous/etcd_int.h"
 
 #define WATCH_CHECK_MS 3000 /* a quiet watch: check its member still answers */
+#define MGET_BATCH     64   /* ops per txn: etcd's default --max-txn-ops is 128 */
 
 /* ---- reading a key (with its lease keys) ------------------------------------- */
 
@@ -395,6 +396,29 @@ int etcd_set(struct etcd *e, const char *key, const char *val)
 	return r < 0 ? etcd_fail_op(e, r, "set", key) : 0;
 }
 
+int etcd_multi_set(struct etcd *e, const char *const *keys, const char *const *vals, size_t n)
+{
+	int r = 0;
+
+	/* MGET_BATCH puts per txn (etcd caps the ops of one). */
+	for (size_t o = 0; o < n && r == 0; o += MGET_BATCH) {
+		struct etcd_txn t;
+		cJSON *res = NULL;
+		bool ok = true;
+
+		TRY(etcd_txn_init(&t));
+		for (size_t i = o; i < n && i < o + MGET_BATCH && ok; i++) {
+			char *k = etcd_key(e, keys[i], NULL, NULL);
+
+			ok = k && etcd_op(t.success, "put", etcd_req_put(k, vals[i], 0, false));
+			free(k);
+		}
+		r = etcd_txn_run(e, &t, ok, &res);
+		cJSON_Delete(res);
+	}
+	return r < 0 ? etcd_fail_op(e, r, "multi_set", n ? keys[0] : "") : 0;
+}
+
 int etcd_exists(struct etcd *e, const char *key)
 {
 	char *k = etcd_key(e, key, NULL, NULL), *v = NULL;
@@ -443,7 +467,6 @@ int etcd_wait(struct etcd *e, const char *key, uint32_t timeout_ms)
 /* Reads up to MGET_BATCH keys in one txn; a key found goes to vals[i], an
  * absent one (or a lapsed lease's key: wait_value materializes it) stays
  * NULL. */
-#define MGET_BATCH 64 /* etcd's default --max-txn-ops is 128 */
 static int mget_batch(struct etcd *e, const char *const *keys, size_t n, char **vals)
 {
 	cJSON *res = NULL;

@@ -39,6 +39,7 @@ struct coord_mem {
 	struct mkv *head;
 	struct mlease *leases;
 	uint64_t ops, next_lease;
+	uint64_t read_bytes; /* value bytes handed to callers */
 	bool leases_on;
 };
 
@@ -95,14 +96,25 @@ void coord_mem_free(struct coord_mem *m)
 	free(m);
 }
 
-uint64_t coord_mem_ops(struct coord_mem *m)
+/* One of m's counters, read under its lock. */
+static uint64_t mem_counter(struct coord_mem *m, const uint64_t *counter)
 {
 	uint64_t n;
 
 	pthread_mutex_lock(&m->mu);
-	n = m->ops;
+	n = *counter;
 	pthread_mutex_unlock(&m->mu);
 	return n;
+}
+
+uint64_t coord_mem_ops(struct coord_mem *m)
+{
+	return mem_counter(m, &m->ops);
+}
+
+uint64_t coord_mem_read_bytes(struct coord_mem *m)
+{
+	return mem_counter(m, &m->read_bytes);
 }
 
 int coord_open_mem(struct coord_mem *m, const char *prefix, struct coord **ret_c)
@@ -218,6 +230,7 @@ static int mem_get(struct coord *c, const char *key, uint32_t timeout_ms, char *
 	if (r == 0) {
 		*ret = str_dup(mfind(c, key)->val);
 		r = *ret ? 0 : CRUN_ENOMEM;
+		c->mem->read_bytes += *ret ? strlen(*ret) : 0;
 	}
 	pthread_mutex_unlock(&c->mem->mu);
 	if (r < 0)
@@ -240,6 +253,7 @@ static int mem_cas(struct coord *c, const char *key, const char *expected, const
 	e = mfind(c, key);
 	cur = e ? e->val : expected;
 	if (r == 0 && ret_cur) {
+		c->mem->read_bytes += strlen(cur);
 		*ret_cur = str_dup(cur);
 		if (!*ret_cur)
 			r = CRUN_ENOMEM;
@@ -539,6 +553,31 @@ int coord_multi_get(struct coord *c, const char *const *keys, size_t n, uint32_t
 	r = crun_store_multi_get(c->s, keys, n, timeout_ms, (void **)ret_vals, lens);
 	free(lens);
 	return r < 0 ? fail(c, r, "multi_get", n ? keys[0] : "") : 0;
+}
+
+int coord_multi_set(struct coord *c, const char *const *keys, const char *const *vals, size_t n)
+{
+	size_t *lens;
+	int r = 0;
+
+	if (c->etcd)
+		return etcd_multi_set(c->etcd, keys, vals, n);
+	if (c->mem) {
+		pthread_mutex_lock(&c->mem->mu);
+		c->mem->ops++;
+		for (size_t i = 0; i < n && r == 0; i++)
+			r = mput(c, keys[i], vals[i]);
+		pthread_mutex_unlock(&c->mem->mu);
+		return r;
+	}
+	lens = calloc(n ? n : 1, sizeof(*lens));
+	if (!lens)
+		return CRUN_ENOMEM;
+	for (size_t i = 0; i < n; i++)
+		lens[i] = strlen(vals[i]);
+	r = crun_store_multi_set(c->s, keys, (const void *const *)vals, lens, n);
+	free(lens);
+	return r < 0 ? fail(c, r, "multi_set", n ? keys[0] : "") : 0;
 }
 
 int coord_compare_set(struct coord *c, const char *key, const char *expected, const char *desired,

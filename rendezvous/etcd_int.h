@@ -84,6 +84,7 @@ int etcd_multi_get(struct etcd *e, const char *const *keys, size_t n, uint32_t t
 int etcd_compare_set(struct etcd *e, const char *key, const char *expected, const char *desired,
 		     char **ret_cur);
 int etcd_wait(struct etcd *e, const char *key, uint32_t timeout_ms);
+int etcd_multi_set(struct etcd *e, const char *const *keys, const char *const *vals, size_t n);
 #define ETCD_ANY_MAX 16 /* keys of one wait_any: 3 txn ops and 2 watches each */
 int etcd_wait_any(struct etcd *e, const char *const *keys, size_t n, uint32_t timeout_ms);
 int etcd_lease_grant(struct etcd *e, uint32_t ttl_ms, const char *expiry_key, const char *why,
