@@ -94,17 +94,21 @@ def failover(build, reps):
 
 
 def table(ip, fo):
-    out = ["| K | c10d (s) | etcd (s) | etcd requests / node | etcd loopback bytes / node |",
-           "|---|---|---|---|---|"]
+    out = ["| K | c10d (s) | etcd (s) | c10d requests / node | etcd requests / node "
+           "| c10d loopback bytes / node | etcd loopback bytes / node |",
+           "|---|---|---|---|---|---|---|"]
     by = {(r.get("backend", "c10d"), r["k"]): r for r in ip}
     for k in sorted({r["k"] for r in ip}):
         c, e = by.get(("c10d", k)), by.get(("etcd", k))
         es = (f"{e['seconds']:.3f}" if e and e.get("ok") == k else
               f"failed: {e.get('why', '')[:80] if e else 'not run'}")
-        out.append(f"| {k} | {c['seconds']:.3f} | {es} | "
-                   f"{e['requests_per_node']:.1f} | {e['lo_bytes_per_node']:,.0f} |"
-                   .replace(",", " ") if e and e.get("ok") == k else
-                   f"| {k} | {c['seconds']:.3f} | {es} | | |")
+        cr = f"{c['requests_per_node']:.1f}"
+        cb = f"{c['lo_bytes_per_node']:,.0f}".replace(",", " ")
+        out.append(f"| {k} | {c['seconds']:.3f} | {es} | {cr} | "
+                   f"{e['requests_per_node']:.1f} | {cb} | "
+                   f"{e['lo_bytes_per_node']:,.0f} |".replace(",", " ")
+                   if e and e.get("ok") == k else
+                   f"| {k} | {c['seconds']:.3f} | {es} | {cr} | | {cb} | |")
     out += ["", "| leader | stall of back-to-back adds (ms) | lease kept | counter exact "
             "| waiter woke (ms after the set) |", "|---|---|---|---|---|"]
     for r in fo:

@@ -16,6 +16,7 @@
  *   r<n>/clock_max    the same at MAX: the round closes now
  *   r<n>/node/<t>     ticket t's record (round_int.h)
  *   r<n>/alive/<t>    ephemeral under ticket t's lease: t is alive
+ *   r<n>/closing      the ticket of the member closing it now (one at a time)
  *   r<n>/closed       the head: attempt, size, worker store, closer T
  *                     (round_int.h), written once by COMPARE_SET by
  *                     whichever member closes first

@@ -121,20 +121,26 @@ static int check_job(struct c10d_job *j, struct coord *c)
 static void progress(struct c10d_job *j, struct coord *c, int64_t rd, int64_t joined,
 		     uint64_t left_ms)
 {
-	char hosts[512] = "", key[128];
+	char hosts[512] = "", kb[8][64], *vals[8] = {0};
+	const char *keys[8];
+	int n = (int)MIN(joined, 8);
 	size_t o = 0;
+	bool got;
 
-	for (int64_t t = 1; t <= joined && t <= 8 && o + 64 < sizeof(hosts); t++) {
-		struct round_node n;
-		char *v = NULL;
+	/* The first few hosts, in one read (a record not there yet, its
+	 * holder dead, leaves them out: this is a log line). */
+	for (int i = 0; i < n; i++) {
+		snprintf(kb[i], sizeof(kb[i]), "r%" PRId64 "/node/%d", rd, i + 1);
+		keys[i] = kb[i];
+	}
+	got = n > 0 && coord_multi_get(c, keys, (size_t)n, 1, vals) == 0;
+	for (int i = 0; got && i < n; i++) {
+		struct round_node nd;
 
-		if (str_printf(key, sizeof(key), "r%" PRId64 "/node/%" PRId64, rd, t) < 0 ||
-		    coord_try_get(c, key, &v) < 0)
-			continue;
-		if (round_record_parse(v, (int)t, &n) == 0)
+		if (o + 64 < sizeof(hosts) && round_record_parse(vals[i], i + 1, &nd) == 0)
 			o += (size_t)snprintf(hosts + o, sizeof(hosts) - o, "%s%s", o ? ", " : "",
-					      n.host);
-		crun_free(v);
+					      nd.host);
+		crun_free(vals[i]);
 	}
 	log_at(LL_WARN, SUB_RDZV,
 	       "rendezvous '%s' round %" PRId64 ": %" PRId64 " of %d/%d nodes joined (hosts: "
@@ -561,6 +567,32 @@ static int mark_counts(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 	return r < 0 ? c10d_jfail(j, c, r, "marking the node count") : 0;
 }
 
+/* One closer at a time: reading every record and writing every member's
+ * assignment costs O(K), so the members whose close timers fire together
+ * (past the stagger, or when the closer is slow) must not all do it. A
+ * member closes only when it takes r<n>/closing - free, or still held by
+ * the claimant it saw last time (given a while and no round, which a dead
+ * claimant's lease would have ended). 1: closing is ours, 0: another
+ * member's (claim: its value, for the next try). */
+static int claim_close(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t, char *claim,
+		       size_t cap)
+{
+	char key[64], me[32], *cur = NULL;
+	int r;
+
+	KEY(key, "r%" PRId64 "/closing", rd);
+	KEY(me, "%" PRId64, t);
+	if (strcmp(claim, me) == 0)
+		return 1; /* ours already: try again (below MIN live tickets) */
+	r = coord_compare_set(c, key, claim, me, &cur);
+	if (r < 0)
+		return c10d_jfail(j, c, r, "claiming the close");
+	r = strcmp(cur, me) == 0;
+	snprintf(claim, cap, "%s", cur);
+	crun_free(cur);
+	return r;
+}
+
 /* The round timed out: say how many joined (one read, at the end). */
 static int join_timed_out(struct c10d_job *j, struct coord *c, int64_t rd)
 {
@@ -590,6 +622,7 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 	uint64_t now = clock_now_ms(), last_keep = now, next_try = 0;
 	uint64_t min_seen = t >= j->min ? now : 0, max_seen = t >= j->max ? now : 0;
 	uint64_t every = C10D_PROGRESS_MS, next_log = now + every;
+	char claim[32] = "";
 	int r;
 
 	for (int e = 0; e < EV_N; e++) {
@@ -608,11 +641,18 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 			return join_timed_out(j, c, rd);
 		keep_lease(j, now, &last_keep);
 		if (at && now >= at && now >= next_try) {
-			TRY(try_close(j, c, rd, t, ret_closed));
-			if (*ret_closed)
-				return 0;
-			/* Below MIN live tickets: look again after a TTL. */
-			next_try = now + j->conf.ttl_ms;
+			r = claim_close(j, c, rd, t, claim, sizeof(claim));
+			if (r < 0)
+				return r;
+			if (r == 1) {
+				TRY(try_close(j, c, rd, t, ret_closed));
+				if (*ret_closed)
+					return 0;
+			}
+			/* Below MIN live tickets, or another member closing:
+			 * look again after a while (a closer that died ended
+			 * the round through its lease before then). */
+			next_try = now + (r == 1 ? j->conf.ttl_ms : 2 * j->conf.ttl_ms);
 		}
 		if (at)
 			wake = MIN(wake, MAX(at, next_try));
