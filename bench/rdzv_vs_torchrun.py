@@ -35,6 +35,9 @@ crun runs every K (median of --reps-crun runs); torchrun runs once per K, K doub
 previous run took less than --torch-limit / 2.5 (the next one is predicted to exceed the limit
 otherwise); a run not done within --torch-limit is killed and reported as such.
 Every process started is killed at the end (process groups, then stray workers), also on failure.
+--agent-uids N runs crun's agents under N uids (61000...; needs root): every agent holds an
+inotify instance, and one user may hold only fs.inotify.max_user_instances (128 by default), so
+K >= 128 agents of one user on one machine fail ("too many open files").
 --backends c10d,etcd also runs crun with --rdzv_backend=etcd against a one-member etcd
 (/usr/bin/etcd) this script starts in the same namespace (its loopback bytes count too), with a
 fresh --rdzv_id per run.
@@ -55,6 +58,7 @@ from etcd_cluster import EtcdCluster  # noqa: E402
 LABEL = {"crun": "crun", "crun-etcd": "crun on etcd", "torch2": "torchrun 2.x",
          "torch113": "torchrun 1.13"}
 KS_CRUN = (2, 4, 8, 16, 32, 64, 128, 256)
+AGENT_UID0 = 61000  # --agent-uids: the first uid
 KS_TORCH = (2, 4, 8, 16, 32)
 CRUN_LIMIT_S = 30
 EXIT_WAIT_S = 30       # after the last worker started, how long the agents get to exit
@@ -87,6 +91,8 @@ class Bench:
     def __init__(self, cfg):
         self.cfg = cfg
         self.tmp = tempfile.mkdtemp(prefix="rdzv_vs_torchrun_")
+        if cfg.agent_uids:
+            os.chmod(self.tmp, 0o1777)  # agents of other uids write here
         self.crun = os.path.join(cfg.build, "bin", "crun")
         self.worker = os.path.join(cfg.build, "bench", "launch_worker")
         self.runner = os.path.join(cfg.build, "bench", "launch_run")
@@ -139,6 +145,10 @@ class Bench:
         port = free_port()
         rec = os.path.join(self.tmp, f"{who}_{k}_{self.runs}.txt")
         self.records.append(rec)
+        spread = self.cfg.agent_uids if who.startswith("crun") else 0
+        if spread:
+            os.close(os.open(rec, os.O_CREAT | os.O_WRONLY, 0o666))
+            os.chmod(rec, 0o666)
         argv = self.argv(who, k, port, rec)
         env = dict(os.environ)
         for v in ("OMP_NUM_THREADS", "LOGLEVEL", "TORCHELASTIC_RESTART_COUNT"):
@@ -156,9 +166,11 @@ class Bench:
                            str(int(limit) + EXIT_WAIT_S), "--log", name + ".log", "--"] + argv
                     outs.append(name + ".out")
                 logf = open(name + (".out" if traced else ".log"), "wb")
+                uid = {"user": AGENT_UID0 + i % spread,
+                       "group": AGENT_UID0 + i % spread} if spread else {}
                 p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf,
                                      stderr=subprocess.STDOUT, start_new_session=True,
-                                     env=env, cwd=self.tmp)
+                                     env=env, cwd=self.tmp, **uid)
                 logf.close()
                 self.live[p.pid] = p
                 pids.append(p.pid)
@@ -339,6 +351,10 @@ def main():
                     help="seconds a torchrun round may take before it is killed")
     ap.add_argument("--no-netns", action="store_true", help="run in the current namespace")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir with the logs")
+    ap.add_argument("--agent-uids", type=int, default=0,
+                    help="run crun's agents under this many uids (from %d on, as root): one "
+                    "user may hold only fs.inotify.max_user_instances (128) inotify "
+                    "instances and every agent holds one" % AGENT_UID0)
     ap.add_argument("--backends", default="c10d",
                     help="crun's rendezvous backends to run: c10d, etcd or both")
     cfg = ap.parse_args()
