@@ -368,6 +368,9 @@ def main():
     cfg.ks_crun, cfg.ks_torch = ints(cfg.ks_crun), ints(cfg.ks_torch)
     cfg.torch = [w for w in cfg.torch.split(",") if w]
     cfg.backends = [x for x in cfg.backends.split(",") if x in ("c10d", "etcd")]
+    if cfg.agent_uids and os.geteuid() != 0:
+        log("--agent-uids needs root: every agent runs as this user (K >= 128 may fail)")
+        cfg.agent_uids = 0
     for p in ("bin/crun", "bench/launch_worker", "bench/launch_run"):
         if not os.access(os.path.join(cfg.build, p), os.X_OK):
             log(f"{cfg.build}/{p} is not built (make BUILD=... all)")

@@ -16,4 +16,5 @@ cd "$(dirname "$0")/.."
 
 # Rendezvous: K clients in one process (rdzv_bench), then K real agents, crun vs torchrun.
 "$BUILD/bench/rdzv_bench" 16 64 256 1024
-/usr/bin/python3 bench/rdzv_vs_torchrun.py "$BUILD" --out "$BUILD/bench/rdzv_vs_torchrun.md"
+/usr/bin/python3 bench/rdzv_vs_torchrun.py "$BUILD" --backends c10d,etcd --agent-uids 4 \
+	--out "$BUILD/bench/rdzv_vs_torchrun.md"
