@@ -219,10 +219,15 @@ typedef struct crun_agent_config {
  * command line ("3", "c10d", "30.5" seconds, "1"/"0" for flags). job.args
  * takes a JSON array of strings and job.env a JSON object; "config" loads a
  * crun-agent JSON file (the names set here win over it). Every named value
- * is checked and applied again, in the table's order and with the command
- * line's cross-checks, at each call, so the order of calls does not matter
- * among names; a typed field written between calls may be overwritten by a
- * named setting that writes the same field, so set names first.
+ * is applied again at each call, in the table's order, so a value that
+ * depends on another (tee on nproc_per_node, rdzv_endpoint on the backend)
+ * is right whatever came first; but each call also runs the command line's
+ * checks, so a value that is invalid without another (nnodes MIN:MAX needs
+ * an elastic backend, node_rank must be below nnodes, a local_ranks_filter
+ * rank below nproc_per_node) must come after it. A typed field written
+ * between calls may be overwritten by a named setting that writes the same
+ * field: set names first. Named values are not read from the environment
+ * (PET_*) or Slurm, and get no defaults but the struct's own.
  * Settings of the program rather than the agent: log_level sets the
  * process-wide crun_set_log_level() at once; no_slurm, insecure,
  * monitor_interval and start_method are accepted and checked but change
@@ -233,8 +238,10 @@ typedef struct crun_agent_config {
  * first call); free them with crun_agent_config_release() after
  * crun_agent_new() (which copies what it keeps). Returns 0, CRUN_EINVAL
  * (unknown name, bad value, a cross-check failed: the text naming the
- * option is crun_agent_config_last_error(cfg)) or CRUN_ENOMEM; cfg is
- * unchanged on failure. Not thread-safe for one cfg. */
+ * option is crun_agent_config_last_error(cfg)), CRUN_ETOOBIG (more than
+ * 1024 calls on one cfg) or CRUN_ENOMEM; cfg is unchanged on failure. Only
+ * for a cfg whose struct_size is this header's. Not thread-safe for one
+ * cfg; different cfgs may be set from different threads. */
 CRUN_API int crun_agent_config_set(crun_agent_config_t *cfg, const char *name,
 				   const char *value);
 /* The reason of the last failed crun_agent_config_set() on cfg, "" when
