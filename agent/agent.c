@@ -239,6 +239,55 @@ static void raise_nofile(struct crun_agent *a)
 		       strerror(errno));
 }
 
+/* Copies a string field: the caller may free its config after new(). */
+static int own_str(struct crun_agent *a, const char **field)
+{
+	char *d;
+
+	if (!*field)
+		return 0;
+	if (a->nowned >= (int)ARRAY_SIZE(a->owned) || !(d = str_dup(*field)))
+		return CRUN_ENOMEM;
+	a->owned[a->nowned++] = d;
+	*field = d;
+	return 0;
+}
+
+static int own_mem(struct crun_agent *a, const void **field, size_t len)
+{
+	void *d;
+
+	if (!*field)
+		return 0;
+	if (a->nowned >= (int)ARRAY_SIZE(a->owned) || !(d = malloc(len)))
+		return CRUN_ENOMEM;
+	memcpy(d, *field, len);
+	a->owned[a->nowned++] = d;
+	*field = d;
+	return 0;
+}
+
+/* Everything cfg points at that the agent reads after new() returns. */
+static int own_config(struct crun_agent *a)
+{
+	crun_agent_config_t *c = &a->cfg;
+	const char **strs[] = {
+	    &c->rdzv_backend,	   &c->rdzv_id,		       &c->master_addr,
+	    &c->local_addr,	   &c->role,		       &c->entrypoint,
+	    &c->log_dir,	   &c->line_prefix_template,   &c->rdzv_conf,
+	    &c->duplicate_stdout_filters, &c->duplicate_stderr_filters, &c->numa_binding,
+	    &c->auth_secret_file,  &c->event_log_handler,
+	};
+	size_t n = (size_t)c->nproc_per_node;
+
+	for (size_t i = 0; i < ARRAY_SIZE(strs); i++)
+		TRY(own_str(a, strs[i]));
+	TRY(own_mem(a, (const void **)&c->redirects, n * sizeof(int)));
+	TRY(own_mem(a, (const void **)&c->tee, n * sizeof(int)));
+	TRY(own_mem(a, (const void **)&c->console_ranks, n));
+	return 0;
+}
+
 static int copy_config(struct crun_agent *a, const crun_agent_config_t *cfg)
 {
 	size_t n = 0;
@@ -257,6 +306,8 @@ static int copy_config(struct crun_agent *a, const crun_agent_config_t *cfg)
 		make_uuid4(a->run_id, sizeof(a->run_id));
 	else
 		TRY(str_printf(a->run_id, sizeof(a->run_id), "none"));
+	a->cfg.settings = NULL; /* the caller's */
+	TRY(own_config(a));
 	while (cfg->argv[n])
 		n++;
 	a->argv = calloc(n + 1, sizeof(char *));
@@ -565,6 +616,8 @@ CRUN_API void crun_agent_free(crun_agent_t *a)
 		for (int i = 0; a->argv[i]; i++)
 			free(a->argv[i]);
 	free(a->argv);
+	for (int i = 0; i < a->nowned; i++)
+		free(a->owned[i]);
 	free(a->exe);
 	env_free(a->envp_base);
 	free(a->workers);

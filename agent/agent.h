@@ -177,6 +177,8 @@ struct crun_agent {
 	char log_base[PATH_MAX]; /* --log_dir or the temp dir */
 	char run_dir[PATH_MAX];	 /* <log_base>/<run_id>_XXXXXXXX */
 	char **argv;		 /* owned copy of the worker command */
+	void *owned[24];	 /* copies of cfg's strings and arrays */
+	int nowned;
 	char *exe;		 /* resolved argv[0], or NULL */
 	int exe_errno;		 /* why it did not resolve */
 	char **envp_base;	 /* owned copy of the agent's environment */

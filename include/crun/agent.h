@@ -132,14 +132,14 @@ typedef struct crun_agent_config {
 	int max_restarts;	      /* failed attempts restarted before giving up */
 	uint32_t shutdown_timeout_ms; /* SIGTERM -> SIGKILL grace */
 	const char *role;	      /* ROLE_NAME; NULL = "default" */
-	/* Worker command, NULL-terminated; borrowed until crun_agent_free().
+	/* Worker command, NULL-terminated.
 	 * argv[0] is resolved through PATH when it has no slash. The entry point
 	 * name in the failure summary is `entrypoint` (NULL: argv[0]). */
 	const char *const *argv;
 	const char *entrypoint;
 	const char *log_dir; /* NULL: a fresh $TMPDIR/torchelastic_XXXXXXXX */
 	/* Per local rank redirect/tee masks (CRUN_STD_*); NULL = all 0. Arrays of
-	 * nproc_per_node entries, borrowed. */
+	 * nproc_per_node entries. */
 	const int *redirects;
 	const int *tee;
 	/* Console filter: NULL = every rank; else a bitmap of nproc_per_node
@@ -192,7 +192,7 @@ typedef struct crun_agent_config {
 	crun_agent_run_blocking_fn run_blocking;
 	void *run_blocking_arg;
 	/* Extra "NAME=VALUE" entries for every worker's environment, NULL-
-	 * terminated; borrowed until crun_agent_new() returns. */
+	 * terminated. */
 	const char *const *worker_env;
 	/* Serve /healthz, /status, /jobs, /metrics on "ADDR:PORT" (port 0: any
 	 * free one); NULL = off. */
@@ -252,10 +252,13 @@ CRUN_API const char *crun_agent_config_last_error(const crun_agent_config_t *cfg
  * cfg or settings: no-op. */
 CRUN_API void crun_agent_config_release(crun_agent_config_t *cfg);
 
-/* Validates cfg and prepares the agent: the log directory, the guard process
- * that kills the workers' process groups if the agent dies, the signal
- * events, the worker store (when this agent serves it). Nothing is spawned
- * yet. Returns 0 and *ret_agent, or CRUN_EINVAL (bad config), CRUN_ECONFIG
+/* Validates cfg and prepares the agent. cfg and every string and array it
+ * points to are copied: the caller may free or reuse them (and call
+ * crun_agent_config_release) once this returns; the callbacks' arg pointers
+ * and event_base stay borrowed. Prepares the log directory, the guard process
+ * that kills the workers' process groups if the agent dies, the worker store
+ * (when this agent serves it). No signal handler is installed yet (only
+ * crun_agent_run does) and nothing is spawned. Returns 0 and *ret_agent, or CRUN_EINVAL (bad config), CRUN_ECONFIG
  * (inconsistent ranks), CRUN_ENOTSUP (a backend not built yet),
  * CRUN_EADDRINUSE (store port taken), CRUN_ENOMEM or -errno; the detail is
  * logged through the log hook. *ret_agent is untouched on failure. */
