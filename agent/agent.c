@@ -272,11 +272,20 @@ static int own_config(struct crun_agent *a)
 {
 	crun_agent_config_t *c = &a->cfg;
 	const char **strs[] = {
-	    &c->rdzv_backend,	   &c->rdzv_id,		       &c->master_addr,
-	    &c->local_addr,	   &c->role,		       &c->entrypoint,
-	    &c->log_dir,	   &c->line_prefix_template,   &c->rdzv_conf,
-	    &c->duplicate_stdout_filters, &c->duplicate_stderr_filters, &c->numa_binding,
-	    &c->auth_secret_file,  &c->event_log_handler,
+	    &c->rdzv_backend,
+	    &c->rdzv_id,
+	    &c->master_addr,
+	    &c->local_addr,
+	    &c->role,
+	    &c->entrypoint,
+	    &c->log_dir,
+	    &c->line_prefix_template,
+	    &c->rdzv_conf,
+	    &c->duplicate_stdout_filters,
+	    &c->duplicate_stderr_filters,
+	    &c->numa_binding,
+	    &c->auth_secret_file,
+	    &c->event_log_handler,
 	};
 	size_t n = (size_t)c->nproc_per_node;
 

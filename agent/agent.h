@@ -123,7 +123,7 @@ struct agent_stream {
 struct worker {
 	int local_rank;
 	int global_rank;
-	pid_t pid; /* also the process group and session id (own_group) */
+	pid_t pid;	/* also the process group and session id (own_group) */
 	bool own_group; /* pid leads its group: signal -pid (a spawn hook's may not) */
 	int pidfd;	/* poll mode: readable when pid exits, or -1 */
 	struct event *pid_ev;
@@ -179,9 +179,9 @@ struct crun_agent {
 	char **argv;		 /* owned copy of the worker command */
 	void *owned[24];	 /* copies of cfg's strings and arrays */
 	int nowned;
-	char *exe;		 /* resolved argv[0], or NULL */
-	int exe_errno;		 /* why it did not resolve */
-	char **envp_base;	 /* owned copy of the agent's environment */
+	char *exe;	  /* resolved argv[0], or NULL */
+	int exe_errno;	  /* why it did not resolve */
+	char **envp_base; /* owned copy of the agent's environment */
 	int nworkers;
 	struct worker *workers;
 	/* failures of the current attempt, in exit order */
@@ -203,7 +203,7 @@ struct crun_agent {
 	bool poll_mode;
 	struct agent_poll *poll;
 	struct agent_status *status; /* cfg.status_listen's page, or NULL */
-	int guard_fd;		    /* write end to the guard process */
+	int guard_fd;		     /* write end to the guard process */
 	pid_t guard_pid;
 	sigset_t orig_mask;
 	struct rlimit nofile_orig; /* restored in the workers */

@@ -574,8 +574,8 @@ int logs_init(struct crun_agent *a)
 
 int logs_start_console(struct crun_agent *a, bool loop)
 {
-	return console_new(loop ? a->base : NULL, STDOUT_FILENO, STDERR_FILENO,
-			   AGENT_CONSOLE_BYTES, &a->console);
+	return console_new(loop ? a->base : NULL, STDOUT_FILENO, STDERR_FILENO, AGENT_CONSOLE_BYTES,
+			   &a->console);
 }
 
 void logs_flush_console(struct crun_agent *a, uint32_t timeout_ms)

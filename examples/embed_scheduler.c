@@ -32,8 +32,7 @@
 
 #define NODES 2
 
-static const char *const state_names[] = {"rendezvous", "running", "stopping", "barrier",
-					  "done"};
+static const char *const state_names[] = {"rendezvous", "running", "stopping", "barrier", "done"};
 static sigset_t worker_mask; /* the mask workers start with */
 
 /* Every event of one node, on this thread, from inside crun_agent_dispatch. */

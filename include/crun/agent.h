@@ -87,9 +87,9 @@ typedef void (*crun_agent_event_fn)(const crun_agent_event_t *ev, void *arg);
  * duration of the hook call only. */
 typedef struct crun_agent_spawn_req {
 	size_t struct_size;
-	const char *path;	 /* argv[0] resolved through PATH */
-	char *const *argv;	 /* NULL-terminated, ${local_rank} substituted */
-	char *const *envp;	 /* the full environment crun computed (RANK, ...) */
+	const char *path;  /* argv[0] resolved through PATH */
+	char *const *argv; /* NULL-terminated, ${local_rank} substituted */
+	char *const *envp; /* the full environment crun computed (RANK, ...) */
 	int local_rank, global_rank;
 	int stdout_fd, stderr_fd; /* give them to the worker as its fds 1 and 2 */
 } crun_agent_spawn_req_t;
@@ -242,8 +242,7 @@ typedef struct crun_agent_config {
  * 1024 calls on one cfg) or CRUN_ENOMEM; cfg is unchanged on failure. Only
  * for a cfg whose struct_size is this header's. Not thread-safe for one
  * cfg; different cfgs may be set from different threads. */
-CRUN_API int crun_agent_config_set(crun_agent_config_t *cfg, const char *name,
-				   const char *value);
+CRUN_API int crun_agent_config_set(crun_agent_config_t *cfg, const char *name, const char *value);
 /* The reason of the last failed crun_agent_config_set() on cfg, "" when
  * none. Valid until the next call on cfg. Never NULL. */
 CRUN_API const char *crun_agent_config_last_error(const crun_agent_config_t *cfg);
@@ -258,8 +257,8 @@ CRUN_API void crun_agent_config_release(crun_agent_config_t *cfg);
  * and event_base stay borrowed. Prepares the log directory, the guard process
  * that kills the workers' process groups if the agent dies, the worker store
  * (when this agent serves it). No signal handler is installed yet (only
- * crun_agent_run does) and nothing is spawned. Returns 0 and *ret_agent, or CRUN_EINVAL (bad config), CRUN_ECONFIG
- * (inconsistent ranks), CRUN_ENOTSUP (a backend not built yet),
+ * crun_agent_run does) and nothing is spawned. Returns 0 and *ret_agent, or CRUN_EINVAL (bad
+ * config), CRUN_ECONFIG (inconsistent ranks), CRUN_ENOTSUP (a backend not built yet),
  * CRUN_EADDRINUSE (store port taken), CRUN_ENOMEM or -errno; the detail is
  * logged through the log hook. *ret_agent is untouched on failure. */
 CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_agent);

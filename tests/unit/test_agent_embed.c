@@ -107,9 +107,10 @@ START_TEST(every_row_of_the_table_is_reachable)
 		/* Both spellings of the flag and the JSON path name the row. */
 		for (int how = 0; how < 3; how++) {
 			crun_agent_config_t cfg = CRUN_AGENT_CONFIG_INIT;
-			const char *name = how == 0 ? o->name : how == 1 && o->name ? dashed
-							      : how == 2 ? o->json
-									 : NULL;
+			const char *name = how == 0		 ? o->name
+					   : how == 1 && o->name ? dashed
+					   : how == 2		 ? o->json
+								 : NULL;
 			int r;
 
 			if (!name)
@@ -151,10 +152,9 @@ START_TEST(bad_values_are_refused_naming_the_option)
 
 		ck_assert_int_eq(crun_agent_config_set(&cfg, "nnodes", "2"), 0);
 		before = cfg;
-		ck_assert_int_eq(crun_agent_config_set(&cfg, bad[i].name, bad[i].val),
-				 CRUN_EINVAL);
-		ck_assert_msg(strstr(crun_agent_config_last_error(&cfg), bad[i].needle),
-			      "'%s': %s", bad[i].name, crun_agent_config_last_error(&cfg));
+		ck_assert_int_eq(crun_agent_config_set(&cfg, bad[i].name, bad[i].val), CRUN_EINVAL);
+		ck_assert_msg(strstr(crun_agent_config_last_error(&cfg), bad[i].needle), "'%s': %s",
+			      bad[i].name, crun_agent_config_last_error(&cfg));
 		ck_assert_mem_eq(&cfg, &before, sizeof(cfg)); /* untouched */
 		crun_agent_config_release(&cfg);
 	}
@@ -177,8 +177,7 @@ START_TEST(named_values_land_in_the_fields)
 	ck_assert_int_eq(crun_agent_config_set(&cfg, "rendezvous.join_timeout", "7"), 0);
 	ck_assert_int_eq(crun_agent_config_set(&cfg, "shutdown_timeout", "1.5"), 0);
 	ck_assert_int_eq(crun_agent_config_set(&cfg, "job.program", "/bin/echo"), 0);
-	ck_assert_int_eq(crun_agent_config_set(&cfg, "job.args", "[\"a\", \"${local_rank}\"]"),
-			 0);
+	ck_assert_int_eq(crun_agent_config_set(&cfg, "job.args", "[\"a\", \"${local_rank}\"]"), 0);
 	ck_assert_int_eq(crun_agent_config_set(&cfg, "job.env", "{\"K\": \"v=1\"}"), 0);
 	ck_assert_int_eq(crun_agent_config_set(&cfg, "status", "127.0.0.1:0"), 0);
 	ck_assert_int_eq(crun_agent_config_set(&cfg, "event_log_handler", "console"), 0);
