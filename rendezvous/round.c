@@ -163,9 +163,12 @@ int round_closed_parse(const char *s, int max_members, struct round_closed *ret)
 				goto out;
 			}
 		}
-		for (int i = 0; i < n; i++) {
-			cJSON *x = cJSON_GetArrayItem(arr, i);
+		/* Walk the list: cJSON_GetArrayItem(arr, i) starts from the head
+		 * each time, O(n^2) per field (91% of a 2,048-agent simulation's
+		 * CPU, every agent parsing the closed round). */
+		cJSON *x = arr->child;
 
+		for (int i = 0; i < n; i++, x = x->next) {
 			if (!cJSON_IsNumber(x) || x->valuedouble < closed_ints[f].lo ||
 			    x->valuedouble > closed_ints[f].hi)
 				goto out;
