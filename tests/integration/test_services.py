@@ -571,6 +571,55 @@ def test_rdzvd_restart_costs_no_worker_restart(procs, job):
     assert rd2.wait(timeout=10) == 0
 
 
+def test_rdzvd_restart_notices_a_node_lost_meanwhile(procs, job):
+    """crun-rdzvd is killed under a running 3-agent c10d job (--nnodes=2:3),
+    one agent and its worker are killed -9 while it is down, and crun-rdzvd
+    is started again on its port (empty). The two survivors take their
+    leases again, see that group rank g never came back, and re-rendezvous
+    into a 2-node round: new workers, the job finishes. (Before: they rode
+    out the outage and waited forever for a node that was gone.)"""
+    rd, host, port = start_rdzvd(procs)
+    logs = [job / f"agent{i}.err" for i in range(3)]
+    args = ["--nnodes=2:3", "--rdzv_backend=c10d", f"--rdzv_endpoint={host}:{port}",
+            "--rdzv_id=lost", "--rdzv_conf=heartbeat_interval=0.3,lease_ttl=1.5,"
+            "last_call_timeout=1", "--max_restarts=0", f"--log_dir={job / 'logs'}",
+            str(job / "w.py"), str(job / "out")]
+    agents = [procs.spawn([bin_path("crun"), *args], env=agent_env(),
+                          stderr=open(logs[i], "wb")) for i in range(3)]
+    before = pids(job, 3)
+    victim = next(a for a in agents if any(
+        int(open(f"/proc/{w}/stat").read().rsplit(")", 1)[1].split()[1]) == a.pid
+        for w in before.values()))
+    rd.kill()
+    rd.wait(timeout=10)
+    time.sleep(0.5)
+    os.killpg(victim.pid, signal.SIGKILL)  # the agent and its worker
+    victim.wait(timeout=10)
+    for p_ in (job / "out").glob("*.pid"):
+        p_.unlink()
+    time.sleep(1)
+    t_back = time.monotonic()
+    rd2 = procs.spawn([bin_path("crun-rdzvd"), "--host", host, "--port", str(port)])
+    survivors = [(a, lg) for a, lg in zip(agents, logs) if a is not victim]
+
+    def noticed():
+        return all("did not re-establish its lease" in lg.read_text(errors="replace")
+                   for _, lg in survivors)
+    wait_for(noticed, timeout=60, what="the survivors to notice the lost node")
+    noticed_s = time.monotonic() - t_back
+    after = pids(job, 2)
+    assert set(after) == {0, 1} and not set(after.values()) & set(before.values())
+    assert all(a.poll() is None for a, _ in survivors)
+    (job / "out" / "stop").write_text("")
+    for a, lg in survivors:
+        assert a.wait(timeout=60) == 0, lg.read_text(errors="replace")
+    text = logs[agents.index(survivors[0][0])].read_text(errors="replace")
+    assert re.search(r"round 1 complete: 2 nodes", text), text
+    print(f"lost node noticed {noticed_s:.2f} s after crun-rdzvd was started again")
+    rd2.send_signal(signal.SIGTERM)
+    assert rd2.wait(timeout=10) == 0
+
+
 # ---- crun-rdzvd as a service ------------------------------------------------------------
 
 def rdzvd_lines(p, n, timeout=20):
