@@ -104,6 +104,14 @@ int store_server_new(struct event_base *base, const struct store_server_config *
 		     struct store_server **ret_srv);
 /* Closes every connection and the listener and frees the server. NULL: no-op. */
 void store_server_free(struct store_server *srv);
+/* Changes the tunables of store_server_limits() on a running server to
+ * cfg's (0 = default, as for store_server_new; cfg's other fields are
+ * ignored: address, backlog, auth and TLS need a new server). They hold for
+ * every request from now on and for connections accepted from now on (an
+ * open connection keeps its input watermark); nothing already held is
+ * evicted: a lowered key or byte budget refuses further growth. Loop thread
+ * only (crun-rdzvd's SIGHUP). */
+void store_server_set_limits(struct store_server *srv, const struct store_server_config *cfg);
 /* The bound port (useful after port 0). */
 uint16_t store_server_port(const struct store_server *srv);
 /* The configuration in force, defaults filled in (max_conns resolved). */

@@ -703,14 +703,37 @@ def test_rdzvd_notify_status_page_and_reload(procs, tmp_path, notify):
     assert store_used and store_used <= set(fams), store_used - set(fams)
     st = json.loads(get(addr, "/status")[2])
     assert st["store"]["keys"] == 1 and st["store"]["port"] == port
-    # SIGHUP: the log level applies, a changed limit needs a restart
-    cfg.write_text(json.dumps({"host": "127.0.0.1", "port": 0, "log-level": "debug",
-                               "status": "127.0.0.1:0", "limits": {"max-keys": 7}}))
+    # SIGHUP: the log level and a limit apply (max-keys 2: one key more, the
+    # next is refused), a changed listen address needs a restart
+    cfg.write_text(json.dumps({"host": "127.0.0.2", "port": 0, "log-level": "debug",
+                               "status": "127.0.0.1:0", "limits": {"max-keys": 2}}))
     p.send_signal(signal.SIGHUP)
     notify.wait("RELOADING=1")
     notify.wait("reloaded")
-    assert "needs a restart: max-keys" in [m for _, m in notify.msgs if "reloaded" in m][-1]
+    line = [m for _, m in notify.msgs if "reloaded" in m][-1]
+    assert "applied log-level, max-keys" in line and "needs a restart: host" in line, line
     assert c.cmd("get k") == "VAL \"v\""  # still serving, keys kept
+    c2 = StoreCli(procs, cli_path(), "127.0.0.1", port, 2)
+    assert c2.cmd("set k2 v") == "OK"
+    c2.send("set k3 v")
+    c2.send("get k2")
+
+    def refused():
+        fams = text_string_to_metric_families(get(addr, "/metrics")[2])
+        got = {(s_.name, tuple(sorted(s_.labels.items()))): s_.value
+               for f in fams for s_ in f.samples}
+        # >= 1: the client replays its unconfirmed SET once on a new connection
+        return got[("crun_store_events_total", (("event", "drop_keys"),))] >= 1 and \
+            got[("crun_store_keys", ())] == 2
+    wait_for(refused, timeout=30, what="the third key refused under max-keys 2")
+    # back to the default by another reload: a new key is accepted again
+    cfg.write_text(json.dumps({"host": "127.0.0.1", "port": 0, "log-level": "info",
+                               "status": "127.0.0.1:0"}))
+    p.send_signal(signal.SIGHUP)
+    notify.wait("applied log-level, max-keys; needs a restart: nothing")
+    c3 = StoreCli(procs, cli_path(), "127.0.0.1", port, 2)
+    assert c3.cmd("set k3 v") == "OK" and c3.cmd("get k3") == "VAL \"v\""
+    c3.close()
     c.close()
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=20) == 0
