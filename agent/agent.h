@@ -466,7 +466,8 @@ void cli_changes(const struct cli *was, const struct cli *now, char *live, size_
 struct notify;
 struct agent_service {
 	struct notify *notify; /* NULL when not under systemd: sends are no-ops */
-	struct event *watchdog, *sighup;
+	struct event *watchdog, *sighup; /* watchdog: also STATUS= ticks */
+	bool wd;			 /* WATCHDOG_USEC is set: ping */
 	void (*on_reload)(void *arg);
 	void (*on_tick)(void *arg);
 	void *arg;

@@ -156,7 +156,8 @@ void store_server_each_key(const struct store_server *srv,
  * closed or refused connection counts in exactly one DROP_ or REFUSED_ row
  * (their sum is store_server_stats.dropped_conns) and is logged once at WARN
  * with the row's help text (rate-limited). PAUSE_ rows count backpressure,
- * which closes nothing. For an exporter: iterate 0..STORE_M__MAX. */
+ * which closes nothing; LEASE_ rows count lease ends (store_ext.h). For an
+ * exporter: iterate 0..STORE_M__MAX. */
 #define STORE_METRIC_MAP(X)                                                                 \
 	X(CONNS_ACCEPTED, "conns_accepted", "connections accepted")                         \
 	X(REFUSED_MAX_CONNS, "refused_max_conns", "connection limit reached (max_conns)")   \
@@ -195,7 +196,10 @@ void store_server_each_key(const struct store_server *srv,
 	  "(max-conn-output-bytes)")                                                        \
 	X(PAUSE_TOTAL_OUTPUT, "pause_total_output",                                         \
 	  "reading paused: "                                                                \
-	  "max-total-output-bytes reached")
+	  "max-total-output-bytes reached")                                                 \
+	X(LEASE_EXPIRED, "lease_expired",                                                   \
+	  "leases ended without a revoke (no keep-alive for a TTL, or the holder "          \
+	  "closed its connection)")
 
 enum store_metric {
 #define STORE_M_X_(id, name, help) STORE_M_##id,

@@ -620,6 +620,111 @@ def test_rdzvd_restart_notices_a_node_lost_meanwhile(procs, job):
     assert rd2.wait(timeout=10) == 0
 
 
+def metric_samples(addr):
+    return {(s_.name, tuple(sorted(s_.labels.items()))): s_.value
+            for f in text_string_to_metric_families(get(addr, "/metrics")[2])
+            for s_ in f.samples}
+
+
+def test_round_progress_on_status_metrics_and_crunctl(procs, job):
+    """The round's state on the agent's /status, /metrics (parsed by
+    prometheus_client) and crunctl status: an agent alone says 1/3 nodes
+    joined (min 2, max 3); the completed round lists both nodes with group
+    ranks and addresses; a node killed -9 ends its lease (crun-rdzvd's
+    lease_expired) and the survivor, back to waiting, names it ("waiting
+    for"); a third node completes round 1: nodes_lost 1, rounds 2."""
+    rd, host, port = start_rdzvd(procs)
+    rd_page = re.search(r"http://([^/]+)/status", rdzvd_lines(rd, 1)[0]).group(1)
+    logs = [job / f"agent{i}.err" for i in range(3)]
+    args = ["--nnodes=2:3", "--rdzv_backend=c10d", f"--rdzv_endpoint={host}:{port}",
+            "--rdzv_id=prog", "--rdzv_conf=heartbeat_interval=0.3,lease_ttl=1.5,"
+            "last_call_timeout=1", "--status=127.0.0.1:0", f"--log_dir={job / 'logs'}",
+            str(job / "w.py"), str(job / "out")]
+
+    def agent(i):
+        p = procs.spawn([bin_path("crun"), *args], env=agent_env(),
+                        stderr=open(logs[i], "wb"))
+        m = wait_for(lambda: re.search(r"status page on http://(\S+)/status",
+                                       logs[i].read_text(errors="replace")), what="page")
+        return p, m.group(1)
+
+    def rz(addr):
+        return json.loads(get(addr, "/status")[2])["rendezvous"]
+
+    a, a_page = agent(0)
+    st = wait_for(lambda: (lambda r: r if r["waiting"] and r["joined"] == 1 else None)(
+        rz(a_page)), what="a waiting round")
+    assert st["round"] == 0 and st["min_nodes"] == 2 and st["max_nodes"] == 3, st
+    assert "round 0: 1/3 nodes joined (min 2, max 3), 1 more needed within" in st["line"], st
+    wait_for(lambda: "round 0: 1/3 nodes joined (min 2, max 3)" in
+             logs[0].read_text(errors="replace"), what="the waiting log line")
+    b, _ = agent(1)
+    pids(job, 2)
+    st = wait_for(lambda: (lambda r: r if not r["waiting"] else None)(rz(a_page)),
+                  what="a completed round")
+    assert st["round"] == 0 and st["joined"] == 2 and st["waiting_for"] == [], st
+    assert sorted(n["group_rank"] for n in st["nodes"]) == [0, 1], st
+    assert all(n["addr"] == "127.0.0.1" and n["host"] for n in st["nodes"]), st
+    res = crunctl("status", "--endpoint", a_page)
+    assert res.returncode == 0 and "round 0 complete: 2 nodes" in res.stdout, res.stdout
+    assert re.search(r"^0\s+\S+\s+127\.0\.0\.1$", res.stdout, re.M), res.stdout
+    assert re.search(r"^1\s+\S+\s+127\.0\.0\.1$", res.stdout, re.M), res.stdout
+    m = metric_samples(a_page)
+    assert m[("crun_rdzv_rounds_completed_total", ())] == 1
+    assert m[("crun_rdzv_nodes_joined_total", ())] == 2
+    assert m[("crun_rdzv_nodes_lost_total", ())] == 0
+    assert m[("crun_rdzv_round", ())] == 0 and m[("crun_rdzv_nodes", ())] == 2
+    expired = metric_samples(rd_page)[("crun_store_events_total", (("event", "lease_expired"),))]
+    os.killpg(b.pid, signal.SIGKILL)
+    b.wait(timeout=10)
+    wait_for(lambda: metric_samples(rd_page)[
+        ("crun_store_events_total", (("event", "lease_expired"),))] > expired,
+        what="crun-rdzvd counting the lease's end")
+    hostname = st["nodes"][0]["host"]
+    st = wait_for(lambda: (lambda r: r if r["waiting"] and r["round"] == 1 and
+                           r["joined"] == 1 else None)(rz(a_page)), what="round 1")
+    assert st["waiting_for"] == [hostname], st
+    assert f"waiting for: {hostname}" in st["line"], st
+    for p_ in (job / "out").glob("*.pid"):
+        p_.unlink()
+    c, _ = agent(2)
+    pids(job, 2)
+    wait_for(lambda: not rz(a_page)["waiting"], what="round 1 complete")
+    m = metric_samples(a_page)
+    assert m[("crun_rdzv_rounds_completed_total", ())] == 2
+    assert m[("crun_rdzv_nodes_lost_total", ())] == 1
+    assert m[("crun_rdzv_nodes_joined_total", ())] == 3
+    (job / "out" / "stop").write_text("")
+    for p_, lg in ((a, logs[0]), (c, logs[2])):
+        assert p_.wait(timeout=60) == 0, lg.read_text(errors="replace")
+
+
+def test_notify_status_says_the_round(procs, job, notify):
+    """crun-agent's STATUS= while it waits (refreshed on each tick) and once
+    the round completed: the round's line (rdzv_progress_line)."""
+    rd, host, port = start_rdzvd(procs)
+    cfg = write_config(job, base_config(job, rendezvous={
+        "standalone": False, "backend": "c10d", "endpoint": f"{host}:{port}", "id": "st",
+        "nnodes": "2:3", "last_call_timeout": 1}))
+    cfg_json = json.loads(cfg.read_text())
+    cfg_json["rendezvous"].pop("standalone")
+    cfg.write_text(json.dumps(cfg_json))
+    p = procs.spawn([bin_path("crun-agent"), "--config", str(cfg)],
+                    env=agent_env(NOTIFY_SOCKET=notify.path, WATCHDOG_USEC=1000000))
+    notify.wait("rendezvous 'st' round 0: 1/3 nodes joined (min 2, max 3), 1 more needed")
+    other = procs.spawn([bin_path("crun"), "--nnodes=2:3", "--rdzv_backend=c10d",
+                         f"--rdzv_endpoint={host}:{port}", "--rdzv_id=st",
+                         "--rdzv_conf=last_call_timeout=1", "--nproc_per_node=2",
+                         f"--log_dir={job / 'logs2'}", str(job / "w.py"), str(job / "out")],
+                        env=agent_env())
+    notify.wait("running")
+    notify.wait("rendezvous 'st' round 0 complete: 2 nodes: ")
+    line = [m for _, m in notify.msgs if "round 0 complete" in m][-1]
+    assert "(rank 0)" in line and "(rank 1)" in line and "at 127.0.0.1" in line, line
+    (job / "out" / "stop").write_text("")
+    assert p.wait(timeout=60) == 0 and other.wait(timeout=60) == 0
+
+
 # ---- crun-rdzvd as a service ------------------------------------------------------------
 
 def rdzvd_lines(p, n, timeout=20):
