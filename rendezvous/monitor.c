@@ -20,7 +20,11 @@
  * with the round's attempt; first writer wins). A member whose back key does
  * not appear within one TTL (plus a heartbeat and the client's redial pause)
  * of this member's return died during the outage: the round ends as for any
- * dead node and the survivors re-rendezvous.
+ * dead node and the survivors re-rendezvous. The put-back r<n>/closed has no
+ * members (only the attempt is known to all), so a node that joins later
+ * sees an abandoned round and opens the next one without a word on
+ * r<n>/change: after a restart the monitor also watches the round counter
+ * (one ADD a heartbeat) and ends the round for it.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -162,6 +166,22 @@ static int reestablish(struct c10d_job *j, struct coord *c, const char *chk, uin
 	return 0;
 }
 
+/* After a restart: a node that joined since moved the round counter past
+ * ours (see the top); end our round so that everyone joins its round. */
+static int check_joiner(struct c10d_job *j, struct coord *c, const char *chk)
+{
+	int64_t cur;
+
+	TRY(coord_add(c, "round", 0, &cur));
+	if (cur <= j->round)
+		return 0;
+	log_at(LL_WARN, SUB_RDZV,
+	       "rendezvous '%s': round %" PRId64 " was opened after the store restart (a node "
+	       "joined); ending round %d",
+	       j->prefix, cur, j->round);
+	return coord_expire(c, chk, "join (a node joined after the rendezvous store restarted)");
+}
+
 /* After reestablish(): whether the members' back keys are all there.
  * *next: the first group rank not seen yet (each is looked up until seen,
  * once). Past *by, the first missing one ends the round; *by is 0 once
@@ -208,6 +228,7 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 	 * state, so a lease not found there has expired (and said so). */
 	bool restartable = !hb && !j->host_member && !j->is_host && !j->etcd;
 	int r = 0, back_next = 0;
+	bool restored = false;
 
 	KEY(me, "r%d/lease/%d", j->round, j->info.group_rank);
 	KEY(nbr, "r%d/lease/%d", j->round, (j->info.group_rank + 1) % j->nnodes);
@@ -217,11 +238,14 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 		if (r == CRUN_ENOTFOUND && restartable && !back_by) {
 			r = reestablish(j, *cp, chk, &lease, &back_by);
 			back_next = 0;
+			restored = restored || r == 0;
 		} else if (r == CRUN_ENOTFOUND) {
 			r = 0; /* our lease lapsed: its expiry set the change key */
 		}
 		if (r == 0 && back_by)
 			r = check_back(j, *cp, chk, &back_by, &back_next);
+		if (r == 0 && restored)
+			r = check_joiner(j, *cp, chk);
 		if (r == 0) {
 			r = coord_watch(*cp, chk, j->conf.hb_ms);
 			if (r == 0)

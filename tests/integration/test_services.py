@@ -626,6 +626,40 @@ def metric_samples(addr):
             for s_ in f.samples}
 
 
+def test_rdzvd_restart_then_a_node_joins(procs, job):
+    """After a crun-rdzvd restart under a 2-node job (--nnodes=2:3) whose nodes
+    all came back, a third node joins: the running round ends for it and all
+    three complete round 1. (Before: the put-back round looked abandoned to
+    the joiner, which waited alone in the next round.)"""
+    rd, host, port = start_rdzvd(procs)
+    logs = [job / f"agent{i}.err" for i in range(3)]
+    args = ["--nnodes=2:3", "--rdzv_backend=c10d", f"--rdzv_endpoint={host}:{port}",
+            "--rdzv_id=joiner", "--rdzv_conf=heartbeat_interval=0.3,lease_ttl=1.5,"
+            "last_call_timeout=1", f"--log_dir={job / 'logs'}", str(job / "w.py"),
+            str(job / "out")]
+
+    def agent(i):
+        return procs.spawn([bin_path("crun"), *args], env=agent_env(),
+                           stderr=open(logs[i], "wb"))
+    agents = [agent(0), agent(1)]
+    pids(job, 2)
+    rd.kill()
+    rd.wait(timeout=10)
+    time.sleep(1)
+    rd2 = procs.spawn([bin_path("crun-rdzvd"), "--host", host, "--port", str(port)])
+    wait_for(lambda: all("all 2 nodes are back" in lg.read_text(errors="replace")
+                         for lg in logs[:2]), what="both nodes back")
+    agents.append(agent(2))
+    wait_for(lambda: all(re.search(r"round 1 complete: 3 nodes", lg.read_text(errors="replace"))
+                         for lg in logs), what="round 1 with the joiner")
+    pids(job, 3)
+    (job / "out" / "stop").write_text("")
+    for a, lg in zip(agents, logs):
+        assert a.wait(timeout=60) == 0, lg.read_text(errors="replace")
+    rd2.send_signal(signal.SIGTERM)
+    assert rd2.wait(timeout=10) == 0
+
+
 def test_round_progress_on_status_metrics_and_crunctl(procs, job):
     """The round's state on the agent's /status, /metrics (parsed by
     prometheus_client) and crunctl status: an agent alone says 1/3 nodes
