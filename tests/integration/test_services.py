@@ -571,18 +571,22 @@ def test_rdzvd_restart_costs_no_worker_restart(procs, job):
     assert rd2.wait(timeout=10) == 0
 
 
-def test_rdzvd_restart_notices_a_node_lost_meanwhile(procs, job):
+@pytest.mark.parametrize("nnodes", ["2:3", "3"])
+def test_rdzvd_restart_notices_a_node_lost_meanwhile(procs, job, nnodes):
     """crun-rdzvd is killed under a running 3-agent c10d job (--nnodes=2:3),
     one agent and its worker are killed -9 while it is down, and crun-rdzvd
     is started again on its port (empty). The two survivors take their
     leases again, see that group rank g never came back, and re-rendezvous
-    into a 2-node round: new workers, the job finishes. (Before: they rode
-    out the outage and waited forever for a node that was gone.)"""
+    into a 2-node round: new workers, the job finishes. With --nnodes=3 they
+    wait for the lost node, naming it, and end when the join timeout says so.
+    (Before: they rode out the outage and waited forever for a node that was
+    gone.)"""
     rd, host, port = start_rdzvd(procs)
     logs = [job / f"agent{i}.err" for i in range(3)]
-    args = ["--nnodes=2:3", "--rdzv_backend=c10d", f"--rdzv_endpoint={host}:{port}",
+    args = [f"--nnodes={nnodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint={host}:{port}",
             "--rdzv_id=lost", "--rdzv_conf=heartbeat_interval=0.3,lease_ttl=1.5,"
-            "last_call_timeout=1", "--max_restarts=0", f"--log_dir={job / 'logs'}",
+            "last_call_timeout=1,join_timeout=8", "--max_restarts=0",
+            f"--log_dir={job / 'logs'}",
             str(job / "w.py"), str(job / "out")]
     agents = [procs.spawn([bin_path("crun"), *args], env=agent_env(),
                           stderr=open(logs[i], "wb")) for i in range(3)]
@@ -607,6 +611,15 @@ def test_rdzvd_restart_notices_a_node_lost_meanwhile(procs, job):
                    for _, lg in survivors)
     wait_for(noticed, timeout=60, what="the survivors to notice the lost node")
     noticed_s = time.monotonic() - t_back
+    print(f"lost node noticed {noticed_s:.2f} s after crun-rdzvd was started again")
+    if nnodes == "3":  # MIN not met: wait, naming the lost node, then time out
+        for a, lg in survivors:
+            assert a.wait(timeout=60) != 0
+            text = lg.read_text(errors="replace")
+            assert "round 1: 2/3 nodes joined (min 3, max 3)" in text, text
+            assert re.search(r"waiting for: \S+; joined: ", text), text
+            assert "timed out after 8 s waiting for 3 nodes to join" in text, text
+        return
     after = pids(job, 2)
     assert set(after) == {0, 1} and not set(after.values()) & set(before.values())
     assert all(a.poll() is None for a, _ in survivors)
@@ -615,7 +628,6 @@ def test_rdzvd_restart_notices_a_node_lost_meanwhile(procs, job):
         assert a.wait(timeout=60) == 0, lg.read_text(errors="replace")
     text = logs[agents.index(survivors[0][0])].read_text(errors="replace")
     assert re.search(r"round 1 complete: 2 nodes", text), text
-    print(f"lost node noticed {noticed_s:.2f} s after crun-rdzvd was started again")
     rd2.send_signal(signal.SIGTERM)
     assert rd2.wait(timeout=10) == 0
 
