@@ -572,8 +572,10 @@ static void on_reload(void *arg)
 	for (int i = 0; r == 0 && i < n; i++)
 		if (strncmp(fresh[i], "--log-level=", 12) == 0 &&
 		    (lvl = level_from_name(fresh[i] + 12)) < 0) {
-			snprintf(err, sizeof(err), "log-level: expected error, warn, info, debug or "
-						   "trace, got '%.64s'", fresh[i] + 12);
+			snprintf(err, sizeof(err),
+				 "log-level: expected error, warn, info, debug or "
+				 "trace, got '%.64s'",
+				 fresh[i] + 12);
 			r = CRUN_EINVAL;
 		}
 	if (!d->opts->config || r < 0) {
@@ -599,7 +601,8 @@ static void on_reload(void *arg)
 	for (int i = 0; i < n; i++)
 		if (strncmp(fresh[i], "--log-level=", 12) && !is_limit_flag(fresh[i]) &&
 		    !has_flag(d->opts->file_argv, d->opts->file_argc, fresh[i]))
-			list_add(restart, sizeof(restart), fresh[i] + 2, strcspn(fresh[i] + 2, "="));
+			list_add(restart, sizeof(restart), fresh[i] + 2,
+				 strcspn(fresh[i] + 2, "="));
 	for (int k = 0; k < d->opts->file_argc; k++) {
 		const char *f = d->opts->file_argv[k];
 
@@ -610,7 +613,8 @@ static void on_reload(void *arg)
 	       applied[0] ? applied : "nothing", restart[0] ? restart : "nothing");
 	if (applied[0])
 		log_limits(d->srv);
-	(void)notify_send(d->svc.notify, "READY=1\nSTATUS=reloaded: applied %s; needs a restart: %s",
+	(void)notify_send(d->svc.notify,
+			  "READY=1\nSTATUS=reloaded: applied %s; needs a restart: %s",
 			  applied[0] ? applied : "nothing", restart[0] ? restart : "nothing");
 out:
 	for (int i = 0; i < n; i++)

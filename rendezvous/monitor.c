@@ -186,8 +186,7 @@ static int check_joiner(struct c10d_job *j, struct coord *c, const char *chk)
  * *next: the first group rank not seen yet (each is looked up until seen,
  * once). Past *by, the first missing one ends the round; *by is 0 once
  * nothing is left to check. */
-static int check_back(struct c10d_job *j, struct coord *c, const char *chk, uint64_t *by,
-		      int *next)
+static int check_back(struct c10d_job *j, struct coord *c, const char *chk, uint64_t *by, int *next)
 {
 	char key[64], why[320];
 	int r;

@@ -19,8 +19,8 @@ struct rdzv_prog {
 	struct rdzv_progress p;
 	/* the last completed round's hosts, for "waiting for" */
 	char prev[RDZV_PROGRESS_NODES][RDZV_HOST_MAX];
-	int nprev;	/* listed */
-	bool prev_all;	/* every member is listed */
+	int nprev;     /* listed */
+	bool prev_all; /* every member is listed */
 };
 
 static const struct {
@@ -206,8 +206,9 @@ int rdzv_progress_line(const struct rdzv_progress *p, const char *run_id, char *
 	buf[0] = '\0';
 	put(buf, cap, &o, "rendezvous '%s'", run_id);
 	if (p->round < 0 || (p->waiting && p->joined == 0)) {
-		put(buf, cap, &o, p->waiting ? ": joining (min %d, max %d nodes)" : ": no round yet",
-		    p->min, p->max);
+		put(buf, cap, &o,
+		    p->waiting ? ": joining (min %d, max %d nodes)" : ": no round yet", p->min,
+		    p->max);
 		return 0;
 	}
 	put(buf, cap, &o, " round %d", p->round);

@@ -157,10 +157,10 @@ int rdzv_assign_ranks(const int *nprocs, int nnodes, int me, struct rdzv_info *r
 
 /* Counters over the agent's life, one table: X(field, metric name, help).
  * crun_rdzv_<name>_total on /metrics; the same names in /status. */
-#define RDZV_COUNTER_MAP(X)                                                                   \
-	X(rounds_completed, "rounds_completed", "rounds completed with this node a member")   \
-	X(rounds_abandoned, "rounds_abandoned",                                               \
-	  "rounds abandoned before they closed (a joiner died), joined again")                \
+#define RDZV_COUNTER_MAP(X)                                                                       \
+	X(rounds_completed, "rounds_completed", "rounds completed with this node a member")       \
+	X(rounds_abandoned, "rounds_abandoned",                                                   \
+	  "rounds abandoned before they closed (a joiner died), joined again")                    \
 	X(nodes_joined, "nodes_joined", "nodes new to a completed round (the first round's too)") \
 	X(nodes_lost, "nodes_lost", "nodes of the previous round missing from a completed one")
 
