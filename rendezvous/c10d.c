@@ -556,6 +556,12 @@ int c10d_new(const struct rdzv_params *p, struct c10d **ret)
 	c->prog = rdzv_prog_new(p->min_nodes, p->max_nodes);
 	helper_init(&c->job, p->base, on_job, c);
 	helper_init(&c->mon, p->base, on_mon, c);
+	{
+		struct helper_runner hr = {p->run_blocking, p->run_blocking_arg};
+
+		helper_use_runner(&c->job, &hr);
+		helper_use_runner(&c->mon, &hr);
+	}
 	snprintf(c->run_id, sizeof(c->run_id), "%s", p->run_id ? p->run_id : "none");
 	c->p.run_id = c->run_id;
 	snprintf(c->ep_host, sizeof(c->ep_host), "%s", p->master_addr);

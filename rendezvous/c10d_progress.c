@@ -1,9 +1,9 @@
 /* c10d_progress.c: what the c10d/etcd join job tells the progress record
- * (progress_int.h): the waiting line every C10D_PROGRESS_MS, from the node
- * records the join loop reads for it anyway, and the completed round's
- * members with their group ranks and addresses (one MULTI_GET of their
- * records after the round closed, for rounds of up to RDZV_PROGRESS_NODES
- * nodes; bigger rounds are counted, not listed).
+ * (progress_int.h): the waiting line at the join loop's progress points,
+ * from the node records read for it, and, once a round of up to
+ * PROGRESS_COUNT_MAX nodes completed, its member list (one GET: the joined
+ * and lost counters) and the members' records (one MULTI_GET: names,
+ * addresses, group ranks).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -17,6 +17,11 @@
 #include "rendezvous/round_int.h"
 
 #define PROGRESS_HOSTS_READ 8 /* records read per waiting line */
+/* Rounds up to this many nodes: every member reads the member list and the
+ * records once (node list, joined/lost counters). Bigger rounds are counted
+ * as rounds only: the round protocol keeps a member's reads independent of
+ * the round's size, and a status page must not undo that. */
+#define PROGRESS_COUNT_MAX RDZV_PROGRESS_NODES
 
 /* The progress prefix is "crun-c10d/<run_id>": the run id alone. */
 static const char *run_id_of(const struct c10d_job *j)
@@ -74,53 +79,67 @@ void c10d_progress(struct c10d_job *j, struct coord *c, int64_t rd, int64_t join
 		   : "");
 }
 
-void c10d_progress_round(struct c10d_job *j, struct coord *c, const struct round_closed *rc,
-			 int64_t rd)
+void c10d_progress_round(struct c10d_job *j, struct coord *c, const struct round_head *h,
+			 int64_t rd, int prev_n)
 {
+	struct round_closed rc = {0};
 	struct rdzv_progress_node *m = NULL;
 	int *grank = NULL, continuing = 0, listed = 0;
-	char **keys = NULL, **vals = NULL;
+	char key[96], **keys = NULL, **vals = NULL, *v = NULL;
 
 	if (!j->prog)
 		return;
-	for (int i = 0; i < rc->n; i++)
-		continuing += j->prev_round >= 0 && rc->m[i].prev_round == j->prev_round;
-	if (rc->n <= RDZV_PROGRESS_NODES) {
-		m = calloc((size_t)rc->n, sizeof(*m));
-		grank = calloc((size_t)rc->n, sizeof(*grank));
-		keys = calloc((size_t)rc->n, sizeof(*keys));
-		vals = calloc((size_t)rc->n, sizeof(*vals));
+	/* The member list: what every member's previous round was (for the
+	 * counters) and the tickets whose records name the nodes. Only for
+	 * rounds a member can read whole cheaply. */
+	if (h->nodes > PROGRESS_COUNT_MAX ||
+	    str_printf(key, sizeof(key), "r%" PRId64 "/members/%d", rd, h->by) < 0 ||
+	    coord_get(c, key, j->conf.read_ms, &v) < 0 ||
+	    round_closed_parse(v, h->nodes, &rc) < 0) {
+		crun_free(v);
+		rdzv_prog_completed(j->prog, (int)rd, h->nodes, NULL, 0, -1, 0);
+		return;
 	}
-	if (m && grank && keys && vals && round_order(rc->m, rc->n, grank) == 0) {
+	crun_free(v);
+	for (int i = 0; i < rc.n; i++)
+		continuing += j->prev_round >= 0 && rc.m[i].prev_round == j->prev_round;
+	if (rc.n <= RDZV_PROGRESS_NODES) {
+		m = calloc((size_t)rc.n, sizeof(*m));
+		grank = calloc((size_t)rc.n, sizeof(*grank));
+		keys = calloc((size_t)rc.n, sizeof(*keys));
+		vals = calloc((size_t)rc.n, sizeof(*vals));
+	}
+	if (m && grank && keys && vals && round_order(rc.m, rc.n, grank) == 0) {
 		bool ok = true;
 
-		for (int i = 0; ok && i < rc->n; i++) {
+		for (int i = 0; ok && i < rc.n; i++) {
 			keys[i] = malloc(64);
 			ok = keys[i] && str_printf(keys[i], 64, "r%" PRId64 "/node/%d", rd,
-						   rc->m[i].ticket) >= 0;
+						   rc.m[i].ticket) >= 0;
 		}
-		if (ok && coord_multi_get(c, (const char *const *)keys, (size_t)rc->n,
+		if (ok && coord_multi_get(c, (const char *const *)keys, (size_t)rc.n,
 					  j->conf.read_ms, vals) == 0) {
-			for (int i = 0; i < rc->n; i++) {
+			for (int i = 0; i < rc.n; i++) {
 				struct round_node rn;
 				struct rdzv_progress_node *o = &m[grank[i]];
 
 				o->group_rank = grank[i];
-				if (round_record_parse(vals[i], rc->m[i].ticket, &rn) == 0) {
+				if (round_record_parse(vals[i], rc.m[i].ticket, &rn) == 0) {
 					snprintf(o->host, sizeof(o->host), "%s", rn.host);
 					snprintf(o->addr, sizeof(o->addr), "%s", rn.addr);
 				}
 				crun_free(vals[i]);
 			}
-			listed = rc->n;
+			listed = rc.n;
 		}
 	}
-	rdzv_prog_completed(j->prog, (int)rd, rc->n, m, listed, continuing,
-			    j->prev_round >= 0 ? j->nnodes : 0);
-	for (int i = 0; keys && i < rc->n; i++)
+	rdzv_prog_completed(j->prog, (int)rd, rc.n, m, listed, continuing,
+			    j->prev_round >= 0 ? prev_n : 0);
+	for (int i = 0; keys && i < rc.n; i++)
 		free(keys[i]);
 	free(keys);
 	free(vals);
 	free(grank);
 	free(m);
+	round_closed_free(&rc);
 }

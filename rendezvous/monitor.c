@@ -146,10 +146,13 @@ static int reestablish(struct c10d_job *j, struct coord *c, const char *chk, uin
 		r = coord_compare_set(c, "conf", "", val, NULL);
 	if (r == 0 && str_printf(val, sizeof(val), "%d", j->round) >= 0)
 		r = coord_compare_set(c, "round", "", val, NULL);
-	/* Only the attempt of r<n>/closed is read again (by the next round);
-	 * its members are in every member's memory. */
-	if (r == 0)
-		r = round_closed_format(j->info.attempt, NULL, 0, &closed);
+	/* Only the attempt of r<n>/closed (its head) is read again, by the
+	 * next round; the members know their places already. */
+	if (r == 0) {
+		struct round_head h = {.attempt = j->info.attempt}; /* nodes 0: no list */
+
+		r = round_head_format(&h, &closed);
+	}
 	if (r == 0 && str_printf(key, sizeof(key), "r%d/closed", j->round) >= 0)
 		r = coord_compare_set(c, key, "", closed, NULL);
 	crun_free(closed);

@@ -21,7 +21,16 @@ struct rdzv_prog {
 	char prev[RDZV_PROGRESS_NODES][RDZV_HOST_MAX];
 	int nprev;     /* listed */
 	bool prev_all; /* every member is listed */
+	/* waiting: when the last call and the join timeout come (clock_now_ms;
+	 * 0: not known), so a copy says what is left now, between looks */
+	uint64_t last_call_at, timeout_at;
 };
+
+/* Seconds from now to `at` (rounded up), or -1 when at is 0. */
+static int64_t secs_to(uint64_t at, uint64_t now)
+{
+	return !at ? -1 : at <= now ? 0 : (int64_t)((at - now + 999) / 1000);
+}
 
 static const struct {
 	const char *name, *help;
@@ -82,6 +91,12 @@ void rdzv_prog_copy(struct rdzv_prog *p, struct rdzv_progress *ret)
 	}
 	pthread_mutex_lock(&p->mu);
 	*ret = p->p;
+	if (ret->waiting) {
+		uint64_t now = clock_now_ms();
+
+		ret->last_call_s = secs_to(p->last_call_at, now);
+		ret->timeout_s = secs_to(p->timeout_at, now);
+	}
 	pthread_mutex_unlock(&p->mu);
 }
 
@@ -94,6 +109,7 @@ void rdzv_prog_joining(struct rdzv_prog *p)
 	p->p.joined = 0;
 	p->p.nnodes = 0;
 	p->p.last_call_s = p->p.timeout_s = -1;
+	p->last_call_at = p->timeout_at = 0;
 	p->p.nawait = -1;
 	pthread_mutex_unlock(&p->mu);
 }
@@ -132,8 +148,8 @@ void rdzv_prog_waiting(struct rdzv_prog *p, int round, int joined, int64_t last_
 	p->p.waiting = true;
 	p->p.round = round;
 	p->p.joined = joined;
-	p->p.last_call_s = last_call_ms < 0 ? -1 : (last_call_ms + 999) / 1000;
-	p->p.timeout_s = left_ms < 0 ? -1 : left_ms / 1000;
+	p->last_call_at = last_call_ms < 0 ? 0 : clock_now_ms() + (uint64_t)last_call_ms;
+	p->timeout_at = left_ms < 0 ? 0 : clock_now_ms() + (uint64_t)left_ms;
 	p->p.nnodes = nhosts;
 	for (int i = 0; i < nhosts; i++) {
 		snprintf(p->p.nodes[i].host, RDZV_HOST_MAX, "%s", hosts[i]);
@@ -167,16 +183,20 @@ void rdzv_prog_completed(struct rdzv_prog *p, int round, int n, const struct rdz
 	p->p.round = round;
 	p->p.joined = n;
 	p->p.last_call_s = p->p.timeout_s = -1;
+	p->last_call_at = p->timeout_at = 0;
 	p->p.nawait = 0;
 	p->p.nnodes = nlisted;
-	memcpy(p->p.nodes, m, (size_t)nlisted * sizeof(*m));
+	if (nlisted)
+		memcpy(p->p.nodes, m, (size_t)nlisted * sizeof(*m));
 	for (int i = 0; i < nlisted; i++)
 		memcpy(p->prev[i], m[i].host, RDZV_HOST_MAX);
 	p->nprev = nlisted;
 	p->prev_all = nlisted == n;
 	p->p.counters[RDZV_C_rounds_completed]++;
-	p->p.counters[RDZV_C_nodes_joined] += (uint64_t)MAX(0, n - continuing);
-	p->p.counters[RDZV_C_nodes_lost] += (uint64_t)MAX(0, prev_n - continuing);
+	if (continuing >= 0) { /* else not known: not counted */
+		p->p.counters[RDZV_C_nodes_joined] += (uint64_t)MAX(0, n - continuing);
+		p->p.counters[RDZV_C_nodes_lost] += (uint64_t)MAX(0, prev_n - continuing);
+	}
 	pthread_mutex_unlock(&p->mu);
 }
 

@@ -29,7 +29,8 @@ void rdzv_prog_waiting(struct rdzv_prog *p, int round, int joined, int64_t last_
 void rdzv_prog_abandoned(struct rdzv_prog *p);
 /* Round `round` completed with n members; m: the first nlisted of them in
  * group rank order; continuing: members that were in this node's previous
- * round, prev_n: that round's size (0: none). */
+ * round (-1: not known, nodes joined and lost are not counted), prev_n: that
+ * round's size (0: none). */
 void rdzv_prog_completed(struct rdzv_prog *p, int round, int n, const struct rdzv_progress_node *m,
 			 int nlisted, int continuing, int prev_n);
 

@@ -82,6 +82,9 @@ struct rdzv_params {
 	/* Static multi-node: clears the store this agent serves (node 0), on
 	 * the loop, once every node stopped its workers for a restart. */
 	void (*clear_store)(void *arg);
+	/* Where blocking store/etcd calls run; NULL fn: a pthread per call. */
+	int (*run_blocking)(void (*fn)(void *job), void *job, void *arg);
+	void *run_blocking_arg;
 };
 
 /* Creates a backend. CRUN_ENOTSUP for a backend not implemented, CRUN_ECONFIG

@@ -35,6 +35,7 @@ struct step {
 	uint8_t reply[64];
 	size_t rlen;
 	int close_after;
+	int delay_ms; /* before the reply */
 };
 
 struct peer {
@@ -109,6 +110,8 @@ static void *peer_main(void *arg)
 			snprintf(p->why, sizeof(p->why), "step %zu: got %s want %s", i, got, want);
 			break;
 		}
+		if (s->delay_ms)
+			usleep((useconds_t)s->delay_ms * 1000u);
 		if (s->rlen && write(fd, s->reply, s->rlen) != (ssize_t)s->rlen) {
 			p->failed = 1;
 			break;
@@ -381,6 +384,36 @@ START_TEST(v2_wait_timeout_cancels_and_keeps_the_connection)
 }
 END_TEST
 
+/* The timeout of a MULTI_GET bounds the wait for its keys, not the read of
+ * keys that exist: a WAIT that used up a short timeout left the read no time
+ * and broke the connection (the rendezvous closer's 1 ms look, under load). */
+START_TEST(multi_get_timeout_bounds_the_wait_not_the_read)
+{
+	struct peer p = {0};
+	crun_store_t *s;
+	const char *k = "k1";
+	void *val = NULL;
+	size_t len = 0;
+
+	greeting(&p.steps[0]);
+	expect_wait1(&p.steps[1], 0x06, "/k1");
+	p.steps[1].reply[0] = 0x00; /* STOP_WAITING at once: the key exists */
+	p.steps[1].rlen = 1;
+	expect_wait1(&p.steps[2], 0x0a, "/k1"); /* MULTI_GET: count, key */
+	p.steps[2].delay_ms = 1500;		/* a busy server: past the 500 ms timeout */
+	p.steps[2].rlen = put_str(p.steps[2].reply, "v1", 2);
+	p.n = 3;
+	peer_start(&p);
+	s = open_at(p.port, CRUN_STORE_V2, NULL, 5000, 5000);
+	ck_assert_int_eq(crun_store_multi_get(s, &k, 1, 500, &val, &len), 0);
+	ck_assert_uint_eq(len, 2);
+	ck_assert_str_eq(val, "v1");
+	crun_free(val);
+	crun_store_close(s);
+	peer_finish(&p);
+}
+END_TEST
+
 START_TEST(v1_wait_timeout_breaks_the_connection)
 {
 	struct peer p = {0};
@@ -636,6 +669,7 @@ Suite *store_client_wire_suite(void)
 	tcase_set_timeout(tc, 20);
 	tcase_add_test(tc, set_sends_the_captured_113_bytes);
 	tcase_add_test(tc, get_sends_wait_then_get);
+	tcase_add_test(tc, multi_get_timeout_bounds_the_wait_not_the_read);
 	tcase_add_test(tc, prefix_and_nested_views_mangle_like_prefixstore);
 	tcase_add_test(tc, v2_greets_with_validate_and_ping);
 	tcase_add_test(tc, a_wrong_ping_echo_fails_open_with_eproto);
