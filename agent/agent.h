@@ -507,8 +507,9 @@ void cli_changes(const struct cli *was, const struct cli *now, char *live, size_
  * with READY=1). Embedded by its owner; everything on `base`'s loop. */
 struct notify;
 struct agent_service {
-	struct notify *notify; /* NULL when not under systemd: sends are no-ops */
-	struct event *watchdog, *sighup;
+	struct notify *notify;		 /* NULL when not under systemd: sends are no-ops */
+	struct event *watchdog, *sighup; /* watchdog: also STATUS= ticks */
+	bool wd;			 /* WATCHDOG_USEC is set: ping */
 	void (*on_reload)(void *arg);
 	void (*on_tick)(void *arg);
 	void *arg;

@@ -16,6 +16,7 @@
 #include "common/common.h"
 #include "rendezvous/c10d_int.h"
 #include "rendezvous/coord.h"
+#include "rendezvous/progress_int.h"
 #include "rendezvous/round_int.h"
 #include "store/auth.h"
 
@@ -24,6 +25,7 @@ static void job_release(struct helper_job *h)
 	struct c10d_job *j = (struct c10d_job *)h;
 
 	coord_close(j->mon_c);
+	rdzv_prog_unref(j->prog);
 	free(j->peers);
 	free(j->etcd);
 	free(j);
@@ -116,44 +118,6 @@ static int check_job(struct c10d_job *j, struct coord *c)
 		return CRUN_ECONFIG;
 	}
 	return r == CRUN_ENOTFOUND ? 0 : c10d_jfail(j, c, r, "reading the job state");
-}
-
-static void progress(struct c10d_job *j, struct coord *c, int64_t rd, int64_t joined,
-		     uint64_t left_ms)
-{
-	char hosts[512] = "", kb[8][64], *vals[8] = {0};
-	const char *keys[8];
-	int n = (int)MIN(joined, 8);
-	size_t o = 0;
-	bool got;
-
-	/* The first few hosts, in one read (a record not there yet, its
-	 * holder dead, leaves them out: this is a log line). */
-	for (int i = 0; i < n; i++) {
-		snprintf(kb[i], sizeof(kb[i]), "r%" PRId64 "/node/%d", rd, i + 1);
-		keys[i] = kb[i];
-	}
-	got = n > 0 && coord_multi_get(c, keys, (size_t)n, 1, vals) == 0;
-	for (int i = 0; got && i < n; i++) {
-		struct round_node nd;
-
-		if (o + 64 < sizeof(hosts) && round_record_parse(vals[i], i + 1, &nd) == 0)
-			o += (size_t)snprintf(hosts + o, sizeof(hosts) - o, "%s%s", o ? ", " : "",
-					      nd.host);
-		crun_free(vals[i]);
-	}
-	log_at(LL_WARN, SUB_RDZV,
-	       "rendezvous '%s' round %" PRId64 ": %" PRId64 " of %d/%d nodes joined (hosts: "
-	       "%s%s), %" PRIu64 " s left%s",
-	       j->prefix, rd, joined, j->min, j->max, hosts, joined > 8 ? ", ..." : "",
-	       left_ms / 1000,
-	       /* The store host cannot tell "everyone else died" from "my link is
-		* cut"; in the second case the others have already ended the job
-		* (they lost the store), so say it rather than wait in silence. */
-	       j->is_host && joined == 1 && j->prev_round >= 0
-		   ? "; this node serves the rendezvous store and is alone: if its network "
-		     "was cut, the other nodes could not reach the store and have ended the job"
-		   : "");
 }
 
 /* The attempt round rd carries: round rd-1 is closed (or abandoned) before
@@ -695,7 +659,8 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 			next_log = clock_now_ms() + every;
 			KEY(jk, "r%" PRId64 "/joined", rd);
 			if (coord_add(c, jk, 0, &joined) == 0)
-				progress(j, c, rd, joined, deadline - clock_now_ms());
+				c10d_progress(j, c, rd, joined, min_seen,
+					      deadline - clock_now_ms());
 		}
 	}
 	return CRUN_ETIMEDOUT;
@@ -756,9 +721,14 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 			log_at(LL_WARN, SUB_RDZV,
 			       "rendezvous '%s' round %" PRId64 " was abandoned; joining the next",
 			       j->prefix, rd);
+			rdzv_prog_abandoned(j->prog);
 			r = open_next(j, c, rd, NULL);
 		} else {
+			int prev_n = j->nnodes;
+
 			r = take_assignment(j, c, &h, rd, t);
+			if (r == 0)
+				c10d_progress_round(j, c, &h, rd, prev_n);
 			if (r <= 0)
 				return r;
 			r = not_counted_in(j, c, rd, h.nodes, &deadline);

@@ -362,6 +362,16 @@ const struct rdzv_info *rdzv_info(const struct rdzv *r)
 	return r->have_info ? &r->info : NULL;
 }
 
+void rdzv_get_progress(const struct rdzv *r, struct rdzv_progress *ret)
+{
+	if (r->c10d) {
+		c10d_get_progress(r->c10d, ret);
+		return;
+	}
+	memset(ret, 0, sizeof(*ret));
+	ret->round = ret->last_call_s = ret->timeout_s = ret->nawait = -1;
+}
+
 const char *rdzv_peer_addrs(const struct rdzv *r)
 {
 	return r->c10d ? c10d_peer_addrs(r->c10d) : NULL;
