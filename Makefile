@@ -170,6 +170,13 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIBA)
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(BASE_LDFLAGS) -o $@ $< $(LIBA) $(LIBS)
 
+# rdzv_sim runs the library's blocking store client on coroutines: the linker
+# routes the client's poll/usleep/connect/send/recv through its scheduler.
+SIM_WRAP := -Wl,--wrap=poll,--wrap=usleep,--wrap=connect,--wrap=send,--wrap=recv
+$(BUILD)/bench/rdzv_sim: $(BUILD)/obj/bench/rdzv_sim.o $(LIBA)
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(BASE_LDFLAGS) $(SIM_WRAP) -o $@ $< $(LIBA) $(LIBS)
+
 $(BUILD)/obj/tests/%.o: tests/%.c $(BUILD)/config.mk
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  CC      $<")
