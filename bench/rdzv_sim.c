@@ -631,7 +631,9 @@ static void after_run(struct sim *s, struct agent *a)
 	if (a->state != A_MONITOR || !a->j || !atomic_load(&a->j->h.posted) ||
 	    helper_stopping(&a->j->h))
 		return;
-	if (s->inject_us && !s->detect_us) {
+	/* only a change of the round the fault hit: a lease that lapsed
+	 * before (a starved agent) is not the detection of the fault */
+	if (s->inject_us && !s->detect_us && a->round == s->last_rd) {
 		s->detect_us = clock_now_us();
 		if (s->verbose)
 			fprintf(stderr, "rdzv_sim: agent %d saw the change first: %s\n", a->idx,

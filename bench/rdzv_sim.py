@@ -14,7 +14,9 @@ each, MIN = K - 1, MAX = K, last_call_timeout 0.5 s, lease TTL 3 s, heartbeat 1 
 Then at --faults-k, one run each of: 1% of the members cut off (socket left open, never serviced:
 their leases lapse after the TTL), --late 1% of the agents started after the first round formed,
 and 1% killed while they join (when the last agent has connected).
-Reported: seconds, store requests and bytes (sent + received) per agent in the round, the
+Reported: seconds, store requests and bytes (sent + received) per agent in the round, "extra
+rounds" (rounds between the first and the one after the kill that no injected fault asked for:
+a lease that lapsed because its agent was starved of the CPU past the TTL), the
 server's CPU seconds and peak RSS over the whole run (both rounds), whether every rank was
 unique and 0..n-1. torchrun: K handler objects on threads in one process (see that script),
 K doubling from the first --torch-ks value while a run took under --torch-limit / 2.5.
@@ -23,14 +25,13 @@ import argparse
 import json
 import os
 import resource
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from benchlib import loglog_svg  # noqa: E402
 from store_bench import (TORCH2, Server, RssSampler, proc_status, raise_nofile)  # noqa: E402
 
 KS = (1024, 2048, 4096, 8192, 12288)
@@ -102,14 +103,16 @@ def table(runs, faults, torch, env):
          "crun (bench/rdzv_sim: K agents on one event loop, one connection each, "
          "crun-rdzvd on loopback):", "",
          "| K | form s | req/agent | bytes/agent | kill 1: detect s | next round s "
-         "| req/agent | bytes/agent | server CPU s | server peak RSS MB | sim CPU s | ranks |",
-         "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+         "| req/agent | bytes/agent | extra rounds | server CPU s | server peak RSS MB | sim CPU s "
+         "| ranks |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         f, x = r["phases"].get("form", {}), r["phases"].get("fail", {})
         L.append(f"| {r['k']:,} | {fmt(f.get('t_s'))} | {fmt(f.get('req_per_agent'), '{:.1f}')} "
                  f"| {fmt(f.get('bytes_per_agent'), '{:,.0f}')} | {fmt(x.get('detect_s'))} "
                  f"| {fmt(x.get('reform_s'))} | {fmt(x.get('req_per_agent'), '{:.1f}')} "
-                 f"| {fmt(x.get('bytes_per_agent'), '{:,.0f}')} | {fmt(r.get('server_cpu_s'))} "
+                 f"| {fmt(x.get('bytes_per_agent'), '{:,.0f}')} "
+                 f"| {x['round'] - f['round'] - 1 if x and f else '-'} "
+                 f"| {fmt(r.get('server_cpu_s'))} "
                  f"| {fmt(r.get('server_hwm_mb'), '{:.1f}')} | {fmt(r.get('sim_cpu_s'))} "
                  f"| {'ok' if r.get('ok') else 'FAILED: ' + r.get('error', '')} |")
     if faults:
@@ -135,30 +138,13 @@ def table(runs, faults, torch, env):
 
 
 def plot(runs, torch, path):
-    if not shutil.which("gnuplot"):
-        log("gnuplot not found: no plot (apt-get install gnuplot-nox)")
-        return
-    series = [("crun: form a round", [(r["k"], r["phases"]["form"]["t_s"]) for r in runs
-                                      if "form" in r["phases"]]),
-              ("crun: next round after a kill", [(r["k"], r["phases"]["fail"]["reform_s"])
-                                                 for r in runs if "fail" in r["phases"]]),
-              ("torchrun 2.x: form a round", [(t["k"], t["t_s"]) for t in torch if t.get("ok")])]
-    with tempfile.TemporaryDirectory() as tmp:
-        parts = []
-        for i, (title, pts) in enumerate(series):
-            if not pts:
-                continue
-            dat = os.path.join(tmp, f"{i}.dat")
-            with open(dat, "w") as f:
-                f.writelines(f"{k} {max(t, 0.001)}\n" for k, t in pts)
-            parts.append(f"'{dat}' using 1:2 with linespoints title '{title}'")
-        if not parts:
-            return
-        script = (f"set terminal svg size 720,440 dynamic\nset output '{path}'\n"
-                  "set title 'Rendezvous of K agents (one machine, loopback)'\n"
-                  "set logscale xy\nset xlabel 'agents K'\nset ylabel 'seconds'\n"
-                  "set key top left\nset grid\nplot " + ", ".join(parts) + "\n")
-        subprocess.run(["gnuplot"], input=script, text=True, check=False, timeout=60)
+    loglog_svg(path, "Rendezvous of K agents (one machine, loopback)", "agents K", "seconds", [
+        ("crun: form a round", [(r["k"], r["phases"]["form"]["t_s"]) for r in runs
+                                if "form" in r["phases"]]),
+        ("crun: next round after a kill",
+         [(r["k"], r["phases"]["fail"]["reform_s"]) for r in runs
+          if "reform_s" in r["phases"].get("fail", {})]),
+        ("torchrun 2.x: form a round", [(t["k"], t["t_s"]) for t in torch if t.get("ok")])])
 
 
 def main():
