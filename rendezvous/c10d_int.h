@@ -11,10 +11,17 @@
  *   closed            "done <round>" or "failed: <why>": the run id is spent
  *   round             the current round number (decimal counter)
  *   r<n>/joined       ticket counter of round n
+ *   r<n>/clock_min    set by every joiner whose ticket is MIN or more: the
+ *                     members' last-call clocks start (c10d_join.c)
+ *   r<n>/clock_max    the same at MAX: the round closes now
  *   r<n>/node/<t>     ticket t's record (round_int.h)
  *   r<n>/alive/<t>    ephemeral under ticket t's lease: t is alive
- *   r<n>/closed       the members and the attempt (round_int.h), written once
- *                     by COMPARE_SET by whichever member closes first
+ *   r<n>/closed       the head: attempt, size, worker store, closer T
+ *                     (round_int.h), written once by COMPARE_SET by
+ *                     whichever member closes first
+ *   r<n>/a/<T>/<t>    ticket t's group rank, base rank and world size, by
+ *                     closer T (before its head): what a member reads
+ *   r<n>/members/<T>  closer T's member list (group rank 0, status pages)
  *   r<n>/change       why round n is over ("restart ...", "join ...",
  *                     "dead ...", "failed"); every lease's expiry key
  *   r<n>/lease/<g>/hb heartbeat fallback of group rank g (see coord.h)
@@ -29,12 +36,12 @@
 #include "rendezvous/c10d.h"
 #include "rendezvous/helper_int.h"
 
-#define C10D_PROGRESS_MS  3000
-#define C10D_SPARE_MAX_MS (7u * 24 * 3600 * 1000) /* a spare waits at most a week */
-#define C10D_DEPART_MS	  10000
-#define C10D_POLL_MS	  250	 /* a joiner's longest wait between looks */
-#define C10D_REASON_MS	  5000u	 /* reading why the job failed, once it did */
-#define C10D_OUTAGE_MS	  60000u /* a store no member serves may be down this long */
+#define C10D_PROGRESS_MS     3000
+#define C10D_SPARE_MAX_MS    (7u * 24 * 3600 * 1000) /* a spare waits at most a week */
+#define C10D_DEPART_MS	     10000
+#define C10D_PROGRESS_MAX_MS 60000u /* progress lines double their interval up to this */
+#define C10D_REASON_MS	     5000u  /* reading why the job failed, once it did */
+#define C10D_OUTAGE_MS	     60000u /* a store no member serves may be down this long */
 
 enum c10d_job_kind { JOB_ROUND, JOB_BARRIER, JOB_FAIL, JOB_MONITOR };
 

@@ -1,6 +1,7 @@
 /* c10d_join.c: the blocking bodies of the c10d jobs (c10d_int.h): joining
  * rounds until one counts this agent in, the exit barrier and closing the
- * job as failed. A round is leaderless: every member polls the ticket count,
+ * job as failed. A round is leaderless: every member sleeps on the round's
+ * events (closed, change, and the count reaching MIN or MAX: wait_closed),
  * any of them closes it (COMPARE_SET r<n>/closed) once its own last-call
  * timer fired or MAX tickets were drawn, dropping tickets whose alive key is
  * gone, and every member computes the assignment from the closed value
@@ -153,7 +154,7 @@ static void progress(struct c10d_job *j, struct coord *c, int64_t rd, int64_t jo
  * anyone can join rd, so its value and why it ended decide. */
 static int attempt_of(struct c10d_job *j, struct coord *c, int64_t rd, int *ret)
 {
-	struct round_closed prev = {0};
+	struct round_head prev;
 	char key[64], *v = NULL, *chg = NULL;
 	int r;
 
@@ -165,19 +166,16 @@ static int attempt_of(struct c10d_job *j, struct coord *c, int64_t rd, int *ret)
 	r = coord_get(c, key, j->conf.read_ms, &v);
 	if (r < 0)
 		return c10d_jfail(j, c, r, "reading the previous round");
-	r = round_closed_parse(v, j->max, &prev);
+	r = round_head_parse(v, &prev);
 	crun_free(v);
 	if (r < 0)
 		return c10d_jfail(j, NULL, r, "bad closed value of the previous round");
 	KEY(key, "r%" PRId64 "/change", rd - 1);
 	r = coord_try_get(c, key, &chg);
-	if (r < 0 && r != CRUN_ENOTFOUND) {
-		round_closed_free(&prev);
+	if (r < 0 && r != CRUN_ENOTFOUND)
 		return c10d_jfail(j, c, r, "reading why the previous round ended");
-	}
 	*ret = round_next_attempt(prev.attempt, r == 0 ? chg : NULL);
 	crun_free(chg);
-	round_closed_free(&prev);
 	return 0;
 }
 
@@ -185,11 +183,12 @@ static int attempt_of(struct c10d_job *j, struct coord *c, int64_t rd, int *ret)
  * first writer wins; *ret_cur gets whatever closed it. */
 static int abandon(struct c10d_job *j, struct coord *c, int64_t rd, char **ret_cur)
 {
+	struct round_head h = {0};
 	char key[64], *val = NULL;
-	int attempt, r;
+	int r;
 
-	TRY(attempt_of(j, c, rd, &attempt));
-	r = round_closed_format(attempt, NULL, 0, &val);
+	TRY(attempt_of(j, c, rd, &h.attempt));
+	r = round_head_format(&h, &val);
 	if (r < 0)
 		return c10d_jfail(j, NULL, r, "abandoning the round");
 	KEY(key, "r%" PRId64 "/closed", rd);
@@ -240,26 +239,79 @@ static bool alive_all(struct coord *c, int64_t rd, int n)
 	return ok;
 }
 
+/* Closes round rd as ticket t with members m[0..n): first every member's
+ * assignment and the member list under this closer's name (one MULTI_SET:
+ * no other closer writes there), then the head by COMPARE_SET. Whoever won,
+ * *ret_closed gets the head now stored: no need to wait for it (the store
+ * may be busy serving it to everyone). */
+static int write_close(struct coord *c, int64_t rd, int64_t t, int attempt,
+		       const struct round_node *m, int n, char **ret_closed)
+{
+	struct round_plan p;
+	char **keys = calloc((size_t)n + 1, sizeof(char *)), *head = NULL, key[64];
+	const char **vals = calloc((size_t)n + 1, sizeof(char *));
+	int r = keys && vals ? round_plan_make(attempt, (int)t, m, n, &p) : CRUN_ENOMEM;
+
+	if (r < 0) {
+		free(keys);
+		free(vals);
+		return r;
+	}
+	for (int i = 0; i < n && r == 0; i++) {
+		r = asprintf(&keys[i], "r%" PRId64 "/a/%" PRId64 "/%d", rd, t, p.ticket[i]) < 0
+			? CRUN_ENOMEM
+			: 0;
+		vals[i] = p.val[i];
+	}
+	if (r == 0)
+		r = asprintf(&keys[n], "r%" PRId64 "/members/%" PRId64, rd, t) < 0 ? CRUN_ENOMEM
+										   : 0;
+	vals[n] = p.members;
+	if (r == 0)
+		r = coord_multi_set(c, (const char *const *)keys, vals, (size_t)n + 1);
+	if (r == 0)
+		r = round_head_format(&p.head, &head);
+	if (r == 0)
+		r = str_printf(key, sizeof(key), "r%" PRId64 "/closed", rd);
+	if (r >= 0)
+		r = coord_compare_set(c, key, "", head, ret_closed);
+	crun_free(head);
+	for (int i = 0; i <= n; i++)
+		free(keys[i]);
+	free(keys);
+	free(vals);
+	round_plan_free(&p);
+	return r;
+}
+
 /* Reads which of tickets 1..joined are alive (until MAX of them) and, with
  * at least MIN, closes the round with them and their records (one
  * MULTI_GET: a record is written before its alive key). 0 whether or not
  * it closed; *ret_closed (malloc'd) is set when this call wrote or found
  * the closed value, else the caller waits for it. */
-static int try_close(struct c10d_job *j, struct coord *c, int64_t rd, int64_t joined,
-		     char **ret_closed)
+static int try_close(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t, char **ret_closed)
 {
-	int n = (int)MIN(joined, (int64_t)j->max + 4096); /* bounded read */
-	struct round_node *m = calloc((size_t)n, sizeof(*m));
-	char **keys = calloc((size_t)n, sizeof(char *)), **vals = calloc((size_t)n, sizeof(char *));
-	char key[96], *val = NULL;
-	int r = CRUN_ENOMEM, k = 0, good = 0, attempt;
+	struct round_node *m = NULL;
+	char **keys = NULL, **vals = NULL;
+	char key[96];
+	int r, n = 0, k = 0, good = 0, attempt;
+	int64_t joined;
 	bool all;
 
-	if (!m || !keys || !vals)
-		goto out;
 	KEY(key, "r%" PRId64 "/closed", rd);
 	r = coord_exists(c, key);
 	if (r != 0) /* closed already (1), or an error */
+		goto out;
+	KEY(key, "r%" PRId64 "/joined", rd);
+	r = coord_add(c, key, 0, &joined);
+	if (r < 0)
+		goto out;
+	n = (int)MIN(joined, (int64_t)j->max + 4096); /* bounded read */
+	m = calloc((size_t)n, sizeof(*m));
+	keys = calloc((size_t)n, sizeof(char *));
+	vals = calloc((size_t)n, sizeof(char *));
+	r = CRUN_ENOMEM;
+	if (!m || !keys || !vals)
 		goto out;
 	all = alive_all(c, rd, (int)MIN(n, j->max));
 	for (int i = 0; i < n && k < j->max; i++) {
@@ -294,14 +346,7 @@ static int try_close(struct c10d_job *j, struct coord *c, int64_t rd, int64_t jo
 		goto out;
 	r = attempt_of(j, c, rd, &attempt);
 	if (r == 0)
-		r = round_closed_format(attempt, m, good, &val);
-	if (r == 0) {
-		KEY(key, "r%" PRId64 "/closed", rd);
-		/* Whoever won, the value now stored is the round: no need to
-		 * wait for it (the store may be busy serving it to everyone). */
-		r = coord_compare_set(c, key, "", val, ret_closed);
-	}
-	crun_free(val);
+		r = write_close(c, rd, t, attempt, m, good, ret_closed);
 out:
 	for (int i = 0; keys && vals && i < n; i++) {
 		free(keys[i]);
@@ -313,12 +358,13 @@ out:
 	return r < 0 ? c10d_jfail(j, c, r, "closing the round") : 0;
 }
 
-/* Waits for round rd+1 to open (a spare). RO_SPARE_DONE when the job ended
- * instead. */
+/* Waits for round rd+1 to open (a spare): asleep until its first ticket
+ * or the job's end. RO_SPARE_DONE when the job ended instead. */
 static int wait_next_round(struct c10d_job *j, struct coord *c, int64_t rd, uint64_t deadline)
 {
 	char key[64];
-	uint64_t last_log = clock_now_ms();
+	const char *keys[2] = {key, "closed"};
+	uint64_t every = C10D_PROGRESS_MS * 2, next_log = clock_now_ms() + every;
 
 	KEY(key, "r%" PRId64 "/joined", rd + 1);
 	for (int i = 0; i < 1 << 30; i++) {
@@ -331,20 +377,18 @@ static int wait_next_round(struct c10d_job *j, struct coord *c, int64_t rd, uint
 				 j->prefix);
 			return CRUN_ETIMEDOUT;
 		}
-		r = coord_wait(c, key, (uint32_t)MIN(1000, deadline - now));
+		r = coord_wait_any(c, keys, 2, (uint32_t)(MIN(deadline, next_log) - now));
 		if (r == 0)
 			return 0;
-		if (r != CRUN_ETIMEDOUT)
-			return c10d_jfail(j, c, r, "waiting for the next round");
-		r = coord_exists(c, "closed");
-		if (r < 0)
-			return c10d_jfail(j, c, r, "reading the job state");
 		if (r == 1) {
 			j->outcome = RO_SPARE_DONE;
 			return 0;
 		}
-		if (clock_now_ms() - last_log >= C10D_PROGRESS_MS * 2) {
-			last_log = clock_now_ms();
+		if (r != CRUN_ETIMEDOUT)
+			return c10d_jfail(j, c, r, "waiting for the next round");
+		if (clock_now_ms() >= next_log) {
+			every = MIN(every * 2, C10D_PROGRESS_MAX_MS);
+			next_log = clock_now_ms() + every;
 			log_at(LL_WARN, SUB_RDZV,
 			       "rendezvous '%s': round %" PRId64 " is full (%d/%d nodes); waiting "
 			       "as a spare",
@@ -438,73 +482,154 @@ static int not_counted_in(struct c10d_job *j, struct coord *c, int64_t rd, int n
 	return 0;
 }
 
-/* Member `me` of the closed round rd: its assignment, from the closed value
- * alone. */
-static int take_assignment(struct c10d_job *j, struct coord *c, const struct round_closed *rc,
-			   int me, int64_t rd)
+/* Group rank 0: the addresses of every member, from the member list. */
+static int read_peers(struct c10d_job *j, struct coord *c, const struct round_head *h, int64_t rd)
+{
+	struct round_closed rc;
+	char key[96], *v = NULL;
+	int r;
+
+	KEY(key, "r%" PRId64 "/members/%d", rd, h->by);
+	r = coord_get(c, key, j->conf.read_ms, &v);
+	if (r == 0)
+		r = round_closed_parse(v, h->nodes, &rc);
+	crun_free(v);
+	if (r < 0)
+		return r;
+	r = c10d_read_peer_addrs(c, (int)rd, &rc, j->conf.read_ms, &j->peers);
+	round_closed_free(&rc);
+	return r;
+}
+
+/* Ticket t's place in the closed round rd (head h): its own assignment key,
+ * two small reads whatever the round's size. 1 when t is not a member. */
+static int take_assignment(struct c10d_job *j, struct coord *c, const struct round_head *h,
+			   int64_t rd, int64_t t)
 {
 	struct round_assignment a;
-	int r = round_assign(rc, me, &a);
+	char key[96], *v = NULL;
+	int r;
 
+	KEY(key, "r%" PRId64 "/a/%d/%" PRId64, rd, h->by, t);
+	r = coord_try_get(c, key, &v);
+	if (r == CRUN_ENOTFOUND)
+		return 1; /* written before the head: absent = not a member */
 	if (r < 0)
-		return c10d_jfail(j, NULL, r, "computing the rank assignment");
-	/* Group rank 0 serves the round's worker store: learn who may reach it. */
-	if (a.info.group_rank == 0 &&
-	    c10d_read_peer_addrs(c, (int)rd, rc, j->conf.read_ms, &j->peers) < 0)
+		return c10d_jfail(j, c, r, "reading the rank assignment");
+	r = round_member_assign(h, v, &a);
+	crun_free(v);
+	if (r < 0)
+		return c10d_jfail(j, NULL, r, "bad rank assignment");
+	/* Group rank 0 serves the round's worker store: learn who may reach
+	 * it (the one member that reads the whole member list). */
+	if (a.info.group_rank == 0 && read_peers(j, c, h, rd) < 0)
 		log_at(LL_WARN, SUB_RDZV,
 		       "cannot read the round's node addresses: the worker store allows "
 		       "loopback only");
 	j->info = a.info;
 	snprintf(j->store_host, sizeof(j->store_host), "%s", a.store_host);
 	j->host_member = a.host_member;
-	j->nnodes = rc->n;
+	j->nnodes = h->nodes;
 	j->round = (int)rd;
 	return 0;
 }
 
-/* Polls round rd (open) until it is closed; closes it when this member's
- * timer fires; abandons it when a joiner died. *ret_closed: the value. */
+/* What a member of an open round sleeps on, in the order they win: the
+ * round closed, it ended before closing (a joiner died: its lease set the
+ * change key), the ticket count reached MAX, then MIN (the last call
+ * starts). The two counts are marker keys the joiners at or past them set. */
+enum round_event { EV_CLOSED, EV_CHANGE, EV_MAX, EV_MIN, EV_N };
+
+static const char *const event_key[EV_N] = {"closed", "change", "clock_max", "clock_min"};
+
+/* Tells the others the count reached MIN (and MAX): every joiner at or past
+ * it says so, as the one whose ticket reached it may die before it could. */
+static int mark_counts(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t)
+{
+	char key[64], val[32];
+	int r = 0;
+
+	KEY(val, "%" PRId64, t);
+	if (t >= j->min) {
+		KEY(key, "r%" PRId64 "/%s", rd, event_key[EV_MIN]);
+		r = coord_set(c, key, val);
+	}
+	if (r == 0 && t >= j->max) {
+		KEY(key, "r%" PRId64 "/%s", rd, event_key[EV_MAX]);
+		r = coord_set(c, key, val);
+	}
+	return r < 0 ? c10d_jfail(j, c, r, "marking the node count") : 0;
+}
+
+/* The round timed out: say how many joined (one read, at the end). */
+static int join_timed_out(struct c10d_job *j, struct coord *c, int64_t rd)
+{
+	char key[64];
+	int64_t joined = -1;
+
+	KEY(key, "r%" PRId64 "/joined", rd);
+	(void)coord_add(c, key, 0, &joined);
+	snprintf(j->err, sizeof(j->err),
+		 "timed out after %u s waiting for %d nodes to join rendezvous '%s' round %" PRId64
+		 " (%" PRId64 " joined)",
+		 j->conf.join_ms / 1000, j->min, j->prefix, rd, joined);
+	return CRUN_ETIMEDOUT;
+}
+
+/* Sleeps in round rd (open) until it is closed: wakes on its events
+ * (round_event) and on its own timers only - closing the round when its
+ * last-call turn comes, keeping the lease alive, an occasional progress
+ * line - so what a member asks of the store per round does not grow with
+ * the number of members nor with how long the round takes. Abandons the
+ * round when a joiner died. *ret_closed: the value. */
 static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t,
 		       uint64_t deadline, char **ret_closed)
 {
-	char key[64], jk[64], chk[64];
-	uint64_t min_seen = 0, max_seen = 0, next_try = 0, last_log = clock_now_ms();
-	uint64_t last_keep = clock_now_ms();
-	uint32_t poll = MIN(C10D_POLL_MS, j->conf.hb_ms);
-	int64_t joined = t;
+	char kb[EV_N][64];
+	const char *keys[EV_N];
+	uint64_t now = clock_now_ms(), last_keep = now, next_try = 0;
+	uint64_t min_seen = t >= j->min ? now : 0, max_seen = t >= j->max ? now : 0;
+	uint64_t every = C10D_PROGRESS_MS, next_log = now + every;
 	int r;
 
-	KEY(key, "r%" PRId64 "/closed", rd);
-	KEY(jk, "r%" PRId64 "/joined", rd);
-	KEY(chk, "r%" PRId64 "/change", rd);
+	for (int e = 0; e < EV_N; e++) {
+		KEY(kb[e], "r%" PRId64 "/%s", rd, event_key[e]);
+		keys[e] = kb[e];
+	}
 	for (int i = 0; i < 1 << 30; i++) {
-		uint64_t now = clock_now_ms();
+		/* Only the events not seen yet (a present key answers at once). */
+		size_t n = max_seen ? EV_MAX : min_seen ? EV_MIN : EV_N;
+		uint64_t at =
+		    round_close_at((int)t, j->max, min_seen, max_seen, j->conf.last_call_ms);
+		uint64_t wake = MIN(deadline, next_log);
 
-		if (now >= deadline) {
-			snprintf(j->err, sizeof(j->err),
-				 "timed out after %u s waiting for %d nodes to join rendezvous "
-				 "'%s' round %" PRId64 " (%" PRId64 " joined)",
-				 j->conf.join_ms / 1000, j->min, j->prefix, rd, joined);
-			return CRUN_ETIMEDOUT;
-		}
+		now = clock_now_ms();
+		if (now >= deadline)
+			return join_timed_out(j, c, rd);
 		keep_lease(j, now, &last_keep);
-		r = coord_add(c, jk, 0, &joined);
-		if (r < 0)
-			return c10d_jfail(j, c, r, "counting the nodes");
-		if (joined >= j->min && !min_seen)
-			min_seen = now;
-		if (joined >= j->max && !max_seen)
-			max_seen = now;
-		r = coord_exists(c, chk);
-		if (r < 0)
-			return c10d_jfail(j, c, r, "watching the round");
-		if (r == 1) {
+		if (at && now >= at && now >= next_try) {
+			TRY(try_close(j, c, rd, t, ret_closed));
+			if (*ret_closed)
+				return 0;
+			/* Below MIN live tickets: look again after a TTL. */
+			next_try = now + j->conf.ttl_ms;
+		}
+		if (at)
+			wake = MIN(wake, MAX(at, next_try));
+		if (j->lease)
+			wake = MIN(wake, last_keep + j->conf.hb_ms);
+		r = coord_wait_any(c, keys, n, (uint32_t)(wake > now ? wake - now : 1));
+		if (r == EV_CLOSED)
+			return coord_get(c, kb[EV_CLOSED], j->conf.read_ms, ret_closed) < 0
+				   ? c10d_jfail(j, c, CRUN_EPROTO, "reading the closed round")
+				   : 0;
+		if (r == EV_CHANGE) {
 			/* A ticket holder died (its lease set the change key)
 			 * before the round closed: nobody can tell whether it
 			 * would have been counted, so start over. */
 			char *why = NULL;
 
-			if (coord_try_get(c, chk, &why) == 0) {
+			if (coord_try_get(c, kb[EV_CHANGE], &why) == 0) {
 				log_at(LL_WARN, SUB_RDZV,
 				       "rendezvous '%s' round %" PRId64 " ended before it closed "
 				       "(%.200s); starting over",
@@ -513,24 +638,24 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 			}
 			return abandon(j, c, rd, ret_closed);
 		}
-		if (now >= next_try && round_should_close((int)t, j->max, now, min_seen, max_seen,
-							  j->conf.last_call_ms)) {
-			TRY(try_close(j, c, rd, joined, ret_closed));
-			if (*ret_closed)
-				return 0;
-			/* Below MIN live tickets: look again after a TTL. */
-			next_try = now + j->conf.ttl_ms;
+		if (r == EV_MAX || r == EV_MIN) {
+			now = clock_now_ms();
+			max_seen = r == EV_MAX ? now : max_seen;
+			min_seen = min_seen ? min_seen : now;
+			continue;
 		}
-		r = coord_wait(c, key, (uint32_t)MIN(poll, deadline - now));
-		if (r == 0)
-			return coord_get(c, key, j->conf.read_ms, ret_closed) < 0
-				   ? c10d_jfail(j, c, CRUN_EPROTO, "reading the closed round")
-				   : 0;
 		if (r != CRUN_ETIMEDOUT)
 			return c10d_jfail(j, c, r, "waiting for the round to close");
-		if (clock_now_ms() - last_log >= C10D_PROGRESS_MS) {
-			last_log = clock_now_ms();
-			progress(j, c, rd, joined, deadline - clock_now_ms());
+		if (clock_now_ms() >= next_log) {
+			char jk[64];
+			int64_t joined = 0;
+
+			/* Rarer as the wait goes on: a log line costs reads. */
+			every = MIN(every * 2, C10D_PROGRESS_MAX_MS);
+			next_log = clock_now_ms() + every;
+			KEY(jk, "r%" PRId64 "/joined", rd);
+			if (coord_add(c, jk, 0, &joined) == 0)
+				progress(j, c, rd, joined, deadline - clock_now_ms());
 		}
 	}
 	return CRUN_ETIMEDOUT;
@@ -561,9 +686,8 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 	snprintf(me.host, sizeof(me.host), "%s", j->hostname);
 	TRY(round_record_format(&me, val, sizeof(val)));
 	for (int attempt = 0; attempt < 1 << 20; attempt++) {
-		struct round_closed rc = {0};
+		struct round_head h;
 		char *closed = NULL;
-		int mi;
 
 		r = coord_add(c, "round", 0, &rd);
 		if (r < 0)
@@ -577,33 +701,30 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 		if (r < 0)
 			return c10d_jfail(j, c, r, "writing the node record");
 		TRY(lease_for(j, c, rd, t));
+		TRY(mark_counts(j, c, rd, t));
 		log_at(LL_WARN, SUB_RDZV,
 		       "joined rendezvous '%s' round %" PRId64 " as ticket %" PRId64, j->prefix, rd,
 		       t);
 		TRY(wait_closed(j, c, rd, t, deadline, &closed));
-		r = round_closed_parse(closed, j->max, &rc);
+		r = round_head_parse(closed, &h);
 		crun_free(closed);
 		if (r < 0)
 			return c10d_jfail(j, NULL, r, "bad closed round value");
 		log_at(LL_DEBUG, SUB_RDZV, "round %" PRId64 " closed with %d, ticket %" PRId64, rd,
-		       rc.n, t);
-		if (rc.n == 0) { /* abandoned: everyone joins the next round */
+		       h.nodes, t);
+		if (h.nodes == 0) { /* abandoned: everyone joins the next round */
 			log_at(LL_WARN, SUB_RDZV,
 			       "rendezvous '%s' round %" PRId64 " was abandoned; joining the next",
 			       j->prefix, rd);
 			r = open_next(j, c, rd, NULL);
-		} else if ((mi = round_closed_find(&rc, (int)t)) < 0) {
-			r = not_counted_in(j, c, rd, rc.n, &deadline);
-			if (r == 0 && j->outcome == RO_SPARE_DONE) {
-				round_closed_free(&rc);
-				return 0;
-			}
 		} else {
-			r = take_assignment(j, c, &rc, mi, rd);
-			round_closed_free(&rc);
-			return r;
+			r = take_assignment(j, c, &h, rd, t);
+			if (r <= 0)
+				return r;
+			r = not_counted_in(j, c, rd, h.nodes, &deadline);
+			if (r == 0 && j->outcome == RO_SPARE_DONE)
+				return 0;
 		}
-		round_closed_free(&rc);
 		if (r < 0)
 			return r;
 	}

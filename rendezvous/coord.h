@@ -50,6 +50,8 @@ struct coord_mem;
 int coord_mem_new(struct coord_mem **ret);
 void coord_mem_free(struct coord_mem *m); /* after every handle is closed */
 uint64_t coord_mem_ops(struct coord_mem *m);
+/* Value bytes its handles have read (get, multi_get, compare_set's answer). */
+uint64_t coord_mem_read_bytes(struct coord_mem *m);
 /* In-memory leases, for tests of liveness without sockets: after
  * coord_mem_leases(m, true), lease calls on m's handles succeed (TTL not
  * enforced) and coord_mem_expire(m, id) ends lease id as an expiry would:
@@ -70,6 +72,8 @@ int coord_try_get(struct coord *c, const char *key, char **ret_val);
 /* Waits for every key, then reads them all in one round trip. */
 int coord_multi_get(struct coord *c, const char *const *keys, size_t n, uint32_t timeout_ms,
 		    char **ret_vals);
+/* Sets n keys in one request (etcd: one txn per 64); not atomic. */
+int coord_multi_set(struct coord *c, const char *const *keys, const char *const *vals, size_t n);
 /* Sets desired if the key holds expected ("" = absent); *ret_cur (malloc'd)
  * receives the value now stored. */
 int coord_compare_set(struct coord *c, const char *key, const char *expected, const char *desired,
@@ -78,6 +82,16 @@ int coord_compare_set(struct coord *c, const char *key, const char *expected, co
 int coord_wait(struct coord *c, const char *key, uint32_t timeout_ms);
 /* 1 when the key exists, 0 when not. */
 int coord_exists(struct coord *c, const char *key);
+/* Waits up to timeout_ms until any of keys[0..n) exists (n <= COORD_ANY_MAX):
+ * the index of one that does (the lowest, when several already did), or
+ * CRUN_ETIMEDOUT (the handle stays usable). One request on the crun store
+ * (WAIT_ANY), one watch stream on etcd; a store without WAIT_ANY (PyTorch's)
+ * gets a poll every COORD_ANY_POLL_MS instead. This is how a waiter sleeps
+ * until whichever of several events comes first; pass only keys not yet
+ * seen (a present key answers at once). */
+#define COORD_ANY_MAX	  16
+#define COORD_ANY_POLL_MS 250
+int coord_wait_any(struct coord *c, const char *const *keys, size_t n, uint32_t timeout_ms);
 
 /* Leases (see the file comment): granted on this handle's connection; on
  * expiry expiry_key is set to `why`. CRUN_ENOTSUP (and the handle is

@@ -41,6 +41,7 @@
 #include "rendezvous/etcd_int.h"
 
 #define WATCH_CHECK_MS 3000 /* a quiet watch: check its member still answers */
+#define MGET_BATCH     64   /* ops per txn: etcd's default --max-txn-ops is 128 */
 
 /* ---- reading a key (with its lease keys) ------------------------------------- */
 
@@ -183,65 +184,190 @@ static int probe(struct etcd *e, const char *k, char **ret_val, int64_t *ret_rev
 	return r;
 }
 
-/* Waits up to timeout_ms for K and returns its value (ret_val may be NULL). */
-static int wait_value(struct etcd *e, const char *key, uint32_t timeout_ms, char **ret_val)
-{
-	uint64_t deadline = clock_now_ms() + timeout_ms;
-	size_t kl;
-	char *k = etcd_key(e, key, NULL, &kl), *end = etcd_key(e, key, "\x02", NULL);
-	int r = CRUN_ENOMEM;
+/* What a wait is about: reads the state it waits for (1 done, 0 not yet, or
+ * an error) and the store revision it read. */
+typedef int (*wait_check_fn)(struct etcd *e, void *arg, int64_t *ret_rev);
 
-	if (!k || !end)
-		goto out;
+/* The one wait loop: check, and between checks a watch on w[0..nw) (named
+ * ident) from the revision after the read, so that nothing in between can
+ * be missed. 0 when check said done, CRUN_ETIMEDOUT, or an error. */
+static int watch_until(struct etcd *e, const char *ident, size_t il, const struct etcd_wrange *w,
+		       size_t nw, uint64_t deadline, wait_check_fn check, void *arg)
+{
 	for (int i = 0; i < 1 << 30; i++) {
-		char *v = NULL;
 		int64_t rev = 0;
 		uint64_t now = clock_now_ms();
+		int r;
 
-		/* A live watch on K with no event since the last read found K
-		 * absent means K is still absent: no request. The read is repeated on an
+		/* A live watch with no event since the last check said "not
+		 * yet" means still not: no request. The check is repeated on an
 		 * event, and every few seconds as a check that the watch's
 		 * member still answers (a member that stopped answering never
 		 * closes the stream; the read fails over). */
-		if (!etcd_watch_matches(e, k, kl) || e->w.event ||
+		if (!etcd_watch_matches(e, ident, il) || e->w.event ||
 		    now - e->w.checked_ms >= WATCH_CHECK_MS) {
 			etcd_watch_rearm(e);
-			r = probe(e, k, &v, &rev);
+			r = check(e, arg, &rev);
 			if (r < 0)
-				break;
+				return r;
 			e->w.checked_ms = now = clock_now_ms();
-			if (v) {
-				/* Present: the next wait must read again (the
-				 * shortcut above holds only after "absent"). */
+			if (r == 1) {
+				/* Done: the next wait must read again (the
+				 * shortcut above holds only after "not yet"). */
 				e->w.checked_ms = 0;
-				if (ret_val)
-					*ret_val = v;
-				else
-					free(v);
-				break;
+				return 0;
 			}
-			/* Watch from the revision after the read: nothing in
-			 * between can be missed. A watch on another member (we
-			 * failed over) or a dead one is replaced. */
-			if (!etcd_watch_matches(e, k, kl)) {
-				r = etcd_watch_start(e, k, kl, end, kl + 1, rev + 1);
-				if (r < 0)
-					break;
+			/* A watch on another member (we failed over) or a
+			 * dead one is replaced. */
+			if (!etcd_watch_matches(e, ident, il)) {
+				TRY(etcd_watch_start_n(e, w, nw, ident, il, rev + 1));
 				e->w.checked_ms = now;
 			}
 		}
-		if (now >= deadline) {
-			r = CRUN_ETIMEDOUT;
-			break;
-		}
+		if (now >= deadline)
+			return CRUN_ETIMEDOUT;
 		if (etcd_watch_wait(e, MIN(deadline, e->w.checked_ms + WATCH_CHECK_MS)) ==
 		    ETCD_W_DEAD)
 			etcd_watch_stop(e);
 	}
-out:
+	return CRUN_ETIMEDOUT;
+}
+
+struct value_wait {
+	const char *k;
+	char *v;
+};
+
+static int value_check(struct etcd *e, void *arg, int64_t *ret_rev)
+{
+	struct value_wait *vw = arg;
+
+	TRY(probe(e, vw->k, &vw->v, ret_rev));
+	return vw->v ? 1 : 0;
+}
+
+/* Waits up to timeout_ms for K and returns its value (ret_val may be NULL).
+ * The watch covers [K, K"\x02"): K and its lease keys. */
+static int wait_value(struct etcd *e, const char *key, uint32_t timeout_ms, char **ret_val)
+{
+	size_t kl;
+	char *k = etcd_key(e, key, NULL, &kl), *end = etcd_key(e, key, "\x02", NULL);
+	struct value_wait vw = {k, NULL};
+	struct etcd_wrange w = {k, kl, end, kl + 1, false};
+	int r = CRUN_ENOMEM;
+
+	if (k && end)
+		r = watch_until(e, k, kl, &w, 1, clock_now_ms() + timeout_ms, value_check, &vw);
+	if (r == 0 && ret_val)
+		*ret_val = vw.v;
+	else
+		free(vw.v);
 	free(k);
 	free(end);
 	return r;
+}
+
+/* ---- waiting for any of several keys ------------------------------------------ */
+
+struct any_wait {
+	char **k; /* full keys */
+	size_t n;
+	int idx; /* the first present, -1 none */
+};
+
+/* Reads every key's presence and lease keys in one txn; a key whose lease
+ * lapsed is written for good (materialize) and counts as present. */
+static int any_check(struct etcd *e, void *arg, int64_t *ret_rev)
+{
+	struct any_wait *aw = arg;
+	cJSON *res = NULL;
+	struct etcd_txn t;
+	bool ok = true;
+	int r;
+
+	TRY(etcd_txn_init(&t));
+	for (size_t i = 0; ok && i < aw->n; i++)
+		ok = etcd_op(t.success, "range", etcd_req_range(aw->k[i], NULL, true, false)) &&
+		     lease_ranges(t.success, aw->k[i], true);
+	TRY(etcd_txn_run(e, &t, ok, &res));
+	*ret_rev = etcd_json_i64(cJSON_GetObjectItemCaseSensitive(res, "header"), "revision");
+	r = 0;
+	aw->idx = -1;
+	for (size_t i = 0; r == 0 && aw->idx < 0 && i < aw->n; i++) {
+		int b = (int)(3 * i);
+		char *v = NULL;
+
+		if (etcd_json_i64(etcd_txn_range(res, b), "count") > 0) {
+			aw->idx = (int)i;
+		} else if (etcd_json_i64(etcd_txn_range(res, b + 1), "count") >
+			   etcd_json_i64(etcd_txn_range(res, b + 2), "count")) {
+			r = materialize(e, aw->k[i], &v);
+			free(v);
+			if (r == 0)
+				aw->idx = (int)i;
+			else if (r == CRUN_ENOTFOUND)
+				r = 0;
+		}
+	}
+	cJSON_Delete(res);
+	return r < 0 ? r : aw->idx >= 0;
+}
+
+int etcd_wait_any(struct etcd *e, const char *const *keys, size_t n, uint32_t timeout_ms)
+{
+	struct any_wait aw = {calloc(n, sizeof(char *)), n, -1};
+	struct etcd_wrange *w = calloc(2 * n, sizeof(*w));
+	char **ends = calloc(2 * n, sizeof(char *)), *ident = NULL;
+	size_t il = 0;
+	int r = CRUN_ENOMEM;
+
+	if (!aw.k || !w || !ends || n == 0 || n > ETCD_ANY_MAX)
+		goto out;
+	/* Per key, one stream carries two watches: the key itself, and the
+	 * deletions of its lease keys (a lapse): the lease keys' puts, one per
+	 * member that joined, are no event to anyone. */
+	for (size_t i = 0; i < n; i++) {
+		size_t kl;
+
+		aw.k[i] = etcd_key(e, keys[i], NULL, &kl);
+		ends[2 * i] = etcd_key(e, keys[i], "\x01live/", NULL);
+		ends[2 * i + 1] = etcd_key(e, keys[i], "\x01live0", NULL);
+		if (!aw.k[i] || !ends[2 * i] || !ends[2 * i + 1])
+			goto out;
+		w[2 * i] = (struct etcd_wrange){aw.k[i], kl, NULL, 0, false};
+		w[2 * i + 1] =
+		    (struct etcd_wrange){ends[2 * i], kl + 6, ends[2 * i + 1], kl + 6, true};
+		il += kl + 1;
+	}
+	ident = malloc(il + 1);
+	if (!ident)
+		goto out;
+	/* The set's name: "\x03" then the keys, so no single key's watch
+	 * (wait_value) is taken for it. */
+	ident[0] = '\x03';
+	for (size_t i = 0, o = 1; i < n; i++) {
+		memcpy(ident + o, aw.k[i], w[2 * i].key_len);
+		o += w[2 * i].key_len;
+		if (i + 1 < n)
+			ident[o++] = '\n';
+	}
+	il = il > 0 ? il : 1;
+	r = watch_until(e, ident, il, w, 2 * n, clock_now_ms() + (timeout_ms ? timeout_ms : 1),
+			any_check, &aw);
+out:
+	for (size_t i = 0; aw.k && i < n; i++)
+		free(aw.k[i]);
+	for (size_t i = 0; ends && i < 2 * n; i++)
+		free(ends[i]);
+	free(aw.k);
+	free(ends);
+	free(w);
+	free(ident);
+	if (r == 0)
+		return aw.idx;
+	if (r == CRUN_ETIMEDOUT)
+		return r;
+	return etcd_fail_op(e, r, "wait_any", n ? keys[0] : "");
 }
 
 /* ---- coord.h operations ---------------------------------------------------------- */
@@ -268,6 +394,29 @@ int etcd_set(struct etcd *e, const char *key, const char *val)
 	int r = put(e, key, val, 0);
 
 	return r < 0 ? etcd_fail_op(e, r, "set", key) : 0;
+}
+
+int etcd_multi_set(struct etcd *e, const char *const *keys, const char *const *vals, size_t n)
+{
+	int r = 0;
+
+	/* MGET_BATCH puts per txn (etcd caps the ops of one). */
+	for (size_t o = 0; o < n && r == 0; o += MGET_BATCH) {
+		struct etcd_txn t;
+		cJSON *res = NULL;
+		bool ok = true;
+
+		TRY(etcd_txn_init(&t));
+		for (size_t i = o; i < n && i < o + MGET_BATCH && ok; i++) {
+			char *k = etcd_key(e, keys[i], NULL, NULL);
+
+			ok = k && etcd_op(t.success, "put", etcd_req_put(k, vals[i], 0, false));
+			free(k);
+		}
+		r = etcd_txn_run(e, &t, ok, &res);
+		cJSON_Delete(res);
+	}
+	return r < 0 ? etcd_fail_op(e, r, "multi_set", n ? keys[0] : "") : 0;
 }
 
 int etcd_exists(struct etcd *e, const char *key)
@@ -318,7 +467,6 @@ int etcd_wait(struct etcd *e, const char *key, uint32_t timeout_ms)
 /* Reads up to MGET_BATCH keys in one txn; a key found goes to vals[i], an
  * absent one (or a lapsed lease's key: wait_value materializes it) stays
  * NULL. */
-#define MGET_BATCH 64 /* etcd's default --max-txn-ops is 128 */
 static int mget_batch(struct etcd *e, const char *const *keys, size_t n, char **vals)
 {
 	cJSON *res = NULL;

@@ -15,6 +15,7 @@
 #include "crun/store.h"
 #include "rendezvous/coord.h"
 #include "rendezvous/etcd_int.h"
+#include "store/store_ext.h"
 
 /* In-memory coordination (coord_mem_*): a key list under one lock, WAIT as a
  * condition variable. No sockets: lets the round algorithm run in unit tests
@@ -38,6 +39,7 @@ struct coord_mem {
 	struct mkv *head;
 	struct mlease *leases;
 	uint64_t ops, next_lease;
+	uint64_t read_bytes; /* value bytes handed to callers */
 	bool leases_on;
 };
 
@@ -45,6 +47,7 @@ struct coord {
 	crun_store_t *s;
 	struct coord_mem *mem; /* instead of s */
 	struct etcd *etcd;     /* instead of s: coord_etcd.c does the work */
+	bool no_any;	       /* the store lacks WAIT_ANY: coord_wait_any polls */
 	char prefix[320];
 	char err[512];
 };
@@ -93,14 +96,25 @@ void coord_mem_free(struct coord_mem *m)
 	free(m);
 }
 
-uint64_t coord_mem_ops(struct coord_mem *m)
+/* One of m's counters, read under its lock. */
+static uint64_t mem_counter(struct coord_mem *m, const uint64_t *counter)
 {
 	uint64_t n;
 
 	pthread_mutex_lock(&m->mu);
-	n = m->ops;
+	n = *counter;
 	pthread_mutex_unlock(&m->mu);
 	return n;
+}
+
+uint64_t coord_mem_ops(struct coord_mem *m)
+{
+	return mem_counter(m, &m->ops);
+}
+
+uint64_t coord_mem_read_bytes(struct coord_mem *m)
+{
+	return mem_counter(m, &m->read_bytes);
 }
 
 int coord_open_mem(struct coord_mem *m, const char *prefix, struct coord **ret_c)
@@ -158,8 +172,8 @@ static int mput(struct coord *c, const char *key, const char *val)
 	return 0;
 }
 
-/* Locked: waits until key exists or the deadline (0 = none) passes. */
-static int mwait(struct coord *c, const char *key, uint32_t timeout_ms)
+/* The condition variable's deadline timeout_ms from now. */
+static struct timespec cv_deadline(uint32_t timeout_ms)
 {
 	struct timespec ts;
 
@@ -170,6 +184,14 @@ static int mwait(struct coord *c, const char *key, uint32_t timeout_ms)
 		ts.tv_sec++;
 		ts.tv_nsec -= 1000000000L;
 	}
+	return ts;
+}
+
+/* Locked: waits until key exists or the deadline (0 = none) passes. */
+static int mwait(struct coord *c, const char *key, uint32_t timeout_ms)
+{
+	struct timespec ts = cv_deadline(timeout_ms);
+
 	while (!mfind(c, key))
 		if (pthread_cond_timedwait(&c->mem->cv, &c->mem->mu, &ts) == ETIMEDOUT &&
 		    !mfind(c, key))
@@ -208,6 +230,7 @@ static int mem_get(struct coord *c, const char *key, uint32_t timeout_ms, char *
 	if (r == 0) {
 		*ret = str_dup(mfind(c, key)->val);
 		r = *ret ? 0 : CRUN_ENOMEM;
+		c->mem->read_bytes += *ret ? strlen(*ret) : 0;
 	}
 	pthread_mutex_unlock(&c->mem->mu);
 	if (r < 0)
@@ -230,6 +253,7 @@ static int mem_cas(struct coord *c, const char *key, const char *expected, const
 	e = mfind(c, key);
 	cur = e ? e->val : expected;
 	if (r == 0 && ret_cur) {
+		c->mem->read_bytes += strlen(cur);
 		*ret_cur = str_dup(cur);
 		if (!*ret_cur)
 			r = CRUN_ENOMEM;
@@ -531,6 +555,31 @@ int coord_multi_get(struct coord *c, const char *const *keys, size_t n, uint32_t
 	return r < 0 ? fail(c, r, "multi_get", n ? keys[0] : "") : 0;
 }
 
+int coord_multi_set(struct coord *c, const char *const *keys, const char *const *vals, size_t n)
+{
+	size_t *lens;
+	int r = 0;
+
+	if (c->etcd)
+		return etcd_multi_set(c->etcd, keys, vals, n);
+	if (c->mem) {
+		pthread_mutex_lock(&c->mem->mu);
+		c->mem->ops++;
+		for (size_t i = 0; i < n && r == 0; i++)
+			r = mput(c, keys[i], vals[i]);
+		pthread_mutex_unlock(&c->mem->mu);
+		return r;
+	}
+	lens = calloc(n ? n : 1, sizeof(*lens));
+	if (!lens)
+		return CRUN_ENOMEM;
+	for (size_t i = 0; i < n; i++)
+		lens[i] = strlen(vals[i]);
+	r = crun_store_multi_set(c->s, keys, (const void *const *)vals, lens, n);
+	free(lens);
+	return r < 0 ? fail(c, r, "multi_set", n ? keys[0] : "") : 0;
+}
+
 int coord_compare_set(struct coord *c, const char *key, const char *expected, const char *desired,
 		      char **ret_cur)
 {
@@ -572,6 +621,80 @@ int coord_wait(struct coord *c, const char *key, uint32_t timeout_ms)
 	if (r == CRUN_ETIMEDOUT)
 		return r;
 	return r < 0 ? fail(c, r, "wait", key) : 0;
+}
+
+/* Locked: the index of the first of keys that exists, or -1. */
+static int mfind_any(struct coord *c, const char *const *keys, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (mfind(c, keys[i]))
+			return (int)i;
+	return -1;
+}
+
+static int mem_wait_any(struct coord *c, const char *const *keys, size_t n, uint32_t timeout_ms)
+{
+	struct timespec ts = cv_deadline(timeout_ms);
+	int r;
+
+	pthread_mutex_lock(&c->mem->mu);
+	c->mem->ops++;
+	while ((r = mfind_any(c, keys, n)) < 0)
+		if (pthread_cond_timedwait(&c->mem->cv, &c->mem->mu, &ts) == ETIMEDOUT &&
+		    (r = mfind_any(c, keys, n)) < 0) {
+			r = CRUN_ETIMEDOUT;
+			break;
+		}
+	pthread_mutex_unlock(&c->mem->mu);
+	return r;
+}
+
+/* A store without WAIT_ANY: look at each key, wait on the first a while. */
+static int poll_any(struct coord *c, const char *const *keys, size_t n, uint32_t timeout_ms)
+{
+	uint64_t deadline = clock_now_ms() + timeout_ms;
+
+	for (int i = 0; i < 1 << 30; i++) {
+		uint64_t now = clock_now_ms();
+		int r;
+
+		for (size_t k = 0; k < n; k++) {
+			r = coord_exists(c, keys[k]);
+			if (r != 0)
+				return r < 0 ? r : (int)k;
+		}
+		if (now >= deadline)
+			return CRUN_ETIMEDOUT;
+		r = coord_wait(c, keys[0], (uint32_t)MIN(COORD_ANY_POLL_MS, deadline - now));
+		if (r != CRUN_ETIMEDOUT)
+			return r < 0 ? r : 0;
+	}
+	return CRUN_ETIMEDOUT;
+}
+
+int coord_wait_any(struct coord *c, const char *const *keys, size_t n, uint32_t timeout_ms)
+{
+	size_t idx;
+	int r;
+
+	if (!keys || n == 0 || n > COORD_ANY_MAX)
+		return CRUN_EINVAL;
+	timeout_ms = timeout_ms ? timeout_ms : 1;
+	if (c->etcd)
+		return etcd_wait_any(c->etcd, keys, n, timeout_ms);
+	if (c->mem)
+		return mem_wait_any(c, keys, n, timeout_ms);
+	if (!c->no_any) {
+		r = store_client_wait_any(c->s, keys, n, timeout_ms, &idx);
+		if (r == 0)
+			return (int)idx;
+		if (r == CRUN_ETIMEDOUT)
+			return r;
+		if (r != CRUN_ENOTSUP)
+			return fail(c, r, "wait_any", keys[0]);
+		c->no_any = true;
+	}
+	return poll_any(c, keys, n, timeout_ms);
 }
 
 int coord_watch(struct coord *c, const char *key, uint32_t timeout_ms)

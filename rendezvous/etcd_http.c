@@ -792,26 +792,49 @@ bool etcd_watch_matches(const struct etcd *e, const char *key, size_t key_len)
 	       memcmp(e->w.key, key, key_len) == 0;
 }
 
+/* One create_request per range, all in the stream's one body: etcd's
+ * gateway hands each to the same watch stream. */
+static int watch_body(const struct etcd_wrange *w, size_t n, int64_t start_rev,
+		      struct evbuffer *out)
+{
+	for (size_t i = 0; i < n; i++) {
+		char *k64 = etcd_b64(w[i].key, w[i].key_len);
+		char *e64 = w[i].end ? etcd_b64(w[i].end, w[i].end_len) : NULL;
+		int r = !k64 || (w[i].end && !e64) ? -1 : 0;
+
+		if (r == 0)
+			r = evbuffer_add_printf(out,
+						"{\"create_request\":{\"key\":\"%s\"%s%s%s,\"start_"
+						"revision\":\"%" PRId64 "\"%s}}",
+						k64, e64 ? ",\"range_end\":\"" : "", e64 ? e64 : "",
+						e64 ? "\"" : "", start_rev,
+						w[i].noput ? ",\"filters\":[\"NOPUT\"]" : "");
+		free(k64);
+		free(e64);
+		if (r < 0)
+			return CRUN_ENOMEM;
+	}
+	return 0;
+}
+
 int etcd_watch_start(struct etcd *e, const char *key, size_t key_len, const char *end,
 		     size_t end_len, int64_t start_rev)
 {
-	char *k64 = NULL, *e64 = NULL;
-	char body[4096];
+	struct etcd_wrange w = {key, key_len, end, end_len, false};
+
+	return etcd_watch_start_n(e, &w, 1, key, key_len, start_rev);
+}
+
+int etcd_watch_start_n(struct etcd *e, const struct etcd_wrange *w, size_t n, const char *ident,
+		       size_t ident_len, int64_t start_rev)
+{
 	int r = CRUN_ENOMEM;
 
 	etcd_watch_stop(e);
-	e->w.key = mem_dup(key, key_len);
-	k64 = etcd_b64(key, key_len);
-	e64 = etcd_b64(end, end_len);
-	if (!e->w.key || !k64 || !e64)
+	e->w.key = mem_dup(ident, ident_len);
+	if (!e->w.key)
 		goto out;
-	e->w.key_len = key_len;
-	r = str_printf(body, sizeof(body),
-		       "{\"create_request\":{\"key\":\"%s\",\"range_end\":\"%s\","
-		       "\"start_revision\":\"%" PRId64 "\"}}",
-		       k64, e64, start_rev);
-	if (r < 0)
-		goto out;
+	e->w.key_len = ident_len;
 	r = CRUN_ENOMEM;
 	e->w.conn = conn_new(e, e->ep, (uint64_t)ETCD_WATCH_IDLE * 1000);
 	if (!e->w.conn)
@@ -825,7 +848,7 @@ int etcd_watch_start(struct etcd *e, const char *key, size_t key_len, const char
 	     * require-leader metadata), so a partition ends the wait. */
 	    evhttp_add_header(evhttp_request_get_output_headers(e->w.req),
 			      "Grpc-Metadata-Hasleader", "true") < 0 ||
-	    evbuffer_add(evhttp_request_get_output_buffer(e->w.req), body, strlen(body)) < 0) {
+	    watch_body(w, n, start_rev, evhttp_request_get_output_buffer(e->w.req)) < 0) {
 		evhttp_request_free(e->w.req);
 		e->w.req = NULL;
 		goto out;
@@ -840,8 +863,6 @@ int etcd_watch_start(struct etcd *e, const char *key, size_t key_len, const char
 	e->w.event = false;
 	r = 0;
 out:
-	free(k64);
-	free(e64);
 	if (r < 0)
 		etcd_watch_stop(e);
 	return r;

@@ -84,6 +84,9 @@ int etcd_multi_get(struct etcd *e, const char *const *keys, size_t n, uint32_t t
 int etcd_compare_set(struct etcd *e, const char *key, const char *expected, const char *desired,
 		     char **ret_cur);
 int etcd_wait(struct etcd *e, const char *key, uint32_t timeout_ms);
+int etcd_multi_set(struct etcd *e, const char *const *keys, const char *const *vals, size_t n);
+#define ETCD_ANY_MAX 16 /* keys of one wait_any: 3 txn ops and 2 watches each */
+int etcd_wait_any(struct etcd *e, const char *const *keys, size_t n, uint32_t timeout_ms);
 int etcd_lease_grant(struct etcd *e, uint32_t ttl_ms, const char *expiry_key, const char *why,
 		     uint64_t *ret_id);
 int etcd_lease_keepalive(struct etcd *e, uint64_t id);
@@ -108,6 +111,18 @@ int etcd_call(struct etcd *e, const char *path, const char *body, struct cJSON *
  * current member, over [key, range_end) from start_rev. */
 int etcd_watch_start(struct etcd *e, const char *key, size_t key_len, const char *end,
 		     size_t end_len, int64_t start_rev);
+/* Several ranges on the one stream (one create_request each); a range
+ * without end is its key alone; noput: deletions only. `ident` names the
+ * set for etcd_watch_matches. */
+struct etcd_wrange {
+	const char *key;
+	size_t key_len;
+	const char *end; /* NULL: key alone */
+	size_t end_len;
+	bool noput;
+};
+int etcd_watch_start_n(struct etcd *e, const struct etcd_wrange *w, size_t n, const char *ident,
+		       size_t ident_len, int64_t start_rev);
 void etcd_watch_stop(struct etcd *e);
 /* Whether the running watch covers exactly this range on the current member
  * and is still alive. */

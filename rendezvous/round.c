@@ -215,15 +215,23 @@ int round_next_attempt(int prev_attempt, const char *prev_change)
 	return prev_attempt + (prev_change && strncmp(prev_change, "restart", 7) == 0 ? 1 : 0);
 }
 
-bool round_should_close(int ticket, int max, uint64_t now, uint64_t min_seen, uint64_t max_seen,
+uint64_t round_close_at(int ticket, int max, uint64_t min_seen, uint64_t max_seen,
 			uint32_t last_call_ms)
 {
 	uint64_t stagger =
 	    (uint64_t)MIN((unsigned)(ticket - 1), ROUND_STAGGER_MAX) * ROUND_STAGGER_MS;
 
 	if (max_seen)
-		return now >= max_seen + (ticket == max ? 0 : stagger + ROUND_STAGGER_MS);
-	return min_seen && now >= min_seen + last_call_ms + stagger;
+		return max_seen + (ticket == max ? 0 : stagger + ROUND_STAGGER_MS);
+	return min_seen ? min_seen + last_call_ms + stagger : 0;
+}
+
+bool round_should_close(int ticket, int max, uint64_t now, uint64_t min_seen, uint64_t max_seen,
+			uint32_t last_call_ms)
+{
+	uint64_t at = round_close_at(ticket, max, min_seen, max_seen, last_call_ms);
+
+	return at && now >= at;
 }
 
 int round_pick(const bool *live, int joined, int max, int *ret_idx)
@@ -307,4 +315,158 @@ out:
 	free(grank);
 	free(nprocs);
 	return r;
+}
+
+int round_head_format(const struct round_head *h, char **ret)
+{
+	cJSON *root = cJSON_CreateObject();
+	int r = CRUN_ENOMEM;
+
+	if (root && cJSON_AddNumberToObject(root, "attempt", h->attempt) &&
+	    cJSON_AddNumberToObject(root, "by", h->by) &&
+	    cJSON_AddNumberToObject(root, "nodes", h->nodes) &&
+	    cJSON_AddStringToObject(root, "ma", h->master_addr) &&
+	    cJSON_AddNumberToObject(root, "mp", h->master_port) &&
+	    cJSON_AddStringToObject(root, "sh", h->store_host)) {
+		*ret = cJSON_PrintUnformatted(root);
+		r = *ret ? 0 : CRUN_ENOMEM;
+	}
+	cJSON_Delete(root);
+	return r;
+}
+
+/* A JSON integer member within [lo, hi]. */
+static bool int_in(const cJSON *root, const char *name, int lo, int hi, int *ret)
+{
+	const cJSON *x = cJSON_GetObjectItem(root, name);
+
+	if (!cJSON_IsNumber(x) || x->valuedouble < lo || x->valuedouble > hi ||
+	    x->valuedouble != (double)x->valueint)
+		return false;
+	*ret = x->valueint;
+	return true;
+}
+
+int round_head_parse(const char *s, struct round_head *ret)
+{
+	cJSON *root = s ? cJSON_Parse(s) : NULL;
+	struct round_head h = {0};
+	int mp = 0;
+	bool ok;
+
+	if (!root)
+		return CRUN_EPROTO;
+	ok = int_in(root, "attempt", 0, 1000000000, &h.attempt) &&
+	     int_in(root, "by", 0, 1 << 30, &h.by) && int_in(root, "nodes", 0, 1 << 30, &h.nodes) &&
+	     int_in(root, "mp", 0, 65535, &mp) &&
+	     copy_word(cJSON_GetObjectItem(root, "ma"), h.master_addr, sizeof(h.master_addr)) &&
+	     copy_word(cJSON_GetObjectItem(root, "sh"), h.store_host, sizeof(h.store_host));
+	cJSON_Delete(root);
+	h.master_port = (unsigned)mp;
+	/* Members need a closer and a worker store; an abandoned round has
+	 * neither. */
+	if (!ok || (h.nodes > 0 && (h.by < 1 || !h.master_addr[0] || h.master_port == 0)) ||
+	    (h.nodes == 0 && h.by != 0))
+		return CRUN_EPROTO;
+	*ret = h;
+	return 0;
+}
+
+void round_plan_free(struct round_plan *p)
+{
+	if (!p)
+		return;
+	free(p->ticket);
+	free(p->val);
+	crun_free(p->members);
+	memset(p, 0, sizeof(*p));
+}
+
+int round_plan_make(int attempt, int by, const struct round_node *m, int n, struct round_plan *ret)
+{
+	struct round_plan p = {.n = n};
+	struct round_member *mm = NULL;
+	int *grank = NULL, *base = NULL;
+	int64_t total = 0;
+	int r = CRUN_EINVAL;
+
+	if (!m || n < 1 || by < 1)
+		return CRUN_EINVAL;
+	mm = calloc((size_t)n, sizeof(*mm));
+	grank = calloc((size_t)n, sizeof(int));
+	base = calloc((size_t)n, sizeof(int));
+	p.ticket = calloc((size_t)n, sizeof(int));
+	p.val = calloc((size_t)n, sizeof(*p.val));
+	if (!mm || !grank || !base || !p.ticket || !p.val) {
+		r = CRUN_ENOMEM;
+		goto out;
+	}
+	for (int i = 0; i < n; i++) {
+		if (m[i].nproc < 1 || (i > 0 && m[i].ticket <= m[i - 1].ticket))
+			goto out; /* ticket order, as the closed value says */
+		mm[i] = (struct round_member){.ticket = m[i].ticket,
+					      .prev_round = m[i].prev_round,
+					      .prev_grank = m[i].prev_grank,
+					      .nproc = m[i].nproc};
+		p.ticket[i] = m[i].ticket;
+	}
+	r = round_order(mm, n, grank);
+	if (r < 0)
+		goto out;
+	/* base[g]: nproc of group rank g, then the prefix sums. */
+	for (int i = 0; i < n; i++)
+		base[grank[i]] = m[i].nproc;
+	for (int g = 0; g < n; g++) {
+		int np = base[g];
+
+		base[g] = (int)total;
+		total += np;
+	}
+	r = CRUN_ERANGE;
+	if (total > INT32_MAX)
+		goto out;
+	p.head = (struct round_head){.attempt = attempt, .by = by, .nodes = n};
+	for (int i = 0; i < n; i++) {
+		snprintf(p.val[i], sizeof(p.val[i]), "%d %d %" PRId64, grank[i], base[grank[i]],
+			 total);
+		if (grank[i] == 0) {
+			snprintf(p.head.master_addr, sizeof(p.head.master_addr), "%s", m[i].addr);
+			p.head.master_port = m[i].wport;
+		}
+		if (m[i].is_host && !p.head.store_host[0])
+			snprintf(p.head.store_host, sizeof(p.head.store_host), "%s", m[i].host);
+	}
+	r = round_closed_format(attempt, m, n, &p.members);
+out:
+	free(mm);
+	free(grank);
+	free(base);
+	if (r < 0)
+		round_plan_free(&p);
+	else
+		*ret = p;
+	return r;
+}
+
+int round_member_assign(const struct round_head *h, const char *val, struct round_assignment *ret)
+{
+	struct round_assignment a = {0};
+	int g, base, world;
+	char tail;
+
+	if (!val || sscanf(val, "%d %d %d %c", &g, &base, &world, &tail) != 3 || h->nodes < 1 ||
+	    g < 0 || g >= h->nodes || base < 0 || world < 1 || base >= world ||
+	    world - base < h->nodes - g)
+		return CRUN_EPROTO;
+	a.info.group_rank = g;
+	a.info.group_world_size = h->nodes;
+	a.info.base_rank = a.info.role_base_rank = base;
+	a.info.world_size = a.info.role_world_size = world;
+	snprintf(a.info.master_addr, sizeof(a.info.master_addr), "%s", h->master_addr);
+	a.info.master_port = (uint16_t)h->master_port;
+	a.info.attempt = h->attempt;
+	snprintf(a.store_host, sizeof(a.store_host), "%s", h->store_host);
+	a.host_member = h->store_host[0] != '\0';
+	*ret = a;
+	return 0;
 }

@@ -5,13 +5,20 @@
  *
  *   node record  "r<r>/node/<t>": "<prev_round> <prev_grank> <nproc> <is_host>
  *                <wport> <addr> <host>" (prev_* -1 when the node is new)
- *   closed value "r<r>/closed": {"attempt":A,"t":[tickets],"n":[nproc],
- *                "pr":[prev round],"pg":[prev rank],"ma":addr,"mp":port,
- *                "sh":store host} written once by COMPARE_SET; members in
- *                ticket order, "ma:mp" group rank 0's worker store (a member
- *                reads one key and computes its assignment locally). No
- *                members: the round was abandoned (a joiner died before it
- *                closed) and everyone joins the next one.
+ *   closed value "r<r>/closed" (the head): {"attempt":A,"by":T,"nodes":N,
+ *                "ma":addr,"mp":port,"sh":store host}, written once by
+ *                COMPARE_SET: the same few bytes whatever N. "ma:mp" is group
+ *                rank 0's worker store, T the ticket of the member that
+ *                closed it. N = 0: the round was abandoned (a joiner died
+ *                before it closed) and everyone joins the next one.
+ *   assignment   "r<r>/a/<T>/<t>": "<group rank> <base rank> <world size>",
+ *                ticket t's place, written by closer T before its head (one
+ *                MULTI_SET): a member reads two small keys, O(1) bytes, and
+ *                a ticket with no such key is not a member.
+ *   member list  "r<r>/members/<T>": {"attempt":A,"t":[tickets],"n":[nproc],
+ *                "pr":[prev round],"pg":[prev rank],"ma":..,"mp":..,"sh":..}
+ *                (members in ticket order), for the few that need everyone:
+ *                group rank 0 (who may reach its store), status pages.
  */
 #ifndef CRUN_RENDEZVOUS_ROUND_INT_H
 #define CRUN_RENDEZVOUS_ROUND_INT_H
@@ -82,6 +89,10 @@ int round_next_attempt(int prev_attempt, const char *prev_change);
  * many tickets (0 = not yet). */
 bool round_should_close(int ticket, int max, uint64_t now, uint64_t min_seen, uint64_t max_seen,
 			uint32_t last_call_ms);
+/* The same as a time: when that member tries to close (0: not before MIN is
+ * seen), so that it can sleep until then. A time 0 never counts as seen. */
+uint64_t round_close_at(int ticket, int max, uint64_t min_seen, uint64_t max_seen,
+			uint32_t last_call_ms);
 
 /* Members from what the closer read of tickets 1..joined: live[i] says
  * ticket i+1 has both its record and its alive key. The first `max` live
@@ -104,5 +115,33 @@ struct round_assignment {
 	int host_member;
 };
 int round_assign(const struct round_closed *rc, int me, struct round_assignment *ret);
+
+/* The closed value (see the top). */
+struct round_head {
+	int attempt, by, nodes; /* nodes 0 (and by 0): abandoned */
+	char master_addr[RDZV_HOST_MAX];
+	unsigned master_port;
+	char store_host[RDZV_HOST_MAX];
+};
+int round_head_format(const struct round_head *h, char **ret);
+/* CRUN_EPROTO for anything malformed (members but no worker store...). */
+int round_head_parse(const char *s, struct round_head *ret);
+
+/* What closer `by` writes for members m[0..n) (ticket order): the head,
+ * every member's assignment value and the member list. One pass (sort and
+ * prefix sums), not one round_assign per member. */
+#define ROUND_ASSIGN_MAX 48
+struct round_plan {
+	struct round_head head;
+	int n;
+	int *ticket;		       /* n, ticket order */
+	char (*val)[ROUND_ASSIGN_MAX]; /* n: "<group rank> <base rank> <world size>" */
+	char *members;		       /* the member list (round_closed_format) */
+};
+int round_plan_make(int attempt, int by, const struct round_node *m, int n, struct round_plan *ret);
+void round_plan_free(struct round_plan *p);
+/* A member's assignment from the head and its value (what round_assign
+ * computes from the whole list). CRUN_EPROTO for a malformed value. */
+int round_member_assign(const struct round_head *h, const char *val, struct round_assignment *ret);
 
 #endif /* CRUN_RENDEZVOUS_ROUND_INT_H */

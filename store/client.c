@@ -1737,3 +1737,110 @@ CRUN_API int crun_store_set_leased(crun_store_t *s, uint64_t id, const char *key
 	TRY(ext_call(s, &q, rep));
 	return ext_status(s, "SET_LEASED", id, rep[0]);
 }
+
+/* ---- WAIT_ANY (store_ext.h) ------------------------------------------------------ */
+
+/* Reads n raw bytes of a reply into b. */
+static int read_raw(struct client_conn *c, uint8_t *b, size_t n, uint64_t deadline)
+{
+	while (c->rlen - c->rpos < n)
+		TRY(conn_fill(c, deadline));
+	memcpy(b, c->rbuf + c->rpos, n);
+	c->rpos += n;
+	return 0;
+}
+
+/* The wake of a WAIT_ANY: STOP_WAITING and the index. */
+static int read_any_wake(struct client_conn *c, size_t n, uint64_t deadline, size_t *ret_idx)
+{
+	uint8_t b[8];
+	uint64_t idx;
+
+	TRY(read_raw(c, b, 8, deadline));
+	idx = store_get_u64(b);
+	if (idx >= n)
+		return CRUN_EPROTO;
+	*ret_idx = (size_t)idx;
+	confirm(c);
+	return 0;
+}
+
+/* Like await_wake: a timeout cancels the wait and keeps the stream in sync;
+ * a wake that raced the cancel is a wake (a key exists). */
+static int await_any(struct client_conn *c, size_t n, uint64_t deadline, size_t *ret_idx)
+{
+	struct store_req cancel = {.op = STORE_OP_CANCEL_WAIT};
+	uint8_t st;
+	int r = read_raw(c, &st, 1, deadline);
+	bool woke = false;
+
+	if (r == 0)
+		return st == STORE_WAIT_STOP_WAITING ? read_any_wake(c, n, deadline, ret_idx)
+						     : CRUN_EPROTO;
+	if (r != CRUN_ETIMEDOUT)
+		return r;
+	deadline =
+	    deadline_after(c->timeout_ms ? MIN(CANCEL_REPLY_MS, c->timeout_ms) : CANCEL_REPLY_MS);
+	r = conn_send_req(c, &cancel, deadline);
+	for (int i = 0; r == 0 && i < 2; i++) {
+		r = read_raw(c, &st, 1, deadline);
+		if (r == 0 && st == STORE_WAIT_CANCELED) {
+			confirm(c);
+			return woke ? 0 : CRUN_ETIMEDOUT;
+		}
+		if (r == 0 && st == STORE_WAIT_STOP_WAITING && !woke) {
+			woke = true;
+			r = read_any_wake(c, n, deadline, ret_idx);
+		} else if (r == 0) {
+			r = CRUN_EPROTO;
+		}
+	}
+	conn_break(c); /* the stream is out of step */
+	return r < 0 ? r : CRUN_EPROTO;
+}
+
+int store_client_wait_any(struct crun_store *s, const char *const *keys, size_t n,
+			  uint32_t timeout_ms, size_t *ret_idx)
+{
+	struct store_ext_req q = {.op = STORE_EXT_WAIT_ANY, .nitems = n};
+	struct client_conn *c;
+	uint64_t deadline;
+	size_t len;
+	int r;
+
+	if (!s || !ret_idx || n == 0)
+		return CRUN_EINVAL;
+	TRY(key_list(s, STORE_OP_WAIT, keys, n));
+	c = s->conn;
+	deadline = op_deadline(c, timeout_ms);
+	for (unsigned tries = 1;; tries++) {
+		if (c->broken)
+			TRY(conn_revive(c, "WAIT_ANY", deadline));
+		bool hello = !c->ext;
+
+		r = hello ? ext_hello(c, deadline) : 0;
+		if (hello && r == CRUN_ECLOSED && !c->ext_used)
+			return set_err(c, CRUN_ENOTSUP, "WAIT_ANY", NULL, 0,
+				       "closed by the server (no crun extension support?)");
+		if (r == 0 && c->ext_version < STORE_EXT_VERSION_ANY)
+			return set_err(c, CRUN_ENOTSUP, "WAIT_ANY", NULL, 0,
+				       "the server's extension is version %u", c->ext_version);
+		q.keys = c->kv;
+		if (r == 0 && grow((void **)&c->wbuf, &c->wcap, store_ext_req_size(&q), 1) < 0)
+			return CRUN_ENOMEM;
+		if (r == 0)
+			r = store_ext_encode_req(&q, c->wbuf, c->wcap, &len);
+		if (r == 0) {
+			r = send_all(c, c->wbuf, len, deadline);
+			wbuf_trim(c);
+		}
+		if (r == 0)
+			r = await_any(c, n, deadline, ret_idx);
+		if (r == 0)
+			return 0;
+		if (r == CRUN_ETIMEDOUT && !c->broken)
+			return set_err(c, r, "WAIT_ANY", c->kv[0].p, c->kv[0].len,
+				       "timed out (wait canceled)");
+		TRY(lost(c, r, STORE_OP_WAIT, &c->kv[0], tries, deadline));
+	}
+}

@@ -460,6 +460,8 @@ int store_ext_process(struct store_conn *c, const uint8_t *buf, size_t len, size
 		return reply_u8(c, l ? STORE_EXT_OK : STORE_EXT_NO_LEASE);
 	case STORE_EXT_SET_LEASED:
 		return op_set_leased(c, &q);
+	case STORE_EXT_WAIT_ANY:
+		return store_conn_wait_any(c, &q);
 	default:
 		return CRUN_EPROTO;
 	}

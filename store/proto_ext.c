@@ -7,7 +7,7 @@
 
 bool store_ext_is_op(uint8_t code)
 {
-	return code >= STORE_EXT_HELLO && code <= STORE_EXT_LEASE_ATTACH;
+	return code >= STORE_EXT_HELLO && code <= STORE_EXT_WAIT_ANY;
 }
 
 const char *store_ext_op_name(uint8_t code)
@@ -25,6 +25,8 @@ const char *store_ext_op_name(uint8_t code)
 		return "SET_LEASED";
 	case STORE_EXT_LEASE_ATTACH:
 		return "LEASE_ATTACH";
+	case STORE_EXT_WAIT_ANY:
+		return "WAIT_ANY";
 	default:
 		return "?";
 	}
@@ -37,6 +39,8 @@ size_t store_ext_reply_size(uint8_t op)
 		return 4;
 	case STORE_EXT_LEASE_GRANT:
 		return 8;
+	case STORE_EXT_WAIT_ANY:
+		return 9;
 	case STORE_EXT_LEASE_KEEPALIVE:
 	case STORE_EXT_LEASE_REVOKE:
 	case STORE_EXT_SET_LEASED:
@@ -89,6 +93,20 @@ static int take_bytes(struct cur *c, size_t max, struct store_bytes *ret)
 	return 0;
 }
 
+/* WAIT_ANY's key list: validated whole, so store_items_next() can walk it. */
+static int take_list(struct cur *c, const struct store_limits *lim, struct store_ext_req *q)
+{
+	struct store_bytes k;
+
+	TRY(take_u64(c, &q->nitems));
+	if (q->nitems == 0 || q->nitems > lim->max_items)
+		return q->nitems ? CRUN_ETOOBIG : CRUN_EPROTO;
+	q->items = c->p;
+	for (uint64_t i = 0; i < q->nitems; i++)
+		TRY(take_bytes(c, lim->max_key_bytes, &k));
+	return 0;
+}
+
 int store_ext_decode_req(const struct store_limits *lim, const uint8_t *buf, size_t len,
 			 struct store_ext_req *out, size_t *used)
 {
@@ -120,6 +138,9 @@ int store_ext_decode_req(const struct store_limits *lim, const uint8_t *buf, siz
 		TRY(take_bytes(&c, lim->max_key_bytes, &q.key));
 		TRY(take_bytes(&c, lim->max_value_bytes, &q.val));
 		break;
+	case STORE_EXT_WAIT_ANY:
+		TRY(take_list(&c, lim, &q));
+		break;
 	default:
 		return CRUN_EPROTO;
 	}
@@ -140,6 +161,13 @@ size_t store_ext_req_size(const struct store_ext_req *q)
 	case STORE_EXT_LEASE_REVOKE:
 	case STORE_EXT_LEASE_ATTACH:
 		return 1 + 8;
+	case STORE_EXT_WAIT_ANY: {
+		size_t n = 1 + 8;
+
+		for (uint64_t i = 0; i < q->nitems; i++)
+			n += 8 + q->keys[i].len;
+		return q->nitems ? n : 0;
+	}
 	default:
 		return 0;
 	}
@@ -169,6 +197,11 @@ int store_ext_encode_req(const struct store_ext_req *q, uint8_t *buf, size_t cap
 		p = store_put_u64(p, q->id);
 		p = store_put_bytes(p, q->key.p, q->key.len);
 		p = store_put_bytes(p, q->val.p, q->val.len);
+		break;
+	case STORE_EXT_WAIT_ANY:
+		p = store_put_u64(p, q->nitems);
+		for (uint64_t i = 0; i < q->nitems; i++)
+			p = store_put_bytes(p, q->keys[i].p, q->keys[i].len);
 		break;
 	default:
 		p = store_put_u64(p, q->id);

@@ -85,6 +85,7 @@ struct kv_reg {
 	struct dl conn_link; /* in the owning connection's list */
 	struct store_conn *conn;
 	struct kv_ent *ent;
+	uint64_t idx; /* the key's index in its WAIT_ANY request */
 };
 
 /* 0 or CRUN_ENOMEM. The budgets are max_ents entries, max_key_bytes of keys. */
@@ -168,6 +169,7 @@ struct store_conn {
 	uint8_t dialect;	/* 0 until sniffed, then enum store_dialect */
 	uint8_t why;		/* enum store_metric of a refusal an op reported */
 	bool parked;		/* v2 WAIT/BARRIER outstanding: input stays buffered */
+	bool any;		/* the outstanding wait is a WAIT_ANY (store_ext.h) */
 	bool throttled;		/* output over the ceiling: reading paused */
 	bool stalled;		/* total output over budget: reading paused */
 	bool writing;		/* EV_WRITE on: the bufferevent flushes what write() left */

@@ -11,6 +11,7 @@
 
 #include "common/common.h"
 #include "store/server_int.h"
+#include "store/store_ext.h"
 
 int store_conn_refuse(struct store_conn *c, enum store_metric why)
 {
@@ -66,6 +67,7 @@ static void conn_drop_waits(struct store_conn *c)
 	while (!DL_EMPTY(&c->waits))
 		reg_free(c->srv, DL_ENTRY(c->waits.next, struct kv_reg, conn_link), true);
 	c->pending = 0;
+	c->any = false;
 }
 
 void store_conn_unregister(struct store_conn *c)
@@ -107,12 +109,14 @@ static int reply_bytes(struct store_conn *c, const uint8_t *p, size_t len)
 /* One registration of c fired. Like torch, a count already at 0 (a stale
  * registration of an overwritten v1 WAIT) sends nothing. Returns true when
  * this completed c's wait. */
-static bool wait_step(struct store_conn *c)
+static bool wait_step(struct store_conn *c, uint64_t idx)
 {
 	if (c->pending == 0 || --c->pending)
 		return false;
-	if (reply_u8(c, STORE_WAIT_STOP_WAITING) < 0)
+	if (reply_u8(c, STORE_WAIT_STOP_WAITING) < 0 || (c->any && reply_i64(c, (int64_t)idx) < 0))
 		c->doomed = true;
+	if (c->any) /* the other keys' registrations are moot now */
+		conn_drop_waits(c);
 	store_conn_flush(c);
 	store_conn_unpark(c);
 	store_conn_check_pushed(c);
@@ -125,9 +129,10 @@ static void wake_all(struct store_server *srv, struct kv_ent *e)
 	while (!DL_EMPTY(&e->waiters)) {
 		struct kv_reg *reg = DL_ENTRY(e->waiters.next, struct kv_reg, key_link);
 		struct store_conn *w = reg->conn;
+		uint64_t idx = reg->idx;
 
 		reg_unlink(srv, reg, true);
-		wait_step(w);
+		wait_step(w, idx);
 	}
 }
 
@@ -150,8 +155,10 @@ static void wake_one(struct store_server *srv, struct kv_ent *e)
 				w->pending--;
 			continue;
 		}
+		uint64_t idx = reg->idx;
+
 		reg_unlink(srv, reg, true);
-		wait_step(w);
+		wait_step(w, idx);
 		return;
 	}
 }
@@ -175,6 +182,7 @@ static int reg_add(struct store_conn *c, struct kv_ent *e, bool is_wait)
 		return CRUN_ENOMEM;
 	reg->conn = c;
 	reg->ent = e;
+	reg->idx = 0;
 	dl_add_tail(is_wait ? &e->waiters : &e->watchers, &reg->key_link);
 	dl_add_tail(is_wait ? &c->waits : &c->watches, &reg->conn_link);
 	c->n_regs++;
@@ -430,6 +438,43 @@ static int op_wait(struct store_conn *c, const struct store_req *q, bool check)
 	}
 	c->pending = missing; /* torch: a second WAIT overwrites the count */
 	c->parked = c->dialect == STORE_V2;
+	return 0;
+}
+
+int store_conn_wait_any(struct store_conn *c, const struct store_ext_req *q)
+{
+	struct store_server *srv = c->srv;
+	const uint8_t *it = q->items;
+	struct store_bytes k;
+
+	if (c->pending || c->dialect != STORE_V2)
+		return CRUN_EPROTO; /* one wait at a time; v1 cannot cancel it */
+	for (uint64_t i = 0; i < q->nitems; i++) {
+		store_items_next(&it, &k);
+		if (key_exists(kv_find(&srv->kv, k.p, k.len))) {
+			TRY(reply_u8(c, STORE_WAIT_STOP_WAITING));
+			return reply_i64(c, (int64_t)i);
+		}
+	}
+	TRY(reg_budget(c, q->nitems));
+	it = q->items;
+	for (uint64_t i = 0; i < q->nitems; i++) {
+		struct kv_ent *e = NULL;
+		int r;
+
+		store_items_next(&it, &k);
+		r = ent_get(srv, c, &k, &e);
+		if (r == 0 && (r = reg_add(c, e, true)) < 0)
+			kv_gc(&srv->kv, e);
+		if (r < 0) {
+			conn_drop_waits(c);
+			return r;
+		}
+		DL_ENTRY(c->waits.prev, struct kv_reg, conn_link)->idx = i;
+	}
+	c->pending = 1;
+	c->any = true;
+	c->parked = true;
 	return 0;
 }
 

@@ -17,10 +17,21 @@
  *   0x83  LEASE_REVOKE     u64 lease id                          u8 status
  *   0x84  SET_LEASED       u64 lease id, bytes key, bytes value  u8 status
  *   0x85  LEASE_ATTACH     u64 lease id                          u8 status  (version 2)
+ *   0x86  WAIT_ANY         u64 n, n x bytes key                  later: u8 0, u64 index
+ *                                                                (version 3)
  *
  * status: 0 ok, 1 no such lease (ended, or held by another connection).
  * HELLO answers the server's version; a client sends LEASE_ATTACH only to a
- * server that answered 2 or more (a version-1 server closes on it).
+ * server that answered 2 or more (a version-1 server closes on it), WAIT_ANY
+ * only to one that answered 3 or more.
+ *
+ * WAIT_ANY is WAIT with "any" for "all": the reply (STOP_WAITING, then the
+ * index in the request of a key that exists) goes out as soon as one of the
+ * keys exists - at once if one does already, lowest index first. It parks
+ * the connection and is canceled exactly like a v2 WAIT: CANCEL_WAIT
+ * answers WAIT_CANCELED, possibly after a reply that raced it. One request
+ * lets a rendezvous member sleep until whichever of its round's events comes
+ * first, instead of polling each.
  *
  * Semantics. A lease ends when ttl_ms pass after its last sign of life
  * (the grant, a keep-alive or an attach), or when its holder closes its
@@ -78,22 +89,27 @@ enum store_ext_op {
 	STORE_EXT_LEASE_REVOKE = 0x83,
 	STORE_EXT_SET_LEASED = 0x84,
 	STORE_EXT_LEASE_ATTACH = 0x85,
+	STORE_EXT_WAIT_ANY = 0x86,
 };
 
 #define STORE_EXT_MAGIC		 0x4352554eu
-#define STORE_EXT_VERSION	 2u
+#define STORE_EXT_VERSION	 3u
 #define STORE_EXT_VERSION_ATTACH 2u /* first version with LEASE_ATTACH */
+#define STORE_EXT_VERSION_ANY	 3u /* first version with WAIT_ANY */
 #define STORE_EXT_TTL_MAX	 (3600u * 1000)
 
 enum { STORE_EXT_OK = 0, STORE_EXT_NO_LEASE = 1 };
 
 struct store_ext_req {
 	uint8_t op;
-	uint32_t magic, version; /* HELLO */
-	uint64_t id;		 /* KEEPALIVE REVOKE SET_LEASED ATTACH */
-	uint64_t ttl_ms;	 /* GRANT */
-	struct store_bytes key;	 /* GRANT: expiry key; SET_LEASED: key */
-	struct store_bytes val;	 /* GRANT: expiry value; SET_LEASED: value */
+	uint32_t magic, version;	/* HELLO */
+	uint64_t id;			/* KEEPALIVE REVOKE SET_LEASED ATTACH */
+	uint64_t ttl_ms;		/* GRANT */
+	struct store_bytes key;		/* GRANT: expiry key; SET_LEASED: key */
+	struct store_bytes val;		/* GRANT: expiry value; SET_LEASED: value */
+	uint64_t nitems;		/* WAIT_ANY: key count */
+	const struct store_bytes *keys; /* WAIT_ANY, encode only, borrowed */
+	const uint8_t *items;		/* WAIT_ANY, decode only: store_items_next() */
 };
 
 /* True for an op code of the extension range. */
@@ -107,7 +123,7 @@ int store_ext_decode_req(const struct store_limits *lim, const uint8_t *buf, siz
 size_t store_ext_req_size(const struct store_ext_req *req);
 int store_ext_encode_req(const struct store_ext_req *req, uint8_t *buf, size_t cap,
 			 size_t *ret_len);
-/* Size of the reply to op (4, 8 or 1), 0 for an unknown op. */
+/* Size of the reply to op (4, 8, 9 or 1), 0 for an unknown op. */
 size_t store_ext_reply_size(uint8_t op);
 
 /* ---- server side (lease.c) ---- */
@@ -122,8 +138,20 @@ int store_ext_process(struct store_conn *c, const uint8_t *buf, size_t len, size
 /* c is closing: its leases stay, held by nobody, for the rest of their TTL
  * (a client may re-attach them from a new connection). */
 void store_ext_conn_closed(struct store_conn *c);
+/* WAIT_ANY on c (server_ops.c). */
+int store_conn_wait_any(struct store_conn *c, const struct store_ext_req *q);
 /* The server is being freed (after every connection closed): its leases go
  * without setting expiry keys. */
 void store_ext_server_free(struct store_server *srv);
+
+/* ---- client side (client.c; not exported) ---- */
+
+/* WAIT_ANY on the handle's connection: *ret_idx is the index of a key of
+ * keys[0..n) that exists, within timeout_ms (0: the handle's op timeout).
+ * CRUN_ETIMEDOUT when none appeared (the connection stays usable),
+ * CRUN_ENOTSUP when the server's extension predates WAIT_ANY. */
+struct crun_store;
+int store_client_wait_any(struct crun_store *s, const char *const *keys, size_t n,
+			  uint32_t timeout_ms, size_t *ret_idx);
 
 #endif /* CRUN_STORE_STORE_EXT_H */

@@ -219,10 +219,12 @@ def attack_b(w, pfx):
     assert w.cas(f"{pfx}/round", str(rd), str(nxt)) == str(nxt).encode()
     assert w.add(f"{pfx}/r{nxt}/joined", 1) == 1
     # The closed round (rendezvous/round_int.h): the two agents will draw
-    # tickets 2 and 3, and the worker store it names is the intruder's.
+    # tickets 2 and 3, closer "1" (the intruder) placed them, and the
+    # worker store the head names is the intruder's.
+    w.set(f"{pfx}/r{nxt}/a/1/2", "0 0 2")
+    w.set(f"{pfx}/r{nxt}/a/1/3", "1 1 2")
     w.set(f"{pfx}/r{nxt}/closed",
-          '{"attempt":1,"ma":"%s","mp":29999,"sh":"","t":[2,3],"n":[1,1],'
-          '"pr":[-1,-1],"pg":[-1,-1]}' % EVIL_ADDR)
+          '{"attempt":1,"by":1,"nodes":2,"ma":"%s","mp":29999,"sh":""}' % EVIL_ADDR)
     w.set(f"{pfx}/r{rd}/change", "restart intruder")
 
 

@@ -381,6 +381,40 @@ START_TEST(present_stays_present_across_waits)
 }
 END_TEST
 
+/* coord_wait_any: the index of whichever key appears first, at once for a
+ * present one, a timeout that leaves the handle usable, and a lapsed lease's
+ * expiry key counting as set. */
+START_TEST(wait_any_wakes_on_the_first_key)
+{
+	struct later l = {.keys = {"b"}, .n = 1, .delay_us = 300000};
+	const char *abc[] = {"a", "b", "c"}, *ca[] = {"c", "a"}, *yx[] = {"y", "x"};
+	struct coord *c, *holder;
+	pthread_t t;
+	uint64_t id = 0;
+
+	begin(_i);
+	c = opn();
+	ck_assert_int_eq(coord_wait_any(c, abc, 3, 100), CRUN_ETIMEDOUT);
+	ck_assert_int_eq(coord_set(c, "after", "ok"), 0);
+	expect(c, "after", "ok");
+	ck_assert_int_eq(pthread_create(&t, NULL, set_later, &l), 0);
+	ck_assert_int_eq(coord_wait_any(c, abc, 3, 20000), 1);
+	pthread_join(t, NULL);
+	ck_assert_int_eq(coord_wait_any(c, abc, 3, 100), 1);
+	ck_assert_int_eq(coord_wait_any(c, ca, 2, 100), CRUN_ETIMEDOUT);
+	ck_assert_int_eq(coord_set(c, "c", "1"), 0);
+	ck_assert_int_eq(coord_wait_any(c, abc, 3, 100), 1); /* the lowest present */
+	/* A lease's expiry key, set by its lapse. */
+	holder = opn();
+	ck_assert_int_eq(coord_lease_grant(holder, 1000, "x", "dead", &id), 0);
+	ck_assert_int_eq(coord_wait_any(c, yx, 2, 20000), 1);
+	expect(c, "x", "dead");
+	coord_close(holder);
+	coord_close(c);
+	end();
+}
+END_TEST
+
 START_TEST(multi_get_waits_for_all)
 {
 	struct later l = {.keys = {"a", "b", "c"}, .n = 3, .delay_us = 200000};
@@ -815,6 +849,7 @@ static Suite *coord_suite(void)
 	tcase_add_loop_test(tc, wait_on_one_key_repeatedly, 0, NB);
 	tcase_add_loop_test(tc, present_stays_present_across_waits, 0, NB);
 	tcase_add_loop_test(tc, multi_get_waits_for_all, 0, NB);
+	tcase_add_loop_test(tc, wait_any_wakes_on_the_first_key, 0, NB);
 	tcase_add_loop_test(tc, compare_set_semantics, 0, NB);
 	tcase_add_loop_test(tc, concurrent_tickets_and_one_winner, 0, NB);
 	tcase_add_loop_test(tc, lease_revoke_is_not_expiry, 0, NB);

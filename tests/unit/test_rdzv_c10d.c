@@ -84,12 +84,11 @@ START_TEST(conf_store_limits)
 
 	ck_assert_int_eq(c10d_parse_conf(NULL, &c, err, sizeof(err)), 0);
 	ck_assert_uint_eq(c.store.max_keys, 1u << 20);
-	ck_assert_int_eq(c10d_parse_conf("store_max_keys=5000,store_stall_timeout=0", &c, err,
-					 sizeof(err)), 0);
+	ck_assert_int_eq(
+	    c10d_parse_conf("store_max_keys=5000,store_stall_timeout=0", &c, err, sizeof(err)), 0);
 	ck_assert_uint_eq(c.store.max_keys, 5000);
 	ck_assert_uint_eq(c.store.stall_timeout_s, 0);
-	ck_assert_int_eq(c10d_parse_conf("store_max_keys=none", &c, err, sizeof(err)),
-			 CRUN_EINVAL);
+	ck_assert_int_eq(c10d_parse_conf("store_max_keys=none", &c, err, sizeof(err)), CRUN_EINVAL);
 	ck_assert_ptr_nonnull(strstr(err, "store_max_keys: expected"));
 	ck_assert_int_eq(c10d_parse_conf("store_bogus=1", &c, err, sizeof(err)), CRUN_EINVAL);
 	ck_assert_ptr_nonnull(strstr(err, "store_bogus"));
@@ -282,15 +281,83 @@ START_TEST(round_closes_after_min_and_last_call)
 	}
 	closed = mem_val(m, "r0/closed");
 	{
+		struct round_head h;
 		struct round_closed rc;
+		char key[64], *list;
 
-		ck_assert_int_eq(round_closed_parse(closed, 8, &rc), 0);
+		ck_assert_int_eq(round_head_parse(closed, &h), 0);
+		ck_assert_int_eq(h.nodes, 2);
+		ck_assert_int_eq(h.attempt, 0);
+		/* The closer's member list, for whoever needs all of it. */
+		snprintf(key, sizeof(key), "r0/members/%d", h.by);
+		list = mem_val(m, key);
+		ck_assert_int_eq(round_closed_parse(list, 8, &rc), 0);
 		ck_assert_int_eq(rc.n, 2);
-		ck_assert_int_eq(rc.attempt, 0);
 		round_closed_free(&rc);
+		free(list);
 	}
 	free(closed);
 	coord_mem_free(m);
+}
+END_TEST
+
+/* Requests (and value bytes read, into *ret_bytes) per member of one round
+ * of k agents (MIN = k, MAX above it: the round closes by the last call). */
+static double per_member(int k, const char *conf, double *ret_bytes)
+{
+	struct coord_mem *m;
+	struct ag *g = calloc((size_t)k, sizeof(*g));
+	uint64_t ops;
+
+	ck_assert_ptr_nonnull(g);
+	ck_assert_int_eq(coord_mem_new(&m), 0);
+	for (int i = 0; i < k; i++) {
+		ag_init(&g[i], m, i, k, 2 * k, 1, conf);
+		ag_start(&g[i]);
+	}
+	for (int i = 0; i < k; i++) {
+		ag_ok(&g[i]);
+		ck_assert_int_eq(g[i].info.group_world_size, k);
+	}
+	ops = coord_mem_ops(m);
+	if (ret_bytes)
+		*ret_bytes = (double)coord_mem_read_bytes(m) / k;
+	coord_mem_free(m);
+	free(g);
+	return (double)ops / k;
+}
+
+/* The join waits on events, not by polling: what a member asks of the store
+ * per round is the same at 8 and 64 members and with a last call 10 times
+ * as long (it grew with both when every member polled every 250 ms). */
+START_TEST(requests_per_member_are_constant)
+{
+	double small = per_member(8, "last_call_timeout=0.1", NULL);
+	double big = per_member(64, "last_call_timeout=0.1", NULL);
+	double slow = per_member(8, "last_call_timeout=1.5", NULL);
+
+	fprintf(stderr, "requests per member: %.1f at k=8, %.1f at k=64, %.1f slow\n", small, big,
+		slow);
+	ck_assert_msg(big <= small + 1.0 && slow <= small + 1.0,
+		      "requests per member: %.1f at k=8, %.1f at k=64, %.1f with a 1.5 s last "
+		      "call",
+		      small, big, slow);
+}
+END_TEST
+
+/* A member reads its own small assignment, not the whole round: the bytes
+ * read per member (the closer's records and group rank 0's member list
+ * spread over all) do not grow with the round's size (they grew by ~15
+ * bytes per member of the round when everyone read the whole closed value). */
+START_TEST(bytes_per_member_are_constant)
+{
+	double small, big;
+
+	(void)per_member(8, "last_call_timeout=0.1", &small);
+	(void)per_member(128, "last_call_timeout=0.1", &big);
+	fprintf(stderr, "value bytes read per member: %.0f at k=8, %.0f at k=128\n", small, big);
+	ck_assert_msg(big <= small + 48, "bytes per member: %.0f at k=8, %.0f at k=128", small,
+		      big);
 }
 END_TEST
 
@@ -598,6 +665,8 @@ static Suite *c10d_suite(void)
 	tc = tcase_create("rounds");
 	tcase_add_test(tc, round_closes_at_max_with_prefix_sums);
 	tcase_add_test(tc, round_closes_after_min_and_last_call);
+	tcase_add_test(tc, requests_per_member_are_constant);
+	tcase_add_test(tc, bytes_per_member_are_constant);
 	tcase_add_test(tc, late_joiner_triggers_next_round_and_ranks_stay);
 	tcase_add_test(tc, restart_marks_the_round_and_bumps_it);
 	tcase_add_test(tc, spare_waits_then_job_ends);

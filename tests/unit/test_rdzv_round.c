@@ -220,6 +220,105 @@ START_TEST(assign_is_the_same_everywhere)
 }
 END_TEST
 
+/* The closer's plan gives each member, through the head and its own small
+ * value, exactly what round_assign computes from the whole member list -
+ * for members with kept ranks, ranks from an older round, new ones and
+ * mixed nproc, whatever their order. */
+START_TEST(plan_matches_assign_for_every_member)
+{
+	enum { N = 40 };
+	struct round_node m[N];
+	struct round_plan p;
+	struct round_closed rc;
+	struct round_head h;
+	char *hv = NULL;
+	unsigned seed = 7;
+
+	for (int i = 0; i < N; i++) {
+		int kind = (int)(rand_r(&seed) % 3);
+
+		m[i] =
+		    node(3 * i + 1,
+			 kind == 0   ? -1
+			 : kind == 1 ? 5
+				     : 4,
+			 kind == 0 ? -1 : (int)(rand_r(&seed) % N), 1 + (int)(rand_r(&seed) % 8));
+	}
+	m[N / 2].is_host = 1;
+	ck_assert_int_eq(round_plan_make(9, 4, m, N, &p), 0);
+	ck_assert_int_eq(round_closed_parse(p.members, N, &rc), 0);
+	ck_assert_int_eq(round_head_format(&p.head, &hv), 0);
+	ck_assert_int_lt(strlen(hv), 120); /* the same few bytes for any N */
+	ck_assert_int_eq(round_head_parse(hv, &h), 0);
+	free(hv);
+	ck_assert_int_eq(h.by, 4);
+	ck_assert_int_eq(h.nodes, N);
+	for (int i = 0; i < N; i++) {
+		struct round_assignment want, got;
+
+		ck_assert_int_eq(p.ticket[i], m[i].ticket);
+		ck_assert_int_lt(strlen(p.val[i]), 24);
+		ck_assert_int_eq(round_assign(&rc, i, &want), 0);
+		ck_assert_int_eq(round_member_assign(&h, p.val[i], &got), 0);
+		ck_assert_mem_eq(&got.info, &want.info, sizeof(got.info));
+		ck_assert_str_eq(got.store_host, want.store_host);
+		ck_assert_str_eq(got.store_host, "host61");
+		ck_assert_int_eq(got.host_member, want.host_member);
+	}
+	round_closed_free(&rc);
+	round_plan_free(&p);
+	/* Members out of ticket order, or none, are refused. */
+	{
+		struct round_node two[2] = {node(5, -1, -1, 1), node(2, -1, -1, 1)};
+
+		ck_assert_int_eq(round_plan_make(0, 1, two, 2, &p), CRUN_EINVAL);
+		ck_assert_int_eq(round_plan_make(0, 1, two, 0, &p), CRUN_EINVAL);
+	}
+}
+END_TEST
+
+START_TEST(head_and_member_values_reject_garbage)
+{
+	struct round_head h = {.attempt = 2}, back;
+	struct round_assignment a;
+	char *v = NULL;
+
+	/* Abandoned: no closer, no store. */
+	ck_assert_int_eq(round_head_format(&h, &v), 0);
+	ck_assert_int_eq(round_head_parse(v, &back), 0);
+	free(v);
+	ck_assert_int_eq(back.nodes, 0);
+	ck_assert_int_eq(back.attempt, 2);
+	ck_assert_int_eq(round_head_parse("{\"attempt\":0,\"by\":1,\"nodes\":2,\"ma\":\"\","
+					  "\"mp\":0,\"sh\":\"\"}",
+					  &back),
+			 CRUN_EPROTO); /* members but no worker store */
+	ck_assert_int_eq(round_head_parse("{\"attempt\":0,\"by\":0,\"nodes\":2,\"ma\":\"a\","
+					  "\"mp\":5,\"sh\":\"\"}",
+					  &back),
+			 CRUN_EPROTO); /* members but no closer */
+	ck_assert_int_eq(round_head_parse("{\"attempt\":0.5,\"by\":1,\"nodes\":1,\"ma\":\"a\","
+					  "\"mp\":5,\"sh\":\"\"}",
+					  &back),
+			 CRUN_EPROTO);
+	ck_assert_int_eq(round_head_parse("{\"attempt\":0,\"t\":[1]}", &back), CRUN_EPROTO);
+	ck_assert_int_eq(round_head_parse("nope", &back), CRUN_EPROTO);
+	ck_assert_int_eq(round_head_parse(NULL, &back), CRUN_EPROTO);
+	h = (struct round_head){.attempt = 1, .by = 1, .nodes = 2, .master_port = 5};
+	snprintf(h.master_addr, sizeof(h.master_addr), "a");
+	ck_assert_int_eq(round_member_assign(&h, "1 3 4", &a), 0);
+	ck_assert_int_eq(a.info.group_rank, 1);
+	ck_assert_int_eq(a.info.base_rank, 3);
+	ck_assert_int_eq(a.info.world_size, 4);
+	ck_assert_int_eq(a.host_member, 0);
+	ck_assert_int_eq(round_member_assign(&h, "2 3 4", &a), CRUN_EPROTO); /* rank >= nodes */
+	ck_assert_int_eq(round_member_assign(&h, "0 4 4", &a), CRUN_EPROTO); /* base >= world */
+	ck_assert_int_eq(round_member_assign(&h, "0 3 4", &a), CRUN_EPROTO); /* no room for 2 */
+	ck_assert_int_eq(round_member_assign(&h, "1 3 4 x", &a), CRUN_EPROTO);
+	ck_assert_int_eq(round_member_assign(&h, "", &a), CRUN_EPROTO);
+}
+END_TEST
+
 START_TEST(attempt_counts_worker_failures_only)
 {
 	ck_assert_int_eq(round_next_attempt(0, "restart host1"), 1);
@@ -244,6 +343,12 @@ START_TEST(close_timers_are_staggered_by_ticket)
 	/* The stagger is bounded: ticket 10000 does not wait for minutes. */
 	ck_assert(round_should_close(10000, 20000, 1500 + ROUND_STAGGER_MS * ROUND_STAGGER_MAX,
 				     1000, 0, 500));
+	/* The same as times a member can sleep until. */
+	ck_assert_uint_eq(round_close_at(1, 4, 1000, 0, 500), 1500);
+	ck_assert_uint_eq(round_close_at(3, 4, 1000, 0, 500), 1500 + 2 * ROUND_STAGGER_MS);
+	ck_assert_uint_eq(round_close_at(1, 4, 0, 0, 500), 0);
+	ck_assert_uint_eq(round_close_at(4, 4, 1000, 2000, 500), 2000);
+	ck_assert_uint_eq(round_close_at(2, 4, 1000, 2000, 500), 2000 + 2 * ROUND_STAGGER_MS);
 }
 END_TEST
 
@@ -272,6 +377,8 @@ static Suite *round_suite(void)
 	tcase_add_test(tc, order_drops_a_rank_from_an_older_round);
 	tcase_add_test(tc, order_is_total_for_any_input);
 	tcase_add_test(tc, assign_is_the_same_everywhere);
+	tcase_add_test(tc, plan_matches_assign_for_every_member);
+	tcase_add_test(tc, head_and_member_values_reject_garbage);
 	tcase_add_test(tc, attempt_counts_worker_failures_only);
 	tcase_add_test(tc, close_timers_are_staggered_by_ticket);
 	tcase_add_test(tc, pick_drops_dead_and_caps_at_max);

@@ -235,10 +235,36 @@ START_TEST(codec_round_trip_and_prefixes)
 	ck_assert_int_eq(store_ext_decode_req(&lim, buf, len, &d, &used), 0);
 	ck_assert_uint_eq(d.id, 0x1122334455667788ULL);
 	ck_assert_uint_eq(store_ext_reply_size(STORE_EXT_LEASE_ATTACH), 1);
+	/* WAIT_ANY: a key list, as WAIT's. */
+	{
+		const struct store_bytes keys[2] = {{(const uint8_t *)"/a", 2},
+						    {(const uint8_t *)"/bb", 3}};
+		const uint8_t *it;
+		struct store_bytes k;
+
+		q = (struct store_ext_req){.op = STORE_EXT_WAIT_ANY, .nitems = 2, .keys = keys};
+		ck_assert_int_eq(store_ext_encode_req(&q, buf, sizeof(buf), &len), 0);
+		ck_assert_uint_eq(len, 1 + 8 + 8 + 2 + 8 + 3);
+		ck_assert_uint_eq(buf[0], 0x86);
+		for (size_t n = 0; n < len; n++)
+			ck_assert_int_eq(store_ext_decode_req(&lim, buf, n, &d, &used),
+					 CRUN_EAGAIN);
+		ck_assert_int_eq(store_ext_decode_req(&lim, buf, len, &d, &used), 0);
+		ck_assert_uint_eq(d.nitems, 2);
+		it = d.items;
+		store_items_next(&it, &k);
+		ck_assert_mem_eq(k.p, "/a", 2);
+		store_items_next(&it, &k);
+		ck_assert_uint_eq(k.len, 3);
+		ck_assert_mem_eq(k.p, "/bb", 3);
+		ck_assert_uint_eq(store_ext_reply_size(STORE_EXT_WAIT_ANY), 9);
+		store_put_u64(buf + 1, 0); /* an empty list is malformed */
+		ck_assert_int_eq(store_ext_decode_req(&lim, buf, 9, &d, &used), CRUN_EPROTO);
+	}
 	/* Op codes outside the range are not extension ops. */
 	ck_assert(!store_ext_is_op(0x7f));
-	ck_assert(!store_ext_is_op(0x86));
-	buf[0] = 0x86;
+	ck_assert(!store_ext_is_op(0x87));
+	buf[0] = 0x87;
 	ck_assert_int_eq(store_ext_decode_req(&lim, buf, 9, &d, &used), CRUN_EPROTO);
 }
 END_TEST
@@ -678,8 +704,7 @@ START_TEST(a_dead_server_is_reported_after_a_short_grace)
 	expect_val(a, "k", "1");
 	kill_server(pid);
 	ck_assert_int_lt(crun_store_wait(a, &k, 1, 0), 0);
-	ck_assert_msg(strstr(crun_store_last_error(a), "refused"), "%s",
-		      crun_store_last_error(a));
+	ck_assert_msg(strstr(crun_store_last_error(a), "refused"), "%s", crun_store_last_error(a));
 	ck_assert_int_lt(crun_store_ping(a, NULL), 0); /* still gone: same again */
 	crun_store_close(a);
 }
