@@ -351,13 +351,16 @@ deb:
 	$(Q)dpkg-buildpackage -us -uc -b
 
 # The scale benchmarks (not part of make test): the worker-init storm against
-# crun's stores and PyTorch's servers, with local and slow name lookups.
+# crun's stores and PyTorch's servers, with local and slow name lookups; the
+# rendezvous of K = 1,024..12,288 simulated agents beside torchrun's.
 bench-scale: all
 	$(Q)sh scripts/deps.sh bench
 	$(Q)mkdir -p $(BUILD)/bench/scale
 	$(Q)for r in local slow; do /usr/bin/python3 bench/storm_bench.py $(BUILD) --resolver $$r \
 		--out $(BUILD)/bench/scale/storm-$$r.md --json $(BUILD)/bench/scale/storm-$$r.json \
 		--plot $(BUILD)/bench/scale/storm-$$r.svg || exit 1; done
+	$(Q)/usr/bin/python3 bench/rdzv_sim.py $(BUILD) --out $(BUILD)/bench/scale/rdzv.md \
+		--json $(BUILD)/bench/scale/rdzv.json --plot $(BUILD)/bench/scale/rdzv.svg
 
 clean:
 	rm -rf build build-san build-fuzz
