@@ -59,13 +59,13 @@
 #include "rendezvous/c10d_int.h"
 #include "rendezvous/coord.h"
 
-#define SIM_K_MAX      16384
-#define SIM_STACK      (256u * 1024) /* virtual; only touched pages cost memory */
-#define SIM_ROUNDS     64	     /* rounds tracked; a run needs a handful */
-#define SIM_EVENTS     1024
+#define SIM_K_MAX	16384
+#define SIM_STACK	(256u * 1024) /* virtual; only touched pages cost memory */
+#define SIM_ROUNDS	64	      /* rounds tracked; a run needs a handful */
+#define SIM_EVENTS	1024
 #define SIM_SOURCES_MAX 64
-#define SIM_URGENT_US  20000 /* see make_ready */
-#define SIM_BATCH      8     /* resumes between looks at epoll */
+#define SIM_URGENT_US	20000 /* see make_ready */
+#define SIM_BATCH	8     /* resumes between looks at epoll */
 
 /* The library's own calls land in __wrap_X; __real_X is libc's. */
 int __real_poll(struct pollfd *fds, nfds_t n, int ms);
@@ -102,7 +102,7 @@ struct agent {
 };
 
 struct round_stat {
-	int n, formed;	  /* members, members that got their assignment */
+	int n, formed; /* members, members that got their assignment */
 	uint64_t sends, bytes, max_sends, max_bytes;
 	uint64_t t_last_us;
 	unsigned char *seen; /* group ranks taken, max bytes */
@@ -202,8 +202,8 @@ static void heap_add(struct sim *s, struct agent *a)
  * into timeouts that threads would not see. */
 static void make_ready(struct sim *s, struct agent *a)
 {
-	bool urgent = a->waiting_io && a->deadline_us &&
-		      a->deadline_us < clock_now_us() + SIM_URGENT_US;
+	bool urgent =
+	    a->waiting_io && a->deadline_us && a->deadline_us < clock_now_us() + SIM_URGENT_US;
 
 	if (a->queued || a->state == A_DEAD || a->state == A_CUT)
 		return;
@@ -567,8 +567,8 @@ static void report(struct sim *s, const char *phase, int rd)
 	const struct round_stat *st = &s->rs[rd];
 	bool ranks_ok = !st->dup && st->formed == st->n;
 
-	printf("{\"phase\":\"%s\",\"k\":%d,\"n\":%d,\"round\":%d,\"t_s\":%.3f,", phase, s->k,
-	       st->n, rd, secs(s->phase_us, st->t_last_us));
+	printf("{\"phase\":\"%s\",\"k\":%d,\"n\":%d,\"round\":%d,\"t_s\":%.3f,", phase, s->k, st->n,
+	       rd, secs(s->phase_us, st->t_last_us));
 	if (!strcmp(phase, "form"))
 		printf("\"t_connect_s\":%.3f,", secs(s->phase_us, s->connected_us));
 	if (s->inject_us && s->detect_us) /* no change seen: nothing to say */
@@ -736,17 +736,23 @@ static int flag_int(const char *name, const char *v, int lo, int hi, int *ret)
 
 static int parse_flags(struct sim *s, int argc, char **argv)
 {
-	static const struct option opts[] = {
-	    {"host", required_argument, NULL, 'H'},    {"port", required_argument, NULL, 'p'},
-	    {"k", required_argument, NULL, 'k'},       {"min", required_argument, NULL, 'm'},
-	    {"late", required_argument, NULL, 'l'},    {"kill", required_argument, NULL, 'x'},
-	    {"cut", required_argument, NULL, 'c'},     {"kill-join", required_argument, NULL, 'j'},
-	    {"kill-join-ms", required_argument, NULL, 'J'},
-	    {"seed", required_argument, NULL, 's'},    {"conf", required_argument, NULL, 'C'},
-	    {"sources", required_argument, NULL, 'S'}, {"inflight", required_argument, NULL, 'i'},
-	    {"timeout", required_argument, NULL, 't'}, {"run-id", required_argument, NULL, 'r'},
-	    {"verbose", no_argument, NULL, 'v'},
-	    {NULL, 0, NULL, 0}};
+	static const struct option opts[] = {{"host", required_argument, NULL, 'H'},
+					     {"port", required_argument, NULL, 'p'},
+					     {"k", required_argument, NULL, 'k'},
+					     {"min", required_argument, NULL, 'm'},
+					     {"late", required_argument, NULL, 'l'},
+					     {"kill", required_argument, NULL, 'x'},
+					     {"cut", required_argument, NULL, 'c'},
+					     {"kill-join", required_argument, NULL, 'j'},
+					     {"kill-join-ms", required_argument, NULL, 'J'},
+					     {"seed", required_argument, NULL, 's'},
+					     {"conf", required_argument, NULL, 'C'},
+					     {"sources", required_argument, NULL, 'S'},
+					     {"inflight", required_argument, NULL, 'i'},
+					     {"timeout", required_argument, NULL, 't'},
+					     {"run-id", required_argument, NULL, 'r'},
+					     {"verbose", no_argument, NULL, 'v'},
+					     {NULL, 0, NULL, 0}};
 	const char *conf = "join_timeout=600,read_timeout=60,last_call_timeout=0.5,"
 			   "heartbeat_interval=1,lease_ttl=3";
 	const char *run_id = "sim";
@@ -762,14 +768,30 @@ static int parse_flags(struct sim *s, int argc, char **argv)
 		int rc = 0;
 
 		switch (c) {
-		case 'H': s->host = optarg; break;
-		case 'p': rc = flag_int("port", optarg, 1, 65535, &port); break;
-		case 'k': rc = flag_int("k", optarg, 1, SIM_K_MAX, &s->k); break;
-		case 'm': rc = flag_int("min", optarg, 1, SIM_K_MAX, &s->min); break;
-		case 'l': rc = flag_int("late", optarg, 0, SIM_K_MAX, &s->late); break;
-		case 'x': rc = flag_int("kill", optarg, 0, SIM_K_MAX, &s->kill); break;
-		case 'c': rc = flag_int("cut", optarg, 0, SIM_K_MAX, &s->cut); break;
-		case 'j': rc = flag_int("kill-join", optarg, 0, SIM_K_MAX, &s->kill_join); break;
+		case 'H':
+			s->host = optarg;
+			break;
+		case 'p':
+			rc = flag_int("port", optarg, 1, 65535, &port);
+			break;
+		case 'k':
+			rc = flag_int("k", optarg, 1, SIM_K_MAX, &s->k);
+			break;
+		case 'm':
+			rc = flag_int("min", optarg, 1, SIM_K_MAX, &s->min);
+			break;
+		case 'l':
+			rc = flag_int("late", optarg, 0, SIM_K_MAX, &s->late);
+			break;
+		case 'x':
+			rc = flag_int("kill", optarg, 0, SIM_K_MAX, &s->kill);
+			break;
+		case 'c':
+			rc = flag_int("cut", optarg, 0, SIM_K_MAX, &s->cut);
+			break;
+		case 'j':
+			rc = flag_int("kill-join", optarg, 0, SIM_K_MAX, &s->kill_join);
+			break;
 		case 'J':
 			rc = flag_int("kill-join-ms", optarg, 0, 3600000, &v);
 			s->kill_join_ms = (uint32_t)v;
@@ -778,13 +800,26 @@ static int parse_flags(struct sim *s, int argc, char **argv)
 			rc = flag_int("seed", optarg, 1, 1 << 30, &v);
 			s->seed = (uint64_t)v * 0x9e3779b97f4a7c15ull;
 			break;
-		case 'C': conf = optarg; break;
-		case 'S': rc = flag_int("sources", optarg, 1, SIM_SOURCES_MAX, &s->sources); break;
-		case 'i': rc = flag_int("inflight", optarg, 1, 4096, &s->inflight); break;
-		case 't': rc = flag_int("timeout", optarg, 1, 86400, &timeout); break;
-		case 'r': run_id = optarg; break;
-		case 'v': s->verbose = true; break;
-		default: return -1;
+		case 'C':
+			conf = optarg;
+			break;
+		case 'S':
+			rc = flag_int("sources", optarg, 1, SIM_SOURCES_MAX, &s->sources);
+			break;
+		case 'i':
+			rc = flag_int("inflight", optarg, 1, 4096, &s->inflight);
+			break;
+		case 't':
+			rc = flag_int("timeout", optarg, 1, 86400, &timeout);
+			break;
+		case 'r':
+			run_id = optarg;
+			break;
+		case 'v':
+			s->verbose = true;
+			break;
+		default:
+			return -1;
 		}
 		if (rc < 0)
 			return -1;
@@ -840,6 +875,9 @@ int main(int argc, char **argv)
 	s.ep = epoll_create1(EPOLL_CLOEXEC);
 	if (!s.agents || !s.ready || !s.heap || s.ep < 0) {
 		fprintf(stderr, "rdzv_sim: out of memory\n");
+		free(s.agents);
+		free(s.ready);
+		free(s.heap);
 		return 1;
 	}
 	for (int i = 0; i < s.k; i++) {
