@@ -13,8 +13,10 @@ import pytest
 from conftest import BUILD
 
 K = 64
-CONF = ("join_timeout=120,read_timeout=30,last_call_timeout=0.2,heartbeat_interval=0.5,"
-        "lease_ttl=1.5")
+# crun's default lease (3 s TTL, 1 s heartbeat): a shorter one can lapse on a loaded machine
+# and start a round no fault asked for.
+CONF = ("join_timeout=120,read_timeout=30,last_call_timeout=0.2,heartbeat_interval=1,"
+        "lease_ttl=3")
 
 
 def sim(port, run_id, *extra, expect_rc=0):
