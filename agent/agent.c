@@ -14,6 +14,7 @@
 #include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <event2/event.h>
@@ -238,6 +239,64 @@ static void raise_nofile(struct crun_agent *a)
 		       strerror(errno));
 }
 
+/* Copies a string field: the caller may free its config after new(). */
+static int own_str(struct crun_agent *a, const char **field)
+{
+	char *d;
+
+	if (!*field)
+		return 0;
+	if (a->nowned >= (int)ARRAY_SIZE(a->owned) || !(d = str_dup(*field)))
+		return CRUN_ENOMEM;
+	a->owned[a->nowned++] = d;
+	*field = d;
+	return 0;
+}
+
+static int own_mem(struct crun_agent *a, const void **field, size_t len)
+{
+	void *d;
+
+	if (!*field)
+		return 0;
+	if (a->nowned >= (int)ARRAY_SIZE(a->owned) || !(d = malloc(len)))
+		return CRUN_ENOMEM;
+	memcpy(d, *field, len);
+	a->owned[a->nowned++] = d;
+	*field = d;
+	return 0;
+}
+
+/* Everything cfg points at that the agent reads after new() returns. */
+static int own_config(struct crun_agent *a)
+{
+	crun_agent_config_t *c = &a->cfg;
+	const char **strs[] = {
+	    &c->rdzv_backend,
+	    &c->rdzv_id,
+	    &c->master_addr,
+	    &c->local_addr,
+	    &c->role,
+	    &c->entrypoint,
+	    &c->log_dir,
+	    &c->line_prefix_template,
+	    &c->rdzv_conf,
+	    &c->duplicate_stdout_filters,
+	    &c->duplicate_stderr_filters,
+	    &c->numa_binding,
+	    &c->auth_secret_file,
+	    &c->event_log_handler,
+	};
+	size_t n = (size_t)c->nproc_per_node;
+
+	for (size_t i = 0; i < ARRAY_SIZE(strs); i++)
+		TRY(own_str(a, strs[i]));
+	TRY(own_mem(a, (const void **)&c->redirects, n * sizeof(int)));
+	TRY(own_mem(a, (const void **)&c->tee, n * sizeof(int)));
+	TRY(own_mem(a, (const void **)&c->console_ranks, n));
+	return 0;
+}
+
 static int copy_config(struct crun_agent *a, const crun_agent_config_t *cfg)
 {
 	size_t n = 0;
@@ -256,6 +315,8 @@ static int copy_config(struct crun_agent *a, const crun_agent_config_t *cfg)
 		make_uuid4(a->run_id, sizeof(a->run_id));
 	else
 		TRY(str_printf(a->run_id, sizeof(a->run_id), "none"));
+	a->cfg.settings = NULL; /* the caller's */
+	TRY(own_config(a));
 	while (cfg->argv[n])
 		n++;
 	a->argv = calloc(n + 1, sizeof(char *));
@@ -267,6 +328,68 @@ static int copy_config(struct crun_agent *a, const crun_agent_config_t *cfg)
 			return CRUN_ENOMEM;
 	}
 	a->cfg.argv = NULL; /* use a->argv from here on */
+	return 0;
+}
+
+/* cfg.worker_env: "NAME=VALUE" entries over the copied environment. */
+static int add_worker_env(struct crun_agent *a)
+{
+	const char *const *kv = a->cfg.worker_env;
+	size_t n = 0, extra = 0;
+	char **env;
+
+	if (!kv)
+		return 0;
+	while (a->envp_base[n])
+		n++;
+	while (kv[extra])
+		extra++;
+	env = realloc(a->envp_base, (n + extra + 1) * sizeof(char *));
+	if (!env)
+		return CRUN_ENOMEM;
+	a->envp_base = env;
+	for (size_t k = 0; k < extra; k++) {
+		const char *eq = strchr(kv[k], '=');
+		size_t i, len = eq ? (size_t)(eq - kv[k]) + 1 : 0;
+		char *dup;
+
+		if (!eq || len == 1) {
+			snprintf(a->err, sizeof(a->err), "worker_env: '%s' is not NAME=VALUE",
+				 kv[k]);
+			return CRUN_EINVAL;
+		}
+		dup = str_dup(kv[k]);
+		if (!dup)
+			return CRUN_ENOMEM;
+		for (i = 0; i < n && strncmp(env[i], kv[k], len) != 0; i++)
+			;
+		if (i < n)
+			free(env[i]);
+		else
+			n++;
+		env[i] = dup;
+		env[n] = NULL;
+	}
+	a->cfg.worker_env = NULL; /* borrowed only until new() returns */
+	return 0;
+}
+
+static int start_status(struct crun_agent *a)
+{
+	const char *listen = a->cfg.status_listen;
+	int r;
+
+	a->cfg.status_listen = NULL; /* borrowed only until new() returns */
+	if (!listen || !*listen || strcmp(listen, "off") == 0)
+		return 0;
+	r = agent_status_start(a->base, listen, &a->status);
+	if (r < 0) {
+		snprintf(a->err, sizeof(a->err), "status page on '%s': %s", listen,
+			 crun_strerror(r));
+		return r;
+	}
+	agent_status_attach(a->status, a);
+	log_at(LL_INFO, SUB_AGENT, "status page on http://%s/status", agent_status_addr(a->status));
 	return 0;
 }
 
@@ -306,7 +429,7 @@ CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_a
 	}
 	a->envp_base = env_copy(environ);
 	r = CRUN_ENOMEM;
-	if (!a->envp_base)
+	if (!a->envp_base || add_worker_env(a) < 0)
 		goto fail;
 	r = prepare_program(a);
 	if (r < 0)
@@ -319,8 +442,10 @@ CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_a
 	r = CRUN_ENOMEM;
 	if (!a->workers)
 		goto fail;
-	for (int i = 0; i < a->nworkers; i++)
+	for (int i = 0; i < a->nworkers; i++) {
 		logs_reset_worker(&a->workers[i]);
+		a->workers[i].pidfd = -1;
+	}
 	r = check_visible_devices(a);
 	if (r < 0)
 		goto fail;
@@ -372,6 +497,8 @@ CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_a
 	rp.on_event = on_rdzv_event;
 	rp.arg = a;
 	rp.clear_store = clear_store;
+	rp.run_blocking = a->cfg.run_blocking;
+	rp.run_blocking_arg = a->cfg.run_blocking_arg;
 	r = rdzv_new(&rp, &a->rdzv);
 	if (r < 0) {
 		snprintf(a->err, sizeof(a->err), "rendezvous backend '%s': %s", rp.backend,
@@ -382,6 +509,9 @@ CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_a
 	if (r < 0)
 		goto fail;
 	r = serve_store(a);
+	if (r < 0)
+		goto fail;
+	r = start_status(a);
 	if (r < 0)
 		goto fail;
 	a->state = AS_INIT;
@@ -396,10 +526,19 @@ fail:
 
 CRUN_API int crun_agent_run(crun_agent_t *a, int *ret_exit_code)
 {
-	if (!a || a->state != AS_INIT)
+	if (!a || a->state != AS_INIT || a->started)
 		return CRUN_EINVAL;
 	sigset_t pipe_set, saved;
-	int r = 0;
+	int r;
+
+	a->started = true;
+	r = supervise_watch_signals(a);
+	if (r == 0)
+		r = logs_start_console(a, false);
+	if (r < 0) {
+		snprintf(a->err, sizeof(a->err), "cannot start: %s", crun_strerror(r));
+		return r;
+	}
 
 	/* A write to a vanished store client or worker pipe must fail with
 	 * EPIPE, not kill a host that left SIGPIPE at its default: block it on
@@ -455,6 +594,16 @@ CRUN_API void crun_agent_free(crun_agent_t *a)
 {
 	if (!a)
 		return;
+	if (a->poll_mode && a->state != AS_DONE && a->workers) {
+		/* Freed mid-job: nothing we started may outlive the agent. */
+		supervise_signal_workers(a, SIGKILL);
+		for (int i = 0; i < a->nworkers; i++)
+			if (a->workers[i].state == W_RUNNING)
+				while (waitpid(a->workers[i].pid, NULL, 0) < 0 && errno == EINTR)
+					;
+	}
+	for (int i = 0; a->workers && i < a->nworkers; i++)
+		supervise_unwatch_pid(&a->workers[i]);
 	a->closing = true;    /* the loop is over: the console may be waited for */
 	agent_end_attempt(a); /* closes every worker's log streams */
 	/* The console may take a while to flush: keep the signal events (a
@@ -463,7 +612,9 @@ CRUN_API void crun_agent_free(crun_agent_t *a)
 	supervise_fini(a);
 	numa_free(a->numa_cpus, a->nworkers);
 	rdzv_free(a->rdzv);
+	agent_status_stop(a->status);
 	store_server_free(a->store);
+	agent_poll_free(a->poll);
 	if (a->kick)
 		event_free(a->kick);
 	if (a->linger_timer)
@@ -474,11 +625,76 @@ CRUN_API void crun_agent_free(crun_agent_t *a)
 		for (int i = 0; a->argv[i]; i++)
 			free(a->argv[i]);
 	free(a->argv);
+	for (int i = 0; i < a->nowned; i++)
+		free(a->owned[i]);
 	free(a->exe);
 	env_free(a->envp_base);
 	free(a->workers);
 	free(a->failures);
 	free(a);
+}
+
+/* ---- events ----------------------------------------------------------------- */
+
+static void event_init(struct crun_agent *a, crun_agent_event_t *ev, crun_agent_event_type_t type)
+{
+	memset(ev, 0, sizeof(*ev));
+	ev->struct_size = sizeof(*ev);
+	ev->type = type;
+	ev->state = agent_public_state(a->state);
+	ev->restart_count = a->restart_count;
+	ev->group_rank = ev->group_world_size = ev->base_rank = -1;
+	ev->pid = ev->local_rank = ev->global_rank = -1;
+}
+
+void agent_emit_state(struct crun_agent *a, crun_agent_state_t st)
+{
+	crun_agent_event_t ev;
+
+	if (a->cfg.event_log_handler && strcmp(a->cfg.event_log_handler, "console") == 0)
+		agent_event_print(stderr, st, a->restart_count, a->role);
+	agent_status_on_state(a->status, st);
+	if (!a->cfg.on_event)
+		return;
+	event_init(a, &ev, CRUN_AGENT_EV_STATE);
+	ev.state = st;
+	a->cfg.on_event(&ev, a->cfg.on_event_arg);
+}
+
+static void emit_rendezvous(struct crun_agent *a, const struct rdzv_info *ri)
+{
+	crun_agent_event_t ev;
+
+	if (!a->cfg.on_event)
+		return;
+	event_init(a, &ev, CRUN_AGENT_EV_RENDEZVOUS);
+	ev.group_rank = ri->group_rank;
+	ev.group_world_size = ri->group_world_size;
+	ev.world_size = ri->world_size;
+	ev.base_rank = ri->base_rank;
+	ev.local_world_size = a->nworkers;
+	ev.attempt = a->restart_count;
+	ev.master_addr = ri->master_addr;
+	ev.master_port = ri->master_port;
+	a->cfg.on_event(&ev, a->cfg.on_event_arg);
+}
+
+void agent_emit_worker(struct crun_agent *a, const struct worker *w, bool exited)
+{
+	crun_agent_event_t ev;
+
+	if (!a->cfg.on_event)
+		return;
+	event_init(a, &ev, exited ? CRUN_AGENT_EV_WORKER_EXIT : CRUN_AGENT_EV_WORKER_START);
+	ev.group_rank = a->group_rank;
+	ev.pid = (int)w->pid;
+	ev.local_rank = w->local_rank;
+	ev.global_rank = w->global_rank;
+	if (exited) {
+		ev.exit_code = w->exit_code;
+		ev.term_sig = w->term_sig;
+	}
+	a->cfg.on_event(&ev, a->cfg.on_event_arg);
 }
 
 /* ---- one attempt ------------------------------------------------------------ */
@@ -487,6 +703,58 @@ static int exec_exit_code(int err)
 {
 	/* Shell convention: found but not runnable is 126, not found 127. */
 	return err == EACCES || err == ENOEXEC || err == EISDIR ? 126 : 127;
+}
+
+/* cfg.spawn: the caller starts the worker; it must be our child, the one
+ * kind of pid the reap path may wait for. */
+static int spawn_hooked(struct crun_agent *a, struct worker *w, const struct spawn_req *req)
+{
+	crun_agent_spawn_req_t hr = {
+	    .struct_size = sizeof(hr),
+	    .path = req->path ? req->path : req->argv[0],
+	    .argv = req->argv,
+	    .envp = req->envp,
+	    .local_rank = w->local_rank,
+	    .global_rank = w->global_rank,
+	    .stdout_fd = req->stdout_fd,
+	    .stderr_fd = req->stderr_fd,
+	};
+	siginfo_t si;
+	int pid = 0;
+	int r;
+
+	r = a->cfg.spawn(&hr, a->cfg.spawn_arg, &pid);
+	if (r < 0) {
+		log_at(LL_ERROR, SUB_AGENT, "spawn hook failed for worker %d: %s", w->local_rank,
+		       crun_strerror(r));
+		return r < -4095 ? CRUN_ENOENT : r; /* a crun code: exec-like 127 */
+	}
+	memset(&si, 0, sizeof(si));
+	if (pid <= 0 || waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT) < 0) {
+		log_at(LL_ERROR, SUB_AGENT,
+		       "spawn hook returned pid %d for worker %d, which is not a child of this "
+		       "process",
+		       pid, w->local_rank);
+		return CRUN_ECHILD;
+	}
+	w->pid = pid;
+	return 0;
+}
+
+/* Poll mode: without a pidfd the exit would never be seen; do not leave an
+ * unwatched worker behind. */
+static int watch_or_kill(struct crun_agent *a, struct worker *w)
+{
+	int r = supervise_watch_pid(a, w);
+
+	if (r == 0)
+		return 0;
+	log_at(LL_ERROR, SUB_AGENT, "cannot watch worker %d (pid %d): %s", w->local_rank,
+	       (int)w->pid, crun_strerror(r));
+	(void)kill(w->own_group ? -w->pid : w->pid, SIGKILL);
+	while (waitpid(w->pid, NULL, 0) < 0 && errno == EINTR)
+		;
+	return r == CRUN_ENOMEM ? CRUN_ENOMEM : CRUN_EIO;
 }
 
 static int start_one(struct crun_agent *a, struct worker *w, const struct rdzv_info *ri,
@@ -534,9 +802,9 @@ static int start_one(struct crun_agent *a, struct worker *w, const struct rdzv_i
 	r = heartbeat_prepare(a, w, attempt_dir, &envp); /* CRUN_HEARTBEAT_FILE */
 	if (r < 0)
 		goto out;
-	if (!a->exe) {
+	if (!a->exe && !a->cfg.spawn) {
 		r = -a->exe_errno;
-	} else {
+	} else { /* a hook may start it elsewhere (a container): its call */
 		req.path = a->exe;
 		req.argv = argv;
 		req.envp = envp;
@@ -546,17 +814,27 @@ static int start_one(struct crun_agent *a, struct worker *w, const struct rdzv_i
 		req.nofile = a->nofile_orig.rlim_cur ? &a->nofile_orig : NULL;
 		if (a->numa_cpus && numa_parse_cpulist(a->numa_cpus[w->local_rank], &cpus) == 0)
 			req.cpus = &cpus;
-		r = spawn_worker(&req, &a->orig_mask, &w->pid);
+		r = a->cfg.spawn ? spawn_hooked(a, w, &req)
+				 : spawn_worker(&req, &a->orig_mask, &w->pid);
+		w->own_group = r == 0 && (!a->cfg.spawn || getpgid(w->pid) == w->pid);
 	}
+	if (r == 0 && a->poll_mode)
+		r = watch_or_kill(a, w);
 	if (r == 0) {
 		w->state = W_RUNNING;
-		supervise_guard_add(a, w->pid);
+		if (w->own_group)
+			supervise_guard_add(a, w->pid);
+		log_at(LL_INFO, SUB_AGENT, "worker %d (rank %d) started as pid %d", w->local_rank,
+		       w->global_rank, (int)w->pid);
+		agent_emit_worker(a, w, false);
 	} else if (r != CRUN_ENOMEM) {
 		/* Exec failed: report it like a worker that exited 127. */
 		w->state = W_EXITED;
+		w->pid = 0;
 		w->exec_err = -r;
 		w->exit_code = exec_exit_code(-r);
 		w->exit_time = clock_wall_s();
+		agent_emit_worker(a, w, true);
 		r = 0;
 	}
 out:
@@ -591,6 +869,7 @@ int agent_start_attempt(struct crun_agent *a)
 	r = logs_open_attempt(a, attempt_dir);
 	if (r < 0)
 		return r;
+	emit_rendezvous(a, ri);
 	log_at(LL_INFO, SUB_AGENT,
 	       "starting %d workers: group_rank=%d group_world_size=%d base_rank=%d "
 	       "world_size=%d master=%s:%u restart_count=%d",
@@ -599,8 +878,10 @@ int agent_start_attempt(struct crun_agent *a)
 	for (int i = 0; i < a->nworkers; i++) {
 		struct worker *w = &a->workers[i];
 
+		supervise_unwatch_pid(w);
 		memset(w, 0, sizeof(*w));
 		logs_reset_worker(w);
+		w->pidfd = -1;
 		w->local_rank = i;
 		w->global_rank = ri->base_rank + i;
 		r = start_one(a, w, ri, attempt_dir);

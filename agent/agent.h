@@ -5,7 +5,8 @@
  *   spawn.c      fork/exec of one worker (STYLE §6 protocol)
  *   supervise.c  signals as loop events, the one reap path, stopping, guard
  *   logs.c       where worker output goes, tailing teed files, prefixes
- *   console.c    the agent's console writer thread (never blocks the loop)
+ *   console.c    the agent's console writer (a thread, or the loop in poll mode)
+ *   poll.c       poll mode: the loop's fds mirrored into one epoll fd
  *   numa.c       --numa-binding: a GPU's NUMA node/socket/cores from sysfs
  *   errfile.c    error files, failure records, the root-cause summary
  *   env.c        worker environment and argv
@@ -14,7 +15,8 @@
  *   status.c     the status page (/healthz, /status, /jobs, /metrics)
  *   ctl.c        crunctl's client of the status pages
  *   heartbeat.c  --worker_heartbeat_timeout
- * Everything runs on the agent's loop thread, except console.c's writer.
+ * Everything runs on the agent's loop thread, except console.c's writer
+ * thread (blocking mode) and the rendezvous helpers (rendezvous/helper.c).
  */
 #ifndef CRUN_AGENT_AGENT_H
 #define CRUN_AGENT_AGENT_H
@@ -61,6 +63,7 @@ typedef enum agent_state (*agent_action)(struct crun_agent *a);
  * Exposed for unit tests of the table. */
 extern const agent_action agent_fsm[AS__MAX][AE__MAX];
 const char *agent_state_name(enum agent_state s);
+crun_agent_state_t agent_public_state(enum agent_state s); /* the API's name for s */
 const char *agent_event_name(enum agent_event e);
 void agent_fire(struct crun_agent *a, enum agent_event ev);
 
@@ -120,7 +123,10 @@ struct agent_stream {
 struct worker {
 	int local_rank;
 	int global_rank;
-	pid_t pid; /* also the process group and session id */
+	pid_t pid;	/* also the process group and session id (own_group) */
+	bool own_group; /* pid leads its group: signal -pid (a spawn hook's may not) */
+	int pidfd;	/* poll mode: readable when pid exits, or -1 */
+	struct event *pid_ev;
 	enum worker_state state;
 	int exit_code; /* shell convention: 128+sig, 127 exec failure */
 	int term_sig;  /* signal that ended it, or 0 */
@@ -171,9 +177,11 @@ struct crun_agent {
 	char log_base[PATH_MAX]; /* --log_dir or the temp dir */
 	char run_dir[PATH_MAX];	 /* <log_base>/<run_id>_XXXXXXXX */
 	char **argv;		 /* owned copy of the worker command */
-	char *exe;		 /* resolved argv[0], or NULL */
-	int exe_errno;		 /* why it did not resolve */
-	char **envp_base;	 /* owned copy of the agent's environment */
+	void *owned[24];	 /* copies of cfg's strings and arrays */
+	int nowned;
+	char *exe;	  /* resolved argv[0], or NULL */
+	int exe_errno;	  /* why it did not resolve */
+	char **envp_base; /* owned copy of the agent's environment */
 	int nworkers;
 	struct worker *workers;
 	/* failures of the current attempt, in exit order */
@@ -190,7 +198,12 @@ struct crun_agent {
 	int stop_req_fd[2];
 	volatile sig_atomic_t stop_req_sig;
 	struct agent_heartbeat *hb; /* heartbeat.c; NULL when off or between attempts */
-	int guard_fd;		    /* write end to the guard process */
+	/* poll mode (crun_agent_start): no signal events, pidfds, epoll mirror */
+	bool started;
+	bool poll_mode;
+	struct agent_poll *poll;
+	struct agent_status *status; /* cfg.status_listen's page, or NULL */
+	int guard_fd;		     /* write end to the guard process */
 	pid_t guard_pid;
 	sigset_t orig_mask;
 	struct rlimit nofile_orig; /* restored in the workers */
@@ -207,6 +220,21 @@ struct crun_agent {
 	char **numa_cpus;
 	char err[512];
 };
+
+/* Events for cfg.on_event (agent.c); no-ops without a callback. */
+void agent_emit_state(struct crun_agent *a, crun_agent_state_t st);
+void agent_emit_worker(struct crun_agent *a, const struct worker *w, bool exited);
+
+/* ---- poll.c: poll mode ---------------------------------------------------------- */
+
+struct agent_poll;
+int agent_poll_new(struct event_base *base, struct agent_poll **ret);
+void agent_poll_free(struct agent_poll *p); /* NULL: no-op */
+int agent_poll_fd(const struct agent_poll *p);
+/* Mirrors the fds the loop waits on into the epoll fd (after each pass). */
+int agent_poll_refresh(struct agent_poll *p);
+/* Milliseconds to the loop's next timer, 0 when events are active, -1. */
+int agent_poll_timeout_ms(struct agent_poll *p);
 
 /* ---- heartbeat.c: --worker_heartbeat_timeout ----------------------------------- */
 
@@ -247,7 +275,15 @@ char *spawn_resolve(const char *name);
 
 /* ---- supervise.c -------------------------------------------------------------- */
 
-int supervise_init(struct crun_agent *a); /* subreaper, signal events, guard */
+int supervise_init(struct crun_agent *a); /* subreaper, guard, stop requests */
+/* Blocking mode: TERM/INT/... (cfg.signals_to_handle) and CHLD as loop
+ * events. Poll mode takes none: the caller owns the process's signals. */
+int supervise_watch_signals(struct crun_agent *a);
+/* Poll mode: watches w's exit through a pidfd (w->pid must be our child). */
+int supervise_watch_pid(struct crun_agent *a, struct worker *w);
+void supervise_unwatch_pid(struct worker *w);
+/* Reaps every worker that exited (the one reap path). */
+void supervise_reap(struct crun_agent *a);
 void supervise_fini(struct crun_agent *a);
 /* kill(-pgid, sig) for every worker not yet reaped. */
 void supervise_signal_workers(struct crun_agent *a, int sig);
@@ -263,9 +299,12 @@ const char *supervise_signame(int sig); /* "SIGTERM"; static */
 
 /* ---- logs.c ------------------------------------------------------------------- */
 
-/* Sets up console.c, inotify and the duplicate filters; logs_fini undoes it
- * (flushing the console for at most AGENT_CONSOLE_FLUSH_MS). */
+/* Sets up inotify and the duplicate filters; logs_fini undoes it and frees
+ * the console (flushing it for at most AGENT_CONSOLE_FLUSH_MS). */
 int logs_init(struct crun_agent *a);
+/* Creates the console when the agent starts: a writer thread, or (loop)
+ * writes from the loop only. */
+int logs_start_console(struct crun_agent *a, bool loop);
 void logs_fini(struct crun_agent *a);
 /* Opens / closes an attempt's filtered_std{out,err}.log (when filtered). */
 int logs_open_attempt(struct crun_agent *a, const char *attempt_dir);
@@ -299,9 +338,12 @@ int logs_rmtree(const char *path);
 /* ---- console.c ------------------------------------------------------------------ */
 
 struct agent_console;
-/* Starts the writer thread over out_fd/err_fd (borrowed) with a queue of
- * cap_bytes per stream. 0 or a negative code. */
-int console_new(int out_fd, int err_fd, size_t cap_bytes, struct agent_console **ret);
+/* A console over out_fd/err_fd (borrowed) with a queue of cap_bytes per
+ * stream: with base NULL a writer thread does the writes; with a base (poll
+ * mode) there is no thread and the loop writes what the fds take without
+ * blocking (the waits below then poll, bounded). 0 or a negative code. */
+int console_new(struct event_base *base, int out_fd, int err_fd, size_t cap_bytes,
+		struct agent_console **ret);
 /* Queues n bytes for stream `which` (CRUN_STD_OUT/ERR); never blocks. When
  * the queue is full the chunk is dropped and the lines it begins counted
  * (starts_line: p[0] begins a line); the count is shown as
@@ -465,8 +507,9 @@ void cli_changes(const struct cli *was, const struct cli *now, char *live, size_
  * with READY=1). Embedded by its owner; everything on `base`'s loop. */
 struct notify;
 struct agent_service {
-	struct notify *notify; /* NULL when not under systemd: sends are no-ops */
-	struct event *watchdog, *sighup;
+	struct notify *notify;		 /* NULL when not under systemd: sends are no-ops */
+	struct event *watchdog, *sighup; /* watchdog: also STATUS= ticks */
+	bool wd;			 /* WATCHDOG_USEC is set: ping */
 	void (*on_reload)(void *arg);
 	void (*on_tick)(void *arg);
 	void *arg;

@@ -473,6 +473,21 @@ void cli_changes(const struct cli *was, const struct cli *now, char *live, size_
 
 /* ---- the loop ------------------------------------------------------------------------ */
 
+/* Applies the rows whose value came from min_src or a stronger source. */
+static int apply_rows(struct cli *c, struct cli_ctx *x, enum cli_src min_src)
+{
+	for (int k = 0; k < OPT__MAX; k++) {
+		const char *v = x->val[k];
+
+		if (!v || cli_opts[k].type == CT_ACTION || x->src[k] < min_src)
+			continue;
+		TRY(check_value(c, x, (enum cli_id)k, v));
+		if (cli_opts[k].apply)
+			TRY(cli_opts[k].apply(c, x, (enum cli_id)k, v));
+	}
+	return 0;
+}
+
 static int apply_all(struct cli *c, struct cli_ctx *x)
 {
 	for (int k = 0; k < OPT__MAX; k++) {
@@ -484,16 +499,37 @@ static int apply_all(struct cli *c, struct cli_ctx *x)
 			snprintf(x->who[k], sizeof(x->who[k]), "--%s", o->name);
 		}
 	}
-	for (int k = 0; k < OPT__MAX; k++) {
-		const char *v = x->val[k];
+	return apply_rows(c, x, SRC_DEFAULT);
+}
 
-		if (!v || cli_opts[k].type == CT_ACTION)
-			continue;
-		TRY(check_value(c, x, (enum cli_id)k, v));
-		if (cli_opts[k].apply)
-			TRY(cli_opts[k].apply(c, x, (enum cli_id)k, v));
+int cli_apply_named(struct cli *c, struct cli_ctx *x)
+{
+	/* Rows read a few others' values (nnodes: the backend; the endpoint:
+	 * standalone): those not named come from the fields, as context only. */
+	if (!x->val[OPT_RDZV_BACKEND]) {
+		x->val[OPT_RDZV_BACKEND] = c->cfg.rdzv_backend ? c->cfg.rdzv_backend : "static";
+		x->src[OPT_RDZV_BACKEND] = SRC_DEFAULT;
 	}
-	return 0;
+	if (!x->val[OPT_STANDALONE]) {
+		x->val[OPT_STANDALONE] = c->cfg.standalone ? "1" : "0";
+		x->src[OPT_STANDALONE] = SRC_DEFAULT;
+	}
+	TRY(apply_rows(c, x, SRC_FILE));
+	if (c->cfg.standalone && c->cfg.nnodes != 1)
+		return cli_fail(c, "standalone runs one node, but nnodes is %d", c->cfg.nnodes);
+	if (c->cfg.node_rank >= c->cfg.nnodes)
+		return cli_fail(c, "node_rank %d is not below nnodes %d", c->cfg.node_rank,
+				c->cfg.nnodes);
+	if (cli_elastic(c->cfg.rdzv_backend) && !c->cfg.max_nnodes)
+		c->cfg.min_nnodes = c->cfg.max_nnodes = c->cfg.nnodes;
+	TRY(rdzv_conf(c, x, false));
+	if (!x->val[OPT_JOB_PROGRAM]) {
+		/* The caller's argv: run_path wraps it in the agent. */
+		if (x->val[OPT_RUN_PATH])
+			c->cfg.run_path = cli_on(x, OPT_RUN_PATH);
+		return 0;
+	}
+	return program(c, x, 0, 0, NULL);
 }
 
 int cli_parse_prog(struct cli *c, enum cli_prog prog, int argc, char *const *argv, char *const *env)

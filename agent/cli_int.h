@@ -165,6 +165,19 @@ const char *cli_keep(struct cli *c, const char *s);
  * JSON path; CRUN_ENOENT-style failures also come back as CRUN_EINVAL. */
 int cli_json_load(struct cli *c, struct cli_ctx *x, const char *path);
 
+/* One JSON text as row id's value (an array for job.args, an object for
+ * job.env, ...), with the file loader's type rules; who names it in errors.
+ * Sets x->val[id] (SRC_FILE: the caller may raise it). 0 or CRUN_EINVAL. */
+int cli_json_value(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *who,
+		   const char *text);
+
+/* cli.c, for crun_agent_config_set (cli_api.c): applies the rows x holds
+ * (no defaults, environment or Slurm) over c->cfg in table order, then the
+ * cross-row checks a set of named values can break and, when job.program is
+ * set, builds the worker command as the command line does. 0 or
+ * CRUN_EINVAL with c->err. */
+int cli_apply_named(struct cli *c, struct cli_ctx *x);
+
 /* cli_slurm.c: inside a Slurm allocation, the rendezvous settings nothing
  * else set come from SLURM_* (nnodes, node rank, endpoint on the first host,
  * the job id as run id, a port derived from it), at the environment's rank:

@@ -336,6 +336,21 @@ int cli_json_load(struct cli *c, struct cli_ctx *x, const char *path)
 	return r;
 }
 
+int cli_json_value(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *who,
+		   const char *text)
+{
+	struct jload j = {.c = c, .x = x, .file = who};
+	cJSON *v = cJSON_Parse(text);
+	int r;
+
+	if (!v)
+		return cli_fail(c, "%s: not JSON: '%.60s'", who, text);
+	x->src[id] = SRC_NONE; /* this value, not an earlier one */
+	r = leaf(&j, id, cli_opts[id].json, v);
+	cJSON_Delete(v);
+	return r;
+}
+
 /* ---- a JSON config as flags (crun-rdzvd --config) --------------------------------- */
 
 static const struct cli_json_flag *find_jf(const struct cli_json_flag *t, size_t n,

@@ -10,8 +10,16 @@
  * The writer thread is the only place that blocks on the console. It blocks
  * SIGPIPE for itself (an embedding host keeps its own disposition) and
  * treats EPIPE as "nobody reads": it discards from then on.
+ *
+ * Loop mode (an agent in the caller's poll loop: no thread of ours): the
+ * same queues, written from the loop only when poll() says the fd takes a
+ * write, at most PIPE_BUF bytes at a time (a pipe with room never blocks on
+ * that; the caller's fd stays blocking, it may be shared), then an EV_WRITE
+ * event for the rest. Regular files take every write at once.
  */
 #include <errno.h>
+#include <limits.h>
+#include <poll.h>
 #include <stdint.h>
 #include <pthread.h>
 #include <signal.h>
@@ -20,6 +28,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/stat.h>
+
+#include <event2/event.h>
 
 #include "agent/agent.h"
 #include "common/common.h"
@@ -35,9 +46,12 @@ struct console_q {
 	bool writing;		/* the thread holds bytes it took out of the ring */
 	uint64_t written_bytes; /* progress ... */
 	uint64_t moved_ms;	/* ... and when it last moved, or the queue filled */
+	bool regular;		/* loop mode: a regular file (never waits, no event) */
+	struct event *wev;	/* loop mode: EV_WRITE for the rest of the queue */
 };
 
 struct agent_console {
+	struct event_base *base; /* loop mode (no thread), else NULL */
 	pthread_t thread;
 	bool started;
 	bool stop;
@@ -91,6 +105,124 @@ static bool put_marker(struct console_q *q, size_t room_after)
 	return true;
 }
 
+/* ---- loop mode ------------------------------------------------------------------- */
+
+static void on_writable(evutil_socket_t fd, short what, void *arg);
+
+/* Writes what q's fd takes now; lock not needed (one thread in loop mode).
+ * True when bytes are left for later. */
+static bool loop_write(struct console_q *q)
+{
+	while (q->len && !q->dead) {
+		struct pollfd pfd = {.fd = q->fd, .events = POLLOUT};
+		size_t n = MIN(q->len, q->cap - q->head);
+		ssize_t w;
+
+		if (!q->regular) {
+			int pr = poll(&pfd, 1, 0);
+
+			if (pr < 0 && errno == EINTR)
+				continue;
+			if (pr == 0)
+				return true;
+			n = MIN(n, PIPE_BUF); /* room for one page: never blocks */
+		}
+		w = write(q->fd, q->buf + q->head, n);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0 && errno == EAGAIN)
+			return true;
+		if (w <= 0) {
+			q->dead = true; /* EPIPE or worse: nobody reads */
+			q->len = 0;
+			break;
+		}
+		q->head = (q->head + (size_t)w) % q->cap;
+		q->len -= (size_t)w;
+		q->written_bytes += (size_t)w;
+		q->moved_ms = clock_now_ms();
+	}
+	return false;
+}
+
+/* Writes both queues as far as they go and waits for writability of the
+ * rest through an event. SIGPIPE is blocked around the writes and a raised
+ * one consumed: the host keeps its disposition, we see EPIPE. */
+static void loop_pump(struct agent_console *c)
+{
+	struct timespec zero = {0, 0};
+	sigset_t pipe_set, saved;
+
+	sigemptyset(&pipe_set);
+	sigaddset(&pipe_set, SIGPIPE);
+	pthread_sigmask(SIG_BLOCK, &pipe_set, &saved);
+	for (int i = 0; i < 2; i++) {
+		struct console_q *q = &c->q[i];
+
+		if (!q->dead && q->dropped_lines)
+			(void)put_marker(q, 0);
+		if (!loop_write(q))
+			continue;
+		if (!q->wev)
+			q->wev = event_new(c->base, q->fd, EV_WRITE, on_writable, c);
+		if (!q->wev || event_add(q->wev, NULL) < 0) {
+			q->dead = true; /* cannot wait for it: stop writing to it */
+			q->len = 0;
+		}
+	}
+	if (!sigismember(&saved, SIGPIPE))
+		while (sigtimedwait(&pipe_set, NULL, &zero) > 0)
+			;
+	pthread_sigmask(SIG_SETMASK, &saved, NULL);
+}
+
+static void on_writable(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	loop_pump(arg);
+}
+
+/* Loop mode's bounded wait: pumps until done() or until_ms. */
+static bool loop_wait(struct agent_console *c, bool (*done)(struct agent_console *, int, size_t),
+		      int which, size_t need, uint64_t until_ms)
+{
+	for (;;) {
+		struct pollfd pfd[2];
+		nfds_t n = 0;
+		uint64_t now;
+
+		loop_pump(c);
+		if (done(c, which, need))
+			return true;
+		now = clock_now_ms();
+		if (now >= until_ms)
+			return false;
+		for (int i = 0; i < 2; i++)
+			if (c->q[i].len && !c->q[i].dead)
+				pfd[n++] = (struct pollfd){.fd = c->q[i].fd, .events = POLLOUT};
+		if (n)
+			(void)poll(pfd, n, (int)MIN(until_ms - now, 100));
+	}
+}
+
+static bool has_room(struct agent_console *c, int which, size_t need)
+{
+	struct console_q *q = q_of(c, which);
+
+	return q->dead || q->cap - q->len >= need;
+}
+
+static bool drained(struct agent_console *c, int which, size_t need)
+{
+	(void)which;
+	(void)need;
+	for (int i = 0; i < 2; i++)
+		if (!c->q[i].dead && (c->q[i].len || c->q[i].dropped_lines))
+			return false;
+	return true;
+}
+
 void console_put(struct agent_console *c, int which, const char *p, size_t n, bool starts_line)
 {
 	struct console_q *q;
@@ -114,6 +246,8 @@ void console_put(struct agent_console *c, int which, const char *p, size_t n, bo
 	pthread_cond_signal(&c->cv);
 out:
 	pthread_mutex_unlock(&c->mu);
+	if (c->base)
+		loop_pump(c);
 }
 
 /* CLOCK_REALTIME deadline timeout_ms from now, for pthread_cond_timedwait. */
@@ -154,6 +288,8 @@ bool console_wait_room(struct agent_console *c, int which, size_t need, uint64_t
 
 	if (!c)
 		return true;
+	if (c->base)
+		return loop_wait(c, has_room, which, need, until_ms);
 	q = q_of(c, which);
 	pthread_mutex_lock(&c->mu);
 	for (;;) {
@@ -269,7 +405,8 @@ static void *writer_main(void *arg)
 	return NULL;
 }
 
-int console_new(int out_fd, int err_fd, size_t cap_bytes, struct agent_console **ret)
+int console_new(struct event_base *base, int out_fd, int err_fd, size_t cap_bytes,
+		struct agent_console **ret)
 {
 	struct agent_console *c = calloc(1, sizeof(*c));
 	int r = CRUN_ENOMEM;
@@ -287,6 +424,16 @@ int console_new(int out_fd, int err_fd, size_t cap_bytes, struct agent_console *
 		c->q[i].buf = malloc(cap_bytes);
 		if (!c->q[i].buf)
 			goto fail;
+	}
+	if (base) {
+		for (int i = 0; i < 2; i++) {
+			struct stat st;
+
+			c->q[i].regular = fstat(c->q[i].fd, &st) == 0 && S_ISREG(st.st_mode);
+		}
+		c->base = base;
+		*ret = c;
+		return 0;
 	}
 	{
 		sigset_t all, saved;
@@ -314,6 +461,8 @@ bool console_flush(struct agent_console *c, uint32_t timeout_ms)
 
 	if (!c)
 		return true;
+	if (c->base)
+		return loop_wait(c, drained, 0, 0, clock_now_ms() + timeout_ms);
 	pthread_mutex_lock(&c->mu);
 	for (;;) {
 		empty = true;
@@ -351,6 +500,11 @@ void console_free(struct agent_console *c, uint32_t flush_timeout_ms)
 			pthread_cancel(c->thread);
 		pthread_join(c->thread, NULL);
 	}
+	if (c->base)
+		(void)console_flush(c, flush_timeout_ms);
+	for (int i = 0; i < 2; i++)
+		if (c->q[i].wev)
+			event_free(c->q[i].wev);
 	pthread_cond_destroy(&c->idle_cv);
 	pthread_cond_destroy(&c->cv);
 	pthread_mutex_destroy(&c->mu);

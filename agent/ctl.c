@@ -112,6 +112,38 @@ static void num(char *buf, size_t cap, const cJSON *o, const char *key)
 		snprintf(buf, cap, "-");
 }
 
+/* The "rendezvous" object of /status: its line, the round's nodes with
+ * their group ranks and addresses, the nodes waited for, the counters. */
+static void print_rdzv(FILE *out, const cJSON *rz)
+{
+	const cJSON *n, *wf = cJSON_GetObjectItemCaseSensitive(rz, "waiting_for");
+	char v[4][24];
+
+	if (!cJSON_IsObject(rz))
+		return;
+	fprintf(out, "%s\n", str(rz, "line"));
+	num(v[0], sizeof(v[0]), rz, "rounds_completed");
+	num(v[1], sizeof(v[1]), rz, "rounds_abandoned");
+	num(v[2], sizeof(v[2]), rz, "nodes_joined");
+	num(v[3], sizeof(v[3]), rz, "nodes_lost");
+	fprintf(out, "rounds %s completed, %s abandoned  nodes %s joined, %s lost\n", v[0], v[1],
+		v[2], v[3]);
+	if (cJSON_IsArray(wf) && cJSON_GetArraySize(wf) > 0) {
+		fprintf(out, "waiting for:");
+		cJSON_ArrayForEach(n, wf)
+		{
+			fprintf(out, " %s", cJSON_IsString(n) ? n->valuestring : "?");
+		}
+		fprintf(out, "\n");
+	}
+	fprintf(out, "%-10s %-24s %s\n", "GROUP_RANK", "HOST", "ADDR");
+	cJSON_ArrayForEach(n, cJSON_GetObjectItemCaseSensitive(rz, "nodes"))
+	{
+		num(v[0], sizeof(v[0]), n, "group_rank");
+		fprintf(out, "%-10s %-24s %s\n", v[0], str(n, "host"), str(n, "addr"));
+	}
+}
+
 int agent_ctl_print_status(FILE *out, const char *json)
 {
 	cJSON *root = cJSON_Parse(json), *ws, *w;
@@ -130,6 +162,7 @@ int agent_ctl_print_status(FILE *out, const char *json)
 		str(root, "role"), str(root, "host"), str(root, "rdzv_backend"));
 	fprintf(out, "state %s  restarts %s/%s  node %s of %s  world size %s\n", str(root, "state"),
 		restarts, maxr, grank, gws, world);
+	print_rdzv(out, cJSON_GetObjectItemCaseSensitive(root, "rendezvous"));
 	ws = cJSON_GetObjectItemCaseSensitive(root, "workers");
 	fprintf(out, "%-6s %-6s %-8s %-8s %s\n", "RANK", "LOCAL", "PID", "STATE", "EXIT");
 	cJSON_ArrayForEach(w, ws)

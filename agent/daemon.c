@@ -15,6 +15,9 @@
 #include "rendezvous/rdzv.h"
 #include "common/common.h"
 
+/* STATUS= refresh without a watchdog (with one: every ping). */
+#define SERVICE_TICK_MS 3000
+
 /* ---- the service half, shared with crun-rdzvd ---------------------------------- */
 
 static void svc_on_watchdog(evutil_socket_t fd, short what, void *arg)
@@ -22,8 +25,10 @@ static void svc_on_watchdog(evutil_socket_t fd, short what, void *arg)
 	struct agent_service *s = arg;
 
 	/* The ping proves the loop turns; a wedged loop misses it and systemd
-	 * restarts the unit (WatchdogSec=). */
-	(void)notify_send(s->notify, "WATCHDOG=1");
+	 * restarts the unit (WatchdogSec=). Without a watchdog the timer only
+	 * refreshes STATUS=. */
+	if (s->wd)
+		(void)notify_send(s->notify, "WATCHDOG=1");
 	if (s->on_tick)
 		s->on_tick(s->arg);
 }
@@ -55,6 +60,9 @@ int agent_service_start(struct agent_service *s, struct event_base *base, char *
 	s->sighup = evsignal_new(base, SIGHUP, svc_on_sighup, s);
 	if (!s->sighup || evsignal_add(s->sighup, NULL) < 0)
 		return CRUN_ENOMEM;
+	s->wd = wd_ms != 0;
+	if (!wd_ms && on_tick)
+		wd_ms = SERVICE_TICK_MS;
 	if (wd_ms && s->notify) {
 		struct timeval tv = {.tv_sec = (time_t)(wd_ms / 1000),
 				     .tv_usec = (suseconds_t)(wd_ms % 1000) * 1000};
@@ -62,7 +70,8 @@ int agent_service_start(struct agent_service *s, struct event_base *base, char *
 		s->watchdog = event_new(base, -1, EV_PERSIST, svc_on_watchdog, s);
 		if (!s->watchdog || event_add(s->watchdog, &tv) < 0)
 			return CRUN_ENOMEM;
-		(void)notify_send(s->notify, "WATCHDOG=1");
+		if (s->wd)
+			(void)notify_send(s->notify, "WATCHDOG=1");
 	}
 	return 0;
 }
@@ -104,6 +113,8 @@ struct agent_daemon {
 	struct agent_status *status; /* NULL when --status is off */
 	bool ready;
 	int reloads;
+	crun_agent_state_t last_st; /* what STATUS= said last, for the ticks */
+	int last_restarts;
 };
 
 static const char *state_name(crun_agent_state_t st)
@@ -114,11 +125,24 @@ static const char *state_name(crun_agent_state_t st)
 	return (unsigned)st < ARRAY_SIZE(names) ? names[st] : "?";
 }
 
-/* STATUS= text: what an operator sees in `systemctl status`. */
+/* STATUS= text: what an operator sees in `systemctl status`; while
+ * rendezvousing (and once running) the round's line (rdzv_progress_line). */
 static void send_status(struct agent_daemon *d, crun_agent_state_t st, int restarts)
 {
 	struct crun_agent *a = d->agent;
-	char where[160] = "";
+	char where[160] = "", round[1024] = "";
+	struct rdzv_progress *p;
+
+	d->last_st = st;
+	d->last_restarts = restarts;
+	if (a && a->rdzv && (st == CRUN_AGENT_RENDEZVOUS || st == CRUN_AGENT_RUNNING) &&
+	    (p = malloc(sizeof(*p)))) {
+		rdzv_get_progress(a->rdzv, p);
+		if ((p->round >= 0 || p->waiting) &&
+		    rdzv_progress_line(p, a->run_id, round + 2, sizeof(round) - 2) == 0)
+			memcpy(round, "; ", 2);
+		free(p);
+	}
 
 	if (a && st == CRUN_AGENT_RUNNING && a->rdzv) {
 		const struct rdzv_info *ri = rdzv_info(a->rdzv);
@@ -126,12 +150,22 @@ static void send_status(struct agent_daemon *d, crun_agent_state_t st, int resta
 		snprintf(where, sizeof(where), ", node %d/%d, world size %d", ri->group_rank,
 			 ri->group_world_size, ri->world_size);
 	}
-	(void)notify_send(d->svc.notify, "STATUS=%s: job '%s' %s%s, %d restart%s%s%s",
+	(void)notify_send(d->svc.notify, "STATUS=%s: job '%s' %s%s, %d restart%s%s%s%s",
 			  d->cli->config_path ? d->cli->config_path : "crun-agent",
 			  a && a->run_id[0] ? a->run_id : "?", state_name(st), where, restarts,
-			  restarts == 1 ? "" : "s",
+			  restarts == 1 ? "" : "s", round,
 			  agent_daemon_status_addr(d)[0] ? ", status on " : "",
 			  agent_daemon_status_addr(d));
+}
+
+/* Every tick while rendezvousing: the round's progress moves between state
+ * changes. */
+static void on_tick(void *arg)
+{
+	struct agent_daemon *d = arg;
+
+	if (d->last_st == CRUN_AGENT_RENDEZVOUS)
+		send_status(d, d->last_st, d->last_restarts);
 }
 
 static void on_state(crun_agent_state_t st, int restarts, void *arg)
@@ -199,7 +233,7 @@ int agent_daemon_new(struct event_base *base, struct cli *c, int argc, char *con
 	c->cfg.signals_to_handle = mask & ~(1ull << SIGHUP);
 	c->cfg.on_state = on_state;
 	c->cfg.on_state_arg = d;
-	r = agent_service_start(&d->svc, base, env, on_reload, NULL, d);
+	r = agent_service_start(&d->svc, base, env, on_reload, on_tick, d);
 	if (r < 0)
 		goto fail;
 	if (c->status_listen) {

@@ -331,7 +331,7 @@ const agent_action agent_fsm[AS__MAX][AE__MAX] = {
 		    [AE_TERM_SIGNAL] = exit_on_signal},
 };
 
-static crun_agent_state_t public_state(enum agent_state s)
+crun_agent_state_t agent_public_state(enum agent_state s)
 {
 	switch (s) {
 	case AS_RUNNING:
@@ -361,7 +361,9 @@ void agent_fire(struct crun_agent *a, enum agent_event ev)
 	log_at(LL_INFO, SUB_AGENT, "%s --%s--> %s", state_names[a->state], event_names[ev],
 	       state_names[next]);
 	if (next != a->state && a->cfg.on_state)
-		a->cfg.on_state(public_state(next), a->restart_count, a->cfg.on_state_arg);
+		a->cfg.on_state(agent_public_state(next), a->restart_count, a->cfg.on_state_arg);
+	if (next != a->state)
+		agent_emit_state(a, agent_public_state(next));
 	a->state = next;
 	if (next == AS_DONE)
 		event_base_loopexit(a->base, NULL);

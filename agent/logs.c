@@ -562,7 +562,6 @@ int logs_init(struct crun_agent *a)
 		if (spec[i] && *spec[i] &&
 		    !(a->filters[i] = parse_filters(spec[i], &a->nfilters[i])))
 			return CRUN_ENOMEM;
-	TRY(console_new(STDOUT_FILENO, STDERR_FILENO, AGENT_CONSOLE_BYTES, &a->console));
 	a->ino_fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
 	if (a->ino_fd < 0)
 		return -errno;
@@ -571,6 +570,12 @@ int logs_init(struct crun_agent *a)
 	if (!a->ino_ev || !a->tail_more || event_add(a->ino_ev, NULL) < 0)
 		return CRUN_ENOMEM;
 	return 0;
+}
+
+int logs_start_console(struct crun_agent *a, bool loop)
+{
+	return console_new(loop ? a->base : NULL, STDOUT_FILENO, STDERR_FILENO, AGENT_CONSOLE_BYTES,
+			   &a->console);
 }
 
 void logs_flush_console(struct crun_agent *a, uint32_t timeout_ms)

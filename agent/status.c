@@ -44,6 +44,60 @@ static const char *worker_state(const struct worker *w)
 	return w->state == W_RUNNING ? "running" : w->state == W_EXITED ? "exited" : "init";
 }
 
+/* The rendezvous's progress (rdzv.h): the round waited in or the last one
+ * completed, its nodes (group ranks and addresses once complete), the
+ * nodes waited for, and the counters. */
+static void rdzv_json(cJSON *root, const struct crun_agent *a)
+{
+	struct rdzv_progress *p = malloc(sizeof(*p));
+	cJSON *o, *arr;
+	char line[1024];
+
+	if (!p)
+		return;
+	rdzv_get_progress(a->rdzv, p);
+	o = cJSON_AddObjectToObject(root, "rendezvous");
+	if (!o)
+		goto out;
+	(void)rdzv_progress_line(p, a->run_id, line, sizeof(line));
+	cJSON_AddStringToObject(o, "line", line);
+	cJSON_AddNumberToObject(o, "round", p->round);
+	cJSON_AddBoolToObject(o, "waiting", p->waiting);
+	cJSON_AddNumberToObject(o, "joined", p->joined);
+	cJSON_AddNumberToObject(o, "min_nodes", p->min);
+	cJSON_AddNumberToObject(o, "max_nodes", p->max);
+	if (p->waiting && p->last_call_s >= 0)
+		cJSON_AddNumberToObject(o, "last_call_in_s", (double)p->last_call_s);
+	else
+		cJSON_AddNullToObject(o, "last_call_in_s");
+	arr = cJSON_AddArrayToObject(o, "nodes");
+	for (int i = 0; arr && i < p->nnodes; i++) {
+		cJSON *n = cJSON_CreateObject();
+
+		cJSON_AddStringToObject(n, "host", p->nodes[i].host);
+		if (p->nodes[i].addr[0])
+			cJSON_AddStringToObject(n, "addr", p->nodes[i].addr);
+		else
+			cJSON_AddNullToObject(n, "addr");
+		if (p->nodes[i].group_rank >= 0)
+			cJSON_AddNumberToObject(n, "group_rank", p->nodes[i].group_rank);
+		else
+			cJSON_AddNullToObject(n, "group_rank");
+		cJSON_AddItemToArray(arr, n);
+	}
+	if (p->nawait < 0) {
+		cJSON_AddNullToObject(o, "waiting_for"); /* not known */
+	} else if ((arr = cJSON_AddArrayToObject(o, "waiting_for"))) {
+		for (int i = 0; i < p->nawait; i++)
+			cJSON_AddItemToArray(arr, cJSON_CreateString(p->await[i]));
+	}
+	for (int c = 0; c < RDZV_C__MAX; c++)
+		cJSON_AddNumberToObject(o, rdzv_counter_name((enum rdzv_counter)c),
+					(double)p->counters[c]);
+out:
+	free(p);
+}
+
 char *agent_status_json(const struct crun_agent *a, const struct store_server *srv)
 {
 	cJSON *root = cJSON_CreateObject(), *ws;
@@ -83,6 +137,8 @@ char *agent_status_json(const struct crun_agent *a, const struct store_server *s
 			cJSON_AddStringToObject(root, "master_addr", ri->master_addr);
 			cJSON_AddNumberToObject(root, "master_port", ri->master_port);
 		}
+		if (a->rdzv)
+			rdzv_json(root, a);
 		ws = cJSON_AddArrayToObject(root, "workers");
 		for (int i = 0; ws && a->workers && i < a->nworkers; i++) {
 			const struct worker *w = &a->workers[i];
@@ -233,6 +289,32 @@ static void store_metrics(FILE *f, const struct store_server *srv)
 			store_server_metric(srv, (enum store_metric)m));
 }
 
+/* The rendezvous's round and its counters (one table: RDZV_COUNTER_MAP). */
+static void rdzv_metrics(FILE *f, const struct rdzv *r)
+{
+	struct rdzv_progress *p = malloc(sizeof(*p));
+	char name[96];
+
+	if (!p)
+		return;
+	rdzv_get_progress(r, p);
+	gauge(f, "crun_rdzv_round", "the round waited in, or the last completed (-1: none)",
+	      "gauge");
+	fprintf(f, "crun_rdzv_round %d\n", p->round);
+	gauge(f, "crun_rdzv_waiting", "1 while this node waits for a round to complete", "gauge");
+	fprintf(f, "crun_rdzv_waiting %d\n", p->waiting ? 1 : 0);
+	gauge(f, "crun_rdzv_nodes", "nodes joined to the round waited in, or of the last completed",
+	      "gauge");
+	fprintf(f, "crun_rdzv_nodes %d\n", p->joined);
+	for (int c = 0; c < RDZV_C__MAX; c++) {
+		snprintf(name, sizeof(name), "crun_rdzv_%s_total",
+			 rdzv_counter_name((enum rdzv_counter)c));
+		gauge(f, name, rdzv_counter_help((enum rdzv_counter)c), "counter");
+		fprintf(f, "%s %" PRIu64 "\n", name, p->counters[c]);
+	}
+	free(p);
+}
+
 char *agent_status_metrics(const struct crun_agent *a, const struct store_server *srv,
 			   const uint64_t *exits, uint64_t uptime_ms)
 {
@@ -281,6 +363,8 @@ char *agent_status_metrics(const struct crun_agent *a, const struct store_server
 				fprintf(f, "crun_agent_worker_exit_code{local_rank=\"%d\"} %d\n",
 					a->workers[i].local_rank, a->workers[i].exit_code);
 	}
+	if (a && a->rdzv)
+		rdzv_metrics(f, a->rdzv);
 	if (a && exits) {
 		gauge(f, "crun_agent_worker_exits_total",
 		      "workers of finished attempts by exit code (128+N: signal N)", "counter");

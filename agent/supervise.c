@@ -6,6 +6,10 @@
  * Whether the process adopts orphans (subreaper) and how it treats SIGPIPE
  * are the program's choices (cmd/crun.c), not the library's.
  *
+ * Poll mode (crun_agent_start) takes no signal at all: the embedding host
+ * owns them. A worker's exit is then seen through its pidfd (readable when
+ * it exits), and the same reap path runs.
+ *
  * The guard: PR_SET_PDEATHSIG kills a worker when the agent dies, but not the
  * worker's own children. So at start-up the agent forks a tiny guard process
  * that reads "+pgid"/"-pgid" records from a pipe; when the agent dies (even by
@@ -115,6 +119,7 @@ static void note_exit(struct crun_agent *a, struct worker *w, int status)
 	logs_drain_worker(a, w);
 	log_at(LL_INFO, SUB_AGENT, "worker %d (pid %d) exited with %d", w->local_rank, (int)w->pid,
 	       w->exit_code);
+	agent_emit_worker(a, w, true);
 }
 
 /* Job control of a live worker: a stop holds the whole job, so say so. */
@@ -132,6 +137,16 @@ static void note_stop(struct worker *w, const siginfo_t *si)
 	}
 }
 
+/* Collects a stop or continue notice of live worker w, if any. */
+static void check_stopped(struct worker *w)
+{
+	siginfo_t si = {0};
+
+	if (waitid(P_PID, (id_t)w->pid, &si, WSTOPPED | WCONTINUED | WNOHANG) == 0 &&
+	    si.si_pid == w->pid)
+		note_stop(w, &si);
+}
+
 /* Reaps worker w if it exited; true when it did. */
 static bool reap_worker(struct crun_agent *a, struct worker *w)
 {
@@ -142,17 +157,16 @@ static bool reap_worker(struct crun_agent *a, struct worker *w)
 		if (errno != EINTR)
 			return false;
 	if (si.si_pid != w->pid) {
-		/* Alive: collect a stop or continue notice, if any. */
-		memset(&si, 0, sizeof(si));
-		if (waitid(P_PID, (id_t)w->pid, &si, WSTOPPED | WCONTINUED | WNOHANG) == 0 &&
-		    si.si_pid == w->pid)
-			note_stop(w, &si);
+		check_stopped(w); /* alive */
 		return false;
 	}
 	/* The unreaped zombie still pins its pid and pgid, so killing
 	 * what is left of its group cannot hit an unrelated process. */
-	(void)kill(-w->pid, SIGKILL);
-	supervise_guard_del(a, w->pid);
+	if (w->own_group) {
+		(void)kill(-w->pid, SIGKILL);
+		supervise_guard_del(a, w->pid);
+	}
+	supervise_unwatch_pid(w);
 	while (waitpid(w->pid, &status, 0) < 0 && errno == EINTR)
 		;
 	note_exit(a, w, status);
@@ -173,7 +187,7 @@ static void sweep_group(struct worker *w)
 	}
 }
 
-static void agent_reap(struct crun_agent *a)
+void supervise_reap(struct crun_agent *a)
 {
 	bool any = false;
 
@@ -182,7 +196,7 @@ static void agent_reap(struct crun_agent *a)
 
 		if (w->state == W_RUNNING)
 			any |= reap_worker(a, w);
-		if (w->state == W_EXITED && w->pid > 0 && a->subreaper)
+		if (w->state == W_EXITED && w->pid > 0 && w->own_group && a->subreaper)
 			sweep_group(w);
 	}
 	if (a->guard_pid > 0 && waitpid(a->guard_pid, NULL, WNOHANG) == a->guard_pid) {
@@ -201,7 +215,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 
 	(void)what;
 	if (sig == SIGCHLD) {
-		agent_reap(a);
+		supervise_reap(a);
 		return;
 	}
 	a->stop_signal = (int)sig;
@@ -235,15 +249,21 @@ void supervise_signal_workers(struct crun_agent *a, int sig)
 
 		if (w->state != W_RUNNING)
 			continue;
+		/* Poll mode has no SIGCHLD to tell of a stop: ask now, so a
+		 * stopped group is continued and sees the signal. */
+		if (w->pidfd >= 0)
+			check_stopped(w);
 		w->stopping = true;
 		if (sig == SIGKILL)
 			w->sigkilled_by_us = true;
-		if (kill(-w->pid, sig) < 0 && errno != ESRCH)
-			log_at(LL_WARN, SUB_AGENT, "kill(-%d, %d): %s", (int)w->pid, sig,
+		pid_t target = w->own_group ? -w->pid : w->pid;
+
+		if (kill(target, sig) < 0 && errno != ESRCH)
+			log_at(LL_WARN, SUB_AGENT, "kill(%d, %d): %s", (int)target, sig,
 			       strerror(errno));
 		/* A stopped group would hold the signal until continued. */
 		if (w->stopped && sig != SIGKILL)
-			(void)kill(-w->pid, SIGCONT);
+			(void)kill(target, SIGCONT);
 	}
 }
 
@@ -395,11 +415,8 @@ static int start_guard(struct crun_agent *a)
 
 int supervise_init(struct crun_agent *a)
 {
-	uint64_t mask = a->cfg.signals_to_handle;
 	int r;
 
-	if (!mask)
-		mask = 1ull << SIGTERM | 1ull << SIGINT | 1ull << SIGHUP | 1ull << SIGQUIT;
 	pthread_sigmask(SIG_SETMASK, NULL, &a->orig_mask);
 	{
 		int on = 0;
@@ -411,13 +428,6 @@ int supervise_init(struct crun_agent *a)
 	r = start_guard(a);
 	if (r < 0)
 		return log_fail(SUB_AGENT, r, "cannot start the guard process");
-	for (int s = 1; s < 64; s++) {
-		if (s != SIGCHLD && !(mask & (1ull << s)))
-			continue;
-		a->sig_ev[s] = evsignal_new(a->base, s, on_signal, a);
-		if (!a->sig_ev[s] || evsignal_add(a->sig_ev[s], NULL) < 0)
-			return CRUN_ENOMEM;
-	}
 	a->grace_timer = evtimer_new(a->base, on_grace, a);
 	if (!a->grace_timer)
 		return CRUN_ENOMEM;
@@ -427,6 +437,56 @@ int supervise_init(struct crun_agent *a)
 	if (!a->stop_req || event_add(a->stop_req, NULL) < 0)
 		return CRUN_ENOMEM;
 	return 0;
+}
+
+int supervise_watch_signals(struct crun_agent *a)
+{
+	uint64_t mask = a->cfg.signals_to_handle;
+
+	if (!mask)
+		mask = 1ull << SIGTERM | 1ull << SIGINT | 1ull << SIGHUP | 1ull << SIGQUIT;
+	for (int s = 1; s < 64; s++) {
+		if (s != SIGCHLD && !(mask & (1ull << s)))
+			continue;
+		a->sig_ev[s] = evsignal_new(a->base, s, on_signal, a);
+		if (!a->sig_ev[s] || evsignal_add(a->sig_ev[s], NULL) < 0)
+			return CRUN_ENOMEM;
+	}
+	return 0;
+}
+
+static void on_pidfd(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	supervise_reap(arg);
+}
+
+int supervise_watch_pid(struct crun_agent *a, struct worker *w)
+{
+	int fd = (int)syscall(SYS_pidfd_open, w->pid, 0);
+
+	if (fd < 0)
+		return -errno;
+	w->pidfd = fd;
+	/* Persistent: a pidfd stays readable once the pid exited, until the
+	 * reap path unwatches it (a stop notice also lands here: harmless). */
+	w->pid_ev = event_new(a->base, fd, EV_READ | EV_PERSIST, on_pidfd, a);
+	if (!w->pid_ev || event_add(w->pid_ev, NULL) < 0) {
+		supervise_unwatch_pid(w);
+		return CRUN_ENOMEM;
+	}
+	return 0;
+}
+
+void supervise_unwatch_pid(struct worker *w)
+{
+	if (w->pid_ev)
+		event_free(w->pid_ev);
+	w->pid_ev = NULL;
+	if (w->pidfd >= 0)
+		fd_close(w->pidfd);
+	w->pidfd = -1;
 }
 
 void supervise_fini(struct crun_agent *a)

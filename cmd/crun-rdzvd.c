@@ -144,7 +144,9 @@ static void usage(FILE *f)
 		"      --config FILE.json            settings as JSON: host, port, backlog,\n"
 		"                                    log-level, status and limits.NAME for the\n"
 		"                                    limits below; a flag wins over the file;\n"
-		"                                    SIGHUP reads it again\n"
+		"                                    SIGHUP reads it again: log-level and the\n"
+		"                                    limits apply at once, other changes are\n"
+		"                                    named as needing a restart\n"
 		"      --print-schema                print the JSON schema of --config and exit\n"
 		"\n"
 		"Security (without a secret or TLS only loopback addresses are served):\n"
@@ -208,6 +210,8 @@ struct daemon_opts {
 	const char *config; /* --config, or NULL */
 	char **file_argv;   /* the file's settings as flags (owned) */
 	int file_argc;
+	char **cmd_argv; /* the command line (borrowed): its limits win on reload too */
+	int cmd_argc;
 };
 
 static void parse_args(int argc, char **argv, struct store_server_config *cfg, struct sec_opts *sec,
@@ -488,43 +492,131 @@ static void on_tick(void *arg)
 	send_status(arg);
 }
 
-/* SIGHUP: the log level applies at once; the store's limits are fixed when
- * it starts, so a changed limit is named as needing a restart. */
+/* Whether flag text "--NAME=..." (cli_json_flags' form) is a store tunable. */
+static bool is_limit_flag(const char *flag)
+{
+	size_t n, len = strcspn(flag + 2, "=");
+	const struct store_server_limit *l = store_server_limits(&n);
+
+	for (size_t i = 0; i < n; i++)
+		if (strlen(l[i].name) == len && strncmp(flag + 2, l[i].name, len) == 0)
+			return true;
+	return false;
+}
+
+/* The limits a reload puts in force: the defaults, the file's flags, then
+ * the command line's (which win, as at start; they were checked then).
+ * 0, or CRUN_EINVAL with err naming the flag (nothing applied). */
+static int reload_limits(const struct daemon_opts *o, char **fresh, int n,
+			 struct store_server_config *cfg, char *err, size_t cap)
+{
+	int opt;
+
+	for (int i = 0; i < n; i++) {
+		char name[80];
+		const char *eq = strchr(fresh[i], '=');
+
+		if (!eq || !is_limit_flag(fresh[i]))
+			continue;
+		snprintf(name, sizeof(name), "%.*s", (int)(eq - fresh[i] - 2), fresh[i] + 2);
+		if (store_server_config_set(cfg, name, eq + 1, err, cap) < 0)
+			return CRUN_EINVAL;
+	}
+	optind = 0; /* GNU: start over */
+	opterr = 0;
+	while ((opt = getopt_long(o->cmd_argc, o->cmd_argv, ":H:p:h", long_opts, NULL)) != -1)
+		if (opt >= OPT_LIMIT)
+			(void)store_server_config_set(
+			    cfg, long_opts[ARRAY_SIZE(fixed_opts) + (opt - OPT_LIMIT)].name, optarg,
+			    err, cap);
+	return 0;
+}
+
+/* Appends "what" to a ", "-separated list (bounded; past the end: dropped). */
+static void list_add(char *list, size_t cap, const char *what, size_t len)
+{
+	size_t o = strlen(list);
+
+	if (o + len + 3 < cap)
+		snprintf(list + o, cap - o, "%s%.*s", o ? ", " : "", (int)len, what);
+}
+
+/* Whether flag text is in argv (exactly). */
+static bool has_flag(char **argv, int n, const char *flag)
+{
+	for (int k = 0; k < n; k++)
+		if (strcmp(argv[k], flag) == 0)
+			return true;
+	return false;
+}
+
+/* SIGHUP: the log level and the store's limits apply at once (limits to
+ * every request and new connection from then on); any other change of the
+ * file (address, port, backlog, status page, secrets, TLS) is named as
+ * needing a restart, compared with the file the daemon started with. */
 static void on_reload(void *arg)
 {
 	struct daemon *d = arg;
-	char err[512], restart[512] = "", **fresh = NULL;
-	int n = 0, lvl;
+	const struct store_server_config *run = store_server_get_config(d->srv);
+	struct store_server_config lim = STORE_SERVER_CONFIG_DEFAULT;
+	char err[512], applied[512] = "", restart[512] = "", **fresh = NULL;
+	uint64_t before[32];
+	size_t nl;
+	const struct store_server_limit *l = store_server_limits(&nl);
+	int n = 0, lvl = -1, r = 0;
 
-	if (!d->opts->config || config_flags(d->opts->config, &fresh, &n, err, sizeof(err)) < 0) {
+	if (d->opts->config)
+		r = config_flags(d->opts->config, &fresh, &n, err, sizeof(err));
+	if (r == 0 && d->opts->config)
+		r = reload_limits(d->opts, fresh, n, &lim, err, sizeof(err));
+	for (int i = 0; r == 0 && i < n; i++)
+		if (strncmp(fresh[i], "--log-level=", 12) == 0 &&
+		    (lvl = level_from_name(fresh[i] + 12)) < 0) {
+			snprintf(err, sizeof(err),
+				 "log-level: expected error, warn, info, debug or "
+				 "trace, got '%.64s'",
+				 fresh[i] + 12);
+			r = CRUN_EINVAL;
+		}
+	if (!d->opts->config || r < 0) {
 		if (d->opts->config)
 			log_at(LL_ERROR, SUB_CMD, "reload: %s; keeping the running config", err);
 		(void)notify_send(d->svc.notify, "READY=1\nSTATUS=reload: %s",
 				  d->opts->config ? "failed, see the log" : "no --config to read");
-		return;
+		goto out;
 	}
-	for (int i = 0; i < n; i++) {
-		bool same = false;
+	if (lvl >= 0) {
+		if (lvl != log_max_level)
+			list_add(applied, sizeof(applied), "log-level", 9);
+		log_max_level = lvl;
+	}
+	for (size_t i = 0; i < nl && i < ARRAY_SIZE(before); i++)
+		before[i] = store_server_limit_get(run, i);
+	store_server_set_limits(d->srv, &lim);
+	for (size_t i = 0; i < nl && i < ARRAY_SIZE(before); i++)
+		if (store_server_limit_get(run, i) != before[i])
+			list_add(applied, sizeof(applied), l[i].name, strlen(l[i].name));
+	/* Anything else that differs from the file the daemon started with,
+	 * added or removed. */
+	for (int i = 0; i < n; i++)
+		if (strncmp(fresh[i], "--log-level=", 12) && !is_limit_flag(fresh[i]) &&
+		    !has_flag(d->opts->file_argv, d->opts->file_argc, fresh[i]))
+			list_add(restart, sizeof(restart), fresh[i] + 2,
+				 strcspn(fresh[i] + 2, "="));
+	for (int k = 0; k < d->opts->file_argc; k++) {
+		const char *f = d->opts->file_argv[k];
 
-		if (strncmp(fresh[i], "--log-level=", 12) == 0) {
-			lvl = level_from_name(fresh[i] + 12);
-			if (lvl >= 0)
-				log_max_level = lvl;
-			continue;
-		}
-		for (int k = 0; k < d->opts->file_argc && !same; k++)
-			same = strcmp(fresh[i], d->opts->file_argv[k]) == 0;
-		if (!same && strlen(restart) + strlen(fresh[i]) + 3 < sizeof(restart))
-			snprintf(restart + strlen(restart), sizeof(restart) - strlen(restart),
-				 "%s%.*s", restart[0] ? ", " : "", (int)strcspn(fresh[i] + 2, "="),
-				 fresh[i] + 2);
+		if (strncmp(f, "--log-level=", 12) && !is_limit_flag(f) && !has_flag(fresh, n, f))
+			list_add(restart, sizeof(restart), f + 2, strcspn(f + 2, "="));
 	}
-	log_at(LL_WARN, SUB_CMD, "reload: applied: log-level; needs a restart: %s",
-	       restart[0] ? restart : "nothing");
+	log_at(LL_WARN, SUB_CMD, "reload: applied: %s; needs a restart: %s",
+	       applied[0] ? applied : "nothing", restart[0] ? restart : "nothing");
+	if (applied[0])
+		log_limits(d->srv);
 	(void)notify_send(d->svc.notify,
-			  "READY=1\nSTATUS=reloaded: applied log-level; needs a "
-			  "restart: %s",
-			  restart[0] ? restart : "nothing");
+			  "READY=1\nSTATUS=reloaded: applied %s; needs a restart: %s",
+			  applied[0] ? applied : "nothing", restart[0] ? restart : "nothing");
+out:
 	for (int i = 0; i < n; i++)
 		free(fresh[i]);
 	free(fresh);
@@ -621,6 +713,8 @@ int main(int argc, char **argv)
 	log_init(PROG, LL_INFO);
 	if (sec.secret_file && !*sec.secret_file)
 		sec.secret_file = NULL;
+	opts.cmd_argv = argv;
+	opts.cmd_argc = argc;
 	argv = read_config(&argc, argv, &opts);
 	parse_args(argc, argv, &cfg, &sec, &opts);
 	keys = load_secrets(&sec, cfg.host);

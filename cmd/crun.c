@@ -18,6 +18,16 @@
 
 extern char **environ;
 
+/* tests/helpers/embed_crun.c compiles this file again with these two
+ * replaced, to run the same command line through the embedding API (poll
+ * mode and a spawn hook); crun itself runs the agent blocking. */
+#ifndef CRUN_CONFIGURE_AGENT
+#define CRUN_CONFIGURE_AGENT(cfg) ((void)(cfg))
+#endif
+#ifndef CRUN_RUN_AGENT
+#define CRUN_RUN_AGENT(agent, cfg, code) crun_agent_run((agent), (code))
+#endif
+
 /* What crun does at a state change: --event_log_handler=console lines and
  * the status page's exit counters. */
 struct on_state_ctx {
@@ -119,6 +129,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "crun: status page on http://%s/status\n",
 			agent_status_addr(status));
 	}
+	CRUN_CONFIGURE_AGENT(&c.cfg);
 	r = crun_agent_new(&c.cfg, &agent);
 	if (r < 0) {
 		fprintf(stderr, "crun: error: %s\n", crun_strerror(r));
@@ -129,7 +140,7 @@ int main(int argc, char **argv)
 	agent_status_attach(status, agent);
 	state_ctx.status = status;
 	agent_timers_attach(timers, agent);
-	r = crun_agent_run(agent, &code);
+	r = CRUN_RUN_AGENT(agent, &c.cfg, &code);
 	if (r < 0 && code == 0)
 		code = 1;
 	agent_status_attach(status, NULL);

@@ -20,6 +20,7 @@
 #include "rendezvous/c10d_int.h"
 #include "rendezvous/coord.h"
 #include "rendezvous/etcd_int.h"
+#include "rendezvous/progress_int.h"
 #include "store/auth.h"
 #include "store/server.h"
 #include "store/tls.h"
@@ -52,6 +53,7 @@ struct c10d {
 	bool pend_hb;
 	struct etcd_conf *etcd; /* backend "etcd": the cluster; NULL: c10d */
 	char prefix[320];	/* the run's keys */
+	struct rdzv_prog *prog; /* progress record (progress_int.h), or NULL */
 	struct event *linger;	/* host: waits for the other agents to hang up */
 	uint64_t linger_until;
 	bool lingered;
@@ -220,6 +222,9 @@ static int start(struct c10d *c, enum c10d_job_kind kind, const char *why)
 	j->nnodes = c->nnodes;
 	j->host_member = c->host_member;
 	j->info = c->info;
+	j->prog = rdzv_prog_ref(c->prog);
+	if (kind == JOB_ROUND)
+		rdzv_prog_joining(c->prog);
 	if (kind == JOB_MONITOR) {
 		j->mon_c = c->pend_c;
 		j->lease = c->pend_lease;
@@ -548,8 +553,15 @@ int c10d_new(const struct rdzv_params *p, struct c10d **ret)
 		return CRUN_ENOMEM;
 	c->p = *p;
 	c->prev_grank = -1;
+	c->prog = rdzv_prog_new(p->min_nodes, p->max_nodes);
 	helper_init(&c->job, p->base, on_job, c);
 	helper_init(&c->mon, p->base, on_mon, c);
+	{
+		struct helper_runner hr = {p->run_blocking, p->run_blocking_arg};
+
+		helper_use_runner(&c->job, &hr);
+		helper_use_runner(&c->mon, &hr);
+	}
 	snprintf(c->run_id, sizeof(c->run_id), "%s", p->run_id ? p->run_id : "none");
 	c->p.run_id = c->run_id;
 	snprintf(c->ep_host, sizeof(c->ep_host), "%s", p->master_addr);
@@ -561,6 +573,7 @@ int c10d_new(const struct rdzv_params *p, struct c10d **ret)
 		: c10d_parse_conf(p->conf, &c->conf, c->err, sizeof(c->err));
 	if (r < 0) {
 		log_at(LL_ERROR, SUB_RDZV, "%s", c->err);
+		rdzv_prog_unref(c->prog);
 		free(c->etcd);
 		free(c);
 		return CRUN_ECONFIG;
@@ -581,6 +594,7 @@ int c10d_new(const struct rdzv_params *p, struct c10d **ret)
 			*s = '_';
 	c->linger = evtimer_new(p->base, on_linger, c);
 	if (!c->linger) {
+		rdzv_prog_unref(c->prog);
 		free(c);
 		return CRUN_ENOMEM;
 	}
@@ -612,7 +626,13 @@ void c10d_free(struct c10d *c)
 	store_tls_free(c->tls);
 	free(c->peers);
 	free(c->etcd);
+	rdzv_prog_unref(c->prog);
 	free(c);
+}
+
+void c10d_get_progress(const struct c10d *c, struct rdzv_progress *ret)
+{
+	rdzv_prog_copy(c->prog, ret);
 }
 
 int c10d_store_to_serve(const struct c10d *c, const char **ret_host, uint16_t *ret_port)

@@ -79,6 +79,7 @@ const struct rdzv_info *c10d_info(const struct c10d *c);
 /* Numeric addresses of the last round's nodes, space separated, when this
  * agent is group rank 0 (its worker store is the round's); NULL otherwise. */
 const char *c10d_peer_addrs(const struct c10d *c);
+void c10d_get_progress(const struct c10d *c, struct rdzv_progress *ret);
 
 /* c10d_peers.c. The address field of a node record into out: 0,
  * CRUN_EPROTO (not a record) or CRUN_ETOOBIG. Pure. */

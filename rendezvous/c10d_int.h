@@ -82,6 +82,7 @@ struct c10d_job {
 	bool hb, take_lease;
 	char *peers;		/* ROUND, group rank 0: the nodes' addresses (c10d_peers.c) */
 	struct etcd_conf *etcd; /* owned copy; NULL: the crun store */
+	struct rdzv_prog *prog; /* a reference (progress_int.h), or NULL */
 	char err[512];
 };
 
@@ -102,6 +103,15 @@ int c10d_job_open(const struct c10d_job *j, uint32_t timeout_ms, struct coord **
 int c10d_jfail(struct c10d_job *j, struct coord *c, int r, const char *what);
 /* Counts key up by one; the caller that reaches `target` sets done_key. */
 int c10d_count_in(struct coord *c, const char *rkey, const char *done_key, int64_t target);
+/* c10d_progress.c: the waiting line (and j->prog) every C10D_PROGRESS_MS;
+ * a completed round's members into j->prog. */
+void c10d_progress(struct c10d_job *j, struct coord *c, int64_t rd, int64_t joined,
+		   uint64_t min_seen, uint64_t left_ms);
+struct round_head;
+/* prev_n: the size of this node's previous round (j->nnodes before the
+ * assignment). */
+void c10d_progress_round(struct c10d_job *j, struct coord *c, const struct round_head *h,
+			 int64_t rd, int prev_n);
 
 #define KEY(buf, ...) TRY(str_printf(buf, sizeof(buf), __VA_ARGS__))
 

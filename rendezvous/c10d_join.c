@@ -16,6 +16,7 @@
 #include "common/common.h"
 #include "rendezvous/c10d_int.h"
 #include "rendezvous/coord.h"
+#include "rendezvous/progress_int.h"
 #include "rendezvous/round_int.h"
 #include "store/auth.h"
 
@@ -24,6 +25,7 @@ static void job_release(struct helper_job *h)
 	struct c10d_job *j = (struct c10d_job *)h;
 
 	coord_close(j->mon_c);
+	rdzv_prog_unref(j->prog);
 	free(j->peers);
 	free(j->etcd);
 	free(j);
@@ -116,38 +118,6 @@ static int check_job(struct c10d_job *j, struct coord *c)
 		return CRUN_ECONFIG;
 	}
 	return r == CRUN_ENOTFOUND ? 0 : c10d_jfail(j, c, r, "reading the job state");
-}
-
-static void progress(struct c10d_job *j, struct coord *c, int64_t rd, int64_t joined,
-		     uint64_t left_ms)
-{
-	char hosts[512] = "", key[128];
-	size_t o = 0;
-
-	for (int64_t t = 1; t <= joined && t <= 8 && o + 64 < sizeof(hosts); t++) {
-		struct round_node n;
-		char *v = NULL;
-
-		if (str_printf(key, sizeof(key), "r%" PRId64 "/node/%" PRId64, rd, t) < 0 ||
-		    coord_try_get(c, key, &v) < 0)
-			continue;
-		if (round_record_parse(v, (int)t, &n) == 0)
-			o += (size_t)snprintf(hosts + o, sizeof(hosts) - o, "%s%s", o ? ", " : "",
-					      n.host);
-		crun_free(v);
-	}
-	log_at(LL_WARN, SUB_RDZV,
-	       "rendezvous '%s' round %" PRId64 ": %" PRId64 " of %d/%d nodes joined (hosts: "
-	       "%s%s), %" PRIu64 " s left%s",
-	       j->prefix, rd, joined, j->min, j->max, hosts, joined > 8 ? ", ..." : "",
-	       left_ms / 1000,
-	       /* The store host cannot tell "everyone else died" from "my link is
-		* cut"; in the second case the others have already ended the job
-		* (they lost the store), so say it rather than wait in silence. */
-	       j->is_host && joined == 1 && j->prev_round >= 0
-		   ? "; this node serves the rendezvous store and is alone: if its network "
-		     "was cut, the other nodes could not reach the store and have ended the job"
-		   : "");
 }
 
 /* The attempt round rd carries: round rd-1 is closed (or abandoned) before
@@ -654,7 +624,8 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 			next_log = clock_now_ms() + every;
 			KEY(jk, "r%" PRId64 "/joined", rd);
 			if (coord_add(c, jk, 0, &joined) == 0)
-				progress(j, c, rd, joined, deadline - clock_now_ms());
+				c10d_progress(j, c, rd, joined, min_seen,
+					      deadline - clock_now_ms());
 		}
 	}
 	return CRUN_ETIMEDOUT;
@@ -715,9 +686,14 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 			log_at(LL_WARN, SUB_RDZV,
 			       "rendezvous '%s' round %" PRId64 " was abandoned; joining the next",
 			       j->prefix, rd);
+			rdzv_prog_abandoned(j->prog);
 			r = open_next(j, c, rd, NULL);
 		} else {
+			int prev_n = j->nnodes;
+
 			r = take_assignment(j, c, &h, rd, t);
+			if (r == 0)
+				c10d_progress_round(j, c, &h, rd, prev_n);
 			if (r <= 0)
 				return r;
 			r = not_counted_in(j, c, rd, h.nodes, &deadline);

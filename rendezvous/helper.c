@@ -39,6 +39,16 @@ static void *helper_main(void *arg)
 	return NULL;
 }
 
+static void run_hooked(void *arg)
+{
+	(void)helper_main(arg);
+}
+
+void helper_use_runner(struct helper *h, const struct helper_runner *runner)
+{
+	h->runner = runner ? *runner : (struct helper_runner){0};
+}
+
 static void on_pipe(evutil_socket_t fd, short what, void *arg)
 {
 	struct helper *h = arg;
@@ -91,6 +101,19 @@ int helper_start(struct helper *h, struct helper_job *j)
 		return CRUN_ENOMEM;
 	}
 	h->job = j;
+	h->threaded = !h->runner.fn;
+	if (!h->threaded) {
+		/* The embedder's thread: results cross through the pipe and the
+		 * references, as with our own thread; nothing to join. */
+		err = h->runner.fn(run_hooked, j, h->runner.arg);
+		if (err < 0) {
+			h->job = NULL;
+			helper_job_put(j);
+			helper_job_put(j);
+			return err;
+		}
+		return 0;
+	}
 	/* The helper takes no signals: they belong to the loop thread, and a
 	 * write to a closed notify pipe must fail with EPIPE, not kill us. */
 	sigfillset(&all);
@@ -112,7 +135,8 @@ struct helper_job *helper_finish(struct helper *h)
 
 	if (!j)
 		return NULL;
-	pthread_join(h->thr, NULL);
+	if (h->threaded)
+		pthread_join(h->thr, NULL);
 	h->job = NULL;
 	return j;
 }
@@ -122,7 +146,8 @@ void helper_drop(struct helper *h)
 	if (!h->job)
 		return;
 	atomic_store(&h->job->stop, 1);
-	pthread_detach(h->thr);
+	if (h->threaded)
+		pthread_detach(h->thr);
 	helper_job_put(h->job);
 	h->job = NULL;
 }

@@ -33,9 +33,18 @@ struct helper;
  * job that ended, or leaves a long job (a monitor) running. */
 typedef void (*helper_post_fn)(struct helper *h, void *arg);
 
+/* Where a job runs instead of a pthread of its own: the embedder's hook
+ * (crun_agent_config_t.run_blocking). NULL fn: a pthread. */
+struct helper_runner {
+	int (*fn)(void (*run)(void *job), void *job, void *arg);
+	void *arg;
+};
+
 struct helper {
 	struct event_base *base;
 	struct helper_job *job; /* running, or NULL */
+	struct helper_runner runner;
+	bool threaded; /* job runs on thr (joined/detached), not on the runner */
 	pthread_t thr;
 	int rd;
 	struct event *ev;
@@ -44,6 +53,9 @@ struct helper {
 };
 
 void helper_init(struct helper *h, struct event_base *base, helper_post_fn on_post, void *arg);
+/* Makes later jobs run through `runner` (copied; NULL or a NULL fn: a
+ * pthread each). */
+void helper_use_runner(struct helper *h, const struct helper_runner *runner);
 /* Starts j (refs, pipe, thread with every signal blocked). CRUN_EBUSY while
  * another job runs; on failure j is released. */
 int helper_start(struct helper *h, struct helper_job *j);

@@ -12,6 +12,19 @@
  * member serves (crun-rdzvd) may be restarted under a running job (systemd
  * does so): its outage is ridden out for C10D_OUTAGE_MS, the client
  * redialling, before it counts as lost.
+ *
+ * A restarted crun-rdzvd starts empty (it keeps nothing on disk): our lease
+ * is not found when the client re-attaches it. Each member then takes a new
+ * lease (expiry key: the round's change key, as before), puts r<n>/back/<g>
+ * under it, and puts back what a next round reads (conf, round, r<n>/closed
+ * with the round's attempt; first writer wins). A member whose back key does
+ * not appear within one TTL (plus a heartbeat and the client's redial pause)
+ * of this member's return died during the outage: the round ends as for any
+ * dead node and the survivors re-rendezvous. The put-back r<n>/closed has no
+ * members (only the attempt is known to all), so a node that joins later
+ * sees an abandoned round and opens the next one without a word on
+ * r<n>/change: after a restart the monitor also watches the round counter
+ * (one ADD a heartbeat) and ends the round for it.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -21,6 +34,11 @@
 #include "common/common.h"
 #include "rendezvous/c10d_int.h"
 #include "rendezvous/coord.h"
+#include "rendezvous/round_int.h"
+
+/* The store client's longest pause between dials (client.c BACKOFF_CAP_MS):
+ * a live member may try that much later than we did once the store is back. */
+#define C10D_REDIAL_MS 2000u
 
 static void post(struct c10d_job *j, enum rdzv_change ch)
 {
@@ -107,21 +125,129 @@ static bool outage_over(struct c10d_job *j, uint64_t *since, int r)
 	return false;
 }
 
+/* Our lease is gone from a store that forgot it (restarted): a new lease
+ * and back key, and the round's state a next round needs. *lease changes
+ * only on success (a failure retries on the next keep-alive); *ret_by: until
+ * when the others may come back. */
+static int reestablish(struct c10d_job *j, struct coord *c, const char *chk, uint64_t *lease,
+		       uint64_t *ret_by)
+{
+	char key[64], val[64], why[512], *closed = NULL;
+	uint64_t nl = 0;
+	uint32_t wait_ms = j->conf.ttl_ms + j->conf.hb_ms + C10D_REDIAL_MS;
+	int r;
+
+	KEY(why, "dead %s (group rank %d: lease lost after the rendezvous store restarted)",
+	    j->hostname, j->info.group_rank);
+	TRY(coord_lease_grant(c, j->conf.ttl_ms, chk, why, &nl));
+	KEY(key, "r%d/back/%d", j->round, j->info.group_rank);
+	r = coord_put_leased(c, nl, key, j->hostname);
+	if (r == 0 && str_printf(val, sizeof(val), "%d:%d", j->min, j->max) >= 0)
+		r = coord_compare_set(c, "conf", "", val, NULL);
+	if (r == 0 && str_printf(val, sizeof(val), "%d", j->round) >= 0)
+		r = coord_compare_set(c, "round", "", val, NULL);
+	/* Only the attempt of r<n>/closed (its head) is read again, by the
+	 * next round; the members know their places already. */
+	if (r == 0) {
+		struct round_head h = {.attempt = j->info.attempt}; /* nodes 0: no list */
+
+		r = round_head_format(&h, &closed);
+	}
+	if (r == 0 && str_printf(key, sizeof(key), "r%d/closed", j->round) >= 0)
+		r = coord_compare_set(c, key, "", closed, NULL);
+	crun_free(closed);
+	if (r < 0) {
+		(void)coord_lease_revoke(c, nl);
+		return r;
+	}
+	*lease = nl;
+	*ret_by = clock_now_ms() + wait_ms;
+	log_at(LL_WARN, SUB_RDZV,
+	       "the rendezvous store at %s:%u lost round %d's state (restarted); lease taken "
+	       "again, waiting up to %u ms for the round's %d nodes to come back",
+	       j->host, j->port, j->round, wait_ms, j->nnodes);
+	return 0;
+}
+
+/* After a restart: a node that joined since moved the round counter past
+ * ours (see the top); end our round so that everyone joins its round. */
+static int check_joiner(struct c10d_job *j, struct coord *c, const char *chk)
+{
+	int64_t cur;
+
+	TRY(coord_add(c, "round", 0, &cur));
+	if (cur <= j->round)
+		return 0;
+	log_at(LL_WARN, SUB_RDZV,
+	       "rendezvous '%s': round %" PRId64 " was opened after the store restart (a node "
+	       "joined); ending round %d",
+	       j->prefix, cur, j->round);
+	return coord_expire(c, chk, "join (a node joined after the rendezvous store restarted)");
+}
+
+/* After reestablish(): whether the members' back keys are all there.
+ * *next: the first group rank not seen yet (each is looked up until seen,
+ * once). Past *by, the first missing one ends the round; *by is 0 once
+ * nothing is left to check. */
+static int check_back(struct c10d_job *j, struct coord *c, const char *chk, uint64_t *by, int *next)
+{
+	char key[64], why[320];
+	int r;
+
+	for (; *next < j->nnodes; (*next)++) {
+		KEY(key, "r%d/back/%d", j->round, *next);
+		r = coord_exists(c, key);
+		if (r < 0)
+			return r;
+		if (r == 0)
+			break;
+	}
+	if (*next >= j->nnodes) {
+		log_at(LL_WARN, SUB_RDZV,
+		       "rendezvous '%s' round %d: all %d nodes are back after the store restart",
+		       j->prefix, j->round, j->nnodes);
+		*by = 0;
+		return 0;
+	}
+	if (clock_now_ms() < *by)
+		return 0;
+	KEY(why,
+	    "dead node of group rank %d (did not re-establish its lease within %" PRIu64
+	    " ms after the rendezvous store restarted)",
+	    *next, j->conf.ttl_ms + j->conf.hb_ms + (uint64_t)C10D_REDIAL_MS);
+	log_at(LL_WARN, SUB_RDZV, "rendezvous '%s' round %d: %s", j->prefix, j->round, why);
+	*by = 0;
+	return coord_expire(c, chk, why);
+}
+
 int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 {
 	char me[64], nbr[64], chk[64], why[512];
 	int64_t cnt, last = -1;
-	uint64_t last_move = clock_now_ms(), lease = j->lease, outage = 0;
+	uint64_t last_move = clock_now_ms(), lease = j->lease, outage = 0, back_by = 0;
 	bool hb = j->hb || !lease;
-	int r = 0;
+	/* Only a store no member serves can restart under us; etcd keeps its
+	 * state, so a lease not found there has expired (and said so). */
+	bool restartable = !hb && !j->host_member && !j->is_host && !j->etcd;
+	int r = 0, back_next = 0;
+	bool restored = false;
 
 	KEY(me, "r%d/lease/%d", j->round, j->info.group_rank);
 	KEY(nbr, "r%d/lease/%d", j->round, (j->info.group_rank + 1) % j->nnodes);
 	KEY(chk, "r%d/change", j->round);
 	for (int i = 0; r == 0 && i < 1 << 30 && !helper_stopping(&j->h); i++) {
 		r = hb ? coord_heartbeat(*cp, me) : coord_lease_keepalive(*cp, lease);
-		if (r == CRUN_ENOTFOUND)
-			r = 0; /* our lease lapsed (or a restarted store never knew it) */
+		if (r == CRUN_ENOTFOUND && restartable && !back_by) {
+			r = reestablish(j, *cp, chk, &lease, &back_by);
+			back_next = 0;
+			restored = restored || r == 0;
+		} else if (r == CRUN_ENOTFOUND) {
+			r = 0; /* our lease lapsed: its expiry set the change key */
+		}
+		if (r == 0 && back_by)
+			r = check_back(j, *cp, chk, &back_by, &back_next);
+		if (r == 0 && restored)
+			r = check_joiner(j, *cp, chk);
 		if (r == 0) {
 			r = coord_watch(*cp, chk, j->conf.hb_ms);
 			if (r == 0)

@@ -82,6 +82,9 @@ struct rdzv_params {
 	/* Static multi-node: clears the store this agent serves (node 0), on
 	 * the loop, once every node stopped its workers for a restart. */
 	void (*clear_store)(void *arg);
+	/* Where blocking store/etcd calls run; NULL fn: a pthread per call. */
+	int (*run_blocking)(void (*fn)(void *job), void *job, void *arg);
+	void *run_blocking_arg;
 };
 
 /* Creates a backend. CRUN_ENOTSUP for a backend not implemented, CRUN_ECONFIG
@@ -147,5 +150,58 @@ void rdzv_free(struct rdzv *r);
 /* Pure rank math (unit-tested): given every node's nproc in group-rank order,
  * fill the fields of *ret for group rank `me`. Returns 0 or CRUN_EINVAL. */
 int rdzv_assign_ranks(const int *nprocs, int nnodes, int me, struct rdzv_info *ret);
+
+/* ---- progress.c: what the rendezvous is doing, for the status page,
+ * STATUS= and the waiting log. The c10d/etcd join job (a helper thread)
+ * updates it under a mutex; any thread reads a copy. Static backends have
+ * none (round -1). ---- */
+#define RDZV_PROGRESS_NODES 32 /* nodes listed: joined hosts, or the round's members */
+#define RDZV_PROGRESS_AWAIT 8  /* awaited hosts listed */
+
+/* Counters over the agent's life, one table: X(field, metric name, help).
+ * crun_rdzv_<name>_total on /metrics; the same names in /status. */
+#define RDZV_COUNTER_MAP(X)                                                                       \
+	X(rounds_completed, "rounds_completed", "rounds completed with this node a member")       \
+	X(rounds_abandoned, "rounds_abandoned",                                                   \
+	  "rounds abandoned before they closed (a joiner died), joined again")                    \
+	X(nodes_joined, "nodes_joined", "nodes new to a completed round (the first round's too)") \
+	X(nodes_lost, "nodes_lost", "nodes of the previous round missing from a completed one")
+
+enum rdzv_counter {
+#define RDZV_C_X_(field, name, help) RDZV_C_##field,
+	RDZV_COUNTER_MAP(RDZV_C_X_)
+#undef RDZV_C_X_
+	    RDZV_C__MAX,
+};
+
+struct rdzv_progress_node {
+	char host[RDZV_HOST_MAX];
+	char addr[RDZV_HOST_MAX]; /* "" when not known */
+	int group_rank;		  /* -1 while the round is open */
+};
+
+struct rdzv_progress {
+	int round;	     /* the round waited in, or the last completed; -1: none yet */
+	bool waiting;	     /* this agent is joining or waits in `round` */
+	int joined;	     /* waiting: nodes joined so far; else the round's nodes */
+	int min, max;	     /* nodes the job accepts */
+	int64_t last_call_s; /* waiting: seconds to the last call; -1: MIN not reached */
+	int64_t timeout_s;   /* waiting: seconds left of the join timeout; -1: unknown */
+	int nnodes;	     /* entries of nodes[]: joined hosts, or members by group rank */
+	struct rdzv_progress_node nodes[RDZV_PROGRESS_NODES];
+	int nawait; /* nodes of the last completed round not joined yet; -1: unknown */
+	char await[RDZV_PROGRESS_AWAIT][RDZV_HOST_MAX];
+	uint64_t counters[RDZV_C__MAX];
+};
+
+/* A consistent copy of r's progress (round -1 for a backend without one). */
+void rdzv_get_progress(const struct rdzv *r, struct rdzv_progress *ret);
+/* One line for logs and STATUS=: "rendezvous 'job42' round 2: 3/4 nodes
+ * joined (min 2, max 4), last call in 12 s; waiting for: node-7", or the
+ * completed round ("... round 2 complete: 3 nodes: a (rank 0), ..."). */
+int rdzv_progress_line(const struct rdzv_progress *p, const char *run_id, char *buf, size_t cap);
+/* "rounds_completed"...; static text, "?" out of range. */
+const char *rdzv_counter_name(enum rdzv_counter c);
+const char *rdzv_counter_help(enum rdzv_counter c);
 
 #endif /* CRUN_RENDEZVOUS_RDZV_H */

@@ -275,6 +275,12 @@ int rdzv_new(const struct rdzv_params *p, struct rdzv **ret_rdzv)
 	r->p = *p;
 	helper_init(&r->job, p->base, on_job, r);
 	helper_init(&r->mon, p->base, on_mon, r);
+	{
+		struct helper_runner hr = {p->run_blocking, p->run_blocking_arg};
+
+		helper_use_runner(&r->job, &hr);
+		helper_use_runner(&r->mon, &hr);
+	}
 	r->multi = !p->standalone && p->nnodes > 1;
 	snprintf(r->run_id, sizeof(r->run_id), "%s", p->run_id ? p->run_id : "none");
 	r->p.run_id = r->run_id;
@@ -354,6 +360,16 @@ const struct rdzv_info *rdzv_info(const struct rdzv *r)
 	if (r->c10d)
 		return c10d_info(r->c10d);
 	return r->have_info ? &r->info : NULL;
+}
+
+void rdzv_get_progress(const struct rdzv *r, struct rdzv_progress *ret)
+{
+	if (r->c10d) {
+		c10d_get_progress(r->c10d, ret);
+		return;
+	}
+	memset(ret, 0, sizeof(*ret));
+	ret->round = ret->last_call_s = ret->timeout_s = ret->nawait = -1;
 }
 
 const char *rdzv_peer_addrs(const struct rdzv *r)

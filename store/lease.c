@@ -269,6 +269,8 @@ static void lease_end(struct store_lease *l, bool expired)
 			log_at(LL_WARN, SUB_STORE, "lease %016llx: cannot set its expiry key",
 			       (unsigned long long)l->id);
 	}
+	if (expired)
+		srv->metrics[STORE_M_LEASE_EXPIRED]++;
 	if (expired && l->holder && l->holder->peer_eof)
 		log_at(LL_INFO, SUB_STORE, "lease %016llx ended: its holder closed the connection",
 		       (unsigned long long)l->id);

@@ -1185,6 +1185,36 @@ void store_server_free(struct store_server *srv)
 	free(srv);
 }
 
+void store_server_set_limits(struct store_server *srv, const struct store_server_config *cfg)
+{
+	struct store_server_config n;
+	struct timeval sweep = {SWEEP_MS / 1000, 0};
+	uint32_t ka = srv->cfg.keepalive_s;
+	int off = 0;
+
+	cfg_fill(&n, cfg);
+	for (size_t i = 0; i < ARRAY_SIZE(limit_rows); i++)
+		limit_put(&srv->cfg, i, store_server_limit_get(&n, i));
+	srv->out_hard_cap = srv->cfg.max_conn_output_bytes + srv->cfg.max_conn_buffered_bytes;
+	srv->kv.max_ents = srv->cfg.max_keys;
+	srv->kv.max_key_bytes = srv->cfg.max_total_key_bytes;
+	if (srv->cfg.stall_timeout_s || srv->cfg.idle_timeout_s) {
+		if (!evtimer_pending(srv->sweep, NULL))
+			(void)event_add(srv->sweep, &sweep);
+	} else {
+		(void)event_del(srv->sweep);
+	}
+	/* New connections inherit the listener's keepalive (listener_sockopts). */
+	if (srv->lsn && ka != srv->cfg.keepalive_s) {
+		int fd = evconnlistener_get_fd(srv->lsn);
+
+		if (srv->cfg.keepalive_s)
+			sock_keepalive(fd, srv->cfg.keepalive_s);
+		else
+			(void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &off, sizeof(off));
+	}
+}
+
 uint16_t store_server_port(const struct store_server *srv)
 {
 	return srv->port;

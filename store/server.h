@@ -104,6 +104,14 @@ int store_server_new(struct event_base *base, const struct store_server_config *
 		     struct store_server **ret_srv);
 /* Closes every connection and the listener and frees the server. NULL: no-op. */
 void store_server_free(struct store_server *srv);
+/* Changes the tunables of store_server_limits() on a running server to
+ * cfg's (0 = default, as for store_server_new; cfg's other fields are
+ * ignored: address, backlog, auth and TLS need a new server). They hold for
+ * every request from now on and for connections accepted from now on (an
+ * open connection keeps its input watermark); nothing already held is
+ * evicted: a lowered key or byte budget refuses further growth. Loop thread
+ * only (crun-rdzvd's SIGHUP). */
+void store_server_set_limits(struct store_server *srv, const struct store_server_config *cfg);
 /* The bound port (useful after port 0). */
 uint16_t store_server_port(const struct store_server *srv);
 /* The configuration in force, defaults filled in (max_conns resolved). */
@@ -148,7 +156,8 @@ void store_server_each_key(const struct store_server *srv,
  * closed or refused connection counts in exactly one DROP_ or REFUSED_ row
  * (their sum is store_server_stats.dropped_conns) and is logged once at WARN
  * with the row's help text (rate-limited). PAUSE_ rows count backpressure,
- * which closes nothing. For an exporter: iterate 0..STORE_M__MAX. */
+ * which closes nothing; LEASE_ rows count lease ends (store_ext.h). For an
+ * exporter: iterate 0..STORE_M__MAX. */
 #define STORE_METRIC_MAP(X)                                                                 \
 	X(CONNS_ACCEPTED, "conns_accepted", "connections accepted")                         \
 	X(REFUSED_MAX_CONNS, "refused_max_conns", "connection limit reached (max_conns)")   \
@@ -187,7 +196,10 @@ void store_server_each_key(const struct store_server *srv,
 	  "(max-conn-output-bytes)")                                                        \
 	X(PAUSE_TOTAL_OUTPUT, "pause_total_output",                                         \
 	  "reading paused: "                                                                \
-	  "max-total-output-bytes reached")
+	  "max-total-output-bytes reached")                                                 \
+	X(LEASE_EXPIRED, "lease_expired",                                                   \
+	  "leases ended without a revoke (no keep-alive for a TTL, or the holder "          \
+	  "closed its connection)")
 
 enum store_metric {
 #define STORE_M_X_(id, name, help) STORE_M_##id,

@@ -70,6 +70,27 @@ def test_a_program_builds_against_the_installed_files_only(prefix, tmp_path):
         assert "invalid argument" in out
 
 
+def test_the_embedding_example_builds_and_runs_against_the_installed_files(prefix, tmp_path):
+    """examples/embed_scheduler.c, a scheduler with its own poll loop and spawn
+    hook, built with `pkg-config crun` only: a two-node job of 4 ranks."""
+    exe = tmp_path / "embed_scheduler"
+    run(["cc", "-std=gnu11", "-Wall", "-Werror", *SAN_FLAGS, *pc(prefix, "--cflags"),
+         "-o", str(exe), os.path.join(ROOT, "examples", "embed_scheduler.c"),
+         *pc(prefix, "--libs"), "-pthread"])
+    env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(prefix, "lib"),
+               TMPDIR=str(tmp_path))
+    out = run([str(exe)], env=env, timeout=120)
+    lines = out.splitlines()
+    starts = [l for l in lines if ": worker start: pid " in l]
+    exits = [l for l in lines if ": worker exit: " in l and "exit code 0, signal 0" in l]
+    assert len(starts) == 4 and len(exits) == 4, out
+    assert any("node1: rendezvous: group_rank 1 of 2, ranks 2-3 of world 4" in l
+               for l in lines), out
+    hellos = sorted(l.split("]:", 1)[1] for l in lines if "hello from rank" in l)
+    assert hellos == [f"hello from rank {r} of 4 (local {r % 2})" for r in range(4)], out
+    assert lines[-1] == "job exit code 0"
+
+
 def test_only_crun_symbols_are_exported(prefix):
     out = run(["nm", "-D", "--defined-only", os.path.join(prefix, "lib/libcrun.so.0")])
     names = [l.split()[-1] for l in out.splitlines() if l.strip()]

@@ -6,6 +6,7 @@
 
 #include "unit/check_main.h"
 #include "agent/agent.h"
+#include "rendezvous/progress_int.h"
 #include "rendezvous/rdzv.h"
 
 static int id_of(const char *key, char *id, size_t cap)
@@ -78,6 +79,60 @@ START_TEST(timer_requests)
 }
 END_TEST
 
+/* The round's progress record and its line: waiting (before and after MIN,
+ * with the previous round's hosts awaited), completed, and the counters. */
+START_TEST(round_progress_line)
+{
+	struct rdzv_prog *p = rdzv_prog_new(2, 4);
+	struct rdzv_progress *g = malloc(sizeof(*g));
+	const char joined[3][RDZV_HOST_MAX] = {"node-1", "node-2", "node-7"};
+	struct rdzv_progress_node m[3] = {{"node-2", "10.0.0.2", 0},
+					  {"node-1", "10.0.0.1", 1},
+					  {"node-7", "10.0.0.7", 2}};
+	char line[512];
+
+	ck_assert_ptr_nonnull(p);
+	rdzv_prog_copy(p, g);
+	ck_assert_int_eq(g->round, -1);
+	rdzv_prog_joining(p);
+	rdzv_prog_waiting(p, 0, 1, -1, 590000, joined, 1);
+	rdzv_prog_copy(p, g);
+	rdzv_progress_line(g, "job42", line, sizeof(line));
+	ck_assert_str_eq(line, "rendezvous 'job42' round 0: 1/4 nodes joined (min 2, max 4), 1 more "
+			       "needed within 590 s; joined: node-1");
+	rdzv_prog_completed(p, 0, 3, m, 3, 0, 0);
+	rdzv_prog_copy(p, g);
+	rdzv_progress_line(g, "job42", line, sizeof(line));
+	ck_assert_str_eq(line, "rendezvous 'job42' round 0 complete: 3 nodes: node-2 at 10.0.0.2 "
+			       "(rank 0), node-1 at 10.0.0.1 (rank 1), node-7 at 10.0.0.7 (rank 2)");
+	/* round 2 (1 abandoned): node-7 has not come back */
+	rdzv_prog_abandoned(p);
+	rdzv_prog_waiting(p, 2, 2, 11200, 500000, joined, 2);
+	rdzv_prog_copy(p, g);
+	rdzv_progress_line(g, "job42", line, sizeof(line));
+	ck_assert_str_eq(line, "rendezvous 'job42' round 2: 2/4 nodes joined (min 2, max 4), last "
+			       "call in 12 s; waiting for: node-7; joined: node-1, node-2");
+	ck_assert_int_eq(g->nawait, 1);
+	/* more joined than read: who is awaited is not known */
+	rdzv_prog_waiting(p, 2, 3, 5000, 500000, joined, 2);
+	rdzv_prog_copy(p, g);
+	ck_assert_int_eq(g->nawait, -1);
+	rdzv_prog_completed(p, 2, 2, m, 2, 2, 3);
+	rdzv_prog_copy(p, g);
+	ck_assert_uint_eq(g->counters[RDZV_C_rounds_completed], 2);
+	ck_assert_uint_eq(g->counters[RDZV_C_rounds_abandoned], 1);
+	ck_assert_uint_eq(g->counters[RDZV_C_nodes_joined], 3);
+	ck_assert_uint_eq(g->counters[RDZV_C_nodes_lost], 1);
+	ck_assert_str_eq(rdzv_counter_name(RDZV_C_nodes_lost), "nodes_lost");
+	ck_assert_str_eq(rdzv_counter_name(RDZV_C__MAX), "?");
+	/* a cut line stays terminated */
+	rdzv_progress_line(g, "job42", line, 20);
+	ck_assert_uint_eq(strlen(line), 19);
+	rdzv_prog_unref(p);
+	free(g);
+}
+END_TEST
+
 static Suite *status_suite(void)
 {
 	Suite *s = suite_create("status");
@@ -86,6 +141,7 @@ static Suite *status_suite(void)
 	tcase_add_test(tc, run_id_of_key);
 	tcase_add_test(tc, bare_page_bodies);
 	tcase_add_test(tc, timer_requests);
+	tcase_add_test(tc, round_progress_line);
 	suite_add_tcase(s, tc);
 	return s;
 }

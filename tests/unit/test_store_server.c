@@ -1528,6 +1528,50 @@ START_TEST(key_count_is_a_budget)
 }
 END_TEST
 
+static void do_set_limits(void *arg)
+{
+	store_server_set_limits(g_srv, arg);
+}
+
+/* crun-rdzvd's SIGHUP: limits changed on a running server hold for the next
+ * request and the next connection; what is held stays. */
+START_TEST(limits_change_on_a_running_server)
+{
+	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
+	int a, b, fd;
+
+	srv_start();
+	a = cli2();
+	req(a, STORE_V2, STORE_OP_SET, "/a", "1");
+	req(a, STORE_V2, STORE_OP_SET, "/b", "2");
+	get_eq(a, STORE_V2, "/b", "2");
+	cfg.max_keys = 2;
+	cfg.max_conns = 2;
+	srv_call(do_set_limits, &cfg);
+	ck_assert_uint_eq(store_server_get_config(g_srv)->max_keys, 2);
+	/* 0 still means the default */
+	ck_assert_uint_eq(store_server_get_config(g_srv)->max_waiters, 1u << 20);
+	fd = cli2();
+	req(fd, STORE_V2, STORE_OP_SET, "/c", "3");
+	rxclosed(fd);
+	close(fd);
+	ck_assert_uint_eq(metric(STORE_M_DROP_KEYS), 1);
+	get_eq(a, STORE_V2, "/a", "1"); /* kept */
+	b = cli2();
+	fd = cli();
+	rxclosed(fd); /* a third connection */
+	close(fd);
+	ck_assert_uint_eq(metric(STORE_M_REFUSED_MAX_CONNS), 1);
+	cfg.max_keys = 3;
+	srv_call(do_set_limits, &cfg);
+	req(b, STORE_V2, STORE_OP_SET, "/c", "3");
+	get_eq(b, STORE_V2, "/c", "3");
+	close(a);
+	close(b);
+	srv_stop();
+}
+END_TEST
+
 START_TEST(total_key_bytes_refuse_the_writer)
 {
 	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
@@ -1890,6 +1934,7 @@ Suite *store_server_suite(void)
 
 	tcase_set_timeout(hostile, 30);
 	tcase_add_test(hostile, key_count_is_a_budget);
+	tcase_add_test(hostile, limits_change_on_a_running_server);
 	tcase_add_test(hostile, total_key_bytes_refuse_the_writer);
 	tcase_add_test(hostile, waiters_are_a_total_budget);
 	tcase_add_test(hostile, extension_op_before_hello_closes_at_its_first_byte);
