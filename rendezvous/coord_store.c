@@ -493,6 +493,24 @@ int coord_get(struct coord *c, const char *key, uint32_t timeout_ms, char **ret_
 	return 0;
 }
 
+int coord_exists_all(struct coord *c, const char *const *keys, size_t n)
+{
+	int ready = 0, r;
+
+	if (c->etcd || c->mem) {
+		for (size_t i = 0; i < n; i++) {
+			r = coord_exists(c, keys[i]);
+			if (r != 1)
+				return r;
+		}
+		return 1;
+	}
+	r = crun_store_check(c->s, keys, n, &ready);
+	if (r < 0)
+		return fail(c, r, "check", n ? keys[0] : "");
+	return ready ? 1 : 0;
+}
+
 int coord_exists(struct coord *c, const char *key)
 {
 	int ready = 0;
