@@ -170,6 +170,13 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIBA)
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(BASE_LDFLAGS) -o $@ $< $(LIBA) $(LIBS)
 
+# rdzv_sim runs the library's blocking store client on coroutines: the linker
+# routes the client's poll/usleep/connect/send/recv through its scheduler.
+SIM_WRAP := -Wl,--wrap=poll,--wrap=usleep,--wrap=connect,--wrap=send,--wrap=recv
+$(BUILD)/bench/rdzv_sim: $(BUILD)/obj/bench/rdzv_sim.o $(LIBA)
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(BASE_LDFLAGS) $(SIM_WRAP) -o $@ $< $(LIBA) $(LIBS)
+
 $(BUILD)/obj/tests/%.o: tests/%.c $(BUILD)/config.mk
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  CC      $<")
@@ -344,13 +351,16 @@ deb:
 	$(Q)dpkg-buildpackage -us -uc -b
 
 # The scale benchmarks (not part of make test): the worker-init storm against
-# crun's stores and PyTorch's servers, with local and slow name lookups.
+# crun's stores and PyTorch's servers, with local and slow name lookups; the
+# rendezvous of K = 1,024..12,288 simulated agents beside torchrun's.
 bench-scale: all
 	$(Q)sh scripts/deps.sh bench
 	$(Q)mkdir -p $(BUILD)/bench/scale
 	$(Q)for r in local slow; do /usr/bin/python3 bench/storm_bench.py $(BUILD) --resolver $$r \
 		--out $(BUILD)/bench/scale/storm-$$r.md --json $(BUILD)/bench/scale/storm-$$r.json \
 		--plot $(BUILD)/bench/scale/storm-$$r.svg || exit 1; done
+	$(Q)/usr/bin/python3 bench/rdzv_sim.py $(BUILD) --out $(BUILD)/bench/scale/rdzv.md \
+		--json $(BUILD)/bench/scale/rdzv.json --plot $(BUILD)/bench/scale/rdzv.svg
 
 clean:
 	rm -rf build build-san build-fuzz

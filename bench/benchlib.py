@@ -1,13 +1,15 @@
 """benchlib.py: what the launcher-level benchmarks (launch_bench.py,
 rdzv_vs_torchrun.py) share: where torchrun lives, free ports, re-running a
 script in a private network namespace, and killing the workers a launcher run
-may have left behind."""
+may have left behind; and the log-log SVG plot of the scale benchmarks
+(storm_bench.py, rdzv_sim.py)."""
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TORCH1 = "/usr/bin/python3"
@@ -64,3 +66,29 @@ def kill_recorded_workers(record_files):
                         os.kill(pid, signal.SIGKILL)
             except (OSError, ValueError):
                 pass
+
+
+def loglog_svg(path, title, xlabel, ylabel, series):
+    """Draws series [(title, [(x, y), ...]), ...] with gnuplot on log axes into the SVG at path.
+    False (and nothing drawn) when gnuplot is missing or no series has a point."""
+    if not shutil.which("gnuplot"):
+        print(f"no plot {path}: gnuplot not found (apt-get install gnuplot-nox)",
+              file=sys.stderr)
+        return False
+    with tempfile.TemporaryDirectory() as tmp:
+        parts = []
+        for i, (label, pts) in enumerate(series):
+            if not pts:
+                continue
+            dat = os.path.join(tmp, f"{i}.dat")
+            with open(dat, "w") as f:
+                f.writelines(f"{x} {max(y, 0.001)}\n" for x, y in pts)
+            parts.append(f"'{dat}' using 1:2 with linespoints title '{label}'")
+        if not parts:
+            return False
+        script = (f"set terminal svg size 720,440 dynamic\nset output '{path}'\n"
+                  f"set title '{title}'\nset logscale xy\nset xlabel '{xlabel}'\n"
+                  f"set ylabel '{ylabel}'\nset key top left\nset grid\nplot "
+                  + ", ".join(parts) + "\n")
+        subprocess.run(["gnuplot"], input=script, text=True, check=False, timeout=60)
+    return True

@@ -31,6 +31,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from benchlib import loglog_svg  # noqa: E402
 from store_bench import (ROOT, TORCH1, TORCH2, Server, RssSampler, die_with_parent,  # noqa: E402
                          proc_status, raise_nofile)
 
@@ -243,27 +244,10 @@ def table(results, ranks, resolver, env_line):
 
 
 def plot(results, ranks, path, resolver):
-    if not shutil.which("gnuplot"):
-        log("gnuplot not found: no plot (apt-get install gnuplot-nox)")
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        series = []
-        for key, lbl, _ in SERVERS:
-            pts = [(n, results[(key, n)]["total_s"]) for n in ranks
-                   if results.get((key, n), {}).get("ok")]
-            if not pts:
-                continue
-            dat = os.path.join(tmp, f"{key}.dat")
-            with open(dat, "w") as f:
-                f.writelines(f"{n} {t}\n" for n, t in pts)
-            series.append(f"'{dat}' using 1:2 with linespoints title '{lbl}'")
-        if not series:
-            return
-        script = (f"set terminal svg size 720,440 dynamic\nset output '{path}'\n"
-                  f"set title 'Worker-init storm ({resolver} name lookups)'\n"
-                  "set logscale xy\nset xlabel 'ranks N'\nset ylabel 'first connect to last rank "
-                  "done (s)'\nset key top left\nset grid\nplot " + ", ".join(series) + "\n")
-        subprocess.run(["gnuplot"], input=script, text=True, check=False, timeout=60)
+    series = [(lbl, [(n, results[(key, n)]["total_s"]) for n in ranks
+                     if results.get((key, n), {}).get("ok")]) for key, lbl, _ in SERVERS]
+    loglog_svg(path, f"Worker-init storm ({resolver} name lookups)", "ranks N",
+               "first connect to last rank done (s)", series)
 
 
 def main():

@@ -82,6 +82,9 @@ int coord_compare_set(struct coord *c, const char *key, const char *expected, co
 int coord_wait(struct coord *c, const char *key, uint32_t timeout_ms);
 /* 1 when the key exists, 0 when not. */
 int coord_exists(struct coord *c, const char *key);
+/* 1 when every key exists, 0 when one does not: one round trip on the crun
+ * store (CHECK of n keys), never waiting. */
+int coord_exists_all(struct coord *c, const char *const *keys, size_t n);
 /* Waits up to timeout_ms until any of keys[0..n) exists (n <= COORD_ANY_MAX):
  * the index of one that does (the lowest, when several already did), or
  * CRUN_ETIMEDOUT (the handle stays usable). One request on the crun store

@@ -291,6 +291,28 @@ START_TEST(set_get_exists)
 }
 END_TEST
 
+/* All of n keys, in one look that never waits: the closer's "are all
+ * tickets alive?" (a 1 ms MULTI_GET before, which a busy store turned into
+ * n lookups). */
+START_TEST(exists_all_looks_without_waiting)
+{
+	const char *keys[] = {"a1", "a2", "a3"};
+	struct coord *c;
+
+	begin(_i);
+	c = opn();
+	ck_assert_int_eq(coord_set(c, "a1", "x"), 0);
+	ck_assert_int_eq(coord_set(c, "a3", "x"), 0);
+	ck_assert_int_eq(coord_exists_all(c, keys, 3), 0);
+	ck_assert_int_eq(coord_set(c, "a2", ""), 0);
+	ck_assert_int_eq(coord_exists_all(c, keys, 3), 1);
+	ck_assert_int_eq(coord_exists_all(c, keys, 1), 1);
+	ck_assert_int_eq(coord_exists(c, "a1"), 1); /* the handle stays usable */
+	coord_close(c);
+	end();
+}
+END_TEST
+
 struct later {
 	const char *keys[4];
 	int n;
@@ -845,6 +867,7 @@ static Suite *coord_suite(void)
 	tcase_set_timeout(tc, 90);
 	tcase_add_loop_test(tc, counters, 0, NB);
 	tcase_add_loop_test(tc, set_get_exists, 0, NB);
+	tcase_add_loop_test(tc, exists_all_looks_without_waiting, 0, NB);
 	tcase_add_loop_test(tc, get_waits_and_times_out, 0, NB);
 	tcase_add_loop_test(tc, wait_on_one_key_repeatedly, 0, NB);
 	tcase_add_loop_test(tc, present_stays_present_across_waits, 0, NB);
