@@ -91,10 +91,12 @@ void c10d_progress_round(struct c10d_job *j, struct coord *c, const struct round
 		return;
 	/* The member list: what every member's previous round was (for the
 	 * counters) and the tickets whose records name the nodes. Only for
-	 * rounds a member can read whole cheaply. */
+	 * rounds a member can read whole cheaply. The closer writes it before
+	 * the head: absent now is absent for good (a forged or foreign head),
+	 * and waiting read_timeout for it would hold the join up. */
 	if (h->nodes > PROGRESS_COUNT_MAX ||
 	    str_printf(key, sizeof(key), "r%" PRId64 "/members/%d", rd, h->by) < 0 ||
-	    coord_get(c, key, j->conf.read_ms, &v) < 0 ||
+	    coord_try_get(c, key, &v) < 0 ||
 	    round_closed_parse(v, h->nodes, &rc) < 0) {
 		crun_free(v);
 		rdzv_prog_completed(j->prog, (int)rd, h->nodes, NULL, 0, -1, 0);
