@@ -96,8 +96,7 @@ void c10d_progress_round(struct c10d_job *j, struct coord *c, const struct round
 	 * and waiting read_timeout for it would hold the join up. */
 	if (h->nodes > PROGRESS_COUNT_MAX ||
 	    str_printf(key, sizeof(key), "r%" PRId64 "/members/%d", rd, h->by) < 0 ||
-	    coord_try_get(c, key, &v) < 0 ||
-	    round_closed_parse(v, h->nodes, &rc) < 0) {
+	    coord_try_get(c, key, &v) < 0 || round_closed_parse(v, h->nodes, &rc) < 0) {
 		crun_free(v);
 		rdzv_prog_completed(j->prog, (int)rd, h->nodes, NULL, 0, -1, 0);
 		return;
