@@ -2,7 +2,7 @@
 """The worker-init storm: N simulated ranks (bench/storm) against crun's stores
 and PyTorch's TCPStore servers, in one run.
 
-Usage: storm_bench.py [BUILD] [--ranks 1024,4096,...] [--servers a,b] [--resolver local|slow]
+Usage: storm_bench.py [BUILD] [--ranks 1024,4096,...] [--servers a,b] [--resolver local|slow|machine]
                       [--out FILE.md] [--json FILE] [--plot FILE.svg] [--quick]
 
 Servers: crun-rdzvd (v2), crun's worker store as the agent serves it (a standalone
@@ -16,6 +16,9 @@ The run happens in a private network and mount namespace (loopback only):
   --resolver slow   a stub DNS server on 127.0.0.53 that answers each query after
                     --dns-delay-ms (NXDOMAIN), standing in for a cluster's slow
                     resolver without sending a single query off this machine.
+  --resolver machine  no private namespace: the machine's own nsswitch.conf and
+                    resolv.conf, so PyTorch 2.x servers' reverse lookups of the 127.x
+                    clients go wherever this machine sends them (its DNS server).
 """
 import argparse
 import json
@@ -159,6 +162,19 @@ def dns_stub(addr, delay_s, stop):
     s.close()
 
 
+def machine_resolver():
+    """What --resolver machine means on this machine, for the report."""
+    def first(path, prefix):
+        try:
+            with open(path) as f:
+                return next((ln.split(None, 1)[1].strip() for ln in f
+                             if ln.startswith(prefix)), "?")
+        except (OSError, IndexError):
+            return "?"
+    return (f"the machine's resolver (hosts: {first('/etc/nsswitch.conf', 'hosts:')}, "
+            f"nameserver {first('/etc/resolv.conf', 'nameserver')})")
+
+
 def private_namespace(argv, resolver):
     """Re-runs this script in new network + mount namespaces, loopback up, with
     name lookups pointed where --resolver says. None when that is impossible."""
@@ -256,14 +272,14 @@ def main():
                                                                os.path.join(ROOT, "build")))
     ap.add_argument("--ranks", default=",".join(map(str, RANKS)))
     ap.add_argument("--servers", default=",".join(k for k, _, _ in SERVERS))
-    ap.add_argument("--resolver", choices=["local", "slow"], default="local")
+    ap.add_argument("--resolver", choices=["local", "slow", "machine"], default="local")
     ap.add_argument("--dns-delay-ms", type=float, default=2.0)
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per storm")
     ap.add_argument("--out")
     ap.add_argument("--json")
     ap.add_argument("--plot")
     cfg = ap.parse_args()
-    if os.environ.get("CRUN_BENCH_NETNS") != "1":
+    if cfg.resolver != "machine" and os.environ.get("CRUN_BENCH_NETNS") != "1":
         rc = private_namespace(sys.argv[1:], cfg.resolver)
         if rc is not None:
             return rc
@@ -280,7 +296,8 @@ def main():
                          daemon=True).start()
     env_line = (f"{os.cpu_count()} CPUs, RLIMIT_NOFILE {nofile}, "
                 f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
-                + (f", stub resolver delay {cfg.dns_delay_ms} ms" if cfg.resolver == "slow" else ""))
+                + (f", stub resolver delay {cfg.dns_delay_ms} ms" if cfg.resolver == "slow" else "")
+                + (", " + machine_resolver() if cfg.resolver == "machine" else ""))
     results = {}
     try:
         with tempfile.TemporaryDirectory(prefix="crun-storm-") as tmp:
