@@ -372,6 +372,8 @@ static int wait_next_round(struct c10d_job *j, struct coord *c, int64_t rd, uint
  * closed, or silence for a TTL) deletes its alive key and sets r<rd>/change,
  * even before the round completes. A store without leases: heartbeats
  * (monitor) and a plain alive key instead. */
+enum { LEASE_TRIES = 3 }; /* leases lapsed before use, in a row, before failing */
+
 static int lease_for(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t)
 {
 	char chk[64], why[512], alive[64];
@@ -406,8 +408,27 @@ static int lease_for(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t)
 			r = coord_set(c, alive, j->hostname);
 		return r < 0 ? c10d_jfail(j, c, r, "writing the alive key") : 0;
 	}
-	if (r == 0)
+	/* The lease may lapse before its first use (this agent stalled past
+	 * the TTL after the grant): its expiry already ended the round, which
+	 * the wait will see; take a new one, a few times at most. */
+	for (int i = 0; r == 0 && i < LEASE_TRIES; i++) {
 		r = coord_put_leased(lc, j->lease, alive, j->hostname);
+		if (r != CRUN_ENOTFOUND)
+			break;
+		log_at(LL_WARN, SUB_RDZV,
+		       "rendezvous '%s': the lease lapsed before its first use; taking another",
+		       j->prefix);
+		j->lease = 0;
+		r = i + 1 < LEASE_TRIES ? coord_lease_grant(lc, j->conf.ttl_ms, chk, why, &j->lease)
+					: CRUN_ENOTFOUND;
+	}
+	if (r == CRUN_ENOTFOUND) {
+		snprintf(j->err, sizeof(j->err),
+			 "taking the lease: it lapsed before its first use %d times in a row "
+			 "(lease_ttl=%u ms is too short for this store's latency)",
+			 LEASE_TRIES, j->conf.ttl_ms);
+		return r;
+	}
 	return r < 0 ? c10d_jfail(j, lc, r, "taking the lease") : 0;
 }
 

@@ -59,6 +59,9 @@ uint64_t coord_mem_read_bytes(struct coord_mem *m);
  * CRUN_ENOTFOUND for an unknown or ended lease. */
 void coord_mem_leases(struct coord_mem *m, bool on);
 int coord_mem_expire(struct coord_mem *m, uint64_t id);
+/* The next n leases granted on m lapse at once, as if each holder stalled
+ * past the TTL between the grant and its first use. */
+void coord_mem_lapse_grants(struct coord_mem *m, int n);
 int coord_open_mem(struct coord_mem *m, const char *prefix, struct coord **ret_c);
 void coord_close(struct coord *c);
 const char *coord_last_error(const struct coord *c);

@@ -40,6 +40,7 @@ struct coord_mem {
 	struct mlease *leases;
 	uint64_t ops, next_lease;
 	uint64_t read_bytes; /* value bytes handed to callers */
+	int lapse_grants;    /* coord_mem_lapse_grants: leases still to lapse */
 	bool leases_on;
 };
 
@@ -322,6 +323,13 @@ int coord_mem_expire(struct coord_mem *m, uint64_t id)
 	return r;
 }
 
+void coord_mem_lapse_grants(struct coord_mem *m, int n)
+{
+	pthread_mutex_lock(&m->mu);
+	m->lapse_grants = n;
+	pthread_mutex_unlock(&m->mu);
+}
+
 static int mem_grant(struct coord *c, const char *expiry_key, const char *why, uint64_t *ret)
 {
 	struct coord_mem *m = c->mem;
@@ -345,6 +353,10 @@ static int mem_grant(struct coord *c, const char *expiry_key, const char *why, u
 		m->leases = l;
 		*ret = l->id;
 		r = 0;
+		if (m->lapse_grants > 0) { /* its holder stalled past the TTL */
+			m->lapse_grants--;
+			(void)mlease_end(m, l->id, true);
+		}
 	} else if (l) {
 		free(l->expiry_key);
 		free(l);

@@ -567,6 +567,54 @@ START_TEST(ticket_1_dying_in_an_open_round_abandons_it)
 }
 END_TEST
 
+/* A lease that lapses between its grant and the agent's first use of it (the
+ * agent stalled past the TTL, as 12,288 simulated agents on one loop do):
+ * its expiry ended the round, so the agent takes a new lease and everyone
+ * forms the next round. Before: that agent failed its whole rendezvous with
+ * "taking the lease: key not found". */
+START_TEST(lease_lapsed_before_use_is_taken_again)
+{
+	struct coord_mem *m;
+	struct ag g[2];
+
+	ck_assert_int_eq(coord_mem_new(&m), 0);
+	coord_mem_leases(m, true);
+	coord_mem_lapse_grants(m, 1);
+	for (int i = 0; i < 2; i++) {
+		ag_init(&g[i], m, i + 1, 2, 2, 1, "join_timeout=10");
+		g[i].a.lease_on_handle = true;
+		ag_start(&g[i]);
+	}
+	for (int i = 0; i < 2; i++) {
+		ag_ok(&g[i]);
+		ck_assert_int_eq(g[i].round, 1); /* round 0 ended by the lapse */
+		ck_assert_int_eq(g[i].info.group_world_size, 2);
+	}
+	ck_assert_int_ne(g[0].info.group_rank, g[1].info.group_rank);
+	coord_mem_free(m);
+}
+END_TEST
+
+/* An agent whose every lease lapses before it can use it fails, and says
+ * why (bounded: no endless retry). */
+START_TEST(lease_that_always_lapses_fails_clearly)
+{
+	struct coord_mem *m;
+	struct ag g;
+
+	ck_assert_int_eq(coord_mem_new(&m), 0);
+	coord_mem_leases(m, true);
+	coord_mem_lapse_grants(m, 1000);
+	ag_init(&g, m, 1, 1, 1, 1, "join_timeout=10");
+	g.a.lease_on_handle = true;
+	ag_main(&g);
+	ck_assert_int_eq(g.result, CRUN_ENOTFOUND);
+	ck_assert_msg(strstr(g.err, "lapsed") != NULL, "%s", g.err);
+	ck_assert_msg(strstr(g.err, "lease_ttl") != NULL, "%s", g.err);
+	coord_mem_free(m);
+}
+END_TEST
+
 /* Issue 8, item 2: B missed round 1 and rejoins in round 2 carrying its
  * round-0 group rank, which C holds since round 1. Before: "ordering the
  * nodes: invalid argument" on every agent. */
@@ -674,6 +722,8 @@ static Suite *c10d_suite(void)
 	tcase_add_test(tc, too_few_nodes_time_out);
 	tcase_add_test(tc, dead_ticket_1_before_its_record_is_dropped);
 	tcase_add_test(tc, ticket_1_dying_in_an_open_round_abandons_it);
+	tcase_add_test(tc, lease_lapsed_before_use_is_taken_again);
+	tcase_add_test(tc, lease_that_always_lapses_fails_clearly);
 	tcase_add_test(tc, node_back_from_an_older_round_gets_a_new_rank);
 	tcase_add_test(tc, late_node_gets_the_job_wide_attempt);
 	tcase_set_timeout(tc, 30);
