@@ -253,12 +253,27 @@ static int write_close(struct coord *c, int64_t rd, int64_t t, int attempt,
 	return r;
 }
 
+/* Keeps this agent's lease alive while it waits in an open round (the
+ * monitor does it once the round completes). A lapsed lease (this process
+ * was stopped past the TTL) already set the round's change key: the round
+ * is abandoned and joined again, so there is nothing to do here. */
+static void keep_lease(struct c10d_job *j, uint64_t now, uint64_t *last)
+{
+	struct coord *lc = j->lease_c ? j->lease_c : j->mon_c;
+
+	if (!j->lease || !lc || now - *last < j->conf.hb_ms)
+		return;
+	*last = now;
+	(void)coord_lease_keepalive(lc, j->lease);
+}
+
 /* Reads which of tickets 1..joined are alive (until MAX of them) and, with
  * at least MIN, closes the round with them and their records (one
  * MULTI_GET: a record is written before its alive key). 0 whether or not
  * it closed; *ret_closed (malloc'd) is set when this call wrote or found
- * the closed value, else the caller waits for it. */
-static int try_close(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t, char **ret_closed)
+ * the closed value, else the caller waits for it. *last_keep: keep_lease's. */
+static int try_close(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t,
+		     uint64_t *last_keep, char **ret_closed)
 {
 	struct round_node *m = NULL;
 	char **keys = NULL, **vals = NULL;
@@ -285,6 +300,10 @@ static int try_close(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t,
 	all = alive_all(c, rd, (int)MIN(n, j->max));
 	for (int i = 0; i < n && k < j->max; i++) {
 		r = str_printf(key, sizeof(key), "r%" PRId64 "/alive/%d", rd, i + 1);
+		/* One lookup per ticket may outlast the TTL (thousands of
+		 * tickets on a busy store): keep the lease meanwhile. */
+		if (r >= 0 && !all)
+			keep_lease(j, clock_now_ms(), last_keep);
 		if (r >= 0)
 			r = all ? 1 : coord_exists(c, key);
 		if (r < 0)
@@ -430,20 +449,6 @@ static int lease_for(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t)
 		return r;
 	}
 	return r < 0 ? c10d_jfail(j, lc, r, "taking the lease") : 0;
-}
-
-/* Keeps this agent's lease alive while it waits in an open round (the
- * monitor does it once the round completes). A lapsed lease (this process
- * was stopped past the TTL) already set the round's change key: the round
- * is abandoned and joined again, so there is nothing to do here. */
-static void keep_lease(struct c10d_job *j, uint64_t now, uint64_t *last)
-{
-	struct coord *lc = j->lease_c ? j->lease_c : j->mon_c;
-
-	if (!j->lease || !lc || now - *last < j->conf.hb_ms)
-		return;
-	*last = now;
-	(void)coord_lease_keepalive(lc, j->lease);
 }
 
 /* A ticket the closed round does not list: a spare waits for the next
@@ -629,7 +634,7 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 			if (r < 0)
 				return r;
 			if (r == 1) {
-				TRY(try_close(j, c, rd, t, ret_closed));
+				TRY(try_close(j, c, rd, t, &last_keep, ret_closed));
 				if (*ret_closed)
 					return 0;
 			}

@@ -62,6 +62,11 @@ int coord_mem_expire(struct coord_mem *m, uint64_t id);
 /* The next n leases granted on m lapse at once, as if each holder stalled
  * past the TTL between the grant and its first use. */
 void coord_mem_lapse_grants(struct coord_mem *m, int n);
+/* A slow store with a TTL counted in operations, for tests of lease upkeep
+ * without wall-clock asserts: every operation on m takes at least op_us
+ * (under m's lock), and a lease lapses once the handle that took it made
+ * lease_ops operations without keeping it alive. 0, 0: off. */
+void coord_mem_slow(struct coord_mem *m, uint32_t op_us, uint64_t lease_ops);
 int coord_open_mem(struct coord_mem *m, const char *prefix, struct coord **ret_c);
 void coord_close(struct coord *c);
 const char *coord_last_error(const struct coord *c);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/common.h"
 #include "crun/store.h"
@@ -30,6 +31,7 @@ struct mkv {
 struct mlease {
 	struct mlease *next;
 	uint64_t id;
+	uint64_t owner, kept; /* granting handle; its ops when granted or kept */
 	char *expiry_key, *why;
 };
 
@@ -38,17 +40,22 @@ struct coord_mem {
 	pthread_cond_t cv;
 	struct mkv *head;
 	struct mlease *leases;
-	uint64_t ops, next_lease;
+	uint64_t ops, next_lease, next_handle;
 	uint64_t read_bytes; /* value bytes handed to callers */
 	int lapse_grants;    /* coord_mem_lapse_grants: leases still to lapse */
+	uint32_t op_us;	     /* coord_mem_slow: each operation's least duration */
+	uint64_t lease_ops;  /* coord_mem_slow: a lease's TTL, in operations */
 	bool leases_on;
 };
 
+static void mem_tick(struct coord *c);
+
 struct coord {
 	crun_store_t *s;
-	struct coord_mem *mem; /* instead of s */
-	struct etcd *etcd;     /* instead of s: coord_etcd.c does the work */
-	bool no_any;	       /* the store lacks WAIT_ANY: coord_wait_any polls */
+	struct coord_mem *mem;	  /* instead of s */
+	struct etcd *etcd;	  /* instead of s: coord_etcd.c does the work */
+	bool no_any;		  /* the store lacks WAIT_ANY: coord_wait_any polls */
+	uint64_t mem_id, mem_ops; /* coord_mem: this handle, its operations */
 	char prefix[320];
 	char err[512];
 };
@@ -125,6 +132,9 @@ int coord_open_mem(struct coord_mem *m, const char *prefix, struct coord **ret_c
 	if (!c)
 		return CRUN_ENOMEM;
 	c->mem = m;
+	pthread_mutex_lock(&m->mu);
+	c->mem_id = ++m->next_handle;
+	pthread_mutex_unlock(&m->mu);
 	if (str_printf(c->prefix, sizeof(c->prefix), "%s/", prefix ? prefix : "") < 0) {
 		free(c);
 		return CRUN_ETOOBIG;
@@ -208,7 +218,7 @@ static int mem_add(struct coord *c, const char *key, int64_t delta, int64_t *ret
 	int r;
 
 	pthread_mutex_lock(&c->mem->mu);
-	c->mem->ops++;
+	mem_tick(c);
 	e = mfind(c, key);
 	if (e && sscanf(e->val, "%" SCNd64, &v) != 1)
 		v = 0;
@@ -226,7 +236,7 @@ static int mem_get(struct coord *c, const char *key, uint32_t timeout_ms, char *
 	int r;
 
 	pthread_mutex_lock(&c->mem->mu);
-	c->mem->ops++;
+	mem_tick(c);
 	r = mwait(c, key, timeout_ms ? timeout_ms : 60000);
 	if (r == 0) {
 		*ret = str_dup(mfind(c, key)->val);
@@ -247,7 +257,7 @@ static int mem_cas(struct coord *c, const char *key, const char *expected, const
 	int r = 0;
 
 	pthread_mutex_lock(&c->mem->mu);
-	c->mem->ops++;
+	mem_tick(c);
 	e = mfind(c, key);
 	if ((!e && !*expected) || (e && strcmp(e->val, expected) == 0))
 		r = mput(c, key, desired);
@@ -313,6 +323,34 @@ static int mlease_end(struct coord_mem *m, uint64_t id, bool expire)
 	return 0;
 }
 
+/* Locked: counts one operation of handle c; under coord_mem_slow it lasts
+ * op_us and lapses c's leases not kept alive within lease_ops of c's
+ * operations (a holder busy that long, whatever the others do). */
+static void mem_tick(struct coord *c)
+{
+	struct coord_mem *m = c->mem;
+
+	m->ops++;
+	c->mem_ops++;
+	if (m->op_us)
+		usleep(m->op_us);
+	for (struct mlease *l = m->leases; m->lease_ops && l;) {
+		struct mlease *next = l->next;
+
+		if (l->owner == c->mem_id && c->mem_ops - l->kept > m->lease_ops)
+			(void)mlease_end(m, l->id, true);
+		l = next;
+	}
+}
+
+void coord_mem_slow(struct coord_mem *m, uint32_t op_us, uint64_t lease_ops)
+{
+	pthread_mutex_lock(&m->mu);
+	m->op_us = op_us;
+	m->lease_ops = lease_ops;
+	pthread_mutex_unlock(&m->mu);
+}
+
 int coord_mem_expire(struct coord_mem *m, uint64_t id)
 {
 	int r;
@@ -338,7 +376,7 @@ static int mem_grant(struct coord *c, const char *expiry_key, const char *why, u
 	int r = CRUN_ENOMEM;
 
 	pthread_mutex_lock(&m->mu);
-	m->ops++;
+	mem_tick(c);
 	if (!m->leases_on) {
 		pthread_mutex_unlock(&m->mu);
 		return CRUN_ENOTSUP;
@@ -349,6 +387,8 @@ static int mem_grant(struct coord *c, const char *expiry_key, const char *why, u
 	if (l && l->expiry_key && (l->why = str_dup(why)) != NULL) {
 		snprintf(l->expiry_key, kl, "%s%s", expiry_key[0] ? c->prefix : "", expiry_key);
 		l->id = ++m->next_lease;
+		l->owner = c->mem_id;
+		l->kept = c->mem_ops;
 		l->next = m->leases;
 		m->leases = l;
 		*ret = l->id;
@@ -371,7 +411,7 @@ static int mem_put_leased(struct coord *c, uint64_t id, const char *key, const c
 	int r;
 
 	pthread_mutex_lock(&m->mu);
-	m->ops++;
+	mem_tick(c);
 	if (!m->leases_on)
 		r = CRUN_ENOTSUP;
 	else if (!mlease_find(m, id))
@@ -388,16 +428,18 @@ static int mem_put_leased(struct coord *c, uint64_t id, const char *key, const c
 static int mem_lease_op(struct coord *c, uint64_t id, bool revoke)
 {
 	struct coord_mem *m = c->mem;
-	int r;
+	int r = 0;
 
 	pthread_mutex_lock(&m->mu);
-	m->ops++;
+	mem_tick(c);
 	if (!m->leases_on)
 		r = CRUN_ENOTSUP;
 	else if (revoke)
 		r = mlease_end(m, id, false);
+	else if (mlease_find(m, id))
+		(*mlease_find(m, id))->kept = c->mem_ops;
 	else
-		r = mlease_find(m, id) ? 0 : CRUN_ENOTFOUND;
+		r = CRUN_ENOTFOUND;
 	pthread_mutex_unlock(&m->mu);
 	return r;
 }
@@ -478,7 +520,7 @@ int coord_set(struct coord *c, const char *key, const char *val)
 		return etcd_set(c->etcd, key, val);
 	if (c->mem) {
 		pthread_mutex_lock(&c->mem->mu);
-		c->mem->ops++;
+		mem_tick(c);
 		r = mput(c, key, val);
 		pthread_mutex_unlock(&c->mem->mu);
 		return r;
@@ -545,7 +587,7 @@ int coord_exists(struct coord *c, const char *key)
 		return etcd_exists(c->etcd, key);
 	if (c->mem) {
 		pthread_mutex_lock(&c->mem->mu);
-		c->mem->ops++;
+		mem_tick(c);
 		r = mfind(c, key) ? 1 : 0;
 		pthread_mutex_unlock(&c->mem->mu);
 		return r;
@@ -607,7 +649,7 @@ int coord_multi_set(struct coord *c, const char *const *keys, const char *const 
 		return etcd_multi_set(c->etcd, keys, vals, n);
 	if (c->mem) {
 		pthread_mutex_lock(&c->mem->mu);
-		c->mem->ops++;
+		mem_tick(c);
 		for (size_t i = 0; i < n && r == 0; i++)
 			r = mput(c, keys[i], vals[i]);
 		pthread_mutex_unlock(&c->mem->mu);
@@ -654,7 +696,7 @@ int coord_wait(struct coord *c, const char *key, uint32_t timeout_ms)
 		return etcd_wait(c->etcd, key, timeout_ms);
 	if (c->mem) {
 		pthread_mutex_lock(&c->mem->mu);
-		c->mem->ops++;
+		mem_tick(c);
 		r = mwait(c, key, timeout_ms ? timeout_ms : 1);
 		pthread_mutex_unlock(&c->mem->mu);
 		return r;
@@ -681,7 +723,7 @@ static int mem_wait_any(struct coord *c, const char *const *keys, size_t n, uint
 	int r;
 
 	pthread_mutex_lock(&c->mem->mu);
-	c->mem->ops++;
+	mem_tick(c);
 	while ((r = mfind_any(c, keys, n)) < 0)
 		if (pthread_cond_timedwait(&c->mem->cv, &c->mem->mu, &ts) == ETIMEDOUT &&
 		    (r = mfind_any(c, keys, n)) < 0) {

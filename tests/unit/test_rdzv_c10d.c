@@ -615,6 +615,41 @@ START_TEST(lease_that_always_lapses_fails_clearly)
 }
 END_TEST
 
+/* The closer looks tickets up one by one when not all are alive (here 6,000
+ * drew a ticket and died before their record): a loop that, on a slow
+ * store, outlasts the TTL. Each lookup takes >= 100 us and a lease lapses
+ * after 3,000 of its holder's operations without a keep-alive, so keeping it
+ * every 10 ms is at most ~100 operations apart. Before: the closer's lease
+ * lapsed inside the loop, round 0 was abandoned and the two formed round 1. */
+START_TEST(closer_keeps_its_lease_while_looking_tickets_up)
+{
+	struct coord_mem *m;
+	struct coord *c;
+	struct ag g[2];
+	int64_t t;
+
+	ck_assert_int_eq(coord_mem_new(&m), 0);
+	coord_mem_leases(m, true);
+	ck_assert_int_eq(coord_open_mem(m, "crun-c10d/job", &c), 0);
+	ck_assert_int_eq(coord_add(c, "r0/joined", 6000, &t), 0);
+	coord_mem_slow(m, 100, 3000);
+	for (int i = 0; i < 2; i++) {
+		ag_init(&g[i], m, i + 1, 2, 6002, 1,
+			"last_call_timeout=0.05,heartbeat_interval=0.01,lease_ttl=1,"
+			"join_timeout=20");
+		g[i].a.lease_on_handle = true;
+		ag_start(&g[i]);
+	}
+	for (int i = 0; i < 2; i++) {
+		ag_ok(&g[i]);
+		ck_assert_int_eq(g[i].round, 0);
+		ck_assert_int_eq(g[i].info.group_world_size, 2);
+	}
+	coord_close(c);
+	coord_mem_free(m);
+}
+END_TEST
+
 /* Issue 8, item 2: B missed round 1 and rejoins in round 2 carrying its
  * round-0 group rank, which C holds since round 1. Before: "ordering the
  * nodes: invalid argument" on every agent. */
@@ -724,6 +759,7 @@ static Suite *c10d_suite(void)
 	tcase_add_test(tc, ticket_1_dying_in_an_open_round_abandons_it);
 	tcase_add_test(tc, lease_lapsed_before_use_is_taken_again);
 	tcase_add_test(tc, lease_that_always_lapses_fails_clearly);
+	tcase_add_test(tc, closer_keeps_its_lease_while_looking_tickets_up);
 	tcase_add_test(tc, node_back_from_an_older_round_gets_a_new_rank);
 	tcase_add_test(tc, late_node_gets_the_job_wide_attempt);
 	tcase_set_timeout(tc, 30);
