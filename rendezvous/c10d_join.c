@@ -87,27 +87,37 @@ int c10d_count_in(struct coord *c, const char *rkey, const char *done_key, int64
 	return 0;
 }
 
-/* Configuration checks before joining: the same MIN:MAX for every agent,
- * and no joining a run id that already ended. */
-static int check_job(struct c10d_job *j, struct coord *c)
+/* The same MIN:MAX for every agent (written once, by the first). */
+static int check_conf(struct c10d_job *j, struct coord *c)
 {
-	char want[64], *cur = NULL, *closed = NULL;
+	char want[64], *cur = NULL;
 	int r;
 
 	KEY(want, "%d:%d", j->min, j->max);
 	r = coord_compare_set(c, "conf", "", want, &cur);
 	if (r < 0)
 		return c10d_jfail(j, c, r, "reading the job configuration");
-	if (strcmp(cur, want) != 0) {
+	r = strcmp(cur, want) == 0 ? 0 : CRUN_ECONFIG;
+	if (r < 0)
 		snprintf(
 		    j->err, sizeof(j->err),
 		    "conflicting settings: this agent has --nnodes=%s but run '%s' was started "
 		    "with --nnodes=%s",
 		    want, j->prefix, cur);
-		crun_free(cur);
-		return CRUN_ECONFIG;
-	}
 	crun_free(cur);
+	return r;
+}
+
+/* Checks before joining: the settings (once: an agent coming back for the
+ * next round checked them when it first joined), and no joining a run id
+ * that already ended. */
+static int check_job(struct c10d_job *j, struct coord *c)
+{
+	char *closed = NULL;
+	int r;
+
+	if (j->prev_round < 0)
+		TRY(check_conf(j, c));
 	r = coord_try_get(c, "closed", &closed);
 	if (r == 0) {
 		snprintf(j->err, sizeof(j->err),
@@ -649,7 +659,7 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 			wake = MIN(wake, last_keep + j->conf.hb_ms);
 		r = coord_wait_any(c, keys, n, (uint32_t)(wake > now ? wake - now : 1));
 		if (r == EV_CLOSED)
-			return coord_get(c, kb[EV_CLOSED], j->conf.read_ms, ret_closed) < 0
+			return coord_get_now(c, kb[EV_CLOSED], ret_closed) < 0
 				   ? c10d_jfail(j, c, CRUN_EPROTO, "reading the closed round")
 				   : 0;
 		if (r == EV_CHANGE) {

@@ -75,8 +75,13 @@ int coord_add(struct coord *c, const char *key, int64_t delta, int64_t *ret_valu
 int coord_set(struct coord *c, const char *key, const char *val);
 /* Waits up to timeout_ms for the key; *ret_val is malloc'd and NUL-terminated. */
 int coord_get(struct coord *c, const char *key, uint32_t timeout_ms, char **ret_val);
-/* Non-blocking: CRUN_ENOTFOUND when absent. */
+/* Non-blocking: CRUN_ENOTFOUND when absent. Only for keys never deleted
+ * once written (no leased key): the crun store looks, then reads without
+ * waiting (coord_get_now). */
 int coord_try_get(struct coord *c, const char *key, char **ret_val);
+/* One read of a key known to be present and never deleted (seen by a wait,
+ * or written before one that was): no WAIT before the GET. */
+int coord_get_now(struct coord *c, const char *key, char **ret_val);
 /* Waits for every key, then reads them all in one round trip. */
 int coord_multi_get(struct coord *c, const char *const *keys, size_t n, uint32_t timeout_ms,
 		    char **ret_vals);

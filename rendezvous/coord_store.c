@@ -599,6 +599,23 @@ int coord_exists(struct coord *c, const char *key)
 	return ready ? 1 : 0;
 }
 
+int coord_get_now(struct coord *c, const char *key, char **ret_val)
+{
+	void *v = NULL;
+	size_t len;
+	int r;
+
+	if (c->etcd)
+		return etcd_try_get(c->etcd, key, ret_val);
+	if (c->mem)
+		return mem_get(c, key, 0, ret_val);
+	r = store_client_get_now(c->s, key, &v, &len);
+	if (r < 0)
+		return fail(c, r, "get", key);
+	*ret_val = v; /* the client NUL-terminates values */
+	return 0;
+}
+
 int coord_try_get(struct coord *c, const char *key, char **ret_val)
 {
 	if (c->etcd)
@@ -609,7 +626,7 @@ int coord_try_get(struct coord *c, const char *key, char **ret_val)
 		return r;
 	if (r == 0)
 		return CRUN_ENOTFOUND;
-	return coord_get(c, key, 0, ret_val);
+	return c->mem ? coord_get(c, key, 0, ret_val) : coord_get_now(c, key, ret_val);
 }
 
 int coord_multi_get(struct coord *c, const char *const *keys, size_t n, uint32_t timeout_ms,

@@ -1263,6 +1263,20 @@ CRUN_API int crun_store_get(crun_store_t *s, const char *key, uint32_t timeout_m
 	return r;
 }
 
+int store_client_get_now(struct crun_store *s, const char *key, void **ret_val, size_t *ret_len)
+{
+	struct store_req req = {.op = STORE_OP_GET};
+	struct store_reply rep;
+	int r;
+
+	TRY(one_key(s, STORE_OP_GET, key, false));
+	req.key = s->conn->kv[0];
+	TRY(call(s->conn, &req, 0, op_deadline(s->conn, 0), &rep));
+	r = dup_bytes(s->conn, "GET", &rep.val, ret_val, ret_len);
+	conn_trim(s->conn);
+	return r;
+}
+
 static int add_common(crun_store_t *s, const char *key, int64_t delta, int64_t *ret_value, bool raw)
 {
 	struct store_req req = {.op = STORE_OP_ADD, .num = delta};
