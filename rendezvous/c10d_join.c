@@ -178,10 +178,14 @@ static int abandon(struct c10d_job *j, struct coord *c, int64_t rd, char **ret_c
 }
 
 /* Moves the job from round rd (closed) to rd+1, saying why on r<rd>/change
- * unless a reason is there already. */
-static int open_next(struct c10d_job *j, struct coord *c, int64_t rd, const char *why)
+ * unless a reason is there already. *ret_now (may be NULL): the round the
+ * job is in now, as the compare-set answered (rd+1, or later if others moved
+ * it on meanwhile), or -1 when that answer does not parse: the joiner need
+ * not read it again. */
+static int open_next(struct c10d_job *j, struct coord *c, int64_t rd, const char *why,
+		     int64_t *ret_now)
 {
-	char key[64], cur[32], nxt[32];
+	char key[64], cur[32], nxt[32], *now = NULL, *end = NULL;
 	int r = 0;
 
 	if (why) {
@@ -191,8 +195,14 @@ static int open_next(struct c10d_job *j, struct coord *c, int64_t rd, const char
 	if (r == 0) {
 		KEY(cur, "%" PRId64, rd);
 		KEY(nxt, "%" PRId64, rd + 1);
-		r = coord_compare_set(c, "round", cur, nxt, NULL);
+		r = coord_compare_set(c, "round", cur, nxt, &now);
 	}
+	if (r == 0 && ret_now) {
+		long long v = strtoll(now, &end, 10);
+
+		*ret_now = end != now && *end == '\0' && v > rd ? (int64_t)v : -1;
+	}
+	crun_free(now);
 	return r < 0 ? c10d_jfail(j, c, r, "opening the next round") : 0;
 }
 
@@ -475,7 +485,7 @@ static int not_counted_in(struct c10d_job *j, struct coord *c, int64_t rd, int n
 	       spare ? "waiting as a spare" : "a new round will include this node");
 	if (!spare) {
 		KEY(why, "join %s", j->hostname);
-		return open_next(j, c, rd, why);
+		return open_next(j, c, rd, why, NULL);
 	}
 	if (j->lease) {
 		/* A spare's death must not disturb the running job. */
@@ -707,7 +717,7 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 	uint64_t deadline = clock_now_ms() + j->conf.join_ms;
 	struct round_node me = {0};
 	char key[128], val[ROUND_RECORD_MAX];
-	int64_t rd, t;
+	int64_t rd = -1, t;
 	int r;
 
 	TRY(check_job(j, c));
@@ -715,7 +725,7 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 		/* Whoever comes back first moves the job to the next round; the
 		 * round's change key says why, if nobody said it yet. */
 		KEY(val, "restart %s", j->hostname);
-		TRY(open_next(j, c, j->prev_round, val));
+		TRY(open_next(j, c, j->prev_round, val, &rd));
 	}
 	me.prev_round = j->prev_round;
 	me.prev_grank = j->prev_grank;
@@ -729,7 +739,8 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 		struct round_head h;
 		char *closed = NULL;
 
-		r = coord_add(c, "round", 0, &rd);
+		/* The round open_next moved to, else a read of it. */
+		r = rd >= 0 ? 0 : coord_add(c, "round", 0, &rd);
 		if (r < 0)
 			return c10d_jfail(j, c, r, "reading the round");
 		KEY(key, "r%" PRId64 "/joined", rd);
@@ -757,7 +768,7 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 			       "rendezvous '%s' round %" PRId64 " was abandoned; joining the next",
 			       j->prefix, rd);
 			rdzv_prog_abandoned(j->prog);
-			r = open_next(j, c, rd, NULL);
+			r = open_next(j, c, rd, NULL, &rd);
 		} else {
 			int prev_n = j->nnodes;
 
@@ -767,6 +778,7 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 			if (r <= 0)
 				return r;
 			r = not_counted_in(j, c, rd, h.nodes, &deadline);
+			rd = -1; /* read it again: others moved the job on */
 			if (r == 0 && j->outcome == RO_SPARE_DONE)
 				return 0;
 		}
