@@ -212,6 +212,7 @@ struct crun_agent {
 	struct agent_console *console;
 	int ino_fd;
 	struct event *ino_ev, *tail_more; /* tail_more: a timer */
+	struct event *tail_poll;	  /* no inotify to be had: a periodic look */
 	bool closing;			  /* crun_agent_free: the loop is over */
 	char *filters[2];		  /* duplicate filters, stdout/stderr, or NULL */
 	int nfilters[2];

@@ -394,6 +394,46 @@ static void on_tail_more(evutil_socket_t fd, short what, void *arg)
 	pump_all(arg);
 }
 
+/* Wakes the tail of a teed file when it grows. The inotify instance is made
+ * for the first teed stream only: one user may hold few of them
+ * (fs.inotify.max_user_instances, 128 by default), and an agent that tees
+ * nothing must not need one. Without one (or without a watch), the teed
+ * files are looked at every TAIL_POLL_MS instead: late, never lost. */
+#define TAIL_POLL_MS 100
+static void tail_watch(struct crun_agent *a, struct agent_stream *s)
+{
+	struct timeval tv = {0, TAIL_POLL_MS * 1000};
+	int err = 0;
+
+	if (a->tail_poll)
+		return;
+	if (a->ino_fd < 0) {
+		a->ino_fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+		if (a->ino_fd < 0)
+			err = errno;
+		else if (!(a->ino_ev = event_new(a->base, a->ino_fd, EV_READ | EV_PERSIST,
+						 on_inotify, a)) ||
+			 event_add(a->ino_ev, NULL) < 0)
+			err = ENOMEM;
+	}
+	if (!err) {
+		s->wd = inotify_add_watch(a->ino_fd, s->path, IN_MODIFY);
+		if (s->wd >= 0)
+			return;
+		err = errno;
+	}
+	a->tail_poll = event_new(a->base, -1, EV_PERSIST, on_tail_more, a);
+	if (!a->tail_poll || event_add(a->tail_poll, &tv) < 0) {
+		log_at(LL_ERROR, SUB_AGENT, "cannot watch teed logs (%s): no timer either",
+		       strerror(err));
+		return;
+	}
+	log_at(LL_WARN, SUB_AGENT,
+	       "cannot watch teed logs (%s; fs.inotify.max_user_instances?): "
+	       "looking at them every %d ms",
+	       strerror(err), TAIL_POLL_MS);
+}
+
 /* ---- per worker stream ---------------------------------------------------------- */
 
 static void stream_reset(struct agent_stream *s)
@@ -454,8 +494,7 @@ static int open_stream(struct crun_agent *a, struct worker *w, struct agent_stre
 	s->tail_fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (s->tail_fd < 0)
 		return -errno;
-	if (a->ino_fd >= 0)
-		s->wd = inotify_add_watch(a->ino_fd, path, IN_MODIFY);
+	tail_watch(a, s);
 	if (a->filters[which == CRUN_STD_ERR]) {
 		s->fline = malloc(AGENT_LINE_MAX);
 		if (!s->fline)
@@ -562,12 +601,8 @@ int logs_init(struct crun_agent *a)
 		if (spec[i] && *spec[i] &&
 		    !(a->filters[i] = parse_filters(spec[i], &a->nfilters[i])))
 			return CRUN_ENOMEM;
-	a->ino_fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
-	if (a->ino_fd < 0)
-		return -errno;
-	a->ino_ev = event_new(a->base, a->ino_fd, EV_READ | EV_PERSIST, on_inotify, a);
 	a->tail_more = evtimer_new(a->base, on_tail_more, a);
-	if (!a->ino_ev || !a->tail_more || event_add(a->ino_ev, NULL) < 0)
+	if (!a->tail_more)
 		return CRUN_ENOMEM;
 	return 0;
 }
@@ -597,7 +632,9 @@ void logs_fini(struct crun_agent *a)
 		event_free(a->ino_ev);
 	if (a->tail_more)
 		event_free(a->tail_more);
-	a->ino_ev = a->tail_more = NULL;
+	if (a->tail_poll)
+		event_free(a->tail_poll);
+	a->ino_ev = a->tail_more = a->tail_poll = NULL;
 	fd_close(a->ino_fd);
 	a->ino_fd = -1;
 	logs_close_attempt(a);

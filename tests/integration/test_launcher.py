@@ -194,6 +194,49 @@ def test_both_spellings_and_abbreviations(procs, tmp_path):
     assert "[default0]:err-line rank=0" in err and "rank=1" not in err
 
 
+INOTIFY_HOLDER = r"""
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+fds = []
+while len(fds) < 4096:
+    fd = libc.inotify_init1(os.O_CLOEXEC)
+    if fd < 0:
+        break
+    fds.append(fd)
+print(len(fds), ctypes.get_errno(), flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("tee", ["0", "3"])
+def test_a_user_out_of_inotify_instances_still_runs_jobs(procs, tmp_path, tee):
+    """One user may hold fs.inotify.max_user_instances (128) inotify instances,
+    and every agent took one at start: the 129th agent of a user on a machine
+    failed with 'too many open files' before its workers ran (failed before).
+    Now only a teed job needs one, and without it the teed files are read on
+    a timer: nothing is lost."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to run as a user of its own")
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    holder = procs.spawn([*as_nobody, sys.executable, "-c", INOTIFY_HOLDER])
+    got = holder.stdout.readline().decode().split()
+    assert got and int(got[0]) > 0 and got[1] == "24", f"holder: {got}"  # EMFILE
+    logs = tempfile.mkdtemp(prefix="crun-inotify-")  # pytest's tmp_path is root's only
+    try:
+        os.chmod(logs, 0o777)
+        p = procs.spawn([*as_nobody, *launcher_argv("crun"), "--standalone",
+                         "--nproc_per_node=2", "--max_restarts=0", "--log_dir", logs,
+                         "--tee", tee, TASK, "print"], env=crun_env())
+        out, err = p.communicate(timeout=60)
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
+    out, err = out.decode(errors="replace"), err.decode(errors="replace")
+    assert p.returncode == 0, err
+    assert "err-line rank=0" in err and "err-line rank=1" in err, err
+    if tee == "3":
+        assert "[default0]:err-line rank=0" in err, err
+        assert "looking at them every" in err, err
+
 # ---- command line ------------------------------------------------------------------
 
 @pytest.mark.parametrize("args,env,needle", [
