@@ -280,6 +280,10 @@ START_TEST(set_get_exists)
 	ck_assert_int_eq(coord_try_get(c, "k", &v), 0);
 	ck_assert_str_eq(v, "v2 with spaces");
 	free(v);
+	/* A key known to be there: one read, no wait before it. */
+	ck_assert_int_eq(coord_get_now(c, "k", &v), 0);
+	ck_assert_str_eq(v, "v2 with spaces");
+	free(v);
 	/* Keys sharing a prefix stay apart. */
 	ck_assert_int_eq(coord_set(c, "k0", "other"), 0);
 	expect(c, "k", "v2 with spaces");
