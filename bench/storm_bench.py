@@ -85,6 +85,10 @@ class AgentStore(Server):
 
     def __init__(self, build, tmp):
         self.portfile = os.path.join(tmp, "master_port")
+        # Cells share tmp: a port left by the previous cell's agent would be
+        # read at once and the storm sent to a closed port.
+        if os.path.exists(self.portfile):
+            os.unlink(self.portfile)
         worker = os.path.join(tmp, "report_port.py")
         with open(worker, "w") as f:
             f.write(WORKER)
