@@ -250,21 +250,6 @@ out:
 		loop_pump(c);
 }
 
-/* CLOCK_REALTIME deadline timeout_ms from now, for pthread_cond_timedwait. */
-static struct timespec abstime_in(uint32_t timeout_ms)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_REALTIME, &ts);
-	ts.tv_sec += timeout_ms / 1000;
-	ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-	if (ts.tv_nsec >= 1000000000L) {
-		ts.tv_sec++;
-		ts.tv_nsec -= 1000000000L;
-	}
-	return ts;
-}
-
 size_t console_room(struct agent_console *c, int which, uint64_t *ret_stalled_ms)
 {
 	struct console_q *q;
@@ -299,7 +284,7 @@ bool console_wait_room(struct agent_console *c, int which, size_t need, uint64_t
 		ok = q->dead || q->cap - q->len >= need;
 		if (ok || now >= until_ms)
 			break;
-		ts = abstime_in((uint32_t)MIN(until_ms - now, UINT32_MAX));
+		ts = clock_realtime_in((uint32_t)MIN(until_ms - now, UINT32_MAX));
 		(void)pthread_cond_timedwait(&c->idle_cv, &c->mu, &ts);
 	}
 	pthread_mutex_unlock(&c->mu);
@@ -456,7 +441,7 @@ fail:
 
 bool console_flush(struct agent_console *c, uint32_t timeout_ms)
 {
-	struct timespec until = abstime_in(timeout_ms);
+	struct timespec until = clock_realtime_in(timeout_ms);
 	bool empty;
 
 	if (!c)

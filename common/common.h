@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "crun/crun.h"
 
@@ -95,6 +96,9 @@ uint64_t clock_now_ms(void);
 uint64_t clock_now_us(void);
 /* Wall-clock seconds (CLOCK_REALTIME) with a fraction, for error files. */
 double clock_wall_s(void);
+/* The CLOCK_REALTIME instant timeout_ms from now, the deadline
+ * pthread_cond_timedwait wants. */
+struct timespec clock_realtime_in(uint32_t timeout_ms);
 
 /* ---- fds ------------------------------------------------------------------ */
 

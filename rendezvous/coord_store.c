@@ -183,25 +183,10 @@ static int mput(struct coord *c, const char *key, const char *val)
 	return 0;
 }
 
-/* The condition variable's deadline timeout_ms from now. */
-static struct timespec cv_deadline(uint32_t timeout_ms)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_REALTIME, &ts);
-	ts.tv_sec += timeout_ms / 1000;
-	ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-	if (ts.tv_nsec >= 1000000000L) {
-		ts.tv_sec++;
-		ts.tv_nsec -= 1000000000L;
-	}
-	return ts;
-}
-
 /* Locked: waits until key exists or the deadline (0 = none) passes. */
 static int mwait(struct coord *c, const char *key, uint32_t timeout_ms)
 {
-	struct timespec ts = cv_deadline(timeout_ms);
+	struct timespec ts = clock_realtime_in(timeout_ms);
 
 	while (!mfind(c, key))
 		if (pthread_cond_timedwait(&c->mem->cv, &c->mem->mu, &ts) == ETIMEDOUT &&
@@ -736,7 +721,7 @@ static int mfind_any(struct coord *c, const char *const *keys, size_t n)
 
 static int mem_wait_any(struct coord *c, const char *const *keys, size_t n, uint32_t timeout_ms)
 {
-	struct timespec ts = cv_deadline(timeout_ms);
+	struct timespec ts = clock_realtime_in(timeout_ms);
 	int r;
 
 	pthread_mutex_lock(&c->mem->mu);

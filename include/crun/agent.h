@@ -258,7 +258,7 @@ CRUN_API void crun_agent_config_release(crun_agent_config_t *cfg);
  * that kills the workers' process groups if the agent dies, the worker store
  * (when this agent serves it). No signal handler is installed yet (only
  * crun_agent_run does) and nothing is spawned. Returns 0 and *ret_agent, or CRUN_EINVAL (bad
- * config), CRUN_ECONFIG (inconsistent ranks), CRUN_ENOTSUP (a backend not built yet),
+ * config), CRUN_ECONFIG (inconsistent ranks), CRUN_ENOTSUP (an unknown rendezvous backend),
  * CRUN_EADDRINUSE (store port taken), CRUN_ENOMEM or -errno; the detail is
  * logged through the log hook. *ret_agent is untouched on failure. */
 CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_agent);
