@@ -105,9 +105,10 @@ int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap)
 			c.tls_min = v[2] == '2' ? 12 : 13;
 		} else if (strcmp(item, "worker_store") == 0) {
 			if (strcmp(v, "direct") && strcmp(v, "proxy")) {
-				snprintf(err, cap,
-					 "argument --rdzv_conf: worker_store=%s is not direct or proxy",
-					 v);
+				snprintf(
+				    err, cap,
+				    "argument --rdzv_conf: worker_store=%s is not direct or proxy",
+				    v);
 				return CRUN_EINVAL;
 			}
 			c.worker_store_proxy = v[0] == 'p';

@@ -76,7 +76,6 @@
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -88,13 +87,7 @@
 #include <event2/listener.h>
 
 #include "common/common.h"
-#include "store/proxy.h"
-
-#define DEFAULT_MAX_CLIENTS 1024u
-#define DEFAULT_CLIENT_OUT  (1024u * 1024)
-#define IDLE_WAIT_CONNS	    4 /* pooled wait connections kept open */
-#define PASS_HIGH	    (4u * 1024 * 1024) /* passthrough relay buffering */
-#define HS_NONCE	    0x50524f58u	       /* "PROX", echoed by PING */
+#include "store/proxy_int.h"
 
 /* ---- the routing table ------------------------------------------------------ */
 
@@ -131,522 +124,14 @@ enum store_proxy_route store_proxy_route(enum store_dialect d, int op)
 	return (enum store_proxy_route)route_of[op];
 }
 
-/* ---- types ------------------------------------------------------------------ */
-
-struct client;
-struct waitset;
-
-enum up_kind { UP_MAIN, UP_WAIT, UP_PASS };
-
-/* An upstream connection. */
-struct up {
-	struct store_proxy *px;	 /* borrowed */
-	struct bufferevent *bev; /* owns the fd */
-	enum up_kind kind;
-	size_t hs_left;	    /* bytes of the PING echo still to read (MAIN, WAIT) */
-	struct waitset *ws; /* WAIT: the set it waits for; NULL while pooled */
-	struct client *cl;  /* PASS: its client */
-	struct up *next;    /* WAIT: the idle pool */
-};
-
-/* One reply the shared connection owes, in request order. */
-enum pend_kind { PEND_REPLY, PEND_CHECK };
-struct pend {
-	struct client *cl; /* NULL: the client left; the reply is dropped */
-	uint8_t op;	   /* enum store_op, to size the reply */
-	uint8_t kind;
-	uint32_t gen; /* PEND_CHECK: the client's wait generation */
-	uint64_t nitems;
-};
-
-struct client {
-	struct store_proxy *px;
-	struct bufferevent *bev;
-	struct client *prev, *next; /* px->clients */
-	enum store_dialect d;
-	bool sniffed;
-	bool busy;	    /* a reply owed on the shared connection */
-	bool unconfirmed;   /* a reply-less request sent after the last reply */
-	bool waiting;	    /* a WAIT not yet answered */
-	bool out_blocked;   /* stopped on max_client_out_bytes */
-	uint32_t wait_gen;  /* bumped when a wait ends, so a stale CHECK is ignored */
-	uint8_t *wkeys;	    /* the pending WAIT's key list (u64 n + strings) */
-	size_t wkeys_len;
-	uint64_t wnitems;
-	struct waitset *ws; /* the set it is a member of */
-	struct client *ws_prev, *ws_next;
-	struct up *pass; /* passthrough connection, once moved */
-	struct store_dec_state dec;
-};
-
-struct waitset {
-	struct store_proxy *px;
-	struct waitset *prev, *next; /* px->sets */
-	uint8_t *keys;		     /* owned copy of the key list */
-	size_t keys_len;
-	uint64_t nitems;
-	struct client *members;
-	struct up *up;	/* the connection its WAIT is pending on */
-	bool releasing; /* ws_release walks it: no longer findable */
-};
-
-struct store_proxy {
-	struct event_base *base;
-	struct store_proxy_config cfg;
-	struct sockaddr_storage up_addr;
-	socklen_t up_addr_len;
-	struct evconnlistener *lsn;
-	uint16_t port;
-	struct up *main;
-	struct up *idle; /* pooled wait connections */
-	size_t n_idle;
-	struct pend *ring; /* capacity max_clients + 1 */
-	size_t ring_cap, ring_head, ring_len;
-	struct client *clients;
-	struct waitset *sets;
-	bool failed;
-	struct store_proxy_stats st;
-};
-
-static void client_close(struct client *cl);
-static void client_process(struct client *cl);
-static void proxy_fail(struct store_proxy *px);
-static void up_free(struct up *u);
-
-/* ---- small helpers ---------------------------------------------------------- */
-
-static void sock_nodelay(evutil_socket_t fd)
-{
-	int one = 1;
-
-	(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
-
-static int out_u8(struct client *cl, uint8_t b)
-{
-	return evbuffer_add(bufferevent_get_output(cl->bev), &b, 1) < 0 ? CRUN_ENOMEM : 0;
-}
-
-/* Forwards one decoded request (raw[0..len)) upstream as op `op` in v2. */
-static int up_send(struct up *u, enum store_op op, const uint8_t *raw, size_t len)
-{
-	struct evbuffer *out = bufferevent_get_output(u->bev);
-	uint8_t code = (uint8_t)store_proto_opcode(STORE_V2, op);
-
-	if (evbuffer_add(out, &code, 1) < 0 || evbuffer_add(out, raw + 1, len - 1) < 0)
-		return CRUN_ENOMEM;
-	return 0;
-}
-
-static int pend_push(struct store_proxy *px, const struct pend *p)
-{
-	if (px->ring_len == px->ring_cap)
-		return CRUN_ENOSPC; /* cannot happen: one per client */
-	px->ring[(px->ring_head + px->ring_len) % px->ring_cap] = *p;
-	px->ring_len++;
-	return 0;
-}
-
-/* ---- wait sets ---------------------------------------------------------------- */
-
-static void ws_unlink_member(struct client *cl)
-{
-	struct waitset *ws = cl->ws;
-
-	if (cl->ws_prev)
-		cl->ws_prev->ws_next = cl->ws_next;
-	else
-		ws->members = cl->ws_next;
-	if (cl->ws_next)
-		cl->ws_next->ws_prev = cl->ws_prev;
-	cl->ws = NULL;
-	cl->ws_prev = cl->ws_next = NULL;
-}
-
-static void ws_unlink(struct waitset *ws)
-{
-	struct store_proxy *px = ws->px;
-
-	if (ws->prev)
-		ws->prev->next = ws->next;
-	else
-		px->sets = ws->next;
-	if (ws->next)
-		ws->next->prev = ws->prev;
-	ws->prev = ws->next = NULL;
-}
-
-static void ws_free(struct waitset *ws)
-{
-	if (!ws->releasing)
-		ws_unlink(ws);
-	free(ws->keys);
-	free(ws);
-}
-
-/* The client's wait is over (answered, canceled, or the client leaves). A
- * set left without members closes its connection: the store drops the
- * registration with it. */
-static void client_end_wait(struct client *cl)
-{
-	struct waitset *ws = cl->ws;
-
-	cl->waiting = false;
-	cl->wait_gen++;
-	free(cl->wkeys);
-	cl->wkeys = NULL;
-	if (!ws)
-		return;
-	ws_unlink_member(cl);
-	if (!ws->members && !ws->releasing) {
-		if (ws->up) {
-			ws->up->ws = NULL;
-			up_free(ws->up);
-		}
-		ws_free(ws);
-	}
-}
-
-static struct waitset *ws_find(struct store_proxy *px, const uint8_t *keys, size_t len)
-{
-	for (struct waitset *ws = px->sets; ws; ws = ws->next)
-		if (ws->keys_len == len && memcmp(ws->keys, keys, len) == 0)
-			return ws;
-	return NULL;
-}
-
-static int up_open(struct store_proxy *px, enum up_kind kind, struct up **ret);
-
-/* Adds cl (waiting, keys in cl->wkeys) to its key list's set, sending the
- * set's WAIT when it is new. */
-static int ws_join(struct client *cl)
-{
-	struct store_proxy *px = cl->px;
-	struct waitset *ws = ws_find(px, cl->wkeys, cl->wkeys_len);
-	struct up *u;
-	uint8_t code;
-	int r;
-
-	if (!ws) {
-		ws = calloc(1, sizeof(*ws));
-		if (!ws)
-			return CRUN_ENOMEM;
-		ws->px = px;
-		ws->keys = mem_dup(cl->wkeys, cl->wkeys_len);
-		if (!ws->keys) {
-			free(ws);
-			return CRUN_ENOMEM;
-		}
-		ws->keys_len = cl->wkeys_len;
-		ws->nitems = cl->wnitems;
-		if (px->idle) {
-			u = px->idle;
-			px->idle = u->next;
-			px->n_idle--;
-			u->next = NULL;
-		} else {
-			r = up_open(px, UP_WAIT, &u);
-			if (r < 0) {
-				free(ws->keys);
-				free(ws);
-				return r;
-			}
-		}
-		ws->up = u;
-		u->ws = ws;
-		ws->next = px->sets;
-		if (px->sets)
-			px->sets->prev = ws;
-		px->sets = ws;
-		code = (uint8_t)store_proto_opcode(STORE_V2, STORE_OP_WAIT);
-		if (evbuffer_add(bufferevent_get_output(u->bev), &code, 1) < 0 ||
-		    evbuffer_add(bufferevent_get_output(u->bev), ws->keys, ws->keys_len) < 0) {
-			u->ws = NULL;
-			ws->up = NULL;
-			up_free(u);
-			ws_free(ws);
-			return CRUN_ENOMEM;
-		}
-		px->st.upstream_waits++;
-	}
-	cl->ws = ws;
-	cl->ws_prev = NULL;
-	cl->ws_next = ws->members;
-	if (ws->members)
-		ws->members->ws_prev = cl;
-	ws->members = cl;
-	return 0;
-}
-
-/* The set's WAIT was answered: every member stops waiting. The connection
- * goes back to the pool. */
-static void ws_release(struct waitset *ws)
-{
-	struct store_proxy *px = ws->px;
-	struct up *u = ws->up;
-
-	/* Members answered here may wait again at once, on the same keys:
-	 * that must make a new set, not join this finished one. */
-	ws_unlink(ws);
-	ws->releasing = true;
-	ws->up = NULL;
-	u->ws = NULL;
-	if (px->n_idle < IDLE_WAIT_CONNS) {
-		u->next = px->idle;
-		px->idle = u;
-		px->n_idle++;
-	} else {
-		up_free(u);
-	}
-	while (ws->members) {
-		struct client *cl = ws->members;
-
-		ws_unlink_member(cl);
-		cl->waiting = false;
-		cl->wait_gen++;
-		free(cl->wkeys);
-		cl->wkeys = NULL;
-		if (out_u8(cl, STORE_WAIT_STOP_WAITING) < 0)
-			client_close(cl);
-		else
-			client_process(cl);
-	}
-	ws_free(ws);
-}
-
-/* ---- upstream connections --------------------------------------------------- */
-
-static void up_free(struct up *u)
-{
-	if (!u)
-		return;
-	if (u->bev)
-		bufferevent_free(u->bev);
-	u->px->st.upstream_conns--;
-	free(u);
-}
-
-/* Reads the PING echo of the handshake; 0 when done, EAGAIN for more. */
-static int up_handshake(struct up *u, struct evbuffer *in)
-{
-	uint8_t b[4];
-
-	if (!u->hs_left)
-		return 0;
-	if (evbuffer_get_length(in) < 4)
-		return CRUN_EAGAIN;
-	evbuffer_remove(in, b, 4);
-	u->hs_left = 0;
-	return store_get_u32(b) == HS_NONCE ? 0 : CRUN_EPROTO;
-}
-
-/* One reply of the shared connection, for the ring's head. */
-static int main_reply(struct store_proxy *px, struct evbuffer *in)
-{
-	size_t len = evbuffer_get_length(in);
-	struct pend p = px->ring[px->ring_head];
-	struct store_reply rep;
-	const uint8_t *buf;
-	size_t used;
-	int r;
-
-	buf = evbuffer_pullup(in, (ev_ssize_t)len);
-	r = store_proto_decode_reply((enum store_op)p.op, p.nitems, &px->cfg.limits, buf, len,
-				     &rep, &used);
-	if (r < 0)
-		return r;
-	px->ring_head = (px->ring_head + 1) % px->ring_cap;
-	px->ring_len--;
-	if (p.cl) {
-		struct client *cl = p.cl;
-
-		cl->busy = false;
-		cl->unconfirmed = false;
-		if (p.kind == PEND_REPLY) {
-			r = evbuffer_add(bufferevent_get_output(cl->bev), buf, used);
-		} else if (p.gen != cl->wait_gen) {
-			r = 0; /* canceled meanwhile */
-		} else if (rep.status == STORE_CHECK_READY) {
-			px->st.waits_ready++;
-			client_end_wait(cl);
-			r = out_u8(cl, STORE_WAIT_STOP_WAITING);
-		} else {
-			r = ws_join(cl);
-		}
-		evbuffer_drain(in, used);
-		if (r < 0)
-			client_close(cl);
-		else
-			client_process(cl);
-		return 0;
-	}
-	evbuffer_drain(in, used);
-	return 0;
-}
-
-static void up_on_read(struct bufferevent *bev, void *arg)
-{
-	struct up *u = arg;
-	struct store_proxy *px = u->px;
-	struct evbuffer *in = bufferevent_get_input(bev);
-	int r;
-
-	if (u->kind == UP_PASS) {
-		struct client *cl = u->cl;
-		struct evbuffer *out = bufferevent_get_output(cl->bev);
-
-		if (evbuffer_add_buffer(out, in) < 0) {
-			client_close(cl);
-			return;
-		}
-		if (evbuffer_get_length(out) >= PASS_HIGH)
-			bufferevent_disable(bev, EV_READ); /* resumed by cl's write cb */
-		return;
-	}
-	r = up_handshake(u, in);
-	if (r == CRUN_EAGAIN)
-		return;
-	if (r < 0)
-		goto fail;
-	if (u->kind == UP_WAIT) {
-		uint8_t b;
-
-		if (evbuffer_get_length(in) == 0)
-			return;
-		if (!u->ws || evbuffer_get_length(in) != 1)
-			goto fail; /* nothing was asked: the stream is out of step */
-		evbuffer_remove(in, &b, 1);
-		if (b != STORE_WAIT_STOP_WAITING)
-			goto fail;
-		ws_release(u->ws);
-		return;
-	}
-	while (evbuffer_get_length(in) > 0 && !px->failed) {
-		if (px->ring_len == 0)
-			goto fail;
-		r = main_reply(px, in);
-		if (r == CRUN_EAGAIN)
-			return;
-		if (r < 0)
-			goto fail;
-	}
-	return;
-fail:
-	log_at(LL_DEBUG, SUB_STORE, "store proxy: upstream reply out of step");
-	proxy_fail(px);
-}
-
-static void up_on_event(struct bufferevent *bev, short what, void *arg)
-{
-	struct up *u = arg;
-
-	(void)bev;
-	if (what & BEV_EVENT_CONNECTED)
-		return;
-	if (u->kind == UP_PASS) {
-		struct client *cl = u->cl;
-
-		/* The store closed this client's own connection: pass on what it
-		 * said, then close the client, as a direct connection would be. */
-		(void)evbuffer_add_buffer(bufferevent_get_output(cl->bev),
-					  bufferevent_get_input(u->bev));
-		client_close(cl);
-		return;
-	}
-	log_at(LL_DEBUG, SUB_STORE, "store proxy: upstream connection lost");
-	proxy_fail(u->px);
-}
-
-static void up_on_write(struct bufferevent *bev, void *arg)
-{
-	struct up *u = arg;
-
-	/* A passthrough client paused on our output: read it again. */
-	if (u->kind == UP_PASS && u->cl)
-		bufferevent_enable(u->cl->bev, EV_READ);
-}
-
-/* Opens an upstream connection; MAIN and WAIT send VALIDATE and PING (the
- * echo is checked before anything else is read). */
-static int up_open(struct store_proxy *px, enum up_kind kind, struct up **ret)
-{
-	struct up *u = calloc(1, sizeof(*u));
-	uint8_t hs[10], *p = hs;
-	int fd, r = CRUN_ENOMEM;
-
-	if (!u)
-		return CRUN_ENOMEM;
-	u->px = px;
-	u->kind = kind;
-	px->st.upstream_conns++;
-	/* Our own socket: libevent's would not be close-on-exec. */
-	fd = socket(px->up_addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (fd < 0) {
-		r = -errno;
-		goto fail;
-	}
-	sock_nodelay(fd);
-	u->bev = bufferevent_socket_new(px->base, fd, BEV_OPT_CLOSE_ON_FREE);
-	if (!u->bev) {
-		close(fd);
-		goto fail;
-	}
-	bufferevent_setcb(u->bev, up_on_read, up_on_write, up_on_event, u);
-	if (kind != UP_PASS) {
-		*p++ = (uint8_t)store_proto_opcode(STORE_V2, STORE_OP_VALIDATE);
-		p = store_put_u32(p, STORE_VALIDATE_MAGIC);
-		*p++ = (uint8_t)store_proto_opcode(STORE_V2, STORE_OP_PING);
-		p = store_put_u32(p, HS_NONCE);
-		u->hs_left = 4;
-		if (evbuffer_add(bufferevent_get_output(u->bev), hs, (size_t)(p - hs)) < 0)
-			goto fail;
-	}
-	if (bufferevent_socket_connect(u->bev, (struct sockaddr *)&px->up_addr,
-				       (int)px->up_addr_len) < 0)
-		goto fail;
-	if (bufferevent_enable(u->bev, EV_READ | EV_WRITE) < 0)
-		goto fail;
-	*ret = u;
-	return 0;
-fail:
-	up_free(u);
-	return r;
-}
-
-/* Every local client and the listener go; the proxy stays allocated. */
-static void proxy_fail(struct store_proxy *px)
-{
-	if (px->failed)
-		return;
-	px->failed = true;
-	if (px->lsn) {
-		evconnlistener_free(px->lsn);
-		px->lsn = NULL;
-	}
-	while (px->clients)
-		client_close(px->clients);
-	while (px->idle) {
-		struct up *u = px->idle;
-
-		px->idle = u->next;
-		up_free(u);
-	}
-	px->n_idle = 0;
-	up_free(px->main);
-	px->main = NULL;
-	px->ring_len = 0;
-	if (px->cfg.on_fail)
-		px->cfg.on_fail(px->cfg.arg);
-}
-
 /* ---- local clients ------------------------------------------------------------- */
 
-static void client_close(struct client *cl)
+void proxy_client_close(struct client *cl)
 {
 	struct store_proxy *px = cl->px;
 
 	if (cl->waiting)
-		client_end_wait(cl);
+		proxy_end_wait(cl);
 	for (size_t i = 0; i < px->ring_len; i++) {
 		struct pend *p = &px->ring[(px->ring_head + i) % px->ring_cap];
 
@@ -655,7 +140,7 @@ static void client_close(struct client *cl)
 	}
 	if (cl->pass) {
 		cl->pass->cl = NULL;
-		up_free(cl->pass);
+		proxy_up_free(cl->pass);
 	}
 	if (cl->prev)
 		cl->prev->next = cl->next;
@@ -677,7 +162,7 @@ static int client_to_pass(struct client *cl)
 	struct up *u;
 	uint8_t v[5];
 
-	TRY(up_open(px, UP_PASS, &u));
+	TRY(proxy_up_open(px, UP_PASS, &u));
 	u->cl = cl;
 	cl->pass = u;
 	px->st.passthrough++;
@@ -700,7 +185,7 @@ static int client_wait(struct client *cl, const struct store_req *q, const uint8
 
 	px->st.waits++;
 	if (cl->waiting) /* v1: a second WAIT replaces the first (torch's count) */
-		client_end_wait(cl);
+		proxy_end_wait(cl);
 	cl->wkeys = mem_dup(raw + 1, used - 1);
 	if (!cl->wkeys)
 		return CRUN_ENOMEM;
@@ -709,11 +194,11 @@ static int client_wait(struct client *cl, const struct store_req *q, const uint8
 	cl->waiting = true;
 	/* Nothing of this client unconfirmed upstream and its set pending:
 	 * join without the CHECK round trip (file comment). */
-	if (!cl->unconfirmed && ws_find(px, cl->wkeys, cl->wkeys_len))
-		return ws_join(cl);
+	if (!cl->unconfirmed && proxy_ws_find(px, cl->wkeys, cl->wkeys_len))
+		return proxy_ws_join(cl);
 	p.gen = cl->wait_gen;
-	TRY(up_send(px->main, STORE_OP_CHECK, raw, used));
-	TRY(pend_push(px, &p));
+	TRY(proxy_up_send(px->main, STORE_OP_CHECK, raw, used));
+	TRY(proxy_pend_push(px, &p));
 	px->st.requests++;
 	cl->busy = true;
 	return 0;
@@ -737,11 +222,11 @@ static int client_dispatch(struct client *cl, const struct store_req *q, const u
 	case PROXY_FIFO_NOREPLY:
 		px->st.requests++;
 		cl->unconfirmed = true;
-		return up_send(px->main, q->op, raw, used);
+		return proxy_up_send(px->main, q->op, raw, used);
 	case PROXY_FIFO:
 		px->st.requests++;
-		TRY(up_send(px->main, q->op, raw, used));
-		TRY(pend_push(px, &p));
+		TRY(proxy_up_send(px->main, q->op, raw, used));
+		TRY(proxy_pend_push(px, &p));
 		cl->busy = true;
 		return 0;
 	case PROXY_WAIT:
@@ -749,8 +234,8 @@ static int client_dispatch(struct client *cl, const struct store_req *q, const u
 	case PROXY_CANCEL:
 		px->st.local_replies++;
 		if (cl->waiting)
-			client_end_wait(cl);
-		return out_u8(cl, STORE_WAIT_CANCELED);
+			proxy_end_wait(cl);
+		return proxy_out_u8(cl, STORE_WAIT_CANCELED);
 	case PROXY_PASS:
 	default:
 		return CRUN_EAGAIN; /* the caller moves the client */
@@ -758,7 +243,7 @@ static int client_dispatch(struct client *cl, const struct store_req *q, const u
 }
 
 /* Decodes and acts on the client's requests while it may have one more. */
-static void client_process(struct client *cl)
+void proxy_client_process(struct client *cl)
 {
 	struct store_proxy *px = cl->px;
 	struct evbuffer *in = bufferevent_get_input(cl->bev);
@@ -796,7 +281,8 @@ static void client_process(struct client *cl)
 				goto close;
 			break;
 		}
-		r = store_proto_decode_req_from(cl->d, &px->cfg.limits, &cl->dec, p, len, &q, &used);
+		r = store_proto_decode_req_from(cl->d, &px->cfg.limits, &cl->dec, p, len, &q,
+						&used);
 		if (r == CRUN_EAGAIN)
 			return;
 		if (r < 0) {
@@ -821,13 +307,13 @@ static void client_process(struct client *cl)
 	}
 	return;
 close:
-	client_close(cl);
+	proxy_client_close(cl);
 }
 
 static void client_on_read(struct bufferevent *bev, void *arg)
 {
 	(void)bev;
-	client_process(arg);
+	proxy_client_process(arg);
 }
 
 static void client_on_write(struct bufferevent *bev, void *arg)
@@ -840,7 +326,7 @@ static void client_on_write(struct bufferevent *bev, void *arg)
 	}
 	if (cl->out_blocked) {
 		cl->out_blocked = false;
-		client_process(cl);
+		proxy_client_process(cl);
 	}
 }
 
@@ -848,7 +334,7 @@ static void client_on_event(struct bufferevent *bev, short what, void *arg)
 {
 	(void)bev;
 	(void)what;
-	client_close(arg); /* EOF or error: as the store drops a direct one */
+	proxy_client_close(arg); /* EOF or error: as the store drops a direct one */
 }
 
 /* Same host: the peer is loopback, or has the address it reached us on. */
@@ -904,7 +390,7 @@ static void px_on_accept(struct evconnlistener *lsn, evutil_socket_t fd, struct 
 		free(cl);
 		return;
 	}
-	sock_nodelay(fd);
+	proxy_nodelay(fd);
 	/* One legal frame at most (a MULTI_SET of max_items pairs aside, which
 	 * the codec bounds by max_items * (key + value) anyway). */
 	bufferevent_setwatermark(cl->bev, EV_READ, 0,
@@ -917,7 +403,7 @@ static void px_on_accept(struct evconnlistener *lsn, evutil_socket_t fd, struct 
 	px->st.clients++;
 	px->st.accepted++;
 	if (bufferevent_enable(cl->bev, EV_READ | EV_WRITE) < 0)
-		client_close(cl);
+		proxy_client_close(cl);
 }
 
 /* ---- life cycle ------------------------------------------------------------------ */
@@ -945,8 +431,8 @@ static int resolve(const char *host, uint16_t port, int passive, struct sockaddr
 
 static int px_listen(struct store_proxy *px)
 {
-	const char *host = px->cfg.listen_host && *px->cfg.listen_host ? px->cfg.listen_host
-									: "127.0.0.1";
+	const char *host =
+	    px->cfg.listen_host && *px->cfg.listen_host ? px->cfg.listen_host : "127.0.0.1";
 	struct sockaddr_storage ss;
 	socklen_t len;
 	int fd, one = 1, r;
@@ -1015,7 +501,7 @@ int store_proxy_new(struct event_base *base, const struct store_proxy_config *cf
 	px->cfg.listen_host = NULL;
 	if (r < 0)
 		goto fail;
-	r = up_open(px, UP_MAIN, &px->main);
+	r = proxy_up_open(px, UP_MAIN, &px->main);
 	if (r < 0)
 		goto fail;
 	*ret_px = px;
@@ -1034,14 +520,14 @@ void store_proxy_free(struct store_proxy *px)
 		evconnlistener_free(px->lsn);
 	px->lsn = NULL;
 	while (px->clients)
-		client_close(px->clients);
+		proxy_client_close(px->clients);
 	while (px->idle) {
 		struct up *u = px->idle;
 
 		px->idle = u->next;
-		up_free(u);
+		proxy_up_free(u);
 	}
-	up_free(px->main);
+	proxy_up_free(px->main);
 	free(px->ring);
 	free(px);
 }

@@ -22,18 +22,18 @@ struct event_base;
 struct store_proxy;
 
 struct store_proxy_config {
-	const char *listen_host; /* numeric IP to listen on; NULL/"" = 127.0.0.1 */
-	uint16_t listen_port;	 /* 0 = ephemeral; store_proxy_port() */
+	const char *listen_host;   /* numeric IP to listen on; NULL/"" = 127.0.0.1 */
+	uint16_t listen_port;	   /* 0 = ephemeral; store_proxy_port() */
 	const char *upstream_host; /* the real store; numeric, or a name resolved
 				    * (blocking) by store_proxy_new */
 	uint16_t upstream_port;
-	uint32_t max_clients;	      /* local connections; 0 = 1024 */
-	size_t max_client_out_bytes;  /* a client's unread replies above which its
-				       * next request waits; 0 = 1 MiB */
-	struct store_limits limits;   /* per request, as the upstream's */
-	bool allow_remote;	      /* accept peers from other hosts too (tests);
-				       * default: loopback and this host's own
-				       * address only */
+	uint32_t max_clients;	     /* local connections; 0 = 1024 */
+	size_t max_client_out_bytes; /* a client's unread replies above which its
+				      * next request waits; 0 = 1 MiB */
+	struct store_limits limits;  /* per request, as the upstream's */
+	bool allow_remote;	     /* accept peers from other hosts too (tests);
+				      * default: loopback and this host's own
+				      * address only */
 	/* Upstream lost (the real store closed or died): every local client is
 	 * closed, the listener too, and this is called once (may be NULL). The
 	 * proxy stays allocated: free it when convenient, not from here. */
@@ -41,8 +41,10 @@ struct store_proxy_config {
 	void *arg;
 };
 
-#define STORE_PROXY_CONFIG_DEFAULT \
-	{ .listen_host = NULL, .listen_port = 0, .limits = STORE_LIMITS_DEFAULT }
+#define STORE_PROXY_CONFIG_DEFAULT                                                    \
+	{                                                                             \
+		.listen_host = NULL, .listen_port = 0, .limits = STORE_LIMITS_DEFAULT \
+	}
 
 /* Resolves the upstream, binds the listener and starts connecting upstream
  * (non-blocking; requests queue until the connection is up). Returns 0,
@@ -56,31 +58,31 @@ uint16_t store_proxy_port(const struct store_proxy *px);
 bool store_proxy_failed(const struct store_proxy *px);
 
 struct store_proxy_stats {
-	uint64_t clients;	  /* open local connections */
-	uint64_t accepted;	  /* local connections accepted so far */
-	uint64_t refused;	  /* refused: foreign peer or max_clients */
-	uint64_t requests;	  /* requests forwarded on the shared connection */
-	uint64_t local_replies;	  /* answered here (VALIDATE, PING, idle CANCEL_WAIT) */
-	uint64_t waits;		  /* local WAITs */
-	uint64_t waits_ready;	  /* ...answered by their CHECK (keys existed) */
-	uint64_t upstream_waits;  /* WAITs sent upstream (one per distinct key set) */
-	uint64_t upstream_conns;  /* open upstream connections of every kind */
-	uint64_t passthrough;	  /* clients relayed verbatim (store_proxy_route) */
-	uint64_t dropped;	  /* clients closed for malformed input */
+	uint64_t clients;	 /* open local connections */
+	uint64_t accepted;	 /* local connections accepted so far */
+	uint64_t refused;	 /* refused: foreign peer or max_clients */
+	uint64_t requests;	 /* requests forwarded on the shared connection */
+	uint64_t local_replies;	 /* answered here (VALIDATE, PING, idle CANCEL_WAIT) */
+	uint64_t waits;		 /* local WAITs */
+	uint64_t waits_ready;	 /* ...answered by their CHECK (keys existed) */
+	uint64_t upstream_waits; /* WAITs sent upstream (one per distinct key set) */
+	uint64_t upstream_conns; /* open upstream connections of every kind */
+	uint64_t passthrough;	 /* clients relayed verbatim (store_proxy_route) */
+	uint64_t dropped;	 /* clients closed for malformed input */
 };
 void store_proxy_get_stats(const struct store_proxy *px, struct store_proxy_stats *ret);
 
 /* ---- the routing table (pure) ---------------------------------------------- */
 
 enum store_proxy_route {
-	PROXY_LOCAL,	   /* answered by the proxy: VALIDATE, PING */
-	PROXY_FIFO,	   /* forwarded on the shared connection, reply routed back */
+	PROXY_LOCAL,	    /* answered by the proxy: VALIDATE, PING */
+	PROXY_FIFO,	    /* forwarded on the shared connection, reply routed back */
 	PROXY_FIFO_NOREPLY, /* forwarded on the shared connection, no reply */
-	PROXY_WAIT,	   /* CHECK on the shared connection, then one coalesced
-			    * upstream WAIT per distinct key list */
-	PROXY_CANCEL,	   /* CANCEL_WAIT: drops this client's local wait */
-	PROXY_PASS,	   /* this client gets its own upstream connection, relayed
-			    * verbatim from this request on */
+	PROXY_WAIT,	    /* CHECK on the shared connection, then one coalesced
+			     * upstream WAIT per distinct key list */
+	PROXY_CANCEL,	    /* CANCEL_WAIT: drops this client's local wait */
+	PROXY_PASS,	    /* this client gets its own upstream connection, relayed
+			     * verbatim from this request on */
 };
 
 /* Where a request of logical op `op` (from a client of dialect d) goes; an
