@@ -515,19 +515,7 @@ void store_proxy_free(struct store_proxy *px)
 {
 	if (!px)
 		return;
-	px->cfg.on_fail = NULL;
-	if (px->lsn)
-		evconnlistener_free(px->lsn);
-	px->lsn = NULL;
-	while (px->clients)
-		proxy_client_close(px->clients);
-	while (px->idle) {
-		struct up *u = px->idle;
-
-		px->idle = u->next;
-		proxy_up_free(u);
-	}
-	proxy_up_free(px->main);
+	proxy_close_all(px);
 	free(px->ring);
 	free(px);
 }

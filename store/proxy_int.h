@@ -112,6 +112,7 @@ int proxy_ws_join(struct client *cl);
 void proxy_end_wait(struct client *cl);
 /* Upstream lost: every local client and the listener go. */
 void proxy_fail(struct store_proxy *px);
+void proxy_close_all(struct store_proxy *px);
 
 /* proxy.c */
 void proxy_client_close(struct client *cl);

@@ -416,12 +416,10 @@ fail:
 	return r;
 }
 
-/* Every local client and the listener go; the proxy stays allocated. */
-void proxy_fail(struct store_proxy *px)
+/* Closes the listener, every local client and every upstream connection
+ * (proxy_fail, store_proxy_free). */
+void proxy_close_all(struct store_proxy *px)
 {
-	if (px->failed)
-		return;
-	px->failed = true;
 	if (px->lsn) {
 		evconnlistener_free(px->lsn);
 		px->lsn = NULL;
@@ -438,6 +436,15 @@ void proxy_fail(struct store_proxy *px)
 	proxy_up_free(px->main);
 	px->main = NULL;
 	px->ring_len = 0;
+}
+
+/* Every local client and the listener go; the proxy stays allocated. */
+void proxy_fail(struct store_proxy *px)
+{
+	if (px->failed)
+		return;
+	px->failed = true;
+	proxy_close_all(px);
 	if (px->cfg.on_fail)
 		px->cfg.on_fail(px->cfg.arg);
 }
