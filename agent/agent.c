@@ -955,6 +955,16 @@ int agent_start_attempt(struct crun_agent *a)
 void agent_end_attempt(struct crun_agent *a)
 {
 	heartbeat_disarm(a);
+	if (a->proxy) {
+		struct store_proxy_stats st;
+
+		store_proxy_get_stats(a->proxy, &st);
+		log_at(LL_INFO, SUB_AGENT,
+		       "worker store proxy: %llu connections, %llu requests on the shared "
+		       "connection, %llu waits of which %llu went upstream",
+		       (unsigned long long)st.accepted, (unsigned long long)st.requests,
+		       (unsigned long long)st.waits, (unsigned long long)st.upstream_waits);
+	}
 	store_proxy_free(a->proxy); /* its workers are gone */
 	a->proxy = NULL;
 	if (a->workers)

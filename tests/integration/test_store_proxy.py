@@ -6,6 +6,7 @@ job (two crun agents, rdzv_conf worker_store=proxy, a gloo all_reduce) is at
 the bottom. No timing asserts: every wait is bounded and event-driven."""
 import json
 import os
+import re
 import signal
 import socket
 import struct
@@ -333,6 +334,9 @@ def test_two_agents_run_a_gloo_job_with_worker_store_proxy(procs, tmp_path, vers
     # Exactly one agent (not group rank 0) put a proxy in front of its workers.
     proxies = [err for _, _, err in results if "worker store proxy on 127.0.0.1:" in err]
     assert len(proxies) == 1, [e[-2000:] for _, _, e in results]
+    # ...and its two workers did reach the store through it.
+    m = re.search(r"worker store proxy: (\d+) connections, (\d+) requests", proxies[0])
+    assert m and int(m.group(1)) >= 2 and int(m.group(2)) > 0, proxies[0][-2000:]
 
 
 def test_a_bad_worker_store_value_exits_2_naming_the_key(procs):
