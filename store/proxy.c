@@ -148,6 +148,10 @@ void proxy_client_close(struct client *cl)
 		px->clients = cl->next;
 	if (cl->next)
 		cl->next->prev = cl->prev;
+	if (cl->in)
+		evbuffer_free(cl->in);
+	if (cl->rd_ev)
+		event_free(cl->rd_ev);
 	bufferevent_free(cl->bev);
 	free(cl->wkeys);
 	px->st.clients--;
@@ -172,9 +176,7 @@ static int client_to_pass(struct client *cl)
 		if (evbuffer_add(bufferevent_get_output(u->bev), v, 5) < 0)
 			return CRUN_ENOMEM;
 	}
-	/* No frame limit any more: the store applies its own. */
-	bufferevent_setwatermark(cl->bev, EV_READ, 0, 0);
-	return 0;
+	return 0; /* no frame limit any more: the store applies its own */
 }
 
 static int client_wait(struct client *cl, const struct store_req *q, const uint8_t *raw,
@@ -218,7 +220,7 @@ static int client_dispatch(struct client *cl, const struct store_req *q, const u
 		if (q->op == STORE_OP_VALIDATE)
 			return q->u32 == STORE_VALIDATE_MAGIC ? 0 : CRUN_EPROTO;
 		store_put_u32(b, q->u32);
-		return evbuffer_add(bufferevent_get_output(cl->bev), b, 4) < 0 ? CRUN_ENOMEM : 0;
+		return proxy_client_send(cl, b, 4);
 	case PROXY_FIFO_NOREPLY:
 		px->st.requests++;
 		cl->unconfirmed = true;
@@ -246,7 +248,7 @@ static int client_dispatch(struct client *cl, const struct store_req *q, const u
 void proxy_client_process(struct client *cl)
 {
 	struct store_proxy *px = cl->px;
-	struct evbuffer *in = bufferevent_get_input(cl->bev);
+	struct evbuffer *in = cl->in;
 
 	while (!cl->pass && !cl->busy) {
 		size_t len = evbuffer_get_length(in), used;
@@ -255,11 +257,11 @@ void proxy_client_process(struct client *cl)
 		int r, op;
 
 		if (len == 0)
-			return;
+			break;
 		if (evbuffer_get_length(bufferevent_get_output(cl->bev)) >
 		    px->cfg.max_client_out_bytes) {
 			cl->out_blocked = true; /* resumed by the write callback */
-			return;
+			break;
 		}
 		p = evbuffer_pullup(in, (ev_ssize_t)len);
 		if (!cl->sniffed) {
@@ -267,7 +269,7 @@ void proxy_client_process(struct client *cl)
 
 			r = store_proto_sniff(p, len, &cl->d, &eaten);
 			if (r == CRUN_EAGAIN)
-				return;
+				break;
 			cl->sniffed = true;
 			evbuffer_drain(in, eaten);
 			continue;
@@ -275,7 +277,7 @@ void proxy_client_process(struct client *cl)
 		op = store_proto_op_from_code(cl->d, p[0]);
 		/* A parked v2 client: only a CANCEL_WAIT is read (as the server). */
 		if (cl->waiting && cl->d == STORE_V2 && op != STORE_OP_CANCEL_WAIT)
-			return;
+			break;
 		if (store_proxy_route(cl->d, op) == PROXY_PASS) {
 			if (client_to_pass(cl) < 0)
 				goto close;
@@ -284,7 +286,7 @@ void proxy_client_process(struct client *cl)
 		r = store_proto_decode_req_from(cl->d, &px->cfg.limits, &cl->dec, p, len, &q,
 						&used);
 		if (r == CRUN_EAGAIN)
-			return;
+			break;
 		if (r < 0) {
 			px->st.dropped++;
 			goto close;
@@ -302,18 +304,42 @@ void proxy_client_process(struct client *cl)
 
 		if (evbuffer_add_buffer(out, in) < 0)
 			goto close;
-		if (evbuffer_get_length(out) >= PASS_HIGH)
-			bufferevent_disable(cl->bev, EV_READ); /* resumed by up_on_write */
+		cl->relay_full = evbuffer_get_length(out) >= PASS_HIGH; /* up_on_write */
 	}
+	proxy_client_sync_read(cl);
 	return;
 close:
 	proxy_client_close(cl);
 }
 
-static void client_on_read(struct bufferevent *bev, void *arg)
+void proxy_client_sync_read(struct client *cl)
 {
-	(void)bev;
-	proxy_client_process(arg);
+	bool on = !cl->relay_full && (cl->pass || evbuffer_get_length(cl->in) < cl->px->in_max);
+
+	if (on == cl->rd_on)
+		return;
+	if (on ? event_add(cl->rd_ev, NULL) : event_del(cl->rd_ev))
+		return; /* stays as it was; the next call retries */
+	cl->rd_on = on;
+}
+
+/* Plain reading: one recv() into the input buffer per readiness (the
+ * bufferevent's reads cost an ioctl(FIONREAD) each). EOF or an error closes
+ * the client, as the store drops a direct one. */
+static void client_on_raw_read(evutil_socket_t fd, short what, void *arg)
+{
+	struct client *cl = arg;
+	uint8_t buf[16384];
+	ssize_t n = recv(fd, buf, sizeof(buf), 0);
+
+	(void)what;
+	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+		return;
+	if (n <= 0 || evbuffer_add(cl->in, buf, (size_t)n) < 0) {
+		proxy_client_close(cl);
+		return;
+	}
+	proxy_client_process(cl);
 }
 
 static void client_on_write(struct bufferevent *bev, void *arg)
@@ -324,6 +350,7 @@ static void client_on_write(struct bufferevent *bev, void *arg)
 		bufferevent_enable(cl->pass->bev, EV_READ);
 		return;
 	}
+	proxy_client_sync_read(cl);
 	if (cl->out_blocked) {
 		cl->out_blocked = false;
 		proxy_client_process(cl);
@@ -367,7 +394,6 @@ static void px_on_accept(struct evconnlistener *lsn, evutil_socket_t fd, struct 
 			 int salen, void *arg)
 {
 	struct store_proxy *px = arg;
-	const struct store_limits *lim = &px->cfg.limits;
 	struct client *cl;
 
 	(void)lsn;
@@ -390,20 +416,22 @@ static void px_on_accept(struct evconnlistener *lsn, evutil_socket_t fd, struct 
 		free(cl);
 		return;
 	}
-	proxy_nodelay(fd);
-	/* One legal frame at most (a MULTI_SET of max_items pairs aside, which
-	 * the codec bounds by max_items * (key + value) anyway). */
-	bufferevent_setwatermark(cl->bev, EV_READ, 0,
-				 1 + 3 * 8 + lim->max_key_bytes + 2 * lim->max_value_bytes);
-	bufferevent_setcb(cl->bev, client_on_read, client_on_write, client_on_event, cl);
+	cl->rd_ev = event_new(px->base, fd, EV_READ | EV_PERSIST, client_on_raw_read, cl);
+	cl->in = evbuffer_new();
+	bufferevent_setcb(cl->bev, NULL, client_on_write, client_on_event, cl);
 	cl->next = px->clients;
 	if (px->clients)
 		px->clients->prev = cl;
 	px->clients = cl;
 	px->st.clients++;
 	px->st.accepted++;
-	if (bufferevent_enable(cl->bev, EV_READ | EV_WRITE) < 0)
+	/* Writing is enabled from birth; its event is added only while output
+	 * waits (enabling it here would cost two epoll_ctl per connection). */
+	if (!cl->rd_ev || !cl->in) {
 		proxy_client_close(cl);
+		return;
+	}
+	proxy_client_sync_read(cl);
 }
 
 /* ---- life cycle ------------------------------------------------------------------ */
@@ -442,6 +470,7 @@ static int px_listen(struct store_proxy *px)
 	if (fd < 0)
 		return -errno;
 	(void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	proxy_nodelay(fd); /* Linux copies it into every accepted socket */
 	if (bind(fd, (struct sockaddr *)&ss, len) < 0 || listen(fd, SOMAXCONN) < 0) {
 		r = -errno;
 		close(fd);
@@ -488,6 +517,9 @@ int store_proxy_new(struct event_base *base, const struct store_proxy_config *cf
 
 		px->cfg.limits = def;
 	}
+	/* One legal frame (a MULTI_SET of many pairs aside: the codec bounds
+	 * those by max_items anyway, and rejects an oversized length at once). */
+	px->in_max = 1 + 3 * 8 + px->cfg.limits.max_key_bytes + 2 * px->cfg.limits.max_value_bytes;
 	px->ring_cap = (size_t)px->cfg.max_clients + 1;
 	px->ring = calloc(px->ring_cap, sizeof(*px->ring));
 	r = CRUN_ENOMEM;

@@ -49,7 +49,12 @@ struct pend {
 
 struct client {
 	struct store_proxy *px;
-	struct bufferevent *bev;
+	struct bufferevent *bev; /* owns the fd; writes only (rd_ev reads) */
+	struct event *rd_ev;	 /* one recv() per readiness, no FIONREAD */
+	struct evbuffer *in;	 /* unprocessed input (the bufferevent's own
+				  * input is frozen to all but itself) */
+	bool rd_on;
+	bool relay_full;	    /* passthrough: the upstream's output is full */
 	struct client *prev, *next; /* px->clients */
 	enum store_dialect d;
 	bool sniffed;
@@ -90,6 +95,7 @@ struct store_proxy {
 	size_t n_idle;
 	struct pend *ring; /* capacity max_clients + 1 */
 	size_t ring_cap, ring_head, ring_len;
+	size_t in_max; /* a client's unprocessed input: one legal frame */
 	struct client *clients;
 	struct waitset *sets;
 	bool failed;
@@ -98,6 +104,8 @@ struct store_proxy {
 
 /* proxy_up.c */
 void proxy_nodelay(evutil_socket_t fd);
+/* Sends a reply to a local client: at once when nothing is queued. */
+int proxy_client_send(struct client *cl, const void *data, size_t len);
 int proxy_out_u8(struct client *cl, uint8_t b);
 /* Forwards one decoded request (raw[0..len)) upstream as op `op` in v2. */
 int proxy_up_send(struct up *u, enum store_op op, const uint8_t *raw, size_t len);
@@ -116,6 +124,8 @@ void proxy_close_all(struct store_proxy *px);
 
 /* proxy.c */
 void proxy_client_close(struct client *cl);
+/* Reads from cl unless its input is at the frame ceiling or its relay full. */
+void proxy_client_sync_read(struct client *cl);
 /* Decodes and acts on the client's requests while it may have one more. */
 void proxy_client_process(struct client *cl);
 
