@@ -45,12 +45,19 @@
  * its own dialect: correctness first, and the upstream sees exactly what the
  * client sent (an unknown op closes that connection there, as direct).
  *
- * Bounds. Clients: max_clients. A client's input: one legal frame (its
- * bufferevent's read watermark). Its output: the reply to its one request;
- * past max_client_out_bytes of unread replies its next request waits.
- * Pending entries: one per client. Wait sets and wait connections: at most
- * one per client. The shared connection is always read, so a slow client
- * never stalls the others.
+ * Bounds. Clients: max_clients. A client's input: one legal frame (reading
+ * pauses at px->in_max; the codec refuses an oversized length at once). Its
+ * output: the reply to its one request; past max_client_out_bytes of unread
+ * replies its next request waits. Pending entries: one per client (and the
+ * owed replies of clients that left). Wait sets and wait connections: at
+ * most one per client. The shared connection is always read, so a slow
+ * client never stalls the others.
+ *
+ * System calls. Clients are read with one recv() per readiness (no
+ * bufferevent read: it adds an ioctl(FIONREAD) to each) and answered with
+ * one send() when nothing is queued (the bufferevent would add and remove
+ * its write event per reply): ~21 calls per rank in the storm, against ~44
+ * with plain bufferevents.
  *
  * Failure. Any upstream connection of the shared kind (main or wait) that
  * fails or is closed by the store closes every local client and the
@@ -520,7 +527,8 @@ int store_proxy_new(struct event_base *base, const struct store_proxy_config *cf
 	/* One legal frame (a MULTI_SET of many pairs aside: the codec bounds
 	 * those by max_items anyway, and rejects an oversized length at once). */
 	px->in_max = 1 + 3 * 8 + px->cfg.limits.max_key_bytes + 2 * px->cfg.limits.max_value_bytes;
-	px->ring_cap = (size_t)px->cfg.max_clients + 1;
+	px->ring_cap =
+	    2 * (size_t)px->cfg.max_clients + 2; /* slack: owed replies of clients that left */
 	px->ring = calloc(px->ring_cap, sizeof(*px->ring));
 	r = CRUN_ENOMEM;
 	if (!px->ring)

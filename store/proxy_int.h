@@ -93,7 +93,7 @@ struct store_proxy {
 	struct up *main;
 	struct up *idle; /* pooled wait connections */
 	size_t n_idle;
-	struct pend *ring; /* capacity max_clients + 1 */
+	struct pend *ring; /* capacity 2 * max_clients + 2 */
 	size_t ring_cap, ring_head, ring_len;
 	size_t in_max; /* a client's unprocessed input: one legal frame */
 	struct client *clients;

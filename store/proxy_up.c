@@ -69,7 +69,7 @@ int proxy_up_send(struct up *u, enum store_op op, const uint8_t *raw, size_t len
 int proxy_pend_push(struct store_proxy *px, const struct pend *p)
 {
 	if (px->ring_len == px->ring_cap)
-		return CRUN_ENOSPC; /* cannot happen: one per client */
+		return CRUN_ENOSPC; /* clients that left still owe replies: refuse */
 	px->ring[(px->ring_head + px->ring_len) % px->ring_cap] = *p;
 	px->ring_len++;
 	return 0;
