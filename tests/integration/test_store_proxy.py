@@ -339,6 +339,35 @@ def test_two_agents_run_a_gloo_job_with_worker_store_proxy(procs, tmp_path, vers
     assert m and int(m.group(1)) >= 2 and int(m.group(2)) > 0, proxies[0][-2000:]
 
 
+@pytest.mark.parametrize("version", ["1", "2"])
+def test_a_restart_gets_a_fresh_proxy_and_passes(procs, tmp_path, version):
+    # Rank 2 (group rank 1's node, whose workers use its proxy, or group
+    # rank 0's, whichever drew which ticket) fails in attempt 0; attempt 1
+    # needs a new proxy per node and a clean store, and passes everything.
+    py = torch_python(version)
+    port = free_port()
+    argv = [bin_path("crun"), "--nnodes=2", "--nproc-per-node=2", "--rdzv_backend=c10d",
+            f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=proxyrestart", "--max_restarts=1",
+            "--rdzv_conf=worker_store=proxy,join_timeout=60", JOB]
+    env = dict(env_for(py, tmp_path), LAUNCH_FAIL_RANK="2", LAUNCH_FAIL_UNTIL_RESTART="1")
+    agents = [procs.spawn(argv, env=env) for _ in range(2)]
+    results = []
+    for p in agents:
+        try:
+            out, err = p.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            pytest.fail("crun did not finish in time")
+        results.append((p.returncode, out.decode(errors="replace"), err.decode(errors="replace")))
+    for rc, _, err in results:
+        assert rc == 0, err[-3000:]
+    oks = sorted(ln for _, out, _ in results for ln in out.splitlines()
+                 if ln.startswith("launch_worker ok"))
+    assert oks == [f"launch_worker ok rank={r} world=4 restart=1" for r in range(4)]
+    # One proxy per attempt on the node that is not group rank 0.
+    starts = sum(err.count("worker store proxy on 127.0.0.1:") for _, _, err in results)
+    assert starts == 2, [e[-2000:] for _, _, e in results]
+
+
 def test_a_bad_worker_store_value_exits_2_naming_the_key(procs):
     p = subprocess.run([bin_path("crun"), "--nnodes=1", "--rdzv_backend=c10d",
                         f"--rdzv_endpoint=127.0.0.1:{free_port()}",
