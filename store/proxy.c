@@ -270,7 +270,11 @@ void proxy_client_process(struct client *cl)
 			cl->out_blocked = true; /* resumed by the write callback */
 			break;
 		}
+		/* Amortised, as in server.c: the pulled-up chain grows
+		 * geometrically and new reads land behind it. */
 		p = evbuffer_pullup(in, (ev_ssize_t)len);
+		if (!p)
+			goto close;
 		if (!cl->sniffed) {
 			size_t eaten;
 

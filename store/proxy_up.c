@@ -277,6 +277,8 @@ static int main_reply(struct store_proxy *px, struct evbuffer *in)
 	int r;
 
 	buf = evbuffer_pullup(in, (ev_ssize_t)len);
+	if (!buf)
+		return CRUN_ENOMEM;
 	r = store_proto_decode_reply((enum store_op)p.op, p.nitems, &px->cfg.limits, buf, len, &rep,
 				     &used);
 	if (r < 0)

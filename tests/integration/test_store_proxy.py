@@ -89,6 +89,8 @@ r["after_timeout"] = s.get("x").decode()
 s.queue_push("q", "i1"); r["qlen"] = s.queue_len("q"); r["qpop"] = s.queue_pop("q").decode()
 r["keys"] = sorted(s.list_keys())
 r["num_keys"] = s.num_keys()
+big = bytes(range(256)) * (4 << 12)  # 4 MiB, in many TCP segments both ways
+s.set("big", big); r["big"] = s.get("big") == big and s.multi_get(["big", "x"])[0] == big
 root = d.TCPStore("127.0.0.1", rport, is_master=False, timeout=T)
 r["root_sees"] = root.get("x").decode()
 print(json.dumps(r))
@@ -109,6 +111,7 @@ def test_torch2_operations_through_the_proxy(proxied):
     assert (r["qlen"], r["qpop"]) == (1, "i1")
     assert {"x", "y", "c", "late"} <= set(r["keys"])
     assert r["root_sees"] == "1z"
+    assert r["big"]
     rc, st = farm.stop()
     assert rc == 0 and st["dropped"] == 0
     assert st["passthrough"] == 1  # the queue ops moved that one client
