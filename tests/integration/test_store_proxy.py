@@ -7,10 +7,12 @@ the bottom. No timing asserts: every wait is bounded and event-driven."""
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import struct
 import subprocess
+import sys
 import time
 
 import pytest
@@ -378,3 +380,60 @@ def test_a_bad_worker_store_value_exits_2_naming_the_key(procs):
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 2
     assert "worker_store=sideways" in p.stderr
+
+
+# ---- across hosts (network namespaces) ------------------------------------------------
+
+PROBE = os.path.join(HELPERS, "store_probe.py")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"),
+                    reason="network namespaces need root and iproute2")
+def test_across_hosts_each_node_uses_its_proxy_and_outsiders_are_refused(procs, tmp_path):
+    """Hosts 1 and 2 run a job with worker_store=proxy: group rank 0's
+    workers reach its store, the other node's workers their own node's
+    proxy (MASTER_ADDR = that node's address); host 3 cannot use the proxy."""
+    from test_elastic_netns import Net
+    net = Net(3, 13)
+    try:
+        out = tmp_path / "rec"
+        out.mkdir()
+        env = env_for("/usr/bin/python3", tmp_path)
+        ps = [procs.spawn(["ip", "netns", "exec", net.ns[i], bin_path("crun"), "--nnodes=2",
+                           "--nproc_per_node=1", "--rdzv_backend=c10d",
+                           f"--rdzv_endpoint={net.addr[0]}:29400", "--rdzv_id=proxynet",
+                           "--rdzv_conf=worker_store=proxy,join_timeout=60,read_timeout=5",
+                           PROBE, "--worker", str(out), "6"], env=env) for i in (0, 1)]
+        deadline = time.monotonic() + 90
+        recs = []
+        while time.monotonic() < deadline and len(recs) < 2:
+            recs = [json.loads(f.read_text()) for f in out.glob("*.json")]
+            time.sleep(0.1)
+        assert len(recs) == 2, recs
+        assert {r["probe"] for r in recs} == {"accepted"}, recs
+        # Each worker's MASTER_ADDR is its own node's address: the real
+        # store on group rank 0's node, the proxy on the other.
+        assert sorted(r["MASTER_ADDR"] for r in recs) == sorted(net.addr[:2]), recs
+        assert len({r["MASTER_PORT"] for r in recs}) == 2, recs
+        # Host 3 is neither in the round nor local to the proxy's node:
+        # refused by the real store and by the proxy alike.
+        for r in recs:
+            probe = subprocess.run(["ip", "netns", "exec", net.ns[2], sys.executable, PROBE,
+                                    r["MASTER_ADDR"], r["MASTER_PORT"]],
+                                   capture_output=True, text=True, timeout=60)
+            assert probe.stdout.startswith("refused"), (r, probe.stdout, probe.stderr)
+        errs = []
+        for p in ps:
+            try:
+                _, err = p.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                pytest.fail("crun did not finish in time")
+            errs.append(err.decode(errors="replace"))
+            assert p.returncode == 0, errs[-1][-3000:]
+        proxies = [m for e in errs
+                   for m in re.findall(r"worker store proxy on (\S+):(\d+) to", e)]
+        assert len(proxies) == 1, [e[-2000:] for e in errs]
+        assert {"MASTER_ADDR": proxies[0][0], "MASTER_PORT": proxies[0][1]}.items() <= \
+            next(r for r in recs if r["MASTER_PORT"] == proxies[0][1]).items(), (proxies, recs)
+    finally:
+        net.close()
