@@ -17,9 +17,11 @@
 
 #define DEFAULT_MAX_CLIENTS 1024u
 #define DEFAULT_CLIENT_OUT  (1024u * 1024)
-#define IDLE_WAIT_CONNS	    4		       /* pooled wait connections kept open */
-#define PASS_HIGH	    (4u * 1024 * 1024) /* passthrough relay buffering */
-#define HS_NONCE	    0x50524f58u	       /* "PROX", echoed by PING */
+/* Pooled wait connections kept open per proxy: the root pays a descriptor
+ * for each, so one (a node rarely has two key lists pending at once). */
+#define IDLE_WAIT_CONNS 1
+#define PASS_HIGH	(4u * 1024 * 1024) /* passthrough relay buffering */
+#define HS_NONCE	0x50524f58u	   /* "PROX", echoed by PING */
 
 struct client;
 struct waitset;
