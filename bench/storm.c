@@ -392,7 +392,10 @@ static const char usage[] =
     "  --prefix P         key prefix of the default group (/default_pg/, as 2.x under crun)\n"
     "  --sources K        spread connects over 127.0.0.2..127.0.0.(K+1) (8; 0: any)\n"
     "  --inflight C       concurrent connects (256)\n"
-    "  --timeout-ms MS    give up after MS (120000)\n";
+    "  --timeout-ms MS    give up after MS (120000)\n"
+    "  --hold-ms MS       keep the connections MS after printing the result, so a\n"
+    "                     caller can tell the server's work before and during the\n"
+    "                     teardown (0)\n";
 
 int main(int argc, char **argv)
 {
@@ -405,6 +408,7 @@ int main(int argc, char **argv)
 	    {"sources", required_argument, NULL, 's'},
 	    {"inflight", required_argument, NULL, 'c'},
 	    {"timeout-ms", required_argument, NULL, 't'},
+	    {"hold-ms", required_argument, NULL, 'o'},
 	    {"help", no_argument, NULL, 'H'},
 	    {NULL, 0, NULL, 0},
 	};
@@ -414,7 +418,7 @@ int main(int argc, char **argv)
 			  .prefix = "/default_pg/",
 			  .lim = STORE_LIMITS_DEFAULT};
 	const char *host = "127.0.0.1";
-	unsigned long port = 0, timeout_ms = 120000, v;
+	unsigned long port = 0, timeout_ms = 120000, hold_ms = 0, v;
 	struct rlimit rl;
 	int opt, rc;
 
@@ -441,6 +445,7 @@ int main(int argc, char **argv)
 		case 's':
 		case 'c':
 		case 't':
+		case 'o':
 			errno = 0;
 			v = strtoul(optarg, &end, 10);
 			if (errno || !*optarg || *end)
@@ -453,6 +458,8 @@ int main(int argc, char **argv)
 				s.sources = (uint32_t)MIN(v, 250ul);
 			else if (opt == 'c')
 				s.inflight = (uint32_t)MIN(v, 65536ul);
+			else if (opt == 'o')
+				hold_ms = MIN(v, 600000ul);
 			else
 				timeout_ms = v;
 			continue;
@@ -499,6 +506,12 @@ int main(int argc, char **argv)
 	       secs_between(s.t_last_set, s.t_last_parked), secs_between(s.t_last_set, s.t_last_wake),
 	       secs_between(s.t_last_set, s.t_first_wake),
 	       s.woken, s.parked, s.setters);
+	fflush(stdout);
+	if (hold_ms) {
+		struct timespec ts = {(time_t)(hold_ms / 1000), (long)(hold_ms % 1000) * 1000000L};
+
+		nanosleep(&ts, NULL);
+	}
 	for (uint32_t i = 0; i < s.next_connect; i++)
 		if (s.ranks[i].fd > 0)
 			close(s.ranks[i].fd);

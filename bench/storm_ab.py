@@ -56,6 +56,10 @@ def cpu_s(pid):
 # descriptors; a base built before that (an eighth in reserve: 17,500) needs
 # it raised.
 PAUSE_S = 3
+# The storm holds its connections this long after its result line, so the
+# server's CPU is read once before the teardown (the close exchange) and once
+# after it.
+HOLD_MS = 1000
 CRUN_ARGS = ["--host", "127.0.0.1", "--port", "0"]
 BASE_ARGS = CRUN_ARGS + ["--max-conns", "65536"]
 
@@ -125,15 +129,22 @@ def one(key, build, base, n, use_strace, tmp, perf_dir=None):
         before = cpu_s(pid)
         segs = tcp_counters()
         argv = [os.path.join(build, "bench", "storm"), "--port", str(srv.port), "-n", str(n),
-                "--dialect", "v2", "--timeout-ms", "120000"]
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=200)
+                "--dialect", "v2", "--timeout-ms", "120000", "--hold-ms", str(HOLD_MS)]
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = p.stdout.readline()  # printed when every rank is done, before the teardown
+        time.sleep(HOLD_MS / 2000)
+        mid, mid_segs = cpu_s(pid), tcp_counters()
+        out, err = p.communicate(timeout=200)
         time.sleep(0.5)
         res["server_cpu_s"] = round(cpu_s(pid) - before, 3)
+        res["teardown_cpu_s"] = round(cpu_s(pid) - mid, 3)
         after = tcp_counters()
+        res["teardown_segments_per_rank"] = round(
+            (after["Tcp:OutSegs"] - mid_segs["Tcp:OutSegs"]) / n, 2)
         res["segments_per_rank"] = {k.split(":")[1]: round((after.get(k, 0) - segs.get(k, 0)) / n, 2)
                                     for k in SEG_FIELDS}
-        line = next((ln for ln in p.stdout.splitlines() if ln.startswith("{")), None)
-        res.update(json.loads(line) if line else {"ok": False, "error": p.stderr[-300:]})
+        res.update(json.loads(line) if line.startswith("{") else {"ok": False,
+                                                                   "error": err[-300:]})
         if tracer:
             tracer.send_signal(signal.SIGINT)
             tracer.wait(timeout=60)
@@ -192,7 +203,7 @@ def main():
                     rows.append(r)
                     log(json.dumps(r))
     print("| N | server | runs | wall s | wake fan-out s (max) | barrier tail s | setters | "
-          "server CPU s | segments per rank: out, pure ACKs, delayed ACKs |"
+          "server CPU s (teardown) | segments per rank: out (teardown), pure ACKs, delayed ACKs |"
           + (" syscalls per rank |" if cfg.strace else ""))
     print("|---|---|---|---|---|---|---|---|---|" + ("---|" if cfg.strace else ""))
     for n in ranks:
@@ -207,7 +218,8 @@ def main():
                     f"{median(sel, 'wake_s'):.3f} "
                     f"({max([r.get('wake_s', 0) for r in ok] or [float('nan')]):.3f}) | "
                     f"{median(sel, 'fanout_s'):.3f} | {median(sel, 'setters'):.0f} | "
-                    f"{median(sel, 'server_cpu_s'):.3f} | {segmed('OutSegs'):.2f}, "
+                    f"{median(sel, 'server_cpu_s'):.3f} ({median(sel, 'teardown_cpu_s'):.3f}) | "
+                    f"{segmed('OutSegs'):.2f} ({median(sel, 'teardown_segments_per_rank'):.2f}), "
                     f"{segmed('TCPPureAcks'):.2f}, {segmed('DelayedACKs'):.2f} |")
             if cfg.strace and ok and "syscalls" in ok[0]:
                 sc = sorted(ok[0]["syscalls"].items(), key=lambda kv: -kv[1])
