@@ -23,7 +23,9 @@
  * to the last connect, and two views of the barrier's release, both from the
  * first SET of :last_worker being sent:
  *   wake_s    to the last of the ranks whose WAIT went out before that SET
- *             (`parked`) released: the fan-out of one SET waking every waiter;
+ *             (`parked`) released: the fan-out of one SET waking every waiter
+ *             (a rank whose ADD +0 read less but whose WAIT went out after
+ *             the SET is neither parked nor a setter);
  *   fanout_s  to the last rank past the barrier at all. This also holds the
  *             ranks that were still between their ADDs when the SET went out
  *             (`setters`: each reads N, SETs and WAITs itself); how many there
