@@ -76,8 +76,11 @@ def argv_for(key, build, base):
 
 # Loopback segments of the storm (client and server together: the run has
 # its own network namespace, so these counters are the storm's alone).
+# The last four (JSON only) tell a slow connect phase's SYN retries apart
+# from a full accept queue.
 SEG_FIELDS = ("Tcp:OutSegs", "TcpExt:TCPPureAcks", "TcpExt:DelayedACKs",
-              "TcpExt:TCPOrigDataSent", "TcpExt:TCPRetransFail", "Tcp:RetransSegs")
+              "TcpExt:TCPOrigDataSent", "Tcp:RetransSegs", "TcpExt:TCPSynRetrans",
+              "TcpExt:ListenOverflows", "TcpExt:ListenDrops", "TcpExt:TCPTimeouts")
 
 
 def tcp_counters():
