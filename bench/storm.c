@@ -315,15 +315,8 @@ static int start_connect(struct storm *s, struct rank *r)
 	if (fd < 0)
 		return -errno;
 	if (s->sources > 0) {
-		/* 127.0.0.2 .. 127.0.0.(1 + sources). The port is left to
-		 * connect(), which picks it per address pair and may reuse a port
-		 * in TIME_WAIT towards another server: bind() would pick it now,
-		 * skipping every port that the previous storms' closed
-		 * connections still hold on this address (seconds per storm). */
-		int one = 1;
-
+		/* 127.0.0.2 .. 127.0.0.(1 + sources), any port. */
 		src.sin_addr.s_addr = htonl(INADDR_LOOPBACK + 1 + r->idx % s->sources);
-		(void)setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof(one));
 		if (bind(fd, (struct sockaddr *)&src, sizeof(src)) < 0)
 			goto fail;
 	}
