@@ -541,9 +541,9 @@ int main(int argc, char **argv)
 	       s.n, s.dialect, rc == 0 ? "true" : "false", s.error ? s.error : "", s.done,
 	       s.requests, s.t_done ? (double)(s.t_done - s.t_start) / 1e9 : -1.0,
 	       s.t_last_connect ? (double)(s.t_last_connect - s.t_start) / 1e9 : -1.0,
-	       secs_between(s.t_last_set, s.t_last_parked), secs_between(s.t_last_set, s.t_last_wake),
-	       secs_between(s.t_last_set, s.t_first_wake),
-	       s.woken, s.parked, s.setters);
+	       secs_between(s.t_last_set, s.t_last_parked),
+	       secs_between(s.t_last_set, s.t_last_wake),
+	       secs_between(s.t_last_set, s.t_first_wake), s.woken, s.parked, s.setters);
 	fflush(stdout);
 	if (hold_ms) {
 		struct timespec ts = {(time_t)(hold_ms / 1000), (long)(hold_ms % 1000) * 1000000L};
