@@ -20,8 +20,19 @@
  * ephemeral range per address pair.
  *
  * Prints one JSON line: seconds from the first connect to the last rank done,
- * to the last connect, and the wake fan-out (from the SET of :last_worker
- * being sent to the last WAIT released).
+ * to the last connect, and two views of the barrier's release, both from the
+ * first SET of :last_worker being sent:
+ *   wake_s    to the last of the ranks whose WAIT went out before that SET
+ *             (`parked`) released: the fan-out of one SET waking every waiter
+ *             (a rank whose ADD +0 read less but whose WAIT went out after
+ *             the SET is neither parked nor a setter);
+ *   fanout_s  to the last rank past the barrier at all. This also holds the
+ *             ranks that were still between their ADDs when the SET went out
+ *             (`setters`: each reads N, SETs and WAITs itself); how many there
+ *             are depends on how the last connect wave (--inflight) lines up
+ *             with the server's pace, not on the wake-up, and the one thread
+ *             here serves their round trips before the wake-ups queued behind.
+ * fanout_first_s is the SET to the first release (the server's latency).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -67,6 +78,7 @@ struct rank {
 	size_t out_len, out_off;
 	uint8_t in[STORM_BUF];
 	size_t in_len;
+	bool parked; /* its barrier WAIT went out before the first SET */
 };
 
 struct storm {
@@ -78,7 +90,11 @@ struct storm {
 	int ep;
 	struct rank *ranks;
 	uint32_t next_connect, connecting, done;
-	uint64_t t_start, t_last_connect, t_last_set, t_last_wake, t_done;
+	uint64_t t_start, t_last_connect, t_last_set, t_first_wake, t_last_wake, t_last_parked;
+	uint64_t t_done;
+	uint32_t woken;	  /* barrier WAITs released after the first SET was sent */
+	uint32_t parked;  /* barrier WAITs sent before the first SET: its real waiters */
+	uint32_t setters; /* ranks whose ADD +0 read N and which SET :last_worker */
 	uint64_t requests;
 	const char *error;
 	struct store_limits lim;
@@ -94,6 +110,12 @@ static uint64_t now_ns(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Seconds from a to b; 0 when either is unset or b is not later. */
+static double secs_between(uint64_t a, uint64_t b)
+{
+	return a && b > a ? (double)(b - a) / 1e9 : 0.0;
 }
 
 static void fail(struct storm *s, const char *why)
@@ -195,12 +217,20 @@ static void advance(struct storm *s, struct rank *r, const struct store_reply *r
 			push(s, r, STORE_OP_SET, s->last_key, "1", 1, 0);
 			if (!s->t_last_set)
 				s->t_last_set = now_ns();
+			s->setters++;
+		} else if (!s->t_last_set) {
+			s->parked++;
+			r->parked = true;
 		}
 		r->step = S_BARRIER_WAIT;
 		push(s, r, STORE_OP_WAIT, s->last_key, NULL, 0, 0);
 		break;
 	case S_BARRIER_WAIT:
 		s->t_last_wake = now_ns();
+		if (s->t_last_set && s->woken++ == 0)
+			s->t_first_wake = s->t_last_wake;
+		if (r->parked)
+			s->t_last_parked = s->t_last_wake;
 		if (r->idx == 0) {
 			memset(id, id_fill, sizeof(id));
 			push(s, r, STORE_OP_SET, s->id_key, id, sizeof(id), 0);
@@ -372,6 +402,9 @@ static const char usage[] =
     "  --sources K        spread connects over 127.0.0.2..127.0.0.(K+1) (8; 0: any)\n"
     "  --inflight C       concurrent connects (256)\n"
     "  --timeout-ms MS    give up after MS (120000)\n"
+    "  --hold-ms MS       keep the connections MS after printing the result, so a\n"
+    "                     caller can tell the server's work before and during the\n"
+    "                     teardown (0)\n"
     "  --ports-file F     ports one a line (node-local proxies): rank i connects to\n"
     "                     line i / --per-port (8); --port is then not needed\n";
 
@@ -402,6 +435,7 @@ int main(int argc, char **argv)
 	    {"sources", required_argument, NULL, 's'},
 	    {"inflight", required_argument, NULL, 'c'},
 	    {"timeout-ms", required_argument, NULL, 't'},
+	    {"hold-ms", required_argument, NULL, 'o'},
 	    {"ports-file", required_argument, NULL, 'f'},
 	    {"per-port", required_argument, NULL, 'k'},
 	    {"help", no_argument, NULL, 'H'},
@@ -414,7 +448,7 @@ int main(int argc, char **argv)
 			  .per_port = 8,
 			  .lim = STORE_LIMITS_DEFAULT};
 	const char *host = "127.0.0.1";
-	unsigned long port = 0, timeout_ms = 120000, v;
+	unsigned long port = 0, timeout_ms = 120000, hold_ms = 0, v;
 	struct rlimit rl;
 	int opt, rc;
 
@@ -446,6 +480,7 @@ int main(int argc, char **argv)
 		case 's':
 		case 'c':
 		case 't':
+		case 'o':
 		case 'k':
 			errno = 0;
 			v = strtoul(optarg, &end, 10);
@@ -461,6 +496,8 @@ int main(int argc, char **argv)
 				s.per_port = (uint32_t)MAX(MIN(v, 65536ul), 1ul);
 			else if (opt == 'c')
 				s.inflight = (uint32_t)MIN(v, 65536ul);
+			else if (opt == 'o')
+				hold_ms = MIN(v, 600000ul);
 			else
 				timeout_ms = v;
 			continue;
@@ -498,13 +535,21 @@ int main(int argc, char **argv)
 	rc = run(&s, (uint32_t)timeout_ms);
 	printf("{\"ranks\": %u, \"dialect\": \"v%d\", \"ok\": %s, \"error\": \"%s\", "
 	       "\"done\": %u, \"requests\": %" PRIu64 ", \"total_s\": %.6f, "
-	       "\"connect_s\": %.6f, \"fanout_s\": %.6f}\n",
+	       "\"connect_s\": %.6f, \"wake_s\": %.6f, \"fanout_s\": %.6f, "
+	       "\"fanout_first_s\": %.6f, "
+	       "\"woken\": %u, \"parked\": %u, \"setters\": %u}\n",
 	       s.n, s.dialect, rc == 0 ? "true" : "false", s.error ? s.error : "", s.done,
 	       s.requests, s.t_done ? (double)(s.t_done - s.t_start) / 1e9 : -1.0,
 	       s.t_last_connect ? (double)(s.t_last_connect - s.t_start) / 1e9 : -1.0,
-	       s.t_last_wake > s.t_last_set && s.t_last_set
-		   ? (double)(s.t_last_wake - s.t_last_set) / 1e9
-		   : 0.0);
+	       secs_between(s.t_last_set, s.t_last_parked),
+	       secs_between(s.t_last_set, s.t_last_wake),
+	       secs_between(s.t_last_set, s.t_first_wake), s.woken, s.parked, s.setters);
+	fflush(stdout);
+	if (hold_ms) {
+		struct timespec ts = {(time_t)(hold_ms / 1000), (long)(hold_ms % 1000) * 1000000L};
+
+		nanosleep(&ts, NULL);
+	}
 	for (uint32_t i = 0; i < s.next_connect; i++)
 		if (s.ranks[i].fd > 0)
 			close(s.ranks[i].fd);

@@ -10,8 +10,12 @@ Usage: storm_ab.py [--ranks 4096,16384] [--rounds 5] [--base PATH]
   base   the crun-rdzvd binary given by --base (e.g. a copy built from main)
   libuv  PyTorch 2.x's libuv TCPStore server (bench/torch_store_server.py)
 
-Per cell: wall (first connect to the last rank done), fan-out (the SET of
-:last_worker to the last WAIT released), server CPU seconds (utime+stime from
+Per cell: wall (first connect to the last rank done), the wake fan-out (the
+SET of :last_worker to the last of the WAITs parked before it released), the
+barrier tail (that SET to the last rank past the barrier, with the ranks that
+were still between their ADDs; `setters` of them read N and SET too), the
+loopback TCP segments per rank (the namespace's counters, client and server
+together), server CPU seconds (utime+stime from
 /proc, read 0.5 s after the storm so the teardown counts too) and, with
 --strace, the server's system calls per rank (strace -c -f attached for the
 storm; a separate, slower run, so its times are not reported) and, with
@@ -48,20 +52,48 @@ def cpu_s(pid):
     return sum(int(x) for x in fields[11:15]) / tick
 
 
-# crun-rdzvd's automatic --max-conns keeps an eighth of the fd limit for other
-# files (17,500 of 20,000): N = 19,900 needs it raised.
+# crun-rdzvd's automatic --max-conns now takes N = 19,900 of 20,000
+# descriptors; a base built before that (an eighth in reserve: 17,500) needs
+# it raised.
 PAUSE_S = 3
-CRUN_ARGS = ["--host", "127.0.0.1", "--port", "0", "--max-conns", "65536"]
+# The storm holds its connections this long after its result line, so the
+# server's CPU is read once before the teardown (the close exchange) and once
+# after it.
+HOLD_MS = 1000
+CRUN_ARGS = ["--host", "127.0.0.1", "--port", "0"]
+BASE_ARGS = CRUN_ARGS + ["--max-conns", "65536"]
 
 
 def argv_for(key, build, base):
     if key == "new":
         return [os.path.join(build, "bin", "crun-rdzvd")] + CRUN_ARGS
     if key == "base":
-        return [base] + CRUN_ARGS
+        return [base] + BASE_ARGS
     if key == "libuv":
         return server_argv("torch2-libuv", build, None)
     raise ValueError(key)
+
+
+# Loopback segments of the storm (client and server together: the run has
+# its own network namespace, so these counters are the storm's alone).
+# The last four (JSON only) tell a slow connect phase's SYN retries apart
+# from a full accept queue.
+SEG_FIELDS = ("Tcp:OutSegs", "TcpExt:TCPPureAcks", "TcpExt:DelayedACKs",
+              "TcpExt:TCPOrigDataSent", "Tcp:RetransSegs", "TcpExt:TCPSynRetrans",
+              "TcpExt:ListenOverflows", "TcpExt:ListenDrops", "TcpExt:TCPTimeouts")
+
+
+def tcp_counters():
+    """The namespace's TCP counters, {"Tcp:OutSegs": n, ...}."""
+    out = {}
+    for path in ("/proc/net/snmp", "/proc/net/netstat"):
+        with open(path) as f:
+            lines = f.read().splitlines()
+        for head, vals in zip(lines[::2], lines[1::2]):
+            proto, names = head.split(":", 1)
+            for k, v in zip(names.split(), vals.split(":", 1)[1].split()):
+                out[f"{proto}:{k}"] = int(v)
+    return out
 
 
 def strace_counts(path):
@@ -98,13 +130,24 @@ def one(key, build, base, n, use_strace, tmp, perf_dir=None):
                                        "-p", str(pid)], stderr=subprocess.DEVNULL)
             time.sleep(1.0)
         before = cpu_s(pid)
+        segs = tcp_counters()
         argv = [os.path.join(build, "bench", "storm"), "--port", str(srv.port), "-n", str(n),
-                "--dialect", "v2", "--timeout-ms", "120000"]
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=200)
+                "--dialect", "v2", "--timeout-ms", "120000", "--hold-ms", str(HOLD_MS)]
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = p.stdout.readline()  # printed when every rank is done, before the teardown
+        time.sleep(HOLD_MS / 2000)
+        mid, mid_segs = cpu_s(pid), tcp_counters()
+        out, err = p.communicate(timeout=200)
         time.sleep(0.5)
         res["server_cpu_s"] = round(cpu_s(pid) - before, 3)
-        line = next((ln for ln in p.stdout.splitlines() if ln.startswith("{")), None)
-        res.update(json.loads(line) if line else {"ok": False, "error": p.stderr[-300:]})
+        res["teardown_cpu_s"] = round(cpu_s(pid) - mid, 3)
+        after = tcp_counters()
+        res["teardown_segments_per_rank"] = round(
+            (after["Tcp:OutSegs"] - mid_segs["Tcp:OutSegs"]) / n, 2)
+        res["segments_per_rank"] = {k.split(":")[1]: round((after.get(k, 0) - segs.get(k, 0)) / n, 2)
+                                    for k in SEG_FIELDS}
+        res.update(json.loads(line) if line.startswith("{") else {"ok": False,
+                                                                   "error": err[-300:]})
         if tracer:
             tracer.send_signal(signal.SIGINT)
             tracer.wait(timeout=60)
@@ -162,17 +205,25 @@ def main():
                     r["round"] = rnd
                     rows.append(r)
                     log(json.dumps(r))
-    print(f"| N | server | runs | wall s | fan-out s | fan-out max s | server CPU s |"
+    print("| N | server | runs | wall s | wake fan-out s (max) | barrier tail s | setters | "
+          "server CPU s (teardown) | segments per rank: out (teardown), pure ACKs, delayed ACKs |"
           + (" syscalls per rank |" if cfg.strace else ""))
-    print("|---|---|---|---|---|---|---|" + ("---|" if cfg.strace else ""))
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|" if cfg.strace else ""))
     for n in ranks:
         for key in servers:
             sel = [r for r in rows if r["server"] == key and r["ranks"] == n]
             ok = [r for r in sel if r.get("ok")]
+            seg = [r["segments_per_rank"] for r in ok if "segments_per_rank" in r]
+
+            def segmed(f):
+                return statistics.median(x[f] for x in seg) if seg else float("nan")
             line = (f"| {n} | {key} | {len(ok)}/{len(sel)} | {median(sel, 'total_s'):.3f} | "
-                    f"{median(sel, 'fanout_s'):.3f} | "
-                    f"{max([r['fanout_s'] for r in ok] or [float('nan')]):.3f} | "
-                    f"{median(sel, 'server_cpu_s'):.3f} |")
+                    f"{median(sel, 'wake_s'):.3f} "
+                    f"({max([r.get('wake_s', 0) for r in ok] or [float('nan')]):.3f}) | "
+                    f"{median(sel, 'fanout_s'):.3f} | {median(sel, 'setters'):.0f} | "
+                    f"{median(sel, 'server_cpu_s'):.3f} ({median(sel, 'teardown_cpu_s'):.3f}) | "
+                    f"{segmed('OutSegs'):.2f} ({median(sel, 'teardown_segments_per_rank'):.2f}), "
+                    f"{segmed('TCPPureAcks'):.2f}, {segmed('DelayedACKs'):.2f} |")
             if cfg.strace and ok and "syscalls" in ok[0]:
                 sc = sorted(ok[0]["syscalls"].items(), key=lambda kv: -kv[1])
                 line += " " + ", ".join(f"{k} {v / n:.2f}" for k, v in sc[:9]) + " |"

@@ -38,6 +38,7 @@
  * ignore SIGPIPE (crun-rdzvd and the agent do), or a vanished client kills it.
  */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -970,8 +971,9 @@ static uint16_t fd_port(int fd)
 /* Every tunable, once: crun-rdzvd's flags and help, rdzv_conf's store_* keys
  * and the README table are generated from it. */
 static const struct store_server_limit limit_rows[] = {
-    {"max-conns", "count", "open client connections; auto: min(65536, the fd limit less an eighth)",
-     1, UINT32_MAX, "auto", CFG_FIELD(max_conns)},
+    {"max-conns", "count",
+     "open client connections; auto: min(65536, the fd limit less the fds open at start and 64)", 1,
+     UINT32_MAX, "auto", CFG_FIELD(max_conns)},
     {"max-key-bytes", "bytes", "longest key accepted", 1, BIG, NULL,
      CFG_FIELD(limits.max_key_bytes)},
     {"max-value-bytes", "bytes", "longest value accepted", 1, BIG, NULL,
@@ -1076,16 +1078,38 @@ static size_t largest_frame(const struct store_limits *lim)
 	return 1 + 8 + lim->max_key_bytes + 2 * (8 + lim->max_value_bytes);
 }
 
-/* max_conns 0: what the fd limit leaves after a reserve for the embedding
- * process's other fds (an eighth, at least 64), at most 65536. */
+/* Descriptors this process has open now (its /proc/self/fd entries, less
+ * the one reading them); -1 when that cannot be read. */
+static long open_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *de;
+	long n = 0;
+
+	if (!d)
+		return -1;
+	while ((de = readdir(d)))
+		n += de->d_name[0] != '.';
+	closedir(d);
+	return n - 1;
+}
+
+/* max_conns 0: what the fd limit leaves after what the process holds when
+ * the server starts and AUTO_FD_MARGIN more for what it opens later (the
+ * agent serving its worker store holds about 13 whatever its worker count,
+ * crun-rdzvd fewer), at most 65536. A fixed reserve, not a share of the
+ * limit: an eighth of 20,000 kept 2,500 descriptors idle and refused a job's
+ * ranks past 17,500. Without /proc, an eighth as before. */
+#define AUTO_FD_MARGIN 64
 static uint32_t auto_max_conns(void)
 {
 	struct rlimit rl;
 	uint64_t lim = 1024, reserve;
+	long held = open_fds();
 
 	if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
 		lim = rl.rlim_cur == RLIM_INFINITY ? 65536 + 8192 : rl.rlim_cur;
-	reserve = MAX(64, lim / 8);
+	reserve = held >= 0 ? (uint64_t)held + AUTO_FD_MARGIN : MAX(AUTO_FD_MARGIN, lim / 8);
 	return lim > reserve + 1 ? (uint32_t)MIN(65536, lim - reserve) : 1;
 }
 

@@ -32,7 +32,7 @@ struct store_server_config {
 					 * connection's registrations (waits,
 					 * watches, leases) */
 	uint32_t max_conns;		/* 0 = min(65536, RLIMIT_NOFILE soft limit less
-					 * an eighth, at least 64, for other fds) */
+					 * the fds open at start and 64 more) */
 	size_t max_conn_buffered_bytes; /* one connection's unprocessed input (a
 					 * frame must fit); 0 = the largest legal
 					 * frame under `limits` */

@@ -27,6 +27,13 @@ def storm(port, n, dialect, prefix):
     # that read N.
     per_rank = 8 if dialect == "v2" else 6
     assert n * per_rank <= res["requests"] < n * (per_rank + 1), res
+    # A rank is a waiter parked before the first SET of :last_worker, one
+    # that read N and SET it, or one that read less but whose WAIT went out
+    # after that SET; each is released once, the parked ones no later than
+    # the last rank (wake_s <= fanout_s).
+    assert res["setters"] >= 1 and res["parked"] + res["setters"] <= n, res
+    assert res["woken"] == n, res
+    assert 0 < res["wake_s"] <= res["fanout_s"] or res["parked"] == 0, res
     return res
 
 
