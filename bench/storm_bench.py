@@ -302,10 +302,11 @@ def wake_text(r):
 
 def table(results, ranks, resolver, env_line, legacy_max=LEGACY_MAX_RANKS):
     out = [f"Worker-init storm ({resolver} name lookups; {env_line})", "",
-           "| N | " + " | ".join(lbl for _, lbl, _ in SERVERS) + " | crun-agent / libuv |",
-           "|---:|" + "---|" * (len(SERVERS) + 1)]
+           "| N | " + " | ".join(lbl for _, lbl, _ in SERVERS)
+           + " | crun-agent / libuv | proxies' root / libuv |",
+           "|---:|" + "---|" * (len(SERVERS) + 2)]
     for n in ranks:
-        cells, libuv, agent = [], None, None
+        cells, libuv, agent, proxy = [], None, None, None
         for key, _, _ in SERVERS:
             r = results.get((key, n))
             if not r:
@@ -325,13 +326,19 @@ def table(results, ranks, resolver, env_line, legacy_max=LEGACY_MAX_RANKS):
                     libuv = r
                 if key == "crun-agent":
                     agent = r
+                if key == "crun-proxy":
+                    proxy = r
         ratio = "-"
         if libuv and agent:
             ratio = (f"wall {agent['total_s'] / libuv['total_s']:.2f}x, "
                      f"CPU {agent.get('server_cpu_s', 0) / max(libuv.get('server_cpu_s', 0), 1e-3):.2f}x, "
                      + (f"fan-out {agent['wake_s'] / libuv['wake_s']:.2f}x"
                         if agent.get("parked") and libuv.get("parked") else "fan-out -"))
-        out.append(f"| {n} | " + " | ".join(cells) + f" | {ratio} |")
+        root = "-"
+        if libuv and proxy:
+            root = (f"wall {proxy['total_s'] / libuv['total_s']:.2f}x, root CPU "
+                    f"{proxy.get('server_cpu_s', 0) / max(libuv.get('server_cpu_s', 0), 1e-3):.2f}x")
+        out.append(f"| {n} | " + " | ".join(cells) + f" | {ratio} | {root} |")
     out += ["", "fan-out: from the SET of :last_worker to the last rank that was waiting "
             "for it released (one SET waking every waiter); tail: to the last rank past "
             "the barrier, with those still between their ADDs when the SET went out. "
@@ -343,6 +350,21 @@ def table(results, ranks, resolver, env_line, legacy_max=LEGACY_MAX_RANKS):
     for key, lbl, _ in SERVERS:
         pts = [(n, results[(key, n)]["total_s"]) for n in ranks
                if results.get((key, n), {}).get("ok")]
+        f = fit(pts)
+        if f:
+            a, b, err = f
+            out.append(f"| {lbl} | {a:.3f} | {b * 1e6:.1f} | {err * 100:.0f} % | "
+                       f"{a + b * MODEL_N:.1f} s |")
+    out += ["", "Model: server CPU c(N) = a + b*N fitted the same way (with node-local "
+            "proxies: the root store's CPU, and the proxies' CPU summed over all of them, "
+            "which on a cluster is spread over N/8 nodes):", "",
+            "| server | a (s) | b (us/rank) | max error on measured points | c(98,304) |",
+            "|---|---:|---:|---:|---:|"]
+    cpu_rows = [(lbl, key, "server_cpu_s") for key, lbl, _ in SERVERS]
+    cpu_rows.append(("node-local proxies, all together", "crun-proxy", "proxies_cpu_s"))
+    for lbl, key, field in cpu_rows:
+        pts = [(n, results[(key, n)][field]) for n in ranks
+               if results.get((key, n), {}).get("ok") and field in results[(key, n)]]
         f = fit(pts)
         if f:
             a, b, err = f
