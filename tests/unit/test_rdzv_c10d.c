@@ -606,6 +606,32 @@ START_TEST(spare_waits_then_job_ends)
 }
 END_TEST
 
+/* A job that ends while a member waits in an open round wakes it at once
+ * with the reason (before, it slept until the join timeout; an agent coming
+ * back for a next round no longer reads "closed" before joining). */
+START_TEST(job_closed_while_joining_wakes_the_member)
+{
+	struct coord_mem *m;
+	struct coord *c;
+	struct ag g;
+
+	ck_assert_int_eq(coord_mem_new(&m), 0);
+	ag_init(&g, m, 0, 2, 2, 1, "join_timeout=600");
+	g.a.prev_round = 0; /* coming back: no look at "closed" first */
+	g.a.prev_grank = 0;
+	ck_assert_int_eq(coord_open_mem(m, "crun-c10d/job", &c), 0);
+	ck_assert_int_eq(coord_set(c, "round", "0"), 0);
+	ag_start(&g);
+	wait_key(m, "r1/joined");
+	ck_assert_int_eq(coord_set(c, "closed", "failed: node3 exited with 1"), 0);
+	coord_close(c);
+	ag_join(&g);
+	ck_assert_int_eq(g.result, CRUN_ERDZVCLOSED);
+	ck_assert_ptr_nonnull(strstr(g.err, "failed: node3 exited with 1"));
+	coord_mem_free(m);
+}
+END_TEST
+
 START_TEST(conflicts_and_reuse_are_errors)
 {
 	struct coord_mem *m;
@@ -897,6 +923,7 @@ static Suite *c10d_suite(void)
 	tcase_add_test(tc, late_joiner_triggers_next_round_and_ranks_stay);
 	tcase_add_test(tc, restart_marks_the_round_and_bumps_it);
 	tcase_add_test(tc, spare_waits_then_job_ends);
+	tcase_add_test(tc, job_closed_while_joining_wakes_the_member);
 	tcase_add_test(tc, conflicts_and_reuse_are_errors);
 	tcase_add_test(tc, too_few_nodes_time_out);
 	tcase_add_test(tc, dead_ticket_1_before_its_record_is_dropped);
