@@ -101,9 +101,11 @@ int coord_exists(struct coord *c, const char *key);
 /* 1 when every key exists, 0 when one does not: one round trip on the crun
  * store (CHECK of n keys), never waiting. */
 int coord_exists_all(struct coord *c, const char *const *keys, size_t n);
-/* ret[i] = whether keys[i] exists (keys never set to ""), for each key in
- * one round trip on a crun store of extension version 4 (and in memory);
- * CRUN_ENOTSUP elsewhere: the caller asks key by key. */
+/* The values of n keys (malloc'd; "" for an absent key: only for keys never
+ * set to "") in one round trip that never waits, on a crun store of
+ * extension version 4 (and in memory); CRUN_ENOTSUP elsewhere: the caller
+ * asks key by key. coord_exists_each: ret[i] = whether keys[i] exists. */
+int coord_multi_get_now(struct coord *c, const char *const *keys, size_t n, char **ret_vals);
 int coord_exists_each(struct coord *c, const char *const *keys, size_t n, bool *ret);
 /* Waits up to timeout_ms until any of keys[0..n) exists (n <= COORD_ANY_MAX):
  * the index of one that does (the lowest, when several already did), or

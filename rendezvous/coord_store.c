@@ -572,24 +572,50 @@ int coord_exists_all(struct coord *c, const char *const *keys, size_t n)
 	return ready ? 1 : 0;
 }
 
-int coord_exists_each(struct coord *c, const char *const *keys, size_t n, bool *ret)
+int coord_multi_get_now(struct coord *c, const char *const *keys, size_t n, char **ret_vals)
 {
-	int r = 0;
+	size_t *lens;
+	int r;
 
-	if (c->mem && c->mem->old_store)
-		return CRUN_ENOTSUP;
-	if (c->mem) {
+	if (c->mem && !c->mem->old_store) {
 		pthread_mutex_lock(&c->mem->mu);
 		mem_tick(c);
-		for (size_t i = 0; i < n; i++)
-			ret[i] = mfind(c, keys[i]) != NULL;
+		for (size_t i = 0; i < n; i++) {
+			struct mkv *e = mfind(c, keys[i]);
+
+			ret_vals[i] = strdup(e ? e->val : "");
+			c->mem->read_bytes += e ? strlen(e->val) : 0;
+		}
 		pthread_mutex_unlock(&c->mem->mu);
+		for (size_t i = 0; i < n; i++)
+			if (!ret_vals[i]) {
+				for (size_t k = 0; k < n; k++)
+					free(ret_vals[k]);
+				return CRUN_ENOMEM;
+			}
 		return 0;
 	}
-	if (c->etcd || c->no_fold)
+	if (c->mem || c->etcd || c->no_fold)
 		return CRUN_ENOTSUP;
-	r = store_client_exists_each(c->s, keys, n, ret);
+	lens = calloc(n ? n : 1, sizeof(*lens));
+	if (!lens)
+		return CRUN_ENOMEM;
+	r = store_client_multi_get_now(c->s, keys, n, (void **)ret_vals, lens);
+	free(lens);
 	return r < 0 && r != CRUN_ENOTSUP ? fail(c, r, "multi_get", n ? keys[0] : "") : r;
+}
+
+int coord_exists_each(struct coord *c, const char *const *keys, size_t n, bool *ret)
+{
+	char **vals = calloc(n ? n : 1, sizeof(char *));
+	int r = vals ? coord_multi_get_now(c, keys, n, vals) : CRUN_ENOMEM;
+
+	for (size_t i = 0; r == 0 && i < n; i++) {
+		ret[i] = vals[i][0] != '\0';
+		free(vals[i]);
+	}
+	free(vals);
+	return r;
 }
 
 int coord_exists(struct coord *c, const char *key)

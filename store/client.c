@@ -1496,14 +1496,16 @@ CRUN_API int crun_store_multi_get(crun_store_t *s, const char *const *keys, size
 	return 0;
 }
 
-int store_client_exists_each(struct crun_store *s, const char *const *keys, size_t n, bool *ret)
+int store_client_multi_get_now(struct crun_store *s, const char *const *keys, size_t n,
+				void **ret_vals, size_t *ret_lens)
 {
 	struct store_req req = {.op = STORE_OP_MULTI_GET, .nitems = n};
 	struct store_reply rep;
 	const uint8_t *it;
+	size_t i;
 
 	TRY(key_list(s, STORE_OP_MULTI_GET, keys, n));
-	if (!ret)
+	if (!ret_vals || !ret_lens)
 		return CRUN_EINVAL;
 	/* Other servers may fail a MULTI_GET of a missing key. */
 	if (!s->conn->ext || s->conn->ext_version < STORE_EXT_VERSION_FOLD)
@@ -1512,14 +1514,19 @@ int store_client_exists_each(struct crun_store *s, const char *const *keys, size
 	req.keys = s->conn->kv;
 	TRY(call(s->conn, &req, n, op_deadline(s->conn, 0), &rep));
 	it = rep.items;
-	for (size_t i = 0; i < n; i++) {
+	for (i = 0; i < n; i++) {
 		struct store_bytes b;
 
 		store_items_next(&it, &b);
-		ret[i] = b.len > 0;
+		if (dup_bytes(s->conn, "MULTI_GET", &b, &ret_vals[i], &ret_lens[i]) < 0)
+			break;
 	}
 	conn_trim(s->conn);
-	return 0;
+	if (i == n)
+		return 0;
+	while (i--)
+		free(ret_vals[i]);
+	return CRUN_ENOMEM;
 }
 
 CRUN_API int crun_store_multi_set(crun_store_t *s, const char *const *keys, const void *const *vals,

@@ -195,10 +195,12 @@ int store_client_get_now(struct crun_store *s, const char *key, void **ret_val, 
  * reads the key's value (malloc'd, NUL-terminated) from the wake. ticket:
  * *ret_t = ADD(counter, 1), and prefix<t> set to val. grant_set: a lease as
  * crun_store_lease_grant with key set under it. */
-/* ret[i] = whether keys[i] holds a non-empty value: one MULTI_GET without
- * the WAIT before it (crun's server answers a missing key as empty); only
- * on a connection that spoke extension version 4 (else CRUN_ENOTSUP). */
-int store_client_exists_each(struct crun_store *s, const char *const *keys, size_t n, bool *ret);
+/* The values of n keys (malloc'd, NUL-terminated; a missing key reads as
+ * empty, as crun's server answers it): one MULTI_GET without the WAIT
+ * before it, only on a connection that spoke extension version 4 (else
+ * CRUN_ENOTSUP: another server may close on a missing key). */
+int store_client_multi_get_now(struct crun_store *s, const char *const *keys, size_t n,
+				void **ret_vals, size_t *ret_lens);
 int store_client_try_get(struct crun_store *s, const char *key, void **ret_val, size_t *ret_len);
 int store_client_wait_any_get(struct crun_store *s, const char *const *keys, size_t n,
 			      uint32_t timeout_ms, size_t *ret_idx, void **ret_val,

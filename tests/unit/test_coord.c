@@ -501,6 +501,18 @@ START_TEST(folded_calls_do_what_their_two_requests_did)
 	ck_assert(r == 0 || r == CRUN_ENOTSUP);
 	if (r == 0)
 		ck_assert(live[0] && live[1] && !live[2]);
+	{
+		char *vals[3] = {0};
+
+		ck_assert_int_eq(coord_multi_get_now(c, eachk, 3, vals), r);
+		if (r == 0) {
+			ck_assert_str_eq(vals[0], "va");
+			ck_assert_str_eq(vals[1], "val-fb");
+			ck_assert_str_eq(vals[2], "");
+		}
+		for (int i = 0; r == 0 && i < 3; i++)
+			free(vals[i]);
+	}
 	/* grant_put: the key lives exactly as long as the lease */
 	holder = opn();
 	ck_assert_int_eq(coord_lease_grant_put(holder, 5000, "gp/exp", "dead", "gp/alive", "me", &id),
