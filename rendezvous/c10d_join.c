@@ -655,6 +655,8 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 	uint64_t every = C10D_PROGRESS_MS, next_log = now + every;
 	char claim[32] = "";
 	bool watch_counts = round_watches_counts((int)t);
+	bool fold_keep = j->lease && j->lease_c == c;
+	uint64_t keep;
 	int r;
 
 	for (int e = 0; e < EV_N; e++) {
@@ -676,7 +678,12 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 		now = clock_now_ms();
 		if (now >= deadline)
 			return join_timed_out(j, c, rd);
-		keep_lease(j, now, &last_keep);
+		/* A lease on this handle is kept by the wait's own request. */
+		keep = fold_keep && now - last_keep >= j->conf.hb_ms ? j->lease : 0;
+		if (keep)
+			last_keep = now;
+		else if (!fold_keep)
+			keep_lease(j, now, &last_keep);
 		if (at && now >= at && now >= next_try) {
 			r = claim_close(j, c, rd, t, claim, sizeof(claim));
 			if (r < 0)
@@ -697,7 +704,8 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 			wake = MIN(wake, last_keep + j->conf.hb_ms);
 		/* The wake carries the key's value: the closed head needs no
 		 * second read. */
-		r = coord_wait_any_get(c, keys, n, (uint32_t)(wake > now ? wake - now : 1), &ev);
+		r = coord_wait_any_get(c, keys, n, (uint32_t)(wake > now ? wake - now : 1), keep,
+				       &ev);
 		if (r == EV_CLOSED) {
 			*ret_closed = ev;
 			return 0;

@@ -119,11 +119,12 @@ int coord_exists_each(struct coord *c, const char *const *keys, size_t n, bool *
 int coord_wait_any(struct coord *c, const char *const *keys, size_t n, uint32_t timeout_ms);
 
 /* coord_wait_any that also reads the value of the key it reports into
- * *ret_val (malloc'd): one request on a crun store of extension version 4
- * (WAIT_ANY_GET), a wait then a read elsewhere. Only for keys never deleted
- * once written. */
+ * *ret_val (malloc'd), and keeps lease `keep` (0: none; held by this
+ * handle) alive: one request on a crun store of extension version 4
+ * (WAIT_ANY_GET, timed out by the store: no cancel), a keep-alive, a wait
+ * and a read elsewhere. Only for keys never deleted once written. */
 int coord_wait_any_get(struct coord *c, const char *const *keys, size_t n, uint32_t timeout_ms,
-		       char **ret_val);
+		       uint64_t keep, char **ret_val);
 /* A ticket and its record: *ret_t = the counter after adding 1, and key
  * <prefix><t> set to val. One request on a crun store of extension version
  * 4 (TICKET), an add then a set elsewhere (not atomic there: a holder that

@@ -858,7 +858,7 @@ int coord_wait_any(struct coord *c, const char *const *keys, size_t n, uint32_t 
 }
 
 int coord_wait_any_get(struct coord *c, const char *const *keys, size_t n, uint32_t timeout_ms,
-		       char **ret_val)
+		       uint64_t keep, char **ret_val)
 {
 	void *v = NULL;
 	size_t idx;
@@ -867,8 +867,8 @@ int coord_wait_any_get(struct coord *c, const char *const *keys, size_t n, uint3
 	if (!c->etcd && !c->mem && !c->no_any && !c->no_fold) {
 		if (!keys || n == 0 || n > COORD_ANY_MAX)
 			return CRUN_EINVAL;
-		r = store_client_wait_any_get(c->s, keys, n, timeout_ms ? timeout_ms : 1, &idx, &v,
-					      NULL);
+		r = store_client_wait_any_get(c->s, keys, n, timeout_ms ? timeout_ms : 1, keep, &idx,
+					      &v, NULL);
 		if (r == 0) {
 			*ret_val = v;
 			return (int)idx;
@@ -878,6 +878,8 @@ int coord_wait_any_get(struct coord *c, const char *const *keys, size_t n, uint3
 		if (!fold_missing(c, r))
 			return fail(c, r, "wait_any_get", keys[0]);
 	}
+	if (keep)
+		(void)coord_lease_keepalive(c, keep); /* as the folded one: result unseen */
 	r = coord_wait_any(c, keys, n, timeout_ms);
 	if (r >= 0 && coord_get_now(c, keys[r], ret_val) < 0)
 		return CRUN_EPROTO;

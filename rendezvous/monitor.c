@@ -262,7 +262,7 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 			 * first: a change after it is no membership change). */
 			r = hb ? coord_watch(*cp, chk, j->conf.hb_ms)
 			       : coord_wait_any_get(*cp, (const char *const[]){"closed", chk}, 2,
-						    j->conf.hb_ms, &why_v);
+						    j->conf.hb_ms, 0, &why_v);
 			if (r >= 0) {
 				done_v = r == 0 && !hb ? why_v : NULL;
 				why_v = done_v ? NULL : why_v;

@@ -1919,23 +1919,29 @@ struct any_out {
 	size_t *idx;
 	void **val;
 	size_t *len;
+	bool timed_out; /* WAIT_ANY_GET: the server's timeout answered (index n) */
 };
 
 /* The wake of a WAIT_ANY after its STOP_WAITING: the index (and value). */
-static int read_any_wake(struct client_conn *c, size_t n, uint64_t deadline,
-			 const struct any_out *o)
+static int read_any_wake(struct client_conn *c, size_t n, uint64_t deadline, struct any_out *o)
 {
 	uint8_t b[8];
 	uint64_t idx;
+	void *v = NULL;
 
 	TRY(read_raw(c, b, 8, deadline));
 	idx = store_get_u64(b);
-	if (idx >= n)
+	if (idx > n || (idx == n && !o->val))
 		return CRUN_EPROTO;
 	if (o->val) {
 		TRY(read_raw(c, b, 8, deadline));
-		TRY(read_tail(c, b, deadline, o->val, o->len));
+		TRY(read_tail(c, b, deadline, &v, o->len));
 	}
+	o->timed_out = idx == n;
+	if (o->val && !o->timed_out)
+		*o->val = v;
+	else
+		free(v);
 	*o->idx = (size_t)idx;
 	confirm(c);
 	return 0;
@@ -1943,7 +1949,7 @@ static int read_any_wake(struct client_conn *c, size_t n, uint64_t deadline,
 
 /* Like await_wake: a timeout cancels the wait and keeps the stream in sync;
  * a wake that raced the cancel is a wake (a key exists). */
-static int await_any(struct client_conn *c, size_t n, uint64_t deadline, const struct any_out *o)
+static int await_any(struct client_conn *c, size_t n, uint64_t deadline, struct any_out *o)
 {
 	struct store_req cancel = {.op = STORE_OP_CANCEL_WAIT};
 	uint8_t st;
@@ -1975,11 +1981,16 @@ static int await_any(struct client_conn *c, size_t n, uint64_t deadline, const s
 	return r < 0 ? r : CRUN_EPROTO;
 }
 
+/* A server-side timeout comes this long before the client's own deadline,
+ * which cancels the wait only when the server is late. */
+#define ANY_SERVER_SLACK_MS 1000u
+
 static int wait_any(struct crun_store *s, const char *const *keys, size_t n, uint32_t timeout_ms,
-		    const struct any_out *o)
+		    uint64_t keep, struct any_out *o)
 {
 	struct store_ext_req q = {.op = o->val ? STORE_EXT_WAIT_ANY_GET : STORE_EXT_WAIT_ANY,
-				  .nitems = n};
+				  .nitems = n,
+				  .id = keep};
 	const char *name = store_ext_op_name(q.op);
 	struct client_conn *c;
 	uint64_t deadline;
@@ -1991,6 +2002,10 @@ static int wait_any(struct crun_store *s, const char *const *keys, size_t n, uin
 	TRY(key_list(s, STORE_OP_WAIT, keys, n));
 	c = s->conn;
 	deadline = op_deadline(c, timeout_ms);
+	if (o->val) { /* the server answers the timeout itself (store_ext.h) */
+		q.wait_ms = timeout_ms ? timeout_ms : c->timeout_ms;
+		deadline += MIN(q.wait_ms, ANY_SERVER_SLACK_MS);
+	}
 	for (unsigned tries = 1;; tries++) {
 		if (c->broken)
 			TRY(conn_revive(c, name, deadline));
@@ -2014,6 +2029,9 @@ static int wait_any(struct crun_store *s, const char *const *keys, size_t n, uin
 		}
 		if (r == 0)
 			r = await_any(c, n, deadline, o);
+		if (r == 0 && o->timed_out)
+			return set_err(c, CRUN_ETIMEDOUT, name, c->kv[0].p, c->kv[0].len,
+				       "timed out (by the server)");
 		if (r == 0)
 			return 0;
 		if (r == CRUN_ETIMEDOUT && !c->broken)
@@ -2026,18 +2044,18 @@ static int wait_any(struct crun_store *s, const char *const *keys, size_t n, uin
 int store_client_wait_any(struct crun_store *s, const char *const *keys, size_t n,
 			  uint32_t timeout_ms, size_t *ret_idx)
 {
-	const struct any_out o = {ret_idx, NULL, NULL};
+	struct any_out o = {ret_idx, NULL, NULL, false};
 
-	return wait_any(s, keys, n, timeout_ms, &o);
+	return wait_any(s, keys, n, timeout_ms, 0, &o);
 }
 
 int store_client_wait_any_get(struct crun_store *s, const char *const *keys, size_t n,
-			      uint32_t timeout_ms, size_t *ret_idx, void **ret_val,
+			      uint32_t timeout_ms, uint64_t keep, size_t *ret_idx, void **ret_val,
 			      size_t *ret_len)
 {
-	const struct any_out o = {ret_idx, ret_val, ret_len};
+	struct any_out o = {ret_idx, ret_val, ret_len, false};
 
 	if (!ret_val)
 		return CRUN_EINVAL;
-	return wait_any(s, keys, n, timeout_ms, &o);
+	return wait_any(s, keys, n, timeout_ms, keep, &o);
 }

@@ -480,8 +480,12 @@ int store_ext_process(struct store_conn *c, const uint8_t *buf, size_t len, size
 		if (l)
 			TRY(set_leased(c, l, q.key, q.val));
 		return reply_u8(c, l ? STORE_EXT_OK : STORE_EXT_NO_LEASE);
-	case STORE_EXT_WAIT_ANY:
 	case STORE_EXT_WAIT_ANY_GET:
+		l = q.id ? held(c, q.id) : NULL;
+		if (l) /* the wait's keep-alive (store_ext.h) */
+			TRY(arm(l));
+		return store_conn_wait_any(c, &q);
+	case STORE_EXT_WAIT_ANY:
 		return store_conn_wait_any(c, &q);
 	case STORE_EXT_TRY_GET:
 	case STORE_EXT_TICKET:

@@ -160,8 +160,14 @@ int store_ext_decode_req(const struct store_limits *lim, const uint8_t *buf, siz
 		TRY(take_bytes(&c, lim->max_key_bytes, &q.key));
 		TRY(take_bytes(&c, lim->max_value_bytes, &q.val));
 		break;
-	case STORE_EXT_WAIT_ANY:
 	case STORE_EXT_WAIT_ANY_GET:
+		TRY(take_u64(&c, &q.id));
+		TRY(take_u64(&c, &q.wait_ms));
+		if (q.wait_ms > STORE_EXT_TTL_MAX)
+			return CRUN_EPROTO;
+		TRY(take_list(&c, lim, &q));
+		break;
+	case STORE_EXT_WAIT_ANY:
 		TRY(take_list(&c, lim, &q));
 		break;
 	case STORE_EXT_TRY_GET:
@@ -207,7 +213,7 @@ size_t store_ext_req_size(const struct store_ext_req *q)
 		return 1 + 8 + 8 + q->key.len + 8 + q->val.len + 8 + q->key2.len + 8 + q->val2.len;
 	case STORE_EXT_WAIT_ANY:
 	case STORE_EXT_WAIT_ANY_GET: {
-		size_t n = 1 + 8;
+		size_t n = 1 + 8 + (q->op == STORE_EXT_WAIT_ANY_GET ? 16 : 0);
 
 		for (uint64_t i = 0; i < q->nitems; i++)
 			n += 8 + q->keys[i].len;
@@ -258,8 +264,11 @@ int store_ext_encode_req(const struct store_ext_req *q, uint8_t *buf, size_t cap
 		p = store_put_bytes(p, q->key2.p, q->key2.len);
 		p = store_put_bytes(p, q->val.p, q->val.len);
 		break;
-	case STORE_EXT_WAIT_ANY:
 	case STORE_EXT_WAIT_ANY_GET:
+		p = store_put_u64(p, q->id);
+		p = store_put_u64(p, q->wait_ms);
+		/* fall through - then the key list */
+	case STORE_EXT_WAIT_ANY:
 		p = store_put_u64(p, q->nitems);
 		for (uint64_t i = 0; i < q->nitems; i++)
 			p = store_put_bytes(p, q->keys[i].p, q->keys[i].len);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include <event2/buffer.h>
+#include <event2/event.h>
 
 #include "common/common.h"
 #include "store/server_int.h"
@@ -69,11 +70,16 @@ static void conn_drop_waits(struct store_conn *c)
 	c->pending = 0;
 	c->any = false;
 	c->any_get = false;
+	if (c->any_timer)
+		evtimer_del(c->any_timer);
 }
 
 void store_conn_unregister(struct store_conn *c)
 {
 	conn_drop_waits(c);
+	if (c->any_timer)
+		event_free(c->any_timer);
+	c->any_timer = NULL;
 	while (!DL_EMPTY(&c->watches))
 		reg_free(c->srv, DL_ENTRY(c->watches.next, struct kv_reg, conn_link), false);
 }
@@ -116,6 +122,24 @@ static int reply_any(struct store_conn *c, const struct kv_ent *e, uint64_t idx)
 	if (!c->any_get)
 		return 0;
 	return e->present ? reply_bytes(c, e->val, e->val_len) : reply_bytes(c, NULL, 0);
+}
+
+/* A WAIT_ANY_GET's timeout passed with no key there: index n, no value. */
+static void any_timed_out(evutil_socket_t fd, short what, void *arg)
+{
+	struct store_conn *c = arg;
+
+	(void)fd;
+	(void)what;
+	if (!c->any || !c->pending)
+		return; /* woken or canceled meanwhile */
+	if (reply_u8(c, STORE_WAIT_STOP_WAITING) < 0 || reply_i64(c, (int64_t)c->any_n) < 0 ||
+	    reply_bytes(c, NULL, 0) < 0)
+		c->doomed = true;
+	conn_drop_waits(c);
+	store_conn_flush(c);
+	store_conn_unpark(c);
+	store_conn_check_pushed(c);
 }
 
 /* One registration of c on e fired. Like torch, a count already at 0 (a
@@ -489,6 +513,18 @@ int store_conn_wait_any(struct store_conn *c, const struct store_ext_req *q)
 		}
 		DL_ENTRY(c->waits.prev, struct kv_reg, conn_link)->idx = i;
 	}
+	if (q->wait_ms) {
+		const struct timeval tv = {(time_t)(q->wait_ms / 1000),
+					   (suseconds_t)(q->wait_ms % 1000 * 1000)};
+
+		if (!c->any_timer)
+			c->any_timer = evtimer_new(srv->base, any_timed_out, c);
+		if (!c->any_timer || evtimer_add(c->any_timer, &tv) < 0) {
+			conn_drop_waits(c);
+			return CRUN_ENOMEM;
+		}
+	}
+	c->any_n = q->nitems;
 	c->pending = 1;
 	c->any = true;
 	c->parked = true;

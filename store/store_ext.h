@@ -20,8 +20,8 @@
  *   0x86  WAIT_ANY         u64 n, n x bytes key                  later: u8 0, u64 index
  *                                                                (version 3)
  *   0x87  TRY_GET          bytes key                             u8 found, bytes value
- *   0x88  WAIT_ANY_GET     u64 n, n x bytes key                  later: u8 0, u64 index,
- *                                                                bytes value
+ *   0x88  WAIT_ANY_GET     u64 lease id, u64 timeout_ms,         later: u8 0, u64 index,
+ *                          u64 n, n x bytes key                  bytes value
  *   0x89  TICKET           bytes counter, bytes prefix,          i64 ticket
  *                          bytes value
  *   0x8a  GRANT_SET        u64 ttl_ms, bytes expiry_key,         u64 lease id (> 0)
@@ -39,7 +39,16 @@
  *   - TRY_GET: CHECK then GET of a key that may be absent. found 0: absent
  *     (value empty);
  *   - WAIT_ANY_GET: WAIT_ANY whose wake carries the value of the key that
- *     exists (what a GET of it would read then; empty for a queue);
+ *     exists (what a GET of it would read then; empty for a queue). Two
+ *     more fields fold the waiter's LEASE_KEEPALIVE and its CANCEL_WAIT
+ *     into it: a lease id other than 0, if this connection holds it, is
+ *     kept alive as by LEASE_KEEPALIVE when the request arrives (else
+ *     nothing: the holder learns it at its next keep-alive); a timeout_ms
+ *     other than 0 ends the wait from the server when no key appeared by
+ *     then, with index n and an empty value. So a member asleep in a round
+ *     sends one request per heartbeat instead of three (the cancel of its
+ *     wait, the keep-alive, the wait again). CANCEL_WAIT works as for
+ *     WAIT_ANY;
  *   - TICKET: ADD 1 to counter, then SET prefix + the new count in decimal
  *     to value (a joiner's ticket and its record);
  *   - GRANT_SET: LEASE_GRANT, then SET_LEASED of key under the new lease
@@ -128,7 +137,8 @@ enum { STORE_EXT_OK = 0, STORE_EXT_NO_LEASE = 1 };
 struct store_ext_req {
 	uint8_t op;
 	uint32_t magic, version;	/* HELLO */
-	uint64_t id;			/* KEEPALIVE REVOKE SET_LEASED ATTACH */
+	uint64_t id;			/* KEEPALIVE REVOKE SET_LEASED ATTACH WAIT_ANY_GET */
+	uint64_t wait_ms;		/* WAIT_ANY_GET: the server's timeout, 0: none */
 	uint64_t ttl_ms;		/* GRANT GRANT_SET */
 	struct store_bytes key;		/* GRANT(_SET): expiry key; SET_LEASED TRY_GET: key;
 					 * TICKET: counter */
@@ -192,7 +202,9 @@ int store_client_get_now(struct crun_store *s, const char *key, void **ret_val, 
 /* The version-4 ops (CRUN_ENOTSUP, nothing sent, from an older server; the
  * caller falls back to the two requests each replaces). try_get:
  * CRUN_ENOTFOUND when absent. wait_any_get: store_client_wait_any that also
- * reads the key's value (malloc'd, NUL-terminated) from the wake. ticket:
+ * reads the key's value (malloc'd, NUL-terminated) from the wake, keeps lease
+ * `keep` (0: none) alive with the request, and is timed out by the server
+ * (no CANCEL_WAIT unless the server is late). ticket:
  * *ret_t = ADD(counter, 1), and prefix<t> set to val. grant_set: a lease as
  * crun_store_lease_grant with key set under it. */
 /* The values of n keys (malloc'd, NUL-terminated; a missing key reads as
@@ -203,7 +215,7 @@ int store_client_multi_get_now(struct crun_store *s, const char *const *keys, si
 				void **ret_vals, size_t *ret_lens);
 int store_client_try_get(struct crun_store *s, const char *key, void **ret_val, size_t *ret_len);
 int store_client_wait_any_get(struct crun_store *s, const char *const *keys, size_t n,
-			      uint32_t timeout_ms, size_t *ret_idx, void **ret_val,
+			      uint32_t timeout_ms, uint64_t keep, size_t *ret_idx, void **ret_val,
 			      size_t *ret_len);
 int store_client_ticket(struct crun_store *s, const char *counter, const char *prefix,
 			const void *val, size_t len, int64_t *ret_t);

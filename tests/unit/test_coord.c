@@ -483,14 +483,14 @@ START_TEST(folded_calls_do_what_their_two_requests_did)
 	ck_assert_int_eq(coord_try_get(c, "fa", &v), CRUN_ENOTFOUND);
 	/* wait_any_get: a timeout, a wake by another handle's set (with its
 	 * value), and a present key answered at once */
-	ck_assert_int_eq(coord_wait_any_get(c, ab, 2, 100, &v), CRUN_ETIMEDOUT);
+	ck_assert_int_eq(coord_wait_any_get(c, ab, 2, 100, 0, &v), CRUN_ETIMEDOUT);
 	ck_assert_int_eq(pthread_create(&thr, NULL, set_later, &l), 0);
-	ck_assert_int_eq(coord_wait_any_get(c, ab, 2, 20000, &v), 1);
+	ck_assert_int_eq(coord_wait_any_get(c, ab, 2, 20000, 0, &v), 1);
 	pthread_join(thr, NULL);
 	ck_assert_str_eq(v, "val-fb");
 	free(v);
 	ck_assert_int_eq(coord_set(c, "fa", "va"), 0);
-	ck_assert_int_eq(coord_wait_any_get(c, ab, 2, 100, &v), 0);
+	ck_assert_int_eq(coord_wait_any_get(c, ab, 2, 100, 0, &v), 0);
 	ck_assert_str_eq(v, "va");
 	free(v);
 	ck_assert_int_eq(coord_try_get(c, "fa", &v), 0);

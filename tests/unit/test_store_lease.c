@@ -303,9 +303,12 @@ START_TEST(codec_version4_ops)
 	round_trip(&q, buf, sizeof(buf), &d);
 	ck_assert_uint_eq(buf[0], 0x87);
 	ck_assert_mem_eq(d.key.p, "/key", 4);
-	q = (struct store_ext_req){.op = STORE_EXT_WAIT_ANY_GET, .nitems = 2, .keys = keys};
+	q = (struct store_ext_req){
+	    .op = STORE_EXT_WAIT_ANY_GET, .id = 77, .wait_ms = 1500, .nitems = 2, .keys = keys};
 	round_trip(&q, buf, sizeof(buf), &d);
 	ck_assert_uint_eq(buf[0], 0x88);
+	ck_assert_uint_eq(d.id, 77);
+	ck_assert_uint_eq(d.wait_ms, 1500);
 	ck_assert_uint_eq(d.nitems, 2);
 	it = d.items;
 	store_items_next(&it, &k);
@@ -343,6 +346,18 @@ START_TEST(codec_version4_ops)
 	for (uint8_t op = STORE_EXT_TRY_GET; op <= STORE_EXT_GRANT_SET; op++)
 		ck_assert_uint_eq(store_ext_op_version(op), 4);
 	ck_assert_str_eq(store_ext_op_name(STORE_EXT_GRANT_SET), "GRANT_SET");
+	/* a WAIT_ANY_GET timeout over the longest TTL is malformed */
+	q = (struct store_ext_req){.op = STORE_EXT_WAIT_ANY_GET,
+				   .wait_ms = STORE_EXT_TTL_MAX + 1ull,
+				   .nitems = 2,
+				   .keys = keys};
+	{
+		const struct store_limits lim = STORE_LIMITS_DEFAULT;
+		size_t len, used;
+
+		ck_assert_int_eq(store_ext_encode_req(&q, buf, sizeof(buf), &len), 0);
+		ck_assert_int_eq(store_ext_decode_req(&lim, buf, len, &d, &used), CRUN_EPROTO);
+	}
 }
 END_TEST
 
@@ -758,6 +773,7 @@ START_TEST(version4_ops_do_two_requests_in_one)
 	ck_assert_int_eq(store_client_try_get(a, "k", &v, &len), CRUN_ENOTFOUND);
 	ck_assert_ptr_null(v);
 	ck_assert_int_eq(crun_store_set(b, "k", "value", 5), 0);
+	expect_val(b, "k", "value"); /* a SET has no reply: make sure it is in */
 	ck_assert_int_eq(store_client_try_get(a, "k", &v, &len), 0);
 	ck_assert_uint_eq(len, 5);
 	ck_assert_str_eq(v, "value");
@@ -781,10 +797,10 @@ START_TEST(version4_ops_do_two_requests_in_one)
 	ck_assert_int_eq(exists(b, "chg"), 0);
 	/* WAIT_ANY_GET: a timeout (canceled, the handle usable), a parked
 	 * wait woken by another client's SET with the value, a present key */
-	ck_assert_int_eq(store_client_wait_any_get(a, ab, 2, 100, &idx, &v, &len), CRUN_ETIMEDOUT);
+	ck_assert_int_eq(store_client_wait_any_get(a, ab, 2, 100, 0, &idx, &v, &len), CRUN_ETIMEDOUT);
 	ck_assert_int_eq(crun_store_set(a, "after", "x", 1), 0);
 	ck_assert_int_eq(crun_store_set(b, "wb", "bee", 3), 0);
-	ck_assert_int_eq(store_client_wait_any_get(a, ab, 2, 5000, &idx, &v, &len), 0);
+	ck_assert_int_eq(store_client_wait_any_get(a, ab, 2, 5000, 0, &idx, &v, &len), 0);
 	ck_assert_uint_eq(idx, 1);
 	ck_assert_str_eq(v, "bee");
 	crun_free(v);
@@ -822,7 +838,7 @@ START_TEST(wait_any_get_wakes_with_the_value)
 	a = client();
 	l = (struct later_set){client(), "z", "zed value"};
 	ck_assert_int_eq(pthread_create(&thr, NULL, set_after, &l), 0);
-	ck_assert_int_eq(store_client_wait_any_get(a, keys, 3, 10000, &idx, &v, &len), 0);
+	ck_assert_int_eq(store_client_wait_any_get(a, keys, 3, 10000, 0, &idx, &v, &len), 0);
 	pthread_join(thr, NULL);
 	ck_assert_uint_eq(idx, 2);
 	ck_assert_uint_eq(len, 9);
@@ -831,6 +847,40 @@ START_TEST(wait_any_get_wakes_with_the_value)
 	ck_assert_int_eq(crun_store_set(a, "still", "ok", 2), 0);
 	crun_store_close(l.s);
 	crun_store_close(a);
+	srv_stop();
+}
+END_TEST
+
+/* WAIT_ANY_GET's folded fields: the server ends the wait at its timeout
+ * (index n: no CANCEL_WAIT, the stream in step), and each wait keeps the
+ * connection's lease alive, so waits alone hold a lease for many TTLs. */
+START_TEST(wait_any_get_times_out_on_the_server_and_keeps_the_lease)
+{
+	const char *keys[] = {"never"};
+	crun_store_t *a, *b;
+	void *v = NULL;
+	size_t idx = 9;
+	uint64_t id = 0;
+
+	srv_start();
+	a = client();
+	b = client();
+	ck_assert_int_eq(crun_store_lease_grant(a, 600, "lapsed", "dead", 4, &id), 0);
+	for (int i = 0; i < 20; i++) /* 2 s of 100 ms waits: > 3 TTLs */
+		ck_assert_int_eq(store_client_wait_any_get(a, keys, 1, 100, id, &idx, &v, NULL),
+				 CRUN_ETIMEDOUT);
+	ck_assert_ptr_null(v);
+	ck_assert_int_eq(exists(b, "lapsed"), 0);
+	ck_assert_int_eq(crun_store_lease_keepalive(a, id), 0);
+	/* Waits that keep nothing: the lease lapses under them. */
+	for (int i = 0; i < 20 && !exists(b, "lapsed"); i++)
+		ck_assert_int_eq(store_client_wait_any_get(a, keys, 1, 100, 0, &idx, &v, NULL),
+				 CRUN_ETIMEDOUT);
+	ck_assert_int_eq(exists(b, "lapsed"), 1);
+	ck_assert_int_eq(crun_store_set(a, "after", "x", 1), 0); /* in step */
+	expect_val(a, "after", "x");
+	crun_store_close(a);
+	crun_store_close(b);
 	srv_stop();
 }
 END_TEST
@@ -862,7 +912,7 @@ START_TEST(an_older_server_gets_no_version4_op)
 	ck_assert_int_eq(store_client_ticket(a, "n", "p/", "v", 1, &t), CRUN_ENOTSUP);
 	ck_assert_int_eq(store_client_grant_set(a, 1000, "e", "d", 1, "k", "v", 1, &id),
 			 CRUN_ENOTSUP);
-	ck_assert_int_eq(store_client_wait_any_get(a, ab, 2, 100, &idx, &v, NULL), CRUN_ENOTSUP);
+	ck_assert_int_eq(store_client_wait_any_get(a, ab, 2, 100, 0, &idx, &v, NULL), CRUN_ENOTSUP);
 	ck_assert_int_eq(store_client_wait_any(a, ab, 2, 100, &idx), CRUN_ETIMEDOUT);
 	ck_assert_int_eq(crun_store_set(a, "k", "v", 1), 0); /* nothing was sent */
 	expect_val(a, "k", "v");
@@ -965,6 +1015,7 @@ static Suite *lease_suite(void)
 	tcase_add_test(tc, extension_ops_need_hello);
 	tcase_add_test(tc, version4_ops_do_two_requests_in_one);
 	tcase_add_test(tc, wait_any_get_wakes_with_the_value);
+	tcase_add_test(tc, wait_any_get_times_out_on_the_server_and_keeps_the_lease);
 	tcase_add_test(tc, an_older_server_gets_no_version4_op);
 	tcase_set_timeout(tc, 90);
 	suite_add_tcase(s, tc);
