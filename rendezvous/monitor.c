@@ -49,7 +49,7 @@ static void post(struct c10d_job *j, enum rdzv_change ch)
 static void store_lost(struct c10d_job *j, struct coord *c, int r)
 {
 	snprintf(j->err, sizeof(j->err),
-		 "lost the rendezvous store at %.64s:%u%s%.64s%s (%.120s); a c10d job cannot go "
+		 "lost the rendezvous store at %.64s:%u%s%.64s%s (%.200s); a c10d job cannot go "
 		 "on without the node serving its store (crun-rdzvd or etcd outlive any node)",
 		 j->host, j->port, j->store_host[0] ? ", served by the agent on host '" : "",
 		 j->store_host, j->store_host[0] ? "'" : "",

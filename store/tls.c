@@ -246,6 +246,15 @@ int store_tls_connect(struct store_tls *t, int fd, const char *host, uint64_t de
 			}
 			continue;
 		}
+		if (e == SSL_ERROR_SYSCALL &&
+		    (errno == ECONNRESET || errno == ECONNABORTED || errno == EPIPE)) {
+			/* The transport broke (a reset mid-handshake, e.g. `ss -K`
+			 * or a restarting peer), not a TLS verdict: the caller
+			 * retries it like a refused connect. */
+			r = CRUN_ECONNRESET;
+			snprintf(err, cap, "TLS handshake with '%s': %s", host, strerror(errno));
+			goto fail;
+		}
 		r = CRUN_EPROTO;
 		if (SSL_get_verify_result(c->ssl) != X509_V_OK)
 			snprintf(err, cap, "TLS: the certificate of '%s' is not trusted: %s", host,
