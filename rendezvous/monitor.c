@@ -237,7 +237,7 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 	 * state, so a lease not found there has expired (and said so). */
 	bool restartable = !hb && !j->host_member && !j->is_host && !j->etcd;
 	int r = 0, back_next = 0;
-	bool restored = false;
+	bool restored = false, moved_on;
 
 	KEY(me, "r%d/lease/%d", j->round, j->info.group_rank);
 	KEY(nbr, "r%d/lease/%d", j->round, (j->info.group_rank + 1) % j->nnodes);
@@ -303,7 +303,13 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 		store_lost(j, *cp, r);
 		return r;
 	}
-	TRY(read_change(j, *cp, chk, why_v, done_v));
+	r = read_change(j, *cp, chk, why_v, done_v);
+	if (r < 0)
+		return r;
+	/* The round changed (the key its lease would set on expiry is set):
+	 * its end writes nothing, so moving on needs no revoke - one request
+	 * fewer per member between the change and the next round. */
+	moved_on = r == 0 && (j->change == RDZV_CHANGE_RESTART || j->change == RDZV_CHANGE_MEMBERSHIP);
 	/* Stay connected (lease held) until the agent moves on: closing now
 	 * would look like a failure of this node to the others. The next
 	 * keep-alive is due a heartbeat after the last one: the agent
@@ -319,7 +325,7 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 		if (lease && coord_lease_keepalive(*cp, lease) < 0)
 			break;
 	}
-	if (lease && helper_stopping(&j->h))
+	if (lease && helper_stopping(&j->h) && !moved_on)
 		(void)coord_lease_revoke(*cp, lease);
 	return 0;
 }
