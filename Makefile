@@ -110,10 +110,14 @@ all: $(PROGS) $(LIBA) $(LIBSO) $(EXAMPLES) $(BENCHES) $(BUILD)/crun.pc $(CUDA_TA
 print-config:
 	@echo "BUILD=$(BUILD) WITH_CUDA=$(WITH_CUDA) NVCC=$(NVCC) SAN=$(SAN)"
 
+# The dependency file names the object both ways, absolute and relative: a
+# build made with BUILD=$$PWD/build (test_install) must still see a changed
+# header in a later plain `make` (it did not, and linked a stale layout).
 $(BUILD)/obj/%.o: %.c $(BUILD)/config.mk
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  CC      $<")
-	$(Q)$(CC) $(ALL_CFLAGS) -c $< -o $@
+	$(Q)$(CC) $(ALL_CFLAGS) -MT $(abspath $@) -MT $(patsubst $(CURDIR)/%,%,$(abspath $@)) \
+		-c $< -o $@
 
 # -Xptxas -v: registers, spills and shared memory per kernel in the .ptxas
 # file next to the object (read it after touching a kernel).

@@ -22,6 +22,7 @@
 #include "agent/agent.h"
 #include "common/common.h"
 #include "rendezvous/rdzv.h"
+#include "store/proxy.h"
 #include "store/server.h"
 
 extern char **environ;
@@ -844,9 +845,56 @@ out:
 	return r;
 }
 
+static void on_proxy_fail(void *arg)
+{
+	(void)arg;
+	log_at(LL_WARN, SUB_AGENT,
+	       "the worker store proxy lost group rank 0's store: its workers' connections "
+	       "are closed");
+}
+
+/* rdzv_conf worker_store=proxy on a node that does not serve the round's
+ * worker store: *wri (what the workers are told) names this agent's proxy
+ * to it, on the address the agent's own store listens on (the workers are
+ * local). A proxy that cannot start leaves the workers on the real store,
+ * which is correct, only not fanned in. */
+static void route_worker_store(struct crun_agent *a, const struct rdzv_info *ri,
+			       struct rdzv_info *wri)
+{
+	struct store_proxy_config pc = STORE_PROXY_CONFIG_DEFAULT;
+	const char *host = NULL;
+	uint16_t port = 0;
+	int r;
+
+	*wri = *ri;
+	store_proxy_free(a->proxy);
+	a->proxy = NULL;
+	if (!rdzv_worker_store_proxy(a->rdzv) || ri->group_rank == 0)
+		return;
+	(void)rdzv_store_to_serve(a->rdzv, &host, &port);
+	pc.listen_host = host && *host ? host : "127.0.0.1";
+	pc.upstream_host = ri->master_addr;
+	pc.upstream_port = ri->master_port;
+	pc.on_fail = on_proxy_fail;
+	pc.arg = a;
+	r = store_proxy_new(a->base, &pc, &a->proxy);
+	if (r < 0) {
+		log_at(LL_WARN, SUB_AGENT,
+		       "cannot start the worker store proxy on %s to %s:%u: %s; the workers use "
+		       "the store directly",
+		       pc.listen_host, ri->master_addr, ri->master_port, crun_strerror(r));
+		return;
+	}
+	snprintf(wri->master_addr, sizeof(wri->master_addr), "%s", pc.listen_host);
+	wri->master_port = store_proxy_port(a->proxy);
+	log_at(LL_INFO, SUB_AGENT, "worker store proxy on %s:%u to %s:%u", wri->master_addr,
+	       wri->master_port, ri->master_addr, ri->master_port);
+}
+
 int agent_start_attempt(struct crun_agent *a)
 {
 	const struct rdzv_info *ri = rdzv_info(a->rdzv);
+	struct rdzv_info wri; /* ri as the workers see it (route_worker_store) */
 	char attempt_dir[PATH_MAX] = "";
 	bool exec_failed = false;
 	int r;
@@ -860,6 +908,7 @@ int agent_start_attempt(struct crun_agent *a)
 		log_at(LL_WARN, SUB_AGENT, "cannot narrow the worker store to '%s', ignoring",
 		       rdzv_peer_addrs(a->rdzv));
 	a->group_rank = ri->group_rank;
+	route_worker_store(a, ri, &wri);
 	if (a->run_dir[0]) {
 		TRY(str_printf(attempt_dir, sizeof(attempt_dir), "%s/attempt_%d", a->run_dir,
 			       a->restart_count));
@@ -884,7 +933,7 @@ int agent_start_attempt(struct crun_agent *a)
 		w->pidfd = -1;
 		w->local_rank = i;
 		w->global_rank = ri->base_rank + i;
-		r = start_one(a, w, ri, attempt_dir);
+		r = start_one(a, w, &wri, attempt_dir);
 		if (r < 0) {
 			snprintf(a->err, sizeof(a->err), "cannot start worker %d: %s", i,
 				 crun_strerror(r));
@@ -906,6 +955,18 @@ int agent_start_attempt(struct crun_agent *a)
 void agent_end_attempt(struct crun_agent *a)
 {
 	heartbeat_disarm(a);
+	if (a->proxy) {
+		struct store_proxy_stats st;
+
+		store_proxy_get_stats(a->proxy, &st);
+		log_at(LL_INFO, SUB_AGENT,
+		       "worker store proxy: %llu connections, %llu requests on the shared "
+		       "connection, %llu waits of which %llu went upstream",
+		       (unsigned long long)st.accepted, (unsigned long long)st.requests,
+		       (unsigned long long)st.waits, (unsigned long long)st.upstream_waits);
+	}
+	store_proxy_free(a->proxy); /* its workers are gone */
+	a->proxy = NULL;
 	if (a->workers)
 		for (int i = 0; i < a->nworkers; i++)
 			logs_close_worker(a, &a->workers[i]);

@@ -35,6 +35,7 @@
 struct event_base;
 struct event;
 struct store_server;
+struct store_proxy;
 struct rdzv;
 
 /* ---- state machine (fsm.c) ------------------------------------------------ */
@@ -188,6 +189,8 @@ struct crun_agent {
 	int nfailures;
 	struct agent_failure *failures;
 	struct store_server *store;
+	struct store_proxy *proxy; /* worker_store=proxy, not group rank 0: this
+				    * attempt's proxy to the round's store */
 	struct rdzv *rdzv;
 	struct event *sig_ev[65];
 	struct event *grace_timer;

@@ -82,6 +82,10 @@ struct storm {
 	uint64_t requests;
 	const char *error;
 	struct store_limits lim;
+	/* --ports-file: rank i connects to ports[i / per_port] (node-local
+	 * proxies, bench/store_proxy_farm.c); none: every rank to server. */
+	uint16_t *ports;
+	uint32_t n_ports, per_port;
 };
 
 static uint64_t now_ns(void)
@@ -290,8 +294,11 @@ static int start_connect(struct storm *s, struct rank *r)
 		if (bind(fd, (struct sockaddr *)&src, sizeof(src)) < 0)
 			goto fail;
 	}
-	if (connect(fd, (struct sockaddr *)&s->server, sizeof(s->server)) < 0 &&
-	    errno != EINPROGRESS)
+	struct sockaddr_in dst = s->server;
+
+	if (s->n_ports)
+		dst.sin_port = htons(s->ports[MIN(r->idx / s->per_port, s->n_ports - 1)]);
+	if (connect(fd, (struct sockaddr *)&dst, sizeof(dst)) < 0 && errno != EINPROGRESS)
 		goto fail;
 	r->fd = fd;
 	if (epoll_ctl(s->ep, EPOLL_CTL_ADD, fd, &ev) < 0)
@@ -364,7 +371,25 @@ static const char usage[] =
     "  --prefix P         key prefix of the default group (/default_pg/, as 2.x under crun)\n"
     "  --sources K        spread connects over 127.0.0.2..127.0.0.(K+1) (8; 0: any)\n"
     "  --inflight C       concurrent connects (256)\n"
-    "  --timeout-ms MS    give up after MS (120000)\n";
+    "  --timeout-ms MS    give up after MS (120000)\n"
+    "  --ports-file F     ports one a line (node-local proxies): rank i connects to\n"
+    "                     line i / --per-port (8); --port is then not needed\n";
+
+/* Reads up to STORM_MAX_RANKS ports, one a line. */
+static int read_ports(struct storm *s, const char *path)
+{
+	FILE *f = fopen(path, "re");
+	unsigned v;
+
+	if (!f)
+		return -1;
+	s->ports = calloc(STORM_MAX_RANKS, sizeof(*s->ports));
+	while (s->ports && s->n_ports < STORM_MAX_RANKS && fscanf(f, "%u", &v) == 1 && v &&
+	       v < 65536)
+		s->ports[s->n_ports++] = (uint16_t)v;
+	fclose(f);
+	return s->n_ports ? 0 : -1;
+}
 
 int main(int argc, char **argv)
 {
@@ -377,6 +402,8 @@ int main(int argc, char **argv)
 	    {"sources", required_argument, NULL, 's'},
 	    {"inflight", required_argument, NULL, 'c'},
 	    {"timeout-ms", required_argument, NULL, 't'},
+	    {"ports-file", required_argument, NULL, 'f'},
+	    {"per-port", required_argument, NULL, 'k'},
 	    {"help", no_argument, NULL, 'H'},
 	    {NULL, 0, NULL, 0},
 	};
@@ -384,6 +411,7 @@ int main(int argc, char **argv)
 			  .sources = 8,
 			  .inflight = 256,
 			  .prefix = "/default_pg/",
+			  .per_port = 8,
 			  .lim = STORE_LIMITS_DEFAULT};
 	const char *host = "127.0.0.1";
 	unsigned long port = 0, timeout_ms = 120000, v;
@@ -400,6 +428,11 @@ int main(int argc, char **argv)
 		case 'P':
 			s.prefix = optarg;
 			continue;
+		case 'f':
+			if (read_ports(&s, optarg) < 0)
+				goto bad;
+			port = s.ports[0];
+			continue;
 		case 'd':
 			if (strcmp(optarg, "v1") && strcmp(optarg, "v2"))
 				goto bad;
@@ -413,6 +446,7 @@ int main(int argc, char **argv)
 		case 's':
 		case 'c':
 		case 't':
+		case 'k':
 			errno = 0;
 			v = strtoul(optarg, &end, 10);
 			if (errno || !*optarg || *end)
@@ -423,6 +457,8 @@ int main(int argc, char **argv)
 				s.n = (uint32_t)MIN(v, (unsigned long)UINT32_MAX);
 			else if (opt == 's')
 				s.sources = (uint32_t)MIN(v, 250ul);
+			else if (opt == 'k')
+				s.per_port = (uint32_t)MAX(MIN(v, 65536ul), 1ul);
 			else if (opt == 'c')
 				s.inflight = (uint32_t)MIN(v, 65536ul);
 			else
@@ -474,6 +510,7 @@ int main(int argc, char **argv)
 			close(s.ranks[i].fd);
 	close(s.ep);
 	free(s.ranks);
+	free(s.ports);
 	return rc == 0 ? 0 : 1;
 bad:
 	fputs(usage, stderr);

@@ -46,6 +46,7 @@ MODEL_N = 98304
 SERVERS = [
     ("crun-rdzvd", "crun-rdzvd", 2),
     ("crun-agent", "crun agent store", 2),
+    ("crun-proxy", "crun with node-local proxies", 2),
     ("torch2-libuv", "torch 2.x libuv", 2),
     ("torch2-legacy", "torch 2.x legacy", 2),
     ("torch113", "torch 1.13", 1),
@@ -116,21 +117,88 @@ class AgentStore(Server):
         return False
 
 
+PROXY_RANKS = 8          # ranks per node-local proxy (one node's GPUs)
+PROXIES_PER_FARM = 1500  # ~11 fds each (listener, 8 clients, 2 upstream): < 20,000
+
+
+class ProxyFarms:
+    """The crun-proxy cell: ceil(N / 8) node-local proxies (store/proxy.c) in
+    store_proxy_farm processes, each proxy with its own listener and its own
+    upstream connections to the root store (crun-rdzvd)."""
+
+    def __init__(self, build, tmp, root_port, n):
+        self.procs, self.files = [], []
+        total = (n + PROXY_RANKS - 1) // PROXY_RANKS
+        for i in range(0, total, PROXIES_PER_FARM):
+            f = os.path.join(tmp, f"proxy_ports.{i}")
+            if os.path.exists(f):
+                os.unlink(f)
+            self.files.append(f)
+            self.procs.append(subprocess.Popen(
+                [os.path.join(build, "bench", "store_proxy_farm"), "--upstream",
+                 f"127.0.0.1:{root_port}", "--proxies", str(min(PROXIES_PER_FARM, total - i)),
+                 "--ports-file", f], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True, preexec_fn=die_with_parent))
+        self.ports_file = os.path.join(tmp, "proxy_ports")
+
+    def wait_ready(self, timeout):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if all(os.path.exists(f) for f in self.files):
+                with open(self.ports_file, "w") as out:
+                    for f in self.files:
+                        with open(f) as fh:
+                            out.write(fh.read())
+                return True
+            if any(p.poll() is not None for p in self.procs):
+                return False
+            time.sleep(0.05)
+        return False
+
+    def cpu(self):
+        return sum((proc_status(p.pid) or (0, 0, 0))[2] for p in self.procs)
+
+    def stop(self):
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
 def storm_once(build, key, dialect, n, tmp, timeout_s):
-    srv = AgentStore(build, tmp) if key == "crun-agent" else Server(key,
-                                                                       server_argv(key, build, tmp))
+    if key == "crun-agent":
+        srv = AgentStore(build, tmp)
+    else:
+        srv = Server(key, server_argv("crun-rdzvd" if key == "crun-proxy" else key, build, tmp))
+    farms = None
     res = {"server": key, "ranks": n}
     try:
         srv.start()
         if not srv.wait_ready(START_TIMEOUT_S):
             res["error"] = "server did not start: " + " | ".join(srv.lines[-3:])
             return res
+        target = ["--port", str(srv.port)]
+        if key == "crun-proxy":
+            farms = ProxyFarms(build, tmp, srv.port, n)
+            if not farms.wait_ready(START_TIMEOUT_S):
+                res["error"] = "proxies did not start"
+                return res
+            target = ["--ports-file", farms.ports_file, "--per-port", str(PROXY_RANKS)]
+            proxies_before = farms.cpu()
         before = proc_status(srv.proc.pid)
-        argv = [os.path.join(build, "bench", "storm"), "--port", str(srv.port), "-n", str(n),
+        argv = [os.path.join(build, "bench", "storm"), *target, "-n", str(n),
                 "--dialect", f"v{dialect}", "--timeout-ms", str(int(timeout_s * 1000))]
         with RssSampler(srv.proc.pid):
             p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s + 30)
         after = proc_status(srv.proc.pid)
+        if farms:
+            # The root's CPU is the cell's server CPU; the proxies' is reported
+            # beside it, honestly: together they did the work.
+            res["proxies_cpu_s"] = round(farms.cpu() - proxies_before, 3)
+            res["proxies"] = (n + PROXY_RANKS - 1) // PROXY_RANKS
         line = next((l for l in p.stdout.splitlines() if l.startswith("{")), None)
         res.update(json.loads(line) if line else {"ok": False, "error": p.stderr[-300:]})
         if before and after:
@@ -140,6 +208,8 @@ def storm_once(build, key, dialect, n, tmp, timeout_s):
     except subprocess.TimeoutExpired:
         res.update(ok=False, error="storm timed out")
     finally:
+        if farms:
+            farms.stop()
         srv.stop()
     return res
 
@@ -237,7 +307,9 @@ def table(results, ranks, resolver, env_line):
             else:
                 cells.append(f"{r['total_s']:.3f} s, fan-out {r['fanout_s']:.3f} s, "
                              f"CPU {r.get('server_cpu_s', 0):.2f} s, "
-                             f"{r.get('server_hwm_mb', 0):.0f} MB")
+                             f"{r.get('server_hwm_mb', 0):.0f} MB"
+                             + (f" (root); {r['proxies']} proxies: CPU "
+                                f"{r['proxies_cpu_s']:.2f} s" if "proxies" in r else ""))
                 if key == "torch2-libuv":
                     libuv = r
                 if key == "crun-agent":

@@ -671,6 +671,11 @@ const struct rdzv_info *c10d_info(const struct c10d *c)
 	return c->have_info ? &c->info : NULL;
 }
 
+bool c10d_worker_store_proxy(const struct c10d *c)
+{
+	return c->conf.worker_store_proxy;
+}
+
 const char *c10d_peer_addrs(const struct c10d *c)
 {
 	if (!c->have_info)

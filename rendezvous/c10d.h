@@ -38,6 +38,10 @@ struct c10d_conf {
 	char tls_key[512];
 	char tls_ca[512];
 	int tls_min;
+	/* worker_store=proxy: the workers of every node but group rank 0's
+	 * reach the worker store through a proxy of their agent (store/proxy.h);
+	 * direct (0, the default): every worker connects to group rank 0's. */
+	int worker_store_proxy;
 };
 
 /* Parses torchrun's rdzv_conf ("k=v,...", seconds) over the defaults. 0, or
@@ -79,6 +83,8 @@ const struct rdzv_info *c10d_info(const struct c10d *c);
 /* Numeric addresses of the last round's nodes, space separated, when this
  * agent is group rank 0 (its worker store is the round's); NULL otherwise. */
 const char *c10d_peer_addrs(const struct c10d *c);
+/* rdzv_conf worker_store=proxy was given. */
+bool c10d_worker_store_proxy(const struct c10d *c);
 void c10d_get_progress(const struct c10d *c, struct rdzv_progress *ret);
 
 /* c10d_peers.c. The address field of a node record into out: 0,

@@ -103,6 +103,15 @@ int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap)
 				return CRUN_EINVAL;
 			}
 			c.tls_min = v[2] == '2' ? 12 : 13;
+		} else if (strcmp(item, "worker_store") == 0) {
+			if (strcmp(v, "direct") && strcmp(v, "proxy")) {
+				snprintf(
+				    err, cap,
+				    "argument --rdzv_conf: worker_store=%s is not direct or proxy",
+				    v);
+				return CRUN_EINVAL;
+			}
+			c.worker_store_proxy = v[0] == 'p';
 		} else if (strcmp(item, "is_host") == 0) {
 			if (parse_bool(v, &b) < 0) {
 				snprintf(err, cap,
@@ -128,7 +137,7 @@ int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap)
 				 "argument --rdzv_conf: unknown key '%s' (expected join_timeout, "
 				 "last_call_timeout, close_timeout, read_timeout, is_host, "
 				 "heartbeat_interval, lease_ttl, store_<limit>, auth_secret_file, "
-				 "tls_cert, tls_key, tls_ca, tls_min_version)",
+				 "tls_cert, tls_key, tls_ca, tls_min_version, worker_store)",
 				 item);
 			return CRUN_EINVAL;
 		}

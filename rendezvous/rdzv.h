@@ -111,6 +111,10 @@ const struct rdzv_info *rdzv_info(const struct rdzv *r);
  * round ("a b ...", numeric; valid until the next round), or NULL when the
  * backend does not know them (then the agent does not narrow its store). */
 const char *rdzv_peer_addrs(const struct rdzv *r);
+/* Whether the workers of a node that does not serve the round's worker store
+ * reach it through a node-local proxy (rdzv_conf worker_store=proxy; c10d
+ * and etcd backends only). */
+bool rdzv_worker_store_proxy(const struct rdzv *r);
 
 /* Starts the exit barrier (every agent reached a terminal state, so the node
  * serving the store leaves last); ends with RDZV_EV_BARRIER_DONE. A backend

@@ -55,3 +55,34 @@ def test_storm_against_the_agent_worker_store(procs, tmp_path):
         time.sleep(0.05)
     assert port, "the worker never reported MASTER_PORT"
     storm(port, N, "v2", "/default_pg/")
+
+
+@pytest.mark.parametrize("dialect", ["v1", "v2"])
+def test_storm_through_node_local_proxies(rdzvd, procs, tmp_path, dialect):
+    """8 ranks per proxy (bench/store_proxy_farm), the proxies to crun-rdzvd:
+    the same answers as direct, with one upstream WAIT per proxy at most."""
+    _, _, port = rdzvd
+    n = N
+    ports_file = tmp_path / "ports"
+    farm = procs.spawn([os.path.join(BUILD, "bench", "store_proxy_farm"), "--upstream",
+                        f"127.0.0.1:{port}", "--proxies", str((n + 7) // 8),
+                        "--ports-file", str(ports_file)])
+    for _ in range(400):
+        if ports_file.exists():
+            break
+        assert farm.poll() is None, farm.stderr.read()
+        time.sleep(0.025)
+    argv = [os.path.join(BUILD, "bench", "storm"), "--ports-file", str(ports_file), "-n", str(n),
+            "--dialect", dialect, "--prefix", f"/proxied-{dialect}/", "--timeout-ms", "60000"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=90)
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert out.returncode == 0 and res["ok"] and res["done"] == n, res
+    farm.terminate()
+    fout, _ = farm.communicate(timeout=20)
+    st = json.loads(fout.decode().strip().splitlines()[-1])
+    assert farm.returncode == 0 and st["dropped"] == 0 and st["passthrough"] == 0, st
+    assert st["accepted"] == n
+    # Every rank waits twice (barrier, NCCL id); at most one WAIT per proxy
+    # and key list goes upstream.
+    assert st["waits"] == 2 * n - 1
+    assert st["upstream_waits"] <= 2 * ((n + 7) // 8), st

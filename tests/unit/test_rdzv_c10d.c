@@ -100,6 +100,23 @@ START_TEST(conf_store_limits)
 }
 END_TEST
 
+/* worker_store=proxy|direct (store/proxy.h); anything else names the key. */
+START_TEST(conf_worker_store)
+{
+	struct c10d_conf c;
+	char err[256];
+
+	ck_assert_int_eq(c10d_parse_conf(NULL, &c, err, sizeof(err)), 0);
+	ck_assert_int_eq(c.worker_store_proxy, 0);
+	ck_assert_int_eq(c10d_parse_conf("worker_store=proxy", &c, err, sizeof(err)), 0);
+	ck_assert_int_eq(c.worker_store_proxy, 1);
+	ck_assert_int_eq(c10d_parse_conf("worker_store=direct", &c, err, sizeof(err)), 0);
+	ck_assert_int_eq(c.worker_store_proxy, 0);
+	ck_assert_int_eq(c10d_parse_conf("worker_store=pro", &c, err, sizeof(err)), CRUN_EINVAL);
+	ck_assert_ptr_nonnull(strstr(err, "worker_store=pro is not direct or proxy"));
+}
+END_TEST
+
 static char *const no_env[] = {NULL};
 
 START_TEST(cli_accepts_elastic_c10d)
@@ -907,6 +924,7 @@ static Suite *c10d_suite(void)
 	TCase *tc = tcase_create("pure");
 
 	tcase_add_test(tc, conf_store_limits);
+	tcase_add_test(tc, conf_worker_store);
 	tcase_add_test(tc, heterogeneous_prefix_sums);
 	tcase_add_test(tc, conf_defaults_and_keys);
 	tcase_add_test(tc, conf_errors_name_the_key);

@@ -1,0 +1,293 @@
+/* test_store_proxy.c: Check tests for the node-local store proxy
+ * (store/proxy.c). The routing table is pure and checked against the codec's
+ * reply shapes; then a crun store server and a proxy to it share one
+ * libevent thread and crun's own blocking client (both dialects) talks to
+ * the proxy: every answer as direct, K waiters on one key sharing one
+ * upstream WAIT and the server seeing two connections for K + 1 clients, a
+ * timed-out wait leaving the stream in step, and the server's loss closing
+ * the proxy's clients. PyTorch clients are in
+ * tests/integration/test_store_proxy.py.
+ */
+#include <check.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+#include <event2/thread.h>
+
+#include "crun/store.h"
+#include "store/proxy.h"
+#include "store/server.h"
+#include "unit/check_main.h"
+
+/* ---- the routing table ------------------------------------------------------- */
+
+/* Every op has a route, and the FIFO routes agree with the reply shapes:
+ * the shared connection's replies are matched to clients by counting, so an
+ * op sent as "no reply" that has one (or the reverse) would shift every
+ * later reply to the wrong client. */
+START_TEST(route_agrees_with_the_reply_shapes)
+{
+	for (int d = STORE_V1; d <= STORE_V2; d++) {
+		enum store_proxy_route r = store_proxy_route((enum store_dialect)d, _i);
+		enum store_reply_kind k = store_proto_reply_kind((enum store_op)_i);
+
+		ck_assert_int_le(r, PROXY_PASS);
+		if (r == PROXY_FIFO)
+			ck_assert_int_ne(k, STORE_REPLY_NONE);
+		if (r == PROXY_FIFO_NOREPLY)
+			ck_assert_int_eq(k, STORE_REPLY_NONE);
+	}
+}
+END_TEST
+
+START_TEST(route_answers_the_handshake_locally_and_relays_the_unknown)
+{
+	ck_assert_int_eq(store_proxy_route(STORE_V2, STORE_OP_VALIDATE), PROXY_LOCAL);
+	ck_assert_int_eq(store_proxy_route(STORE_V2, STORE_OP_PING), PROXY_LOCAL);
+	ck_assert_int_eq(store_proxy_route(STORE_V2, STORE_OP_WAIT), PROXY_WAIT);
+	ck_assert_int_eq(store_proxy_route(STORE_V1, STORE_OP_WAIT), PROXY_WAIT);
+	ck_assert_int_eq(store_proxy_route(STORE_V2, STORE_OP_CANCEL_WAIT), PROXY_CANCEL);
+	/* Pushed notifications, one-waiter wake-ups, server-side blocking. */
+	ck_assert_int_eq(store_proxy_route(STORE_V1, STORE_OP_WATCH_KEY), PROXY_PASS);
+	ck_assert_int_eq(store_proxy_route(STORE_V2, STORE_OP_QUEUE_POP), PROXY_PASS);
+	ck_assert_int_eq(store_proxy_route(STORE_V2, STORE_OP_BARRIER), PROXY_PASS);
+	/* What the codec does not know (an extension op: -1) goes verbatim. */
+	ck_assert_int_eq(store_proxy_route(STORE_V2, -1), PROXY_PASS);
+	ck_assert_int_eq(store_proxy_route(STORE_V2, STORE_OP__MAX), PROXY_PASS);
+}
+END_TEST
+
+START_TEST(new_refuses_a_missing_upstream)
+{
+	struct event_base *base = event_base_new();
+	struct store_proxy_config cfg = STORE_PROXY_CONFIG_DEFAULT;
+	struct store_proxy *px = NULL;
+
+	ck_assert_int_eq(store_proxy_new(base, &cfg, &px), CRUN_EINVAL);
+	cfg.upstream_host = "127.0.0.1";
+	ck_assert_int_eq(store_proxy_new(base, &cfg, &px), CRUN_EINVAL); /* no port */
+	cfg.upstream_port = 1;
+	cfg.listen_host = "not-an-address";
+	ck_assert_int_eq(store_proxy_new(base, &cfg, &px), CRUN_ERESOLVE);
+	ck_assert_ptr_null(px);
+	event_base_free(base);
+}
+END_TEST
+
+/* ---- against crun's server, on one libevent thread ------------------------------- */
+
+static struct event_base *base;
+static struct store_server *srv;
+static struct store_proxy *px;
+static pthread_t loop_thread;
+
+static void *loop_main(void *arg)
+{
+	(void)arg;
+	event_base_loop(base, EVLOOP_NO_EXIT_ON_EMPTY);
+	return NULL;
+}
+
+static void loop_start(void)
+{
+	ck_assert_int_eq(pthread_create(&loop_thread, NULL, loop_main, NULL), 0);
+}
+
+static void loop_stop(void)
+{
+	event_base_loopexit(base, NULL);
+	pthread_join(loop_thread, NULL);
+}
+
+static void setup(void)
+{
+	struct store_server_config sc = STORE_SERVER_CONFIG_DEFAULT;
+	struct store_proxy_config pc = STORE_PROXY_CONFIG_DEFAULT;
+
+	ck_assert_int_eq(evthread_use_pthreads(), 0);
+	base = event_base_new();
+	sc.host = "127.0.0.1";
+	ck_assert_int_eq(store_server_new(base, &sc, &srv), 0);
+	pc.upstream_host = "127.0.0.1";
+	pc.upstream_port = store_server_port(srv);
+	ck_assert_int_eq(store_proxy_new(base, &pc, &px), 0);
+	ck_assert_int_ne(store_proxy_port(px), 0);
+	loop_start();
+}
+
+static void teardown(void)
+{
+	loop_stop();
+	store_proxy_free(px);
+	store_server_free(srv);
+	event_base_free(base);
+}
+
+static crun_store_t *open_px(int dialect, uint32_t timeout_ms)
+{
+	crun_store_opts_t o = CRUN_STORE_OPTS_INIT;
+	crun_store_t *s = NULL;
+
+	o.port = store_proxy_port(px);
+	o.dialect = dialect;
+	o.timeout_ms = timeout_ms;
+	o.connect_timeout_ms = 5000;
+	o.reconnect_ms = 0;
+	ck_assert_int_eq(crun_store_open(&o, &s), 0);
+	return s;
+}
+
+static void check_get(crun_store_t *s, const char *key, const char *want)
+{
+	void *v = NULL;
+	size_t len = 0;
+
+	ck_assert_msg(crun_store_get(s, key, 5000, &v, &len) == 0, "get %s: %s", key,
+		      crun_store_last_error(s));
+	ck_assert_uint_eq(len, strlen(want));
+	ck_assert_mem_eq(v, want, len);
+	crun_free(v);
+}
+
+START_TEST(answers_as_the_store_in_both_dialects)
+{
+	crun_store_t *s = open_px(_i ? CRUN_STORE_V2 : CRUN_STORE_V1, 10000);
+	int64_t n = 0;
+	void *v = NULL;
+	size_t len = 0;
+
+	ck_assert_int_eq(crun_store_set(s, "k", "v1", 2), 0);
+	check_get(s, "k", "v1");
+	ck_assert_int_eq(crun_store_add(s, "n", 5, &n), 0);
+	ck_assert_int_eq(n, 5);
+	ck_assert_int_eq(crun_store_add(s, "n", -7, &n), 0);
+	ck_assert_int_eq(n, -2);
+	ck_assert_int_eq(crun_store_compare_set(s, "k", "v1", 2, "v2", 2, &v, &len), 0);
+	ck_assert_mem_eq(v, "v2", 2);
+	crun_free(v);
+	check_get(s, "n", "-2"); /* ADD stores decimal text */
+	crun_store_close(s);
+}
+END_TEST
+
+struct waiter {
+	crun_store_t *s;
+	int rc;
+};
+
+static void *wait_go(void *arg)
+{
+	struct waiter *w = arg;
+	const char *keys[] = {"go"};
+	int64_t n;
+
+	w->rc = crun_store_add(w->s, "ready", 1, &n);
+	if (w->rc == 0)
+		w->rc = crun_store_wait(w->s, keys, 1, 20000);
+	return NULL;
+}
+
+#define K 8
+
+START_TEST(one_set_releases_every_waiter_through_one_upstream_wait)
+{
+	struct waiter w[K];
+	pthread_t t[K];
+	crun_store_t *setter = open_px(CRUN_STORE_V2, 20000);
+	struct store_proxy_stats ps;
+	struct store_server_stats ss;
+	int64_t ready = 0;
+
+	for (int i = 0; i < K; i++) {
+		w[i].s = open_px(i % 2 ? CRUN_STORE_V1 : CRUN_STORE_V2, 20000);
+		ck_assert_int_eq(pthread_create(&t[i], NULL, wait_go, &w[i]), 0);
+	}
+	while (ready < K) {
+		ck_assert_int_eq(crun_store_add(setter, "ready", 0, &ready), 0);
+		usleep(10000);
+	}
+	usleep(300000); /* let each ADD's WAIT follow it (either order is correct) */
+	ck_assert_int_eq(crun_store_set(setter, "go", "1", 1), 0);
+	for (int i = 0; i < K; i++) {
+		pthread_join(t[i], NULL);
+		ck_assert_int_eq(w[i].rc, 0);
+	}
+	loop_stop();
+	store_proxy_get_stats(px, &ps);
+	store_server_get_stats(srv, &ss);
+	ck_assert_uint_eq(ps.waits, K);
+	ck_assert_uint_le(ps.upstream_waits, 1);
+	/* K + 1 clients (the v1 ones also open nothing more here): the server
+	 * holds the shared connection and the pooled wait connection. */
+	ck_assert_uint_eq(ps.clients, K + 1);
+	ck_assert_uint_le(ss.conns, 2);
+	loop_start();
+	for (int i = 0; i < K; i++)
+		crun_store_close(w[i].s);
+	crun_store_close(setter);
+}
+END_TEST
+
+START_TEST(a_timed_out_wait_leaves_the_stream_in_step)
+{
+	crun_store_t *s = open_px(CRUN_STORE_V2, 10000);
+	const char *keys[] = {"never"};
+
+	ck_assert_int_eq(crun_store_set(s, "k", "x", 1), 0);
+	ck_assert_int_eq(crun_store_wait(s, keys, 1, 200), CRUN_ETIMEDOUT);
+	check_get(s, "k", "x");
+	ck_assert_int_eq(crun_store_set(s, "never", "now", 3), 0);
+	check_get(s, "never", "now");
+	crun_store_close(s);
+}
+END_TEST
+
+START_TEST(losing_the_store_closes_the_clients)
+{
+	crun_store_t *s = open_px(CRUN_STORE_V2, 10000);
+	const char *keys[] = {"gone"};
+	void *v = NULL;
+	size_t len = 0;
+
+	ck_assert_int_eq(crun_store_set(s, "alive", "1", 1), 0);
+	check_get(s, "alive", "1"); /* connected, through the proxy */
+	loop_stop();
+	store_server_free(srv); /* closes the proxy's upstream connections */
+	srv = NULL;
+	loop_start();
+	ck_assert_int_lt(crun_store_wait(s, keys, 1, 8000), 0);
+	ck_assert_int_ne(crun_store_wait(s, keys, 1, 8000), CRUN_ETIMEDOUT);
+	ck_assert_int_lt(crun_store_get(s, "x", 1000, &v, &len), 0);
+	loop_stop();
+	ck_assert(store_proxy_failed(px));
+	loop_start();
+	crun_store_close(s);
+}
+END_TEST
+
+Suite *store_proxy_suite(void);
+Suite *store_proxy_suite(void)
+{
+	Suite *s = suite_create("store_proxy");
+	TCase *pure = tcase_create("route");
+	TCase *e2e = tcase_create("e2e");
+
+	tcase_set_timeout(pure, 10);
+	tcase_add_loop_test(pure, route_agrees_with_the_reply_shapes, 0, STORE_OP__MAX);
+	tcase_add_test(pure, route_answers_the_handshake_locally_and_relays_the_unknown);
+	tcase_add_test(pure, new_refuses_a_missing_upstream);
+	suite_add_tcase(s, pure);
+	tcase_set_timeout(e2e, 60);
+	tcase_add_checked_fixture(e2e, setup, teardown);
+	tcase_add_loop_test(e2e, answers_as_the_store_in_both_dialects, 0, 2);
+	tcase_add_test(e2e, one_set_releases_every_waiter_through_one_upstream_wait);
+	tcase_add_test(e2e, a_timed_out_wait_leaves_the_stream_in_step);
+	tcase_add_test(e2e, losing_the_store_closes_the_clients);
+	suite_add_tcase(s, e2e);
+	return s;
+}
+
+CRUN_CHECK_MAIN(store_proxy_suite)
