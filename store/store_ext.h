@@ -45,10 +45,10 @@
  *     kept alive as by LEASE_KEEPALIVE when the request arrives (else
  *     nothing: the holder learns it at its next keep-alive); a timeout_ms
  *     other than 0 ends the wait from the server when no key appeared by
- *     then, with index n and an empty value. So a member asleep in a round
- *     sends one request per heartbeat instead of three (the cancel of its
- *     wait, the keep-alive, the wait again). CANCEL_WAIT works as for
- *     WAIT_ANY;
+ *     then (at most an hour), with index n and an empty value. So a member
+ *     asleep in a round sends one request per heartbeat instead of three
+ *     (the cancel of its wait, the keep-alive, the wait again). CANCEL_WAIT
+ *     works as for WAIT_ANY;
  *   - TICKET: ADD 1 to counter, then SET prefix + the new count in decimal
  *     to value (a joiner's ticket and its record);
  *   - GRANT_SET: LEASE_GRANT, then SET_LEASED of key under the new lease
