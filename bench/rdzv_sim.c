@@ -58,6 +58,8 @@
 #include "common/common.h"
 #include "rendezvous/c10d_int.h"
 #include "rendezvous/coord.h"
+#include "store/store.h"
+#include "store/store_ext.h"
 
 #define SIM_K_MAX	16384
 #define SIM_STACK	(256u * 1024) /* virtual; only touched pages cost memory */
@@ -97,6 +99,7 @@ struct agent {
 	int heap_i;	      /* index in the timer heap, -1 when not in it */
 	/* counters (wrapped send/recv) and the last round's result */
 	uint64_t sends, bytes, r_sends, r_bytes;
+	uint16_t *ops; /* requests by op code in the round being joined (A_JOINING) */
 	int round, grank, nnodes;
 	char err[160];
 };
@@ -104,6 +107,7 @@ struct agent {
 struct round_stat {
 	int n, formed; /* members, members that got their assignment */
 	uint64_t sends, bytes, max_sends, max_bytes;
+	uint64_t ops[256]; /* the members' requests by op code (v2 and extension) */
 	uint64_t t_last_us;
 	unsigned char *seen; /* group ranks taken, max bytes */
 	bool dup;
@@ -342,6 +346,10 @@ ssize_t __wrap_send(int fd, const void *p, size_t len, int flags)
 	if (a && n > 0) {
 		a->sends++;
 		a->bytes += (uint64_t)n;
+		/* The client writes each request with one send: its first
+		 * byte is the op code (a partial send is counted as sent). */
+		if (a->ops && a->state == A_JOINING && a->ops[*(const uint8_t *)p] < UINT16_MAX)
+			a->ops[*(const uint8_t *)p]++;
 	}
 	return n;
 }
@@ -386,6 +394,8 @@ static void formed(struct sim *s, struct agent *a)
 	else
 		st->seen[a->grank] = 1;
 	st->formed++;
+	for (int i = 0; a->ops && i < 256; i++)
+		st->ops[i] += a->ops[i];
 	st->sends += a->r_sends;
 	st->bytes += a->r_bytes;
 	st->max_sends = MAX(st->max_sends, a->r_sends);
@@ -405,6 +415,7 @@ static void agent_body(struct sim *s, struct agent *a)
 {
 	struct coord_opts o = {0};
 	int prev_round = -1, prev_grank = -1, r;
+	bool change_seen = false;
 
 	o.host = s->host;
 	o.port = s->port;
@@ -436,12 +447,17 @@ static void agent_body(struct sim *s, struct agent *a)
 		j->nproc = 8;
 		j->prev_round = prev_round;
 		j->prev_grank = prev_grank;
+		j->change_seen = change_seen; /* as c10d.c's start() */
 		j->wport = 29500;
 		snprintf(j->addr, sizeof(j->addr), "127.0.0.1");
 		snprintf(j->hostname, sizeof(j->hostname), "node%05d", a->idx);
 		j->take_lease = true;
 		j->lease_c = a->c;
 		a->j = j;
+		if (!a->ops)
+			a->ops = calloc(256, sizeof(*a->ops));
+		if (a->ops)
+			memset(a->ops, 0, 256 * sizeof(*a->ops));
 		a->state = A_JOINING;
 		s0 = a->sends;
 		b0 = a->bytes;
@@ -468,6 +484,7 @@ static void agent_body(struct sim *s, struct agent *a)
 		}
 		prev_round = j->round;
 		prev_grank = j->info.group_rank;
+		change_seen = j->change == RDZV_CHANGE_RESTART || j->change == RDZV_CHANGE_MEMBERSHIP;
 		a->j = NULL;
 		j->h.release(&j->h);
 	}
@@ -574,6 +591,20 @@ static void report(struct sim *s, const char *phase, int rd)
 	if (s->inject_us && s->detect_us) /* no change seen: nothing to say */
 		printf("\"detect_s\":%.3f,\"reform_s\":%.3f,", secs(s->inject_us, s->detect_us),
 		       secs(s->detect_us, st->t_last_us));
+	/* Which requests a member made, per member (v2 codes, then crun's). */
+	printf("\"ops\":{");
+	for (int i = 0, first = 1; i < 256 && st->n; i++) {
+		int op = store_proto_op_from_code(STORE_V2, (uint8_t)i);
+		const char *name = store_ext_is_op((uint8_t)i) ? store_ext_op_name((uint8_t)i)
+				   : op >= 0			? store_proto_op_name(op)
+								: "?";
+
+		if (!st->ops[i])
+			continue;
+		printf("%s\"%s\":%.2f", first ? "" : ",", name, (double)st->ops[i] / st->n);
+		first = 0;
+	}
+	printf("},");
 	printf("\"req_per_agent\":%.1f,\"req_max\":%" PRIu64 ",\"bytes_per_agent\":%.0f,"
 	       "\"bytes_max\":%" PRIu64 ",\"ranks_ok\":%s}\n",
 	       (double)st->sends / st->n, st->max_sends, (double)st->bytes / st->n, st->max_bytes,
@@ -685,7 +716,7 @@ static int run(struct sim *s)
 
 			for (int i = 0; i < s->k; i++)
 				cnt[s->agents[i].state]++;
-			s->next_status_us = now + 1000000;
+			s->next_status_us = now + 250000; /* 4 lines a second */
 			fprintf(stderr,
 				"rdzv_sim: %.1f s phase %d: idle %d connecting %d joining %d "
 				"monitor %d dead %d cut %d failed %d; timers %d ready %d\n",

@@ -22,6 +22,7 @@
 #include "common/common.h"
 #include "store/auth.h"
 #include "store/server.h"
+#include "store/store_ext.h"
 #include "store/tls.h"
 
 #define PROG "crun-rdzvd"
@@ -42,6 +43,7 @@ enum {
 	OPT_TLS_KEY,
 	OPT_TLS_CA,
 	OPT_TLS_MIN,
+	OPT_EXT_VERSION,
 	OPT_LIMIT, /* OPT_LIMIT + i: tunable i of store_server_limits() */
 };
 
@@ -69,6 +71,7 @@ static const struct option fixed_opts[] = {
     {"tls-key", required_argument, NULL, OPT_TLS_KEY},
     {"tls-ca", required_argument, NULL, OPT_TLS_CA},
     {"tls-min-version", required_argument, NULL, OPT_TLS_MIN},
+    {"ext-version", required_argument, NULL, OPT_EXT_VERSION},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, OPT_VERSION},
 };
@@ -148,6 +151,9 @@ static void usage(FILE *f)
 		"                                    limits apply at once, other changes are\n"
 		"                                    named as needing a restart\n"
 		"      --print-schema                print the JSON schema of --config and exit\n"
+		"      --ext-version N               serve crun's store extension as version N\n"
+		"                                    (default: the newest), as an older " PROG "\n"
+		"                                    would: for testing clients' fallbacks\n"
 		"\n"
 		"Security (without a secret or TLS only loopback addresses are served):\n"
 		"      --auth-secret-file FILE       every client must prove it knows this secret\n"
@@ -267,6 +273,12 @@ static void parse_args(int argc, char **argv, struct store_server_config *cfg, s
 			break;
 		case OPT_CONFIG:
 			break; /* read before the flags (read_config) */
+		case OPT_EXT_VERSION:
+			if (parse_uint_range(optarg, 1, STORE_EXT_VERSION, &v) < 0)
+				bad_usage("--ext-version: expected an integer in [1, %u], got '%s'",
+					  STORE_EXT_VERSION, optarg);
+			cfg->ext_version = (uint32_t)v;
+			break;
 		case OPT_PRINT_SCHEMA:
 			exit(print_schema());
 		case OPT_AUTH_FILE:

@@ -63,6 +63,9 @@ struct c10d_job {
 	struct c10d_conf conf;
 	int min, max, nproc, is_host;
 	int prev_round, prev_grank;
+	/* ROUND: r<prev_round>/change is set (this agent's monitor read it):
+	 * coming back, it need not write a reason there. */
+	bool change_seen;
 	uint16_t wport;
 	char addr[RDZV_HOST_MAX];
 	char hostname[RDZV_HOST_MAX];

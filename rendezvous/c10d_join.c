@@ -108,16 +108,18 @@ static int check_conf(struct c10d_job *j, struct coord *c)
 	return r;
 }
 
-/* Checks before joining: the settings (once: an agent coming back for the
- * next round checked them when it first joined), and no joining a run id
- * that already ended. */
+/* Checks before joining: the settings and no joining a run id that already
+ * ended - once: an agent coming back for the next round checked both when
+ * it first joined, and a job that ends while it joins wakes its wait
+ * (wait_closed). */
 static int check_job(struct c10d_job *j, struct coord *c)
 {
 	char *closed = NULL;
 	int r;
 
-	if (j->prev_round < 0)
-		TRY(check_conf(j, c));
+	if (j->prev_round >= 0)
+		return 0;
+	TRY(check_conf(j, c));
 	r = coord_try_get(c, "closed", &closed);
 	if (r == 0) {
 		snprintf(j->err, sizeof(j->err),
@@ -206,26 +208,40 @@ static int open_next(struct c10d_job *j, struct coord *c, int64_t rd, const char
 	return r < 0 ? c10d_jfail(j, c, r, "opening the next round") : 0;
 }
 
-/* Whether the alive keys of tickets 1..n all exist, in one round trip that
- * never waits (a CHECK of n keys): the common case, which spares the closer
- * n lookups. A MULTI_GET with a 1 ms timeout did this before: on a busy
- * store its WAIT outlived the millisecond, the closer fell back to n
- * lookups without keeping its lease alive, the lease lapsed and the round
- * was abandoned (6 rounds in a row at 8,192 simulated agents). */
-static bool alive_all(struct coord *c, int64_t rd, int n)
+/* Which of tickets 1..n have their alive key, into live[0..n): 0, or 1 when
+ * the store cannot say in bulk (the caller asks ticket by ticket). First
+ * whether the first `max` all exist, in one round trip that never waits (a
+ * CHECK of them): the common case. Else which ones, in one more (a MULTI_GET
+ * without a WAIT on a crun store). A MULTI_GET with a 1 ms timeout did the
+ * first before: on a busy store its WAIT outlived the millisecond, the
+ * closer fell back to n lookups without keeping its lease alive, the lease
+ * lapsed and the round was abandoned (6 rounds in a row at 8,192 simulated
+ * agents); and the n lookups, one round trip each, were still the fallback
+ * whenever a joiner had its ticket but not yet its lease (12,288 CHECKs by
+ * one closer at 12,288 simulated agents: 1.0 request per member). */
+static int alive_look(struct coord *c, int64_t rd, int n, int max, bool *live)
 {
 	char **keys = calloc((size_t)n, sizeof(char *));
-	bool ok = keys && n > 0;
+	int r = keys && n > 0 ? 0 : CRUN_ENOMEM, first = MIN(n, max);
 
-	for (int i = 0; ok && i < n; i++) {
+	for (int i = 0; r >= 0 && i < n; i++) {
 		keys[i] = malloc(64);
-		ok = keys[i] && str_printf(keys[i], 64, "r%" PRId64 "/alive/%d", rd, i + 1) >= 0;
+		r = keys[i] ? str_printf(keys[i], 64, "r%" PRId64 "/alive/%d", rd, i + 1) : CRUN_ENOMEM;
 	}
-	ok = ok && coord_exists_all(c, (const char *const *)keys, (size_t)n) == 1;
+	if (r >= 0)
+		r = coord_exists_all(c, (const char *const *)keys, (size_t)first);
+	if (r == 1) {
+		for (int i = 0; i < first; i++)
+			live[i] = true;
+		r = 0;
+	} else if (r == 0) {
+		r = coord_exists_each(c, (const char *const *)keys, (size_t)n, live);
+		r = r == CRUN_ENOTSUP ? 1 : r;
+	}
 	for (int i = 0; keys && i < n; i++)
 		free(keys[i]);
 	free(keys);
-	return ok;
+	return r;
 }
 
 /* Closes round rd as ticket t with members m[0..n): first every member's
@@ -300,7 +316,7 @@ static int try_close(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t,
 	char key[96];
 	int r, n = 0, k = 0, good = 0, attempt;
 	int64_t joined;
-	bool all;
+	bool *live = NULL, each;
 
 	KEY(key, "r%" PRId64 "/closed", rd);
 	r = coord_exists(c, key);
@@ -314,18 +330,22 @@ static int try_close(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t,
 	m = calloc((size_t)n, sizeof(*m));
 	keys = calloc((size_t)n, sizeof(char *));
 	vals = calloc((size_t)n, sizeof(char *));
+	live = calloc((size_t)n, sizeof(bool));
 	r = CRUN_ENOMEM;
-	if (!m || !keys || !vals)
+	if (!m || !keys || !vals || !live)
 		goto out;
-	all = alive_all(c, rd, (int)MIN(n, j->max));
+	r = n > 0 ? alive_look(c, rd, n, j->max, live) : 0;
+	if (r < 0)
+		goto out;
+	each = r == 1;
 	for (int i = 0; i < n && k < j->max; i++) {
 		r = str_printf(key, sizeof(key), "r%" PRId64 "/alive/%d", rd, i + 1);
 		/* One lookup per ticket may outlast the TTL (thousands of
 		 * tickets on a busy store): keep the lease meanwhile. */
-		if (r >= 0 && !all)
+		if (r >= 0 && each)
 			keep_lease(j, clock_now_ms(), last_keep);
 		if (r >= 0)
-			r = all ? 1 : coord_exists(c, key);
+			r = each ? coord_exists(c, key) : live[i];
 		if (r < 0)
 			goto out;
 		if (r == 0)
@@ -362,6 +382,7 @@ out:
 	}
 	free(keys);
 	free(vals);
+	free(live);
 	free(m);
 	return r < 0 ? c10d_jfail(j, c, r, "closing the round") : 0;
 }
@@ -434,7 +455,7 @@ static int lease_for(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t)
 	if (r < 0)
 		return c10d_jfail(j, NULL, r, "connecting the lease monitor");
 	lc = j->lease_c ? j->lease_c : j->mon_c;
-	r = coord_lease_grant(lc, j->conf.ttl_ms, chk, why, &j->lease);
+	r = coord_lease_grant_put(lc, j->conf.ttl_ms, chk, why, alive, j->hostname, &j->lease);
 	if (r == CRUN_ENOTSUP) {
 		log_at(LL_WARN, SUB_RDZV,
 		       "the rendezvous store has no leases; falling back to heartbeats");
@@ -448,20 +469,19 @@ static int lease_for(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t)
 		return r < 0 ? c10d_jfail(j, c, r, "writing the alive key") : 0;
 	}
 	/* The lease may lapse before its first use (this agent stalled past
-	 * the TTL after the grant): its expiry already ended the round, which
-	 * the wait will see; take a new one, a few times at most. */
-	for (int i = 0; r == 0 && i < LEASE_TRIES; i++) {
-		r = coord_put_leased(lc, j->lease, alive, j->hostname);
-		if (r != CRUN_ENOTFOUND)
-			break;
+	 * the TTL after the grant, on a store that grants and puts in two
+	 * requests): its expiry already ended the round, which the wait will
+	 * see; take a new one, a few times at most. */
+	for (int i = 1; r == CRUN_ENOTFOUND && i < LEASE_TRIES; i++) {
 		log_at(LL_WARN, SUB_RDZV,
 		       "rendezvous '%s': the lease lapsed before its first use; taking another",
 		       j->prefix);
 		j->lease = 0;
-		r = i + 1 < LEASE_TRIES ? coord_lease_grant(lc, j->conf.ttl_ms, chk, why, &j->lease)
-					: CRUN_ENOTFOUND;
+		r = coord_lease_grant_put(lc, j->conf.ttl_ms, chk, why, alive, j->hostname,
+					  &j->lease);
 	}
 	if (r == CRUN_ENOTFOUND) {
+		j->lease = 0;
 		snprintf(j->err, sizeof(j->err),
 			 "taking the lease: it lapsed before its first use %d times in a row "
 			 "(lease_ttl=%u ms is too short for this store's latency)",
@@ -551,11 +571,13 @@ static int take_assignment(struct c10d_job *j, struct coord *c, const struct rou
 
 /* What a member of an open round sleeps on, in the order they win: the
  * round closed, it ended before closing (a joiner died: its lease set the
- * change key), the ticket count reached MAX, then MIN (the last call
- * starts). The two counts are marker keys the joiners at or past them set. */
-enum round_event { EV_CLOSED, EV_CHANGE, EV_MAX, EV_MIN, EV_N };
+ * change key), the whole job ended (its "closed" key, no round prefix), the
+ * ticket count reached MAX, then MIN (the last call starts). The two counts
+ * are marker keys the joiners at or past them set. */
+enum round_event { EV_CLOSED, EV_CHANGE, EV_ENDED, EV_MAX, EV_MIN, EV_N };
 
-static const char *const event_key[EV_N] = {"closed", "change", "clock_max", "clock_min"};
+static const char *const event_key[EV_N] = {"closed", "change", "closed", "clock_max",
+					    "clock_min"};
 
 /* Tells the others the count reached MIN (and MAX): every joiner at or past
  * it says so, as the one whose ticket reached it may die before it could. */
@@ -632,15 +654,23 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 	uint64_t min_seen = t >= j->min ? now : 0, max_seen = t >= j->max ? now : 0;
 	uint64_t every = C10D_PROGRESS_MS, next_log = now + every;
 	char claim[32] = "";
+	bool watch_counts = round_watches_counts((int)t);
+	bool fold_keep = j->lease && j->lease_c == c;
+	uint64_t keep;
 	int r;
 
 	for (int e = 0; e < EV_N; e++) {
-		KEY(kb[e], "r%" PRId64 "/%s", rd, event_key[e]);
+		if (e == EV_ENDED)
+			KEY(kb[e], "%s", event_key[e]);
+		else
+			KEY(kb[e], "r%" PRId64 "/%s", rd, event_key[e]);
 		keys[e] = kb[e];
 	}
 	for (int i = 0; i < 1 << 30; i++) {
-		/* Only the events not seen yet (a present key answers at once). */
-		size_t n = max_seen ? EV_MAX : min_seen ? EV_MIN : EV_N;
+		/* Only the events not seen yet (a present key answers at once),
+		 * and the counts only for a member that may have to close. */
+		size_t n = max_seen || !watch_counts ? EV_MAX : min_seen ? EV_MIN : EV_N;
+		char *ev = NULL;
 		uint64_t at =
 		    round_close_at((int)t, j->max, min_seen, max_seen, j->conf.last_call_ms);
 		uint64_t wake = MIN(deadline, next_log);
@@ -648,7 +678,12 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 		now = clock_now_ms();
 		if (now >= deadline)
 			return join_timed_out(j, c, rd);
-		keep_lease(j, now, &last_keep);
+		/* A lease on this handle is kept by the wait's own request. */
+		keep = fold_keep && now - last_keep >= j->conf.hb_ms ? j->lease : 0;
+		if (keep)
+			last_keep = now;
+		else if (!fold_keep)
+			keep_lease(j, now, &last_keep);
 		if (at && now >= at && now >= next_try) {
 			r = claim_close(j, c, rd, t, claim, sizeof(claim));
 			if (r < 0)
@@ -667,26 +702,34 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 			wake = MIN(wake, MAX(at, next_try));
 		if (j->lease)
 			wake = MIN(wake, last_keep + j->conf.hb_ms);
-		r = coord_wait_any(c, keys, n, (uint32_t)(wake > now ? wake - now : 1));
-		if (r == EV_CLOSED)
-			return coord_get_now(c, kb[EV_CLOSED], ret_closed) < 0
-				   ? c10d_jfail(j, c, CRUN_EPROTO, "reading the closed round")
-				   : 0;
+		/* The wake carries the key's value: the closed head needs no
+		 * second read. */
+		r = coord_wait_any_get(c, keys, n, (uint32_t)(wake > now ? wake - now : 1), keep,
+				       &ev);
+		if (r == EV_CLOSED) {
+			*ret_closed = ev;
+			return 0;
+		}
 		if (r == EV_CHANGE) {
 			/* A ticket holder died (its lease set the change key)
 			 * before the round closed: nobody can tell whether it
 			 * would have been counted, so start over. */
-			char *why = NULL;
-
-			if (coord_try_get(c, kb[EV_CHANGE], &why) == 0) {
-				log_at(LL_WARN, SUB_RDZV,
-				       "rendezvous '%s' round %" PRId64 " ended before it closed "
-				       "(%.200s); starting over",
-				       j->prefix, rd, why);
-				crun_free(why);
-			}
+			log_at(LL_WARN, SUB_RDZV,
+			       "rendezvous '%s' round %" PRId64 " ended before it closed "
+			       "(%.200s); starting over",
+			       j->prefix, rd, ev);
+			crun_free(ev);
 			return abandon(j, c, rd, ret_closed);
 		}
+		if (r == EV_ENDED) {
+			snprintf(j->err, sizeof(j->err),
+				 "the rendezvous '%s' was closed while this node joined round "
+				 "%" PRId64 " (%s)",
+				 j->prefix, rd, ev);
+			crun_free(ev);
+			return CRUN_ERDZVCLOSED;
+		}
+		crun_free(ev);
 		if (r == EV_MAX || r == EV_MIN) {
 			now = clock_now_ms();
 			max_seen = r == EV_MAX ? now : max_seen;
@@ -723,9 +766,10 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 	TRY(check_job(j, c));
 	if (j->prev_round >= 0) {
 		/* Whoever comes back first moves the job to the next round; the
-		 * round's change key says why, if nobody said it yet. */
+		 * round's change key says why, if nobody said it yet (an agent
+		 * whose monitor read it knows it is there). */
 		KEY(val, "restart %s", j->hostname);
-		TRY(open_next(j, c, j->prev_round, val, &rd));
+		TRY(open_next(j, c, j->prev_round, j->change_seen ? NULL : val, &rd));
 	}
 	me.prev_round = j->prev_round;
 	me.prev_grank = j->prev_grank;
@@ -743,14 +787,16 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 		r = rd >= 0 ? 0 : coord_add(c, "round", 0, &rd);
 		if (r < 0)
 			return c10d_jfail(j, c, r, "reading the round");
+		/* The ticket and the record under it in one request (a ticket
+		 * without its record, left by a holder that died between the
+		 * two on a store without TICKET, is dropped by the closer). */
+		char pfx[64];
+
 		KEY(key, "r%" PRId64 "/joined", rd);
-		r = coord_add(c, key, 1, &t);
+		KEY(pfx, "r%" PRId64 "/node/", rd);
+		r = coord_ticket(c, key, pfx, val, &t);
 		if (r < 0)
 			return c10d_jfail(j, c, r, "joining");
-		KEY(key, "r%" PRId64 "/node/%" PRId64, rd, t);
-		r = coord_set(c, key, val);
-		if (r < 0)
-			return c10d_jfail(j, c, r, "writing the node record");
 		TRY(lease_for(j, c, rd, t));
 		TRY(mark_counts(j, c, rd, t));
 		log_at(LL_WARN, SUB_RDZV,

@@ -34,21 +34,30 @@ static const char *run_id_of(const struct c10d_job *j)
 void c10d_progress(struct c10d_job *j, struct coord *c, int64_t rd, int64_t joined,
 		   uint64_t min_seen, uint64_t left_ms)
 {
-	char hosts[PROGRESS_HOSTS_READ][RDZV_HOST_MAX], key[128], line[1024];
-	int n = 0;
+	char hosts[PROGRESS_HOSTS_READ][RDZV_HOST_MAX], kb[PROGRESS_HOSTS_READ][64], line[1024];
+	const char *keys[PROGRESS_HOSTS_READ];
+	char *vals[PROGRESS_HOSTS_READ] = {0};
+	int n = 0, nk = (int)MIN(joined, (int64_t)PROGRESS_HOSTS_READ);
 	int64_t last_call = -1;
 	struct rdzv_progress p;
+	bool bulk;
 
-	for (int64_t t = 1; t <= joined && t <= PROGRESS_HOSTS_READ; t++) {
+	for (int i = 0; i < nk; i++) {
+		if (str_printf(kb[i], sizeof(kb[i]), "r%" PRId64 "/node/%d", rd, i + 1) < 0)
+			nk = i; /* cannot happen: 64 bytes hold any such key */
+		keys[i] = kb[i];
+	}
+	/* The first records in one request where the store can (a line every
+	 * few seconds from every waiting member), else one by one. */
+	bulk = nk > 0 && coord_multi_get_now(c, keys, (size_t)nk, vals) == 0;
+	for (int i = 0; i < nk; i++) {
 		struct round_node rn;
-		char *v = NULL;
 
-		if (str_printf(key, sizeof(key), "r%" PRId64 "/node/%" PRId64, rd, t) < 0 ||
-		    coord_try_get(c, key, &v) < 0)
-			continue;
-		if (round_record_parse(v, (int)t, &rn) == 0)
+		if (!bulk && coord_try_get(c, keys[i], &vals[i]) < 0)
+			vals[i] = NULL;
+		if (vals[i] && round_record_parse(vals[i], i + 1, &rn) == 0)
 			snprintf(hosts[n++], RDZV_HOST_MAX, "%s", rn.host);
-		crun_free(v);
+		crun_free(vals[i]);
 	}
 	if (min_seen) {
 		uint64_t at = min_seen + j->conf.last_call_ms, now = clock_now_ms();

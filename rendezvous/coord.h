@@ -67,6 +67,9 @@ void coord_mem_lapse_grants(struct coord_mem *m, int n);
  * (under m's lock), and a lease lapses once the handle that took it made
  * lease_ops operations without keeping it alive. 0, 0: off. */
 void coord_mem_slow(struct coord_mem *m, uint32_t op_us, uint64_t lease_ops);
+/* m answers coord_exists_each with CRUN_ENOTSUP, as a store older than
+ * extension version 4 does: the callers' key-by-key fallbacks run. */
+void coord_mem_old_store(struct coord_mem *m);
 int coord_open_mem(struct coord_mem *m, const char *prefix, struct coord **ret_c);
 void coord_close(struct coord *c);
 const char *coord_last_error(const struct coord *c);
@@ -98,6 +101,12 @@ int coord_exists(struct coord *c, const char *key);
 /* 1 when every key exists, 0 when one does not: one round trip on the crun
  * store (CHECK of n keys), never waiting. */
 int coord_exists_all(struct coord *c, const char *const *keys, size_t n);
+/* The values of n keys (malloc'd; "" for an absent key: only for keys never
+ * set to "") in one round trip that never waits, on a crun store of
+ * extension version 4 (and in memory); CRUN_ENOTSUP elsewhere: the caller
+ * asks key by key. coord_exists_each: ret[i] = whether keys[i] exists. */
+int coord_multi_get_now(struct coord *c, const char *const *keys, size_t n, char **ret_vals);
+int coord_exists_each(struct coord *c, const char *const *keys, size_t n, bool *ret);
 /* Waits up to timeout_ms until any of keys[0..n) exists (n <= COORD_ANY_MAX):
  * the index of one that does (the lowest, when several already did), or
  * CRUN_ETIMEDOUT (the handle stays usable). One request on the crun store
@@ -108,6 +117,20 @@ int coord_exists_all(struct coord *c, const char *const *keys, size_t n);
 #define COORD_ANY_MAX	  16
 #define COORD_ANY_POLL_MS 250
 int coord_wait_any(struct coord *c, const char *const *keys, size_t n, uint32_t timeout_ms);
+
+/* coord_wait_any that also reads the value of the key it reports into
+ * *ret_val (malloc'd), and keeps lease `keep` (0: none; held by this
+ * handle) alive: one request on a crun store of extension version 4
+ * (WAIT_ANY_GET, timed out by the store: no cancel), a keep-alive, a wait
+ * and a read elsewhere. Only for keys never deleted once written. */
+int coord_wait_any_get(struct coord *c, const char *const *keys, size_t n, uint32_t timeout_ms,
+		       uint64_t keep, char **ret_val);
+/* A ticket and its record: *ret_t = the counter after adding 1, and key
+ * <prefix><t> set to val. One request on a crun store of extension version
+ * 4 (TICKET), an add then a set elsewhere (not atomic there: a holder that
+ * dies between them leaves a ticket without its record, as before). */
+int coord_ticket(struct coord *c, const char *counter, const char *prefix, const char *val,
+		 int64_t *ret_t);
 
 /* Leases (see the file comment): granted on this handle's connection; on
  * expiry expiry_key is set to `why`. CRUN_ENOTSUP (and the handle is
@@ -124,6 +147,14 @@ int coord_lease_revoke(struct coord *c, uint64_t id);
  * does. CRUN_ENOTFOUND when the lease already ended, CRUN_ENOTSUP without
  * leases. A backend may implement it as its native put-with-lease (etcd). */
 int coord_put_leased(struct coord *c, uint64_t id, const char *key, const char *val);
+
+/* coord_lease_grant, then coord_put_leased of key under the new lease: one
+ * request on a crun store of extension version 4 (GRANT_SET: the lease
+ * cannot lapse between the two), two elsewhere. CRUN_ENOTFOUND (*ret_id
+ * set) when the lease lapsed before the put; CRUN_ENOTSUP as
+ * coord_lease_grant. */
+int coord_lease_grant_put(struct coord *c, uint32_t ttl_ms, const char *expiry_key,
+			  const char *why, const char *key, const char *val, uint64_t *ret_id);
 
 /* Heartbeat fallback. `name` identifies the holder's liveness record. */
 int coord_heartbeat(struct coord *c, const char *name);

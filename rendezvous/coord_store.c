@@ -45,6 +45,7 @@ struct coord_mem {
 	int lapse_grants;    /* coord_mem_lapse_grants: leases still to lapse */
 	uint32_t op_us;	     /* coord_mem_slow: each operation's least duration */
 	uint64_t lease_ops;  /* coord_mem_slow: a lease's TTL, in operations */
+	bool old_store;	     /* coord_mem_old_store: no coord_exists_each */
 	bool leases_on;
 };
 
@@ -55,6 +56,7 @@ struct coord {
 	struct coord_mem *mem;	  /* instead of s */
 	struct etcd *etcd;	  /* instead of s: coord_etcd.c does the work */
 	bool no_any;		  /* the store lacks WAIT_ANY: coord_wait_any polls */
+	bool no_fold;		  /* the store's extension predates version 4: two requests */
 	uint64_t mem_id, mem_ops; /* coord_mem: this handle, its operations */
 	char prefix[320];
 	char err[512];
@@ -346,6 +348,13 @@ int coord_mem_expire(struct coord_mem *m, uint64_t id)
 	return r;
 }
 
+void coord_mem_old_store(struct coord_mem *m)
+{
+	pthread_mutex_lock(&m->mu);
+	m->old_store = true;
+	pthread_mutex_unlock(&m->mu);
+}
+
 void coord_mem_lapse_grants(struct coord_mem *m, int n)
 {
 	pthread_mutex_lock(&m->mu);
@@ -563,6 +572,52 @@ int coord_exists_all(struct coord *c, const char *const *keys, size_t n)
 	return ready ? 1 : 0;
 }
 
+int coord_multi_get_now(struct coord *c, const char *const *keys, size_t n, char **ret_vals)
+{
+	size_t *lens;
+	int r;
+
+	if (c->mem && !c->mem->old_store) {
+		pthread_mutex_lock(&c->mem->mu);
+		mem_tick(c);
+		for (size_t i = 0; i < n; i++) {
+			struct mkv *e = mfind(c, keys[i]);
+
+			ret_vals[i] = strdup(e ? e->val : "");
+			c->mem->read_bytes += e ? strlen(e->val) : 0;
+		}
+		pthread_mutex_unlock(&c->mem->mu);
+		for (size_t i = 0; i < n; i++)
+			if (!ret_vals[i]) {
+				for (size_t k = 0; k < n; k++)
+					free(ret_vals[k]);
+				return CRUN_ENOMEM;
+			}
+		return 0;
+	}
+	if (c->mem || c->etcd || c->no_fold)
+		return CRUN_ENOTSUP;
+	lens = calloc(n ? n : 1, sizeof(*lens));
+	if (!lens)
+		return CRUN_ENOMEM;
+	r = store_client_multi_get_now(c->s, keys, n, (void **)ret_vals, lens);
+	free(lens);
+	return r < 0 && r != CRUN_ENOTSUP ? fail(c, r, "multi_get", n ? keys[0] : "") : r;
+}
+
+int coord_exists_each(struct coord *c, const char *const *keys, size_t n, bool *ret)
+{
+	char **vals = calloc(n ? n : 1, sizeof(char *));
+	int r = vals ? coord_multi_get_now(c, keys, n, vals) : CRUN_ENOMEM;
+
+	for (size_t i = 0; r == 0 && i < n; i++) {
+		ret[i] = vals[i][0] != '\0';
+		free(vals[i]);
+	}
+	free(vals);
+	return r;
+}
+
 int coord_exists(struct coord *c, const char *key)
 {
 	int ready = 0;
@@ -601,10 +656,28 @@ int coord_get_now(struct coord *c, const char *key, char **ret_val)
 	return 0;
 }
 
+/* A version-4 op answered r: true when the store predates it (remembered:
+ * the caller uses the two older requests from then on). */
+static bool fold_missing(struct coord *c, int r)
+{
+	if (r == CRUN_ENOTSUP)
+		c->no_fold = true;
+	return r == CRUN_ENOTSUP;
+}
+
 int coord_try_get(struct coord *c, const char *key, char **ret_val)
 {
 	if (c->etcd)
 		return etcd_try_get(c->etcd, key, ret_val);
+	if (!c->mem && !c->no_fold) {
+		void *v = NULL;
+		int r = store_client_try_get(c->s, key, &v, NULL);
+
+		if (r == 0)
+			*ret_val = v;
+		if (!fold_missing(c, r))
+			return r < 0 && r != CRUN_ENOTFOUND ? fail(c, r, "try_get", key) : r;
+	}
 	int r = coord_exists(c, key);
 
 	if (r < 0)
@@ -782,6 +855,70 @@ int coord_wait_any(struct coord *c, const char *const *keys, size_t n, uint32_t 
 		c->no_any = true;
 	}
 	return poll_any(c, keys, n, timeout_ms);
+}
+
+int coord_wait_any_get(struct coord *c, const char *const *keys, size_t n, uint32_t timeout_ms,
+		       uint64_t keep, char **ret_val)
+{
+	void *v = NULL;
+	size_t idx;
+	int r;
+
+	if (!c->etcd && !c->mem && !c->no_any && !c->no_fold) {
+		if (!keys || n == 0 || n > COORD_ANY_MAX)
+			return CRUN_EINVAL;
+		r = store_client_wait_any_get(c->s, keys, n, timeout_ms ? timeout_ms : 1, keep, &idx,
+					      &v, NULL);
+		if (r == 0) {
+			*ret_val = v;
+			return (int)idx;
+		}
+		if (r == CRUN_ETIMEDOUT)
+			return r;
+		if (!fold_missing(c, r))
+			return fail(c, r, "wait_any_get", keys[0]);
+	}
+	if (keep)
+		(void)coord_lease_keepalive(c, keep); /* as the folded one: result unseen */
+	r = coord_wait_any(c, keys, n, timeout_ms);
+	if (r >= 0 && coord_get_now(c, keys[r], ret_val) < 0)
+		return CRUN_EPROTO;
+	return r;
+}
+
+int coord_ticket(struct coord *c, const char *counter, const char *prefix, const char *val,
+		 int64_t *ret_t)
+{
+	char key[512];
+	int r;
+
+	if (!c->etcd && !c->mem && !c->no_fold) {
+		r = store_client_ticket(c->s, counter, prefix, val, strlen(val), ret_t);
+		if (!fold_missing(c, r))
+			return r < 0 ? fail(c, r, "ticket", counter) : 0;
+	}
+	TRY(coord_add(c, counter, 1, ret_t));
+	TRY(str_printf(key, sizeof(key), "%s%" PRId64, prefix, *ret_t));
+	return coord_set(c, key, val);
+}
+
+int coord_lease_grant_put(struct coord *c, uint32_t ttl_ms, const char *expiry_key,
+			  const char *why, const char *key, const char *val, uint64_t *ret_id)
+{
+	int r;
+
+	if (!c->etcd && !c->mem && !c->no_fold) {
+		r = store_client_grant_set(c->s, ttl_ms, expiry_key, why, strlen(why), key, val,
+					   strlen(val), ret_id);
+		if (r == CRUN_ECLOSED || r == CRUN_EPROTO) {
+			fail(c, r, "grant_set", expiry_key);
+			return CRUN_ENOTSUP; /* no extension at all, as coord_lease_grant */
+		}
+		if (!fold_missing(c, r))
+			return r < 0 ? fail(c, r, "grant_set", key) : 0;
+	}
+	TRY(coord_lease_grant(c, ttl_ms, expiry_key, why, ret_id));
+	return coord_put_leased(c, *ret_id, key, val);
 }
 
 int coord_watch(struct coord *c, const char *key, uint32_t timeout_ms)

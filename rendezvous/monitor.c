@@ -58,20 +58,27 @@ static void store_lost(struct c10d_job *j, struct coord *c, int r)
 }
 
 /* The round is over: what its change key says, and the "failed" handshake.
- * 1 (nothing posted) when the job itself is over. */
-static int read_change(struct c10d_job *j, struct coord *c, const char *chk)
+ * 1 (nothing posted) when the job itself is over. What the watch's wake
+ * brought along (taken): v, the change (closed was absent then: the wake
+ * answers closed first), or done, the job's closed value; neither: read
+ * both (the watch saw the change, and a change key is never deleted). */
+static int read_change(struct c10d_job *j, struct coord *c, const char *chk, char *v, char *done)
 {
-	char k1[64], k2[64], *v = NULL, *done = NULL;
-	bool failed;
-	int r = coord_get(c, chk, j->conf.ttl_ms, &v);
+	char k1[64], k2[64];
+	bool failed = false, woke = v || done;
+	int r = woke ? 0 : coord_get_now(c, chk, &v);
 
 	if (r < 0) {
 		store_lost(j, c, r);
 		return r;
 	}
-	snprintf(j->err, sizeof(j->err), "%s", v);
-	failed = strncmp(v, "failed", 6) == 0;
-	if (coord_try_get(c, "closed", &done) == 0) {
+	if (v) {
+		snprintf(j->err, sizeof(j->err), "%s", v);
+		failed = strncmp(v, "failed", 6) == 0;
+	}
+	if (!woke)
+		(void)coord_try_get(c, "closed", &done); /* stays NULL when absent */
+	if (done) {
 		bool ended = strncmp(done, "done", 4) == 0;
 
 		failed = !ended;
@@ -222,20 +229,21 @@ static int check_back(struct c10d_job *j, struct coord *c, const char *chk, uint
 
 int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 {
-	char me[64], nbr[64], chk[64], why[512];
+	char me[64], nbr[64], chk[64], why[512], *why_v = NULL, *done_v = NULL;
 	int64_t cnt, last = -1;
-	uint64_t last_move = clock_now_ms(), lease = j->lease, outage = 0, back_by = 0;
+	uint64_t last_move = clock_now_ms(), lease = j->lease, outage = 0, back_by = 0, kept_at = 0;
 	bool hb = j->hb || !lease;
 	/* Only a store no member serves can restart under us; etcd keeps its
 	 * state, so a lease not found there has expired (and said so). */
 	bool restartable = !hb && !j->host_member && !j->is_host && !j->etcd;
 	int r = 0, back_next = 0;
-	bool restored = false;
+	bool restored = false, moved_on;
 
 	KEY(me, "r%d/lease/%d", j->round, j->info.group_rank);
 	KEY(nbr, "r%d/lease/%d", j->round, (j->info.group_rank + 1) % j->nnodes);
 	KEY(chk, "r%d/change", j->round);
 	for (int i = 0; r == 0 && i < 1 << 30 && !helper_stopping(&j->h); i++) {
+		kept_at = clock_now_ms();
 		r = hb ? coord_heartbeat(*cp, me) : coord_lease_keepalive(*cp, lease);
 		if (r == CRUN_ENOTFOUND && restartable && !back_by) {
 			r = reestablish(j, *cp, chk, &lease, &back_by);
@@ -249,9 +257,18 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 		if (r == 0 && restored)
 			r = check_joiner(j, *cp, chk);
 		if (r == 0) {
-			r = coord_watch(*cp, chk, j->conf.hb_ms);
-			if (r == 0)
+			/* With a lease the store has WAIT_ANY: one request that
+			 * also reads the change, or the job's end (closed,
+			 * first: a change after it is no membership change). */
+			r = hb ? coord_watch(*cp, chk, j->conf.hb_ms)
+			       : coord_wait_any_get(*cp, (const char *const[]){"closed", chk}, 2,
+						    j->conf.hb_ms, 0, &why_v);
+			if (r >= 0) {
+				done_v = r == 0 && !hb ? why_v : NULL;
+				why_v = done_v ? NULL : why_v;
+				r = 0;
 				break;
+			}
 			if (r == CRUN_ETIMEDOUT)
 				r = 0; /* the watch's own timeout is the normal case */
 		}
@@ -274,23 +291,41 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 		}
 	}
 	if (helper_stopping(&j->h)) {
+		crun_free(why_v);
+		crun_free(done_v);
 		if (lease && *cp)
 			(void)coord_lease_revoke(*cp, lease);
 		return 0;
 	}
 	if (r < 0) {
+		crun_free(why_v);
+		crun_free(done_v);
 		store_lost(j, *cp, r);
 		return r;
 	}
-	TRY(read_change(j, *cp, chk));
+	r = read_change(j, *cp, chk, why_v, done_v);
+	if (r < 0)
+		return r;
+	/* The round changed (the key its lease would set on expiry is set):
+	 * its end writes nothing, so moving on needs no revoke - one request
+	 * fewer per member between the change and the next round. */
+	moved_on = r == 0 && (j->change == RDZV_CHANGE_RESTART || j->change == RDZV_CHANGE_MEMBERSHIP);
 	/* Stay connected (lease held) until the agent moves on: closing now
-	 * would look like a failure of this node to the others. */
+	 * would look like a failure of this node to the others. The next
+	 * keep-alive is due a heartbeat after the last one: the agent
+	 * usually moves on before (no request on the way to the next round). */
 	for (int i = 0; i < 1 << 30 && !helper_stopping(&j->h); i++) {
+		uint64_t now = clock_now_ms(), due = kept_at + j->conf.hb_ms;
+
+		if (now < due) {
+			usleep((useconds_t)MIN((due - now) * 1000u, 999999u));
+			continue;
+		}
+		kept_at = now;
 		if (lease && coord_lease_keepalive(*cp, lease) < 0)
 			break;
-		usleep(j->conf.hb_ms * 1000u < 1000000u ? j->conf.hb_ms * 1000u : 999999u);
 	}
-	if (lease && helper_stopping(&j->h))
+	if (lease && helper_stopping(&j->h) && !moved_on)
 		(void)coord_lease_revoke(*cp, lease);
 	return 0;
 }

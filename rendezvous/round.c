@@ -215,6 +215,11 @@ int round_next_attempt(int prev_attempt, const char *prev_change)
 	return prev_attempt + (prev_change && strncmp(prev_change, "restart", 7) == 0 ? 1 : 0);
 }
 
+bool round_watches_counts(int ticket)
+{
+	return ticket >= 1 && (unsigned)ticket <= ROUND_STAGGER_MAX + 1;
+}
+
 uint64_t round_close_at(int ticket, int max, uint64_t min_seen, uint64_t max_seen,
 			uint32_t last_call_ms)
 {

@@ -83,6 +83,12 @@ int round_closed_find(const struct round_closed *rc, int ticket);
  * by a worker failure (its change value starts with "restart"). */
 int round_next_attempt(int prev_attempt, const char *prev_change);
 
+/* Whether the ticket-t member must wake when the count reaches MIN or MAX:
+ * only the first ROUND_STAGGER_MAX + 1 tickets (their close turns come
+ * before everyone else's; each of them either closes the round or, dead,
+ * ends it through its lease). The others sleep until the round closes or
+ * ends - one wake per round instead of two or three, the same whatever K. */
+bool round_watches_counts(int ticket);
 /* When the member holding `ticket` tries to close: at MAX at once (the
  * MAX-th ticket first, the others staggered), else after MIN plus the last
  * call (staggered). min_seen / max_seen: when this member first saw that

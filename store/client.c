@@ -908,10 +908,35 @@ static int client_secret(struct client_conn *c, const char *path, const char *jo
 
 /* ---- the extension's wire calls, and leases held by the handle ---------------- */
 
-/* Sends one extension request and reads its fixed-size reply into rep; no
- * retries. On an I/O failure the connection is broken and r returned. */
-static int ext_rpc(struct client_conn *c, const struct store_ext_req *q, uint8_t *rep,
-		   uint64_t deadline)
+/* Reads the value bytes that end a reply (their u64 length was the last of
+ * the fixed part, lenb) into a fresh allocation with a NUL after them. */
+static int read_tail(struct client_conn *c, const uint8_t *lenb, uint64_t deadline,
+		     void **ret_val, size_t *ret_len)
+{
+	uint64_t n = store_get_u64(lenb);
+	uint8_t *p;
+
+	if (n > c->lim.max_value_bytes)
+		return CRUN_EPROTO;
+	while (c->rlen - c->rpos < n)
+		TRY(conn_fill(c, deadline));
+	p = malloc((size_t)n + 1);
+	if (!p)
+		return CRUN_ENOMEM;
+	memcpy(p, c->rbuf + c->rpos, (size_t)n);
+	p[n] = '\0';
+	c->rpos += (size_t)n;
+	*ret_val = p;
+	if (ret_len)
+		*ret_len = (size_t)n;
+	return 0;
+}
+
+/* Sends one extension request and reads its reply: the fixed part into rep,
+ * and (ret_val non-NULL: TRY_GET) the value after it. No retries. On an I/O
+ * failure the connection is broken and r returned. */
+static int ext_rpc_val(struct client_conn *c, const struct store_ext_req *q, uint8_t *rep,
+		       uint64_t deadline, void **ret_val, size_t *ret_len)
 {
 	size_t need = store_ext_req_size(q), want = store_ext_reply_size(q->op), len;
 	int r;
@@ -925,15 +950,25 @@ static int ext_rpc(struct client_conn *c, const struct store_ext_req *q, uint8_t
 	wbuf_trim(c);
 	while (r == 0 && c->rlen - c->rpos < want)
 		r = conn_fill(c, deadline);
+	if (r == 0) {
+		memcpy(rep, c->rbuf + c->rpos, want);
+		c->rpos += want;
+	}
+	if (r == 0 && ret_val)
+		r = read_tail(c, rep + want - 8, deadline, ret_val, ret_len);
 	if (r < 0) {
 		conn_break(c);
 		return r;
 	}
-	memcpy(rep, c->rbuf + c->rpos, want);
-	c->rpos += want;
 	confirm(c);
 	conn_trim(c);
 	return 0;
+}
+
+static int ext_rpc(struct client_conn *c, const struct store_ext_req *q, uint8_t *rep,
+		   uint64_t deadline)
+{
+	return ext_rpc_val(c, q, rep, deadline, NULL, NULL);
 }
 
 static int ext_hello(struct client_conn *c, uint64_t deadline)
@@ -1461,6 +1496,39 @@ CRUN_API int crun_store_multi_get(crun_store_t *s, const char *const *keys, size
 	return 0;
 }
 
+int store_client_multi_get_now(struct crun_store *s, const char *const *keys, size_t n,
+				void **ret_vals, size_t *ret_lens)
+{
+	struct store_req req = {.op = STORE_OP_MULTI_GET, .nitems = n};
+	struct store_reply rep;
+	const uint8_t *it;
+	size_t i;
+
+	TRY(key_list(s, STORE_OP_MULTI_GET, keys, n));
+	if (!ret_vals || !ret_lens)
+		return CRUN_EINVAL;
+	/* Other servers may fail a MULTI_GET of a missing key. */
+	if (!s->conn->ext || s->conn->ext_version < STORE_EXT_VERSION_FOLD)
+		return set_err(s->conn, CRUN_ENOTSUP, "MULTI_GET", NULL, 0,
+			       "needs crun's store extension version %u", STORE_EXT_VERSION_FOLD);
+	req.keys = s->conn->kv;
+	TRY(call(s->conn, &req, n, op_deadline(s->conn, 0), &rep));
+	it = rep.items;
+	for (i = 0; i < n; i++) {
+		struct store_bytes b;
+
+		store_items_next(&it, &b);
+		if (dup_bytes(s->conn, "MULTI_GET", &b, &ret_vals[i], &ret_lens[i]) < 0)
+			break;
+	}
+	conn_trim(s->conn);
+	if (i == n)
+		return 0;
+	while (i--)
+		free(ret_vals[i]);
+	return CRUN_ENOMEM;
+}
+
 CRUN_API int crun_store_multi_set(crun_store_t *s, const char *const *keys, const void *const *vals,
 				  const size_t *lens, size_t n)
 {
@@ -1623,12 +1691,15 @@ CRUN_API int crun_store_barrier(crun_store_t *s, const char *key, int64_t world_
  * LEASE_GRANT is safe to send twice (a second GRANT would leave an orphan
  * lease whose expiry reports a failure that did not happen); a second REVOKE
  * of a lease the first one ended answers "no such lease". */
-static int ext_call(struct crun_store *s, const struct store_ext_req *q, uint8_t *rep)
+static int ext_call_val(struct crun_store *s, const struct store_ext_req *q, uint8_t *rep,
+			void **ret_val, size_t *ret_len)
 {
 	struct client_conn *c = s->conn;
 	const char *name = store_ext_op_name(q->op);
 	uint64_t deadline = op_deadline(c, 0);
-	bool again = q->op != STORE_EXT_LEASE_GRANT;
+	/* TICKET counts like ADD: a second one would draw a second ticket. */
+	bool again = q->op != STORE_EXT_LEASE_GRANT && q->op != STORE_EXT_GRANT_SET &&
+		     q->op != STORE_EXT_TICKET;
 	int r;
 
 	for (unsigned tries = 1;; tries++) {
@@ -1642,14 +1713,22 @@ static int ext_call(struct crun_store *s, const struct store_ext_req *q, uint8_t
 		} else {
 			r = 0;
 		}
+		if (r == 0 && c->ext_version < store_ext_op_version(q->op))
+			return set_err(c, CRUN_ENOTSUP, name, NULL, 0,
+				       "the server's extension is version %u", c->ext_version);
 		if (r == 0)
-			r = ext_rpc(c, q, rep, deadline);
+			r = ext_rpc_val(c, q, rep, deadline, ret_val, ret_len);
 		if (r == 0)
 			return 0;
 		if (!c->broken) /* nothing was sent */
 			return set_err(c, r, name, NULL, 0, "%s", cause_text(r));
 		if (hello && !c->ext_used && r == CRUN_ECLOSED)
-			return set_err(c, r, name, NULL, 0,
+			/* A version-4 op has an older sequence to fall back to. */
+			return set_err(c,
+				       store_ext_op_version(q->op) >= STORE_EXT_VERSION_FOLD
+					   ? CRUN_ENOTSUP
+					   : r,
+				       name, NULL, 0,
 				       "closed by the server (no crun extension support?)");
 		if (!c->reconnect_ms || !transient(r))
 			return set_err(c, r, name, NULL, 0, "%s", cause_text(r));
@@ -1666,6 +1745,11 @@ static int ext_call(struct crun_store *s, const struct store_ext_req *q, uint8_t
 	}
 }
 
+static int ext_call(struct crun_store *s, const struct store_ext_req *q, uint8_t *rep)
+{
+	return ext_call_val(s, q, rep, NULL, NULL);
+}
+
 /* A status reply: 0, or CRUN_ENOTFOUND (and the handle forgets the lease). */
 static int ext_status(struct crun_store *s, const char *op, uint64_t id, uint8_t st)
 {
@@ -1677,23 +1761,88 @@ static int ext_status(struct crun_store *s, const char *op, uint64_t id, uint8_t
 		       (unsigned long long)id);
 }
 
-CRUN_API int crun_store_lease_grant(crun_store_t *s, uint32_t ttl_ms, const char *expiry_key,
-				    const void *expiry_val, size_t expiry_len, uint64_t *ret_id)
+/* LEASE_GRANT, or GRANT_SET with key (non-NULL) set to val under the lease. */
+static int grant(crun_store_t *s, uint32_t ttl_ms, const char *expiry_key, const void *expiry_val,
+		 size_t expiry_len, const char *key, const void *val, size_t len, uint64_t *ret_id)
 {
-	struct store_ext_req q = {.op = STORE_EXT_LEASE_GRANT, .ttl_ms = ttl_ms};
+	struct store_ext_req q = {.op = key ? STORE_EXT_GRANT_SET : STORE_EXT_LEASE_GRANT,
+				  .ttl_ms = ttl_ms};
+	const char *op = store_ext_op_name(q.op);
+	const char *keys[2] = {expiry_key ? expiry_key : key, key};
 	uint8_t rep[8];
 
 	if (!s || !ret_id || ttl_ms < 1 || ttl_ms > STORE_EXT_TTL_MAX)
 		return CRUN_EINVAL;
+	if (key)
+		TRY(check_val(s->conn, op, val, len));
+	if (expiry_key)
+		TRY(check_val(s->conn, op, expiry_val, expiry_len));
+	if (expiry_key || key)
+		TRY(mangle(s, op, expiry_key ? keys : keys + 1, expiry_key && key ? 2 : 1, false));
 	if (expiry_key) {
-		TRY(check_val(s->conn, "LEASE_GRANT", expiry_val, expiry_len));
-		TRY(mangle(s, "LEASE_GRANT", &expiry_key, 1, false));
 		q.key = s->conn->kv[0];
 		q.val = (struct store_bytes){expiry_val, expiry_len};
+	}
+	if (key) {
+		q.key2 = s->conn->kv[expiry_key ? 1 : 0];
+		q.val2 = (struct store_bytes){val, len};
 	}
 	TRY(ext_call(s, &q, rep));
 	*ret_id = store_get_u64(rep);
 	lease_note(s->conn, *ret_id);
+	return 0;
+}
+
+CRUN_API int crun_store_lease_grant(crun_store_t *s, uint32_t ttl_ms, const char *expiry_key,
+				    const void *expiry_val, size_t expiry_len, uint64_t *ret_id)
+{
+	return grant(s, ttl_ms, expiry_key, expiry_val, expiry_len, NULL, NULL, 0, ret_id);
+}
+
+int store_client_grant_set(struct crun_store *s, uint32_t ttl_ms, const char *expiry_key,
+			   const void *expiry_val, size_t expiry_len, const char *key,
+			   const void *val, size_t len, uint64_t *ret_id)
+{
+	if (!key)
+		return CRUN_EINVAL;
+	return grant(s, ttl_ms, expiry_key, expiry_val, expiry_len, key, val, len, ret_id);
+}
+
+int store_client_try_get(struct crun_store *s, const char *key, void **ret_val, size_t *ret_len)
+{
+	struct store_ext_req q = {.op = STORE_EXT_TRY_GET};
+	uint8_t rep[9];
+	void *v = NULL;
+
+	if (!s || !key || !ret_val)
+		return CRUN_EINVAL;
+	TRY(mangle(s, "TRY_GET", &key, 1, false));
+	q.key = s->conn->kv[0];
+	TRY(ext_call_val(s, &q, rep, &v, ret_len));
+	if (rep[0] == 0) {
+		free(v);
+		return CRUN_ENOTFOUND;
+	}
+	*ret_val = v;
+	return 0;
+}
+
+int store_client_ticket(struct crun_store *s, const char *counter, const char *prefix,
+			const void *val, size_t len, int64_t *ret_t)
+{
+	struct store_ext_req q = {.op = STORE_EXT_TICKET};
+	const char *keys[2] = {counter, prefix};
+	uint8_t rep[8];
+
+	if (!s || !counter || !prefix || !ret_t)
+		return CRUN_EINVAL;
+	TRY(check_val(s->conn, "TICKET", val, len));
+	TRY(mangle(s, "TICKET", keys, 2, false));
+	q.key = s->conn->kv[0];
+	q.key2 = s->conn->kv[1];
+	q.val = (struct store_bytes){val, len};
+	TRY(ext_call(s, &q, rep));
+	*ret_t = (int64_t)store_get_u64(rep);
 	return 0;
 }
 
@@ -1764,24 +1913,43 @@ static int read_raw(struct client_conn *c, uint8_t *b, size_t n, uint64_t deadli
 	return 0;
 }
 
-/* The wake of a WAIT_ANY: STOP_WAITING and the index. */
-static int read_any_wake(struct client_conn *c, size_t n, uint64_t deadline, size_t *ret_idx)
+/* Where a WAIT_ANY's wake goes: the index, and for WAIT_ANY_GET (val
+ * non-NULL) the key's value. */
+struct any_out {
+	size_t *idx;
+	void **val;
+	size_t *len;
+	bool timed_out; /* WAIT_ANY_GET: the server's timeout answered (index n) */
+};
+
+/* The wake of a WAIT_ANY after its STOP_WAITING: the index (and value). */
+static int read_any_wake(struct client_conn *c, size_t n, uint64_t deadline, struct any_out *o)
 {
 	uint8_t b[8];
 	uint64_t idx;
+	void *v = NULL;
 
 	TRY(read_raw(c, b, 8, deadline));
 	idx = store_get_u64(b);
-	if (idx >= n)
+	if (idx > n || (idx == n && !o->val))
 		return CRUN_EPROTO;
-	*ret_idx = (size_t)idx;
+	if (o->val) {
+		TRY(read_raw(c, b, 8, deadline));
+		TRY(read_tail(c, b, deadline, &v, o->len));
+	}
+	o->timed_out = idx == n;
+	if (o->val && !o->timed_out)
+		*o->val = v;
+	else
+		free(v);
+	*o->idx = (size_t)idx;
 	confirm(c);
 	return 0;
 }
 
 /* Like await_wake: a timeout cancels the wait and keeps the stream in sync;
  * a wake that raced the cancel is a wake (a key exists). */
-static int await_any(struct client_conn *c, size_t n, uint64_t deadline, size_t *ret_idx)
+static int await_any(struct client_conn *c, size_t n, uint64_t deadline, struct any_out *o)
 {
 	struct store_req cancel = {.op = STORE_OP_CANCEL_WAIT};
 	uint8_t st;
@@ -1789,7 +1957,7 @@ static int await_any(struct client_conn *c, size_t n, uint64_t deadline, size_t 
 	bool woke = false;
 
 	if (r == 0)
-		return st == STORE_WAIT_STOP_WAITING ? read_any_wake(c, n, deadline, ret_idx)
+		return st == STORE_WAIT_STOP_WAITING ? read_any_wake(c, n, deadline, o)
 						     : CRUN_EPROTO;
 	if (r != CRUN_ETIMEDOUT)
 		return r;
@@ -1804,7 +1972,7 @@ static int await_any(struct client_conn *c, size_t n, uint64_t deadline, size_t 
 		}
 		if (r == 0 && st == STORE_WAIT_STOP_WAITING && !woke) {
 			woke = true;
-			r = read_any_wake(c, n, deadline, ret_idx);
+			r = read_any_wake(c, n, deadline, o);
 		} else if (r == 0) {
 			r = CRUN_EPROTO;
 		}
@@ -1813,31 +1981,42 @@ static int await_any(struct client_conn *c, size_t n, uint64_t deadline, size_t 
 	return r < 0 ? r : CRUN_EPROTO;
 }
 
-int store_client_wait_any(struct crun_store *s, const char *const *keys, size_t n,
-			  uint32_t timeout_ms, size_t *ret_idx)
+/* A server-side timeout comes this long before the client's own deadline,
+ * which cancels the wait only when the server is late. */
+#define ANY_SERVER_SLACK_MS 1000u
+
+static int wait_any(struct crun_store *s, const char *const *keys, size_t n, uint32_t timeout_ms,
+		    uint64_t keep, struct any_out *o)
 {
-	struct store_ext_req q = {.op = STORE_EXT_WAIT_ANY, .nitems = n};
+	struct store_ext_req q = {.op = o->val ? STORE_EXT_WAIT_ANY_GET : STORE_EXT_WAIT_ANY,
+				  .nitems = n,
+				  .id = keep};
+	const char *name = store_ext_op_name(q.op);
 	struct client_conn *c;
 	uint64_t deadline;
 	size_t len;
 	int r;
 
-	if (!s || !ret_idx || n == 0)
+	if (!s || !o->idx || n == 0)
 		return CRUN_EINVAL;
 	TRY(key_list(s, STORE_OP_WAIT, keys, n));
 	c = s->conn;
 	deadline = op_deadline(c, timeout_ms);
+	if (o->val) { /* the server answers the timeout itself (store_ext.h) */
+		q.wait_ms = timeout_ms ? timeout_ms : c->timeout_ms;
+		deadline += MIN(q.wait_ms, ANY_SERVER_SLACK_MS);
+	}
 	for (unsigned tries = 1;; tries++) {
 		if (c->broken)
-			TRY(conn_revive(c, "WAIT_ANY", deadline));
+			TRY(conn_revive(c, name, deadline));
 		bool hello = !c->ext;
 
 		r = hello ? ext_hello(c, deadline) : 0;
 		if (hello && r == CRUN_ECLOSED && !c->ext_used)
-			return set_err(c, CRUN_ENOTSUP, "WAIT_ANY", NULL, 0,
+			return set_err(c, CRUN_ENOTSUP, name, NULL, 0,
 				       "closed by the server (no crun extension support?)");
-		if (r == 0 && c->ext_version < STORE_EXT_VERSION_ANY)
-			return set_err(c, CRUN_ENOTSUP, "WAIT_ANY", NULL, 0,
+		if (r == 0 && c->ext_version < store_ext_op_version(q.op))
+			return set_err(c, CRUN_ENOTSUP, name, NULL, 0,
 				       "the server's extension is version %u", c->ext_version);
 		q.keys = c->kv;
 		if (r == 0 && grow((void **)&c->wbuf, &c->wcap, store_ext_req_size(&q), 1) < 0)
@@ -1849,12 +2028,34 @@ int store_client_wait_any(struct crun_store *s, const char *const *keys, size_t 
 			wbuf_trim(c);
 		}
 		if (r == 0)
-			r = await_any(c, n, deadline, ret_idx);
+			r = await_any(c, n, deadline, o);
+		if (r == 0 && o->timed_out)
+			return set_err(c, CRUN_ETIMEDOUT, name, c->kv[0].p, c->kv[0].len,
+				       "timed out (by the server)");
 		if (r == 0)
 			return 0;
 		if (r == CRUN_ETIMEDOUT && !c->broken)
-			return set_err(c, r, "WAIT_ANY", c->kv[0].p, c->kv[0].len,
+			return set_err(c, r, name, c->kv[0].p, c->kv[0].len,
 				       "timed out (wait canceled)");
 		TRY(lost(c, r, STORE_OP_WAIT, &c->kv[0], tries, deadline));
 	}
+}
+
+int store_client_wait_any(struct crun_store *s, const char *const *keys, size_t n,
+			  uint32_t timeout_ms, size_t *ret_idx)
+{
+	struct any_out o = {ret_idx, NULL, NULL, false};
+
+	return wait_any(s, keys, n, timeout_ms, 0, &o);
+}
+
+int store_client_wait_any_get(struct crun_store *s, const char *const *keys, size_t n,
+			      uint32_t timeout_ms, uint64_t keep, size_t *ret_idx, void **ret_val,
+			      size_t *ret_len)
+{
+	struct any_out o = {ret_idx, ret_val, ret_len, false};
+
+	if (!ret_val)
+		return CRUN_EINVAL;
+	return wait_any(s, keys, n, timeout_ms, keep, &o);
 }

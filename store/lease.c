@@ -333,12 +333,12 @@ static struct store_lease *held(struct store_conn *c, uint64_t id)
 	return l && l->holder == c ? l : NULL;
 }
 
-static int op_grant(struct store_conn *c, const struct store_ext_req *q)
+/* A new lease held by c (GRANT, GRANT_SET); the caller replies its id. */
+static int grant(struct store_conn *c, const struct store_ext_req *q, struct store_lease **ret)
 {
 	struct store_server *srv = c->srv;
 	struct lease_table *t;
 	struct store_lease *l;
-	uint8_t b[8];
 
 	if (q->ttl_ms < 1 || q->ttl_ms > STORE_EXT_TTL_MAX)
 		return CRUN_EPROTO;
@@ -383,8 +383,8 @@ static int op_grant(struct store_conn *c, const struct store_ext_req *q)
 		lease_free(l);
 		return CRUN_ENOMEM;
 	}
-	store_put_u64(b, l->id);
-	return reply(c, b, 8);
+	*ret = l;
+	return 0;
 nomem:
 	if (l->timer)
 		event_free(l->timer);
@@ -394,35 +394,47 @@ nomem:
 	return CRUN_ENOMEM;
 }
 
-static int op_set_leased(struct store_conn *c, const struct store_ext_req *q)
+/* Sets key to val under l (SET_LEASED, GRANT_SET). */
+static int set_leased(struct store_conn *c, struct store_lease *l, struct store_bytes key,
+		      struct store_bytes val)
 {
-	struct store_lease *l = held(c, q->id);
 	struct lease_key *k;
-	struct store_bytes key = q->key, val = q->val;
 
-	if (!l)
-		return reply_u8(c, STORE_EXT_NO_LEASE);
 	for (k = l->keys; k; k = k->next)
-		if (k->len == q->key.len && memcmp(k->key, q->key.p, k->len) == 0)
+		if (k->len == key.len && memcmp(k->key, key.p, k->len) == 0)
 			break;
 	if (!k) {
 		if (l->nkeys >= c->srv->cfg.limits.max_items)
 			return CRUN_ETOOBIG;
-		k = malloc(sizeof(*k) + q->key.len);
+		k = malloc(sizeof(*k) + key.len);
 		if (!k)
 			return CRUN_ENOMEM;
-		k->len = q->key.len;
-		memcpy(k->key, q->key.p, q->key.len);
+		k->len = key.len;
+		memcpy(k->key, key.p, key.len);
 		k->next = l->keys;
 		l->keys = k;
 		l->nkeys++;
 	}
-	TRY(store_server_set_key(c->srv, &key, &val));
-	return reply_u8(c, STORE_EXT_OK);
+	return store_server_set_key(c->srv, &key, &val);
+}
+
+/* LEASE_GRANT, and GRANT_SET: the grant and its first key in one step. */
+static int op_grant(struct store_conn *c, const struct store_ext_req *q)
+{
+	struct store_lease *l = NULL;
+	uint8_t b[8];
+
+	TRY(grant(c, q, &l));
+	if (q->op == STORE_EXT_GRANT_SET)
+		TRY(set_leased(c, l, q->key2, q->val2));
+	store_put_u64(b, l->id);
+	return reply(c, b, 8);
 }
 
 int store_ext_process(struct store_conn *c, const uint8_t *buf, size_t len, size_t *used)
 {
+	uint32_t served = c->srv->cfg.ext_version ? MIN(c->srv->cfg.ext_version, STORE_EXT_VERSION)
+						  : STORE_EXT_VERSION;
 	struct store_ext_req q;
 	struct store_lease *l;
 	int r;
@@ -432,6 +444,8 @@ int store_ext_process(struct store_conn *c, const uint8_t *buf, size_t len, size
 		return r;
 	if (!c->ext && q.op != STORE_EXT_HELLO)
 		return CRUN_EPROTO; /* as any unknown op code on a PyTorch connection */
+	if (store_ext_op_version(q.op) > served)
+		return CRUN_EPROTO; /* as a server of that version: an unknown op */
 	c->srv->st.requests++;
 	switch (q.op) {
 	case STORE_EXT_HELLO: {
@@ -440,10 +454,11 @@ int store_ext_process(struct store_conn *c, const uint8_t *buf, size_t len, size
 		if (q.magic != STORE_EXT_MAGIC || q.version < 1)
 			return CRUN_EPROTO;
 		c->ext = true;
-		store_put_u32(b, STORE_EXT_VERSION);
+		store_put_u32(b, served);
 		return reply(c, b, 4);
 	}
 	case STORE_EXT_LEASE_GRANT:
+	case STORE_EXT_GRANT_SET:
 		return op_grant(c, &q);
 	case STORE_EXT_LEASE_KEEPALIVE:
 		l = held(c, q.id);
@@ -461,9 +476,20 @@ int store_ext_process(struct store_conn *c, const uint8_t *buf, size_t len, size
 			lease_end(l, false);
 		return reply_u8(c, l ? STORE_EXT_OK : STORE_EXT_NO_LEASE);
 	case STORE_EXT_SET_LEASED:
-		return op_set_leased(c, &q);
+		l = held(c, q.id);
+		if (l)
+			TRY(set_leased(c, l, q.key, q.val));
+		return reply_u8(c, l ? STORE_EXT_OK : STORE_EXT_NO_LEASE);
+	case STORE_EXT_WAIT_ANY_GET:
+		l = q.id ? held(c, q.id) : NULL;
+		if (l) /* the wait's keep-alive (store_ext.h) */
+			TRY(arm(l));
+		return store_conn_wait_any(c, &q);
 	case STORE_EXT_WAIT_ANY:
 		return store_conn_wait_any(c, &q);
+	case STORE_EXT_TRY_GET:
+	case STORE_EXT_TICKET:
+		return store_conn_ext_kv(c, &q);
 	default:
 		return CRUN_EPROTO;
 	}

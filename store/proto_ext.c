@@ -7,7 +7,16 @@
 
 bool store_ext_is_op(uint8_t code)
 {
-	return code >= STORE_EXT_HELLO && code <= STORE_EXT_WAIT_ANY;
+	return code >= STORE_EXT_HELLO && code <= STORE_EXT_GRANT_SET;
+}
+
+uint32_t store_ext_op_version(uint8_t op)
+{
+	if (op >= STORE_EXT_TRY_GET)
+		return STORE_EXT_VERSION_FOLD;
+	if (op == STORE_EXT_WAIT_ANY)
+		return STORE_EXT_VERSION_ANY;
+	return op == STORE_EXT_LEASE_ATTACH ? STORE_EXT_VERSION_ATTACH : 1;
 }
 
 const char *store_ext_op_name(uint8_t code)
@@ -27,6 +36,14 @@ const char *store_ext_op_name(uint8_t code)
 		return "LEASE_ATTACH";
 	case STORE_EXT_WAIT_ANY:
 		return "WAIT_ANY";
+	case STORE_EXT_TRY_GET:
+		return "TRY_GET";
+	case STORE_EXT_WAIT_ANY_GET:
+		return "WAIT_ANY_GET";
+	case STORE_EXT_TICKET:
+		return "TICKET";
+	case STORE_EXT_GRANT_SET:
+		return "GRANT_SET";
 	default:
 		return "?";
 	}
@@ -38,9 +55,14 @@ size_t store_ext_reply_size(uint8_t op)
 	case STORE_EXT_HELLO:
 		return 4;
 	case STORE_EXT_LEASE_GRANT:
+	case STORE_EXT_TICKET:
+	case STORE_EXT_GRANT_SET:
 		return 8;
 	case STORE_EXT_WAIT_ANY:
+	case STORE_EXT_TRY_GET:
 		return 9;
+	case STORE_EXT_WAIT_ANY_GET:
+		return 17;
 	case STORE_EXT_LEASE_KEEPALIVE:
 	case STORE_EXT_LEASE_REVOKE:
 	case STORE_EXT_SET_LEASED:
@@ -138,8 +160,30 @@ int store_ext_decode_req(const struct store_limits *lim, const uint8_t *buf, siz
 		TRY(take_bytes(&c, lim->max_key_bytes, &q.key));
 		TRY(take_bytes(&c, lim->max_value_bytes, &q.val));
 		break;
+	case STORE_EXT_WAIT_ANY_GET:
+		TRY(take_u64(&c, &q.id));
+		TRY(take_u64(&c, &q.wait_ms));
+		if (q.wait_ms > STORE_EXT_TTL_MAX)
+			return CRUN_EPROTO;
+		TRY(take_list(&c, lim, &q));
+		break;
 	case STORE_EXT_WAIT_ANY:
 		TRY(take_list(&c, lim, &q));
+		break;
+	case STORE_EXT_TRY_GET:
+		TRY(take_bytes(&c, lim->max_key_bytes, &q.key));
+		break;
+	case STORE_EXT_TICKET:
+		TRY(take_bytes(&c, lim->max_key_bytes, &q.key));
+		TRY(take_bytes(&c, lim->max_key_bytes, &q.key2));
+		TRY(take_bytes(&c, lim->max_value_bytes, &q.val));
+		break;
+	case STORE_EXT_GRANT_SET:
+		TRY(take_u64(&c, &q.ttl_ms));
+		TRY(take_bytes(&c, lim->max_key_bytes, &q.key));
+		TRY(take_bytes(&c, lim->max_value_bytes, &q.val));
+		TRY(take_bytes(&c, lim->max_key_bytes, &q.key2));
+		TRY(take_bytes(&c, lim->max_value_bytes, &q.val2));
 		break;
 	default:
 		return CRUN_EPROTO;
@@ -161,8 +205,15 @@ size_t store_ext_req_size(const struct store_ext_req *q)
 	case STORE_EXT_LEASE_REVOKE:
 	case STORE_EXT_LEASE_ATTACH:
 		return 1 + 8;
-	case STORE_EXT_WAIT_ANY: {
-		size_t n = 1 + 8;
+	case STORE_EXT_TRY_GET:
+		return 1 + 8 + q->key.len;
+	case STORE_EXT_TICKET:
+		return 1 + 8 + q->key.len + 8 + q->key2.len + 8 + q->val.len;
+	case STORE_EXT_GRANT_SET:
+		return 1 + 8 + 8 + q->key.len + 8 + q->val.len + 8 + q->key2.len + 8 + q->val2.len;
+	case STORE_EXT_WAIT_ANY:
+	case STORE_EXT_WAIT_ANY_GET: {
+		size_t n = 1 + 8 + (q->op == STORE_EXT_WAIT_ANY_GET ? 16 : 0);
 
 		for (uint64_t i = 0; i < q->nitems; i++)
 			n += 8 + q->keys[i].len;
@@ -198,6 +249,25 @@ int store_ext_encode_req(const struct store_ext_req *q, uint8_t *buf, size_t cap
 		p = store_put_bytes(p, q->key.p, q->key.len);
 		p = store_put_bytes(p, q->val.p, q->val.len);
 		break;
+	case STORE_EXT_GRANT_SET:
+		p = store_put_u64(p, q->ttl_ms);
+		p = store_put_bytes(p, q->key.p, q->key.len);
+		p = store_put_bytes(p, q->val.p, q->val.len);
+		p = store_put_bytes(p, q->key2.p, q->key2.len);
+		p = store_put_bytes(p, q->val2.p, q->val2.len);
+		break;
+	case STORE_EXT_TRY_GET:
+		p = store_put_bytes(p, q->key.p, q->key.len);
+		break;
+	case STORE_EXT_TICKET:
+		p = store_put_bytes(p, q->key.p, q->key.len);
+		p = store_put_bytes(p, q->key2.p, q->key2.len);
+		p = store_put_bytes(p, q->val.p, q->val.len);
+		break;
+	case STORE_EXT_WAIT_ANY_GET:
+		p = store_put_u64(p, q->id);
+		p = store_put_u64(p, q->wait_ms);
+		/* fall through - then the key list */
 	case STORE_EXT_WAIT_ANY:
 		p = store_put_u64(p, q->nitems);
 		for (uint64_t i = 0; i < q->nitems; i++)

@@ -61,6 +61,10 @@ struct store_server_config {
 	const struct store_auth_keys *auth;
 	/* TLS context (store/tls.h), borrowed like auth; NULL: plaintext. */
 	struct store_tls *tls;
+	/* The crun extension version served (store_ext.h; 0 = the newest):
+	 * HELLO answers it and newer ops close the connection, as an older
+	 * crun-rdzvd would - for tests of the clients' fallbacks. */
+	uint32_t ext_version;
 };
 
 #define STORE_SERVER_CONFIG_DEFAULT                                                                \

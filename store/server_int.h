@@ -170,6 +170,9 @@ struct store_conn {
 	uint8_t why;		/* enum store_metric of a refusal an op reported */
 	bool parked;		/* v2 WAIT/BARRIER outstanding: input stays buffered */
 	bool any;		/* the outstanding wait is a WAIT_ANY (store_ext.h) */
+	bool any_get;		/* ...a WAIT_ANY_GET: the wake carries the value */
+	uint64_t any_n;		/* its key count: the index a timeout answers */
+	struct event *any_timer; /* its server-side timeout (store_ext.h), NULL: none yet */
 	bool throttled;		/* output over the ceiling: reading paused */
 	bool stalled;		/* total output over budget: reading paused */
 	bool writing;		/* EV_WRITE on: the bufferevent flushes what write() left */

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include <event2/buffer.h>
+#include <event2/event.h>
 
 #include "common/common.h"
 #include "store/server_int.h"
@@ -68,11 +69,17 @@ static void conn_drop_waits(struct store_conn *c)
 		reg_free(c->srv, DL_ENTRY(c->waits.next, struct kv_reg, conn_link), true);
 	c->pending = 0;
 	c->any = false;
+	c->any_get = false;
+	if (c->any_timer)
+		evtimer_del(c->any_timer);
 }
 
 void store_conn_unregister(struct store_conn *c)
 {
 	conn_drop_waits(c);
+	if (c->any_timer)
+		event_free(c->any_timer);
+	c->any_timer = NULL;
 	while (!DL_EMPTY(&c->watches))
 		reg_free(c->srv, DL_ENTRY(c->watches.next, struct kv_reg, conn_link), false);
 }
@@ -106,14 +113,43 @@ static int reply_bytes(struct store_conn *c, const uint8_t *p, size_t len)
 	return 0;
 }
 
-/* One registration of c fired. Like torch, a count already at 0 (a stale
- * registration of an overwritten v1 WAIT) sends nothing. Returns true when
- * this completed c's wait. */
-static bool wait_step(struct store_conn *c, uint64_t idx)
+/* The wake of a WAIT_ANY: the index, and for WAIT_ANY_GET the value of e
+ * (the key at idx), as a GET would read it now. */
+static int reply_any(struct store_conn *c, const struct kv_ent *e, uint64_t idx)
+{
+	TRY(reply_u8(c, STORE_WAIT_STOP_WAITING));
+	TRY(reply_i64(c, (int64_t)idx));
+	if (!c->any_get)
+		return 0;
+	return e->present ? reply_bytes(c, e->val, e->val_len) : reply_bytes(c, NULL, 0);
+}
+
+/* A WAIT_ANY_GET's timeout passed with no key there: index n, no value. */
+static void any_timed_out(evutil_socket_t fd, short what, void *arg)
+{
+	struct store_conn *c = arg;
+
+	(void)fd;
+	(void)what;
+	if (!c->any || !c->pending)
+		return; /* woken or canceled meanwhile */
+	if (reply_u8(c, STORE_WAIT_STOP_WAITING) < 0 || reply_i64(c, (int64_t)c->any_n) < 0 ||
+	    reply_bytes(c, NULL, 0) < 0)
+		c->doomed = true;
+	conn_drop_waits(c);
+	store_conn_flush(c);
+	store_conn_unpark(c);
+	store_conn_check_pushed(c);
+}
+
+/* One registration of c on e fired. Like torch, a count already at 0 (a
+ * stale registration of an overwritten v1 WAIT) sends nothing. Returns true
+ * when this completed c's wait. */
+static bool wait_step(struct store_conn *c, const struct kv_ent *e, uint64_t idx)
 {
 	if (c->pending == 0 || --c->pending)
 		return false;
-	if (reply_u8(c, STORE_WAIT_STOP_WAITING) < 0 || (c->any && reply_i64(c, (int64_t)idx) < 0))
+	if (c->any ? reply_any(c, e, idx) < 0 : reply_u8(c, STORE_WAIT_STOP_WAITING) < 0)
 		c->doomed = true;
 	if (c->any) /* the other keys' registrations are moot now */
 		conn_drop_waits(c);
@@ -132,7 +168,7 @@ static void wake_all(struct store_server *srv, struct kv_ent *e)
 		uint64_t idx = reg->idx;
 
 		reg_unlink(srv, reg, true);
-		wait_step(w, idx);
+		wait_step(w, e, idx);
 	}
 }
 
@@ -158,7 +194,7 @@ static void wake_one(struct store_server *srv, struct kv_ent *e)
 		uint64_t idx = reg->idx;
 
 		reg_unlink(srv, reg, true);
-		wait_step(w, idx);
+		wait_step(w, e, idx);
 		return;
 	}
 }
@@ -446,21 +482,26 @@ int store_conn_wait_any(struct store_conn *c, const struct store_ext_req *q)
 	struct store_server *srv = c->srv;
 	const uint8_t *it = q->items;
 	struct store_bytes k;
+	int r;
 
 	if (c->pending || c->dialect != STORE_V2)
 		return CRUN_EPROTO; /* one wait at a time; v1 cannot cancel it */
+	c->any_get = q->op == STORE_EXT_WAIT_ANY_GET;
 	for (uint64_t i = 0; i < q->nitems; i++) {
+		struct kv_ent *e;
+
 		store_items_next(&it, &k);
-		if (key_exists(kv_find(&srv->kv, k.p, k.len))) {
-			TRY(reply_u8(c, STORE_WAIT_STOP_WAITING));
-			return reply_i64(c, (int64_t)i);
+		e = kv_find(&srv->kv, k.p, k.len);
+		if (key_exists(e)) {
+			r = reply_any(c, e, i);
+			c->any_get = false;
+			return r;
 		}
 	}
 	TRY(reg_budget(c, q->nitems));
 	it = q->items;
 	for (uint64_t i = 0; i < q->nitems; i++) {
 		struct kv_ent *e = NULL;
-		int r;
 
 		store_items_next(&it, &k);
 		r = ent_get(srv, c, &k, &e);
@@ -472,10 +513,61 @@ int store_conn_wait_any(struct store_conn *c, const struct store_ext_req *q)
 		}
 		DL_ENTRY(c->waits.prev, struct kv_reg, conn_link)->idx = i;
 	}
+	if (q->wait_ms) {
+		const struct timeval tv = {(time_t)(q->wait_ms / 1000),
+					   (suseconds_t)(q->wait_ms % 1000 * 1000)};
+
+		if (!c->any_timer)
+			c->any_timer = evtimer_new(srv->base, any_timed_out, c);
+		if (!c->any_timer || evtimer_add(c->any_timer, &tv) < 0) {
+			conn_drop_waits(c);
+			return CRUN_ENOMEM;
+		}
+	}
+	c->any_n = q->nitems;
 	c->pending = 1;
 	c->any = true;
 	c->parked = true;
 	return 0;
+}
+
+/* TICKET: ADD 1 to the counter, then SET prefix + the count to the value. */
+static int op_ticket(struct store_conn *c, const struct store_ext_req *q)
+{
+	struct store_server *srv = c->srv;
+	size_t cap = q->key2.len + 24;
+	uint8_t *key = malloc(cap);
+	struct store_bytes k = {key, 0};
+	struct kv_ent *e;
+	int64_t t;
+	int r;
+
+	if (!key)
+		return CRUN_ENOMEM;
+	r = ent_get(srv, c, &q->key, &e);
+	if (r == 0)
+		r = add_counter(c, e, 1, &t);
+	if (r == 0) {
+		wake_all(srv, e);
+		memcpy(key, q->key2.p, q->key2.len);
+		k.len = q->key2.len + i64_text(t, (char *)key + q->key2.len);
+		r = k.len > srv->cfg.limits.max_key_bytes ? CRUN_ETOOBIG : 0;
+	}
+	if (r == 0)
+		r = set_key(srv, c, &k, &q->val, false);
+	free(key);
+	return r < 0 ? r : reply_i64(c, t);
+}
+
+int store_conn_ext_kv(struct store_conn *c, const struct store_ext_req *q)
+{
+	struct kv_ent *e;
+
+	if (q->op == STORE_EXT_TICKET)
+		return op_ticket(c, q);
+	e = kv_find(&c->srv->kv, q->key.p, q->key.len);
+	TRY(reply_u8(c, e && e->present ? 1 : 0));
+	return e && e->present ? reply_bytes(c, e->val, e->val_len) : reply_bytes(c, NULL, 0);
 }
 
 static int op_delete(struct store_conn *c, const struct store_req *q)

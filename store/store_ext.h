@@ -19,11 +19,40 @@
  *   0x85  LEASE_ATTACH     u64 lease id                          u8 status  (version 2)
  *   0x86  WAIT_ANY         u64 n, n x bytes key                  later: u8 0, u64 index
  *                                                                (version 3)
+ *   0x87  TRY_GET          bytes key                             u8 found, bytes value
+ *   0x88  WAIT_ANY_GET     u64 lease id, u64 timeout_ms,         later: u8 0, u64 index,
+ *                          u64 n, n x bytes key                  bytes value
+ *   0x89  TICKET           bytes counter, bytes prefix,          i64 ticket
+ *                          bytes value
+ *   0x8a  GRANT_SET        u64 ttl_ms, bytes expiry_key,         u64 lease id (> 0)
+ *                          bytes expiry_value, bytes key,
+ *                          bytes value                           (0x87..0x8a: version 4)
  *
  * status: 0 ok, 1 no such lease (ended, or held by another connection).
  * HELLO answers the server's version; a client sends LEASE_ATTACH only to a
  * server that answered 2 or more (a version-1 server closes on it), WAIT_ANY
- * only to one that answered 3 or more.
+ * only to one that answered 3 or more, the version-4 ops only to one that
+ * answered 4 or more (the client falls back to the older sequence of ops).
+ *
+ * Version 4 folds the round trips of a rendezvous member into fewer
+ * requests (each is what two older requests did, done in one step):
+ *   - TRY_GET: CHECK then GET of a key that may be absent. found 0: absent
+ *     (value empty);
+ *   - WAIT_ANY_GET: WAIT_ANY whose wake carries the value of the key that
+ *     exists (what a GET of it would read then; empty for a queue). Two
+ *     more fields fold the waiter's LEASE_KEEPALIVE and its CANCEL_WAIT
+ *     into it: a lease id other than 0, if this connection holds it, is
+ *     kept alive as by LEASE_KEEPALIVE when the request arrives (else
+ *     nothing: the holder learns it at its next keep-alive); a timeout_ms
+ *     other than 0 ends the wait from the server when no key appeared by
+ *     then (at most an hour), with index n and an empty value. So a member
+ *     asleep in a round sends one request per heartbeat instead of three
+ *     (the cancel of its wait, the keep-alive, the wait again). CANCEL_WAIT
+ *     works as for WAIT_ANY;
+ *   - TICKET: ADD 1 to counter, then SET prefix + the new count in decimal
+ *     to value (a joiner's ticket and its record);
+ *   - GRANT_SET: LEASE_GRANT, then SET_LEASED of key under the new lease
+ *     (a lease never lapses between its grant and its first key).
  *
  * WAIT_ANY is WAIT with "any" for "all": the reply (STOP_WAITING, then the
  * index in the request of a key that exists) goes out as soon as one of the
@@ -90,12 +119,17 @@ enum store_ext_op {
 	STORE_EXT_SET_LEASED = 0x84,
 	STORE_EXT_LEASE_ATTACH = 0x85,
 	STORE_EXT_WAIT_ANY = 0x86,
+	STORE_EXT_TRY_GET = 0x87,
+	STORE_EXT_WAIT_ANY_GET = 0x88,
+	STORE_EXT_TICKET = 0x89,
+	STORE_EXT_GRANT_SET = 0x8a,
 };
 
 #define STORE_EXT_MAGIC		 0x4352554eu
-#define STORE_EXT_VERSION	 3u
+#define STORE_EXT_VERSION	 4u
 #define STORE_EXT_VERSION_ATTACH 2u /* first version with LEASE_ATTACH */
 #define STORE_EXT_VERSION_ANY	 3u /* first version with WAIT_ANY */
+#define STORE_EXT_VERSION_FOLD	 4u /* first with TRY_GET WAIT_ANY_GET TICKET GRANT_SET */
 #define STORE_EXT_TTL_MAX	 (3600u * 1000)
 
 enum { STORE_EXT_OK = 0, STORE_EXT_NO_LEASE = 1 };
@@ -103,13 +137,16 @@ enum { STORE_EXT_OK = 0, STORE_EXT_NO_LEASE = 1 };
 struct store_ext_req {
 	uint8_t op;
 	uint32_t magic, version;	/* HELLO */
-	uint64_t id;			/* KEEPALIVE REVOKE SET_LEASED ATTACH */
-	uint64_t ttl_ms;		/* GRANT */
-	struct store_bytes key;		/* GRANT: expiry key; SET_LEASED: key */
-	struct store_bytes val;		/* GRANT: expiry value; SET_LEASED: value */
-	uint64_t nitems;		/* WAIT_ANY: key count */
-	const struct store_bytes *keys; /* WAIT_ANY, encode only, borrowed */
-	const uint8_t *items;		/* WAIT_ANY, decode only: store_items_next() */
+	uint64_t id;			/* KEEPALIVE REVOKE SET_LEASED ATTACH WAIT_ANY_GET */
+	uint64_t wait_ms;		/* WAIT_ANY_GET: the server's timeout, 0: none */
+	uint64_t ttl_ms;		/* GRANT GRANT_SET */
+	struct store_bytes key;		/* GRANT(_SET): expiry key; SET_LEASED TRY_GET: key;
+					 * TICKET: counter */
+	struct store_bytes val;		/* GRANT(_SET): expiry value; SET_LEASED TICKET: value */
+	struct store_bytes key2, val2;	/* GRANT_SET: key, value; TICKET: prefix (key2) */
+	uint64_t nitems;		/* WAIT_ANY(_GET): key count */
+	const struct store_bytes *keys; /* WAIT_ANY(_GET), encode only, borrowed */
+	const uint8_t *items;		/* WAIT_ANY(_GET), decode only: store_items_next() */
 };
 
 /* True for an op code of the extension range. */
@@ -123,8 +160,11 @@ int store_ext_decode_req(const struct store_limits *lim, const uint8_t *buf, siz
 size_t store_ext_req_size(const struct store_ext_req *req);
 int store_ext_encode_req(const struct store_ext_req *req, uint8_t *buf, size_t cap,
 			 size_t *ret_len);
-/* Size of the reply to op (4, 8, 9 or 1), 0 for an unknown op. */
+/* Size of the reply to op (4, 8, 9 or 1), 0 for an unknown op; for TRY_GET
+ * and WAIT_ANY_GET the part before the value's bytes (its u64 length last). */
 size_t store_ext_reply_size(uint8_t op);
+/* The extension version that introduced op (1 .. STORE_EXT_VERSION). */
+uint32_t store_ext_op_version(uint8_t op);
 
 /* ---- server side (lease.c) ---- */
 
@@ -138,8 +178,10 @@ int store_ext_process(struct store_conn *c, const uint8_t *buf, size_t len, size
 /* c is closing: its leases stay, held by nobody, for the rest of their TTL
  * (a client may re-attach them from a new connection). */
 void store_ext_conn_closed(struct store_conn *c);
-/* WAIT_ANY on c (server_ops.c). */
+/* WAIT_ANY and WAIT_ANY_GET on c (server_ops.c). */
 int store_conn_wait_any(struct store_conn *c, const struct store_ext_req *q);
+/* TRY_GET and TICKET on c (server_ops.c). */
+int store_conn_ext_kv(struct store_conn *c, const struct store_ext_req *q);
 /* The server is being freed (after every connection closed): its leases go
  * without setting expiry keys. */
 void store_ext_server_free(struct store_server *srv);
@@ -157,5 +199,28 @@ int store_client_wait_any(struct crun_store *s, const char *const *keys, size_t 
  * and never deleted (a missing key reads as empty here, or closes a 1.13
  * server's connection): one round trip instead of two. */
 int store_client_get_now(struct crun_store *s, const char *key, void **ret_val, size_t *ret_len);
+/* The version-4 ops (CRUN_ENOTSUP, nothing sent, from an older server; the
+ * caller falls back to the two requests each replaces). try_get:
+ * CRUN_ENOTFOUND when absent. wait_any_get: store_client_wait_any that also
+ * reads the key's value (malloc'd, NUL-terminated) from the wake, keeps lease
+ * `keep` (0: none) alive with the request, and is timed out by the server
+ * (no CANCEL_WAIT unless the server is late). ticket:
+ * *ret_t = ADD(counter, 1), and prefix<t> set to val. grant_set: a lease as
+ * crun_store_lease_grant with key set under it. */
+/* The values of n keys (malloc'd, NUL-terminated; a missing key reads as
+ * empty, as crun's server answers it): one MULTI_GET without the WAIT
+ * before it, only on a connection that spoke extension version 4 (else
+ * CRUN_ENOTSUP: another server may close on a missing key). */
+int store_client_multi_get_now(struct crun_store *s, const char *const *keys, size_t n,
+				void **ret_vals, size_t *ret_lens);
+int store_client_try_get(struct crun_store *s, const char *key, void **ret_val, size_t *ret_len);
+int store_client_wait_any_get(struct crun_store *s, const char *const *keys, size_t n,
+			      uint32_t timeout_ms, uint64_t keep, size_t *ret_idx, void **ret_val,
+			      size_t *ret_len);
+int store_client_ticket(struct crun_store *s, const char *counter, const char *prefix,
+			const void *val, size_t len, int64_t *ret_t);
+int store_client_grant_set(struct crun_store *s, uint32_t ttl_ms, const char *expiry_key,
+			   const void *expiry_val, size_t expiry_len, const char *key,
+			   const void *val, size_t len, uint64_t *ret_id);
 
 #endif /* CRUN_STORE_STORE_EXT_H */

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from conftest import BUILD
+from conftest import BUILD, start_rdzvd
 
 K = 64
 # crun's default lease (3 s TTL, 1 s heartbeat): a shorter one can lapse on a loaded machine
@@ -42,6 +42,29 @@ def test_kill_one_member_the_rest_form_the_next_round(rdzvd):
     fail = ph["fail"]
     assert fail["n"] == K - 1 and fail["round"] > ph["form"]["round"]
     assert fail["detect_s"] > 0 and fail["reform_s"] >= 0  # the survivors saw it
+
+
+def test_requests_per_member_stay_few(rdzvd):
+    # a rejoin is 5 requests (the change its monitor read, the round, TICKET,
+    # GRANT_SET, WAIT_ANY_GET, the assignment: change not written again);
+    # the closer's and rank 0's reads spread over everyone add ~0.3 at K = 64
+    _, _, port = rdzvd
+    ph, _ = sim(port, "count", "--kill", "1")
+    assert ph["form"]["req_per_agent"] <= 9.5, ph["form"]
+    assert ph["fail"]["req_per_agent"] <= 6.5, ph["fail"]
+    assert ph["fail"]["ops"].get("TICKET") == 1.0, ph["fail"]["ops"]
+
+
+def test_an_older_rdzvd_still_forms_the_rounds(procs):
+    # crun-rdzvd of extension version 3 (no TRY_GET, WAIT_ANY_GET, TICKET,
+    # GRANT_SET): the agents fall back to the requests those ops replace
+    p, _, port = start_rdzvd(procs, "--ext-version", "3")
+    ph, _ = sim(port, "v3", "--kill", "1")
+    assert ph["form"]["n"] == K and ph["fail"]["n"] == K - 1
+    assert "TICKET" not in ph["fail"]["ops"] and ph["fail"]["ops"].get("ADD", 0) >= 1
+    assert ph["fail"]["req_per_agent"] > 6.5, ph["fail"]
+    p.terminate()
+    assert p.wait(timeout=10) == 0
 
 
 def test_cut_members_lapse_and_the_rest_go_on(rdzvd):

@@ -54,16 +54,29 @@ static void *loop_main(void *arg)
 	return NULL;
 }
 
-static void store_up(void)
+static void store_up_version(uint32_t ext_version)
 {
 	struct store_server_config c = STORE_SERVER_CONFIG_DEFAULT;
 
 	g_base = event_base_new();
 	ck_assert_ptr_nonnull(g_base);
 	c.host = "127.0.0.1";
+	c.ext_version = ext_version;
 	ck_assert_int_eq(store_server_new(g_base, &c, &g_srv), 0);
 	g_store_port = store_server_port(g_srv);
 	ck_assert_int_eq(pthread_create(&g_thread, NULL, loop_main, NULL), 0);
+}
+
+static void store_up(void)
+{
+	store_up_version(0);
+}
+
+/* A crun-rdzvd from before extension version 4 (no TRY_GET, WAIT_ANY_GET,
+ * TICKET, GRANT_SET): every case must pass on it too, through the fallbacks. */
+static void store_up_v3(void)
+{
+	store_up_version(3);
 }
 
 static void store_down(void)
@@ -163,6 +176,7 @@ static void etcd_opts(struct coord_opts *o)
 static const struct backend backends[] = {
     {"store", store_up, store_down, store_opts},
     {"etcd", nothing, nothing, etcd_opts},
+    {"store-v3", store_up_v3, store_down, store_opts},
 };
 #define NB ((int)(sizeof(backends) / sizeof(backends[0])))
 
@@ -435,6 +449,82 @@ START_TEST(wait_any_wakes_on_the_first_key)
 	ck_assert_int_eq(coord_lease_grant(holder, 1000, "x", "dead", &id), 0);
 	ck_assert_int_eq(coord_wait_any(c, yx, 2, 20000), 1);
 	expect(c, "x", "dead");
+	coord_close(holder);
+	coord_close(c);
+	end();
+}
+END_TEST
+
+/* The folded calls (one request each on a crun store of extension version
+ * 4, two elsewhere): same results on every backend. */
+START_TEST(folded_calls_do_what_their_two_requests_did)
+{
+	const char *ab[] = {"fa", "fb"}, *eachk[] = {"fa", "fb", "fc"};
+	struct later l = {.keys = {"fb"}, .n = 1, .delay_us = 300000};
+	struct coord *c, *holder;
+	char *v = NULL;
+	int64_t t = 0;
+	uint64_t id = 0;
+	bool live[3] = {true, true, true};
+	pthread_t thr;
+	int r;
+
+	begin(_i);
+	c = opn();
+	/* ticket: the counter's new value, and the record under it */
+	ck_assert_int_eq(coord_ticket(c, "r0/joined", "r0/node/", "rec one", &t), 0);
+	ck_assert_int_eq(t, 1);
+	ck_assert_int_eq(coord_ticket(c, "r0/joined", "r0/node/", "rec two", &t), 0);
+	ck_assert_int_eq(t, 2);
+	expect(c, "r0/node/1", "rec one");
+	expect(c, "r0/node/2", "rec two");
+	expect(c, "r0/joined", "2");
+	/* try_get: absent, then the value */
+	ck_assert_int_eq(coord_try_get(c, "fa", &v), CRUN_ENOTFOUND);
+	/* wait_any_get: a timeout, a wake by another handle's set (with its
+	 * value), and a present key answered at once */
+	ck_assert_int_eq(coord_wait_any_get(c, ab, 2, 100, 0, &v), CRUN_ETIMEDOUT);
+	ck_assert_int_eq(pthread_create(&thr, NULL, set_later, &l), 0);
+	ck_assert_int_eq(coord_wait_any_get(c, ab, 2, 20000, 0, &v), 1);
+	pthread_join(thr, NULL);
+	ck_assert_str_eq(v, "val-fb");
+	free(v);
+	ck_assert_int_eq(coord_set(c, "fa", "va"), 0);
+	ck_assert_int_eq(coord_wait_any_get(c, ab, 2, 100, 0, &v), 0);
+	ck_assert_str_eq(v, "va");
+	free(v);
+	ck_assert_int_eq(coord_try_get(c, "fa", &v), 0);
+	ck_assert_str_eq(v, "va");
+	free(v);
+	/* exists_each: which ones, or "ask one by one" */
+	r = coord_exists_each(c, eachk, 3, live);
+	ck_assert(r == 0 || r == CRUN_ENOTSUP);
+	if (r == 0)
+		ck_assert(live[0] && live[1] && !live[2]);
+	{
+		char *vals[3] = {0};
+
+		ck_assert_int_eq(coord_multi_get_now(c, eachk, 3, vals), r);
+		if (r == 0) {
+			ck_assert_str_eq(vals[0], "va");
+			ck_assert_str_eq(vals[1], "val-fb");
+			ck_assert_str_eq(vals[2], "");
+		}
+		for (int i = 0; r == 0 && i < 3; i++)
+			free(vals[i]);
+	}
+	/* grant_put: the key lives exactly as long as the lease */
+	holder = opn();
+	ck_assert_int_eq(coord_lease_grant_put(holder, 5000, "gp/exp", "dead", "gp/alive", "me", &id),
+			 0);
+	ck_assert_uint_ne(id, 0);
+	expect(c, "gp/alive", "me");
+	ck_assert_int_eq(coord_lease_keepalive(holder, id), 0);
+	ck_assert_int_eq(coord_lease_revoke(holder, id), 0);
+	ck_assert_int_eq(coord_exists(c, "gp/alive"), 0);
+	ck_assert_int_eq(coord_exists(c, "gp/exp"), 0);
+	ck_assert_int_eq(coord_exists(c, "fa"), 1); /* both handles stay usable */
+	ck_assert_int_eq(coord_exists(holder, "fa"), 1);
 	coord_close(holder);
 	coord_close(c);
 	end();
@@ -877,6 +967,7 @@ static Suite *coord_suite(void)
 	tcase_add_loop_test(tc, present_stays_present_across_waits, 0, NB);
 	tcase_add_loop_test(tc, multi_get_waits_for_all, 0, NB);
 	tcase_add_loop_test(tc, wait_any_wakes_on_the_first_key, 0, NB);
+	tcase_add_loop_test(tc, folded_calls_do_what_their_two_requests_did, 0, NB);
 	tcase_add_loop_test(tc, compare_set_semantics, 0, NB);
 	tcase_add_loop_test(tc, concurrent_tickets_and_one_winner, 0, NB);
 	tcase_add_loop_test(tc, lease_revoke_is_not_expiry, 0, NB);

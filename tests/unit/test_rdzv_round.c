@@ -349,6 +349,14 @@ START_TEST(close_timers_are_staggered_by_ticket)
 	ck_assert_uint_eq(round_close_at(1, 4, 0, 0, 500), 0);
 	ck_assert_uint_eq(round_close_at(4, 4, 1000, 2000, 500), 2000);
 	ck_assert_uint_eq(round_close_at(2, 4, 1000, 2000, 500), 2000 + 2 * ROUND_STAGGER_MS);
+	/* Only the tickets whose turns come first wake on the count markers:
+	 * the others' turns are all at the stagger's end, after theirs. */
+	ck_assert(round_watches_counts(1));
+	ck_assert(round_watches_counts(ROUND_STAGGER_MAX + 1));
+	ck_assert(!round_watches_counts(ROUND_STAGGER_MAX + 2));
+	ck_assert(!round_watches_counts(0));
+	ck_assert_uint_eq(round_close_at(ROUND_STAGGER_MAX + 1, 9999, 1000, 0, 500),
+			  round_close_at(ROUND_STAGGER_MAX + 2, 9999, 1000, 0, 500));
 }
 END_TEST
 

@@ -263,9 +263,101 @@ START_TEST(codec_round_trip_and_prefixes)
 	}
 	/* Op codes outside the range are not extension ops. */
 	ck_assert(!store_ext_is_op(0x7f));
-	ck_assert(!store_ext_is_op(0x87));
-	buf[0] = 0x87;
+	ck_assert(!store_ext_is_op(0x8b));
+	buf[0] = 0x8b;
 	ck_assert_int_eq(store_ext_decode_req(&lim, buf, 9, &d, &used), CRUN_EPROTO);
+}
+END_TEST
+
+/* Encodes q, checks every strict prefix asks for more and the whole decodes
+ * into *d using all of it. */
+static void round_trip(const struct store_ext_req *q, uint8_t *buf, size_t cap,
+		       struct store_ext_req *d)
+{
+	const struct store_limits lim = STORE_LIMITS_DEFAULT;
+	size_t len, used;
+
+	ck_assert_int_eq(store_ext_encode_req(q, buf, cap, &len), 0);
+	ck_assert_uint_eq(len, store_ext_req_size(q));
+	ck_assert_uint_eq(buf[0], q->op);
+	for (size_t n = 0; n < len; n++)
+		ck_assert_int_eq(store_ext_decode_req(&lim, buf, n, d, &used), CRUN_EAGAIN);
+	ck_assert_int_eq(store_ext_decode_req(&lim, buf, len, d, &used), 0);
+	ck_assert_uint_eq(used, len);
+	ck_assert_uint_eq(d->op, q->op);
+}
+
+#define BYTES(s) ((struct store_bytes){(const uint8_t *)(s), sizeof(s) - 1})
+
+/* Version 4: TRY_GET, WAIT_ANY_GET, TICKET, GRANT_SET - fields, sizes, the
+ * reply's fixed part, and the version each needs. */
+START_TEST(codec_version4_ops)
+{
+	const struct store_bytes keys[2] = {BYTES("/a"), BYTES("/bb")};
+	struct store_ext_req q, d;
+	uint8_t buf[256];
+	const uint8_t *it;
+	struct store_bytes k;
+
+	q = (struct store_ext_req){.op = STORE_EXT_TRY_GET, .key = BYTES("/key")};
+	round_trip(&q, buf, sizeof(buf), &d);
+	ck_assert_uint_eq(buf[0], 0x87);
+	ck_assert_mem_eq(d.key.p, "/key", 4);
+	q = (struct store_ext_req){
+	    .op = STORE_EXT_WAIT_ANY_GET, .id = 77, .wait_ms = 1500, .nitems = 2, .keys = keys};
+	round_trip(&q, buf, sizeof(buf), &d);
+	ck_assert_uint_eq(buf[0], 0x88);
+	ck_assert_uint_eq(d.id, 77);
+	ck_assert_uint_eq(d.wait_ms, 1500);
+	ck_assert_uint_eq(d.nitems, 2);
+	it = d.items;
+	store_items_next(&it, &k);
+	store_items_next(&it, &k);
+	ck_assert_mem_eq(k.p, "/bb", 3);
+	q = (struct store_ext_req){.op = STORE_EXT_TICKET,
+				   .key = BYTES("/r0/joined"),
+				   .key2 = BYTES("/r0/node/"),
+				   .val = BYTES("record")};
+	round_trip(&q, buf, sizeof(buf), &d);
+	ck_assert_uint_eq(buf[0], 0x89);
+	ck_assert_mem_eq(d.key.p, "/r0/joined", 10);
+	ck_assert_mem_eq(d.key2.p, "/r0/node/", 9);
+	ck_assert_mem_eq(d.val.p, "record", 6);
+	q = (struct store_ext_req){.op = STORE_EXT_GRANT_SET,
+				   .ttl_ms = 3000,
+				   .key = BYTES("/chg"),
+				   .val = BYTES("dead"),
+				   .key2 = BYTES("/alive/1"),
+				   .val2 = BYTES("host")};
+	round_trip(&q, buf, sizeof(buf), &d);
+	ck_assert_uint_eq(buf[0], 0x8a);
+	ck_assert_uint_eq(d.ttl_ms, 3000);
+	ck_assert_mem_eq(d.val.p, "dead", 4);
+	ck_assert_mem_eq(d.key2.p, "/alive/1", 8);
+	ck_assert_mem_eq(d.val2.p, "host", 4);
+	/* fixed reply parts: found + length; wake + index + length; i64; id */
+	ck_assert_uint_eq(store_ext_reply_size(STORE_EXT_TRY_GET), 9);
+	ck_assert_uint_eq(store_ext_reply_size(STORE_EXT_WAIT_ANY_GET), 17);
+	ck_assert_uint_eq(store_ext_reply_size(STORE_EXT_TICKET), 8);
+	ck_assert_uint_eq(store_ext_reply_size(STORE_EXT_GRANT_SET), 8);
+	ck_assert_uint_eq(store_ext_op_version(STORE_EXT_LEASE_GRANT), 1);
+	ck_assert_uint_eq(store_ext_op_version(STORE_EXT_LEASE_ATTACH), 2);
+	ck_assert_uint_eq(store_ext_op_version(STORE_EXT_WAIT_ANY), 3);
+	for (uint8_t op = STORE_EXT_TRY_GET; op <= STORE_EXT_GRANT_SET; op++)
+		ck_assert_uint_eq(store_ext_op_version(op), 4);
+	ck_assert_str_eq(store_ext_op_name(STORE_EXT_GRANT_SET), "GRANT_SET");
+	/* a WAIT_ANY_GET timeout over the longest TTL is malformed */
+	q = (struct store_ext_req){.op = STORE_EXT_WAIT_ANY_GET,
+				   .wait_ms = STORE_EXT_TTL_MAX + 1ull,
+				   .nitems = 2,
+				   .keys = keys};
+	{
+		const struct store_limits lim = STORE_LIMITS_DEFAULT;
+		size_t len, used;
+
+		ck_assert_int_eq(store_ext_encode_req(&q, buf, sizeof(buf), &len), 0);
+		ck_assert_int_eq(store_ext_decode_req(&lim, buf, len, &d, &used), CRUN_EPROTO);
+	}
 }
 END_TEST
 
@@ -663,6 +755,194 @@ START_TEST(extension_ops_need_hello)
 }
 END_TEST
 
+/* The version-4 ops through the client against a real server: each does
+ * what its two older requests did, in one. */
+START_TEST(version4_ops_do_two_requests_in_one)
+{
+	const char *ab[] = {"wa", "wb"};
+	crun_store_t *a, *b;
+	void *v = NULL;
+	size_t len = 0, idx = 9;
+	int64_t t = 0;
+	uint64_t id = 0;
+
+	srv_start();
+	a = client();
+	b = client();
+	/* TRY_GET: absent (nothing read), then present */
+	ck_assert_int_eq(store_client_try_get(a, "k", &v, &len), CRUN_ENOTFOUND);
+	ck_assert_ptr_null(v);
+	ck_assert_int_eq(crun_store_set(b, "k", "value", 5), 0);
+	expect_val(b, "k", "value"); /* a SET has no reply: make sure it is in */
+	ck_assert_int_eq(store_client_try_get(a, "k", &v, &len), 0);
+	ck_assert_uint_eq(len, 5);
+	ck_assert_str_eq(v, "value");
+	crun_free(v);
+	/* TICKET: the counter's new value and prefix<t> = the value */
+	ck_assert_int_eq(store_client_ticket(a, "r0/joined", "r0/node/", "rec", 3, &t), 0);
+	ck_assert_int_eq(t, 1);
+	ck_assert_int_eq(store_client_ticket(b, "r0/joined", "r0/node/", "rec2", 4, &t), 0);
+	ck_assert_int_eq(t, 2);
+	expect_val(a, "r0/node/1", "rec");
+	expect_val(a, "r0/node/2", "rec2");
+	expect_val(a, "r0/joined", "2");
+	/* GRANT_SET: the key under the new lease; it goes with the lease */
+	ck_assert_int_eq(store_client_grant_set(a, 5000, "chg", "dead", 4, "alive/1", "h", 1, &id),
+			 0);
+	ck_assert_uint_gt(id, 0);
+	expect_val(b, "alive/1", "h");
+	ck_assert_int_eq(crun_store_lease_keepalive(a, id), 0);
+	ck_assert_int_eq(crun_store_lease_revoke(a, id), 0);
+	ck_assert_int_eq(exists(b, "alive/1"), 0);
+	ck_assert_int_eq(exists(b, "chg"), 0);
+	/* WAIT_ANY_GET: a timeout (canceled, the handle usable), a parked
+	 * wait woken by another client's SET with the value, a present key */
+	ck_assert_int_eq(store_client_wait_any_get(a, ab, 2, 100, 0, &idx, &v, &len), CRUN_ETIMEDOUT);
+	ck_assert_int_eq(crun_store_set(a, "after", "x", 1), 0);
+	ck_assert_int_eq(crun_store_set(b, "wb", "bee", 3), 0);
+	ck_assert_int_eq(store_client_wait_any_get(a, ab, 2, 5000, 0, &idx, &v, &len), 0);
+	ck_assert_uint_eq(idx, 1);
+	ck_assert_str_eq(v, "bee");
+	crun_free(v);
+	crun_store_close(a);
+	crun_store_close(b);
+	srv_stop();
+}
+END_TEST
+
+struct later_set {
+	crun_store_t *s;
+	const char *key, *val;
+};
+
+static void *set_after(void *arg)
+{
+	struct later_set *l = arg;
+
+	usleep(200000);
+	ck_assert_int_eq(crun_store_set(l->s, l->key, l->val, strlen(l->val)), 0);
+	return NULL;
+}
+
+/* A WAIT_ANY_GET parked on the server: the wake carries the value. */
+START_TEST(wait_any_get_wakes_with_the_value)
+{
+	const char *keys[] = {"x", "y", "z"};
+	struct later_set l;
+	pthread_t thr;
+	crun_store_t *a;
+	void *v = NULL;
+	size_t idx = 9, len = 0;
+
+	srv_start();
+	a = client();
+	l = (struct later_set){client(), "z", "zed value"};
+	ck_assert_int_eq(pthread_create(&thr, NULL, set_after, &l), 0);
+	ck_assert_int_eq(store_client_wait_any_get(a, keys, 3, 10000, 0, &idx, &v, &len), 0);
+	pthread_join(thr, NULL);
+	ck_assert_uint_eq(idx, 2);
+	ck_assert_uint_eq(len, 9);
+	ck_assert_str_eq(v, "zed value");
+	crun_free(v);
+	ck_assert_int_eq(crun_store_set(a, "still", "ok", 2), 0);
+	crun_store_close(l.s);
+	crun_store_close(a);
+	srv_stop();
+}
+END_TEST
+
+/* WAIT_ANY_GET's folded fields: the server ends the wait at its timeout
+ * (index n: no CANCEL_WAIT, the stream in step), and each wait keeps the
+ * connection's lease alive, so waits alone hold a lease for many TTLs. */
+START_TEST(wait_any_get_times_out_on_the_server_and_keeps_the_lease)
+{
+	const char *keys[] = {"never"};
+	crun_store_t *a, *b;
+	void *v = NULL;
+	size_t idx = 9;
+	uint64_t id = 0;
+
+	srv_start();
+	a = client();
+	b = client();
+	ck_assert_int_eq(crun_store_lease_grant(a, 600, "lapsed", "dead", 4, &id), 0);
+	for (int i = 0; i < 20; i++) /* 2 s of 100 ms waits: > 3 TTLs */
+		ck_assert_int_eq(store_client_wait_any_get(a, keys, 1, 100, id, &idx, &v, NULL),
+				 CRUN_ETIMEDOUT);
+	ck_assert_ptr_null(v);
+	ck_assert_int_eq(exists(b, "lapsed"), 0);
+	ck_assert_int_eq(crun_store_lease_keepalive(a, id), 0);
+	/* Waits that keep nothing: the lease lapses under them. */
+	for (int i = 0; i < 20 && !exists(b, "lapsed"); i++)
+		ck_assert_int_eq(store_client_wait_any_get(a, keys, 1, 100, 0, &idx, &v, NULL),
+				 CRUN_ETIMEDOUT);
+	ck_assert_int_eq(exists(b, "lapsed"), 1);
+	ck_assert_int_eq(crun_store_set(a, "after", "x", 1), 0); /* in step */
+	expect_val(a, "after", "x");
+	crun_store_close(a);
+	crun_store_close(b);
+	srv_stop();
+}
+END_TEST
+
+/* A server of extension version 3 (an older crun-rdzvd): the client sends
+ * none of the version-4 ops (CRUN_ENOTSUP, the connection untouched), and
+ * the server closes a connection that sends one anyway, as 3 would. */
+START_TEST(an_older_server_gets_no_version4_op)
+{
+	struct store_server_config c = STORE_SERVER_CONFIG_DEFAULT;
+	const char *ab[] = {"a", "b"};
+	crun_store_t *a;
+	void *v = NULL;
+	size_t idx;
+	int64_t t;
+	uint64_t id;
+
+	log_init("test_store_lease", LL_WARN);
+	signal(SIGPIPE, SIG_IGN);
+	ck_assert_int_eq(evthread_use_pthreads(), 0);
+	g_base = event_base_new();
+	c.host = "127.0.0.1";
+	c.ext_version = 3;
+	ck_assert_int_eq(store_server_new(g_base, &c, &g_srv), 0);
+	g_port = store_server_port(g_srv);
+	ck_assert_int_eq(pthread_create(&g_thread, NULL, loop_main, NULL), 0);
+	a = client();
+	ck_assert_int_eq(store_client_try_get(a, "k", &v, NULL), CRUN_ENOTSUP);
+	ck_assert_int_eq(store_client_ticket(a, "n", "p/", "v", 1, &t), CRUN_ENOTSUP);
+	ck_assert_int_eq(store_client_grant_set(a, 1000, "e", "d", 1, "k", "v", 1, &id),
+			 CRUN_ENOTSUP);
+	ck_assert_int_eq(store_client_wait_any_get(a, ab, 2, 100, 0, &idx, &v, NULL), CRUN_ENOTSUP);
+	ck_assert_int_eq(store_client_wait_any(a, ab, 2, 100, &idx), CRUN_ETIMEDOUT);
+	ck_assert_int_eq(crun_store_set(a, "k", "v", 1), 0); /* nothing was sent */
+	expect_val(a, "k", "v");
+	{
+		struct sockaddr_in sa = {.sin_family = AF_INET};
+		struct store_ext_req q = {
+		    .op = STORE_EXT_HELLO, .magic = STORE_EXT_MAGIC, .version = STORE_EXT_VERSION};
+		uint8_t vb[5] = {0}, rep[4], frame[64];
+		size_t len;
+		char ch;
+		int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+		sa.sin_port = htons(g_port);
+		sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+		ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+		store_put_u32(vb + 1, STORE_VALIDATE_MAGIC);
+		ck_assert_int_eq(write(fd, vb, 5), 5);
+		raw_ext(fd, &q, rep);
+		ck_assert_uint_eq(store_get_u32(rep), 3);
+		q = (struct store_ext_req){.op = STORE_EXT_TRY_GET, .key = BYTES("/job/k")};
+		ck_assert_int_eq(store_ext_encode_req(&q, frame, sizeof(frame), &len), 0);
+		ck_assert_int_eq(write(fd, frame, len), (ssize_t)len);
+		ck_assert_int_eq(read(fd, &ch, 1), 0); /* closed, no reply */
+		close(fd);
+	}
+	crun_store_close(a);
+	srv_stop();
+}
+END_TEST
+
 /* A SET the server refuses by closing the connection (over its value limit)
  * has no reply: the client replays it once after redialing, and when that
  * connection is closed too it stops and fails one call, saying so, instead
@@ -717,6 +997,7 @@ static Suite *lease_suite(void)
 
 	tcase_add_test(tc, codec_round_trip_and_prefixes);
 	tcase_add_test(tc, codec_rejects_oversized_key);
+	tcase_add_test(tc, codec_version4_ops);
 	tcase_set_timeout(tc, 10);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("server");
@@ -732,6 +1013,10 @@ static Suite *lease_suite(void)
 	tcase_add_test(tc, first_reason_wins);
 	tcase_add_test(tc, leases_belong_to_their_connection);
 	tcase_add_test(tc, extension_ops_need_hello);
+	tcase_add_test(tc, version4_ops_do_two_requests_in_one);
+	tcase_add_test(tc, wait_any_get_wakes_with_the_value);
+	tcase_add_test(tc, wait_any_get_times_out_on_the_server_and_keeps_the_lease);
+	tcase_add_test(tc, an_older_server_gets_no_version4_op);
 	tcase_set_timeout(tc, 90);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("dead_server");
