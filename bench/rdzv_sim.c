@@ -484,7 +484,8 @@ static void agent_body(struct sim *s, struct agent *a)
 		}
 		prev_round = j->round;
 		prev_grank = j->info.group_rank;
-		change_seen = j->change == RDZV_CHANGE_RESTART || j->change == RDZV_CHANGE_MEMBERSHIP;
+		change_seen =
+		    j->change == RDZV_CHANGE_RESTART || j->change == RDZV_CHANGE_MEMBERSHIP;
 		a->j = NULL;
 		j->h.release(&j->h);
 	}
@@ -596,8 +597,8 @@ static void report(struct sim *s, const char *phase, int rd)
 	for (int i = 0, first = 1; i < 256 && st->n; i++) {
 		int op = store_proto_op_from_code(STORE_V2, (uint8_t)i);
 		const char *name = store_ext_is_op((uint8_t)i) ? store_ext_op_name((uint8_t)i)
-				   : op >= 0			? store_proto_op_name(op)
-								: "?";
+				   : op >= 0		       ? store_proto_op_name(op)
+							       : "?";
 
 		if (!st->ops[i])
 			continue;

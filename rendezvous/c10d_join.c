@@ -226,7 +226,8 @@ static int alive_look(struct coord *c, int64_t rd, int n, int max, bool *live)
 
 	for (int i = 0; r >= 0 && i < n; i++) {
 		keys[i] = malloc(64);
-		r = keys[i] ? str_printf(keys[i], 64, "r%" PRId64 "/alive/%d", rd, i + 1) : CRUN_ENOMEM;
+		r = keys[i] ? str_printf(keys[i], 64, "r%" PRId64 "/alive/%d", rd, i + 1)
+			    : CRUN_ENOMEM;
 	}
 	if (r >= 0)
 		r = coord_exists_all(c, (const char *const *)keys, (size_t)first);
@@ -576,8 +577,7 @@ static int take_assignment(struct c10d_job *j, struct coord *c, const struct rou
  * are marker keys the joiners at or past them set. */
 enum round_event { EV_CLOSED, EV_CHANGE, EV_ENDED, EV_MAX, EV_MIN, EV_N };
 
-static const char *const event_key[EV_N] = {"closed", "change", "closed", "clock_max",
-					    "clock_min"};
+static const char *const event_key[EV_N] = {"closed", "change", "closed", "clock_max", "clock_min"};
 
 /* Tells the others the count reached MIN (and MAX): every joiner at or past
  * it says so, as the one whose ticket reached it may die before it could. */

@@ -153,8 +153,8 @@ int coord_put_leased(struct coord *c, uint64_t id, const char *key, const char *
  * cannot lapse between the two), two elsewhere. CRUN_ENOTFOUND (*ret_id
  * set) when the lease lapsed before the put; CRUN_ENOTSUP as
  * coord_lease_grant. */
-int coord_lease_grant_put(struct coord *c, uint32_t ttl_ms, const char *expiry_key,
-			  const char *why, const char *key, const char *val, uint64_t *ret_id);
+int coord_lease_grant_put(struct coord *c, uint32_t ttl_ms, const char *expiry_key, const char *why,
+			  const char *key, const char *val, uint64_t *ret_id);
 
 /* Heartbeat fallback. `name` identifies the holder's liveness record. */
 int coord_heartbeat(struct coord *c, const char *name);

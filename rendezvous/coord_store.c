@@ -867,8 +867,8 @@ int coord_wait_any_get(struct coord *c, const char *const *keys, size_t n, uint3
 	if (!c->etcd && !c->mem && !c->no_any && !c->no_fold) {
 		if (!keys || n == 0 || n > COORD_ANY_MAX)
 			return CRUN_EINVAL;
-		r = store_client_wait_any_get(c->s, keys, n, timeout_ms ? timeout_ms : 1, keep, &idx,
-					      &v, NULL);
+		r = store_client_wait_any_get(c->s, keys, n, timeout_ms ? timeout_ms : 1, keep,
+					      &idx, &v, NULL);
 		if (r == 0) {
 			*ret_val = v;
 			return (int)idx;
@@ -902,8 +902,8 @@ int coord_ticket(struct coord *c, const char *counter, const char *prefix, const
 	return coord_set(c, key, val);
 }
 
-int coord_lease_grant_put(struct coord *c, uint32_t ttl_ms, const char *expiry_key,
-			  const char *why, const char *key, const char *val, uint64_t *ret_id)
+int coord_lease_grant_put(struct coord *c, uint32_t ttl_ms, const char *expiry_key, const char *why,
+			  const char *key, const char *val, uint64_t *ret_id)
 {
 	int r;
 

@@ -309,7 +309,8 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 	/* The round changed (the key its lease would set on expiry is set):
 	 * its end writes nothing, so moving on needs no revoke - one request
 	 * fewer per member between the change and the next round. */
-	moved_on = r == 0 && (j->change == RDZV_CHANGE_RESTART || j->change == RDZV_CHANGE_MEMBERSHIP);
+	moved_on =
+	    r == 0 && (j->change == RDZV_CHANGE_RESTART || j->change == RDZV_CHANGE_MEMBERSHIP);
 	/* Stay connected (lease held) until the agent moves on: closing now
 	 * would look like a failure of this node to the others. The next
 	 * keep-alive is due a heartbeat after the last one: the agent

@@ -910,8 +910,8 @@ static int client_secret(struct client_conn *c, const char *path, const char *jo
 
 /* Reads the value bytes that end a reply (their u64 length was the last of
  * the fixed part, lenb) into a fresh allocation with a NUL after them. */
-static int read_tail(struct client_conn *c, const uint8_t *lenb, uint64_t deadline,
-		     void **ret_val, size_t *ret_len)
+static int read_tail(struct client_conn *c, const uint8_t *lenb, uint64_t deadline, void **ret_val,
+		     size_t *ret_len)
 {
 	uint64_t n = store_get_u64(lenb);
 	uint8_t *p;
@@ -1497,7 +1497,7 @@ CRUN_API int crun_store_multi_get(crun_store_t *s, const char *const *keys, size
 }
 
 int store_client_multi_get_now(struct crun_store *s, const char *const *keys, size_t n,
-				void **ret_vals, size_t *ret_lens)
+			       void **ret_vals, size_t *ret_lens)
 {
 	struct store_req req = {.op = STORE_OP_MULTI_GET, .nitems = n};
 	struct store_reply rep;
@@ -1724,12 +1724,11 @@ static int ext_call_val(struct crun_store *s, const struct store_ext_req *q, uin
 			return set_err(c, r, name, NULL, 0, "%s", cause_text(r));
 		if (hello && !c->ext_used && r == CRUN_ECLOSED)
 			/* A version-4 op has an older sequence to fall back to. */
-			return set_err(c,
-				       store_ext_op_version(q->op) >= STORE_EXT_VERSION_FOLD
-					   ? CRUN_ENOTSUP
-					   : r,
-				       name, NULL, 0,
-				       "closed by the server (no crun extension support?)");
+			return set_err(
+			    c,
+			    store_ext_op_version(q->op) >= STORE_EXT_VERSION_FOLD ? CRUN_ENOTSUP
+										  : r,
+			    name, NULL, 0, "closed by the server (no crun extension support?)");
 		if (!c->reconnect_ms || !transient(r))
 			return set_err(c, r, name, NULL, 0, "%s", cause_text(r));
 		if (!again)
@@ -1988,9 +1987,8 @@ static int await_any(struct client_conn *c, size_t n, uint64_t deadline, struct 
 static int wait_any(struct crun_store *s, const char *const *keys, size_t n, uint32_t timeout_ms,
 		    uint64_t keep, struct any_out *o)
 {
-	struct store_ext_req q = {.op = o->val ? STORE_EXT_WAIT_ANY_GET : STORE_EXT_WAIT_ANY,
-				  .nitems = n,
-				  .id = keep};
+	struct store_ext_req q = {
+	    .op = o->val ? STORE_EXT_WAIT_ANY_GET : STORE_EXT_WAIT_ANY, .nitems = n, .id = keep};
 	const char *name = store_ext_op_name(q.op);
 	struct client_conn *c;
 	uint64_t deadline;

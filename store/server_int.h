@@ -165,24 +165,24 @@ struct store_conn {
 	uint64_t rx_seen, tx_seen;		  /* the totals at the last sweep */
 	uint32_t stall_s, idle_s;		  /* seconds without progress, by the sweep */
 	uint64_t pending;			  /* keys this connection still waits for */
-	uint32_t n_regs;	/* waits + watches + leases, at most limits.max_items */
-	uint8_t dialect;	/* 0 until sniffed, then enum store_dialect */
-	uint8_t why;		/* enum store_metric of a refusal an op reported */
-	bool parked;		/* v2 WAIT/BARRIER outstanding: input stays buffered */
-	bool any;		/* the outstanding wait is a WAIT_ANY (store_ext.h) */
-	bool any_get;		/* ...a WAIT_ANY_GET: the wake carries the value */
-	uint64_t any_n;		/* its key count: the index a timeout answers */
+	uint32_t n_regs;	 /* waits + watches + leases, at most limits.max_items */
+	uint8_t dialect;	 /* 0 until sniffed, then enum store_dialect */
+	uint8_t why;		 /* enum store_metric of a refusal an op reported */
+	bool parked;		 /* v2 WAIT/BARRIER outstanding: input stays buffered */
+	bool any;		 /* the outstanding wait is a WAIT_ANY (store_ext.h) */
+	bool any_get;		 /* ...a WAIT_ANY_GET: the wake carries the value */
+	uint64_t any_n;		 /* its key count: the index a timeout answers */
 	struct event *any_timer; /* its server-side timeout (store_ext.h), NULL: none yet */
-	bool throttled;		/* output over the ceiling: reading paused */
-	bool stalled;		/* total output over budget: reading paused */
-	bool writing;		/* EV_WRITE on: the bufferevent flushes what write() left */
-	bool rd_on;		/* rd_ev: reading wanted (not paused by flow control) */
-	bool rd_full;		/* rd_ev: input at max_conn_buffered_bytes, off until drained */
-	bool doomed;		/* another connection's op overfilled our output */
-	bool ext;		/* sent HELLO: crun's extension ops (store_ext.h) allowed */
-	bool peer_eof;		/* closing because the peer closed in order (FIN), not reset */
-	struct dl leases;	/* struct store_lease.conn_link (lease.c) */
-	struct conn_auth *auth; /* server_auth.c; NULL: the server has no secrets */
+	bool throttled;		 /* output over the ceiling: reading paused */
+	bool stalled;		 /* total output over budget: reading paused */
+	bool writing;		 /* EV_WRITE on: the bufferevent flushes what write() left */
+	bool rd_on;		 /* rd_ev: reading wanted (not paused by flow control) */
+	bool rd_full;		 /* rd_ev: input at max_conn_buffered_bytes, off until drained */
+	bool doomed;		 /* another connection's op overfilled our output */
+	bool ext;		 /* sent HELLO: crun's extension ops (store_ext.h) allowed */
+	bool peer_eof;		 /* closing because the peer closed in order (FIN), not reset */
+	struct dl leases;	 /* struct store_lease.conn_link (lease.c) */
+	struct conn_auth *auth;	 /* server_auth.c; NULL: the server has no secrets */
 };
 
 static inline struct evbuffer *store_conn_out(struct store_conn *c)

@@ -212,7 +212,7 @@ int store_client_get_now(struct crun_store *s, const char *key, void **ret_val, 
  * before it, only on a connection that spoke extension version 4 (else
  * CRUN_ENOTSUP: another server may close on a missing key). */
 int store_client_multi_get_now(struct crun_store *s, const char *const *keys, size_t n,
-				void **ret_vals, size_t *ret_lens);
+			       void **ret_vals, size_t *ret_lens);
 int store_client_try_get(struct crun_store *s, const char *key, void **ret_val, size_t *ret_len);
 int store_client_wait_any_get(struct crun_store *s, const char *const *keys, size_t n,
 			      uint32_t timeout_ms, uint64_t keep, size_t *ret_idx, void **ret_val,
