@@ -125,8 +125,8 @@ static int akey(char *buf, size_t cap, const char *what, int attempt)
 }
 
 /* A worker failed here (or a peer's restart woke us): say so, stop, and
- * wait until every node stopped; non-zero nodes also wait for node 0 to
- * clear its store and let attempt A+1 go. */
+ * count this node as stopped; node 0 waits until every node stopped, the
+ * others until node 0 cleared its store and let attempt A+1 go. */
 int static_job_restart(struct rdzv_job *j, crun_store_t *s)
 {
 	char key[128], why[64], k2[128];
@@ -145,11 +145,17 @@ int static_job_restart(struct rdzv_job *j, crun_store_t *s)
 		r = crun_store_set(s, k2, "1", 1);
 	if (r < 0)
 		return static_job_fail(j, s, r, "counting the stopped nodes");
-	r = crun_store_wait(s, (const char *const[]){k2}, 1, j->join_timeout_ms);
-	if (r < 0)
-		return static_job_fail(j, s, r, "waiting for every node to stop its workers");
-	if (j->node_rank == 0)
+	if (j->node_rank == 0) {
+		r = crun_store_wait(s, (const char *const[]){k2}, 1, j->join_timeout_ms);
+		if (r < 0)
+			return static_job_fail(j, s, r,
+					       "waiting for every node to stop its workers");
 		return 0; /* the loop clears the store, then JOB_GO */
+	}
+	/* The other nodes wait for "go" alone, which node 0 sets only after
+	 * every node stopped: their wait for all_stopped could arrive after
+	 * node 0 had cleared it with the rest of the store, and then never end
+	 * (1 run in 6 of test_static_multi_node_restart_is_coordinated). */
 	TRY(akey(key, sizeof(key), "go", j->attempt + 1));
 	r = crun_store_wait(s, (const char *const[]){key}, 1, j->join_timeout_ms);
 	return r < 0 ? static_job_fail(j, s, r, "waiting for node 0 to start the next attempt") : 0;
