@@ -1113,7 +1113,10 @@ static uint32_t auto_max_conns(void)
 	return lim > reserve + 1 ? (uint32_t)MIN(65536, lim - reserve) : 1;
 }
 
-static void cfg_fill(struct store_server_config *dst, const struct store_server_config *src)
+/* auto_conns: what max_conns 0 means, computed once when the server starts
+ * (a reload would count the descriptors opened since and move it). */
+static void cfg_fill(struct store_server_config *dst, const struct store_server_config *src,
+		     uint32_t auto_conns)
 {
 	const struct store_server_config def = STORE_SERVER_CONFIG_DEFAULT;
 
@@ -1124,7 +1127,7 @@ static void cfg_fill(struct store_server_config *dst, const struct store_server_
 		if (strcmp(limit_rows[i].unit, "seconds") && !store_server_limit_get(dst, i))
 			limit_put(dst, i, store_server_limit_get(&def, i));
 	if (!dst->max_conns)
-		dst->max_conns = auto_max_conns();
+		dst->max_conns = auto_conns;
 	if (!dst->max_conn_buffered_bytes)
 		dst->max_conn_buffered_bytes = largest_frame(&dst->limits);
 }
@@ -1144,7 +1147,8 @@ int store_server_new(struct event_base *base, const struct store_server_config *
 	srv->base = base;
 	srv->reserve_fd = -1;
 	srv->stall_min = SIZE_MAX;
-	cfg_fill(&srv->cfg, cfg);
+	srv->auto_conns = auto_max_conns();
+	cfg_fill(&srv->cfg, cfg, srv->auto_conns);
 	srv->out_hard_cap = srv->cfg.max_conn_output_bytes + srv->cfg.max_conn_buffered_bytes;
 	DL_INIT(&srv->conns);
 	DL_INIT(&srv->stalled);
@@ -1216,7 +1220,7 @@ void store_server_set_limits(struct store_server *srv, const struct store_server
 	uint32_t ka = srv->cfg.keepalive_s;
 	int off = 0;
 
-	cfg_fill(&n, cfg);
+	cfg_fill(&n, cfg, srv->auto_conns);
 	for (size_t i = 0; i < ARRAY_SIZE(limit_rows); i++)
 		limit_put(&srv->cfg, i, store_server_limit_get(&n, i));
 	srv->out_hard_cap = srv->cfg.max_conn_output_bytes + srv->cfg.max_conn_buffered_bytes;

@@ -134,7 +134,8 @@ struct store_server {
 	struct dl conns;
 	struct dl stalled; /* struct store_conn.stall_link: waiting for output budget */
 	uint16_t port;
-	int reserve_fd; /* spare fd given up to accept-and-close at the fd limit */
+	int reserve_fd;	     /* spare fd given up to accept-and-close at the fd limit */
+	uint32_t auto_conns; /* max_conns 0, computed at start (server.c auto_max_conns) */
 	struct store_server_stats st;
 	/* PyTorch-protocol requests by op, for /metrics. */
 	uint64_t op_counts[STORE_OP__MAX];

@@ -1859,6 +1859,27 @@ START_TEST(auto_max_conns_keeps_a_fixed_margin)
 }
 END_TEST
 
+/* A reload with max_conns 0 keeps the value computed at start: counting
+ * the descriptors opened since moved it, and SIGHUP said "applied max-conns"
+ * for an unchanged file (test_rdzvd_notify_status_page_and_reload). */
+START_TEST(auto_max_conns_survives_a_reload)
+{
+	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
+	int held[16];
+	uint32_t before;
+
+	srv_start();
+	before = store_server_get_config(g_srv)->max_conns;
+	for (size_t i = 0; i < ARRAY_SIZE(held); i++)
+		ck_assert_int_ge(held[i] = dup(0), 0);
+	srv_call(do_set_limits, &cfg);
+	ck_assert_uint_eq(store_server_get_config(g_srv)->max_conns, before);
+	for (size_t i = 0; i < ARRAY_SIZE(held); i++)
+		close(held[i]);
+	srv_stop();
+}
+END_TEST
+
 /* One table: names unique, and every drop counted in dropped_conns. */
 START_TEST(metric_table_names_are_unique)
 {
@@ -1970,6 +1991,7 @@ Suite *store_server_suite(void)
 	tcase_add_test(hostile, idle_timeout_closes_silent_connections_when_on);
 	tcase_add_test(hostile, fd_limit_refuses_cleanly);
 	tcase_add_test(hostile, auto_max_conns_keeps_a_fixed_margin);
+	tcase_add_test(hostile, auto_max_conns_survives_a_reload);
 	tcase_add_test(hostile, metric_table_names_are_unique);
 	tcase_add_test(hostile, config_set_parses_names_and_ranges);
 	suite_add_tcase(s, hostile);
