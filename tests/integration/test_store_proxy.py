@@ -316,18 +316,19 @@ def env_for(py, tmp):
     return env
 
 
-@pytest.mark.parametrize("version", ["1", "2"])
-def test_two_agents_run_a_gloo_job_with_worker_store_proxy(procs, tmp_path, version):
-    py = torch_python(version)
+def run_two_agents(procs, run_id, env, extra, restart, timeout):
+    """Two crun agents of a 2x2 c10d job with worker_store=proxy running
+    launch_worker.py; every agent exits 0 and every rank reports ok in
+    attempt `restart`. Returns [(rc, stdout, stderr)] per agent."""
     port = free_port()
     argv = [bin_path("crun"), "--nnodes=2", "--nproc-per-node=2", "--rdzv_backend=c10d",
-            f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=proxyjob",
+            f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={run_id}", *extra,
             "--rdzv_conf=worker_store=proxy,join_timeout=60", JOB]
-    agents = [procs.spawn(argv, env=env_for(py, tmp_path)) for _ in range(2)]
+    agents = [procs.spawn(argv, env=env) for _ in range(2)]
     results = []
     for p in agents:
         try:
-            out, err = p.communicate(timeout=180)
+            out, err = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             pytest.fail("crun did not finish in time")
         results.append((p.returncode, out.decode(errors="replace"), err.decode(errors="replace")))
@@ -335,7 +336,14 @@ def test_two_agents_run_a_gloo_job_with_worker_store_proxy(procs, tmp_path, vers
         assert rc == 0, err[-3000:]
     oks = sorted(ln for _, out, _ in results for ln in out.splitlines()
                  if ln.startswith("launch_worker ok"))
-    assert oks == [f"launch_worker ok rank={r} world=4 restart=0" for r in range(4)]
+    assert oks == [f"launch_worker ok rank={r} world=4 restart={restart}" for r in range(4)]
+    return results
+
+
+@pytest.mark.parametrize("version", ["1", "2"])
+def test_two_agents_run_a_gloo_job_with_worker_store_proxy(procs, tmp_path, version):
+    results = run_two_agents(procs, "proxyjob", env_for(torch_python(version), tmp_path), [],
+                             0, 180)
     # Exactly one agent (not group rank 0) put a proxy in front of its workers.
     proxies = [err for _, _, err in results if "worker store proxy on 127.0.0.1:" in err]
     assert len(proxies) == 1, [e[-2000:] for _, _, e in results]
@@ -349,25 +357,9 @@ def test_a_restart_gets_a_fresh_proxy_and_passes(procs, tmp_path, version):
     # Rank 2 (group rank 1's node, whose workers use its proxy, or group
     # rank 0's, whichever drew which ticket) fails in attempt 0; attempt 1
     # needs a new proxy per node and a clean store, and passes everything.
-    py = torch_python(version)
-    port = free_port()
-    argv = [bin_path("crun"), "--nnodes=2", "--nproc-per-node=2", "--rdzv_backend=c10d",
-            f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=proxyrestart", "--max_restarts=1",
-            "--rdzv_conf=worker_store=proxy,join_timeout=60", JOB]
-    env = dict(env_for(py, tmp_path), LAUNCH_FAIL_RANK="2", LAUNCH_FAIL_UNTIL_RESTART="1")
-    agents = [procs.spawn(argv, env=env) for _ in range(2)]
-    results = []
-    for p in agents:
-        try:
-            out, err = p.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            pytest.fail("crun did not finish in time")
-        results.append((p.returncode, out.decode(errors="replace"), err.decode(errors="replace")))
-    for rc, _, err in results:
-        assert rc == 0, err[-3000:]
-    oks = sorted(ln for _, out, _ in results for ln in out.splitlines()
-                 if ln.startswith("launch_worker ok"))
-    assert oks == [f"launch_worker ok rank={r} world=4 restart=1" for r in range(4)]
+    env = dict(env_for(torch_python(version), tmp_path), LAUNCH_FAIL_RANK="2",
+               LAUNCH_FAIL_UNTIL_RESTART="1")
+    results = run_two_agents(procs, "proxyrestart", env, ["--max_restarts=1"], 1, 240)
     # One proxy per attempt on the node that is not group rank 0.
     starts = sum(err.count("worker store proxy on 127.0.0.1:") for _, _, err in results)
     assert starts == 2, [e[-2000:] for _, _, e in results]
