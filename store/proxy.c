@@ -149,12 +149,7 @@ void proxy_client_close(struct client *cl)
 		cl->pass->cl = NULL;
 		proxy_up_free(cl->pass);
 	}
-	if (cl->prev)
-		cl->prev->next = cl->next;
-	else
-		px->clients = cl->next;
-	if (cl->next)
-		cl->next->prev = cl->prev;
+	dl_del(&cl->link);
 	if (cl->in)
 		evbuffer_free(cl->in);
 	if (cl->rd_ev)
@@ -421,6 +416,8 @@ static void px_on_accept(struct evconnlistener *lsn, evutil_socket_t fd, struct 
 		return;
 	}
 	cl->px = px;
+	DL_INIT(&cl->link);
+	DL_INIT(&cl->ws_link);
 	cl->bev = bufferevent_socket_new(px->base, fd, BEV_OPT_CLOSE_ON_FREE);
 	if (!cl->bev) {
 		close(fd);
@@ -430,10 +427,7 @@ static void px_on_accept(struct evconnlistener *lsn, evutil_socket_t fd, struct 
 	cl->rd_ev = event_new(px->base, fd, EV_READ | EV_PERSIST, client_on_raw_read, cl);
 	cl->in = evbuffer_new();
 	bufferevent_setcb(cl->bev, NULL, client_on_write, client_on_event, cl);
-	cl->next = px->clients;
-	if (px->clients)
-		px->clients->prev = cl;
-	px->clients = cl;
+	dl_add_tail(&px->clients, &cl->link);
 	px->st.clients++;
 	px->st.accepted++;
 	/* Writing is enabled from birth; its event is added only while output
@@ -516,6 +510,8 @@ int store_proxy_new(struct event_base *base, const struct store_proxy_config *cf
 	if (!px)
 		return CRUN_ENOMEM;
 	px->base = base;
+	DL_INIT(&px->clients);
+	DL_INIT(&px->sets);
 	px->cfg = *cfg;
 	px->cfg.upstream_host = NULL; /* borrowed strings are not kept */
 	px->cfg.listen_host = NULL;

@@ -13,6 +13,7 @@
 
 #include <event2/event.h>
 
+#include "store/dlist.h"
 #include "store/proxy.h"
 
 #define DEFAULT_MAX_CLIENTS 1024u
@@ -56,8 +57,8 @@ struct client {
 	struct evbuffer *in;	 /* unprocessed input (the bufferevent's own
 				  * input is frozen to all but itself) */
 	bool rd_on;
-	bool relay_full;	    /* passthrough: the upstream's output is full */
-	struct client *prev, *next; /* px->clients */
+	bool relay_full; /* passthrough: the upstream's output is full */
+	struct dl link;	 /* px->clients */
 	enum store_dialect d;
 	bool sniffed;
 	bool busy;	   /* a reply owed on the shared connection */
@@ -69,20 +70,20 @@ struct client {
 	size_t wkeys_len;
 	uint64_t wnitems;
 	struct waitset *ws; /* the set it is a member of */
-	struct client *ws_prev, *ws_next;
-	struct up *pass; /* passthrough connection, once moved */
+	struct dl ws_link;  /* ws->members */
+	struct up *pass;    /* passthrough connection, once moved */
 	struct store_dec_state dec;
 };
 
 struct waitset {
 	struct store_proxy *px;
-	struct waitset *prev, *next; /* px->sets */
-	uint8_t *keys;		     /* owned copy of the key list */
+	struct dl link; /* px->sets */
+	uint8_t *keys;	/* owned copy of the key list */
 	size_t keys_len;
 	uint64_t nitems;
-	struct client *members;
-	struct up *up;	/* the connection its WAIT is pending on */
-	bool releasing; /* ws_release walks it: no longer findable */
+	struct dl members; /* struct client.ws_link */
+	struct up *up;	   /* the connection its WAIT is pending on */
+	bool releasing;	   /* ws_release walks it: no longer findable */
 };
 
 struct store_proxy {
@@ -97,9 +98,9 @@ struct store_proxy {
 	size_t n_idle;
 	struct pend *ring; /* capacity 2 * max_clients + 2 */
 	size_t ring_cap, ring_head, ring_len;
-	size_t in_max; /* a client's unprocessed input: one legal frame */
-	struct client *clients;
-	struct waitset *sets;
+	size_t in_max;	   /* a client's unprocessed input: one legal frame */
+	struct dl clients; /* struct client.link */
+	struct dl sets;	   /* struct waitset.link */
 	bool failed;
 	struct store_proxy_stats st;
 };

@@ -79,35 +79,13 @@ int proxy_pend_push(struct store_proxy *px, const struct pend *p)
 
 static void ws_unlink_member(struct client *cl)
 {
-	struct waitset *ws = cl->ws;
-
-	if (cl->ws_prev)
-		cl->ws_prev->ws_next = cl->ws_next;
-	else
-		ws->members = cl->ws_next;
-	if (cl->ws_next)
-		cl->ws_next->ws_prev = cl->ws_prev;
+	dl_del(&cl->ws_link);
 	cl->ws = NULL;
-	cl->ws_prev = cl->ws_next = NULL;
-}
-
-static void ws_unlink(struct waitset *ws)
-{
-	struct store_proxy *px = ws->px;
-
-	if (ws->prev)
-		ws->prev->next = ws->next;
-	else
-		px->sets = ws->next;
-	if (ws->next)
-		ws->next->prev = ws->prev;
-	ws->prev = ws->next = NULL;
 }
 
 static void ws_free(struct waitset *ws)
 {
-	if (!ws->releasing)
-		ws_unlink(ws);
+	dl_del(&ws->link); /* a no-op once ws_release took it off */
 	free(ws->keys);
 	free(ws);
 }
@@ -126,7 +104,7 @@ void proxy_end_wait(struct client *cl)
 	if (!ws)
 		return;
 	ws_unlink_member(cl);
-	if (!ws->members && !ws->releasing) {
+	if (DL_EMPTY(&ws->members) && !ws->releasing) {
 		if (ws->up) {
 			ws->up->ws = NULL;
 			proxy_up_free(ws->up);
@@ -137,9 +115,12 @@ void proxy_end_wait(struct client *cl)
 
 struct waitset *proxy_ws_find(struct store_proxy *px, const uint8_t *keys, size_t len)
 {
-	for (struct waitset *ws = px->sets; ws; ws = ws->next)
+	for (struct dl *n = px->sets.next; n != &px->sets; n = n->next) {
+		struct waitset *ws = DL_ENTRY(n, struct waitset, link);
+
 		if (ws->keys_len == len && memcmp(ws->keys, keys, len) == 0)
 			return ws;
+	}
 	return NULL;
 }
 
@@ -158,6 +139,8 @@ int proxy_ws_join(struct client *cl)
 		if (!ws)
 			return CRUN_ENOMEM;
 		ws->px = px;
+		DL_INIT(&ws->link);
+		DL_INIT(&ws->members);
 		ws->keys = mem_dup(cl->wkeys, cl->wkeys_len);
 		if (!ws->keys) {
 			free(ws);
@@ -180,10 +163,7 @@ int proxy_ws_join(struct client *cl)
 		}
 		ws->up = u;
 		u->ws = ws;
-		ws->next = px->sets;
-		if (px->sets)
-			px->sets->prev = ws;
-		px->sets = ws;
+		dl_add_tail(&px->sets, &ws->link);
 		code = (uint8_t)store_proto_opcode(STORE_V2, STORE_OP_WAIT);
 		if (evbuffer_add(bufferevent_get_output(u->bev), &code, 1) < 0 ||
 		    evbuffer_add(bufferevent_get_output(u->bev), ws->keys, ws->keys_len) < 0) {
@@ -196,11 +176,7 @@ int proxy_ws_join(struct client *cl)
 		px->st.upstream_waits++;
 	}
 	cl->ws = ws;
-	cl->ws_prev = NULL;
-	cl->ws_next = ws->members;
-	if (ws->members)
-		ws->members->ws_prev = cl;
-	ws->members = cl;
+	dl_add_tail(&ws->members, &cl->ws_link);
 	return 0;
 }
 
@@ -213,7 +189,7 @@ static void ws_release(struct waitset *ws)
 
 	/* Members answered here may wait again at once, on the same keys:
 	 * that must make a new set, not join this finished one. */
-	ws_unlink(ws);
+	dl_del(&ws->link);
 	ws->releasing = true;
 	ws->up = NULL;
 	u->ws = NULL;
@@ -224,8 +200,8 @@ static void ws_release(struct waitset *ws)
 	} else {
 		proxy_up_free(u);
 	}
-	while (ws->members) {
-		struct client *cl = ws->members;
+	while (!DL_EMPTY(&ws->members)) {
+		struct client *cl = DL_ENTRY(ws->members.next, struct client, ws_link);
 
 		ws_unlink_member(cl);
 		cl->waiting = false;
@@ -451,8 +427,8 @@ void proxy_close_all(struct store_proxy *px)
 		evconnlistener_free(px->lsn);
 		px->lsn = NULL;
 	}
-	while (px->clients)
-		proxy_client_close(px->clients);
+	while (!DL_EMPTY(&px->clients))
+		proxy_client_close(DL_ENTRY(px->clients.next, struct client, link));
 	while (px->idle) {
 		struct up *u = px->idle;
 

@@ -16,33 +16,9 @@
 
 #include <event2/bufferevent.h>
 
+#include "store/dlist.h"
 #include "store/server.h"
 #include "store/store.h"
-
-/* ---- intrusive doubly linked lists ---------------------------------------- */
-
-struct dl {
-	struct dl *next, *prev;
-};
-
-#define DL_INIT(h)		    ((h)->next = (h)->prev = (h))
-#define DL_EMPTY(h)		    ((h)->next == (h))
-#define DL_ENTRY(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
-
-static inline void dl_add_tail(struct dl *h, struct dl *n)
-{
-	n->prev = h->prev;
-	n->next = h;
-	h->prev->next = n;
-	h->prev = n;
-}
-
-static inline void dl_del(struct dl *n)
-{
-	n->prev->next = n->next;
-	n->next->prev = n->prev;
-	n->next = n->prev = n;
-}
 
 /* ---- the key space -------------------------------------------------------- */
 
