@@ -24,6 +24,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import shutil
 import socket
 import subprocess
@@ -193,9 +194,16 @@ def storm_once(build, key, dialect, n, tmp, timeout_s):
         before = proc_status(srv.proc.pid)
         argv = [os.path.join(build, "bench", "storm"), *target, "-n", str(n),
                 "--dialect", f"v{dialect}", "--timeout-ms", str(int(timeout_s * 1000))]
+        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         with RssSampler(srv.proc.pid):
             p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s + 30)
+        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         after = proc_status(srv.proc.pid)
+        # The load generator's own CPU, user and system apart: a slow connect
+        # phase with system time to match is kernel work in the generator
+        # (its port search), one without is waiting (retransmits, the server).
+        res["gen_user_s"] = round(ru1.ru_utime - ru0.ru_utime, 3)
+        res["gen_sys_s"] = round(ru1.ru_stime - ru0.ru_stime, 3)
         if farms:
             # The root's CPU is the cell's server CPU; the proxies' is reported
             # beside it, honestly: together they did the work.

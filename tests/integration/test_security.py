@@ -208,7 +208,10 @@ def attack_a(w, pfx):
     """Two SETs end the job: every agent exits 1 despite --max_restarts."""
     rd = current_round(w, pfx)
     w.set(f"{pfx}/closed", "failed: intruder")
-    w.set(f"{pfx}/r{rd}/change", "failed")
+    try:
+        w.set(f"{pfx}/r{rd}/change", "failed")
+    except crunwire.Closed:
+        pass  # the first SET already ended the job, and with it the agent serving the store
 
 
 def attack_b(w, pfx):
