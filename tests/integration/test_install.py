@@ -169,3 +169,24 @@ def test_uninstall_removes_what_install_put(tmp_path):
     left = [os.path.join(d, f) for d, _, fs in os.walk(dest) for f in fs]
     # Only configs (which an operator may have edited) stay.
     assert all("/etc/crun/" in f for f in left), left
+
+
+def test_a_header_change_rebuilds_its_objects_whatever_the_build_path_form():
+    """A build made with BUILD=$PWD/build (as test_install's) and one made with
+    BUILD=build must both see a changed header: the dependency files named
+    the object in one form only, and a later build in the other form linked
+    objects of an old struct layout (crun crashed at start)."""
+    obj = os.path.join("obj", "agent", "fsm.o")
+    forms = {BUILD}
+    if os.path.abspath(BUILD).startswith(os.path.abspath(ROOT) + os.sep):
+        forms.add(os.path.relpath(BUILD, ROOT))
+    for b in sorted(forms):
+        base = ["make", "-C", ROOT, "--no-print-directory", "-n", f"BUILD={b}",
+                f"SAN={'1' if SAN else '0'}"]  # CI comes from the environment or MAKEFLAGS
+        target = os.path.join(b, obj)
+        idle = subprocess.run(base + [target], capture_output=True, text=True, timeout=120)
+        if "agent/fsm.c" in idle.stdout:
+            pytest.skip(f"{target} is not up to date with this make's settings")
+        touched = subprocess.run(base + ["-W", "agent/agent.h", target], capture_output=True,
+                                 text=True, timeout=120)
+        assert "agent/fsm.c" in touched.stdout, (b, touched.stdout + touched.stderr)
