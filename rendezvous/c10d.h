@@ -41,7 +41,7 @@ struct c10d_conf {
 	/* worker_store=proxy: the workers of every node but group rank 0's
 	 * reach the worker store through a proxy of their agent (store/proxy.h);
 	 * direct (0, the default): every worker connects to group rank 0's. */
-	int worker_store_proxy;
+	bool worker_store_proxy;
 };
 
 /* Parses torchrun's rdzv_conf ("k=v,...", seconds) over the defaults. 0, or

@@ -20,6 +20,19 @@ static int conf_secs(const char *k, const char *v, uint32_t *ret, char *err, siz
 	return 0;
 }
 
+/* A key with two values: *ret_second is whether v is the second. */
+static int conf_either(const char *k, const char *v, const char *first, const char *second,
+		       bool *ret_second, char *err, size_t cap)
+{
+	if (strcmp(v, first) && strcmp(v, second)) {
+		snprintf(err, cap, "argument --rdzv_conf: %s=%s is not %s or %s", k, v, first,
+			 second);
+		return CRUN_EINVAL;
+	}
+	*ret_second = strcmp(v, second) == 0;
+	return 0;
+}
+
 /* The file-path keys of rdzv_conf (each a char[512] of the conf), or NULL. */
 static char *conf_path(struct c10d_conf *c, const char *key)
 {
@@ -95,23 +108,11 @@ int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap)
 				return CRUN_EINVAL;
 			}
 		} else if (strcmp(item, "tls_min_version") == 0) {
-			if (strcmp(v, "1.2") && strcmp(v, "1.3")) {
-				snprintf(
-				    err, cap,
-				    "argument --rdzv_conf: tls_min_version=%s is not 1.2 or 1.3",
-				    v);
-				return CRUN_EINVAL;
-			}
-			c.tls_min = v[2] == '2' ? 12 : 13;
+			TRY(conf_either(item, v, "1.2", "1.3", &b, err, cap));
+			c.tls_min = b ? 13 : 12;
 		} else if (strcmp(item, "worker_store") == 0) {
-			if (strcmp(v, "direct") && strcmp(v, "proxy")) {
-				snprintf(
-				    err, cap,
-				    "argument --rdzv_conf: worker_store=%s is not direct or proxy",
-				    v);
-				return CRUN_EINVAL;
-			}
-			c.worker_store_proxy = v[0] == 'p';
+			TRY(conf_either(item, v, "direct", "proxy", &c.worker_store_proxy, err,
+					cap));
 		} else if (strcmp(item, "is_host") == 0) {
 			if (parse_bool(v, &b) < 0) {
 				snprintf(err, cap,
