@@ -481,6 +481,7 @@ int store_ext_process(struct store_conn *c, const uint8_t *buf, size_t len, size
 			TRY(set_leased(c, l, q.key, q.val));
 		return reply_u8(c, l ? STORE_EXT_OK : STORE_EXT_NO_LEASE);
 	case STORE_EXT_WAIT_ANY_GET:
+	case STORE_EXT_WAIT_ANY_GET_WITH:
 		l = q.id ? held(c, q.id) : NULL;
 		if (l) /* the wait's keep-alive (store_ext.h) */
 			TRY(arm(l));

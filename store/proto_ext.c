@@ -7,11 +7,13 @@
 
 bool store_ext_is_op(uint8_t code)
 {
-	return code >= STORE_EXT_HELLO && code <= STORE_EXT_GRANT_SET;
+	return code >= STORE_EXT_HELLO && code <= STORE_EXT_WAIT_ANY_GET_WITH;
 }
 
 uint32_t store_ext_op_version(uint8_t op)
 {
+	if (op >= STORE_EXT_WAIT_ANY_GET_WITH)
+		return STORE_EXT_VERSION_WITH;
 	if (op >= STORE_EXT_TRY_GET)
 		return STORE_EXT_VERSION_FOLD;
 	if (op == STORE_EXT_WAIT_ANY)
@@ -44,6 +46,8 @@ const char *store_ext_op_name(uint8_t code)
 		return "TICKET";
 	case STORE_EXT_GRANT_SET:
 		return "GRANT_SET";
+	case STORE_EXT_WAIT_ANY_GET_WITH:
+		return "WAIT_ANY_GET_WITH";
 	default:
 		return "?";
 	}
@@ -62,6 +66,7 @@ size_t store_ext_reply_size(uint8_t op)
 	case STORE_EXT_TRY_GET:
 		return 9;
 	case STORE_EXT_WAIT_ANY_GET:
+	case STORE_EXT_WAIT_ANY_GET_WITH:
 		return 17;
 	case STORE_EXT_LEASE_KEEPALIVE:
 	case STORE_EXT_LEASE_REVOKE:
@@ -161,11 +166,14 @@ int store_ext_decode_req(const struct store_limits *lim, const uint8_t *buf, siz
 		TRY(take_bytes(&c, lim->max_value_bytes, &q.val));
 		break;
 	case STORE_EXT_WAIT_ANY_GET:
+	case STORE_EXT_WAIT_ANY_GET_WITH:
 		TRY(take_u64(&c, &q.id));
 		TRY(take_u64(&c, &q.wait_ms));
 		if (q.wait_ms > STORE_EXT_TTL_MAX)
 			return CRUN_EPROTO;
 		TRY(take_list(&c, lim, &q));
+		if (q.op == STORE_EXT_WAIT_ANY_GET_WITH)
+			TRY(take_bytes(&c, lim->max_key_bytes, &q.key2));
 		break;
 	case STORE_EXT_WAIT_ANY:
 		TRY(take_list(&c, lim, &q));
@@ -212,9 +220,12 @@ size_t store_ext_req_size(const struct store_ext_req *q)
 	case STORE_EXT_GRANT_SET:
 		return 1 + 8 + 8 + q->key.len + 8 + q->val.len + 8 + q->key2.len + 8 + q->val2.len;
 	case STORE_EXT_WAIT_ANY:
-	case STORE_EXT_WAIT_ANY_GET: {
-		size_t n = 1 + 8 + (q->op == STORE_EXT_WAIT_ANY_GET ? 16 : 0);
+	case STORE_EXT_WAIT_ANY_GET:
+	case STORE_EXT_WAIT_ANY_GET_WITH: {
+		size_t n = 1 + 8 + (q->op != STORE_EXT_WAIT_ANY ? 16 : 0);
 
+		if (q->op == STORE_EXT_WAIT_ANY_GET_WITH)
+			n += 8 + q->key2.len;
 		for (uint64_t i = 0; i < q->nitems; i++)
 			n += 8 + q->keys[i].len;
 		return q->nitems ? n : 0;
@@ -265,6 +276,7 @@ int store_ext_encode_req(const struct store_ext_req *q, uint8_t *buf, size_t cap
 		p = store_put_bytes(p, q->val.p, q->val.len);
 		break;
 	case STORE_EXT_WAIT_ANY_GET:
+	case STORE_EXT_WAIT_ANY_GET_WITH:
 		p = store_put_u64(p, q->id);
 		p = store_put_u64(p, q->wait_ms);
 		/* fall through - then the key list */
@@ -272,6 +284,8 @@ int store_ext_encode_req(const struct store_ext_req *q, uint8_t *buf, size_t cap
 		p = store_put_u64(p, q->nitems);
 		for (uint64_t i = 0; i < q->nitems; i++)
 			p = store_put_bytes(p, q->keys[i].p, q->keys[i].len);
+		if (q->op == STORE_EXT_WAIT_ANY_GET_WITH)
+			p = store_put_bytes(p, q->key2.p, q->key2.len);
 		break;
 	default:
 		p = store_put_u64(p, q->id);

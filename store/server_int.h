@@ -150,16 +150,18 @@ struct store_conn {
 	bool any_get;		 /* ...a WAIT_ANY_GET: the wake carries the value */
 	uint64_t any_n;		 /* its key count: the index a timeout answers */
 	struct event *any_timer; /* its server-side timeout (store_ext.h), NULL: none yet */
-	bool throttled;		 /* output over the ceiling: reading paused */
-	bool stalled;		 /* total output over budget: reading paused */
-	bool writing;		 /* EV_WRITE on: the bufferevent flushes what write() left */
-	bool rd_on;		 /* rd_ev: reading wanted (not paused by flow control) */
-	bool rd_full;		 /* rd_ev: input at max_conn_buffered_bytes, off until drained */
-	bool doomed;		 /* another connection's op overfilled our output */
-	bool ext;		 /* sent HELLO: crun's extension ops (store_ext.h) allowed */
-	bool peer_eof;		 /* closing because the peer closed in order (FIN), not reset */
-	struct dl leases;	 /* struct store_lease.conn_link (lease.c) */
-	struct conn_auth *auth;	 /* server_auth.c; NULL: the server has no secrets */
+	uint8_t *any_with;	 /* ...a WAIT_ANY_GET_WITH: its with_key (malloc'd), else NULL */
+	size_t any_with_len;
+	bool throttled;		/* output over the ceiling: reading paused */
+	bool stalled;		/* total output over budget: reading paused */
+	bool writing;		/* EV_WRITE on: the bufferevent flushes what write() left */
+	bool rd_on;		/* rd_ev: reading wanted (not paused by flow control) */
+	bool rd_full;		/* rd_ev: input at max_conn_buffered_bytes, off until drained */
+	bool doomed;		/* another connection's op overfilled our output */
+	bool ext;		/* sent HELLO: crun's extension ops (store_ext.h) allowed */
+	bool peer_eof;		/* closing because the peer closed in order (FIN), not reset */
+	struct dl leases;	/* struct store_lease.conn_link (lease.c) */
+	struct conn_auth *auth; /* server_auth.c; NULL: the server has no secrets */
 };
 
 static inline struct evbuffer *store_conn_out(struct store_conn *c)

@@ -70,6 +70,8 @@ static void conn_drop_waits(struct store_conn *c)
 	c->pending = 0;
 	c->any = false;
 	c->any_get = false;
+	free(c->any_with);
+	c->any_with = NULL;
 	if (c->any_timer)
 		evtimer_del(c->any_timer);
 }
@@ -113,15 +115,29 @@ static int reply_bytes(struct store_conn *c, const uint8_t *p, size_t len)
 	return 0;
 }
 
-/* The wake of a WAIT_ANY: the index, and for WAIT_ANY_GET the value of e
- * (the key at idx), as a GET would read it now. */
+/* A WAIT_ANY_GET_WITH's answer ends with its with_key's value, as TRY_GET
+ * reads it now (found, bytes). Nothing for the other waits. */
+static int reply_with(struct store_conn *c)
+{
+	const struct kv_ent *w;
+
+	if (!c->any_with)
+		return 0;
+	w = kv_find(&c->srv->kv, c->any_with, c->any_with_len);
+	TRY(reply_u8(c, w && w->present ? 1 : 0));
+	return w && w->present ? reply_bytes(c, w->val, w->val_len) : reply_bytes(c, NULL, 0);
+}
+
+/* The wake of a WAIT_ANY: the index, and for WAIT_ANY_GET(_WITH) the value
+ * of e (the key at idx), as a GET would read it now (and the with_key's). */
 static int reply_any(struct store_conn *c, const struct kv_ent *e, uint64_t idx)
 {
 	TRY(reply_u8(c, STORE_WAIT_STOP_WAITING));
 	TRY(reply_i64(c, (int64_t)idx));
 	if (!c->any_get)
 		return 0;
-	return e->present ? reply_bytes(c, e->val, e->val_len) : reply_bytes(c, NULL, 0);
+	TRY(e->present ? reply_bytes(c, e->val, e->val_len) : reply_bytes(c, NULL, 0));
+	return reply_with(c);
 }
 
 /* A WAIT_ANY_GET's timeout passed with no key there: index n, no value. */
@@ -134,7 +150,7 @@ static void any_timed_out(evutil_socket_t fd, short what, void *arg)
 	if (!c->any || !c->pending)
 		return; /* woken or canceled meanwhile */
 	if (reply_u8(c, STORE_WAIT_STOP_WAITING) < 0 || reply_i64(c, (int64_t)c->any_n) < 0 ||
-	    reply_bytes(c, NULL, 0) < 0)
+	    reply_bytes(c, NULL, 0) < 0 || reply_with(c) < 0)
 		c->doomed = true;
 	conn_drop_waits(c);
 	store_conn_flush(c);
@@ -486,7 +502,15 @@ int store_conn_wait_any(struct store_conn *c, const struct store_ext_req *q)
 
 	if (c->pending || c->dialect != STORE_V2)
 		return CRUN_EPROTO; /* one wait at a time; v1 cannot cancel it */
-	c->any_get = q->op == STORE_EXT_WAIT_ANY_GET;
+	c->any_get = q->op != STORE_EXT_WAIT_ANY;
+	if (q->op == STORE_EXT_WAIT_ANY_GET_WITH) {
+		/* kept until the answer (+1: a with_key may be empty) */
+		c->any_with = malloc(q->key2.len + 1);
+		if (!c->any_with)
+			return CRUN_ENOMEM;
+		memcpy(c->any_with, q->key2.p, q->key2.len);
+		c->any_with_len = q->key2.len;
+	}
 	for (uint64_t i = 0; i < q->nitems; i++) {
 		struct kv_ent *e;
 
@@ -494,11 +518,15 @@ int store_conn_wait_any(struct store_conn *c, const struct store_ext_req *q)
 		e = kv_find(&srv->kv, k.p, k.len);
 		if (key_exists(e)) {
 			r = reply_any(c, e, i);
-			c->any_get = false;
+			conn_drop_waits(c); /* nothing registered yet: clears the fields */
 			return r;
 		}
 	}
-	TRY(reg_budget(c, q->nitems));
+	r = reg_budget(c, q->nitems);
+	if (r < 0) {
+		conn_drop_waits(c);
+		return r;
+	}
 	it = q->items;
 	for (uint64_t i = 0; i < q->nitems; i++) {
 		struct kv_ent *e = NULL;

@@ -27,6 +27,10 @@
  *   0x8a  GRANT_SET        u64 ttl_ms, bytes expiry_key,         u64 lease id (> 0)
  *                          bytes expiry_value, bytes key,
  *                          bytes value                           (0x87..0x8a: version 4)
+ *   0x8b  WAIT_ANY_GET_WITH  WAIT_ANY_GET's request, then         later: WAIT_ANY_GET's
+ *                          bytes with_key                        reply, then u8 found,
+ *                                                                bytes with_value
+ *                                                                (version 5)
  *
  * status: 0 ok, 1 no such lease (ended, or held by another connection).
  * HELLO answers the server's version; a client sends LEASE_ATTACH only to a
@@ -53,6 +57,13 @@
  *     to value (a joiner's ticket and its record);
  *   - GRANT_SET: LEASE_GRANT, then SET_LEASED of key under the new lease
  *     (a lease never lapses between its grant and its first key).
+ *
+ * Version 5 adds WAIT_ANY_GET_WITH: a WAIT_ANY_GET whose answer (the wake,
+ * or the server's timeout) also carries one more key's value as a TRY_GET
+ * of with_key would read it at that moment (found 0: absent, value empty).
+ * A rendezvous member sleeps on its round's closed key and gets, with the
+ * wake, its own assignment (written before the closed key): one request
+ * fewer per member at the end of every round, when all of them wake at once.
  *
  * WAIT_ANY is WAIT with "any" for "all": the reply (STOP_WAITING, then the
  * index in the request of a key that exists) goes out as soon as one of the
@@ -123,13 +134,15 @@ enum store_ext_op {
 	STORE_EXT_WAIT_ANY_GET = 0x88,
 	STORE_EXT_TICKET = 0x89,
 	STORE_EXT_GRANT_SET = 0x8a,
+	STORE_EXT_WAIT_ANY_GET_WITH = 0x8b,
 };
 
 #define STORE_EXT_MAGIC		 0x4352554eu
-#define STORE_EXT_VERSION	 4u
+#define STORE_EXT_VERSION	 5u
 #define STORE_EXT_VERSION_ATTACH 2u /* first version with LEASE_ATTACH */
 #define STORE_EXT_VERSION_ANY	 3u /* first version with WAIT_ANY */
 #define STORE_EXT_VERSION_FOLD	 4u /* first with TRY_GET WAIT_ANY_GET TICKET GRANT_SET */
+#define STORE_EXT_VERSION_WITH	 5u /* first with WAIT_ANY_GET_WITH */
 #define STORE_EXT_TTL_MAX	 (3600u * 1000)
 
 enum { STORE_EXT_OK = 0, STORE_EXT_NO_LEASE = 1 };
@@ -137,13 +150,14 @@ enum { STORE_EXT_OK = 0, STORE_EXT_NO_LEASE = 1 };
 struct store_ext_req {
 	uint8_t op;
 	uint32_t magic, version;	/* HELLO */
-	uint64_t id;			/* KEEPALIVE REVOKE SET_LEASED ATTACH WAIT_ANY_GET */
-	uint64_t wait_ms;		/* WAIT_ANY_GET: the server's timeout, 0: none */
+	uint64_t id;			/* KEEPALIVE REVOKE SET_LEASED ATTACH WAIT_ANY_GET(_WITH) */
+	uint64_t wait_ms;		/* WAIT_ANY_GET(_WITH): the server's timeout, 0: none */
 	uint64_t ttl_ms;		/* GRANT GRANT_SET */
 	struct store_bytes key;		/* GRANT(_SET): expiry key; SET_LEASED TRY_GET: key;
 					 * TICKET: counter */
 	struct store_bytes val;		/* GRANT(_SET): expiry value; SET_LEASED TICKET: value */
-	struct store_bytes key2, val2;	/* GRANT_SET: key, value; TICKET: prefix (key2) */
+	struct store_bytes key2, val2;	/* GRANT_SET: key, value; TICKET: prefix (key2);
+					 * WAIT_ANY_GET_WITH: with_key (key2) */
 	uint64_t nitems;		/* WAIT_ANY(_GET): key count */
 	const struct store_bytes *keys; /* WAIT_ANY(_GET), encode only, borrowed */
 	const uint8_t *items;		/* WAIT_ANY(_GET), decode only: store_items_next() */
@@ -217,6 +231,12 @@ int store_client_try_get(struct crun_store *s, const char *key, void **ret_val, 
 int store_client_wait_any_get(struct crun_store *s, const char *const *keys, size_t n,
 			      uint32_t timeout_ms, uint64_t keep, size_t *ret_idx, void **ret_val,
 			      size_t *ret_len);
+/* Version 5: store_client_wait_any_get that also reads with_key's value at
+ * the wake into *ret_with (malloc'd, NUL-terminated; NULL when absent or on
+ * a timeout). CRUN_ENOTSUP, nothing sent, from an older server. */
+int store_client_wait_any_get_with(struct crun_store *s, const char *const *keys, size_t n,
+				   const char *with_key, uint32_t timeout_ms, uint64_t keep,
+				   size_t *ret_idx, void **ret_val, void **ret_with);
 int store_client_ticket(struct crun_store *s, const char *counter, const char *prefix,
 			const void *val, size_t len, int64_t *ret_t);
 int store_client_grant_set(struct crun_store *s, uint32_t ttl_ms, const char *expiry_key,

@@ -43,10 +43,12 @@ static void *loop_main(void *arg)
 	return NULL;
 }
 
-static void srv_start(void)
+/* A server of extension version v (0: the newest). */
+static void srv_start_version(uint32_t v)
 {
 	struct store_server_config c = STORE_SERVER_CONFIG_DEFAULT;
 
+	c.ext_version = v;
 	log_init("test_store_lease", LL_WARN);
 	signal(SIGPIPE, SIG_IGN);
 	ck_assert_int_eq(evthread_use_pthreads(), 0);
@@ -56,6 +58,11 @@ static void srv_start(void)
 	ck_assert_int_eq(store_server_new(g_base, &c, &g_srv), 0);
 	g_port = store_server_port(g_srv);
 	ck_assert_int_eq(pthread_create(&g_thread, NULL, loop_main, NULL), 0);
+}
+
+static void srv_start(void)
+{
+	srv_start_version(0);
 }
 
 static void srv_stop(void)
@@ -263,8 +270,8 @@ START_TEST(codec_round_trip_and_prefixes)
 	}
 	/* Op codes outside the range are not extension ops. */
 	ck_assert(!store_ext_is_op(0x7f));
-	ck_assert(!store_ext_is_op(0x8b));
-	buf[0] = 0x8b;
+	ck_assert(!store_ext_is_op(0x8c));
+	buf[0] = 0x8c;
 	ck_assert_int_eq(store_ext_decode_req(&lim, buf, 9, &d, &used), CRUN_EPROTO);
 }
 END_TEST
@@ -357,6 +364,51 @@ START_TEST(codec_version4_ops)
 
 		ck_assert_int_eq(store_ext_encode_req(&q, buf, sizeof(buf), &len), 0);
 		ck_assert_int_eq(store_ext_decode_req(&lim, buf, len, &d, &used), CRUN_EPROTO);
+	}
+}
+END_TEST
+
+START_TEST(codec_version5_op)
+{
+	const struct store_bytes keys[2] = {BYTES("/a"), BYTES("/bb")};
+	struct store_ext_req q = {.op = STORE_EXT_WAIT_ANY_GET_WITH,
+				  .id = 5,
+				  .wait_ms = 700,
+				  .nitems = 2,
+				  .keys = keys,
+				  .key2 = BYTES("/r1/a/7")};
+	struct store_ext_req d;
+	uint8_t buf[256];
+	const uint8_t *it;
+	struct store_bytes k;
+
+	round_trip(&q, buf, sizeof(buf), &d);
+	ck_assert_uint_eq(buf[0], 0x8b);
+	ck_assert_uint_eq(d.id, 5);
+	ck_assert_uint_eq(d.wait_ms, 700);
+	ck_assert_uint_eq(d.nitems, 2);
+	it = d.items;
+	store_items_next(&it, &k);
+	ck_assert_mem_eq(k.p, "/a", 2);
+	store_items_next(&it, &k);
+	ck_assert_mem_eq(k.p, "/bb", 3);
+	ck_assert_uint_eq(d.key2.len, 7);
+	ck_assert_mem_eq(d.key2.p, "/r1/a/7", 7);
+	ck_assert_uint_eq(store_ext_reply_size(STORE_EXT_WAIT_ANY_GET_WITH), 17);
+	ck_assert_uint_eq(store_ext_op_version(STORE_EXT_WAIT_ANY_GET_WITH), 5);
+	ck_assert_uint_eq(STORE_EXT_VERSION, 5);
+	ck_assert(store_ext_is_op(0x8b));
+	ck_assert(!store_ext_is_op(0x8c));
+	ck_assert_str_eq(store_ext_op_name(0x8b), "WAIT_ANY_GET_WITH");
+	/* every prefix of the frame is incomplete, not malformed */
+	{
+		const struct store_limits lim = STORE_LIMITS_DEFAULT;
+		size_t len, used;
+
+		ck_assert_int_eq(store_ext_encode_req(&q, buf, sizeof(buf), &len), 0);
+		for (size_t n = 0; n < len; n++)
+			ck_assert_int_eq(store_ext_decode_req(&lim, buf, n, &d, &used),
+					 CRUN_EAGAIN);
 	}
 }
 END_TEST
@@ -851,6 +903,77 @@ START_TEST(wait_any_get_wakes_with_the_value)
 }
 END_TEST
 
+/* WAIT_ANY_GET_WITH: the answer also carries the with_key's value as it
+ * is at that moment - parked then woken, answered at once, timed out. */
+START_TEST(wait_any_get_with_wakes_with_both_values)
+{
+	const char *keys[] = {"x", "y"};
+	struct later_set l;
+	pthread_t thr;
+	crun_store_t *a;
+	void *v = NULL, *w = NULL;
+	size_t idx = 9;
+
+	srv_start();
+	a = client();
+	l = (struct later_set){client(), "y", "why"};
+	ck_assert_int_eq(crun_store_set(l.s, "mine", "0 0 8", 5), 0);
+	ck_assert_int_eq(pthread_create(&thr, NULL, set_after, &l), 0);
+	ck_assert_int_eq(
+	    store_client_wait_any_get_with(a, keys, 2, "mine", 10000, 0, &idx, &v, &w), 0);
+	pthread_join(thr, NULL);
+	ck_assert_uint_eq(idx, 1);
+	ck_assert_str_eq(v, "why");
+	ck_assert_str_eq(w, "0 0 8");
+	crun_free(v);
+	crun_free(w);
+	v = w = NULL;
+	/* present at once; the with_key absent */
+	ck_assert_int_eq(
+	    store_client_wait_any_get_with(a, keys, 2, "other", 10000, 0, &idx, &v, &w), 0);
+	ck_assert_uint_eq(idx, 1);
+	ck_assert_str_eq(v, "why");
+	ck_assert_ptr_null(w);
+	crun_free(v);
+	v = NULL;
+	/* the server's timeout: nothing, and the stream in step */
+	ck_assert_int_eq(store_client_wait_any_get_with(a, (const char *[]){"never"}, 1, "mine",
+							100, 0, &idx, &v, &w),
+			 CRUN_ETIMEDOUT);
+	ck_assert_ptr_null(v);
+	ck_assert_ptr_null(w);
+	ck_assert_int_eq(crun_store_set(a, "after", "x", 1), 0);
+	expect_val(a, "after", "x");
+	crun_store_close(l.s);
+	crun_store_close(a);
+	srv_stop();
+}
+END_TEST
+
+/* A version-4 server (crun-rdzvd --ext-version 4): the client does not send
+ * WAIT_ANY_GET_WITH (CRUN_ENOTSUP, nothing sent); version 4's ops work. */
+START_TEST(a_version4_server_gets_no_version5_op)
+{
+	const char *ab[] = {"a", "b"};
+	crun_store_t *a;
+	void *v = NULL, *w = NULL;
+	size_t idx;
+
+	srv_start_version(4);
+	a = client();
+	ck_assert_int_eq(crun_store_set(a, "b", "bee", 3), 0);
+	ck_assert_int_eq(store_client_wait_any_get_with(a, ab, 2, "b", 100, 0, &idx, &v, &w),
+			 CRUN_ENOTSUP);
+	ck_assert_ptr_null(w);
+	ck_assert_int_eq(store_client_wait_any_get(a, ab, 2, 100, 0, &idx, &v, NULL), 0);
+	ck_assert_uint_eq(idx, 1);
+	ck_assert_str_eq(v, "bee");
+	crun_free(v);
+	crun_store_close(a);
+	srv_stop();
+}
+END_TEST
+
 /* WAIT_ANY_GET's folded fields: the server ends the wait at its timeout
  * (index n: no CANCEL_WAIT, the stream in step), and each wait keeps the
  * connection's lease alive, so waits alone hold a lease for many TTLs. */
@@ -998,6 +1121,7 @@ static Suite *lease_suite(void)
 	tcase_add_test(tc, codec_round_trip_and_prefixes);
 	tcase_add_test(tc, codec_rejects_oversized_key);
 	tcase_add_test(tc, codec_version4_ops);
+	tcase_add_test(tc, codec_version5_op);
 	tcase_set_timeout(tc, 10);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("server");
@@ -1015,6 +1139,8 @@ static Suite *lease_suite(void)
 	tcase_add_test(tc, extension_ops_need_hello);
 	tcase_add_test(tc, version4_ops_do_two_requests_in_one);
 	tcase_add_test(tc, wait_any_get_wakes_with_the_value);
+	tcase_add_test(tc, wait_any_get_with_wakes_with_both_values);
+	tcase_add_test(tc, a_version4_server_gets_no_version5_op);
 	tcase_add_test(tc, wait_any_get_times_out_on_the_server_and_keeps_the_lease);
 	tcase_add_test(tc, an_older_server_gets_no_version4_op);
 	tcase_set_timeout(tc, 90);
