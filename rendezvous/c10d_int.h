@@ -86,6 +86,9 @@ struct c10d_job {
 	struct coord *mon_c;
 	struct coord *lease_c; /* borrowed: take the lease on it (tests) */
 	uint64_t lease;
+	uint64_t lease_kept_ms; /* when the lease last showed life (its grant, a
+				 * keep-alive sent), 0: unknown; the monitor's
+				 * first keep-alive waits a heartbeat from then */
 	bool hb, take_lease;
 	char *peers;		/* ROUND, group rank 0: the nodes' addresses (c10d_peers.c) */
 	struct etcd_conf *etcd; /* owned copy; NULL: the crun store */

@@ -325,7 +325,7 @@ static void keep_lease(struct c10d_job *j, uint64_t now, uint64_t *last)
 
 	if (!j->lease || !lc || now - *last < j->conf.hb_ms)
 		return;
-	*last = now;
+	*last = j->lease_kept_ms = now;
 	(void)coord_lease_keepalive(lc, j->lease);
 }
 
@@ -481,6 +481,7 @@ static int lease_for(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t)
 	if (r < 0)
 		return c10d_jfail(j, NULL, r, "connecting the lease monitor");
 	lc = j->lease_c ? j->lease_c : j->mon_c;
+	j->lease_kept_ms = clock_now_ms(); /* (before: a bound on its life) */
 	r = coord_lease_grant_put(lc, j->conf.ttl_ms, chk, why, alive, j->hostname, &j->lease);
 	if (r == CRUN_ENOTSUP) {
 		log_at(LL_WARN, SUB_RDZV,
@@ -717,7 +718,7 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 		/* A lease on this handle is kept by the wait's own request. */
 		keep = fold_keep && now - last_keep >= j->conf.hb_ms ? j->lease : 0;
 		if (keep)
-			last_keep = now;
+			last_keep = j->lease_kept_ms = now;
 		else if (!fold_keep)
 			keep_lease(j, now, &last_keep);
 		if (at && now >= at && now >= next_try) {

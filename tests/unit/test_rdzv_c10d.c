@@ -18,6 +18,7 @@
 
 #include "agent/agent.h"
 #include "rendezvous/c10d.h"
+#include "rendezvous/c10d_int.h"
 #include "rendezvous/coord.h"
 #include "rendezvous/rdzv.h"
 #include "rendezvous/round_int.h"
@@ -526,6 +527,65 @@ START_TEST(store_round_trips_per_member)
 }
 END_TEST
 
+static void *monitor_main(void *arg)
+{
+	struct c10d_job *j = arg;
+
+	j->h.result = c10d_job_monitor(j, &j->mon_c);
+	return NULL;
+}
+
+/* A monitor on a lease its round kept alive kept_ago_ms ago (0: unknown),
+ * heartbeat 30 s: the store's requests from its start until another node
+ * ends the round (one SET, included). */
+static uint64_t monitor_requests(uint32_t kept_ago_ms)
+{
+	struct coord_opts o = {.host = "127.0.0.1", .prefix = "mon", .timeout_ms = 20000};
+	struct c10d_job *j = c10d_job_new(JOB_MONITOR);
+	struct coord *other = NULL;
+	struct rsrv v;
+	pthread_t thr;
+	uint64_t r0, r1;
+
+	ck_assert_ptr_nonnull(j);
+	rsrv_up(&v, 0);
+	o.port = store_server_port(v.srv);
+	ck_assert_int_eq(coord_open(&o, &j->mon_c), 0);
+	ck_assert_int_eq(coord_open(&o, &other), 0);
+	ck_assert_int_eq(coord_lease_grant(j->mon_c, 60000, "r0/change", "dead", &j->lease), 0);
+	ck_assert_int_eq(c10d_parse_conf("heartbeat_interval=30,lease_ttl=90", &j->conf, NULL, 0),
+			 0);
+	snprintf(j->host, sizeof(j->host), "127.0.0.1");
+	j->nnodes = 2;
+	j->lease_kept_ms = kept_ago_ms ? clock_now_ms() - kept_ago_ms : 0;
+	r0 = rsrv_requests(&v);
+	ck_assert_int_eq(pthread_create(&thr, NULL, monitor_main, j), 0);
+	usleep(300000);
+	ck_assert_int_eq(coord_set(other, "r0/change", "restart node1"), 0);
+	while (!atomic_load(&j->h.posted))
+		usleep(10000);
+	ck_assert_int_eq(j->change, RDZV_CHANGE_RESTART);
+	atomic_store(&j->h.stop, 1); /* the agent moved on */
+	pthread_join(thr, NULL);
+	ck_assert_int_eq(j->h.result, 0);
+	r1 = rsrv_requests(&v);
+	coord_close(other);
+	j->h.release(&j->h);
+	rsrv_down(&v);
+	return r1 - r0;
+}
+
+/* The round kept the lease alive just now: the monitor's first keep-alive
+ * waits a heartbeat (the wait on the change key is its only request); an
+ * unknown or old keep-alive is renewed first, as before. */
+START_TEST(monitor_keeps_a_fresh_lease_a_heartbeat_later)
+{
+	ck_assert_uint_eq(monitor_requests(50), 2); /* WAIT_ANY_GET, the SET */
+	ck_assert_uint_eq(monitor_requests(0), 3);  /* + LEASE_KEEPALIVE */
+	ck_assert_uint_eq(monitor_requests(31000), 3);
+}
+END_TEST
+
 START_TEST(late_joiner_triggers_next_round_and_ranks_stay)
 {
 	struct coord_mem *m;
@@ -944,6 +1004,7 @@ static Suite *c10d_suite(void)
 	tcase_add_test(tc, requests_per_member_are_constant);
 	tcase_add_test(tc, bytes_per_member_are_constant);
 	tcase_add_test(tc, store_round_trips_per_member);
+	tcase_add_test(tc, monitor_keeps_a_fresh_lease_a_heartbeat_later);
 	tcase_add_test(tc, late_joiner_triggers_next_round_and_ranks_stay);
 	tcase_add_test(tc, restart_marks_the_round_and_bumps_it);
 	tcase_add_test(tc, spare_waits_then_job_ends);
