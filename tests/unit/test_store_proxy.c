@@ -3,9 +3,11 @@
  * reply shapes; then a crun store server and a proxy to it share one
  * libevent thread and crun's own blocking client (both dialects) talks to
  * the proxy: every answer as direct, K waiters on one key sharing one
- * upstream WAIT and the server seeing two connections for K + 1 clients, a
- * timed-out wait leaving the stream in step, and the server's loss closing
- * the proxy's clients. PyTorch clients are in
+ * upstream WAIT and the server seeing one connection for K + 1 clients (two
+ * from a server without MUX, extension version 4: the "e2e_v4" case runs
+ * the same tests against one), waits on distinct key lists pending at once,
+ * a timed-out wait leaving the stream in step, and the server's loss
+ * closing the proxy's clients. PyTorch clients are in
  * tests/integration/test_store_proxy.py.
  */
 #include <check.h>
@@ -83,6 +85,7 @@ static struct event_base *base;
 static struct store_server *srv;
 static struct store_proxy *px;
 static pthread_t loop_thread;
+static uint32_t srv_ext; /* the server's extension version: 0 newest (MUX), 4 */
 
 static void *loop_main(void *arg)
 {
@@ -110,6 +113,7 @@ static void setup(void)
 	ck_assert_int_eq(evthread_use_pthreads(), 0);
 	base = event_base_new();
 	sc.host = "127.0.0.1";
+	sc.ext_version = srv_ext;
 	ck_assert_int_eq(store_server_new(base, &sc, &srv), 0);
 	pc.upstream_host = "127.0.0.1";
 	pc.upstream_port = store_server_port(srv);
@@ -118,12 +122,19 @@ static void setup(void)
 	loop_start();
 }
 
+static void setup_v4(void)
+{
+	srv_ext = 4;
+	setup();
+}
+
 static void teardown(void)
 {
 	loop_stop();
 	store_proxy_free(px);
 	store_server_free(srv);
 	event_base_free(base);
+	srv_ext = 0;
 }
 
 static crun_store_t *open_px(int dialect, uint32_t timeout_ms)
@@ -221,11 +232,67 @@ START_TEST(one_set_releases_every_waiter_through_one_upstream_wait)
 	ck_assert_uint_eq(ps.waits, K);
 	ck_assert_uint_le(ps.upstream_waits, 1);
 	/* K + 1 clients (the v1 ones also open nothing more here): the server
-	 * holds the shared connection and the pooled wait connection. */
+	 * holds the shared connection only, its waits tagged on it (MUX); a
+	 * version-4 server also the pooled wait connection. */
 	ck_assert_uint_eq(ps.clients, K + 1);
-	ck_assert_uint_le(ss.conns, 2);
+	if (srv_ext == 4) {
+		ck_assert_uint_le(ss.conns, 2);
+		ck_assert_uint_ge(ps.upstream_conns, 2); /* the wait connection is kept */
+	} else {
+		ck_assert_uint_eq(ss.conns, 1);
+		ck_assert_uint_eq(ps.upstream_conns, 1);
+	}
 	loop_start();
 	for (int i = 0; i < K; i++)
+		crun_store_close(w[i].s);
+	crun_store_close(setter);
+}
+END_TEST
+
+struct list_waiter {
+	crun_store_t *s;
+	const char *key;
+	int rc;
+};
+
+static void *wait_key(void *arg)
+{
+	struct list_waiter *w = arg;
+
+	w->rc = crun_store_wait(w->s, &w->key, 1, 20000);
+	return NULL;
+}
+
+/* Distinct key lists pending at once, released one at a time in reverse
+ * order of their waits, while other requests go through. */
+START_TEST(waits_on_distinct_keys_are_pending_at_once)
+{
+	static const char *keys[] = {"w0", "w1", "w2", "w3"};
+	struct list_waiter w[4];
+	pthread_t t[4];
+	crun_store_t *setter = open_px(CRUN_STORE_V2, 20000);
+	struct store_proxy_stats ps;
+
+	for (int i = 0; i < 4; i++) {
+		w[i] = (struct list_waiter){open_px(CRUN_STORE_V2, 20000), keys[i], -1};
+		ck_assert_int_eq(pthread_create(&t[i], NULL, wait_key, &w[i]), 0);
+	}
+	for (int pending = 0; pending < 4;) {
+		loop_stop();
+		store_proxy_get_stats(px, &ps);
+		loop_start();
+		pending = (int)ps.upstream_waits;
+		usleep(10000);
+	}
+	for (int i = 3; i >= 0; i--) {
+		ck_assert_int_eq(crun_store_set(setter, keys[i], "1", 1), 0);
+		check_get(setter, keys[i], "1");
+		pthread_join(t[i], NULL);
+		ck_assert_int_eq(w[i].rc, 0);
+		for (int j = 0; j < i; j++)
+			ck_assert_int_eq(w[j].rc, -1); /* still waiting */
+	}
+	for (int i = 0; i < 4; i++)
 		crun_store_close(w[i].s);
 	crun_store_close(setter);
 }
@@ -273,20 +340,26 @@ Suite *store_proxy_suite(void)
 {
 	Suite *s = suite_create("store_proxy");
 	TCase *pure = tcase_create("route");
-	TCase *e2e = tcase_create("e2e");
+	TCase *e2e;
 
 	tcase_set_timeout(pure, 10);
 	tcase_add_loop_test(pure, route_agrees_with_the_reply_shapes, 0, STORE_OP__MAX);
 	tcase_add_test(pure, route_answers_the_handshake_locally_and_relays_the_unknown);
 	tcase_add_test(pure, new_refuses_a_missing_upstream);
 	suite_add_tcase(s, pure);
-	tcase_set_timeout(e2e, 60);
-	tcase_add_checked_fixture(e2e, setup, teardown);
-	tcase_add_loop_test(e2e, answers_as_the_store_in_both_dialects, 0, 2);
-	tcase_add_test(e2e, one_set_releases_every_waiter_through_one_upstream_wait);
-	tcase_add_test(e2e, a_timed_out_wait_leaves_the_stream_in_step);
-	tcase_add_test(e2e, losing_the_store_closes_the_clients);
-	suite_add_tcase(s, e2e);
+	/* Against the newest server (MUX), then against one without it
+	 * (extension version 4): the two-connection path. */
+	for (int v4 = 0; v4 < 2; v4++) {
+		e2e = tcase_create(v4 ? "e2e_v4" : "e2e");
+		tcase_set_timeout(e2e, 60);
+		tcase_add_checked_fixture(e2e, v4 ? setup_v4 : setup, teardown);
+		tcase_add_loop_test(e2e, answers_as_the_store_in_both_dialects, 0, 2);
+		tcase_add_test(e2e, one_set_releases_every_waiter_through_one_upstream_wait);
+		tcase_add_test(e2e, a_timed_out_wait_leaves_the_stream_in_step);
+		tcase_add_test(e2e, waits_on_distinct_keys_are_pending_at_once);
+		tcase_add_test(e2e, losing_the_store_closes_the_clients);
+		suite_add_tcase(s, e2e);
+	}
 	return s;
 }
 
