@@ -5,8 +5,8 @@ and PyTorch's TCPStore servers, in one run.
 Usage: storm_bench.py [BUILD] [--ranks 1024,4096,...] [--servers a,b] [--resolver local|slow|machine]
                       [--out FILE.md] [--json FILE] [--plot FILE.svg] [--quick]
 
-Past one process's descriptors (N > 16,384 ranks per generator) the crun-proxy
-cell runs several bench/storm generators, each driving a slice of the world
+Past one process's descriptors (N > 19,900) the crun-proxy cell runs
+ceil(N / 16,384) bench/storm generators, each driving a slice of the world
 (--first/--count) from one common CLOCK_MONOTONIC start; its wall is the first
 connect to the last rank done over all of them. Only that cell runs past
 ~19,900 ranks here: a single server (libuv, crun-rdzvd direct) cannot hold more
@@ -130,7 +130,8 @@ class AgentStore(Server):
 
 PROXY_RANKS = 8          # ranks per node-local proxy (one node's GPUs)
 PROXIES_PER_FARM = 1500  # ~10 fds each (listener, 8 clients, 1 upstream): < 20,000
-GEN_RANKS = 16384        # ranks per storm generator process (< 20,000 fds)
+GEN_RANKS = 16384        # ranks per storm generator process (< 20,000 fds)...
+GEN_SINGLE_MAX = 19900   # ...when one process cannot hold them all (as the cells before)
 GEN_START_DELAY_S = 1.0  # the generators' common start, after they are all up
 
 
@@ -140,17 +141,18 @@ class ProxyFarms:
     upstream connections to the root store (crun-rdzvd)."""
 
     def __init__(self, build, tmp, root_port, n):
-        self.procs, self.files = [], []
+        self.procs, self.files, self.errs = [], [], []
         total = (n + PROXY_RANKS - 1) // PROXY_RANKS
         for i in range(0, total, PROXIES_PER_FARM):
             f = os.path.join(tmp, f"proxy_ports.{i}")
             if os.path.exists(f):
                 os.unlink(f)
             self.files.append(f)
+            self.errs.append(open(f + ".err", "w+"))
             self.procs.append(subprocess.Popen(
                 [os.path.join(build, "bench", "store_proxy_farm"), "--upstream",
                  f"127.0.0.1:{root_port}", "--proxies", str(min(PROXIES_PER_FARM, total - i)),
-                 "--ports-file", f], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                 "--ports-file", f], stdout=subprocess.DEVNULL, stderr=self.errs[-1],
                 start_new_session=True, preexec_fn=die_with_parent))
         self.ports_file = os.path.join(tmp, "proxy_ports")
 
@@ -168,6 +170,15 @@ class ProxyFarms:
             time.sleep(0.05)
         return False
 
+    def why(self):
+        """The first farm's complaint (stderr), for a cell that failed."""
+        for e in self.errs:
+            e.seek(0)
+            txt = e.read().strip()
+            if txt:
+                return txt[-200:]
+        return "?"
+
     def cpu(self):
         return sum((proc_status(p.pid) or (0, 0, 0))[2] for p in self.procs)
 
@@ -179,13 +190,15 @@ class ProxyFarms:
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 p.kill()
+        for e in self.errs:
+            e.close()
 
 
 def run_generators(base_argv, n, timeout_s):
     """ceil(n / GEN_RANKS) storm processes of one world, started together on
     CLOCK_MONOTONIC (Python's monotonic clock on Linux); one JSON result:
     wall from the first connect to the last rank done over all of them."""
-    gens = (n + GEN_RANKS - 1) // GEN_RANKS
+    gens = 1 if n <= GEN_SINGLE_MAX else (n + GEN_RANKS - 1) // GEN_RANKS
     if gens == 1:
         p = subprocess.run(base_argv, capture_output=True, text=True, timeout=timeout_s + 30)
         line = next((l for l in p.stdout.splitlines() if l.startswith("{")), None)
@@ -240,7 +253,7 @@ def storm_once(build, key, dialect, n, tmp, timeout_s):
         if key == "crun-proxy":
             farms = ProxyFarms(build, tmp, srv.port, n)
             if not farms.wait_ready(START_TIMEOUT_S):
-                res["error"] = "proxies did not start"
+                res["error"] = "proxies did not start: " + farms.why()
                 return res
             target = ["--ports-file", farms.ports_file, "--per-port", str(PROXY_RANKS)]
             proxies_before = farms.cpu()
