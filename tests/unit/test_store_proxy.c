@@ -19,9 +19,13 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include "crun/store.h"
 #include "store/proxy.h"
 #include "store/server.h"
+#include "store/store_ext.h"
 #include "unit/check_main.h"
 
 /* ---- the routing table ------------------------------------------------------- */
@@ -335,6 +339,139 @@ START_TEST(losing_the_store_closes_the_clients)
 }
 END_TEST
 
+/* ---- against a scripted upstream ---------------------------------------------- */
+
+/* A fake muxed store on a blocking socket, in a thread of its own: it
+ * answers the handshake with version 5, leaves the client's wait pending as
+ * a WAIT_TAG, sends a WAKE of that tag after the proxy canceled it (the race
+ * a real store can lose), answers a GET, then sends a WAKE of a tag the
+ * proxy never used. */
+struct fake {
+	int lfd;
+	uint16_t port;
+	const char *err; /* NULL: it saw what it expected */
+};
+
+static bool fake_read(int fd, uint8_t *b, size_t n)
+{
+	for (size_t got = 0; got < n;) {
+		ssize_t r = read(fd, b + got, n - got);
+
+		if (r <= 0)
+			return false;
+		got += (size_t)r;
+	}
+	return true;
+}
+
+/* Skips a key list (u64 n, n x bytes); false on EOF or a silly length. */
+static bool fake_skip_keys(int fd, uint64_t n)
+{
+	uint8_t b[256];
+
+	for (uint64_t i = 0; i < n; i++) {
+		if (!fake_read(fd, b, 8) || store_get_u64(b) > sizeof(b) ||
+		    !fake_read(fd, b, (size_t)store_get_u64(b)))
+			return false;
+	}
+	return true;
+}
+
+static void *fake_main(void *arg)
+{
+	struct fake *f = arg;
+	uint8_t b[64], wake[STORE_EXT_FRAME_WAKE_LEN];
+	const uint8_t not_ready[2] = {STORE_EXT_FRAME_REPLY, STORE_CHECK_NOT_READY};
+	uint64_t tag;
+	int fd = accept(f->lfd, NULL, NULL);
+
+	f->err = "handshake";
+	/* VALIDATE (5), PING (5), HELLO (9): the PING's nonce back, version 5 */
+	if (fd < 0 || !fake_read(fd, b, 19) || b[5] != 13 || b[10] != STORE_EXT_HELLO)
+		goto out;
+	memcpy(b + 32, b + 6, 4);
+	store_put_u32(b + 36, 5);
+	if (write(fd, b + 32, 8) != 8 || !fake_read(fd, b, 1) || b[0] != STORE_EXT_MUX)
+		goto out;
+	f->err = "CHECK";
+	if (!fake_read(fd, b, 9) || b[0] != 5 || !fake_skip_keys(fd, store_get_u64(b + 1)) ||
+	    write(fd, not_ready, 2) != 2)
+		goto out;
+	f->err = "WAIT_TAG";
+	if (!fake_read(fd, b, 17) || b[0] != STORE_EXT_WAIT_TAG ||
+	    !fake_skip_keys(fd, store_get_u64(b + 9)))
+		goto out;
+	tag = store_get_u64(b + 1);
+	f->err = "WAIT_TAG_CANCEL";
+	if (!fake_read(fd, b, 9) || b[0] != STORE_EXT_WAIT_TAG_CANCEL || store_get_u64(b + 1) != tag)
+		goto out;
+	store_ext_frame_wake(wake, tag); /* crossed the cancel: dropped */
+	f->err = "GET (crun's client: WAIT, as CHECK here, then GET)";
+	if (write(fd, wake, sizeof(wake)) != (ssize_t)sizeof(wake) || !fake_read(fd, b, 9) ||
+	    b[0] != 5 || !fake_skip_keys(fd, store_get_u64(b + 1)))
+		goto out;
+	b[0] = STORE_EXT_FRAME_REPLY;
+	b[1] = STORE_CHECK_READY;
+	if (write(fd, b, 2) != 2 || !fake_read(fd, b, 9) || b[0] != 3 ||
+	    store_get_u64(b + 1) > 32 || !fake_read(fd, b + 9, store_get_u64(b + 1)))
+		goto out;
+	b[0] = STORE_EXT_FRAME_REPLY;
+	store_put_bytes(b + 1, "v", 1);
+	if (write(fd, b, 10) != 10)
+		goto out;
+	store_ext_frame_wake(wake, tag + 100); /* never sent: out of step */
+	f->err = "the proxy kept the connection after a WAKE it never asked for";
+	if (write(fd, wake, sizeof(wake)) != (ssize_t)sizeof(wake) || read(fd, b, 1) != 0)
+		goto out;
+	f->err = NULL;
+out:
+	if (fd >= 0)
+		close(fd);
+	return NULL;
+}
+
+START_TEST(a_wake_after_its_cancel_is_dropped_and_an_unknown_one_fails)
+{
+	struct store_proxy_config pc = STORE_PROXY_CONFIG_DEFAULT;
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof(sa);
+	struct fake f = {.lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
+	const char *keys[] = {"k"};
+	pthread_t ft;
+	crun_store_t *s;
+	bool failed = false;
+
+	ck_assert_int_ge(f.lfd, 0);
+	ck_assert_int_eq(bind(f.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(listen(f.lfd, 4), 0);
+	ck_assert_int_eq(getsockname(f.lfd, (struct sockaddr *)&sa, &len), 0);
+	ck_assert_int_eq(pthread_create(&ft, NULL, fake_main, &f), 0);
+	ck_assert_int_eq(evthread_use_pthreads(), 0);
+	base = event_base_new();
+	pc.upstream_host = "127.0.0.1";
+	pc.upstream_port = ntohs(sa.sin_port);
+	ck_assert_int_eq(store_proxy_new(base, &pc, &px), 0);
+	loop_start();
+	s = open_px(CRUN_STORE_V2, 5000);
+	ck_assert_int_eq(crun_store_wait(s, keys, 1, 300), CRUN_ETIMEDOUT);
+	check_get(s, "x", "v"); /* the stale WAKE changed nothing */
+	for (int i = 0; i < 500 && !failed; i++) {
+		usleep(10000);
+		loop_stop();
+		failed = store_proxy_failed(px);
+		loop_start();
+	}
+	ck_assert(failed);
+	pthread_join(ft, NULL);
+	ck_assert_msg(f.err == NULL, "fake store: %s", f.err);
+	crun_store_close(s);
+	loop_stop();
+	store_proxy_free(px);
+	event_base_free(base);
+	close(f.lfd);
+}
+END_TEST
+
 Suite *store_proxy_suite(void);
 Suite *store_proxy_suite(void)
 {
@@ -347,6 +484,10 @@ Suite *store_proxy_suite(void)
 	tcase_add_test(pure, route_answers_the_handshake_locally_and_relays_the_unknown);
 	tcase_add_test(pure, new_refuses_a_missing_upstream);
 	suite_add_tcase(s, pure);
+	e2e = tcase_create("scripted");
+	tcase_set_timeout(e2e, 30);
+	tcase_add_test(e2e, a_wake_after_its_cancel_is_dropped_and_an_unknown_one_fails);
+	suite_add_tcase(s, e2e);
 	/* Against the newest server (MUX), then against one without it
 	 * (extension version 4): the two-connection path. */
 	for (int v4 = 0; v4 < 2; v4++) {
