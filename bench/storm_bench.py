@@ -47,7 +47,9 @@ from benchlib import loglog_svg  # noqa: E402
 from store_bench import (ROOT, TORCH1, TORCH2, Server, RssSampler, die_with_parent,  # noqa: E402
                          proc_status, raise_nofile)
 
-RANKS = (1024, 2048, 4096, 8192, 16384, 19900)
+# Past 19,900 only the proxied root fits one process here (one connection
+# per node): those sizes run the crun-proxy cell alone, up to 100k GPUs.
+RANKS = (1024, 2048, 4096, 8192, 16384, 19900, 32768, 65536, 98304)
 # PyTorch 2.x's legacy server is quadratic in N: it runs up to this N (each
 # cell under --legacy-timeout) and is marked left out above it.
 LEGACY_MAX_RANKS = 4096
