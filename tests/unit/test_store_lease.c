@@ -368,7 +368,8 @@ START_TEST(codec_version4_ops)
 }
 END_TEST
 
-START_TEST(codec_version5_op)
+/* Version 5: WAIT_ANY_GET_WITH. */
+START_TEST(codec_wait_any_get_with)
 {
 	const struct store_bytes keys[2] = {BYTES("/a"), BYTES("/bb")};
 	struct store_ext_req q = {.op = STORE_EXT_WAIT_ANY_GET_WITH,
@@ -410,6 +411,50 @@ START_TEST(codec_version5_op)
 			ck_assert_int_eq(store_ext_decode_req(&lim, buf, n, &d, &used),
 					 CRUN_EAGAIN);
 	}
+}
+END_TEST
+
+/* Version 5: MUX, WAIT_TAG, WAIT_TAG_CANCEL and the frames of a muxed
+ * connection. */
+START_TEST(codec_version5_ops)
+{
+	const struct store_bytes keys[2] = {BYTES("/a"), BYTES("/bb")};
+	struct store_ext_req q, d;
+	uint8_t buf[256], kind = 9;
+	uint64_t tag = 0;
+	size_t used = 0;
+
+	q = (struct store_ext_req){.op = STORE_EXT_MUX};
+	round_trip(&q, buf, sizeof(buf), &d);
+	ck_assert_uint_eq(store_ext_req_size(&q), 1);
+	q = (struct store_ext_req){.op = STORE_EXT_WAIT_TAG, .id = 42, .nitems = 2, .keys = keys};
+	round_trip(&q, buf, sizeof(buf), &d);
+	ck_assert_uint_eq(buf[0], 0x91);
+	ck_assert_uint_eq(d.id, 42);
+	ck_assert_uint_eq(d.nitems, 2);
+	q = (struct store_ext_req){.op = STORE_EXT_WAIT_TAG_CANCEL, .id = 43};
+	round_trip(&q, buf, sizeof(buf), &d);
+	ck_assert_uint_eq(d.id, 43);
+	for (uint8_t op = STORE_EXT_MUX; op <= STORE_EXT_WAIT_TAG_CANCEL; op++) {
+		ck_assert(store_ext_is_op(op));
+		ck_assert_uint_eq(store_ext_op_version(op), 5);
+		ck_assert_uint_eq(store_ext_reply_size(op), 0); /* nothing in order */
+	}
+	ck_assert(!store_ext_is_op(0x93));
+	/* frames: a REPLY is its kind byte; a WAKE needs all 9 bytes */
+	buf[0] = STORE_EXT_FRAME_REPLY;
+	ck_assert_int_eq(store_ext_frame_decode(buf, 1, &kind, &tag, &used), 0);
+	ck_assert_uint_eq(kind, STORE_EXT_FRAME_REPLY);
+	ck_assert_uint_eq(used, 1);
+	store_ext_frame_wake(buf, 0x0102030405060708ull);
+	for (size_t n = 0; n < STORE_EXT_FRAME_WAKE_LEN; n++)
+		ck_assert_int_eq(store_ext_frame_decode(buf, n, &kind, &tag, &used), CRUN_EAGAIN);
+	ck_assert_int_eq(store_ext_frame_decode(buf, 9, &kind, &tag, &used), 0);
+	ck_assert_uint_eq(kind, STORE_EXT_FRAME_WAKE);
+	ck_assert_uint_eq(tag, 0x0102030405060708ull);
+	ck_assert_uint_eq(used, 9);
+	buf[0] = 2;
+	ck_assert_int_eq(store_ext_frame_decode(buf, 9, &kind, &tag, &used), CRUN_EPROTO);
 }
 END_TEST
 
@@ -475,13 +520,13 @@ static void raw_ext(int fd, const struct store_ext_req *q, uint8_t *rep)
 	}
 }
 
-/* A raw v2 connection (VALIDATE, HELLO) holding a lease on "job/change"
- * with "job/member/a" set under it, as crun_store_lease_grant would. */
-static int raw_lease_holder(uint32_t ttl_ms, uint64_t *ret_id)
+/* A raw v2 connection to the server (VALIDATE, then HELLO of `version`);
+ * returns it and the version the server answered. */
+static int raw_hello(uint32_t version, uint32_t *ret_served)
 {
 	struct sockaddr_in sa = {.sin_family = AF_INET};
-	struct store_ext_req q = {.op = STORE_EXT_HELLO, .magic = STORE_EXT_MAGIC, .version = 2};
-	uint8_t v[5] = {0}, rep[8];
+	struct store_ext_req q = {.op = STORE_EXT_HELLO, .magic = STORE_EXT_MAGIC, .version = version};
+	uint8_t v[5] = {0}, rep[4];
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
 	sa.sin_port = htons(g_port);
@@ -491,6 +536,19 @@ static int raw_lease_holder(uint32_t ttl_ms, uint64_t *ret_id)
 	store_put_u32(v + 1, STORE_VALIDATE_MAGIC);
 	ck_assert_int_eq(write(fd, v, 5), 5);
 	raw_ext(fd, &q, rep);
+	*ret_served = store_get_u32(rep);
+	return fd;
+}
+
+/* A raw v2 connection (VALIDATE, HELLO) holding a lease on "job/change"
+ * with "job/member/a" set under it, as crun_store_lease_grant would. */
+static int raw_lease_holder(uint32_t ttl_ms, uint64_t *ret_id)
+{
+	struct store_ext_req q;
+	uint8_t rep[8];
+	uint32_t served;
+	int fd = raw_hello(2, &served);
+
 	q = (struct store_ext_req){.op = STORE_EXT_LEASE_GRANT, .ttl_ms = ttl_ms};
 	q.key = (struct store_bytes){(const uint8_t *)"/job/change", 11};
 	q.val = (struct store_bytes){(const uint8_t *)"gone", 4};
@@ -807,6 +865,135 @@ START_TEST(extension_ops_need_hello)
 }
 END_TEST
 
+static void read_exact(int fd, uint8_t *buf, size_t want)
+{
+	size_t got = 0;
+
+	while (got < want) {
+		ssize_t n = read(fd, buf + got, want - got);
+
+		ck_assert_int_gt(n, 0);
+		got += (size_t)n;
+	}
+}
+
+/* A raw v2 connection that said HELLO (answered `version`) and, when the
+ * server offers it, MUX. */
+static int raw_mux(uint32_t version)
+{
+	uint8_t mux = STORE_EXT_MUX;
+	uint32_t served;
+	int fd = raw_hello(STORE_EXT_VERSION, &served);
+
+	ck_assert_uint_eq(served, version);
+	ck_assert_int_eq(write(fd, &mux, 1), 1);
+	return fd;
+}
+
+static void send_ext(int fd, const struct store_ext_req *q)
+{
+	uint8_t buf[256];
+	size_t len;
+
+	ck_assert_int_eq(store_ext_encode_req(q, buf, sizeof(buf), &len), 0);
+	ck_assert_int_eq(write(fd, buf, len), (ssize_t)len);
+}
+
+static void expect_wake(int fd, uint64_t tag)
+{
+	uint8_t f[STORE_EXT_FRAME_WAKE_LEN];
+
+	read_exact(fd, f, sizeof(f));
+	ck_assert_uint_eq(f[0], STORE_EXT_FRAME_WAKE);
+	ck_assert_uint_eq(store_get_u64(f + 1), tag);
+}
+
+/* A v2 PING on the muxed connection: its answer comes as a REPLY frame. */
+static void expect_ping(int fd, uint32_t nonce)
+{
+	uint8_t p[5] = {(uint8_t)store_proto_opcode(STORE_V2, STORE_OP_PING)}, f[5];
+
+	store_put_u32(p + 1, nonce);
+	ck_assert_int_eq(write(fd, p, 5), 5);
+	read_exact(fd, f, 5);
+	ck_assert_uint_eq(f[0], STORE_EXT_FRAME_REPLY);
+	ck_assert_uint_eq(store_get_u32(f + 1), nonce);
+}
+
+/* Version 5: one connection carries several waits and keeps answering in
+ * order; every reply is framed, every completed wait is a WAKE frame between
+ * two replies. */
+START_TEST(a_muxed_connection_waits_without_parking)
+{
+	const struct store_bytes ab[2] = {BYTES("/job/a"), BYTES("/job/b")}, c1[1] = {BYTES("/job/c")},
+				 t1[1] = {BYTES("/job/t1")};
+	struct store_ext_req q;
+	crun_store_t *b;
+	uint8_t f[9];
+	int fd;
+
+	srv_start();
+	b = client();
+	fd = raw_mux(STORE_EXT_VERSION);
+	q = (struct store_ext_req){.op = STORE_EXT_WAIT_TAG, .id = 7, .nitems = 2, .keys = ab};
+	send_ext(fd, &q);
+	q = (struct store_ext_req){.op = STORE_EXT_WAIT_TAG, .id = 8, .nitems = 1, .keys = c1};
+	send_ext(fd, &q);
+	expect_ping(fd, 11); /* not parked: answered at once */
+	/* TICKET wakes /t1 before it replies: the WAKE still follows the
+	 * reply's frame, never inside it. */
+	q = (struct store_ext_req){.op = STORE_EXT_WAIT_TAG, .id = 9, .nitems = 1, .keys = t1};
+	send_ext(fd, &q);
+	q = (struct store_ext_req){
+	    .op = STORE_EXT_TICKET, .key = BYTES("/job/n"), .key2 = BYTES("/job/t"), .val = BYTES("x")};
+	send_ext(fd, &q);
+	read_exact(fd, f, 9);
+	ck_assert_uint_eq(f[0], STORE_EXT_FRAME_REPLY);
+	ck_assert_uint_eq(store_get_u64(f + 1), 1);
+	expect_wake(fd, 9);
+	/* Both keys of tag 7, from another connection. */
+	ck_assert_int_eq(crun_store_set(b, "a", "1", 1), 0);
+	expect_val(b, "a", "1");
+	expect_ping(fd, 12); /* one of two keys: no WAKE yet */
+	ck_assert_int_eq(crun_store_set(b, "b", "1", 1), 0);
+	expect_wake(fd, 7);
+	/* A canceled tag never wakes. */
+	q = (struct store_ext_req){.op = STORE_EXT_WAIT_TAG_CANCEL, .id = 8};
+	send_ext(fd, &q);
+	expect_ping(fd, 13);
+	ck_assert_int_eq(crun_store_set(b, "c", "1", 1), 0);
+	expect_val(b, "c", "1");
+	expect_ping(fd, 14);
+	/* Keys there already: the WAKE at once. */
+	q = (struct store_ext_req){.op = STORE_EXT_WAIT_TAG, .id = 10, .nitems = 2, .keys = ab};
+	send_ext(fd, &q);
+	expect_wake(fd, 10);
+	/* A tag pending twice is out of step: closed. */
+	q = (struct store_ext_req){.op = STORE_EXT_WAIT_TAG, .id = 20, .nitems = 1};
+	q.keys = (const struct store_bytes[]){BYTES("/job/never")};
+	send_ext(fd, &q);
+	send_ext(fd, &q);
+	ck_assert_int_eq(read(fd, f, 1), 0);
+	close(fd);
+	/* A WAIT would park a muxed connection: closed, no reply. */
+	fd = raw_mux(STORE_EXT_VERSION);
+	{
+		uint8_t w[1 + 8 + 8 + 6] = {(uint8_t)store_proto_opcode(STORE_V2, STORE_OP_WAIT)};
+
+		store_put_u64(w + 1, 1);
+		store_put_bytes(w + 9, "/job/a", 6);
+		ck_assert_int_eq(write(fd, w, sizeof(w)), (ssize_t)sizeof(w));
+		ck_assert_int_eq(read(fd, f, 1), 0);
+	}
+	close(fd);
+	/* The server let go of the dropped connections' registrations. */
+	ck_assert_int_eq(crun_store_set(b, "never", "1", 1), 0);
+	expect_val(b, "never", "1");
+	crun_store_close(b);
+	srv_stop();
+}
+END_TEST
+
 /* The version-4 ops through the client against a real server: each does
  * what its two older requests did, in one. */
 START_TEST(version4_ops_do_two_requests_in_one)
@@ -1055,7 +1242,8 @@ START_TEST(an_older_server_gets_no_version4_op)
 		ck_assert_int_eq(write(fd, vb, 5), 5);
 		raw_ext(fd, &q, rep);
 		ck_assert_uint_eq(store_get_u32(rep), 3);
-		q = (struct store_ext_req){.op = STORE_EXT_TRY_GET, .key = BYTES("/job/k")};
+		q = (struct store_ext_req){.op = _i ? STORE_EXT_MUX : STORE_EXT_TRY_GET,
+					   .key = BYTES("/job/k")};
 		ck_assert_int_eq(store_ext_encode_req(&q, frame, sizeof(frame), &len), 0);
 		ck_assert_int_eq(write(fd, frame, len), (ssize_t)len);
 		ck_assert_int_eq(read(fd, &ch, 1), 0); /* closed, no reply */
@@ -1121,7 +1309,8 @@ static Suite *lease_suite(void)
 	tcase_add_test(tc, codec_round_trip_and_prefixes);
 	tcase_add_test(tc, codec_rejects_oversized_key);
 	tcase_add_test(tc, codec_version4_ops);
-	tcase_add_test(tc, codec_version5_op);
+	tcase_add_test(tc, codec_wait_any_get_with);
+	tcase_add_test(tc, codec_version5_ops);
 	tcase_set_timeout(tc, 10);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("server");
@@ -1142,7 +1331,9 @@ static Suite *lease_suite(void)
 	tcase_add_test(tc, wait_any_get_with_wakes_with_both_values);
 	tcase_add_test(tc, a_version4_server_gets_no_version5_op);
 	tcase_add_test(tc, wait_any_get_times_out_on_the_server_and_keeps_the_lease);
-	tcase_add_test(tc, an_older_server_gets_no_version4_op);
+	/* 1: nor MUX (version 5) */
+	tcase_add_loop_test(tc, an_older_server_gets_no_version4_op, 0, 2);
+	tcase_add_test(tc, a_muxed_connection_waits_without_parking);
 	tcase_set_timeout(tc, 90);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("dead_server");
