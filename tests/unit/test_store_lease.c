@@ -986,6 +986,15 @@ START_TEST(a_muxed_connection_waits_without_parking)
 		ck_assert_int_eq(read(fd, f, 1), 0);
 	}
 	close(fd);
+	/* So would a WAIT_ANY_GET_WITH (its key absent). */
+	fd = raw_mux(STORE_EXT_VERSION);
+	q = (struct store_ext_req){.op = STORE_EXT_WAIT_ANY_GET_WITH,
+				   .nitems = 1,
+				   .keys = (const struct store_bytes[]){BYTES("/job/never")},
+				   .key2 = BYTES("/job/a")};
+	send_ext(fd, &q);
+	ck_assert_int_eq(read(fd, f, 1), 0);
+	close(fd);
 	/* The server let go of the dropped connections' registrations. */
 	ck_assert_int_eq(crun_store_set(b, "never", "1", 1), 0);
 	expect_val(b, "never", "1");
