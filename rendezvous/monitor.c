@@ -268,8 +268,8 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 		if (r == 0) {
 			/* With a lease the store has WAIT_ANY: one request that
 			 * also reads the change, or the job's end (closed,
-			 * first: a change after it is no membership change). */
-			/* until the next keep-alive is due */
+			 * first: a change after it is no membership change),
+			 * until the next keep-alive is due. */
 			left = kept_at + j->conf.hb_ms -
 			       MIN(clock_now_ms(), kept_at + j->conf.hb_ms - 1);
 			r = hb ? coord_watch(*cp, chk, j->conf.hb_ms)
