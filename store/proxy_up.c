@@ -529,8 +529,11 @@ int proxy_up_open(struct store_proxy *px, enum up_kind kind, struct up **ret)
 			goto fail;
 	}
 	if (bufferevent_socket_connect(u->bev, (struct sockaddr *)&px->up_addr,
-				       (int)px->up_addr_len) < 0)
+				       (int)px->up_addr_len) < 0) {
+		/* e.g. EADDRNOTAVAIL: no local port left, not a lack of memory */
+		r = errno ? -errno : CRUN_EIO;
 		goto fail;
+	}
 	if (bufferevent_enable(u->bev, EV_READ | EV_WRITE) < 0)
 		goto fail;
 	*ret = u;
