@@ -129,6 +129,13 @@ def wait_records(d, pred, what, timeout=60):
     pytest.fail(f"no worker record with {what} in {d}: {records(d)}")
 
 
+def release_workers(d):
+    """Ends the SECS sleep of every elastic_task.py worker writing into d
+    (they poll d/go): for a test that has seen what it kept the job running
+    for. Workers started later (a restart) still write their record first."""
+    open(os.path.join(d, "go"), "w").close()
+
+
 def start_rdzvd(procs, *extra):
     p = procs.spawn([bin_path("crun-rdzvd"), "--host", "127.0.0.1", "--port", "0", *extra])
     m = wait_line(p.stdout, r"crun-rdzvd listening on (\S+):(\d+)", 10)
