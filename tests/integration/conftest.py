@@ -130,9 +130,10 @@ def wait_records(d, pred, what, timeout=60):
 
 
 def release_workers(d):
-    """Ends the SECS sleep of every elastic_task.py worker writing into d
-    (they poll d/go): for a test that has seen what it kept the job running
-    for. Workers started later (a restart) still write their record first."""
+    """Ends the SECS sleep of every elastic_task.py (or store_probe.py
+    --worker) worker writing into d (they poll d/go): for a test that has seen
+    what it kept the job running for. Workers started later (a restart)
+    still write their record first."""
     open(os.path.join(d, "go"), "w").close()
 
 
