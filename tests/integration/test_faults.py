@@ -692,6 +692,7 @@ def test_static_multi_node_restart_is_coordinated(procs, tmp):
     detect = ags[0].wait_for("restarting workers", timeout=60)
     wait_recs(tmp, lambda r: r["TORCHELASTIC_RESTART_COUNT"] == "1", 4, "attempt 1 on both")
     recover = rec_times(tmp, lambda r: r["TORCHELASTIC_RESTART_COUNT"] == "1")[-1]
+    release(tmp)
     for a in ags:
         assert a.finish() == 0, a.text()[-3000:]
     again = [r for r in recs(tmp) if r["TORCHELASTIC_RESTART_COUNT"] == "1"]
