@@ -93,6 +93,13 @@ class Server:
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
+        try:
+            self._read_lines()
+        except (ValueError, OSError):  # stop() closed the pipe under us
+            pass
+        self.ready.set()
+
+    def _read_lines(self):
         for line in self.proc.stdout:
             line = line.rstrip("\n")
             if len(self.lines) < 200:

@@ -146,14 +146,16 @@ int main(int argc, char **argv)
 		sum.upstream_waits += st.upstream_waits;
 		sum.passthrough += st.passthrough;
 		sum.dropped += st.dropped;
+		sum.upstream_conns += st.upstream_conns;
 	}
 	printf("{\"proxies\": %" PRIu64 ", \"lost\": %d, \"accepted\": %" PRIu64
 	       ", \"refused\": %" PRIu64 ", \"requests\": %" PRIu64 ", \"local_replies\": %" PRIu64
 	       ", \"waits\": %" PRIu64 ", \"waits_ready\": %" PRIu64
 	       ", \"upstream_waits\": %" PRIu64 ", \"passthrough\": %" PRIu64
-	       ", \"dropped\": %" PRIu64 "}\n",
+	       ", \"dropped\": %" PRIu64 ", \"upstream_conns\": %" PRIu64 "}\n",
 	       n, lost, sum.accepted, sum.refused, sum.requests, sum.local_replies, sum.waits,
-	       sum.waits_ready, sum.upstream_waits, sum.passthrough, sum.dropped);
+	       sum.waits_ready, sum.upstream_waits, sum.passthrough, sum.dropped,
+	       sum.upstream_conns);
 	fflush(stdout);
 	rc = lost ? 3 : 0;
 out:

@@ -52,7 +52,8 @@
 #include "common/common.h"
 #include "store/store.h"
 
-#define STORM_MAX_RANKS 65536
+#define STORM_MAX_RANKS 65536	 /* driven by one generator */
+#define STORM_MAX_WORLD	(1u << 17) /* the world: several generators (--first) */
 #define STORM_BUF	1024 /* per-connection in/out: the largest frame is the 128-byte id SET */
 #define NCCL_ID_BYTES	128
 
@@ -85,6 +86,9 @@ struct storm {
 	struct sockaddr_in server;
 	enum store_dialect dialect;
 	uint32_t n, sources, inflight;
+	/* This generator drives ranks first .. first + count - 1 of the n (the
+	 * world the barrier counts); the others are other processes'. */
+	uint32_t first, count;
 	const char *prefix;
 	char init_key[64], barrier_key[256], last_key[300], id_key[256];
 	int ep;
@@ -200,7 +204,7 @@ static void finish(struct storm *s, struct rank *r)
 {
 	r->step = S_DONE;
 	s->done++;
-	if (s->done == s->n)
+	if (s->done == s->count)
 		s->t_done = now_ns();
 }
 
@@ -376,23 +380,36 @@ fail : {
 }
 }
 
-static int run(struct storm *s, uint32_t timeout_ms)
+/* start_at: CLOCK_MONOTONIC ns to begin at (0: now), so that generators of
+ * one world start together; src_port0: the source port window's start
+ * (UINT32_MAX: one of this run's own). */
+static int run(struct storm *s, uint32_t timeout_ms, uint64_t start_at, uint32_t src_port0)
 {
 	struct epoll_event evs[512];
-	uint64_t deadline;
+	uint64_t deadline, now = now_ns();
 
+	if (start_at > now) {
+		uint64_t d = start_at - now;
+		struct timespec ts = {(time_t)(d / 1000000000u), (long)(d % 1000000000u)};
+
+		while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+			;
+	}
 	s->t_start = now_ns();
 	/* A window of its own per run: ports the last storms left in TIME_WAIT
-	 * are bound again (SO_REUSEADDR) only when the windows overlap. */
-	s->src_port0 = (uint32_t)((s->t_start / 1000u) % (SRC_PORT_HI - SRC_PORT_LO));
+	 * are bound again (SO_REUSEADDR) only when the windows overlap. The
+	 * generators of one world share one (ports follow the global rank). */
+	s->src_port0 = src_port0 != UINT32_MAX
+			   ? src_port0 % (SRC_PORT_HI - SRC_PORT_LO)
+			   : (uint32_t)((s->t_start / 1000u) % (SRC_PORT_HI - SRC_PORT_LO));
 	deadline = s->t_start + (uint64_t)timeout_ms * 1000000u;
-	while (s->done < s->n && !s->error) {
+	while (s->done < s->count && !s->error) {
 		int n;
 
-		while (s->next_connect < s->n && s->connecting < s->inflight) {
+		while (s->next_connect < s->count && s->connecting < s->inflight) {
 			struct rank *r = &s->ranks[s->next_connect];
 
-			r->idx = s->next_connect++;
+			r->idx = s->first + s->next_connect++;
 			int e = start_connect(s, r);
 
 			if (e < 0) {
@@ -435,7 +452,13 @@ static const char usage[] =
     "usage: storm [options]\n"
     "  --host ADDR        server address (127.0.0.1)\n"
     "  --port PORT        server port (required)\n"
-    "  -n, --ranks N      simulated ranks (1..65536; each holds one connection)\n"
+    "  -n, --ranks N      simulated ranks (1..65536; each holds one connection); with\n"
+    "                     --first/--count the world size (..131072) the barrier counts\n"
+    "  --first R          this process drives ranks R .. R+C-1 of the N (0)\n"
+    "  --count C          (N - R); the other ranks are other storm processes'\n"
+    "  --start-at-ns T    begin at CLOCK_MONOTONIC time T, so that the processes of\n"
+    "                     one world start together (0: now)\n"
+    "  --src-port0 P      the source port window's start (shared by those processes)\n"
     "  --dialect v1|v2    PyTorch 1.13 or 2.x wire dialect (v2)\n"
     "  --prefix P         key prefix of the default group (/default_pg/, as 2.x under crun)\n"
     "  --sources K        spread connects over 127.0.0.2..127.0.0.(K+1) (8; 0: any)\n"
@@ -477,6 +500,10 @@ int main(int argc, char **argv)
 	    {"hold-ms", required_argument, NULL, 'o'},
 	    {"ports-file", required_argument, NULL, 'f'},
 	    {"per-port", required_argument, NULL, 'k'},
+	    {"first", required_argument, NULL, 'F'},
+	    {"count", required_argument, NULL, 'C'},
+	    {"start-at-ns", required_argument, NULL, 'S'},
+	    {"src-port0", required_argument, NULL, 'W'},
 	    {"help", no_argument, NULL, 'H'},
 	    {NULL, 0, NULL, 0},
 	};
@@ -487,7 +514,9 @@ int main(int argc, char **argv)
 			  .per_port = 8,
 			  .lim = STORE_LIMITS_DEFAULT};
 	const char *host = "127.0.0.1";
-	unsigned long port = 0, timeout_ms = 120000, hold_ms = 0, v;
+	unsigned long port = 0, timeout_ms = 120000, hold_ms = 0, v, count = 0;
+	unsigned long long start_at = 0;
+	uint32_t src_port0 = UINT32_MAX;
 	struct rlimit rl;
 	int opt, rc;
 
@@ -514,7 +543,16 @@ int main(int argc, char **argv)
 		case 'H':
 			fputs(usage, stdout);
 			return 0;
+		case 'S':
+			errno = 0;
+			start_at = strtoull(optarg, &end, 10);
+			if (errno || !*optarg || *end)
+				goto bad;
+			continue;
 		case 'p':
+		case 'F':
+		case 'C':
+		case 'W':
 		case 'n':
 		case 's':
 		case 'c':
@@ -537,6 +575,12 @@ int main(int argc, char **argv)
 				s.inflight = (uint32_t)MIN(v, 65536ul);
 			else if (opt == 'o')
 				hold_ms = MIN(v, 600000ul);
+			else if (opt == 'F')
+				s.first = (uint32_t)MIN(v, (unsigned long)STORM_MAX_WORLD);
+			else if (opt == 'C')
+				count = MIN(v, (unsigned long)STORM_MAX_WORLD);
+			else if (opt == 'W')
+				src_port0 = (uint32_t)MIN(v, 65535ul);
 			else
 				timeout_ms = v;
 			continue;
@@ -544,7 +588,11 @@ int main(int argc, char **argv)
 			goto bad;
 		}
 	}
-	if (port == 0 || port > 65535 || s.n == 0 || s.n > STORM_MAX_RANKS || s.inflight == 0)
+	if (port == 0 || port > 65535 || s.n == 0 || s.n > STORM_MAX_WORLD || s.inflight == 0 ||
+	    s.first >= s.n)
+		goto bad;
+	s.count = count ? (uint32_t)count : s.n - s.first;
+	if (s.count > STORM_MAX_RANKS || s.count > s.n - s.first)
 		goto bad;
 	s.server.sin_family = AF_INET;
 	s.server.sin_port = htons((uint16_t)port);
@@ -559,30 +607,38 @@ int main(int argc, char **argv)
 	if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
 		rl.rlim_cur = rl.rlim_max;
 		(void)setrlimit(RLIMIT_NOFILE, &rl);
-		if (rl.rlim_cur < (rlim_t)s.n + 16) {
+		if (rl.rlim_cur < (rlim_t)s.count + 16) {
 			fprintf(stderr, "storm: %u ranks need %u descriptors; the limit is %llu\n",
-				s.n, s.n + 16, (unsigned long long)rl.rlim_cur);
+				s.count, s.count + 16, (unsigned long long)rl.rlim_cur);
 			return 2;
 		}
 	}
-	s.ranks = calloc(s.n, sizeof(*s.ranks));
+	s.ranks = calloc(s.count, sizeof(*s.ranks));
 	s.ep = epoll_create1(EPOLL_CLOEXEC);
 	if (!s.ranks || s.ep < 0) {
 		fprintf(stderr, "storm: out of memory or descriptors\n");
 		return 1;
 	}
-	rc = run(&s, (uint32_t)timeout_ms);
-	printf("{\"ranks\": %u, \"dialect\": \"v%d\", \"ok\": %s, \"error\": \"%s\", "
+	rc = run(&s, (uint32_t)timeout_ms, start_at, src_port0);
+	/* The *_ns times are CLOCK_MONOTONIC (one clock for every process of
+	 * the machine): the caller of several generators takes the first start
+	 * and the last done over all of them. */
+	printf("{\"ranks\": %u, \"first\": %u, \"count\": %u, \"dialect\": \"v%d\", "
+	       "\"ok\": %s, \"error\": \"%s\", "
 	       "\"done\": %u, \"requests\": %" PRIu64 ", \"total_s\": %.6f, "
 	       "\"connect_s\": %.6f, \"wake_s\": %.6f, \"fanout_s\": %.6f, "
 	       "\"fanout_first_s\": %.6f, "
-	       "\"woken\": %u, \"parked\": %u, \"setters\": %u}\n",
-	       s.n, s.dialect, rc == 0 ? "true" : "false", s.error ? s.error : "", s.done,
+	       "\"woken\": %u, \"parked\": %u, \"setters\": %u, \"t_start_ns\": %" PRIu64
+	       ", \"t_last_connect_ns\": %" PRIu64 ", \"t_done_ns\": %" PRIu64
+	       ", \"t_first_set_ns\": %" PRIu64 ", \"t_last_wake_ns\": %" PRIu64 "}\n",
+	       s.n, s.first, s.count, s.dialect, rc == 0 ? "true" : "false", s.error ? s.error : "",
+	       s.done,
 	       s.requests, s.t_done ? (double)(s.t_done - s.t_start) / 1e9 : -1.0,
 	       s.t_last_connect ? (double)(s.t_last_connect - s.t_start) / 1e9 : -1.0,
 	       secs_between(s.t_last_set, s.t_last_parked),
 	       secs_between(s.t_last_set, s.t_last_wake),
-	       secs_between(s.t_last_set, s.t_first_wake), s.woken, s.parked, s.setters);
+	       secs_between(s.t_last_set, s.t_first_wake), s.woken, s.parked, s.setters, s.t_start,
+	       s.t_last_connect, s.t_done, s.t_last_set, s.t_last_wake);
 	fflush(stdout);
 	if (hold_ms) {
 		struct timespec ts = {(time_t)(hold_ms / 1000), (long)(hold_ms % 1000) * 1000000L};

@@ -5,6 +5,14 @@ and PyTorch's TCPStore servers, in one run.
 Usage: storm_bench.py [BUILD] [--ranks 1024,4096,...] [--servers a,b] [--resolver local|slow|machine]
                       [--out FILE.md] [--json FILE] [--plot FILE.svg] [--quick]
 
+Past one process's descriptors (N > 19,900) the crun-proxy cell runs
+ceil(N / 16,384) bench/storm generators, each driving a slice of the world
+(--first/--count) from one common CLOCK_MONOTONIC start; its wall is the first
+connect to the last rank done over all of them. Only that cell runs past
+~19,900 ranks here: a single server (libuv, crun-rdzvd direct) cannot hold more
+connections in one process (RLIMIT_NOFILE 20,000, hard). The root of the proxy
+cell holds one connection per proxy (N / 8), 12,288 at N = 98,304.
+
 Servers: crun-rdzvd (v2), crun's worker store as the agent serves it (a standalone
 `crun` whose worker reports MASTER_PORT), PyTorch 2.x libuv and legacy (v2), 1.13
 (v1). Each (server, N) cell gets a fresh server, so its peak RSS (VmHWM) belongs
@@ -39,7 +47,9 @@ from benchlib import loglog_svg  # noqa: E402
 from store_bench import (ROOT, TORCH1, TORCH2, Server, RssSampler, die_with_parent,  # noqa: E402
                          proc_status, raise_nofile)
 
-RANKS = (1024, 2048, 4096, 8192, 16384, 19900)
+# Past 19,900 only the proxied root fits one process here (one connection
+# per node): those sizes run the crun-proxy cell alone, up to 100k GPUs.
+RANKS = (1024, 2048, 4096, 8192, 16384, 19900, 32768, 65536, 98304)
 # PyTorch 2.x's legacy server is quadratic in N: it runs up to this N (each
 # cell under --legacy-timeout) and is marked left out above it.
 LEGACY_MAX_RANKS = 4096
@@ -121,7 +131,10 @@ class AgentStore(Server):
 
 
 PROXY_RANKS = 8          # ranks per node-local proxy (one node's GPUs)
-PROXIES_PER_FARM = 1500  # ~11 fds each (listener, 8 clients, 2 upstream): < 20,000
+PROXIES_PER_FARM = 1500  # ~10 fds each (listener, 8 clients, 1 upstream): < 20,000
+GEN_RANKS = 16384        # ranks per storm generator process (< 20,000 fds)...
+GEN_SINGLE_MAX = 19900   # ...when one process cannot hold them all (as the cells before)
+GEN_START_DELAY_S = 1.0  # the generators' common start, after they are all up
 
 
 class ProxyFarms:
@@ -130,17 +143,18 @@ class ProxyFarms:
     upstream connections to the root store (crun-rdzvd)."""
 
     def __init__(self, build, tmp, root_port, n):
-        self.procs, self.files = [], []
+        self.procs, self.files, self.errs = [], [], []
         total = (n + PROXY_RANKS - 1) // PROXY_RANKS
         for i in range(0, total, PROXIES_PER_FARM):
             f = os.path.join(tmp, f"proxy_ports.{i}")
             if os.path.exists(f):
                 os.unlink(f)
             self.files.append(f)
+            self.errs.append(open(f + ".err", "w+"))
             self.procs.append(subprocess.Popen(
                 [os.path.join(build, "bench", "store_proxy_farm"), "--upstream",
                  f"127.0.0.1:{root_port}", "--proxies", str(min(PROXIES_PER_FARM, total - i)),
-                 "--ports-file", f], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                 "--ports-file", f], stdout=subprocess.DEVNULL, stderr=self.errs[-1],
                 start_new_session=True, preexec_fn=die_with_parent))
         self.ports_file = os.path.join(tmp, "proxy_ports")
 
@@ -158,6 +172,15 @@ class ProxyFarms:
             time.sleep(0.05)
         return False
 
+    def why(self):
+        """The first farm's complaint (stderr), for a cell that failed."""
+        for e in self.errs:
+            e.seek(0)
+            txt = e.read().strip()
+            if txt:
+                return txt[-200:]
+        return "?"
+
     def cpu(self):
         return sum((proc_status(p.pid) or (0, 0, 0))[2] for p in self.procs)
 
@@ -169,6 +192,51 @@ class ProxyFarms:
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 p.kill()
+        for e in self.errs:
+            e.close()
+
+
+def run_generators(base_argv, n, timeout_s):
+    """ceil(n / GEN_RANKS) storm processes of one world, started together on
+    CLOCK_MONOTONIC (Python's monotonic clock on Linux); one JSON result:
+    wall from the first connect to the last rank done over all of them."""
+    gens = 1 if n <= GEN_SINGLE_MAX else (n + GEN_RANKS - 1) // GEN_RANKS
+    if gens == 1:
+        p = subprocess.run(base_argv, capture_output=True, text=True, timeout=timeout_s + 30)
+        line = next((l for l in p.stdout.splitlines() if l.startswith("{")), None)
+        return json.loads(line) if line else {"ok": False, "error": p.stderr[-300:]}
+    start = time.monotonic_ns() + int(GEN_START_DELAY_S * 1e9)
+    window = (start // 1000) % 50000
+    procs = []
+    for g in range(gens):
+        first = g * GEN_RANKS
+        procs.append(subprocess.Popen(
+            base_argv + ["--first", str(first), "--count", str(min(GEN_RANKS, n - first)),
+                         "--start-at-ns", str(start), "--src-port0", str(window)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=timeout_s + 30 + GEN_START_DELAY_S)
+        line = next((l for l in out.splitlines() if l.startswith("{")), None)
+        outs.append(json.loads(line) if line else {"ok": False, "error": err[-300:]})
+    ok = all(o.get("ok") for o in outs)
+    res = {"ranks": n, "generators": gens, "ok": ok,
+           "error": "; ".join(o.get("error", "") for o in outs if o.get("error")),
+           "done": sum(o.get("done", 0) for o in outs),
+           "requests": sum(o.get("requests", 0) for o in outs)}
+    if ok:
+        t0 = min(o["t_start_ns"] for o in outs)
+        sets = [o["t_first_set_ns"] for o in outs if o.get("t_first_set_ns")]
+        res["total_s"] = (max(o["t_done_ns"] for o in outs) - t0) / 1e9
+        res["connect_s"] = (max(o["t_last_connect_ns"] for o in outs) - t0) / 1e9
+        res["start_skew_s"] = (max(o["t_start_ns"] for o in outs) - t0) / 1e9
+        # Which waits went out before the first SET is known only in the
+        # process that SET: with several, the fan-out is the tail (to the
+        # last rank past the barrier), and "parked" is not counted.
+        res["fanout_s"] = (max(o["t_last_wake_ns"] for o in outs) - min(sets)) / 1e9 if sets else 0
+        res["wake_s"] = res["fanout_s"]
+        res["parked"] = 0
+    return res
 
 
 def storm_once(build, key, dialect, n, tmp, timeout_s):
@@ -187,7 +255,7 @@ def storm_once(build, key, dialect, n, tmp, timeout_s):
         if key == "crun-proxy":
             farms = ProxyFarms(build, tmp, srv.port, n)
             if not farms.wait_ready(START_TIMEOUT_S):
-                res["error"] = "proxies did not start"
+                res["error"] = "proxies did not start: " + farms.why()
                 return res
             target = ["--ports-file", farms.ports_file, "--per-port", str(PROXY_RANKS)]
             proxies_before = farms.cpu()
@@ -196,7 +264,7 @@ def storm_once(build, key, dialect, n, tmp, timeout_s):
                 "--dialect", f"v{dialect}", "--timeout-ms", str(int(timeout_s * 1000))]
         ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         with RssSampler(srv.proc.pid):
-            p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s + 30)
+            gen = run_generators(argv, n, timeout_s)
         ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         after = proc_status(srv.proc.pid)
         # The load generator's own CPU, user and system apart: a slow connect
@@ -209,8 +277,8 @@ def storm_once(build, key, dialect, n, tmp, timeout_s):
             # beside it, honestly: together they did the work.
             res["proxies_cpu_s"] = round(farms.cpu() - proxies_before, 3)
             res["proxies"] = (n + PROXY_RANKS - 1) // PROXY_RANKS
-        line = next((l for l in p.stdout.splitlines() if l.startswith("{")), None)
-        res.update(json.loads(line) if line else {"ok": False, "error": p.stderr[-300:]})
+            res["root_fds"] = len(os.listdir(f"/proc/{srv.proc.pid}/fd"))
+        res.update(gen)
         if before and after:
             res["server_cpu_s"] = round(after[2] - before[2], 3)
             res["server_hwm_mb"] = round(after[1] / 1024, 1)
@@ -271,7 +339,14 @@ def private_namespace(argv, resolver):
         f.write("hosts: files\n" if resolver == "local" else "hosts: files dns\n")
     with open(resolv, "w") as f:
         f.write("nameserver 127.0.0.53\noptions timeout:1 attempts:1\n")
-    inner = ("ip link set lo up && mount --bind \"$NSS\" /etc/nsswitch.conf && "
+    # The namespace's own port space, widened, and TIME_WAITs dropped past a
+    # small table: a 98,304-rank cell binds ~37,000 ports (12,288 proxy
+    # listeners, their upstream connects, the generators' source ports), and
+    # the cell before it leaves as many in TIME_WAIT; with the default
+    # 28,232-port range the proxies' connects failed (EADDRNOTAVAIL).
+    inner = ("ip link set lo up && echo 1024 65535 > /proc/sys/net/ipv4/ip_local_port_range && "
+             "echo 4096 > /proc/sys/net/ipv4/tcp_max_tw_buckets && "
+             "mount --bind \"$NSS\" /etc/nsswitch.conf && "
              "mount --bind \"$RESOLV\" /etc/resolv.conf && exec \"$0\" \"$@\"")
     env = dict(os.environ, CRUN_BENCH_NETNS="1", NSS=nss, RESOLV=resolv)
     try:
@@ -324,8 +399,11 @@ def table(results, ranks, resolver, env_line, legacy_max=LEGACY_MAX_RANKS):
             elif not r.get("ok"):
                 cells.append(f"failed: {r.get('error', '?')[:40]}")
             else:
-                cells.append(f"{r['total_s']:.3f} s, fan-out {wake_text(r)} "
-                             f"(tail {r['fanout_s']:.3f} s), "
+                if r.get("generators"):  # several generators: the tail only
+                    fan = f"{r['generators']} generators, fan-out (tail) {r['fanout_s']:.3f} s"
+                else:
+                    fan = f"fan-out {wake_text(r)} (tail {r['fanout_s']:.3f} s)"
+                cells.append(f"{r['total_s']:.3f} s, {fan}, "
                              f"CPU {r.get('server_cpu_s', 0):.2f} s, "
                              f"{r.get('server_hwm_mb', 0):.0f} MB"
                              + (f" (root); {r['proxies']} proxies: CPU "
@@ -428,11 +506,14 @@ def main():
     try:
         with tempfile.TemporaryDirectory(prefix="crun-storm-") as tmp:
             for n in ranks:
-                if n + 64 > nofile:
-                    log(f"N={n} needs {n + 64} descriptors per process; limit {nofile}: skipped")
-                    continue
                 for key, _, dialect in SERVERS:
                     if key not in wanted:
+                        continue
+                    # One process holds every rank, except with proxies (the
+                    # root holds N / 8, each generator GEN_RANKS).
+                    if n + 64 > nofile and key != "crun-proxy":
+                        log(f"N={n}: {key} needs {n + 64} descriptors in one process; "
+                            f"limit {nofile}: not run (single servers stay models)")
                         continue
                     timeout = cfg.timeout
                     if key == "torch2-legacy":

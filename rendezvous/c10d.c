@@ -49,7 +49,7 @@ struct c10d {
 	int barrier_result; /* 0, or why the exit barrier did not pass */
 	struct helper job, mon;
 	struct coord *pend_c; /* lease connection handed from the round job */
-	uint64_t pend_lease;
+	uint64_t pend_lease, pend_kept_ms;
 	bool pend_hb;
 	struct etcd_conf *etcd; /* backend "etcd": the cluster; NULL: c10d */
 	char prefix[320];	/* the run's keys */
@@ -229,6 +229,7 @@ static int start(struct c10d *c, enum c10d_job_kind kind, const char *why)
 	if (kind == JOB_MONITOR) {
 		j->mon_c = c->pend_c;
 		j->lease = c->pend_lease;
+		j->lease_kept_ms = c->pend_kept_ms;
 		j->hb = c->pend_hb;
 		c->pend_c = NULL;
 	}
@@ -298,6 +299,7 @@ static void round_ended(struct c10d *c, struct c10d_job *j)
 	coord_close(c->pend_c);
 	c->pend_c = j->mon_c;
 	c->pend_lease = j->lease;
+	c->pend_kept_ms = j->lease_kept_ms;
 	c->pend_hb = j->hb;
 	j->mon_c = NULL;
 	log_at(LL_WARN, SUB_RDZV,

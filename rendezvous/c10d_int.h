@@ -20,8 +20,11 @@
  *   r<n>/closed       the head: attempt, size, worker store, closer T
  *                     (round_int.h), written once by COMPARE_SET by
  *                     whichever member closes first
- *   r<n>/a/<T>/<t>    ticket t's group rank, base rank and world size, by
- *                     closer T (before its head): what a member reads
+ *   r<n>/closer       the ticket of the one member that writes the
+ *                     assignments (first COMPARE_SET wins, for good)
+ *   r<n>/a/<t>        ticket t's group rank, base rank and world size, by
+ *                     that closer (before its head): what a member's wait
+ *                     reads with the closed head
  *   r<n>/members/<T>  closer T's member list (group rank 0, status pages)
  *   r<n>/change       why round n is over ("restart ...", "join ...",
  *                     "dead ...", "failed"); every lease's expiry key
@@ -83,6 +86,9 @@ struct c10d_job {
 	struct coord *mon_c;
 	struct coord *lease_c; /* borrowed: take the lease on it (tests) */
 	uint64_t lease;
+	uint64_t lease_kept_ms; /* when the lease last showed life (its grant, a
+				 * keep-alive sent), 0: unknown; the monitor's
+				 * first keep-alive waits a heartbeat from then */
 	bool hb, take_lease;
 	char *peers;		/* ROUND, group rank 0: the nodes' addresses (c10d_peers.c) */
 	struct etcd_conf *etcd; /* owned copy; NULL: the crun store */

@@ -245,11 +245,30 @@ static int alive_look(struct coord *c, int64_t rd, int n, int max, bool *live)
 	return r;
 }
 
+/* Whether ticket t is the one closer of round rd: the first to compare-set
+ * r<rd>/closer (a slow closer and the member that took its claim over must
+ * not both write the assignments, which are under no closer's name). 1:
+ * it is, 0: another closer is. */
+static int win_closer(struct coord *c, int64_t rd, int64_t t)
+{
+	char key[64], me[32], *cur = NULL;
+	int r;
+
+	KEY(key, "r%" PRId64 "/closer", rd);
+	KEY(me, "%" PRId64, t);
+	TRY(coord_compare_set(c, key, "", me, &cur));
+	r = strcmp(cur, me) == 0;
+	crun_free(cur);
+	return r;
+}
+
 /* Closes round rd as ticket t with members m[0..n): first every member's
- * assignment and the member list under this closer's name (one MULTI_SET:
- * no other closer writes there), then the head by COMPARE_SET. Whoever won,
- * *ret_closed gets the head now stored: no need to wait for it (the store
- * may be busy serving it to everyone). */
+ * assignment (r<rd>/a/<ticket>: a member's wait reads its own with the
+ * closed key, so the key cannot depend on the closer; win_closer makes it
+ * one writer) and the member list under this closer's name (one
+ * MULTI_SET), then the head by COMPARE_SET. Whoever won, *ret_closed gets
+ * the head now stored: no need to wait for it (the store may be busy
+ * serving it to everyone). Nothing when another member is the closer. */
 static int write_close(struct coord *c, int64_t rd, int64_t t, int attempt,
 		       const struct round_node *m, int n, char **ret_closed)
 {
@@ -263,10 +282,16 @@ static int write_close(struct coord *c, int64_t rd, int64_t t, int attempt,
 		free(vals);
 		return r;
 	}
+	r = win_closer(c, rd, t);
+	if (r <= 0) {
+		free(keys);
+		free(vals);
+		round_plan_free(&p);
+		return r;
+	}
+	r = 0;
 	for (int i = 0; i < n && r == 0; i++) {
-		r = asprintf(&keys[i], "r%" PRId64 "/a/%" PRId64 "/%d", rd, t, p.ticket[i]) < 0
-			? CRUN_ENOMEM
-			: 0;
+		r = asprintf(&keys[i], "r%" PRId64 "/a/%d", rd, p.ticket[i]) < 0 ? CRUN_ENOMEM : 0;
 		vals[i] = p.val[i];
 	}
 	if (r == 0)
@@ -300,7 +325,7 @@ static void keep_lease(struct c10d_job *j, uint64_t now, uint64_t *last)
 
 	if (!j->lease || !lc || now - *last < j->conf.hb_ms)
 		return;
-	*last = now;
+	*last = j->lease_kept_ms = now;
 	(void)coord_lease_keepalive(lc, j->lease);
 }
 
@@ -456,6 +481,7 @@ static int lease_for(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t)
 	if (r < 0)
 		return c10d_jfail(j, NULL, r, "connecting the lease monitor");
 	lc = j->lease_c ? j->lease_c : j->mon_c;
+	j->lease_kept_ms = clock_now_ms(); /* (before: a bound on its life) */
 	r = coord_lease_grant_put(lc, j->conf.ttl_ms, chk, why, alive, j->hostname, &j->lease);
 	if (r == CRUN_ENOTSUP) {
 		log_at(LL_WARN, SUB_RDZV,
@@ -537,17 +563,27 @@ static int read_peers(struct c10d_job *j, struct coord *c, const struct round_he
 	return r;
 }
 
+/* What the wait brought along with the closed head: ticket t's
+ * assignment (read at the wake, after the head was set), or nothing read. */
+struct pre_read {
+	bool read;
+	char *val; /* malloc'd; NULL: absent */
+};
+
 /* Ticket t's place in the closed round rd (head h): its own assignment key,
- * two small reads whatever the round's size. 1 when t is not a member. */
+ * read with the wake (pre) or now - a small read whatever the round's size.
+ * 1 when t is not a member. */
 static int take_assignment(struct c10d_job *j, struct coord *c, const struct round_head *h,
-			   int64_t rd, int64_t t)
+			   int64_t rd, int64_t t, struct pre_read *pre)
 {
 	struct round_assignment a;
-	char key[96], *v = NULL;
-	int r;
+	char key[96], *v = pre->val;
+	int r = pre->read ? (v ? 0 : CRUN_ENOTFOUND) : 0;
 
-	KEY(key, "r%" PRId64 "/a/%d/%" PRId64, rd, h->by, t);
-	r = coord_try_get(c, key, &v);
+	pre->val = NULL;
+	KEY(key, "r%" PRId64 "/a/%" PRId64, rd, t);
+	if (!pre->read)
+		r = coord_try_get(c, key, &v);
 	if (r == CRUN_ENOTFOUND)
 		return 1; /* written before the head: absent = not a member */
 	if (r < 0)
@@ -646,9 +682,9 @@ static int join_timed_out(struct c10d_job *j, struct coord *c, int64_t rd)
  * the number of members nor with how long the round takes. Abandons the
  * round when a joiner died. *ret_closed: the value. */
 static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t,
-		       uint64_t deadline, char **ret_closed)
+		       uint64_t deadline, char **ret_closed, struct pre_read *pre)
 {
-	char kb[EV_N][64];
+	char kb[EV_N][64], mine[64];
 	const char *keys[EV_N];
 	uint64_t now = clock_now_ms(), last_keep = now, next_try = 0;
 	uint64_t min_seen = t >= j->min ? now : 0, max_seen = t >= j->max ? now : 0;
@@ -666,6 +702,7 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 			KEY(kb[e], "r%" PRId64 "/%s", rd, event_key[e]);
 		keys[e] = kb[e];
 	}
+	KEY(mine, "r%" PRId64 "/a/%" PRId64, rd, t);
 	for (int i = 0; i < 1 << 30; i++) {
 		/* Only the events not seen yet (a present key answers at once),
 		 * and the counts only for a member that may have to close. */
@@ -681,7 +718,7 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 		/* A lease on this handle is kept by the wait's own request. */
 		keep = fold_keep && now - last_keep >= j->conf.hb_ms ? j->lease : 0;
 		if (keep)
-			last_keep = now;
+			last_keep = j->lease_kept_ms = now;
 		else if (!fold_keep)
 			keep_lease(j, now, &last_keep);
 		if (at && now >= at && now >= next_try) {
@@ -702,11 +739,13 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 			wake = MIN(wake, MAX(at, next_try));
 		if (j->lease)
 			wake = MIN(wake, last_keep + j->conf.hb_ms);
-		/* The wake carries the key's value: the closed head needs no
-		 * second read. */
-		r = coord_wait_any_get(c, keys, n, (uint32_t)(wake > now ? wake - now : 1), keep,
-				       &ev);
+		/* The wake carries the key's value and this ticket's
+		 * assignment: the closed head and the place need no reads. */
+		r = coord_wait_any_get_with(c, keys, n, mine,
+					    (uint32_t)(wake > now ? wake - now : 1), keep, &ev,
+					    &pre->val);
 		if (r == EV_CLOSED) {
+			pre->read = true;
 			*ret_closed = ev;
 			return 0;
 		}
@@ -781,6 +820,7 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 	TRY(round_record_format(&me, val, sizeof(val)));
 	for (int attempt = 0; attempt < 1 << 20; attempt++) {
 		struct round_head h;
+		struct pre_read pre = {false, NULL};
 		char *closed = NULL;
 
 		/* The round open_next moved to, else a read of it. */
@@ -802,9 +842,13 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 		log_at(LL_WARN, SUB_RDZV,
 		       "joined rendezvous '%s' round %" PRId64 " as ticket %" PRId64, j->prefix, rd,
 		       t);
-		TRY(wait_closed(j, c, rd, t, deadline, &closed));
+		TRY(wait_closed(j, c, rd, t, deadline, &closed, &pre));
 		r = round_head_parse(closed, &h);
 		crun_free(closed);
+		if (r < 0 || h.nodes == 0) {
+			crun_free(pre.val); /* an abandoned round has no places */
+			pre.val = NULL;
+		}
 		if (r < 0)
 			return c10d_jfail(j, NULL, r, "bad closed round value");
 		log_at(LL_DEBUG, SUB_RDZV, "round %" PRId64 " closed with %d, ticket %" PRId64, rd,
@@ -818,7 +862,7 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 		} else {
 			int prev_n = j->nnodes;
 
-			r = take_assignment(j, c, &h, rd, t);
+			r = take_assignment(j, c, &h, rd, t, &pre);
 			if (r == 0)
 				c10d_progress_round(j, c, &h, rd, prev_n);
 			if (r <= 0)

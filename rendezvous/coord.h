@@ -125,6 +125,13 @@ int coord_wait_any(struct coord *c, const char *const *keys, size_t n, uint32_t 
  * and a read elsewhere. Only for keys never deleted once written. */
 int coord_wait_any_get(struct coord *c, const char *const *keys, size_t n, uint32_t timeout_ms,
 		       uint64_t keep, char **ret_val);
+/* coord_wait_any_get that also reads with_key when keys[0] woke it: into
+ * *ret_with (malloc'd; NULL when absent or when another key woke it). The
+ * same one request on a crun store of extension version 5
+ * (WAIT_ANY_GET_WITH), plus a read of with_key elsewhere. */
+int coord_wait_any_get_with(struct coord *c, const char *const *keys, size_t n,
+			    const char *with_key, uint32_t timeout_ms, uint64_t keep,
+			    char **ret_val, char **ret_with);
 /* A ticket and its record: *ret_t = the counter after adding 1, and key
  * <prefix><t> set to val. One request on a crun store of extension version
  * 4 (TICKET), an add then a set elsewhere (not atomic there: a holder that

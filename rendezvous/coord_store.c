@@ -57,6 +57,7 @@ struct coord {
 	struct etcd *etcd;	  /* instead of s: coord_etcd.c does the work */
 	bool no_any;		  /* the store lacks WAIT_ANY: coord_wait_any polls */
 	bool no_fold;		  /* the store's extension predates version 4: two requests */
+	bool no_with;		  /* ...predates version 5: a wait, then a read */
 	uint64_t mem_id, mem_ops; /* coord_mem: this handle, its operations */
 	char prefix[320];
 	char err[512];
@@ -883,6 +884,47 @@ int coord_wait_any_get(struct coord *c, const char *const *keys, size_t n, uint3
 	r = coord_wait_any(c, keys, n, timeout_ms);
 	if (r >= 0 && coord_get_now(c, keys[r], ret_val) < 0)
 		return CRUN_EPROTO;
+	return r;
+}
+
+int coord_wait_any_get_with(struct coord *c, const char *const *keys, size_t n,
+			    const char *with_key, uint32_t timeout_ms, uint64_t keep,
+			    char **ret_val, char **ret_with)
+{
+	void *v = NULL, *w = NULL;
+	size_t idx;
+	int r;
+
+	*ret_with = NULL;
+	if (!c->etcd && !c->mem && !c->no_any && !c->no_fold && !c->no_with) {
+		if (!keys || !with_key || n == 0 || n > COORD_ANY_MAX)
+			return CRUN_EINVAL;
+		r = store_client_wait_any_get_with(c->s, keys, n, with_key,
+						   timeout_ms ? timeout_ms : 1, keep, &idx, &v, &w);
+		if (r == 0) {
+			*ret_val = v;
+			if (idx == 0)
+				*ret_with = w;
+			else
+				free(w);
+			return (int)idx;
+		}
+		if (r == CRUN_ETIMEDOUT)
+			return r;
+		if (r != CRUN_ENOTSUP)
+			return fail(c, r, "wait_any_get_with", keys[0]);
+		c->no_with = true; /* a version-4 store: its WAIT_ANY_GET, then a read */
+	}
+	r = coord_wait_any_get(c, keys, n, timeout_ms, keep, ret_val);
+	if (r == 0) {
+		int t = coord_try_get(c, with_key, ret_with);
+
+		if (t < 0 && t != CRUN_ENOTFOUND) {
+			crun_free(*ret_val);
+			*ret_val = NULL;
+			return t;
+		}
+	}
 	return r;
 }
 

@@ -238,13 +238,22 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 	bool restartable = !hb && !j->host_member && !j->is_host && !j->etcd;
 	int r = 0, back_next = 0;
 	bool restored = false, moved_on;
+	/* The round kept the lease less than a heartbeat ago: the first
+	 * keep-alive is due a heartbeat after that, not now - one request
+	 * fewer per member when a whole round starts its monitors at once. A
+	 * store that restarted meanwhile is noticed at that keep-alive, as at
+	 * any other. */
+	bool fresh = !hb && j->lease_kept_ms && clock_now_ms() - j->lease_kept_ms < j->conf.hb_ms;
 
 	KEY(me, "r%d/lease/%d", j->round, j->info.group_rank);
 	KEY(nbr, "r%d/lease/%d", j->round, (j->info.group_rank + 1) % j->nnodes);
 	KEY(chk, "r%d/change", j->round);
 	for (int i = 0; r == 0 && i < 1 << 30 && !helper_stopping(&j->h); i++) {
-		kept_at = clock_now_ms();
-		r = hb ? coord_heartbeat(*cp, me) : coord_lease_keepalive(*cp, lease);
+		uint64_t left;
+
+		kept_at = fresh ? j->lease_kept_ms : clock_now_ms();
+		r = fresh ? 0 : hb ? coord_heartbeat(*cp, me) : coord_lease_keepalive(*cp, lease);
+		fresh = false;
 		if (r == CRUN_ENOTFOUND && restartable && !back_by) {
 			r = reestablish(j, *cp, chk, &lease, &back_by);
 			back_next = 0;
@@ -259,10 +268,13 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 		if (r == 0) {
 			/* With a lease the store has WAIT_ANY: one request that
 			 * also reads the change, or the job's end (closed,
-			 * first: a change after it is no membership change). */
+			 * first: a change after it is no membership change),
+			 * until the next keep-alive is due. */
+			left = kept_at + j->conf.hb_ms -
+			       MIN(clock_now_ms(), kept_at + j->conf.hb_ms - 1);
 			r = hb ? coord_watch(*cp, chk, j->conf.hb_ms)
 			       : coord_wait_any_get(*cp, (const char *const[]){"closed", chk}, 2,
-						    j->conf.hb_ms, 0, &why_v);
+						    (uint32_t)left, 0, &why_v);
 			if (r >= 0) {
 				done_v = r == 0 && !hb ? why_v : NULL;
 				why_v = done_v ? NULL : why_v;

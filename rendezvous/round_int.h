@@ -11,10 +11,12 @@
  *                rank 0's worker store, T the ticket of the member that
  *                closed it. N = 0: the round was abandoned (a joiner died
  *                before it closed) and everyone joins the next one.
- *   assignment   "r<r>/a/<T>/<t>": "<group rank> <base rank> <world size>",
- *                ticket t's place, written by closer T before its head (one
- *                MULTI_SET): a member reads two small keys, O(1) bytes, and
- *                a ticket with no such key is not a member.
+ *   assignment   "r<r>/a/<t>": "<group rank> <base rank> <world size>",
+ *                ticket t's place, written before the head (one MULTI_SET)
+ *                by the one closer that won "r<r>/closer": a member reads
+ *                two small keys (with one request on a crun store, see
+ *                coord_wait_any_get_with), O(1) bytes, and a ticket with no
+ *                such key is not a member.
  *   member list  "r<r>/members/<T>": {"attempt":A,"t":[tickets],"n":[nproc],
  *                "pr":[prev round],"pg":[prev rank],"ma":..,"mp":..,"sh":..}
  *                (members in ticket order), for the few that need everyone:

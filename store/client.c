@@ -1918,7 +1918,9 @@ struct any_out {
 	size_t *idx;
 	void **val;
 	size_t *len;
-	bool timed_out; /* WAIT_ANY_GET: the server's timeout answered (index n) */
+	bool timed_out;	 /* WAIT_ANY_GET: the server's timeout answered (index n) */
+	bool with;	 /* WAIT_ANY_GET_WITH: the with_key's value follows */
+	void **with_val; /* its value, NULL when absent */
 };
 
 /* The wake of a WAIT_ANY after its STOP_WAITING: the index (and value). */
@@ -1935,6 +1937,24 @@ static int read_any_wake(struct client_conn *c, size_t n, uint64_t deadline, str
 	if (o->val) {
 		TRY(read_raw(c, b, 8, deadline));
 		TRY(read_tail(c, b, deadline, &v, o->len));
+	}
+	if (o->with) {
+		void *w = NULL;
+		uint8_t found;
+		int r = read_raw(c, &found, 1, deadline);
+
+		if (r == 0)
+			r = read_raw(c, b, 8, deadline);
+		if (r == 0)
+			r = read_tail(c, b, deadline, &w, NULL);
+		if (r < 0 || found > 1) {
+			free(v);
+			return r < 0 ? r : CRUN_EPROTO;
+		}
+		if (found && idx < n)
+			*o->with_val = w;
+		else
+			free(w);
 	}
 	o->timed_out = idx == n;
 	if (o->val && !o->timed_out)
@@ -1987,8 +2007,11 @@ static int await_any(struct client_conn *c, size_t n, uint64_t deadline, struct 
 static int wait_any(struct crun_store *s, const char *const *keys, size_t n, uint32_t timeout_ms,
 		    uint64_t keep, struct any_out *o)
 {
-	struct store_ext_req q = {
-	    .op = o->val ? STORE_EXT_WAIT_ANY_GET : STORE_EXT_WAIT_ANY, .nitems = n, .id = keep};
+	struct store_ext_req q = {.op = o->with	 ? STORE_EXT_WAIT_ANY_GET_WITH
+					: o->val ? STORE_EXT_WAIT_ANY_GET
+						 : STORE_EXT_WAIT_ANY,
+				  .nitems = n,
+				  .id = keep};
 	const char *name = store_ext_op_name(q.op);
 	struct client_conn *c;
 	uint64_t deadline;
@@ -1997,7 +2020,7 @@ static int wait_any(struct crun_store *s, const char *const *keys, size_t n, uin
 
 	if (!s || !o->idx || n == 0)
 		return CRUN_EINVAL;
-	TRY(key_list(s, STORE_OP_WAIT, keys, n));
+	TRY(key_list(s, STORE_OP_WAIT, keys, n + o->with)); /* the with_key last */
 	c = s->conn;
 	deadline = op_deadline(c, timeout_ms);
 	if (o->val) { /* the server answers the timeout itself (store_ext.h) */
@@ -2017,6 +2040,8 @@ static int wait_any(struct crun_store *s, const char *const *keys, size_t n, uin
 			return set_err(c, CRUN_ENOTSUP, name, NULL, 0,
 				       "the server's extension is version %u", c->ext_version);
 		q.keys = c->kv;
+		if (o->with)
+			q.key2 = c->kv[n];
 		if (r == 0 && grow((void **)&c->wbuf, &c->wcap, store_ext_req_size(&q), 1) < 0)
 			return CRUN_ENOMEM;
 		if (r == 0)
@@ -2042,7 +2067,7 @@ static int wait_any(struct crun_store *s, const char *const *keys, size_t n, uin
 int store_client_wait_any(struct crun_store *s, const char *const *keys, size_t n,
 			  uint32_t timeout_ms, size_t *ret_idx)
 {
-	struct any_out o = {ret_idx, NULL, NULL, false};
+	struct any_out o = {ret_idx, NULL, NULL, false, false, NULL};
 
 	return wait_any(s, keys, n, timeout_ms, 0, &o);
 }
@@ -2051,9 +2076,30 @@ int store_client_wait_any_get(struct crun_store *s, const char *const *keys, siz
 			      uint32_t timeout_ms, uint64_t keep, size_t *ret_idx, void **ret_val,
 			      size_t *ret_len)
 {
-	struct any_out o = {ret_idx, ret_val, ret_len, false};
+	struct any_out o = {ret_idx, ret_val, ret_len, false, false, NULL};
 
 	if (!ret_val)
 		return CRUN_EINVAL;
 	return wait_any(s, keys, n, timeout_ms, keep, &o);
+}
+
+int store_client_wait_any_get_with(struct crun_store *s, const char *const *keys, size_t n,
+				   const char *with_key, uint32_t timeout_ms, uint64_t keep,
+				   size_t *ret_idx, void **ret_val, void **ret_with)
+{
+	const char **all = NULL;
+	struct any_out o = {ret_idx, ret_val, NULL, false, true, ret_with};
+	int r;
+
+	if (!ret_val || !ret_with || !with_key || !keys || n == 0 || n >= SIZE_MAX / sizeof(*all))
+		return CRUN_EINVAL;
+	all = malloc((n + 1) * sizeof(*all));
+	if (!all)
+		return CRUN_ENOMEM;
+	memcpy(all, keys, n * sizeof(*all));
+	all[n] = with_key;
+	*ret_with = NULL;
+	r = wait_any(s, all, n, timeout_ms, keep, &o);
+	free(all);
+	return r;
 }

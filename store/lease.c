@@ -431,22 +431,11 @@ static int op_grant(struct store_conn *c, const struct store_ext_req *q)
 	return reply(c, b, 8);
 }
 
-int store_ext_process(struct store_conn *c, const uint8_t *buf, size_t len, size_t *used)
+static int ext_run(struct store_conn *c, const struct store_ext_req *req, uint32_t served)
 {
-	uint32_t served = c->srv->cfg.ext_version ? MIN(c->srv->cfg.ext_version, STORE_EXT_VERSION)
-						  : STORE_EXT_VERSION;
-	struct store_ext_req q;
+	const struct store_ext_req q = *req;
 	struct store_lease *l;
-	int r;
 
-	r = store_ext_decode_req(&c->srv->cfg.limits, buf, len, &q, used);
-	if (r < 0)
-		return r;
-	if (!c->ext && q.op != STORE_EXT_HELLO)
-		return CRUN_EPROTO; /* as any unknown op code on a PyTorch connection */
-	if (store_ext_op_version(q.op) > served)
-		return CRUN_EPROTO; /* as a server of that version: an unknown op */
-	c->srv->st.requests++;
 	switch (q.op) {
 	case STORE_EXT_HELLO: {
 		uint8_t b[4];
@@ -481,6 +470,7 @@ int store_ext_process(struct store_conn *c, const uint8_t *buf, size_t len, size
 			TRY(set_leased(c, l, q.key, q.val));
 		return reply_u8(c, l ? STORE_EXT_OK : STORE_EXT_NO_LEASE);
 	case STORE_EXT_WAIT_ANY_GET:
+	case STORE_EXT_WAIT_ANY_GET_WITH:
 		l = q.id ? held(c, q.id) : NULL;
 		if (l) /* the wait's keep-alive (store_ext.h) */
 			TRY(arm(l));
@@ -490,9 +480,38 @@ int store_ext_process(struct store_conn *c, const uint8_t *buf, size_t len, size
 	case STORE_EXT_TRY_GET:
 	case STORE_EXT_TICKET:
 		return store_conn_ext_kv(c, &q);
+	case STORE_EXT_MUX:
+	case STORE_EXT_WAIT_TAG:
+	case STORE_EXT_WAIT_TAG_CANCEL:
+		return store_conn_mux_op(c, &q);
 	default:
 		return CRUN_EPROTO;
 	}
+}
+
+int store_ext_process(struct store_conn *c, const uint8_t *buf, size_t len, size_t *used)
+{
+	uint32_t served = c->srv->cfg.ext_version ? MIN(c->srv->cfg.ext_version, STORE_EXT_VERSION)
+						  : STORE_EXT_VERSION;
+	struct store_ext_req q;
+	int r;
+
+	r = store_ext_decode_req(&c->srv->cfg.limits, buf, len, &q, used);
+	if (r < 0)
+		return r;
+	if (!c->ext && q.op != STORE_EXT_HELLO)
+		return CRUN_EPROTO; /* as any unknown op code on a PyTorch connection */
+	if (store_ext_op_version(q.op) > served)
+		return CRUN_EPROTO; /* as a server of that version: an unknown op */
+	c->srv->st.requests++;
+	/* A muxed connection frames each reply (store_ext.h). */
+	TRY(store_conn_mux_begin(c,
+				 q.op == STORE_EXT_WAIT_ANY || q.op == STORE_EXT_WAIT_ANY_GET ||
+				     q.op == STORE_EXT_WAIT_ANY_GET_WITH,
+				 store_ext_reply_size(q.op) != 0));
+	r = ext_run(c, &q, served);
+	store_conn_mux_end(c);
+	return r;
 }
 
 void store_ext_conn_closed(struct store_conn *c)

@@ -7,11 +7,16 @@
 
 bool store_ext_is_op(uint8_t code)
 {
-	return code >= STORE_EXT_HELLO && code <= STORE_EXT_GRANT_SET;
+	return (code >= STORE_EXT_HELLO && code <= STORE_EXT_WAIT_ANY_GET_WITH) ||
+	       (code >= STORE_EXT_MUX && code <= STORE_EXT_WAIT_TAG_CANCEL);
 }
 
 uint32_t store_ext_op_version(uint8_t op)
 {
+	if (op >= STORE_EXT_MUX)
+		return STORE_EXT_VERSION_MUX;
+	if (op == STORE_EXT_WAIT_ANY_GET_WITH)
+		return STORE_EXT_VERSION_WITH;
 	if (op >= STORE_EXT_TRY_GET)
 		return STORE_EXT_VERSION_FOLD;
 	if (op == STORE_EXT_WAIT_ANY)
@@ -44,9 +49,43 @@ const char *store_ext_op_name(uint8_t code)
 		return "TICKET";
 	case STORE_EXT_GRANT_SET:
 		return "GRANT_SET";
+	case STORE_EXT_WAIT_ANY_GET_WITH:
+		return "WAIT_ANY_GET_WITH";
+	case STORE_EXT_MUX:
+		return "MUX";
+	case STORE_EXT_WAIT_TAG:
+		return "WAIT_TAG";
+	case STORE_EXT_WAIT_TAG_CANCEL:
+		return "WAIT_TAG_CANCEL";
 	default:
 		return "?";
 	}
+}
+
+int store_ext_frame_decode(const uint8_t *buf, size_t len, uint8_t *ret_kind, uint64_t *ret_tag,
+			   size_t *used)
+{
+	if (len == 0)
+		return CRUN_EAGAIN;
+	if (buf[0] == STORE_EXT_FRAME_REPLY) {
+		*ret_kind = buf[0];
+		*used = 1;
+		return 0;
+	}
+	if (buf[0] != STORE_EXT_FRAME_WAKE)
+		return CRUN_EPROTO;
+	if (len < STORE_EXT_FRAME_WAKE_LEN)
+		return CRUN_EAGAIN;
+	*ret_kind = buf[0];
+	*ret_tag = store_get_u64(buf + 1);
+	*used = STORE_EXT_FRAME_WAKE_LEN;
+	return 0;
+}
+
+void store_ext_frame_wake(uint8_t *buf, uint64_t tag)
+{
+	buf[0] = STORE_EXT_FRAME_WAKE;
+	store_put_u64(buf + 1, tag);
 }
 
 size_t store_ext_reply_size(uint8_t op)
@@ -62,6 +101,7 @@ size_t store_ext_reply_size(uint8_t op)
 	case STORE_EXT_TRY_GET:
 		return 9;
 	case STORE_EXT_WAIT_ANY_GET:
+	case STORE_EXT_WAIT_ANY_GET_WITH:
 		return 17;
 	case STORE_EXT_LEASE_KEEPALIVE:
 	case STORE_EXT_LEASE_REVOKE:
@@ -161,14 +201,26 @@ int store_ext_decode_req(const struct store_limits *lim, const uint8_t *buf, siz
 		TRY(take_bytes(&c, lim->max_value_bytes, &q.val));
 		break;
 	case STORE_EXT_WAIT_ANY_GET:
+	case STORE_EXT_WAIT_ANY_GET_WITH:
 		TRY(take_u64(&c, &q.id));
 		TRY(take_u64(&c, &q.wait_ms));
 		if (q.wait_ms > STORE_EXT_TTL_MAX)
 			return CRUN_EPROTO;
 		TRY(take_list(&c, lim, &q));
+		if (q.op == STORE_EXT_WAIT_ANY_GET_WITH)
+			TRY(take_bytes(&c, lim->max_key_bytes, &q.key2));
 		break;
 	case STORE_EXT_WAIT_ANY:
 		TRY(take_list(&c, lim, &q));
+		break;
+	case STORE_EXT_MUX:
+		break;
+	case STORE_EXT_WAIT_TAG:
+		TRY(take_u64(&c, &q.id));
+		TRY(take_list(&c, lim, &q));
+		break;
+	case STORE_EXT_WAIT_TAG_CANCEL:
+		TRY(take_u64(&c, &q.id));
 		break;
 	case STORE_EXT_TRY_GET:
 		TRY(take_bytes(&c, lim->max_key_bytes, &q.key));
@@ -204,7 +256,10 @@ size_t store_ext_req_size(const struct store_ext_req *q)
 	case STORE_EXT_LEASE_KEEPALIVE:
 	case STORE_EXT_LEASE_REVOKE:
 	case STORE_EXT_LEASE_ATTACH:
+	case STORE_EXT_WAIT_TAG_CANCEL:
 		return 1 + 8;
+	case STORE_EXT_MUX:
+		return 1;
 	case STORE_EXT_TRY_GET:
 		return 1 + 8 + q->key.len;
 	case STORE_EXT_TICKET:
@@ -212,9 +267,17 @@ size_t store_ext_req_size(const struct store_ext_req *q)
 	case STORE_EXT_GRANT_SET:
 		return 1 + 8 + 8 + q->key.len + 8 + q->val.len + 8 + q->key2.len + 8 + q->val2.len;
 	case STORE_EXT_WAIT_ANY:
-	case STORE_EXT_WAIT_ANY_GET: {
-		size_t n = 1 + 8 + (q->op == STORE_EXT_WAIT_ANY_GET ? 16 : 0);
+	case STORE_EXT_WAIT_ANY_GET:
+	case STORE_EXT_WAIT_ANY_GET_WITH:
+	case STORE_EXT_WAIT_TAG: {
+		size_t n =
+		    1 + 8 +
+		    (q->op == STORE_EXT_WAIT_ANY_GET || q->op == STORE_EXT_WAIT_ANY_GET_WITH ? 16
+											     : 0) +
+		    (q->op == STORE_EXT_WAIT_TAG ? 8 : 0);
 
+		if (q->op == STORE_EXT_WAIT_ANY_GET_WITH)
+			n += 8 + q->key2.len;
 		for (uint64_t i = 0; i < q->nitems; i++)
 			n += 8 + q->keys[i].len;
 		return q->nitems ? n : 0;
@@ -222,6 +285,14 @@ size_t store_ext_req_size(const struct store_ext_req *q)
 	default:
 		return 0;
 	}
+}
+
+static uint8_t *put_list(uint8_t *p, const struct store_ext_req *q)
+{
+	p = store_put_u64(p, q->nitems);
+	for (uint64_t i = 0; i < q->nitems; i++)
+		p = store_put_bytes(p, q->keys[i].p, q->keys[i].len);
+	return p;
 }
 
 int store_ext_encode_req(const struct store_ext_req *q, uint8_t *buf, size_t cap, size_t *ret_len)
@@ -264,14 +335,21 @@ int store_ext_encode_req(const struct store_ext_req *q, uint8_t *buf, size_t cap
 		p = store_put_bytes(p, q->key2.p, q->key2.len);
 		p = store_put_bytes(p, q->val.p, q->val.len);
 		break;
+	case STORE_EXT_MUX:
+		break;
 	case STORE_EXT_WAIT_ANY_GET:
+	case STORE_EXT_WAIT_ANY_GET_WITH:
 		p = store_put_u64(p, q->id);
 		p = store_put_u64(p, q->wait_ms);
+		p = put_list(p, q);
+		if (q->op == STORE_EXT_WAIT_ANY_GET_WITH)
+			p = store_put_bytes(p, q->key2.p, q->key2.len);
+		break;
+	case STORE_EXT_WAIT_TAG:
+		p = store_put_u64(p, q->id);
 		/* fall through - then the key list */
 	case STORE_EXT_WAIT_ANY:
-		p = store_put_u64(p, q->nitems);
-		for (uint64_t i = 0; i < q->nitems; i++)
-			p = store_put_bytes(p, q->keys[i].p, q->keys[i].len);
+		p = put_list(p, q);
 		break;
 	default:
 		p = store_put_u64(p, q->id);

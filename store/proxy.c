@@ -3,8 +3,8 @@
  * Why. At 12,288 nodes x 8 ranks every rank connects to one worker store;
  * a single server is at the floor of the request/response protocol and one
  * process holds at most ~19,900 connections here (issue 16). With a proxy on
- * every node but the store's own, the store sees one shared connection (plus
- * one per distinct pending wait) and one waiter per node.
+ * every node but the store's own, the store sees one connection and one
+ * waiter per node (12,288 nodes fit one process's 20,000 descriptors).
  *
  * Local side. Clients of both dialects are sniffed (store_proto_sniff) and
  * decoded with the pure codec (proto.c). A client has at most one request in
@@ -13,8 +13,10 @@
  * which keeps every client's replies in order without any per-client queue.
  * VALIDATE and PING are answered here.
  *
- * Upstream. One "main" connection (v2 dialect: VALIDATE, PING) carries every
- * client's requests, FIFO. The wire format after the op byte is the same in
+ * Upstream. One "main" connection (v2 dialect: VALIDATE, PING, HELLO, and
+ * MUX when the store answers HELLO with extension version 5 or more)
+ * carries every client's requests, FIFO. Clients are served once HELLO is
+ * answered (main_ready), so MUX is the first request after it. The wire format after the op byte is the same in
  * both dialects, so a request is forwarded as its v2 op byte plus the raw
  * bytes; replies carry no dialect, so they are copied back verbatim. Replies
  * come in request order: a ring of pending entries (at most one per client)
@@ -27,15 +29,21 @@
  * is answered only after they ran. READY answers STOP_WAITING at once;
  * NOT_READY joins the client to the wait set of its exact key list (bytes as
  * on the wire: torch ranks send identical lists), and the first member's
- * join sends one WAIT for the set on a wait connection of its own (pooled
- * and reused; never more than one per pending set, so at most one per
- * client). Its STOP_WAITING releases every member. A client whose last
+ * join sends one wait for the set. On a muxed main connection that is a
+ * WAIT_TAG with a new tag (store_ext.h): the store answers it with a WAKE
+ * frame between two in-order replies, so the main connection never parks
+ * and is the only one. A store without MUX (crun-rdzvd --ext-version 4)
+ * gets a plain WAIT on a wait connection of the set's own (pooled and
+ * reused; never more than one per pending set, so at most one per client).
+ * The wake releases every member. A client whose last
  * reply came back after its last reply-less request (nothing of it
  * unconfirmed upstream) joins a set already pending without its CHECK: that
  * is how the 8 ranks of a node share one round trip of the storm's barrier.
  * v2 clients are parked while they wait (only CANCEL_WAIT is read: it
- * leaves the set and answers WAIT_CANCELED; a set left empty closes its wait
- * connection, which drops the upstream registration); v1 clients are not
+ * leaves the set and answers WAIT_CANCELED; a set left empty sends
+ * WAIT_TAG_CANCEL, or closes its wait connection, either of which drops the
+ * upstream registration; a WAKE that crossed the cancel carries a tag no set
+ * has and is dropped, one never sent fails the proxy); v1 clients are not
  * parked, as crun's server does not park them (a 1.13 client that timed out
  * goes on and later reads the stale STOP_WAITING, exactly as with torch).
  *
@@ -49,8 +57,9 @@
  * pauses at px->in_max; the codec refuses an oversized length at once). Its
  * output: the reply to its one request; past max_client_out_bytes of unread
  * replies its next request waits. Pending entries: one per client (and the
- * owed replies of clients that left). Wait sets and wait connections: at
- * most one per client. The shared connection is always read, so a slow
+ * owed replies of clients that left). Wait sets (tags) and wait
+ * connections: at most one per client, within the store's
+ * STORE_EXT_MUX_MAX_WAITS. The shared connection is always read, so a slow
  * client never stalls the others.
  *
  * System calls. Clients are read with one recv() per readiness (no
@@ -60,7 +69,8 @@
  * with plain bufferevents.
  *
  * Failure. Any upstream connection of the shared kind (main or wait) that
- * fails or is closed by the store closes every local client and the
+ * fails, is closed by the store or sends what was not asked (a reply with
+ * nothing owed, an unknown frame) closes every local client and the
  * listener: the workers see their store gone exactly as when the real one
  * dies. A passthrough connection that closes closes only its client, as the
  * store closing a direct connection would. A malformed frame closes only its
@@ -252,7 +262,9 @@ void proxy_client_process(struct client *cl)
 	struct store_proxy *px = cl->px;
 	struct evbuffer *in = cl->in;
 
-	while (!cl->pass && !cl->busy) {
+	/* Held until the main connection knows whether it is muxed (its
+	 * first request must be MUX); main_ready processes it then. */
+	while (px->ready && !cl->pass && !cl->busy) {
 		size_t len = evbuffer_get_length(in), used;
 		const uint8_t *p;
 		struct store_req q;

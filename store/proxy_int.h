@@ -34,7 +34,8 @@ struct up {
 	struct store_proxy *px;	 /* borrowed */
 	struct bufferevent *bev; /* owns the fd */
 	enum up_kind kind;
-	size_t hs_left;	    /* bytes of the PING echo still to read (MAIN, WAIT) */
+	size_t hs_left;	    /* handshake bytes still to read: the PING echo
+			     * (MAIN, WAIT), then HELLO's answer (MAIN) */
 	struct waitset *ws; /* WAIT: the set it waits for; NULL while pooled */
 	struct client *cl;  /* PASS: its client */
 	struct up *next;    /* WAIT: the idle pool */
@@ -82,7 +83,8 @@ struct waitset {
 	size_t keys_len;
 	uint64_t nitems;
 	struct dl members; /* struct client.ws_link */
-	struct up *up;	   /* the connection its WAIT is pending on */
+	struct up *up;	   /* the connection its WAIT is pending on (not muxed) */
+	uint64_t tag;	   /* muxed: its WAIT_TAG's tag */
 	bool releasing;	   /* ws_release walks it: no longer findable */
 };
 
@@ -94,7 +96,11 @@ struct store_proxy {
 	struct evconnlistener *lsn;
 	uint16_t port;
 	struct up *main;
-	struct up *idle; /* pooled wait connections */
+	bool ready;	   /* main's handshake done: clients are served */
+	bool mux;	   /* main is muxed: waits are WAIT_TAGs on it (store_ext.h) */
+	uint64_t last_tag; /* the newest WAIT_TAG's tag; tags are never reused */
+	size_t n_tagged;   /* sets with a WAIT_TAG pending: < STORE_EXT_MUX_MAX_WAITS */
+	struct up *idle;   /* pooled wait connections (not muxed) */
 	size_t n_idle;
 	struct pend *ring; /* capacity 2 * max_clients + 2 */
 	size_t ring_cap, ring_head, ring_len;

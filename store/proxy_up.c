@@ -17,6 +17,7 @@
 
 #include "common/common.h"
 #include "store/proxy_int.h"
+#include "store/store_ext.h"
 
 /* ---- small helpers ---------------------------------------------------------- */
 
@@ -85,13 +86,30 @@ static void ws_unlink_member(struct client *cl)
 
 static void ws_free(struct waitset *ws)
 {
+	if (ws->tag)
+		ws->px->n_tagged--;
 	dl_del(&ws->link); /* a no-op once ws_release took it off */
 	free(ws->keys);
 	free(ws);
 }
 
+/* A tagged-wait op on the muxed main connection: op, u64 tag, then rest
+ * (WAIT_TAG: the key list as the client sent it). */
+static int send_tag_op(struct store_proxy *px, uint8_t op, uint64_t tag, const uint8_t *rest,
+		       size_t rest_len)
+{
+	struct evbuffer *out = bufferevent_get_output(px->main->bev);
+	uint8_t b[9];
+
+	b[0] = op;
+	store_put_u64(b + 1, tag);
+	if (evbuffer_add(out, b, sizeof(b)) < 0 || (rest_len && evbuffer_add(out, rest, rest_len) < 0))
+		return CRUN_ENOMEM;
+	return 0;
+}
+
 /* The client's wait is over (answered, canceled, or the client leaves). A
- * set left without members closes its connection: the store drops the
+ * set left without members cancels its WAIT_TAG, or closes its connection: the store drops the
  * registration with it. */
 void proxy_end_wait(struct client *cl)
 {
@@ -108,6 +126,9 @@ void proxy_end_wait(struct client *cl)
 		if (ws->up) {
 			ws->up->ws = NULL;
 			proxy_up_free(ws->up);
+		} else if (cl->px->mux && cl->px->main) {
+			/* Its WAKE may cross this: ws_wake ignores an old tag. */
+			(void)send_tag_op(cl->px, STORE_EXT_WAIT_TAG_CANCEL, ws->tag, NULL, 0);
 		}
 		ws_free(ws);
 	}
@@ -148,6 +169,25 @@ int proxy_ws_join(struct client *cl)
 		}
 		ws->keys_len = cl->wkeys_len;
 		ws->nitems = cl->wnitems;
+		if (px->mux) {
+			/* One upstream connection: the wait is tagged on it. The
+			 * store closes it past its bound: refuse this client. */
+			if (px->n_tagged >= STORE_EXT_MUX_MAX_WAITS) {
+				free(ws->keys);
+				free(ws);
+				return CRUN_ENOSPC;
+			}
+			ws->tag = ++px->last_tag;
+			px->n_tagged++;
+			r = send_tag_op(px, STORE_EXT_WAIT_TAG, ws->tag, ws->keys, ws->keys_len);
+			if (r < 0) {
+				ws_free(ws);
+				return r;
+			}
+			dl_add_tail(&px->sets, &ws->link);
+			px->st.upstream_waits++;
+			goto join;
+		}
 		if (px->idle) {
 			u = px->idle;
 			px->idle = u->next;
@@ -175,6 +215,7 @@ int proxy_ws_join(struct client *cl)
 		}
 		px->st.upstream_waits++;
 	}
+join:
 	cl->ws = ws;
 	dl_add_tail(&ws->members, &cl->ws_link);
 	return 0;
@@ -192,12 +233,15 @@ static void ws_release(struct waitset *ws)
 	dl_del(&ws->link);
 	ws->releasing = true;
 	ws->up = NULL;
-	u->ws = NULL;
-	if (px->n_idle < IDLE_WAIT_CONNS) {
+	if (!u) {
+		/* muxed: nothing to give back */
+	} else if (px->n_idle < IDLE_WAIT_CONNS) {
+		u->ws = NULL;
 		u->next = px->idle;
 		px->idle = u;
 		px->n_idle++;
 	} else {
+		u->ws = NULL;
 		proxy_up_free(u);
 	}
 	while (!DL_EMPTY(&ws->members)) {
@@ -216,6 +260,21 @@ static void ws_release(struct waitset *ws)
 	ws_free(ws);
 }
 
+/* A WAKE frame on the muxed connection: its set is released. A tag of a set
+ * that was canceled meanwhile is dropped; one never sent is out of step. */
+static int ws_wake(struct store_proxy *px, uint64_t tag)
+{
+	for (struct dl *n = px->sets.next; n != &px->sets; n = n->next) {
+		struct waitset *ws = DL_ENTRY(n, struct waitset, link);
+
+		if (ws->tag == tag) {
+			ws_release(ws);
+			return 0;
+		}
+	}
+	return tag && tag <= px->last_tag ? 0 : CRUN_EPROTO;
+}
+
 /* ---- upstream connections --------------------------------------------------- */
 
 void proxy_up_free(struct up *u)
@@ -228,22 +287,51 @@ void proxy_up_free(struct up *u)
 	free(u);
 }
 
-/* Reads the PING echo of the handshake; 0 when done, EAGAIN for more. */
-static int up_handshake(struct up *u, struct evbuffer *in)
+/* The main connection's handshake is done: MUX when the store offers it
+ * (one upstream connection), then the clients held until now are served. */
+static void main_ready(struct store_proxy *px, uint32_t version)
 {
-	uint8_t b[4];
+	struct dl *n, *next;
 
-	if (!u->hs_left)
-		return 0;
-	if (evbuffer_get_length(in) < 4)
-		return CRUN_EAGAIN;
-	evbuffer_remove(in, b, 4);
-	u->hs_left = 0;
-	return store_get_u32(b) == HS_NONCE ? 0 : CRUN_EPROTO;
+	if (version >= STORE_EXT_VERSION_MUX) {
+		uint8_t op = STORE_EXT_MUX;
+
+		if (evbuffer_add(bufferevent_get_output(px->main->bev), &op, 1) < 0) {
+			proxy_fail(px);
+			return;
+		}
+		px->mux = true;
+	}
+	px->ready = true;
+	for (n = px->clients.next; n != &px->clients && !px->failed; n = next) {
+		next = n->next; /* processing may close this client, no other */
+		proxy_client_process(DL_ENTRY(n, struct client, link));
+	}
 }
 
-/* One reply of the shared connection, for the ring's head. */
-static int main_reply(struct store_proxy *px, struct evbuffer *in)
+/* Reads the handshake's answers: the PING echo, and for MAIN HELLO's
+ * version; 0 when done, EAGAIN for more. */
+static int up_handshake(struct up *u, struct evbuffer *in)
+{
+	uint8_t b[8];
+	size_t need = u->hs_left;
+
+	if (!need)
+		return 0;
+	if (evbuffer_get_length(in) < need)
+		return CRUN_EAGAIN;
+	evbuffer_remove(in, b, need);
+	u->hs_left = 0;
+	if (store_get_u32(b) != HS_NONCE)
+		return CRUN_EPROTO;
+	if (u->kind == UP_MAIN)
+		main_ready(u->px, store_get_u32(b + 4));
+	return 0;
+}
+
+/* One reply of the shared connection, for the ring's head, after `skip`
+ * bytes (muxed: the REPLY frame's kind). */
+static int main_reply(struct store_proxy *px, struct evbuffer *in, size_t skip)
 {
 	size_t len = evbuffer_get_length(in);
 	struct pend p = px->ring[px->ring_head];
@@ -255,10 +343,14 @@ static int main_reply(struct store_proxy *px, struct evbuffer *in)
 	buf = evbuffer_pullup(in, (ev_ssize_t)len);
 	if (!buf)
 		return CRUN_ENOMEM;
-	r = store_proto_decode_reply((enum store_op)p.op, p.nitems, &px->cfg.limits, buf, len, &rep,
-				     &used);
+	r = store_proto_decode_reply((enum store_op)p.op, p.nitems, &px->cfg.limits, buf + skip,
+				     len - skip, &rep, &used);
 	if (r < 0)
 		return r;
+	evbuffer_drain(in, skip);
+	buf = evbuffer_pullup(in, (ev_ssize_t)used);
+	if (!buf)
+		return CRUN_ENOMEM;
 	px->ring_head = (px->ring_head + 1) % px->ring_cap;
 	px->ring_len--;
 	if (p.cl) {
@@ -325,10 +417,33 @@ static void up_on_read(struct bufferevent *bev, void *arg)
 		ws_release(u->ws);
 		return;
 	}
-	while (evbuffer_get_length(in) > 0 && !px->failed) {
+	/* px->failed first: a failure frees this connection and its buffer. */
+	while (!px->failed && evbuffer_get_length(in) > 0) {
+		size_t skip = 0;
+
+		if (px->mux) {
+			size_t len = MIN(evbuffer_get_length(in), STORE_EXT_FRAME_WAKE_LEN);
+			const uint8_t *h = evbuffer_pullup(in, (ev_ssize_t)len);
+			uint8_t kind;
+			uint64_t tag = 0;
+
+			if (!h)
+				goto fail;
+			r = store_ext_frame_decode(h, len, &kind, &tag, &skip);
+			if (r == CRUN_EAGAIN)
+				return;
+			if (r < 0)
+				goto fail;
+			if (kind == STORE_EXT_FRAME_WAKE) {
+				evbuffer_drain(in, skip);
+				if (ws_wake(px, tag) < 0)
+					goto fail;
+				continue;
+			}
+		}
 		if (px->ring_len == 0)
 			goto fail;
-		r = main_reply(px, in);
+		r = main_reply(px, in, skip);
 		if (r == CRUN_EAGAIN)
 			return;
 		if (r < 0)
@@ -377,7 +492,7 @@ static void up_on_write(struct bufferevent *bev, void *arg)
 int proxy_up_open(struct store_proxy *px, enum up_kind kind, struct up **ret)
 {
 	struct up *u = calloc(1, sizeof(*u));
-	uint8_t hs[10], *p = hs;
+	uint8_t hs[19], *p = hs;
 	int fd, r = CRUN_ENOMEM;
 
 	if (!u)
@@ -404,12 +519,21 @@ int proxy_up_open(struct store_proxy *px, enum up_kind kind, struct up **ret)
 		*p++ = (uint8_t)store_proto_opcode(STORE_V2, STORE_OP_PING);
 		p = store_put_u32(p, HS_NONCE);
 		u->hs_left = 4;
+		if (kind == UP_MAIN) { /* which extension version: MUX or not */
+			*p++ = STORE_EXT_HELLO;
+			p = store_put_u32(p, STORE_EXT_MAGIC);
+			p = store_put_u32(p, STORE_EXT_VERSION);
+			u->hs_left = 8;
+		}
 		if (evbuffer_add(bufferevent_get_output(u->bev), hs, (size_t)(p - hs)) < 0)
 			goto fail;
 	}
 	if (bufferevent_socket_connect(u->bev, (struct sockaddr *)&px->up_addr,
-				       (int)px->up_addr_len) < 0)
+				       (int)px->up_addr_len) < 0) {
+		/* e.g. EADDRNOTAVAIL: no local port left, not a lack of memory */
+		r = errno ? -errno : CRUN_EIO;
 		goto fail;
+	}
 	if (bufferevent_enable(u->bev, EV_READ | EV_WRITE) < 0)
 		goto fail;
 	*ret = u;

@@ -61,7 +61,16 @@ struct kv_reg {
 	struct dl conn_link; /* in the owning connection's list */
 	struct store_conn *conn;
 	struct kv_ent *ent;
-	uint64_t idx; /* the key's index in its WAIT_ANY request */
+	uint64_t idx;		/* the key's index in its WAIT_ANY request */
+	struct store_twait *tw; /* its WAIT_TAG (conn_link in tw->regs); NULL: none */
+};
+
+/* A tagged wait of a muxed connection (store_ext.h, WAIT_TAG). */
+struct store_twait {
+	struct dl link; /* in conn->twaits; in conn->fired while its WAKE is held */
+	struct dl regs; /* struct kv_reg.conn_link, one per missing key */
+	uint64_t tag;
+	uint64_t pending; /* keys still missing */
 };
 
 /* 0 or CRUN_ENOMEM. The budgets are max_ents entries, max_key_bytes of keys. */
@@ -150,6 +159,8 @@ struct store_conn {
 	bool any_get;		 /* ...a WAIT_ANY_GET: the wake carries the value */
 	uint64_t any_n;		 /* its key count: the index a timeout answers */
 	struct event *any_timer; /* its server-side timeout (store_ext.h), NULL: none yet */
+	uint8_t *any_with;	 /* ...a WAIT_ANY_GET_WITH: its with_key (malloc'd), else NULL */
+	size_t any_with_len;	 /* its length */
 	bool throttled;		 /* output over the ceiling: reading paused */
 	bool stalled;		 /* total output over budget: reading paused */
 	bool writing;		 /* EV_WRITE on: the bufferevent flushes what write() left */
@@ -159,6 +170,11 @@ struct store_conn {
 	bool ext;		 /* sent HELLO: crun's extension ops (store_ext.h) allowed */
 	bool peer_eof;		 /* closing because the peer closed in order (FIN), not reset */
 	struct dl leases;	 /* struct store_lease.conn_link (lease.c) */
+	bool mux;		 /* sent MUX: framed output, tagged waits (store_ext.h) */
+	bool mux_hold;		 /* an op runs: its own WAKE frames wait in `fired` */
+	uint32_t n_twaits;	 /* tagged waits pending or held */
+	struct dl twaits;	 /* struct store_twait.link; set up by MUX */
+	struct dl fired;	 /* completed during the running op, WAKE not sent yet */
 	struct conn_auth *auth;	 /* server_auth.c; NULL: the server has no secrets */
 };
 

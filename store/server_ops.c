@@ -70,12 +70,17 @@ static void conn_drop_waits(struct store_conn *c)
 	c->pending = 0;
 	c->any = false;
 	c->any_get = false;
+	free(c->any_with);
+	c->any_with = NULL;
 	if (c->any_timer)
 		evtimer_del(c->any_timer);
 }
 
+static void mux_free(struct store_conn *c);
+
 void store_conn_unregister(struct store_conn *c)
 {
+	mux_free(c);
 	conn_drop_waits(c);
 	if (c->any_timer)
 		event_free(c->any_timer);
@@ -113,15 +118,110 @@ static int reply_bytes(struct store_conn *c, const uint8_t *p, size_t len)
 	return 0;
 }
 
-/* The wake of a WAIT_ANY: the index, and for WAIT_ANY_GET the value of e
- * (the key at idx), as a GET would read it now. */
+/* ---- tagged waits (store_ext.h: MUX, WAIT_TAG) ------------------------------- */
+
+static void twait_free(struct store_conn *c, struct store_twait *tw)
+{
+	while (!DL_EMPTY(&tw->regs))
+		reg_free(c->srv, DL_ENTRY(tw->regs.next, struct kv_reg, conn_link), true);
+	dl_del(&tw->link);
+	c->n_twaits--;
+	free(tw);
+}
+
+/* Sends tw's WAKE frame and frees it. A frame that cannot be queued dooms
+ * c: the client would wait forever for it. */
+static void twait_send(struct store_conn *c, struct store_twait *tw)
+{
+	uint8_t b[STORE_EXT_FRAME_WAKE_LEN];
+
+	store_ext_frame_wake(b, tw->tag);
+	if (evbuffer_add(store_conn_out(c), b, sizeof(b)) < 0)
+		c->doomed = true;
+	twait_free(c, tw);
+}
+
+/* One key of tw appeared. The last one completes it: its WAKE goes out now,
+ * or after the op that c is running itself (its reply may not be out yet). */
+static void twait_step(struct store_conn *c, struct store_twait *tw)
+{
+	if (tw->pending == 0 || --tw->pending)
+		return;
+	if (c->mux_hold) {
+		dl_del(&tw->link);
+		dl_add_tail(&c->fired, &tw->link);
+		return;
+	}
+	twait_send(c, tw);
+	store_conn_flush(c);
+	store_conn_check_pushed(c);
+}
+
+static struct store_twait *twait_find(struct store_conn *c, uint64_t tag)
+{
+	for (struct dl *n = c->twaits.next; n != &c->twaits; n = n->next) {
+		struct store_twait *tw = DL_ENTRY(n, struct store_twait, link);
+
+		if (tw->tag == tag)
+			return tw;
+	}
+	return NULL;
+}
+
+static void mux_free(struct store_conn *c)
+{
+	if (!c->mux)
+		return;
+	while (!DL_EMPTY(&c->twaits))
+		twait_free(c, DL_ENTRY(c->twaits.next, struct store_twait, link));
+	while (!DL_EMPTY(&c->fired))
+		twait_free(c, DL_ENTRY(c->fired.next, struct store_twait, link));
+}
+
+int store_conn_mux_begin(struct store_conn *c, bool parks, bool has_reply)
+{
+	if (!c->mux)
+		return 0;
+	if (parks)
+		return CRUN_EPROTO; /* a muxed connection never parks: WAIT_TAG */
+	c->mux_hold = true;
+	if (!has_reply)
+		return 0;
+	return reply_u8(c, STORE_EXT_FRAME_REPLY);
+}
+
+void store_conn_mux_end(struct store_conn *c)
+{
+	if (!c->mux)
+		return;
+	c->mux_hold = false;
+	while (!DL_EMPTY(&c->fired))
+		twait_send(c, DL_ENTRY(c->fired.next, struct store_twait, link));
+}
+
+/* A WAIT_ANY_GET_WITH's answer ends with its with_key's value, as TRY_GET
+ * reads it now (found, bytes). Nothing for the other waits. */
+static int reply_with(struct store_conn *c)
+{
+	const struct kv_ent *w;
+
+	if (!c->any_with)
+		return 0;
+	w = kv_find(&c->srv->kv, c->any_with, c->any_with_len);
+	TRY(reply_u8(c, w && w->present ? 1 : 0));
+	return w && w->present ? reply_bytes(c, w->val, w->val_len) : reply_bytes(c, NULL, 0);
+}
+
+/* The wake of a WAIT_ANY: the index, and for WAIT_ANY_GET(_WITH) the value
+ * of e (the key at idx), as a GET would read it now (and the with_key's). */
 static int reply_any(struct store_conn *c, const struct kv_ent *e, uint64_t idx)
 {
 	TRY(reply_u8(c, STORE_WAIT_STOP_WAITING));
 	TRY(reply_i64(c, (int64_t)idx));
 	if (!c->any_get)
 		return 0;
-	return e->present ? reply_bytes(c, e->val, e->val_len) : reply_bytes(c, NULL, 0);
+	TRY(e->present ? reply_bytes(c, e->val, e->val_len) : reply_bytes(c, NULL, 0));
+	return reply_with(c);
 }
 
 /* A WAIT_ANY_GET's timeout passed with no key there: index n, no value. */
@@ -134,7 +234,7 @@ static void any_timed_out(evutil_socket_t fd, short what, void *arg)
 	if (!c->any || !c->pending)
 		return; /* woken or canceled meanwhile */
 	if (reply_u8(c, STORE_WAIT_STOP_WAITING) < 0 || reply_i64(c, (int64_t)c->any_n) < 0 ||
-	    reply_bytes(c, NULL, 0) < 0)
+	    reply_bytes(c, NULL, 0) < 0 || reply_with(c) < 0)
 		c->doomed = true;
 	conn_drop_waits(c);
 	store_conn_flush(c);
@@ -165,10 +265,14 @@ static void wake_all(struct store_server *srv, struct kv_ent *e)
 	while (!DL_EMPTY(&e->waiters)) {
 		struct kv_reg *reg = DL_ENTRY(e->waiters.next, struct kv_reg, key_link);
 		struct store_conn *w = reg->conn;
+		struct store_twait *tw = reg->tw;
 		uint64_t idx = reg->idx;
 
 		reg_unlink(srv, reg, true);
-		wait_step(w, e, idx);
+		if (tw)
+			twait_step(w, tw);
+		else
+			wait_step(w, e, idx);
 	}
 }
 
@@ -184,17 +288,22 @@ static void wake_one(struct store_server *srv, struct kv_ent *e)
 	for (n = e->waiters.next; n != &e->waiters; n = next) {
 		struct kv_reg *reg = DL_ENTRY(n, struct kv_reg, key_link);
 		struct store_conn *w = reg->conn;
+		struct store_twait *tw = reg->tw;
+		uint64_t *pending = tw ? &tw->pending : &w->pending;
 
 		next = n->next;
-		if (w->pending == 0 || w->pending > 1) {
-			if (w->pending)
-				w->pending--;
+		if (*pending == 0 || *pending > 1) {
+			if (*pending)
+				(*pending)--;
 			continue;
 		}
 		uint64_t idx = reg->idx;
 
 		reg_unlink(srv, reg, true);
-		wait_step(w, e, idx);
+		if (tw)
+			twait_step(w, tw);
+		else
+			wait_step(w, e, idx);
 		return;
 	}
 }
@@ -219,6 +328,7 @@ static int reg_add(struct store_conn *c, struct kv_ent *e, bool is_wait)
 	reg->conn = c;
 	reg->ent = e;
 	reg->idx = 0;
+	reg->tw = NULL;
 	dl_add_tail(is_wait ? &e->waiters : &e->watchers, &reg->key_link);
 	dl_add_tail(is_wait ? &c->waits : &c->watches, &reg->conn_link);
 	c->n_regs++;
@@ -486,7 +596,15 @@ int store_conn_wait_any(struct store_conn *c, const struct store_ext_req *q)
 
 	if (c->pending || c->dialect != STORE_V2)
 		return CRUN_EPROTO; /* one wait at a time; v1 cannot cancel it */
-	c->any_get = q->op == STORE_EXT_WAIT_ANY_GET;
+	c->any_get = q->op != STORE_EXT_WAIT_ANY;
+	if (q->op == STORE_EXT_WAIT_ANY_GET_WITH) {
+		/* kept until the answer (+1: a with_key may be empty) */
+		c->any_with = malloc(q->key2.len + 1);
+		if (!c->any_with)
+			return CRUN_ENOMEM;
+		memcpy(c->any_with, q->key2.p, q->key2.len);
+		c->any_with_len = q->key2.len;
+	}
 	for (uint64_t i = 0; i < q->nitems; i++) {
 		struct kv_ent *e;
 
@@ -494,11 +612,15 @@ int store_conn_wait_any(struct store_conn *c, const struct store_ext_req *q)
 		e = kv_find(&srv->kv, k.p, k.len);
 		if (key_exists(e)) {
 			r = reply_any(c, e, i);
-			c->any_get = false;
+			conn_drop_waits(c); /* nothing registered yet: clears the fields */
 			return r;
 		}
 	}
-	TRY(reg_budget(c, q->nitems));
+	r = reg_budget(c, q->nitems);
+	if (r < 0) {
+		conn_drop_waits(c);
+		return r;
+	}
 	it = q->items;
 	for (uint64_t i = 0; i < q->nitems; i++) {
 		struct kv_ent *e = NULL;
@@ -529,6 +651,88 @@ int store_conn_wait_any(struct store_conn *c, const struct store_ext_req *q)
 	c->any = true;
 	c->parked = true;
 	return 0;
+}
+
+/* WAIT_TAG: a WAIT on a muxed connection that does not park it. */
+static int op_wait_tag(struct store_conn *c, const struct store_ext_req *q)
+{
+	struct store_server *srv = c->srv;
+	const uint8_t *it = q->items;
+	struct store_twait *tw;
+	uint64_t missing = 0;
+	struct store_bytes k;
+	uint8_t b[STORE_EXT_FRAME_WAKE_LEN];
+
+	if (twait_find(c, q->id))
+		return CRUN_EPROTO; /* a tag is pending once */
+	for (uint64_t i = 0; i < q->nitems; i++) {
+		store_items_next(&it, &k);
+		if (!key_exists(kv_find(&srv->kv, k.p, k.len)))
+			missing++;
+	}
+	if (!missing) {
+		store_ext_frame_wake(b, q->id);
+		return evbuffer_add(store_conn_out(c), b, sizeof(b)) < 0 ? CRUN_ENOMEM : 0;
+	}
+	if (c->n_twaits >= STORE_EXT_MUX_MAX_WAITS)
+		return store_conn_refuse(c, STORE_M_DROP_WAITERS);
+	TRY(reg_budget(c, missing));
+	tw = calloc(1, sizeof(*tw));
+	if (!tw)
+		return CRUN_ENOMEM;
+	tw->tag = q->id;
+	tw->pending = missing;
+	DL_INIT(&tw->regs);
+	dl_add_tail(&c->twaits, &tw->link);
+	c->n_twaits++;
+	it = q->items;
+	for (uint64_t i = 0; i < q->nitems; i++) {
+		struct kv_ent *e;
+		struct kv_reg *reg;
+		int r;
+
+		store_items_next(&it, &k);
+		r = ent_get(srv, c, &k, &e);
+		if (r == 0 && key_exists(e))
+			continue;
+		if (r == 0 && (r = reg_add(c, e, true)) < 0)
+			kv_gc(&srv->kv, e);
+		if (r < 0) {
+			twait_free(c, tw);
+			return r;
+		}
+		reg = DL_ENTRY(c->waits.prev, struct kv_reg, conn_link);
+		dl_del(&reg->conn_link);
+		dl_add_tail(&tw->regs, &reg->conn_link);
+		reg->tw = tw;
+	}
+	return 0;
+}
+
+int store_conn_mux_op(struct store_conn *c, const struct store_ext_req *q)
+{
+	struct store_twait *tw;
+
+	switch (q->op) {
+	case STORE_EXT_MUX:
+		if (c->mux || c->dialect != STORE_V2 || c->pending || c->parked)
+			return CRUN_EPROTO;
+		c->mux = true;
+		DL_INIT(&c->twaits);
+		DL_INIT(&c->fired);
+		return 0;
+	case STORE_EXT_WAIT_TAG:
+		return c->mux ? op_wait_tag(c, q) : CRUN_EPROTO;
+	case STORE_EXT_WAIT_TAG_CANCEL:
+		if (!c->mux)
+			return CRUN_EPROTO;
+		tw = twait_find(c, q->id);
+		if (tw) /* else it fired: its WAKE may be on its way (store_ext.h) */
+			twait_free(c, tw);
+		return 0;
+	default:
+		return CRUN_EPROTO;
+	}
 }
 
 /* TICKET: ADD 1 to the counter, then SET prefix + the count to the value. */
@@ -780,9 +984,7 @@ size_t store_conn_reply_cost(struct store_conn *c, const struct store_req *q)
 	}
 }
 
-/* Runs one decoded request. Pointers in q point into the input buffer, which
- * the caller drains afterwards: whatever is kept is copied. */
-int store_conn_dispatch(struct store_conn *c, const struct store_req *q)
+static int dispatch_op(struct store_conn *c, const struct store_req *q)
 {
 	struct store_server *srv = c->srv;
 
@@ -837,4 +1039,18 @@ int store_conn_dispatch(struct store_conn *c, const struct store_req *q)
 	default:
 		return CRUN_EPROTO;
 	}
+}
+
+/* Runs one decoded request. Pointers in q point into the input buffer, which
+ * the caller drains afterwards: whatever is kept is copied. */
+int store_conn_dispatch(struct store_conn *c, const struct store_req *q)
+{
+	bool parks = q->op == STORE_OP_WAIT || q->op == STORE_OP_BARRIER ||
+		     q->op == STORE_OP_WATCH_KEY;
+	int r;
+
+	TRY(store_conn_mux_begin(c, parks, store_proto_reply_kind(q->op) != STORE_REPLY_NONE));
+	r = dispatch_op(c, q);
+	store_conn_mux_end(c);
+	return r;
 }

@@ -27,6 +27,13 @@
  *   0x8a  GRANT_SET        u64 ttl_ms, bytes expiry_key,         u64 lease id (> 0)
  *                          bytes expiry_value, bytes key,
  *                          bytes value                           (0x87..0x8a: version 4)
+ *   0x8b  WAIT_ANY_GET_WITH  WAIT_ANY_GET's request, then       later: WAIT_ANY_GET's
+ *                          bytes with_key                        reply, then u8 found,
+ *                                                                bytes with_value
+ *   0x90  MUX              (nothing)                             none; framed from here
+ *   0x91  WAIT_TAG         u64 tag, u64 n, n x bytes key         later: frame WAKE tag
+ *   0x92  WAIT_TAG_CANCEL  u64 tag                               none   (0x8b, 0x90..0x92:
+ *                                                                version 5)
  *
  * status: 0 ok, 1 no such lease (ended, or held by another connection).
  * HELLO answers the server's version; a client sends LEASE_ATTACH only to a
@@ -53,6 +60,33 @@
  *     to value (a joiner's ticket and its record);
  *   - GRANT_SET: LEASE_GRANT, then SET_LEASED of key under the new lease
  *     (a lease never lapses between its grant and its first key).
+ *
+ * Version 5 lets one connection carry many waits without parking (the
+ * node-local store proxy, proxy.c, needs then one upstream connection):
+ *   - MUX (only on a v2 connection with no wait pending, once) switches the
+ *     server's side of the connection to frames: every reply in request
+ *     order goes out as STORE_EXT_FRAME_REPLY (u8 0) then the reply, and a
+ *     completed tagged wait as STORE_EXT_FRAME_WAKE (u8 1) then its u64 tag,
+ *     between two replies, never inside one. Ops that would park the
+ *     connection (WAIT, BARRIER, WAIT_ANY, WAIT_ANY_GET(_WITH)) close a muxed one:
+ *     its waits are tagged;
+ *   - WAIT_TAG (muxed only) is a WAIT for every key of the list, with no
+ *     reply in order: when all exist (at once if they do) the WAKE frame
+ *     with its tag goes out. A tag pending already on the connection, or
+ *     more than STORE_EXT_MUX_MAX_WAITS pending, closes it; the keys count
+ *     against the connection's registrations like a WAIT's;
+ *   - WAIT_TAG_CANCEL drops the tag's registrations, if it is still
+ *     pending; no reply. A WAKE of that tag may already be on its way: the
+ *     client ignores a WAKE of a tag it canceled (it never reuses a tag).
+ * A client sends MUX only to a server that answered 5 or more to HELLO, and
+ * reads frames from the next byte after that answer on.
+ *
+ * Version 5 also adds WAIT_ANY_GET_WITH (0x8b): a WAIT_ANY_GET whose answer
+ * (the wake, or the server's timeout) also carries one more key's value as
+ * a TRY_GET of with_key would read it then (found 0: absent, value empty).
+ * A rendezvous member sleeps on its round's closed key and gets, with the
+ * wake, its own assignment (written before the closed key): one request
+ * fewer per member at the end of every round, when all of them wake at once.
  *
  * WAIT_ANY is WAIT with "any" for "all": the reply (STOP_WAITING, then the
  * index in the request of a key that exists) goes out as soon as one of the
@@ -123,13 +157,26 @@ enum store_ext_op {
 	STORE_EXT_WAIT_ANY_GET = 0x88,
 	STORE_EXT_TICKET = 0x89,
 	STORE_EXT_GRANT_SET = 0x8a,
+	STORE_EXT_WAIT_ANY_GET_WITH = 0x8b,
+	STORE_EXT_MUX = 0x90,
+	STORE_EXT_WAIT_TAG = 0x91,
+	STORE_EXT_WAIT_TAG_CANCEL = 0x92,
 };
 
+/* Frame kinds on a muxed connection (server to client). */
+enum { STORE_EXT_FRAME_REPLY = 0, STORE_EXT_FRAME_WAKE = 1 };
+#define STORE_EXT_FRAME_WAKE_LEN 9u /* kind, u64 tag */
+/* Tagged waits pending on one muxed connection (a proxy has at most one per
+ * distinct key list of its clients). */
+#define STORE_EXT_MUX_MAX_WAITS 4096u
+
 #define STORE_EXT_MAGIC		 0x4352554eu
-#define STORE_EXT_VERSION	 4u
+#define STORE_EXT_VERSION	 5u
 #define STORE_EXT_VERSION_ATTACH 2u /* first version with LEASE_ATTACH */
 #define STORE_EXT_VERSION_ANY	 3u /* first version with WAIT_ANY */
 #define STORE_EXT_VERSION_FOLD	 4u /* first with TRY_GET WAIT_ANY_GET TICKET GRANT_SET */
+#define STORE_EXT_VERSION_MUX	 5u /* first with MUX WAIT_TAG WAIT_TAG_CANCEL */
+#define STORE_EXT_VERSION_WITH	 5u /* first with WAIT_ANY_GET_WITH */
 #define STORE_EXT_TTL_MAX	 (3600u * 1000)
 
 enum { STORE_EXT_OK = 0, STORE_EXT_NO_LEASE = 1 };
@@ -137,16 +184,18 @@ enum { STORE_EXT_OK = 0, STORE_EXT_NO_LEASE = 1 };
 struct store_ext_req {
 	uint8_t op;
 	uint32_t magic, version;	/* HELLO */
-	uint64_t id;			/* KEEPALIVE REVOKE SET_LEASED ATTACH WAIT_ANY_GET */
-	uint64_t wait_ms;		/* WAIT_ANY_GET: the server's timeout, 0: none */
+	uint64_t id;			/* KEEPALIVE REVOKE SET_LEASED ATTACH WAIT_ANY_GET(_WITH);
+					 * WAIT_TAG(_CANCEL): the tag */
+	uint64_t wait_ms;		/* WAIT_ANY_GET(_WITH): the server's timeout, 0: none */
 	uint64_t ttl_ms;		/* GRANT GRANT_SET */
 	struct store_bytes key;		/* GRANT(_SET): expiry key; SET_LEASED TRY_GET: key;
 					 * TICKET: counter */
 	struct store_bytes val;		/* GRANT(_SET): expiry value; SET_LEASED TICKET: value */
-	struct store_bytes key2, val2;	/* GRANT_SET: key, value; TICKET: prefix (key2) */
-	uint64_t nitems;		/* WAIT_ANY(_GET): key count */
-	const struct store_bytes *keys; /* WAIT_ANY(_GET), encode only, borrowed */
-	const uint8_t *items;		/* WAIT_ANY(_GET), decode only: store_items_next() */
+	struct store_bytes key2, val2;	/* GRANT_SET: key, value; TICKET: prefix (key2);
+					 * WAIT_ANY_GET_WITH: with_key (key2) */
+	uint64_t nitems;		/* WAIT_ANY(_GET) WAIT_TAG: key count */
+	const struct store_bytes *keys; /* WAIT_ANY(_GET) WAIT_TAG, encode only, borrowed */
+	const uint8_t *items;		/* ... decode only: store_items_next() */
 };
 
 /* True for an op code of the extension range. */
@@ -160,7 +209,15 @@ int store_ext_decode_req(const struct store_limits *lim, const uint8_t *buf, siz
 size_t store_ext_req_size(const struct store_ext_req *req);
 int store_ext_encode_req(const struct store_ext_req *req, uint8_t *buf, size_t cap,
 			 size_t *ret_len);
-/* Size of the reply to op (4, 8, 9 or 1), 0 for an unknown op; for TRY_GET
+/* The header of a frame on a muxed connection (MUX above): *ret_kind, and
+ * for a WAKE its tag; *used is 1 (REPLY: the reply follows) or 9. CRUN_EAGAIN
+ * on a prefix, CRUN_EPROTO for an unknown kind. Pure. */
+int store_ext_frame_decode(const uint8_t *buf, size_t len, uint8_t *ret_kind, uint64_t *ret_tag,
+			   size_t *used);
+/* Writes a WAKE frame of tag to buf[0..STORE_EXT_FRAME_WAKE_LEN). */
+void store_ext_frame_wake(uint8_t *buf, uint64_t tag);
+/* Size of the reply to op (4, 8, 9 or 1), 0 for an op without a reply in
+ * order (MUX, WAIT_TAG, WAIT_TAG_CANCEL) or an unknown one; for TRY_GET
  * and WAIT_ANY_GET the part before the value's bytes (its u64 length last). */
 size_t store_ext_reply_size(uint8_t op);
 /* The extension version that introduced op (1 .. STORE_EXT_VERSION). */
@@ -180,6 +237,14 @@ int store_ext_process(struct store_conn *c, const uint8_t *buf, size_t len, size
 void store_ext_conn_closed(struct store_conn *c);
 /* WAIT_ANY and WAIT_ANY_GET on c (server_ops.c). */
 int store_conn_wait_any(struct store_conn *c, const struct store_ext_req *q);
+/* MUX, WAIT_TAG and WAIT_TAG_CANCEL on c (server_ops.c). */
+int store_conn_mux_op(struct store_conn *c, const struct store_ext_req *q);
+/* Before an op runs on a muxed connection: refuses one that would park it,
+ * marks the reply frame of one that has a reply in order, and holds c's own
+ * WAKE frames until store_conn_mux_end (an op may wake before it replies:
+ * TICKET). has_reply: whether the op answers in order. */
+int store_conn_mux_begin(struct store_conn *c, bool parks, bool has_reply);
+void store_conn_mux_end(struct store_conn *c);
 /* TRY_GET and TICKET on c (server_ops.c). */
 int store_conn_ext_kv(struct store_conn *c, const struct store_ext_req *q);
 /* The server is being freed (after every connection closed): its leases go
@@ -217,6 +282,12 @@ int store_client_try_get(struct crun_store *s, const char *key, void **ret_val, 
 int store_client_wait_any_get(struct crun_store *s, const char *const *keys, size_t n,
 			      uint32_t timeout_ms, uint64_t keep, size_t *ret_idx, void **ret_val,
 			      size_t *ret_len);
+/* Version 5: store_client_wait_any_get that also reads with_key's value at
+ * the wake into *ret_with (malloc'd, NUL-terminated; NULL when absent or on
+ * a timeout). CRUN_ENOTSUP, nothing sent, from an older server. */
+int store_client_wait_any_get_with(struct crun_store *s, const char *const *keys, size_t n,
+				   const char *with_key, uint32_t timeout_ms, uint64_t keep,
+				   size_t *ret_idx, void **ret_val, void **ret_with);
 int store_client_ticket(struct crun_store *s, const char *counter, const char *prefix,
 			const void *val, size_t len, int64_t *ret_t);
 int store_client_grant_set(struct crun_store *s, uint32_t ttl_ms, const char *expiry_key,

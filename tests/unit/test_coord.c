@@ -168,6 +168,12 @@ static void store_opts(struct coord_opts *o)
 	o->port = g_store_port;
 }
 
+/* ...and one of version 4 (no WAIT_ANY_GET_WITH). */
+static void store_up_v4(void)
+{
+	store_up_version(4);
+}
+
 static void etcd_opts(struct coord_opts *o)
 {
 	o->etcd = &g_etcd;
@@ -177,6 +183,7 @@ static const struct backend backends[] = {
     {"store", store_up, store_down, store_opts},
     {"etcd", nothing, nothing, etcd_opts},
     {"store-v3", store_up_v3, store_down, store_opts},
+    {"store-v4", store_up_v4, store_down, store_opts},
 };
 #define NB ((int)(sizeof(backends) / sizeof(backends[0])))
 
@@ -496,6 +503,30 @@ START_TEST(folded_calls_do_what_their_two_requests_did)
 	ck_assert_int_eq(coord_try_get(c, "fa", &v), 0);
 	ck_assert_str_eq(v, "va");
 	free(v);
+	/* wait_any_get_with: the with key's value when keys[0] woke it (fb
+	 * is there), none when absent or another key woke it */
+	{
+		const char *gz[] = {"fg", "fz"};
+		char *w = NULL;
+
+		ck_assert_int_eq(coord_wait_any_get_with(c, ab, 2, "fb", 100, 0, &v, &w), 0);
+		ck_assert_str_eq(v, "va");
+		ck_assert_str_eq(w, "val-fb");
+		free(v);
+		free(w);
+		ck_assert_int_eq(coord_wait_any_get_with(c, ab, 2, "fc", 100, 0, &v, &w), 0);
+		ck_assert_ptr_null(w);
+		free(v);
+		ck_assert_int_eq(coord_wait_any_get_with(c, gz, 2, "fa", 100, 0, &v, &w),
+				 CRUN_ETIMEDOUT);
+		ck_assert_ptr_null(w);
+		ck_assert_int_eq(coord_wait_any_get_with(c, (const char *[]){"fz", "fa"}, 2, "fb",
+							 100, 0, &v, &w),
+				 1);
+		ck_assert_str_eq(v, "va");
+		ck_assert_ptr_null(w);
+		free(v);
+	}
 	/* exists_each: which ones, or "ask one by one" */
 	r = coord_exists_each(c, eachk, 3, live);
 	ck_assert(r == 0 || r == CRUN_ENOTSUP);
@@ -515,8 +546,8 @@ START_TEST(folded_calls_do_what_their_two_requests_did)
 	}
 	/* grant_put: the key lives exactly as long as the lease */
 	holder = opn();
-	ck_assert_int_eq(coord_lease_grant_put(holder, 5000, "gp/exp", "dead", "gp/alive", "me", &id),
-			 0);
+	ck_assert_int_eq(
+	    coord_lease_grant_put(holder, 5000, "gp/exp", "dead", "gp/alive", "me", &id), 0);
 	ck_assert_uint_ne(id, 0);
 	expect(c, "gp/alive", "me");
 	ck_assert_int_eq(coord_lease_keepalive(holder, id), 0);

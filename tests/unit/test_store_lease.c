@@ -43,10 +43,12 @@ static void *loop_main(void *arg)
 	return NULL;
 }
 
-static void srv_start(void)
+/* A server of extension version v (0: the newest). */
+static void srv_start_version(uint32_t v)
 {
 	struct store_server_config c = STORE_SERVER_CONFIG_DEFAULT;
 
+	c.ext_version = v;
 	log_init("test_store_lease", LL_WARN);
 	signal(SIGPIPE, SIG_IGN);
 	ck_assert_int_eq(evthread_use_pthreads(), 0);
@@ -56,6 +58,11 @@ static void srv_start(void)
 	ck_assert_int_eq(store_server_new(g_base, &c, &g_srv), 0);
 	g_port = store_server_port(g_srv);
 	ck_assert_int_eq(pthread_create(&g_thread, NULL, loop_main, NULL), 0);
+}
+
+static void srv_start(void)
+{
+	srv_start_version(0);
 }
 
 static void srv_stop(void)
@@ -263,8 +270,8 @@ START_TEST(codec_round_trip_and_prefixes)
 	}
 	/* Op codes outside the range are not extension ops. */
 	ck_assert(!store_ext_is_op(0x7f));
-	ck_assert(!store_ext_is_op(0x8b));
-	buf[0] = 0x8b;
+	ck_assert(!store_ext_is_op(0x8c));
+	buf[0] = 0x8c;
 	ck_assert_int_eq(store_ext_decode_req(&lim, buf, 9, &d, &used), CRUN_EPROTO);
 }
 END_TEST
@@ -361,6 +368,96 @@ START_TEST(codec_version4_ops)
 }
 END_TEST
 
+/* Version 5: WAIT_ANY_GET_WITH. */
+START_TEST(codec_wait_any_get_with)
+{
+	const struct store_bytes keys[2] = {BYTES("/a"), BYTES("/bb")};
+	struct store_ext_req q = {.op = STORE_EXT_WAIT_ANY_GET_WITH,
+				  .id = 5,
+				  .wait_ms = 700,
+				  .nitems = 2,
+				  .keys = keys,
+				  .key2 = BYTES("/r1/a/7")};
+	struct store_ext_req d;
+	uint8_t buf[256];
+	const uint8_t *it;
+	struct store_bytes k;
+
+	round_trip(&q, buf, sizeof(buf), &d);
+	ck_assert_uint_eq(buf[0], 0x8b);
+	ck_assert_uint_eq(d.id, 5);
+	ck_assert_uint_eq(d.wait_ms, 700);
+	ck_assert_uint_eq(d.nitems, 2);
+	it = d.items;
+	store_items_next(&it, &k);
+	ck_assert_mem_eq(k.p, "/a", 2);
+	store_items_next(&it, &k);
+	ck_assert_mem_eq(k.p, "/bb", 3);
+	ck_assert_uint_eq(d.key2.len, 7);
+	ck_assert_mem_eq(d.key2.p, "/r1/a/7", 7);
+	ck_assert_uint_eq(store_ext_reply_size(STORE_EXT_WAIT_ANY_GET_WITH), 17);
+	ck_assert_uint_eq(store_ext_op_version(STORE_EXT_WAIT_ANY_GET_WITH), 5);
+	ck_assert_uint_eq(STORE_EXT_VERSION, 5);
+	ck_assert(store_ext_is_op(0x8b));
+	ck_assert(!store_ext_is_op(0x8c));
+	ck_assert_str_eq(store_ext_op_name(0x8b), "WAIT_ANY_GET_WITH");
+	/* every prefix of the frame is incomplete, not malformed */
+	{
+		const struct store_limits lim = STORE_LIMITS_DEFAULT;
+		size_t len, used;
+
+		ck_assert_int_eq(store_ext_encode_req(&q, buf, sizeof(buf), &len), 0);
+		for (size_t n = 0; n < len; n++)
+			ck_assert_int_eq(store_ext_decode_req(&lim, buf, n, &d, &used),
+					 CRUN_EAGAIN);
+	}
+}
+END_TEST
+
+/* Version 5: MUX, WAIT_TAG, WAIT_TAG_CANCEL and the frames of a muxed
+ * connection. */
+START_TEST(codec_version5_ops)
+{
+	const struct store_bytes keys[2] = {BYTES("/a"), BYTES("/bb")};
+	struct store_ext_req q, d;
+	uint8_t buf[256], kind = 9;
+	uint64_t tag = 0;
+	size_t used = 0;
+
+	q = (struct store_ext_req){.op = STORE_EXT_MUX};
+	round_trip(&q, buf, sizeof(buf), &d);
+	ck_assert_uint_eq(store_ext_req_size(&q), 1);
+	q = (struct store_ext_req){.op = STORE_EXT_WAIT_TAG, .id = 42, .nitems = 2, .keys = keys};
+	round_trip(&q, buf, sizeof(buf), &d);
+	ck_assert_uint_eq(buf[0], 0x91);
+	ck_assert_uint_eq(d.id, 42);
+	ck_assert_uint_eq(d.nitems, 2);
+	q = (struct store_ext_req){.op = STORE_EXT_WAIT_TAG_CANCEL, .id = 43};
+	round_trip(&q, buf, sizeof(buf), &d);
+	ck_assert_uint_eq(d.id, 43);
+	for (uint8_t op = STORE_EXT_MUX; op <= STORE_EXT_WAIT_TAG_CANCEL; op++) {
+		ck_assert(store_ext_is_op(op));
+		ck_assert_uint_eq(store_ext_op_version(op), 5);
+		ck_assert_uint_eq(store_ext_reply_size(op), 0); /* nothing in order */
+	}
+	ck_assert(!store_ext_is_op(0x93));
+	/* frames: a REPLY is its kind byte; a WAKE needs all 9 bytes */
+	buf[0] = STORE_EXT_FRAME_REPLY;
+	ck_assert_int_eq(store_ext_frame_decode(buf, 1, &kind, &tag, &used), 0);
+	ck_assert_uint_eq(kind, STORE_EXT_FRAME_REPLY);
+	ck_assert_uint_eq(used, 1);
+	store_ext_frame_wake(buf, 0x0102030405060708ull);
+	for (size_t n = 0; n < STORE_EXT_FRAME_WAKE_LEN; n++)
+		ck_assert_int_eq(store_ext_frame_decode(buf, n, &kind, &tag, &used), CRUN_EAGAIN);
+	ck_assert_int_eq(store_ext_frame_decode(buf, 9, &kind, &tag, &used), 0);
+	ck_assert_uint_eq(kind, STORE_EXT_FRAME_WAKE);
+	ck_assert_uint_eq(tag, 0x0102030405060708ull);
+	ck_assert_uint_eq(used, 9);
+	buf[0] = 2;
+	ck_assert_int_eq(store_ext_frame_decode(buf, 9, &kind, &tag, &used), CRUN_EPROTO);
+}
+END_TEST
+
 START_TEST(codec_rejects_oversized_key)
 {
 	struct store_limits lim = STORE_LIMITS_DEFAULT;
@@ -423,13 +520,13 @@ static void raw_ext(int fd, const struct store_ext_req *q, uint8_t *rep)
 	}
 }
 
-/* A raw v2 connection (VALIDATE, HELLO) holding a lease on "job/change"
- * with "job/member/a" set under it, as crun_store_lease_grant would. */
-static int raw_lease_holder(uint32_t ttl_ms, uint64_t *ret_id)
+/* A raw v2 connection to the server (VALIDATE, then HELLO of `version`);
+ * returns it and the version the server answered. */
+static int raw_hello(uint32_t version, uint32_t *ret_served)
 {
 	struct sockaddr_in sa = {.sin_family = AF_INET};
-	struct store_ext_req q = {.op = STORE_EXT_HELLO, .magic = STORE_EXT_MAGIC, .version = 2};
-	uint8_t v[5] = {0}, rep[8];
+	struct store_ext_req q = {.op = STORE_EXT_HELLO, .magic = STORE_EXT_MAGIC, .version = version};
+	uint8_t v[5] = {0}, rep[4];
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
 	sa.sin_port = htons(g_port);
@@ -439,6 +536,19 @@ static int raw_lease_holder(uint32_t ttl_ms, uint64_t *ret_id)
 	store_put_u32(v + 1, STORE_VALIDATE_MAGIC);
 	ck_assert_int_eq(write(fd, v, 5), 5);
 	raw_ext(fd, &q, rep);
+	*ret_served = store_get_u32(rep);
+	return fd;
+}
+
+/* A raw v2 connection (VALIDATE, HELLO) holding a lease on "job/change"
+ * with "job/member/a" set under it, as crun_store_lease_grant would. */
+static int raw_lease_holder(uint32_t ttl_ms, uint64_t *ret_id)
+{
+	struct store_ext_req q;
+	uint8_t rep[8];
+	uint32_t served;
+	int fd = raw_hello(2, &served);
+
 	q = (struct store_ext_req){.op = STORE_EXT_LEASE_GRANT, .ttl_ms = ttl_ms};
 	q.key = (struct store_bytes){(const uint8_t *)"/job/change", 11};
 	q.val = (struct store_bytes){(const uint8_t *)"gone", 4};
@@ -755,6 +865,144 @@ START_TEST(extension_ops_need_hello)
 }
 END_TEST
 
+static void read_exact(int fd, uint8_t *buf, size_t want)
+{
+	size_t got = 0;
+
+	while (got < want) {
+		ssize_t n = read(fd, buf + got, want - got);
+
+		ck_assert_int_gt(n, 0);
+		got += (size_t)n;
+	}
+}
+
+/* A raw v2 connection that said HELLO (answered `version`) and, when the
+ * server offers it, MUX. */
+static int raw_mux(uint32_t version)
+{
+	uint8_t mux = STORE_EXT_MUX;
+	uint32_t served;
+	int fd = raw_hello(STORE_EXT_VERSION, &served);
+
+	ck_assert_uint_eq(served, version);
+	ck_assert_int_eq(write(fd, &mux, 1), 1);
+	return fd;
+}
+
+static void send_ext(int fd, const struct store_ext_req *q)
+{
+	uint8_t buf[256];
+	size_t len;
+
+	ck_assert_int_eq(store_ext_encode_req(q, buf, sizeof(buf), &len), 0);
+	ck_assert_int_eq(write(fd, buf, len), (ssize_t)len);
+}
+
+static void expect_wake(int fd, uint64_t tag)
+{
+	uint8_t f[STORE_EXT_FRAME_WAKE_LEN];
+
+	read_exact(fd, f, sizeof(f));
+	ck_assert_uint_eq(f[0], STORE_EXT_FRAME_WAKE);
+	ck_assert_uint_eq(store_get_u64(f + 1), tag);
+}
+
+/* A v2 PING on the muxed connection: its answer comes as a REPLY frame. */
+static void expect_ping(int fd, uint32_t nonce)
+{
+	uint8_t p[5] = {(uint8_t)store_proto_opcode(STORE_V2, STORE_OP_PING)}, f[5];
+
+	store_put_u32(p + 1, nonce);
+	ck_assert_int_eq(write(fd, p, 5), 5);
+	read_exact(fd, f, 5);
+	ck_assert_uint_eq(f[0], STORE_EXT_FRAME_REPLY);
+	ck_assert_uint_eq(store_get_u32(f + 1), nonce);
+}
+
+/* Version 5: one connection carries several waits and keeps answering in
+ * order; every reply is framed, every completed wait is a WAKE frame between
+ * two replies. */
+START_TEST(a_muxed_connection_waits_without_parking)
+{
+	const struct store_bytes ab[2] = {BYTES("/job/a"), BYTES("/job/b")}, c1[1] = {BYTES("/job/c")},
+				 t1[1] = {BYTES("/job/t1")};
+	struct store_ext_req q;
+	crun_store_t *b;
+	uint8_t f[9];
+	int fd;
+
+	srv_start();
+	b = client();
+	fd = raw_mux(STORE_EXT_VERSION);
+	q = (struct store_ext_req){.op = STORE_EXT_WAIT_TAG, .id = 7, .nitems = 2, .keys = ab};
+	send_ext(fd, &q);
+	q = (struct store_ext_req){.op = STORE_EXT_WAIT_TAG, .id = 8, .nitems = 1, .keys = c1};
+	send_ext(fd, &q);
+	expect_ping(fd, 11); /* not parked: answered at once */
+	/* TICKET wakes /t1 before it replies: the WAKE still follows the
+	 * reply's frame, never inside it. */
+	q = (struct store_ext_req){.op = STORE_EXT_WAIT_TAG, .id = 9, .nitems = 1, .keys = t1};
+	send_ext(fd, &q);
+	q = (struct store_ext_req){
+	    .op = STORE_EXT_TICKET, .key = BYTES("/job/n"), .key2 = BYTES("/job/t"), .val = BYTES("x")};
+	send_ext(fd, &q);
+	read_exact(fd, f, 9);
+	ck_assert_uint_eq(f[0], STORE_EXT_FRAME_REPLY);
+	ck_assert_uint_eq(store_get_u64(f + 1), 1);
+	expect_wake(fd, 9);
+	/* Both keys of tag 7, from another connection. */
+	ck_assert_int_eq(crun_store_set(b, "a", "1", 1), 0);
+	expect_val(b, "a", "1");
+	expect_ping(fd, 12); /* one of two keys: no WAKE yet */
+	ck_assert_int_eq(crun_store_set(b, "b", "1", 1), 0);
+	expect_wake(fd, 7);
+	/* A canceled tag never wakes. */
+	q = (struct store_ext_req){.op = STORE_EXT_WAIT_TAG_CANCEL, .id = 8};
+	send_ext(fd, &q);
+	expect_ping(fd, 13);
+	ck_assert_int_eq(crun_store_set(b, "c", "1", 1), 0);
+	expect_val(b, "c", "1");
+	expect_ping(fd, 14);
+	/* Keys there already: the WAKE at once. */
+	q = (struct store_ext_req){.op = STORE_EXT_WAIT_TAG, .id = 10, .nitems = 2, .keys = ab};
+	send_ext(fd, &q);
+	expect_wake(fd, 10);
+	/* A tag pending twice is out of step: closed. */
+	q = (struct store_ext_req){.op = STORE_EXT_WAIT_TAG, .id = 20, .nitems = 1};
+	q.keys = (const struct store_bytes[]){BYTES("/job/never")};
+	send_ext(fd, &q);
+	send_ext(fd, &q);
+	ck_assert_int_eq(read(fd, f, 1), 0);
+	close(fd);
+	/* A WAIT would park a muxed connection: closed, no reply. */
+	fd = raw_mux(STORE_EXT_VERSION);
+	{
+		uint8_t w[1 + 8 + 8 + 6] = {(uint8_t)store_proto_opcode(STORE_V2, STORE_OP_WAIT)};
+
+		store_put_u64(w + 1, 1);
+		store_put_bytes(w + 9, "/job/a", 6);
+		ck_assert_int_eq(write(fd, w, sizeof(w)), (ssize_t)sizeof(w));
+		ck_assert_int_eq(read(fd, f, 1), 0);
+	}
+	close(fd);
+	/* So would a WAIT_ANY_GET_WITH (its key absent). */
+	fd = raw_mux(STORE_EXT_VERSION);
+	q = (struct store_ext_req){.op = STORE_EXT_WAIT_ANY_GET_WITH,
+				   .nitems = 1,
+				   .keys = (const struct store_bytes[]){BYTES("/job/never")},
+				   .key2 = BYTES("/job/a")};
+	send_ext(fd, &q);
+	ck_assert_int_eq(read(fd, f, 1), 0);
+	close(fd);
+	/* The server let go of the dropped connections' registrations. */
+	ck_assert_int_eq(crun_store_set(b, "never", "1", 1), 0);
+	expect_val(b, "never", "1");
+	crun_store_close(b);
+	srv_stop();
+}
+END_TEST
+
 /* The version-4 ops through the client against a real server: each does
  * what its two older requests did, in one. */
 START_TEST(version4_ops_do_two_requests_in_one)
@@ -851,6 +1099,77 @@ START_TEST(wait_any_get_wakes_with_the_value)
 }
 END_TEST
 
+/* WAIT_ANY_GET_WITH: the answer also carries the with_key's value as it
+ * is at that moment - parked then woken, answered at once, timed out. */
+START_TEST(wait_any_get_with_wakes_with_both_values)
+{
+	const char *keys[] = {"x", "y"};
+	struct later_set l;
+	pthread_t thr;
+	crun_store_t *a;
+	void *v = NULL, *w = NULL;
+	size_t idx = 9;
+
+	srv_start();
+	a = client();
+	l = (struct later_set){client(), "y", "why"};
+	ck_assert_int_eq(crun_store_set(l.s, "mine", "0 0 8", 5), 0);
+	ck_assert_int_eq(pthread_create(&thr, NULL, set_after, &l), 0);
+	ck_assert_int_eq(
+	    store_client_wait_any_get_with(a, keys, 2, "mine", 10000, 0, &idx, &v, &w), 0);
+	pthread_join(thr, NULL);
+	ck_assert_uint_eq(idx, 1);
+	ck_assert_str_eq(v, "why");
+	ck_assert_str_eq(w, "0 0 8");
+	crun_free(v);
+	crun_free(w);
+	v = w = NULL;
+	/* present at once; the with_key absent */
+	ck_assert_int_eq(
+	    store_client_wait_any_get_with(a, keys, 2, "other", 10000, 0, &idx, &v, &w), 0);
+	ck_assert_uint_eq(idx, 1);
+	ck_assert_str_eq(v, "why");
+	ck_assert_ptr_null(w);
+	crun_free(v);
+	v = NULL;
+	/* the server's timeout: nothing, and the stream in step */
+	ck_assert_int_eq(store_client_wait_any_get_with(a, (const char *[]){"never"}, 1, "mine",
+							100, 0, &idx, &v, &w),
+			 CRUN_ETIMEDOUT);
+	ck_assert_ptr_null(v);
+	ck_assert_ptr_null(w);
+	ck_assert_int_eq(crun_store_set(a, "after", "x", 1), 0);
+	expect_val(a, "after", "x");
+	crun_store_close(l.s);
+	crun_store_close(a);
+	srv_stop();
+}
+END_TEST
+
+/* A version-4 server (crun-rdzvd --ext-version 4): the client does not send
+ * WAIT_ANY_GET_WITH (CRUN_ENOTSUP, nothing sent); version 4's ops work. */
+START_TEST(a_version4_server_gets_no_version5_op)
+{
+	const char *ab[] = {"a", "b"};
+	crun_store_t *a;
+	void *v = NULL, *w = NULL;
+	size_t idx;
+
+	srv_start_version(4);
+	a = client();
+	ck_assert_int_eq(crun_store_set(a, "b", "bee", 3), 0);
+	ck_assert_int_eq(store_client_wait_any_get_with(a, ab, 2, "b", 100, 0, &idx, &v, &w),
+			 CRUN_ENOTSUP);
+	ck_assert_ptr_null(w);
+	ck_assert_int_eq(store_client_wait_any_get(a, ab, 2, 100, 0, &idx, &v, NULL), 0);
+	ck_assert_uint_eq(idx, 1);
+	ck_assert_str_eq(v, "bee");
+	crun_free(v);
+	crun_store_close(a);
+	srv_stop();
+}
+END_TEST
+
 /* WAIT_ANY_GET's folded fields: the server ends the wait at its timeout
  * (index n: no CANCEL_WAIT, the stream in step), and each wait keeps the
  * connection's lease alive, so waits alone hold a lease for many TTLs. */
@@ -932,7 +1251,8 @@ START_TEST(an_older_server_gets_no_version4_op)
 		ck_assert_int_eq(write(fd, vb, 5), 5);
 		raw_ext(fd, &q, rep);
 		ck_assert_uint_eq(store_get_u32(rep), 3);
-		q = (struct store_ext_req){.op = STORE_EXT_TRY_GET, .key = BYTES("/job/k")};
+		q = (struct store_ext_req){.op = _i ? STORE_EXT_MUX : STORE_EXT_TRY_GET,
+					   .key = BYTES("/job/k")};
 		ck_assert_int_eq(store_ext_encode_req(&q, frame, sizeof(frame), &len), 0);
 		ck_assert_int_eq(write(fd, frame, len), (ssize_t)len);
 		ck_assert_int_eq(read(fd, &ch, 1), 0); /* closed, no reply */
@@ -998,6 +1318,8 @@ static Suite *lease_suite(void)
 	tcase_add_test(tc, codec_round_trip_and_prefixes);
 	tcase_add_test(tc, codec_rejects_oversized_key);
 	tcase_add_test(tc, codec_version4_ops);
+	tcase_add_test(tc, codec_wait_any_get_with);
+	tcase_add_test(tc, codec_version5_ops);
 	tcase_set_timeout(tc, 10);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("server");
@@ -1015,8 +1337,12 @@ static Suite *lease_suite(void)
 	tcase_add_test(tc, extension_ops_need_hello);
 	tcase_add_test(tc, version4_ops_do_two_requests_in_one);
 	tcase_add_test(tc, wait_any_get_wakes_with_the_value);
+	tcase_add_test(tc, wait_any_get_with_wakes_with_both_values);
+	tcase_add_test(tc, a_version4_server_gets_no_version5_op);
 	tcase_add_test(tc, wait_any_get_times_out_on_the_server_and_keeps_the_lease);
-	tcase_add_test(tc, an_older_server_gets_no_version4_op);
+	/* 1: nor MUX (version 5) */
+	tcase_add_loop_test(tc, an_older_server_gets_no_version4_op, 0, 2);
+	tcase_add_test(tc, a_muxed_connection_waits_without_parking);
 	tcase_set_timeout(tc, 90);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("dead_server");
