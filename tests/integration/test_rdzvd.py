@@ -4,7 +4,6 @@ blocking get woken by another client, wait timeouts, many clients, PrefixStore,
 mixed versions on one key space; and the daemon itself: --help, bad flags,
 signals, limits, and a garbage frame that closes only its own connection.
 """
-import functools
 import json
 import os
 import re
@@ -21,8 +20,6 @@ from conftest import HELPERS, Procs, bin_path, free_port, start_rdzvd, torch_pyt
 
 CLIENT = os.path.join(HELPERS, "rdzvd_torch_client.py")
 VERSIONS = ["1", "2"]
-# torch_python() imports torch to check the version: once per version is enough.
-_torch_python = functools.lru_cache(maxsize=None)(torch_python)
 
 
 # One `rdzvd_torch_client.py serve` per version for the module: importing
@@ -49,7 +46,7 @@ def _drop_client(version):
 def run_client(version, mode, host, port, *args, timeout=180):
     if version not in _CLIENTS:
         _CLIENTS[version] = subprocess.Popen(
-            [_torch_python(version), CLIENT, "serve"], stdin=subprocess.PIPE,
+            [torch_python(version), CLIENT, "serve"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     p = _CLIENTS[version]
     p.stdin.write((json.dumps([mode, host, port, *map(str, args)]) + "\n").encode())
@@ -76,7 +73,7 @@ def run_client(version, mode, host, port, *args, timeout=180):
 
 
 def spawn_client(procs, version, mode, host, port, *args):
-    py = _torch_python(version)
+    py = torch_python(version)
     return procs.spawn([py, CLIENT, mode, host, str(port), *map(str, args)])
 
 
