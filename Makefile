@@ -219,7 +219,7 @@ unit: $(UNIT_TESTS)
 
 integration: all $(TEST_HELPERS)
 	$(Q)CRUN_BUILD=$(abspath $(BUILD)) CRUN_SAN=$(SAN) /usr/bin/python3 -m pytest -q \
-		-p no:cacheprovider tests/integration $(PYTEST_ARGS)
+		-p no:cacheprovider --durations=25 tests/integration $(PYTEST_ARGS)
 
 # libFuzzer needs clang; the fuzz build is separate from $(BUILD).
 FUZZ_BUILD := build-fuzz

@@ -4,6 +4,7 @@ Every test talks only to 127.0.0.1 (or to network namespaces it creates), bounds
 every loop in count and time, and kills every process it started, also on
 failure: processes go through `procs.spawn`, which the fixture reaps.
 """
+import functools
 import glob
 import json
 import os
@@ -36,10 +37,13 @@ def free_port():
         return s.getsockname()[1]
 
 
+@functools.lru_cache(maxsize=None)
 def torch_python(version):
     """The interpreter for PyTorch `version` ("1" = Debian's 1.13, v1 store
     dialect; "2" = PyPI 2.x in the venv, v2 dialect). Fails loudly, never
-    skips, when that PyTorch is missing."""
+    skips, when that PyTorch is missing. The check imports torch (1-2 s of
+    CPU): it runs once a session per version (a failure is not cached, so
+    every later caller fails loudly too)."""
     py = TORCH1_PYTHON if version == "1" else TORCH2_PYTHON
     want = "1." if version == "1" else "2."
     out = subprocess.run([py, "-c", "import torch; print(torch.__version__)"],
@@ -127,6 +131,14 @@ def wait_records(d, pred, what, timeout=60):
             return r
         time.sleep(0.05)
     pytest.fail(f"no worker record with {what} in {d}: {records(d)}")
+
+
+def release_workers(d):
+    """Ends the SECS sleep of every elastic_task.py (or store_probe.py
+    --worker) worker writing into d (they poll d/go): for a test that has seen
+    what it kept the job running for. Workers started later (a restart)
+    still write their record first."""
+    open(os.path.join(d, "go"), "w").close()
 
 
 def start_rdzvd(procs, *extra):

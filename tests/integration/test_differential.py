@@ -14,17 +14,19 @@ design there and crun follows torch-compat §1.4's recommendation instead:
 - ADD on a value with no leading number or on overflow (every server closes
   the connection; the sequence would end there), and queues (libuv only).
 """
+import os
 import random
+import subprocess
 import sys
 
 import pytest
 
-from conftest import HELPERS, start_rdzvd
+from conftest import HELPERS, Procs, start_rdzvd, torch_python, wait_line
 
 sys.path.insert(0, HELPERS)
 from storecli import StoreCli, arg  # noqa: E402
 
-from test_client_interop import cli_path, start_torch_server  # noqa: E402
+from test_client_interop import cli_path  # noqa: E402
 
 NCONN = 3
 NOPS = 300
@@ -178,12 +180,39 @@ def run_ops(procs, port, dialect, ops):
     return out
 
 
+# One PyTorch process per config holds a fresh server for each seed: PyTorch
+# is imported once per config, and every sequence still starts on an empty
+# store of its own.
+_SERVERS = {}
+_SERVER_PROCS = Procs()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _torch_servers():
+    yield
+    _SERVERS.clear()
+    _SERVER_PROCS.cleanup()
+
+
+def torch_server_port(config, seed):
+    if config not in _SERVERS:
+        version, libuv, _ = CONFIGS[config]
+        argv = [torch_python(version), os.path.join(HELPERS, "torch_store_server.py"),
+                "--count", str(len(SEEDS))]
+        if libuv is not None:
+            argv += ["--libuv", str(libuv)]
+        p = _SERVER_PROCS.spawn(argv, stdin=subprocess.PIPE)
+        _SERVERS[config] = [int(wait_line(p.stdout, r"PORT (\d+)", 120).group(1))
+                            for _ in SEEDS]
+    return _SERVERS[config][SEEDS.index(seed)]
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_same_answers_as_pytorch(procs, config, seed):
     version, libuv, dialect = CONFIGS[config]
     ops = gen_ops(seed * 1000 + dialect, dialect, queues=libuv == 1)
-    _, torch_port = start_torch_server(procs, version, libuv)
+    torch_port = torch_server_port(config, seed)
     want = run_ops(procs, torch_port, dialect, ops)
     # Every sequence must stay on the paths that keep a connection alive.
     assert not [w for w in want if "ERR" in w and not w.endswith("ERR CRUN_ENOTFOUND")], \

@@ -22,8 +22,8 @@ import time
 
 import pytest
 
-from conftest import (HELPERS, bin_path, free_port, records, start_rdzvd, torch_python,
-                      wait_records)
+from conftest import (HELPERS, bin_path, free_port, records, release_workers, start_rdzvd,
+                      torch_python, wait_records)
 from etcd_cluster import EtcdCluster
 
 TASK = os.path.join(HELPERS, "elastic_task.py")
@@ -216,6 +216,9 @@ def test_elastic_late_joiner_scales_up(procs, out):
     a = agent(procs, port, "grow", "1:3", [TASK, "run", out, "3"])
     wait_records(out, lambda r: r["WORLD_SIZE"] == "2", "WORLD_SIZE=2 (one node)")
     b = agent(procs, port, "grow", "1:3", [TASK, "run", out, "3"])
+    wait_records(out, lambda r: len([x for x in records(out) if x["WORLD_SIZE"] == "4"]) >= 4,
+                 "4 workers of the grown job")
+    release_workers(out)
     for p in (a, b):
         rc, _, err = finish(p)
         assert rc == 0, err[-3000:]
@@ -237,6 +240,7 @@ def test_spare_waits_when_max_reached(procs, out):
     spare = agent(procs, port, "spare", "1:2", [TASK, "run", out, "2"])
     buf, t = reader(spare)
     wait_line_in(spare, buf, "waiting as a spare")
+    release_workers(out)
     for p in ps:
         rc, _, err = finish(p)
         assert rc == 0, err[-3000:]
@@ -256,6 +260,9 @@ def test_kill_agent_mid_job_survivors_finish(procs, out):
     victim = others[1]
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait(timeout=10)
+    wait_records(out, lambda r: len([x for x in records(out) if x["WORLD_SIZE"] == "4"]) >= 4,
+                 "4 workers of the survivors' round")
+    release_workers(out)
     for p in (host, others[0]):
         rc, _, err = finish(p)
         assert rc == 0, err[-3000:]

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import HELPERS, bin_path, records, wait_records
+from conftest import HELPERS, bin_path, records, release_workers, wait_records
 
 TASK = os.path.join(HELPERS, "elastic_task.py")
 PY = "/usr/bin/python3"
@@ -116,6 +116,10 @@ def test_three_hosts_link_cut_and_rejoin(procs, net):
         n3.wait(timeout=10)
         net.link(2, True)
         n3b = agent(2, 8)
+        # The last round runs on all three nodes (6 more workers): done.
+        wait_records(out, lambda r: len([x for x in records(out) if x["WORLD_SIZE"] == "6"])
+                     >= 12, "the three nodes' round again", timeout=120)
+        release_workers(out)
         for p in (host, n2, n3b):
             try:
                 o, e = p.communicate(timeout=120)

@@ -184,7 +184,7 @@ def test_https_cluster_with_client_certificates(procs, out):
         one_attempt_of_four(out)
         # A CA that did not sign the members: refused, named, no hang.
         c = cl.certs
-        bad = (f"{CONF},join_timeout=5,protocol=https,cacert={c['cli.crt']},"
+        bad = (f"{CONF},join_timeout=2,protocol=https,cacert={c['cli.crt']},"
                f"cert={c['cli.crt']},key={c['cli.key']}")
         p = procs.spawn([bin_path("crun"), "--nnodes=1", "--rdzv_backend=etcd",
                          f"--rdzv_endpoint={cl.endpoints()}", "--rdzv_id=badca",

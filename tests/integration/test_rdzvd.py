@@ -4,35 +4,76 @@ blocking get woken by another client, wait timeouts, many clients, PrefixStore,
 mixed versions on one key space; and the daemon itself: --help, bad flags,
 signals, limits, and a garbage frame that closes only its own connection.
 """
-import functools
+import json
 import os
+import re
+import select
 import signal
 import socket
 import struct
 import subprocess
+import time
 
 import pytest
 
-from conftest import HELPERS, bin_path, free_port, start_rdzvd, torch_python, wait_line
+from conftest import HELPERS, Procs, bin_path, free_port, start_rdzvd, torch_python, wait_line
 
 CLIENT = os.path.join(HELPERS, "rdzvd_torch_client.py")
 VERSIONS = ["1", "2"]
-# torch_python() imports torch to check the version: once per version is enough.
-_torch_python = functools.lru_cache(maxsize=None)(torch_python)
+
+
+# One `rdzvd_torch_client.py serve` per version for the module: importing
+# PyTorch (1-3 s of CPU) once instead of for every request; each request still
+# makes its own TCPStore clients against the test's own crun-rdzvd.
+_CLIENTS = {}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _torch_clients():
+    yield
+    ps = Procs()
+    ps.procs = list(_CLIENTS.values())
+    _CLIENTS.clear()
+    ps.cleanup()
+
+
+def _drop_client(version):
+    ps = Procs()
+    ps.procs = [_CLIENTS.pop(version)]
+    ps.cleanup()
 
 
 def run_client(version, mode, host, port, *args, timeout=180):
-    py = _torch_python(version)
-    out = subprocess.run([py, CLIENT, mode, host, str(port), *map(str, args)],
-                         capture_output=True, text=True, timeout=timeout)
-    assert out.returncode == 0 and "ALL OK" in out.stdout, (
-        f"torch {version} client mode {mode} failed (rc={out.returncode}):\n"
-        f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-    return out.stdout
+    if version not in _CLIENTS:
+        _CLIENTS[version] = subprocess.Popen(
+            [torch_python(version), CLIENT, "serve"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    p = _CLIENTS[version]
+    p.stdin.write((json.dumps([mode, host, port, *map(str, args)]) + "\n").encode())
+    p.stdin.flush()
+    # os.read, not readline: select() cannot see lines already buffered.
+    deadline, buf, rc = time.monotonic() + timeout, b"", None
+    while rc is None and time.monotonic() < deadline:
+        if not select.select([p.stdout], [], [], deadline - time.monotonic())[0]:
+            break
+        chunk = os.read(p.stdout.fileno(), 65536)
+        if not chunk:
+            break
+        buf += chunk
+        m = re.search(rb"(?:^|\n)END (-?\d+)\n", buf)
+        if m:
+            rc, buf = int(m.group(1)), buf[:m.start()]
+    out = buf.decode(errors="replace")
+    if rc != 0:
+        _drop_client(version)  # the next request gets a fresh interpreter
+    assert rc == 0 and "ALL OK" in out, (
+        f"torch {version} client mode {mode} failed (rc={rc}, None: no answer within "
+        f"{timeout}s or the client died):\n{out[-6000:]}")
+    return out
 
 
 def spawn_client(procs, version, mode, host, port, *args):
-    py = _torch_python(version)
+    py = torch_python(version)
     return procs.spawn([py, CLIENT, mode, host, str(port), *map(str, args)])
 
 

@@ -19,8 +19,8 @@ import pytest
 import ssl
 import sys
 
-from conftest import (BUILD, HELPERS, bin_path, free_port, records, start_rdzvd, wait_line,
-                      wait_records)
+from conftest import (BUILD, HELPERS, bin_path, free_port, records, release_workers,
+                      start_rdzvd, wait_line, wait_records)
 
 sys.path.insert(0, HELPERS)
 import certs as certgen  # noqa: E402
@@ -283,6 +283,9 @@ def test_attack_fails_on_an_authenticated_job(procs, tmp, name, kind):
     w = attacker("other-job" if kind == "other-job" else "unauthenticated", port, secs)
     with pytest.raises(crunwire.Closed):
         ATTACKS[name](w, "/crun-c10d/victim")
+    # Refused while the job ran. A write that got through would still show
+    # below: a restarted worker's record, or an exit barrier that fails.
+    release_workers(out)
     for p in ps:
         rc, _, err = finish(p)
         assert rc == 0, err[-3000:]
@@ -417,6 +420,7 @@ def test_c10d_job_over_mutual_tls_with_auth_resists_the_attacks(procs, certs, tm
     w.hello()
     with pytest.raises(crunwire.Closed):
         attack_a(w, "/crun-c10d/tlsjob")
+    release_workers(out)
     for p in ps:
         rc, _, err = finish(p)
         assert rc == 0, err[-3000:]

@@ -14,7 +14,7 @@ import tempfile
 
 import pytest
 
-from conftest import HELPERS, bin_path, records, torch_python, wait_records
+from conftest import HELPERS, bin_path, records, release_workers, torch_python, wait_records
 
 from test_elastic_netns import Net
 
@@ -86,6 +86,7 @@ def test_worker_store_admits_the_round_and_refuses_other_hosts(procs, net, allow
                                   timeout=60)
         want = "accepted" if allow_any else "refused"
         assert outsider.stdout.startswith(want), outsider.stdout + outsider.stderr
+        release_workers(out)  # the worker store was needed up to here
         res = [finish(p) for p in ps]
         for rc, _, err in res:
             assert rc == 0, err[-3000:]

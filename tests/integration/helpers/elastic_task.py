@@ -4,7 +4,9 @@
         writes OUT/<pid>.json (RANK, WORLD_SIZE, GROUP_RANK, restart count,
         MASTER_*), then: rank CRASH_RANK exits 1 after 0.3 s while
         TORCHELASTIC_RESTART_COUNT < UNTIL (-1 = every attempt); every other
-        rank sleeps SECS (bounded) and exits 0.
+        rank sleeps SECS (bounded) and exits 0, or sooner once OUT/go exists
+        (a test that has done what it needed the job running for writes it:
+        an event instead of a fixed sleep).
 """
 import json
 import os
@@ -29,5 +31,6 @@ if rank == crash_rank and (until < 0 or restart < until):
     print(f"elastic_task rank {rank} crashing in attempt {restart}", file=sys.stderr, flush=True)
     sys.exit(1)
 end = time.monotonic() + min(secs, 60)
-while time.monotonic() < end:
+go = os.path.join(out, "go")
+while time.monotonic() < end and not os.path.exists(go):
     time.sleep(0.05)

@@ -5,11 +5,18 @@ would answer, prints a line per check and "ALL OK" at the end; any failure
 raises and exits non-zero.
 
 usage: rdzvd_torch_client.py MODE HOST PORT [ARGS...]
+       rdzvd_torch_client.py serve
+           the same, one request a line on stdin (a JSON list: MODE, HOST,
+           PORT, ARGS...), each answered by its output and "END <rc>":
+           PyTorch is imported once for a whole test module, and every
+           request still makes TCPStore clients of its own.
 """
 import datetime
+import json
 import sys
 import threading
 import time
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -236,6 +243,22 @@ MODES = {
     "blocking_extras": mode_blocking_extras,
 }
 
+
+def serve():
+    for line in sys.stdin:
+        mode, host, port, *args = json.loads(line)
+        try:
+            MODES[mode](host, int(port), *args)
+            rc = 0
+        except BaseException:  # noqa: B036 - reported as this request's failure
+            traceback.print_exc(file=sys.stdout)
+            rc = 1
+        print(f"END {rc}", flush=True)
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "serve":
+        serve()
+        sys.exit(0)
     mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
     MODES[mode](host, port, *sys.argv[4:])

@@ -4,7 +4,8 @@ reply must echo the nonce), for the allowlist tests.
     store_probe.py HOST PORT            prints "accepted" or "refused: why"
     store_probe.py --worker OUT SECS    as a crun worker: probes MASTER_ADDR:
                                         MASTER_PORT, writes OUT/<pid>.json
-                                        with the result, then sleeps SECS
+                                        with the result, then sleeps SECS or
+                                        until OUT/go exists
 """
 import json
 import os
@@ -39,6 +40,8 @@ if sys.argv[1] == "--worker":
     with open(tmp, "w") as f:
         json.dump(rec, f)
     os.rename(tmp, os.path.join(out, f"{os.getpid()}.json"))
-    time.sleep(min(secs, 60))
+    end = time.monotonic() + min(secs, 60)
+    while time.monotonic() < end and not os.path.exists(os.path.join(out, "go")):
+        time.sleep(0.05)
 else:
     print(probe(sys.argv[1], sys.argv[2]))
