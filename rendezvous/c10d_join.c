@@ -878,6 +878,15 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 	return CRUN_ETIMEDOUT;
 }
 
+/* closed is "done <this job's round>": every node of this round passed. */
+static bool barrier_done_here(const struct c10d_job *j, const char *closed)
+{
+	char want[32];
+
+	snprintf(want, sizeof(want), "done %d", j->round);
+	return strcmp(closed, want) == 0;
+}
+
 /* Waits for the job's end. A peer that restarts instead wakes this node
  * through its monitor (the agent then leaves the barrier for the next round);
  * a peer that fails sets "closed" to the failure. */
@@ -901,9 +910,51 @@ static int barrier_wait(struct c10d_job *j, struct coord *c)
 	if (strncmp(v, "failed", 6) == 0) {
 		j->barrier = BO_FAILED;
 		snprintf(j->err, sizeof(j->err), "the job failed on another node: %s", v);
+	} else if (!barrier_done_here(j, v) || helper_stopping(&j->h)) {
+		/* A later round ended the job: this barrier's agent left it for
+		 * that round (the loop dropped this job). Waiting for this
+		 * round's departures would hold a connection, and the host's
+		 * exit, for C10D_DEPART_MS. */
+		j->barrier = BO_FAILED;
+		snprintf(j->err, sizeof(j->err),
+			 "exit barrier of round %d: left for a later round (closed: %.200s)",
+			 j->round, v);
 	}
 	crun_free(v);
 	return 0;
+}
+
+/* The host gives up on the barrier, and its exit takes the store along:
+ * close the job as failed, so that the nodes still running learn it now
+ * (their monitors watch "closed" and r<n>/change), stop and hang up, instead
+ * of finding the store gone after the host's linger (C10D_DEPART_MS). A node
+ * that arrived meanwhile may have passed the barrier: then it passed here. */
+static int barrier_give_up(struct c10d_job *j, struct coord *c)
+{
+	char val[700], key[64], *cur = NULL;
+	int r;
+
+	snprintf(val, sizeof(val), "failed: %.400s (on %.200s, which serves the rendezvous store)",
+		 j->err, j->hostname);
+	r = coord_compare_set(c, "closed", "", val, &cur);
+	if (r == 0 && strcmp(cur, val) != 0) {
+		if (barrier_done_here(j, cur)) {
+			j->barrier = BO_PASSED;
+			j->err[0] = '\0';
+		} else {
+			j->barrier = BO_FAILED;
+			snprintf(j->err, sizeof(j->err), "the job failed on another node: %s", cur);
+		}
+		crun_free(cur);
+		return j->barrier == BO_PASSED ? 0 : CRUN_ERDZVCLOSED;
+	}
+	crun_free(cur);
+	if (r == 0 && str_printf(key, sizeof(key), "r%d/change", j->round) >= 0)
+		r = coord_set(c, key, "failed");
+	if (r < 0)
+		log_at(LL_WARN, SUB_RDZV, "cannot tell the other nodes that the exit barrier failed: %s",
+		       crun_strerror(r));
+	return CRUN_ETIMEDOUT;
 }
 
 int c10d_job_barrier(struct c10d_job *j, struct coord *c)
@@ -924,6 +975,8 @@ int c10d_job_barrier(struct c10d_job *j, struct coord *c)
 			return c10d_jfail(j, c, r, "exit barrier");
 	}
 	r = barrier_wait(j, c);
+	if (r == CRUN_ETIMEDOUT && j->barrier == BO_TIMED_OUT && j->is_host)
+		r = barrier_give_up(j, c);
 	if (r < 0 && j->barrier == BO_PASSED)
 		j->barrier = BO_FAILED;
 	if (r < 0 || j->barrier != BO_PASSED)

@@ -436,6 +436,10 @@ def test_failure_after_peer_entered_barrier_wakes_it(procs, tmp):
     recover = rec_times(tmp, lambda r: r["TORCHELASTIC_RESTART_COUNT"] == "1")[0]
     for a in ags:
         assert a.finish() == 0, a.text()[-3000:]
+    # The round-0 barrier the restart left behind must not hold the host
+    # (waiting for round 0's departures) once round 1 has ended the job.
+    for a in ags:
+        assert "not every agent left" not in a.text(), a.text()[-3000:]
     report("worker failure after peer entered exit barrier", "both restart, exit 0", t0,
            detect, recover, tmp)
 
@@ -454,8 +458,13 @@ def test_barrier_timeout_is_not_success(procs, tmp):
     assert rc == 1, err[-3000:]
     assert "exit barrier: timed out" in err, err[-3000:]
     assert "timed out -" not in err, err[-3000:]
-    b.kill_tree()
-    b.finish(timeout=20)
+    # A serves the store and leaves: it tells B that the barrier failed, so
+    # B stops its hung worker and fails with that reason (before, B was never
+    # told and A lingered 10 s for B to hang up).
+    assert "serving the rendezvous store" in err, err[-3000:]
+    assert b.finish(timeout=60) == 1, b.text()[-3000:]
+    assert "failed on another node: failed: exit barrier: timed out" in b.text(), \
+        b.text()[-3000:]
     report("exit barrier timed out (peer hung)", "exit 1", t0, None, None, tmp)
 
 

@@ -715,6 +715,96 @@ START_TEST(job_closed_while_joining_wakes_the_member)
 }
 END_TEST
 
+/* A round-n exit barrier job of group rank 0 of two nodes (the host or not). */
+static struct c10d_job *barrier_job(int round, bool is_host, const char *conf)
+{
+	struct c10d_job *j = c10d_job_new(JOB_BARRIER);
+	char err[256];
+
+	ck_assert_ptr_nonnull(j);
+	ck_assert_int_eq(c10d_parse_conf(conf, &j->conf, err, sizeof(err)), 0);
+	snprintf(j->prefix, sizeof(j->prefix), "crun-c10d/job");
+	snprintf(j->hostname, sizeof(j->hostname), "host0");
+	j->round = round;
+	j->nnodes = 2;
+	j->host_member = 1;
+	j->is_host = is_host;
+	return j;
+}
+
+/* The round-0 barrier job a restart woke (the loop dropped it) wakes again
+ * when round 1 ends the job ("done 1"): that is not round 0 passing, and the
+ * host must not wait C10D_DEPART_MS for round 0's departures (before, it
+ * did: a connection, and so the host's exit, held 10 s after round 1). */
+START_TEST(barrier_woken_by_a_later_round_does_not_pass)
+{
+	struct coord_mem *m;
+	struct coord *c;
+	struct c10d_job *j = barrier_job(0, true, NULL);
+
+	ck_assert_int_eq(coord_mem_new(&m), 0);
+	ck_assert_int_eq(coord_open_mem(m, "crun-c10d/job", &c), 0);
+	ck_assert_int_eq(coord_set(c, "closed", "done 1"), 0);
+	ck_assert_int_eq(c10d_job_barrier(j, c), 0);
+	ck_assert_int_ne(j->barrier, BO_PASSED);
+	ck_assert_ptr_nonnull(strstr(j->err, "later round"));
+	coord_close(c);
+	j->h.release(&j->h);
+	coord_mem_free(m);
+}
+END_TEST
+
+/* The host's barrier times out: it closes the job as failed, so that the
+ * node still running learns it from the store (closed, and the round's
+ * change key its monitor watches) and hangs up, instead of the host
+ * lingering C10D_DEPART_MS for a node never told. */
+START_TEST(host_barrier_timeout_closes_the_job_as_failed)
+{
+	struct coord_mem *m;
+	struct coord *c;
+	struct c10d_job *j = barrier_job(0, true, "join_timeout=1");
+	char *v;
+
+	ck_assert_int_eq(coord_mem_new(&m), 0);
+	ck_assert_int_eq(coord_open_mem(m, "crun-c10d/job", &c), 0);
+	ck_assert_int_eq(c10d_job_barrier(j, c), CRUN_ETIMEDOUT);
+	ck_assert_int_eq(j->barrier, BO_TIMED_OUT);
+	ck_assert_ptr_nonnull(strstr(j->err, "exit barrier: timed out"));
+	v = mem_val(m, "closed");
+	ck_assert_ptr_nonnull(v);
+	ck_assert_msg(strncmp(v, "failed: exit barrier: timed out", 31) == 0, "%s", v);
+	ck_assert_ptr_nonnull(strstr(v, "host0"));
+	crun_free(v);
+	v = mem_val(m, "r0/change");
+	ck_assert_ptr_nonnull(v);
+	ck_assert_str_eq(v, "failed");
+	crun_free(v);
+	coord_close(c);
+	j->h.release(&j->h);
+	coord_mem_free(m);
+}
+END_TEST
+
+/* A node that is not the host leaves the store as it was: its timeout fails
+ * it alone (the host, still serving, decides for the rest). */
+START_TEST(member_barrier_timeout_leaves_the_job_open)
+{
+	struct coord_mem *m;
+	struct coord *c;
+	struct c10d_job *j = barrier_job(0, false, "join_timeout=1");
+
+	ck_assert_int_eq(coord_mem_new(&m), 0);
+	ck_assert_int_eq(coord_open_mem(m, "crun-c10d/job", &c), 0);
+	ck_assert_int_eq(c10d_job_barrier(j, c), CRUN_ETIMEDOUT);
+	ck_assert_int_eq(j->barrier, BO_TIMED_OUT);
+	ck_assert_int_eq(coord_exists(c, "closed"), 0);
+	ck_assert_int_eq(coord_exists(c, "r0/change"), 0);
+	coord_close(c);
+	j->h.release(&j->h);
+	coord_mem_free(m);
+}
+END_TEST
+
 START_TEST(conflicts_and_reuse_are_errors)
 {
 	struct coord_mem *m;
@@ -1009,6 +1099,9 @@ static Suite *c10d_suite(void)
 	tcase_add_test(tc, restart_marks_the_round_and_bumps_it);
 	tcase_add_test(tc, spare_waits_then_job_ends);
 	tcase_add_test(tc, job_closed_while_joining_wakes_the_member);
+	tcase_add_test(tc, barrier_woken_by_a_later_round_does_not_pass);
+	tcase_add_test(tc, host_barrier_timeout_closes_the_job_as_failed);
+	tcase_add_test(tc, member_barrier_timeout_leaves_the_job_open);
 	tcase_add_test(tc, conflicts_and_reuse_are_errors);
 	tcase_add_test(tc, too_few_nodes_time_out);
 	tcase_add_test(tc, dead_ticket_1_before_its_record_is_dropped);
