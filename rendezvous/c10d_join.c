@@ -975,7 +975,10 @@ int c10d_job_barrier(struct c10d_job *j, struct coord *c)
 			return c10d_jfail(j, c, r, "exit barrier");
 	}
 	r = barrier_wait(j, c);
-	if (r == CRUN_ETIMEDOUT && j->barrier == BO_TIMED_OUT && j->is_host)
+	/* Not a dropped job: the barrier a restart left may time out in the
+	 * middle of a later round, which it must not end. */
+	if (r == CRUN_ETIMEDOUT && j->barrier == BO_TIMED_OUT && j->is_host &&
+	    !helper_stopping(&j->h))
 		r = barrier_give_up(j, c);
 	if (r < 0 && j->barrier == BO_PASSED)
 		j->barrier = BO_FAILED;

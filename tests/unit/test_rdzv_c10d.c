@@ -785,6 +785,26 @@ START_TEST(host_barrier_timeout_closes_the_job_as_failed)
 }
 END_TEST
 
+/* The round-0 barrier a restart dropped times out while round 1 runs (a
+ * long round): it must not close the job that round 1 is running. */
+START_TEST(dropped_barrier_timeout_leaves_the_job_open)
+{
+	struct coord_mem *m;
+	struct coord *c;
+	struct c10d_job *j = barrier_job(0, true, "join_timeout=1");
+
+	atomic_store(&j->h.stop, 1); /* what helper_drop does */
+	ck_assert_int_eq(coord_mem_new(&m), 0);
+	ck_assert_int_eq(coord_open_mem(m, "crun-c10d/job", &c), 0);
+	ck_assert_int_eq(c10d_job_barrier(j, c), CRUN_ETIMEDOUT);
+	ck_assert_int_eq(coord_exists(c, "closed"), 0);
+	ck_assert_int_eq(coord_exists(c, "r0/change"), 0);
+	coord_close(c);
+	j->h.release(&j->h);
+	coord_mem_free(m);
+}
+END_TEST
+
 /* A node that is not the host leaves the store as it was: its timeout fails
  * it alone (the host, still serving, decides for the rest). */
 START_TEST(member_barrier_timeout_leaves_the_job_open)
@@ -1102,6 +1122,7 @@ static Suite *c10d_suite(void)
 	tcase_add_test(tc, barrier_woken_by_a_later_round_does_not_pass);
 	tcase_add_test(tc, host_barrier_timeout_closes_the_job_as_failed);
 	tcase_add_test(tc, member_barrier_timeout_leaves_the_job_open);
+	tcase_add_test(tc, dropped_barrier_timeout_leaves_the_job_open);
 	tcase_add_test(tc, conflicts_and_reuse_are_errors);
 	tcase_add_test(tc, too_few_nodes_time_out);
 	tcase_add_test(tc, dead_ticket_1_before_its_record_is_dropped);
