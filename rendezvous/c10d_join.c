@@ -952,7 +952,8 @@ static int barrier_give_up(struct c10d_job *j, struct coord *c)
 	if (r == 0 && str_printf(key, sizeof(key), "r%d/change", j->round) >= 0)
 		r = coord_set(c, key, "failed");
 	if (r < 0)
-		log_at(LL_WARN, SUB_RDZV, "cannot tell the other nodes that the exit barrier failed: %s",
+		log_at(LL_WARN, SUB_RDZV,
+		       "cannot tell the other nodes that the exit barrier failed: %s",
 		       crun_strerror(r));
 	return CRUN_ETIMEDOUT;
 }
