@@ -115,12 +115,20 @@ static void etcd_up(void)
 	snprintf(purl, sizeof(purl), "http://127.0.0.1:%u", pp);
 	snprintf(cluster, sizeof(cluster), "n0=%s", purl);
 	snprintf(log, sizeof(log), "%s/etcd.log", g_etcd_dir);
+	/* The child must not touch Check before exec: every ck_assert writes a
+	 * location record to Check's message file, whose offset the child
+	 * shares with this process, and this fixture's parent reads that file
+	 * back as soon as etcd_up returns; a child's write landing in the middle
+	 * of that read broke the stream ("Bad message type arg 1919168099",
+	 * i.e. "rd.c" of "test_coord.c" read as a type). So assert on the
+	 * parent's side only. */
 	g_etcd_pid = fork();
-	ck_assert_int_ge(g_etcd_pid, 0);
 	if (g_etcd_pid == 0) {
 		char data[300];
-		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 
+		/* etcd gets 0-2 only: not Check's message file, not the log fd. */
+		close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
 		snprintf(data, sizeof(data), "%s/data", g_etcd_dir);
 		if (fd >= 0) {
 			dup2(fd, 1);
@@ -132,6 +140,7 @@ static void etcd_up(void)
 		      "--log-level", "warn", (char *)NULL);
 		_exit(127);
 	}
+	ck_assert_int_ge(g_etcd_pid, 0);
 	memset(&g_etcd, 0, sizeof(g_etcd));
 	g_etcd.n_ep = 1;
 	snprintf(g_etcd.ep[0].host, sizeof(g_etcd.ep[0].host), "127.0.0.1");
