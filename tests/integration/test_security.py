@@ -207,11 +207,17 @@ def current_round(w, pfx):
 def attack_a(w, pfx):
     """Two SETs end the job: every agent exits 1 despite --max_restarts."""
     rd = current_round(w, pfx)
-    w.set(f"{pfx}/closed", "failed: intruder")
     try:
+        w.set(f"{pfx}/closed", "failed: intruder")
         w.set(f"{pfx}/r{rd}/change", "failed")
     except crunwire.Closed:
-        pass  # the first SET already ended the job, and with it the agent serving the store
+        # The first SET alone ends the job, and with it the agent serving
+        # the store, which may be gone before the PING that follows each
+        # SET is answered (CI: 'closed after 0 of 4 bytes' on the first).
+        # The caller proves the effect: every agent exits 1. An
+        # authenticated store refuses this client before any SET (in
+        # current_round), so the refusal still raises there.
+        pass
 
 
 def attack_b(w, pfx):
