@@ -52,8 +52,8 @@
 #include "common/common.h"
 #include "store/store.h"
 
-#define STORM_MAX_RANKS 65536	 /* driven by one generator */
-#define STORM_MAX_WORLD	(1u << 17) /* the world: several generators (--first) */
+#define STORM_MAX_RANKS 65536	   /* driven by one generator */
+#define STORM_MAX_WORLD (1u << 17) /* the world: several generators (--first) */
 #define STORM_BUF	1024 /* per-connection in/out: the largest frame is the 128-byte id SET */
 #define NCCL_ID_BYTES	128
 
@@ -632,8 +632,7 @@ int main(int argc, char **argv)
 	       ", \"t_last_connect_ns\": %" PRIu64 ", \"t_done_ns\": %" PRIu64
 	       ", \"t_first_set_ns\": %" PRIu64 ", \"t_last_wake_ns\": %" PRIu64 "}\n",
 	       s.n, s.first, s.count, s.dialect, rc == 0 ? "true" : "false", s.error ? s.error : "",
-	       s.done,
-	       s.requests, s.t_done ? (double)(s.t_done - s.t_start) / 1e9 : -1.0,
+	       s.done, s.requests, s.t_done ? (double)(s.t_done - s.t_start) / 1e9 : -1.0,
 	       s.t_last_connect ? (double)(s.t_last_connect - s.t_start) / 1e9 : -1.0,
 	       secs_between(s.t_last_set, s.t_last_parked),
 	       secs_between(s.t_last_set, s.t_last_wake),

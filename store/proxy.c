@@ -16,12 +16,11 @@
  * Upstream. One "main" connection (v2 dialect: VALIDATE, PING, HELLO, and
  * MUX when the store answers HELLO with extension version 5 or more)
  * carries every client's requests, FIFO. Clients are served once HELLO is
- * answered (main_ready), so MUX is the first request after it. The wire format after the op byte is the same in
- * both dialects, so a request is forwarded as its v2 op byte plus the raw
- * bytes; replies carry no dialect, so they are copied back verbatim. Replies
- * come in request order: a ring of pending entries (at most one per client)
- * says whose each reply is. A client that closes leaves its entry behind
- * with no owner; its reply is read and dropped.
+ * answered (main_ready), so MUX is the first request after it. The wire format after the op byte is
+ * the same in both dialects, so a request is forwarded as its v2 op byte plus the raw bytes;
+ * replies carry no dialect, so they are copied back verbatim. Replies come in request order: a ring
+ * of pending entries (at most one per client) says whose each reply is. A client that closes leaves
+ * its entry behind with no owner; its reply is read and dropped.
  *
  * Waits. A blocking WAIT (2.x GET is WAIT + GET) must not block the shared
  * connection, so a local WAIT goes out as CHECK on it first. That also

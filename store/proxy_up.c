@@ -103,7 +103,8 @@ static int send_tag_op(struct store_proxy *px, uint8_t op, uint64_t tag, const u
 
 	b[0] = op;
 	store_put_u64(b + 1, tag);
-	if (evbuffer_add(out, b, sizeof(b)) < 0 || (rest_len && evbuffer_add(out, rest, rest_len) < 0))
+	if (evbuffer_add(out, b, sizeof(b)) < 0 ||
+	    (rest_len && evbuffer_add(out, rest, rest_len) < 0))
 		return CRUN_ENOMEM;
 	return 0;
 }

@@ -1045,8 +1045,8 @@ static int dispatch_op(struct store_conn *c, const struct store_req *q)
  * the caller drains afterwards: whatever is kept is copied. */
 int store_conn_dispatch(struct store_conn *c, const struct store_req *q)
 {
-	bool parks = q->op == STORE_OP_WAIT || q->op == STORE_OP_BARRIER ||
-		     q->op == STORE_OP_WATCH_KEY;
+	bool parks =
+	    q->op == STORE_OP_WAIT || q->op == STORE_OP_BARRIER || q->op == STORE_OP_WATCH_KEY;
 	int r;
 
 	TRY(store_conn_mux_begin(c, parks, store_proto_reply_kind(q->op) != STORE_REPLY_NONE));
