@@ -627,7 +627,11 @@ def test_rdzvd_restart_notices_a_node_lost_meanwhile(procs, job, nnodes):
     for a, lg in survivors:
         assert a.wait(timeout=60) == 0, lg.read_text(errors="replace")
     text = logs[agents.index(survivors[0][0])].read_text(errors="replace")
-    assert re.search(r"round 1 complete: 2 nodes", text), text
+    # The round after the loss has the 2 survivors. Which round that is
+    # depends on the start: with MIN 2 a loaded machine may close round 0
+    # with 2 nodes before the third arrives (then round 1 has 3; CI).
+    lost_at = text.index("did not re-establish its lease")
+    assert re.search(r"round \d+ complete: 2 nodes", text[lost_at:]), text
     rd2.send_signal(signal.SIGTERM)
     assert rd2.wait(timeout=10) == 0
 
