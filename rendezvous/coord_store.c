@@ -892,21 +892,22 @@ int coord_wait_any_get_with(struct coord *c, const char *const *keys, size_t n,
 			    char **ret_val, char **ret_with)
 {
 	void *v = NULL, *w = NULL;
+	char *val = NULL, *with = NULL;
 	size_t idx;
 	int r;
 
-	*ret_with = NULL;
 	if (!c->etcd && !c->mem && !c->no_any && !c->no_fold && !c->no_with) {
 		if (!keys || !with_key || n == 0 || n > COORD_ANY_MAX)
 			return CRUN_EINVAL;
 		r = store_client_wait_any_get_with(c->s, keys, n, with_key,
 						   timeout_ms ? timeout_ms : 1, keep, &idx, &v, &w);
 		if (r == 0) {
-			*ret_val = v;
-			if (idx == 0)
-				*ret_with = w;
-			else
+			if (idx != 0) { /* another key woke it: with_key was not read for it */
 				free(w);
+				w = NULL;
+			}
+			*ret_val = v;
+			*ret_with = w;
 			return (int)idx;
 		}
 		if (r == CRUN_ETIMEDOUT)
@@ -915,16 +916,19 @@ int coord_wait_any_get_with(struct coord *c, const char *const *keys, size_t n,
 			return fail(c, r, "wait_any_get_with", keys[0]);
 		c->no_with = true; /* a version-4 store: its WAIT_ANY_GET, then a read */
 	}
-	r = coord_wait_any_get(c, keys, n, timeout_ms, keep, ret_val);
+	r = coord_wait_any_get(c, keys, n, timeout_ms, keep, &val);
+	if (r < 0)
+		return r;
 	if (r == 0) {
-		int t = coord_try_get(c, with_key, ret_with);
+		int t = coord_try_get(c, with_key, &with);
 
 		if (t < 0 && t != CRUN_ENOTFOUND) {
-			crun_free(*ret_val);
-			*ret_val = NULL;
+			crun_free(val);
 			return t;
 		}
 	}
+	*ret_val = val;
+	*ret_with = with;
 	return r;
 }
 

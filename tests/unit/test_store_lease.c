@@ -296,6 +296,23 @@ static void round_trip(const struct store_ext_req *q, uint8_t *buf, size_t cap,
 
 #define BYTES(s) ((struct store_bytes){(const uint8_t *)(s), sizeof(s) - 1})
 
+/* A decoded WAIT_ANY_GET(_WITH) of op byte `op` for keys {"/a", "/bb"}. */
+static void check_wait_any_frame(const uint8_t *buf, uint8_t op, const struct store_ext_req *d,
+				 uint64_t id, uint32_t wait_ms)
+{
+	const uint8_t *it = d->items;
+	struct store_bytes k;
+
+	ck_assert_uint_eq(buf[0], op);
+	ck_assert_uint_eq(d->id, id);
+	ck_assert_uint_eq(d->wait_ms, wait_ms);
+	ck_assert_uint_eq(d->nitems, 2);
+	store_items_next(&it, &k);
+	ck_assert_mem_eq(k.p, "/a", 2);
+	store_items_next(&it, &k);
+	ck_assert_mem_eq(k.p, "/bb", 3);
+}
+
 /* Version 4: TRY_GET, WAIT_ANY_GET, TICKET, GRANT_SET - fields, sizes, the
  * reply's fixed part, and the version each needs. */
 START_TEST(codec_version4_ops)
@@ -303,8 +320,6 @@ START_TEST(codec_version4_ops)
 	const struct store_bytes keys[2] = {BYTES("/a"), BYTES("/bb")};
 	struct store_ext_req q, d;
 	uint8_t buf[256];
-	const uint8_t *it;
-	struct store_bytes k;
 
 	q = (struct store_ext_req){.op = STORE_EXT_TRY_GET, .key = BYTES("/key")};
 	round_trip(&q, buf, sizeof(buf), &d);
@@ -313,14 +328,7 @@ START_TEST(codec_version4_ops)
 	q = (struct store_ext_req){
 	    .op = STORE_EXT_WAIT_ANY_GET, .id = 77, .wait_ms = 1500, .nitems = 2, .keys = keys};
 	round_trip(&q, buf, sizeof(buf), &d);
-	ck_assert_uint_eq(buf[0], 0x88);
-	ck_assert_uint_eq(d.id, 77);
-	ck_assert_uint_eq(d.wait_ms, 1500);
-	ck_assert_uint_eq(d.nitems, 2);
-	it = d.items;
-	store_items_next(&it, &k);
-	store_items_next(&it, &k);
-	ck_assert_mem_eq(k.p, "/bb", 3);
+	check_wait_any_frame(buf, 0x88, &d, 77, 1500);
 	q = (struct store_ext_req){.op = STORE_EXT_TICKET,
 				   .key = BYTES("/r0/joined"),
 				   .key2 = BYTES("/r0/node/"),
@@ -380,19 +388,9 @@ START_TEST(codec_wait_any_get_with)
 				  .key2 = BYTES("/r1/a/7")};
 	struct store_ext_req d;
 	uint8_t buf[256];
-	const uint8_t *it;
-	struct store_bytes k;
 
 	round_trip(&q, buf, sizeof(buf), &d);
-	ck_assert_uint_eq(buf[0], 0x8b);
-	ck_assert_uint_eq(d.id, 5);
-	ck_assert_uint_eq(d.wait_ms, 700);
-	ck_assert_uint_eq(d.nitems, 2);
-	it = d.items;
-	store_items_next(&it, &k);
-	ck_assert_mem_eq(k.p, "/a", 2);
-	store_items_next(&it, &k);
-	ck_assert_mem_eq(k.p, "/bb", 3);
+	check_wait_any_frame(buf, 0x8b, &d, 5, 700);
 	ck_assert_uint_eq(d.key2.len, 7);
 	ck_assert_mem_eq(d.key2.p, "/r1/a/7", 7);
 	ck_assert_uint_eq(store_ext_reply_size(STORE_EXT_WAIT_ANY_GET_WITH), 17);
