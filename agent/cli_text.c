@@ -224,6 +224,18 @@ static void man_section(FILE *f, enum cli_prog prog, const char *title,
 	}
 }
 
+/* crun-agent's codes are what systemd acts on (crun-agent@.service). */
+#define AGENT_EXIT_STATUS                                                                         \
+	".SH EXIT STATUS\n0: every worker succeeded; 1: the job failed (a restart may help); 2: " \
+	"the agent can never succeed as configured: a bad command line, config or secret file, "  \
+	"a run id already used by a job that ended on the rendezvous store, a port taken "        \
+	"(crun\\-agent@.service: RestartPreventExitStatus=2). On SIGTERM or SIGINT the agent "    \
+	"stops its workers and dies by that signal, a clean stop for systemd "                    \
+	"(SuccessExitStatus=SIGTERM SIGINT).\n"
+#define CRUN_EXIT_STATUS                                                                         \
+	".SH EXIT STATUS\n0: every worker succeeded; 1: the job failed; 2: bad command line or " \
+	"configuration (nothing was started).\n"
+
 char *cli_man_new(enum cli_prog prog)
 {
 	bool agent = prog == CLI_AGENT;
@@ -259,10 +271,7 @@ char *cli_man_new(enum cli_prog prog)
 		    pick_rdzv_key);
 	if (agent)
 		man_section(f, prog, "the job in the JSON config", pick_job);
-	fputs(
-	    ".SH EXIT STATUS\n0: every worker succeeded; 1: the job failed; 2: bad command line or "
-	    "configuration (nothing was started).\n",
-	    f);
+	fputs(agent ? AGENT_EXIT_STATUS : CRUN_EXIT_STATUS, f);
 	if (fclose(f) != 0) {
 		free(s);
 		return NULL;

@@ -13,6 +13,7 @@
 
 #include "agent/agent.h"
 #include "rendezvous/rdzv.h"
+#include "store/auth.h"
 #include "common/common.h"
 
 /* STATUS= refresh without a watchdog (with one: every ping). */
@@ -267,4 +268,35 @@ void agent_daemon_free(struct agent_daemon *d)
 	agent_status_stop(d->status);
 	agent_service_stop(&d->svc);
 	free(d);
+}
+
+/* ---- crun-agent's exit status ------------------------------------------------------ */
+
+int agent_daemon_exit_code(int err)
+{
+	return err == CRUN_ECONFIG || err == CRUN_EADDRINUSE ? 2 : 1;
+}
+
+int agent_daemon_stop_signal(const struct crun_agent *a)
+{
+	/* A signal that arrived while a failure was already being handled
+	 * does not turn the failure into a requested stop. */
+	if (a->failing || a->stop_reason == STOP_FAILED || a->stop_reason == STOP_PEER_FAILED)
+		return 0;
+	return a->stop_signal;
+}
+
+int agent_daemon_check(const struct cli *c, char *const *env, char *err, size_t cap)
+{
+	const char *path = c->cfg.auth_secret_file;
+	struct store_auth_secret s;
+	int r;
+
+	if (!path || !*path)
+		path = env_get(env, "CRUN_AUTH_SECRET_FILE");
+	if (!path || !*path || !c->cfg.rdzv_backend || strcmp(c->cfg.rdzv_backend, "static") == 0)
+		return 0;
+	r = store_auth_secret_read(path, &s, err, cap);
+	memset(&s, 0, sizeof(s));
+	return r < 0 ? CRUN_ECONFIG : 0;
 }

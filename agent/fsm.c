@@ -80,7 +80,9 @@ static enum agent_state on_rdzv_failed(struct crun_agent *a)
 {
 	log_at(LL_ERROR, SUB_AGENT, "rendezvous failed: %s", rdzv_last_error(a->rdzv));
 	snprintf(a->err, sizeof(a->err), "rendezvous failed: %s", rdzv_last_error(a->rdzv));
-	a->run_error = CRUN_ERDZVCLOSED;
+	/* CRUN_ECONFIG (a spent run id, conflicting settings) tells a service
+	 * manager not to restart into the same error (crun-agent exits 2). */
+	a->run_error = rdzv_failure(a->rdzv) == CRUN_ECONFIG ? CRUN_ECONFIG : CRUN_ERDZVCLOSED;
 	return finish(a, 1);
 }
 

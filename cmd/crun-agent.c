@@ -2,10 +2,14 @@
  * configs/systemd/crun-agent@.service). Settings come from crun's option
  * table: --config FILE.json, flags (which win) and the environment. Speaks
  * the notify protocol, re-reads the config on SIGHUP and serves a status
- * page (agent/daemon.c, agent/status.c). Exit codes: 0 the job succeeded,
- * 1 it failed, 2 bad configuration (nothing started).
+ * page (agent/daemon.c, agent/status.c). Exit codes, for systemd to act on
+ * (Restart=on-failure, RestartPreventExitStatus=2): 0 the job succeeded, 1
+ * it failed (a restart may help), 2 it can never succeed as configured (bad
+ * config or secret, a spent run id, a port taken); an operator's SIGTERM or
+ * SIGINT stops the job and the agent dies by that signal: a clean stop.
  */
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +49,24 @@ static int export_job_env(char **kv)
 	return 0;
 }
 
+/* A requested stop ends as the signal's own death (a shell sees 128+sig),
+ * which systemd counts as clean for SIGTERM and SIGINT; a signal whose
+ * default action is a core dump (SIGQUIT) ends as exit 0 instead. */
+static int die_by(int sig)
+{
+	sigset_t one;
+
+	if (sig != SIGTERM && sig != SIGINT)
+		return 0;
+	fflush(stderr);
+	signal(sig, SIG_DFL);
+	sigemptyset(&one);
+	sigaddset(&one, sig);
+	(void)sigprocmask(SIG_UNBLOCK, &one, NULL);
+	(void)raise(sig);
+	return 128 + sig; /* not reached */
+}
+
 int main(int argc, char **argv)
 {
 	struct agent_daemon *daemon = NULL;
@@ -53,6 +75,7 @@ int main(int argc, char **argv)
 	struct event_base *base;
 	crun_agent_t *agent = NULL;
 	struct cli c;
+	int stop_sig = 0;
 	int code = 1;
 	int r;
 
@@ -71,8 +94,13 @@ int main(int argc, char **argv)
 		cli_free(&c);
 		return code;
 	}
-	if (c.print_config) {
-		code = print_text(cli_resolved_json(&c));
+	/* What the parser cannot see but would stop the agent: also under
+	 * --print-config, which must not pass a config that cannot run. */
+	r = agent_daemon_check(&c, environ, c.err, sizeof(c.err));
+	if (r < 0)
+		fprintf(stderr, "crun-agent: error: %s\n", c.err);
+	if (r < 0 || c.print_config) {
+		code = r < 0 ? 2 : print_text(cli_resolved_json(&c));
 		cli_free(&c);
 		return code;
 	}
@@ -96,6 +124,7 @@ int main(int argc, char **argv)
 	r = agent_daemon_new(base, &c, argc, argv, environ, &daemon);
 	if (r < 0) {
 		fprintf(stderr, "crun-agent: error: %s\n", crun_strerror(r));
+		code = agent_daemon_exit_code(r);
 		goto out_base;
 	}
 	r = agent_timers_from_env(base, environ, timer_path, sizeof(timer_path), &timers);
@@ -109,13 +138,15 @@ int main(int argc, char **argv)
 	r = crun_agent_new(&c.cfg, &agent);
 	if (r < 0) {
 		fprintf(stderr, "crun-agent: error: %s\n", crun_strerror(r));
+		code = agent_daemon_exit_code(r);
 		goto out_daemon;
 	}
 	agent_daemon_attach(daemon, agent);
 	agent_timers_attach(timers, agent);
 	r = crun_agent_run(agent, &code);
-	if (r < 0 && code == 0)
-		code = 1;
+	if (r < 0)
+		code = agent_daemon_exit_code(r);
+	stop_sig = agent_daemon_stop_signal(agent);
 	agent_daemon_attach(daemon, NULL);
 	agent_timers_attach(timers, NULL);
 	crun_agent_free(agent);
@@ -127,5 +158,5 @@ out_base:
 out:
 	cli_free(&c);
 	fflush(stdout);
-	return code;
+	return stop_sig ? die_by(stop_sig) : code;
 }

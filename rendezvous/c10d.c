@@ -58,6 +58,7 @@ struct c10d {
 	uint64_t linger_until;
 	bool lingered;
 	char err[512];
+	int fail_code; /* why the last RDZV_EV_FAILED: CRUN_ECONFIG = never can succeed */
 };
 
 /* ---- helper jobs ------------------------------------------------------------ */
@@ -334,6 +335,7 @@ static void on_job(struct helper *h, void *arg)
 	}
 	if (j->h.result < 0) {
 		snprintf(c->err, sizeof(c->err), "%s", j->err);
+		c->fail_code = j->h.result;
 		ev = RDZV_EV_FAILED;
 	} else if (j->outcome == RO_SPARE_DONE) {
 		ev = RDZV_EV_SPARE_DONE;
@@ -723,4 +725,9 @@ enum rdzv_change c10d_change_kind(const struct c10d *c)
 const char *c10d_last_error(const struct c10d *c)
 {
 	return c->err;
+}
+
+int c10d_failure(const struct c10d *c)
+{
+	return c->fail_code < 0 ? c->fail_code : CRUN_ERDZVCLOSED;
 }

@@ -101,5 +101,6 @@ int c10d_barrier_result(const struct c10d *c);
 int c10d_close_failed(struct c10d *c, const char *why);
 enum rdzv_change c10d_change_kind(const struct c10d *c);
 const char *c10d_last_error(const struct c10d *c);
+int c10d_failure(const struct c10d *c); /* rdzv_failure() */
 
 #endif /* CRUN_RENDEZVOUS_C10D_H */

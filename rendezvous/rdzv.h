@@ -122,6 +122,11 @@ bool rdzv_worker_store_proxy(const struct rdzv *r);
 int rdzv_exit_barrier(struct rdzv *r);
 
 const char *rdzv_last_error(const struct rdzv *r);
+/* After RDZV_EV_FAILED: CRUN_ECONFIG when the job can never succeed as this
+ * agent is set up (conflicting settings, a run id that already ended: a
+ * service must not restart into it), else the code the round failed with
+ * (CRUN_ERDZVCLOSED when there is none). */
+int rdzv_failure(const struct rdzv *r);
 /* After RDZV_EV_BARRIER_DONE: 0 when every node finished, else
  * CRUN_ETIMEDOUT (the barrier timed out: a peer is still running or hung)
  * or CRUN_ERDZVCLOSED (the job failed elsewhere); rdzv_last_error() says

@@ -404,6 +404,11 @@ const char *rdzv_last_error(const struct rdzv *r)
 	return r->c10d ? c10d_last_error(r->c10d) : r->err;
 }
 
+int rdzv_failure(const struct rdzv *r)
+{
+	return r->c10d ? c10d_failure(r->c10d) : CRUN_ERDZVCLOSED;
+}
+
 enum rdzv_change rdzv_change_kind(const struct rdzv *r)
 {
 	return r->c10d ? c10d_change_kind(r->c10d) : r->change;

@@ -189,6 +189,96 @@ def test_missing_config_file_exits_2(procs, job):
     assert rc == 2 and "nope.json" in err, err
 
 
+# ---- exit codes systemd can act on (issue 22) ---------------------------------------
+
+def secret_file(d, mode):
+    p = d / "secret"
+    p.write_text("s3cret-s3cret-s3cret-s3cret")
+    p.chmod(mode)
+    return p
+
+
+def c10d_config(job, **security):
+    return base_config(job, rendezvous={"standalone": False, "backend": "c10d",
+                                        "endpoint": f"127.0.0.1:{free_port()}"},
+                       security=security, status={"listen": "off"})
+
+
+@pytest.mark.parametrize("case", ["missing-secret", "group-readable-secret",
+                                  "print-config-missing-secret", "status-port-taken"])
+def test_conditions_that_can_never_succeed_exit_2(procs, job, case):
+    """2 is the units' RestartPreventExitStatus=: systemd must not restart the
+    agent into the same error forever."""
+    extra = []
+    if case == "status-port-taken":
+        taken = socket.socket()
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cfg = base_config(job, status={"listen": f"127.0.0.1:{port}"})
+        needle = "address already in use"
+    else:
+        taken = None
+        path = job / "nope" if "missing" in case else secret_file(job, 0o640)
+        cfg = c10d_config(job, secret_file=str(path))
+        needle = "nope" if "missing" in case else "accessible by group or others"
+        if case.startswith("print-config"):
+            extra = ["--print-config"]
+    try:
+        rc, out, err = run_agent(procs, ["--config", str(write_config(job, cfg)), *extra])
+    finally:
+        if taken:
+            taken.close()
+    assert rc == 2, (rc, err)
+    assert needle in err, err
+    assert not list((job / "out").iterdir())  # nothing started
+
+
+def test_run_id_spent_by_a_failed_job_exits_2(procs, job):
+    """crun-agent@job42 has a fixed run id: once job42 failed on crun-rdzvd,
+    a restarted agent can only meet 'run id already used'."""
+    srv, host, port = start_rdzvd(procs, "--status", "off")
+    (job / "fail.py").write_text("import sys\nsys.exit(3)\n")
+    cfg = base_config(job, rendezvous={"standalone": False, "backend": "c10d",
+                                       "endpoint": f"{host}:{port}", "id": "job42"},
+                      status={"listen": "off"})
+    cfg["job"].update(program=str(job / "fail.py"), nproc_per_node=1)
+    path = write_config(job, cfg)
+    rc, _, err = run_agent(procs, ["--config", str(path)])
+    assert rc == 1, err  # the job failed: a restart may help
+    rc, _, err = run_agent(procs, ["--config", str(path)])
+    assert rc == 2 and "run id already used" in err, (rc, err)
+    srv.send_signal(signal.SIGTERM)
+    assert srv.wait(timeout=30) == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_requested_stop_is_a_clean_death_by_the_signal(procs, job, sig):
+    """systemctl stop sends SIGTERM: the agent stops its workers and dies by
+    the signal, which systemd counts as a clean stop (not 'failed')."""
+    cfg = write_config(job, base_config(job, status={"listen": "off"}))
+    p = procs.spawn([bin_path("crun-agent"), "--config", str(cfg)], env=agent_env())
+    workers = pids(job, 2)
+    p.send_signal(sig)
+    assert p.wait(timeout=60) == -sig
+    for pid in workers.values():
+        assert not os.path.exists(f"/proc/{pid}") or \
+            open(f"/proc/{pid}/stat").read().split(")")[1].split()[0] == "Z"
+
+
+def test_unit_and_man_page_agree_on_the_exit_codes(procs):
+    rc, man, _ = run_agent(procs, ["--print-man"])
+    assert rc == 0
+    exit_status = man.split(".SH EXIT STATUS", 1)[1]
+    for needle in ("2:", "run id", "SIGTERM"):
+        assert needle in exit_status, exit_status
+    with open(os.path.join(ROOT, "configs", "systemd", "crun-agent@.service")) as f:
+        unit = dict(ln.split("=", 1) for ln in f.read().splitlines()
+                    if "=" in ln and not ln.startswith("#"))
+    assert unit["RestartPreventExitStatus"].split() == ["2"]
+    assert "SIGTERM" in unit["SuccessExitStatus"].split()
+
+
 def test_schema_file_is_the_tables_and_examples_parse(procs):
     rc, out, err = run_agent(procs, ["--print-schema"])
     assert rc == 0, err
