@@ -35,6 +35,7 @@ else
 endif
 
 CC ?= cc
+OBJCOPY ?= objcopy
 CFLAGS ?= -O2 -g
 WARN := -Wall -Wextra -Wshadow -Wformat=2 -Wmissing-prototypes -Wstrict-prototypes \
 	-Wno-unused-parameter
@@ -71,6 +72,7 @@ LIB_SRCS := $(filter-out $(GPU_C_SRCS),$(foreach m,$(MODULES),$(wildcard $(m)/*.
 CU_SRCS := $(wildcard kernels/*.cu)
 LIB_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRCS))
 LIBA := $(BUILD)/lib/libcrun.a
+LIBINT := $(BUILD)/lib/libcrun-internal.a
 LIBSO := $(BUILD)/lib/libcrun.so.0
 LIBCUDA := $(BUILD)/lib/libcrun-cuda.so.0
 GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/*.c))
@@ -142,13 +144,27 @@ $(LIBCUDA): $(CUDA_OBJS) kernels/cuda.map
 		-Wl,-z,defs -o $@ $(CUDA_OBJS) $(CUDA_LIBS)
 
 # GPU tests (not installed): the SDK plus cuBLAS / NCCL for the baselines.
-$(BUILD)/tests/gpu/%: tests/gpu/%.c $(LIBA) $(BUILD)/config.mk
+$(BUILD)/tests/gpu/%: tests/gpu/%.c $(LIBINT) $(BUILD)/config.mk
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  CC      $<")
-	$(Q)$(CC) $(CUDA_CFLAGS) $(SANFLAGS) -Wno-missing-prototypes -Itests -o $@ $< $(LIBA) $(LIBS) \
+	$(Q)$(CC) $(CUDA_CFLAGS) $(SANFLAGS) -Wno-missing-prototypes -Itests -o $@ $< $(LIBINT) $(LIBS) \
 		-L$(CUDA_HOME)/lib64 -lcudart -lcublas -lnccl -Wl,-rpath,$(CUDA_HOME)/lib64
 
-$(LIBA): $(LIB_OBJS)
+# libcrun.a, the installed static library, defines no global name beyond
+# libcrun.map's (crun_*): its objects are linked into one (ld -r) whose other
+# globals objcopy makes local, so a host program with its own parse_bool or
+# str_dup links it. The programs, tests, examples and benchmarks use the
+# internals too: they link $(LIBINT), the plain archive, which is not installed.
+LIB_GLOBALS = $(shell sed -n 's/^[[:space:]]*\(crun_[^;]*\);.*/\1/p' libcrun.map)
+$(LIBA): $(LIB_OBJS) libcrun.map Makefile
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  AR      $@")
+	$(Q)$(LD) -r -o $(BUILD)/obj/libcrun-all.o $(LIB_OBJS)
+	$(Q)$(OBJCOPY) --wildcard $(foreach g,$(LIB_GLOBALS),--keep-global-symbol='$(g)') \
+		$(BUILD)/obj/libcrun-all.o $(BUILD)/obj/libcrun-public.o
+	$(Q)rm -f $@ && $(AR) rcs $@ $(BUILD)/obj/libcrun-public.o
+
+$(LIBINT): $(LIB_OBJS)
 	@mkdir -p $(@D)
 	$(Q)rm -f $@ && $(AR) rcs $@ $^
 
@@ -161,34 +177,34 @@ $(LIBSO): $(LIB_OBJS) libcrun.map
 $(BUILD)/crun.pc: crun.pc.in
 	$(Q)sed -e 's|@PREFIX@|$(abspath $(BUILD))|' -e 's|@INCLUDE@|$(abspath include)|' $< > $@
 
-$(BUILD)/bin/%: $(BUILD)/obj/cmd/%.o $(LIBA)
+$(BUILD)/bin/%: $(BUILD)/obj/cmd/%.o $(LIBINT)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(BASE_LDFLAGS) -o $@ $< $(LIBA) $(LIBS)
+	$(Q)$(CC) $(BASE_LDFLAGS) -o $@ $< $(LIBINT) $(LIBS)
 
-$(BUILD)/examples/%: $(BUILD)/obj/examples/%.o $(LIBA)
+$(BUILD)/examples/%: $(BUILD)/obj/examples/%.o $(LIBINT)
 	@mkdir -p $(@D)
-	$(Q)$(CC) $(BASE_LDFLAGS) -o $@ $< $(LIBA) $(LIBS)
+	$(Q)$(CC) $(BASE_LDFLAGS) -o $@ $< $(LIBINT) $(LIBS)
 
-$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIBA)
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIBINT)
 	@mkdir -p $(@D)
-	$(Q)$(CC) $(BASE_LDFLAGS) -o $@ $< $(LIBA) $(LIBS)
+	$(Q)$(CC) $(BASE_LDFLAGS) -o $@ $< $(LIBINT) $(LIBS)
 
 # rdzv_sim runs the library's blocking store client on coroutines: the linker
 # routes the client's poll/usleep/connect/send/recv through its scheduler.
 SIM_WRAP := -Wl,--wrap=poll,--wrap=usleep,--wrap=connect,--wrap=send,--wrap=recv
-$(BUILD)/bench/rdzv_sim: $(BUILD)/obj/bench/rdzv_sim.o $(LIBA)
+$(BUILD)/bench/rdzv_sim: $(BUILD)/obj/bench/rdzv_sim.o $(LIBINT)
 	@mkdir -p $(@D)
-	$(Q)$(CC) $(BASE_LDFLAGS) $(SIM_WRAP) -o $@ $< $(LIBA) $(LIBS)
+	$(Q)$(CC) $(BASE_LDFLAGS) $(SIM_WRAP) -o $@ $< $(LIBINT) $(LIBS)
 
 $(BUILD)/obj/tests/%.o: tests/%.c $(BUILD)/config.mk
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) -Itests -c $< -o $@
 
-$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(LIBA)
+$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(LIBINT)
 	@mkdir -p $(@D)
-	$(Q)$(CC) $(BASE_LDFLAGS) -o $@ $< $(LIBA) $(LIBS) $(CHECK_LIBS)
+	$(Q)$(CC) $(BASE_LDFLAGS) -o $@ $< $(LIBINT) $(LIBS) $(CHECK_LIBS)
 
 # A stand-in GPU object for test_backend (no CUDA): the nccl path on any host.
 $(BUILD)/tests/test_backend: $(BUILD)/tests/libfake_backend.so
@@ -196,9 +212,9 @@ $(BUILD)/tests/libfake_backend.so: tests/unit/fake_backend.c worker_sdk/backend_
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(BASE_CFLAGS) $(CFLAGS) -Wno-missing-prototypes -shared -Wl,-z,defs -o $@ $<
 
-$(BUILD)/tests/helpers/%: $(BUILD)/obj/tests/helpers/%.o $(LIBA)
+$(BUILD)/tests/helpers/%: $(BUILD)/obj/tests/helpers/%.o $(LIBINT)
 	@mkdir -p $(@D)
-	$(Q)$(CC) $(BASE_LDFLAGS) -o $@ $< $(LIBA) $(LIBS)
+	$(Q)$(CC) $(BASE_LDFLAGS) -o $@ $< $(LIBINT) $(LIBS)
 
 # ---- tests -------------------------------------------------------------------
 # `make test` is what CI runs: packages, build, unit (Check), integration and

@@ -101,6 +101,49 @@ def test_only_crun_symbols_are_exported(prefix):
     assert "SONAME               libcrun.so.0" in soname
 
 
+# A scheduler linking libcrun.a statically, with helpers of its own whose
+# names libcrun also uses inside (common/: parse_bool, str_dup).
+HOST_PROGRAM = r"""
+#include <stdio.h>
+#include <string.h>
+#include <crun/crun.h>
+#include <crun/agent.h>
+
+int parse_bool(const char *s)
+{
+	return strcmp(s, "yes") == 0 ? 42 : 0;
+}
+
+char *str_dup(const char *s)
+{
+	return (char *)s;
+}
+
+int main(void)
+{
+	crun_agent_free(NULL); /* pulls in the agent and what it uses inside */
+	printf("%d %s %s\n", parse_bool("yes"), str_dup("mine"), crun_strerror(CRUN_EINVAL));
+	return 0;
+}
+"""
+
+
+def test_the_static_library_defines_only_crun_names(prefix, tmp_path):
+    lib = os.path.join(prefix, "lib/libcrun.a")
+    out = run(["nm", "-g", "--defined-only", lib])
+    names = [l.split()[-1] for l in out.splitlines() if len(l.split()) == 3]
+    assert "crun_strerror" in names and "crun_agent_new" in names, names[:20]
+    strays = [n for n in names if not n.startswith("crun_")]
+    assert not strays, f"libcrun.a defines beyond crun_*: {len(strays)}: {strays[:20]}"
+    src = tmp_path / "host.c"
+    src.write_text(HOST_PROGRAM)
+    exe = tmp_path / "host"
+    libs = [l for l in pc(prefix, "--libs", "--static") if l != "-lcrun"]
+    run(["cc", "-std=c99", "-Wall", "-Werror", *SAN_FLAGS, *pc(prefix, "--cflags"),
+         "-o", str(exe), str(src), lib, *libs, "-lm", "-ldl", "-pthread"])
+    assert run([str(exe)]).split(" ", 2) == ["42", "mine", "invalid argument\n"]
+
+
 @pytest.mark.parametrize("compiler", [
     ["cc", "-std=c99", "-pedantic", "-Wall", "-Wextra", "-Werror", "-x", "c"],
     ["g++", "-std=c++17", "-pedantic", "-Wall", "-Wextra", "-Werror", "-x", "c++"],
