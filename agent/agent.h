@@ -535,6 +535,9 @@ int agent_daemon_new(struct event_base *base, struct cli *c, int argc, char *con
 /* --event_log_handler=console: one JSON line for a state change, in the
  * shape of torchrun's events (name, source, timestamp, metadata). */
 void agent_event_print(FILE *f, crun_agent_state_t st, int restart_count, const char *role);
+/* That line's JSON (no newline), malloc'd; NULL on OOM. role NULL: "default". */
+char *agent_event_json(crun_agent_state_t st, int restart_count, const char *role,
+		       double timestamp_s);
 /* The agent whose state STATUS= and the status page report (borrowed). */
 void agent_daemon_attach(struct agent_daemon *d, struct crun_agent *a);
 /* The address the status page bound ("127.0.0.1:8123"), or "" when off. */

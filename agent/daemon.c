@@ -5,10 +5,12 @@
  * know it is a daemon.
  */
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
 #include <event2/event.h>
 
 #include "agent/agent.h"
@@ -88,18 +90,40 @@ void agent_service_stop(struct agent_service *s)
 	memset(s, 0, sizeof(*s));
 }
 
-void agent_event_print(FILE *f, crun_agent_state_t st, int restart_count, const char *role)
+char *agent_event_json(crun_agent_state_t st, int restart_count, const char *role,
+		       double timestamp_s)
 {
 	static const char *const names[] = {"RENDEZVOUS", "RUNNING", "STOPPING", "BARRIER", "DONE"};
 	const char *name = (unsigned)st < ARRAY_SIZE(names) ? names[st] : "DONE";
+	char full[64];
+	cJSON *o = cJSON_CreateObject(), *md;
+	char *s = NULL;
 
 	/* The shape of torchrun's events (name, source, timestamp, metadata);
-	 * the names are crun's states, not torchrun's event set. */
-	fprintf(f,
-		"{\"name\": \"crun.agent.state.%s\", \"source\": \"AGENT\", \"timestamp\": "
-		"%.0f, \"metadata\": {\"state\": \"%s\", \"role\": \"%s\", "
-		"\"agent_restarts\": %d}}\n",
-		name, clock_wall_s(), name, role ? role : "default", restart_count);
+	 * the names are crun's states, not torchrun's event set. cJSON escapes
+	 * what the role may hold (quotes, backslashes, control characters). */
+	snprintf(full, sizeof(full), "crun.agent.state.%s", name);
+	if (!o || !cJSON_AddStringToObject(o, "name", full) ||
+	    !cJSON_AddStringToObject(o, "source", "AGENT") ||
+	    !cJSON_AddNumberToObject(o, "timestamp", (double)(int64_t)timestamp_s) ||
+	    !(md = cJSON_AddObjectToObject(o, "metadata")) ||
+	    !cJSON_AddStringToObject(md, "state", name) ||
+	    !cJSON_AddStringToObject(md, "role", role ? role : "default") ||
+	    !cJSON_AddNumberToObject(md, "agent_restarts", restart_count))
+		goto out;
+	s = cJSON_PrintUnformatted(o);
+out:
+	cJSON_Delete(o);
+	return s;
+}
+
+void agent_event_print(FILE *f, crun_agent_state_t st, int restart_count, const char *role)
+{
+	char *s = agent_event_json(st, restart_count, role, clock_wall_s());
+
+	if (s)
+		fprintf(f, "%s\n", s);
+	free(s);
 }
 
 /* ---- crun-agent ------------------------------------------------------------------- */

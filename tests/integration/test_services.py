@@ -175,13 +175,30 @@ def test_agent_serves_its_status_page_by_default(procs, job, notify):
     assert rc == 0 and json.loads(out)["status.listen"] == "off"
 
 
-def test_agent_console_events(procs, job):
-    cfg = write_config(job, base_config(job, logs={"event_log_handler": "console"}))
+@pytest.mark.parametrize("role", [None, 'tr"ain \\ {x}\x01\x1f\t\u00e9'], ids=["default", "nasty"])
+def test_agent_console_events(procs, job, role):
+    cfg = base_config(job, logs={"event_log_handler": "console"})
+    if role:
+        cfg["job"]["role"] = role
     (job / "out" / "stop").write_text("")
-    rc, _, err = run_agent(procs, ["--config", str(cfg), "--status=off"])
+    rc, _, err = run_agent(procs, ["--config", str(write_config(job, cfg)), "--status=off"])
     assert rc == 0, err
-    names = [json.loads(ln)["name"] for ln in err.splitlines() if ln.startswith('{"name"')]
+    events = [json.loads(ln) for ln in err.splitlines() if ln.startswith("{")]
+    names = [e["name"] for e in events]
     assert "crun.agent.state.RUNNING" in names and names[-1] == "crun.agent.state.DONE", names
+    assert {e["metadata"]["role"] for e in events} == {role or "default"}
+
+
+def test_crun_console_events_are_json_whatever_the_role(procs, job):
+    role = 'a"b\\c\x02\n'
+    (job / "out" / "stop").write_text("")
+    p = procs.spawn([bin_path("crun"), "--standalone", "--nproc_per_node=1",
+                     "--event_log_handler=console", "--role", role, str(job / "w.py"),
+                     str(job / "out")], env=agent_env())
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    events = [json.loads(ln) for ln in err.decode().splitlines() if ln.startswith("{")]
+    assert events and {e["metadata"]["role"] for e in events} == {role}
 
 
 def test_missing_config_file_exits_2(procs, job):

@@ -1,8 +1,11 @@
 /* test_status.c: the status page's pure parts: the bare page's bodies and
  * which job a rendezvous store key belongs to (crun-rdzvd's GET /jobs), and
- * torchrun's expiry-timer request lines. */
+ * torchrun's expiry-timer request lines, and the console event lines as
+ * JSON whatever the role holds. */
 #include <stdlib.h>
 #include <string.h>
+
+#include <cjson/cJSON.h>
 
 #include "unit/check_main.h"
 #include "agent/agent.h"
@@ -133,6 +136,42 @@ START_TEST(round_progress_line)
 }
 END_TEST
 
+/* Fuzz-style: roles of every byte but NUL (quotes, backslashes, control
+ * characters, high bytes), seeded by the loop index; every line must parse
+ * and give the role back. */
+START_TEST(event_lines_are_json_whatever_the_role)
+{
+	unsigned seed = (unsigned)_i * 2654435761u + 1;
+	char role[64];
+	size_t n;
+	char *line;
+	cJSON *o, *md;
+
+	n = 1 + (size_t)(_i % (int)(sizeof(role) - 1));
+	for (size_t k = 0; k < n; k++) {
+		seed = seed * 1103515245u + 12345u;
+		role[k] = (char)(1 + (seed >> 16) % 255);
+	}
+	role[n] = '\0';
+	if (_i < 4) /* the ones an operator types first */
+		snprintf(role, sizeof(role), "%s", (const char *[]){"tr\"ain", "a\\b", "x\ny\t\x01",
+								     "\"}\\"}[_i]);
+	line = agent_event_json((crun_agent_state_t)(_i % 5), _i, role, 1700000000.0);
+	ck_assert_ptr_nonnull(line);
+	ck_assert_ptr_null(strchr(line, '\n'));
+	o = cJSON_Parse(line);
+	ck_assert_msg(o != NULL, "not JSON: %s", line);
+	md = cJSON_GetObjectItem(o, "metadata");
+	ck_assert_str_eq(cJSON_GetStringValue(cJSON_GetObjectItem(md, "role")), role);
+	ck_assert_int_eq((int)cJSON_GetNumberValue(cJSON_GetObjectItem(md, "agent_restarts")), _i);
+	ck_assert_str_eq(cJSON_GetStringValue(cJSON_GetObjectItem(o, "source")), "AGENT");
+	ck_assert_int_eq((int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(o, "timestamp")),
+			 1700000000);
+	cJSON_Delete(o);
+	free(line);
+}
+END_TEST
+
 static Suite *status_suite(void)
 {
 	Suite *s = suite_create("status");
@@ -142,6 +181,7 @@ static Suite *status_suite(void)
 	tcase_add_test(tc, bare_page_bodies);
 	tcase_add_test(tc, timer_requests);
 	tcase_add_test(tc, round_progress_line);
+	tcase_add_loop_test(tc, event_lines_are_json_whatever_the_role, 0, 500);
 	suite_add_tcase(s, tc);
 	return s;
 }
