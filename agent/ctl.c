@@ -3,14 +3,22 @@
  * the /status and /jobs JSON. Nothing here reads crun's private state: what
  * an operator's tool sees is exactly what the page serves.
  */
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <cjson/cJSON.h>
 #include <event2/buffer.h>
 #include <event2/event.h>
 #include <event2/http.h>
+#include <event2/util.h>
 
 #include "agent/agent.h"
 #include "common/common.h"
@@ -22,6 +30,7 @@ struct fetch {
 	int status;
 	char *body;
 	bool done;
+	int err; /* why there is no reply: a crun code */
 };
 
 static void on_reply(struct evhttp_request *req, void *arg)
@@ -32,9 +41,11 @@ static void on_reply(struct evhttp_request *req, void *arg)
 
 	f->done = true;
 	event_base_loopbreak(f->base);
-	if (!req) /* connection refused, reset or timed out */
+	if (!req) /* on_error said why */
 		return;
 	f->status = evhttp_request_get_response_code(req);
+	if (!f->status) /* the connection failed: probe() told why first */
+		return;
 	b = evhttp_request_get_input_buffer(req);
 	len = evbuffer_get_length(b);
 	if (len > CTL_MAX_BODY_BYTES)
@@ -46,25 +57,76 @@ static void on_reply(struct evhttp_request *req, void *arg)
 	f->body[len] = '\0';
 }
 
+/* Runs before on_reply(NULL) when a reply was cut short or late. */
+static void on_error(enum evhttp_request_error e, void *arg)
+{
+	struct fetch *f = arg;
+
+	f->err = e == EVREQ_HTTP_TIMEOUT	 ? CRUN_ETIMEDOUT
+		 : e == EVREQ_HTTP_DATA_TOO_LONG ? CRUN_ETOOBIG
+		 : e == EVREQ_HTTP_EOF		 ? CRUN_ECLOSED
+						 : CRUN_EPROTO;
+}
+
+/* What an operator must be told apart, a name that does not resolve, a page
+ * that is not there (refused) and one that does not answer (timed out):
+ * evhttp reports all of them as a request without a reply, so one plain
+ * connect to the endpoint's first address says which, within timeout_ms.
+ * Writes the numeric address evhttp then uses into buf. */
+static int probe(const char *host, uint16_t port, uint32_t timeout_ms, char *buf, size_t cap)
+{
+	struct evutil_addrinfo hints = {
+	    .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = EVUTIL_AI_NUMERICSERV};
+	struct evutil_addrinfo *ai = NULL;
+	char service[8];
+	int fd, r = CRUN_ERESOLVE;
+
+	snprintf(service, sizeof(service), "%u", port);
+	if (evutil_getaddrinfo(host, service, &hints, &ai) != 0 || !ai)
+		return CRUN_ERESOLVE;
+	if (getnameinfo(ai->ai_addr, (socklen_t)ai->ai_addrlen, buf, (socklen_t)cap, NULL, 0,
+			NI_NUMERICHOST) != 0)
+		goto out;
+	fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	r = fd < 0 ? -errno : 0;
+	if (r < 0)
+		goto out;
+	if (connect(fd, ai->ai_addr, (socklen_t)ai->ai_addrlen) < 0) {
+		r = errno == EINPROGRESS ? fd_wait_until(fd, POLLOUT, clock_now_ms() + timeout_ms)
+					 : -errno;
+		if (r == 0) {
+			int e = 0;
+			socklen_t len = sizeof(e);
+
+			r = getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) < 0 ? -errno : -e;
+		}
+	}
+	fd_close(fd);
+out:
+	evutil_freeaddrinfo(ai);
+	return r;
+}
+
 int agent_ctl_get(const char *endpoint, const char *path, uint32_t timeout_ms, int *ret_status,
 		  char **ret_body)
 {
-	struct fetch f = {0};
+	struct fetch f = {.err = CRUN_ECONNREFUSED}; /* gone since probe() */
 	struct evhttp_connection *conn = NULL;
 	struct evhttp_request *req;
 	struct timeval tv = {.tv_sec = (time_t)(timeout_ms / 1000),
 			     .tv_usec = (suseconds_t)(timeout_ms % 1000) * 1000};
-	char host[256], hosthdr[300];
+	char host[256], addr[INET6_ADDRSTRLEN], hosthdr[300];
 	uint16_t port;
 	int r = CRUN_EINVAL;
 
 	if (parse_host_port(endpoint, 0, host, sizeof(host), &port) < 0 || port == 0)
 		return CRUN_EINVAL;
+	TRY(probe(host, port, timeout_ms, addr, sizeof(addr)));
 	f.base = event_base_new();
 	if (!f.base)
 		return CRUN_ENOMEM;
 	r = CRUN_ENOMEM;
-	conn = evhttp_connection_base_new(f.base, NULL, host, port);
+	conn = evhttp_connection_base_new(f.base, NULL, addr, port);
 	if (!conn)
 		goto out;
 	evhttp_connection_set_timeout_tv(conn, &tv);
@@ -73,13 +135,14 @@ int agent_ctl_get(const char *endpoint, const char *path, uint32_t timeout_ms, i
 	req = evhttp_request_new(on_reply, &f);
 	if (!req)
 		goto out;
+	evhttp_request_set_error_cb(req, on_error);
 	snprintf(hosthdr, sizeof(hosthdr), "%s", endpoint);
 	evhttp_add_header(evhttp_request_get_output_headers(req), "Host", hosthdr);
 	if (evhttp_make_request(conn, req, EVHTTP_REQ_GET, path) < 0)
 		goto out; /* the request was freed by libevent */
 	/* The connection's own timeout ends the request; the loop only turns. */
 	(void)event_base_dispatch(f.base);
-	r = f.done && f.status ? 0 : CRUN_ETIMEDOUT;
+	r = f.done && f.status ? 0 : f.err;
 	if (r == 0 && !f.body)
 		r = CRUN_ENOMEM;
 	if (r == 0) {
@@ -142,6 +205,40 @@ static void print_rdzv(FILE *out, const cJSON *rz)
 		num(v[0], sizeof(v[0]), n, "group_rank");
 		fprintf(out, "%-10s %-24s %s\n", v[0], str(n, "host"), str(n, "addr"));
 	}
+}
+
+int agent_ctl_read_state(const char *json, struct agent_ctl_state *ret)
+{
+	cJSON *root = cJSON_Parse(json);
+	const cJSON *v, *code;
+
+	if (!cJSON_IsObject(root)) {
+		cJSON_Delete(root);
+		return CRUN_EPROTO;
+	}
+	v = cJSON_GetObjectItemCaseSensitive(root, "version");
+	code = cJSON_GetObjectItemCaseSensitive(root, "exit_code");
+	ret->version = cJSON_IsNumber(v) ? (int64_t)v->valuedouble : -1;
+	snprintf(ret->state, sizeof(ret->state), "%s",
+		 cJSON_IsString(cJSON_GetObjectItemCaseSensitive(root, "state"))
+		     ? str(root, "state")
+		     : "");
+	ret->exit_code = cJSON_IsNumber(code) ? (int)code->valuedouble : -1;
+	cJSON_Delete(root);
+	return 0;
+}
+
+bool agent_ctl_serves_job(const char *json, const char *run_id)
+{
+	cJSON *root = cJSON_Parse(json), *j;
+	bool yes = root && strcmp(str(root, "run_id"), run_id) == 0;
+
+	cJSON_ArrayForEach(j, cJSON_GetObjectItemCaseSensitive(root, "jobs"))
+	{
+		yes = yes || strcmp(str(j, "run_id"), run_id) == 0;
+	}
+	cJSON_Delete(root);
+	return yes;
 }
 
 int agent_ctl_print_status(FILE *out, const char *json)

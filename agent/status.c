@@ -15,8 +15,10 @@
 
 #include <cjson/cJSON.h>
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
+#include <event2/keyvalq_struct.h>
 
 #include "agent/agent.h"
 #include "rendezvous/rdzv.h"
@@ -27,8 +29,31 @@
 
 #define STATUS_EXIT_CODES 256 /* codes 0..255; anything else counts as 255 */
 
+#define STATUS_MAX_HELD	   64	 /* watchers parked on ?after= at once */
+#define STATUS_MAX_HOLD_MS 60000 /* the longest ?wait_ms= a watcher is held */
+/* How long a closing page waits for a watcher it answered to come back
+ * for the job's end (a hang guard: a watcher asks again at once). */
+#define STATUS_LINGER_MS 2000
+
+/* A GET /status?after=VERSION&wait_ms=N parked until the state changes. */
+struct status_hold {
+	struct agent_status *s;	    /* borrowed back-pointer */
+	struct evhttp_request *req; /* NULL: the slot is free */
+	struct event *timer;
+};
+
 struct agent_status {
 	struct evhttp *http;
+	struct event_base *base; /* borrowed */
+	/* Agent state changes so far; the body carries it as "version", and a
+	 * watcher asks for the next one with ?after=VERSION (crunctl watch). */
+	uint64_t version;
+	char *final; /* the body at DONE, served from then on: the job's end */
+	/* Watchers told a state short of the end, not yet back for the next:
+	 * a closing page waits for them until owed_until_ms. */
+	int owed;
+	uint64_t owed_until_ms;
+	struct status_hold held[STATUS_MAX_HELD];
 	/* Worker exits by code over the agent's life, counted when an attempt
 	 * ends (agent_status_on_state); last is the previous public state. */
 	uint64_t exits[STATUS_EXIT_CODES];
@@ -98,10 +123,9 @@ out:
 	free(p);
 }
 
-char *agent_status_json(const struct crun_agent *a, const struct store_server *srv)
+static cJSON *status_tree(const struct crun_agent *a, const struct store_server *srv)
 {
 	cJSON *root = cJSON_CreateObject(), *ws;
-	char *out;
 
 	if (!root)
 		return NULL;
@@ -155,9 +179,46 @@ char *agent_status_json(const struct crun_agent *a, const struct store_server *s
 			cJSON_AddItemToArray(ws, o);
 		}
 	}
-	out = cJSON_PrintUnformatted(root);
+	return root;
+}
+
+static char *print_tree(cJSON *root)
+{
+	char *out = root ? cJSON_PrintUnformatted(root) : NULL;
+
 	cJSON_Delete(root);
 	return out;
+}
+
+char *agent_status_json(const struct crun_agent *a, const struct store_server *srv)
+{
+	return print_tree(status_tree(a, srv));
+}
+
+/* The page's /status body: its version, and at a state change (st >= 0)
+ * the state the agent is entering (on_state runs before the agent's own
+ * state moves), with the agent's exit code at the end. */
+static char *status_body(const struct agent_status *s, int st)
+{
+	static const enum agent_state internal[] = {[CRUN_AGENT_RENDEZVOUS] = AS_RENDEZVOUS,
+						    [CRUN_AGENT_RUNNING] = AS_RUNNING,
+						    [CRUN_AGENT_STOPPING] = AS_STOPPING,
+						    [CRUN_AGENT_BARRIER] = AS_BARRIER,
+						    [CRUN_AGENT_DONE] = AS_DONE};
+	cJSON *root;
+
+	if (s->final)
+		return str_dup(s->final);
+	root = status_tree(s->agent, s->store);
+	if (root && s->agent) {
+		cJSON_AddNumberToObject(root, "version", (double)s->version);
+		if (st >= 0 && (unsigned)st < ARRAY_SIZE(internal))
+			cJSON_ReplaceItemInObjectCaseSensitive(
+			    root, "state", cJSON_CreateString(agent_state_name(internal[st])));
+		if (st == CRUN_AGENT_DONE)
+			cJSON_AddNumberToObject(root, "exit_code", s->agent->exit_code);
+	}
+	return print_tree(root);
 }
 
 #define STATUS_MAX_JOBS 1024 /* a page lists at most this many jobs */
@@ -399,6 +460,115 @@ static void reply(struct evhttp_request *req, int code, const char *type, char *
 	evhttp_send_reply(req, code, code == 200 ? "OK" : "Not Found", NULL);
 }
 
+/* Answers a watcher (a GET /status?after=) and writes the answer out at
+ * once: it may be the job's end, after which the loop may not turn again
+ * before the page closes. A watcher that got a state short of the end owes
+ * a next request, which a closing page waits for (agent_status_stop). */
+static void answer_watcher(struct agent_status *s, struct evhttp_request *req, int st)
+{
+	struct evhttp_connection *conn = evhttp_request_get_connection(req);
+	struct bufferevent *bev = evhttp_connection_get_bufferevent(conn);
+
+	reply(req, 200, "application/json", status_body(s, st));
+	if (!s->final && st != CRUN_AGENT_DONE) {
+		s->owed++;
+		s->owed_until_ms = clock_now_ms() + STATUS_LINGER_MS;
+	}
+	(void)evbuffer_write(bufferevent_get_output(bev), bufferevent_getfd(bev));
+}
+
+static void hold_release(struct status_hold *h)
+{
+	evhttp_connection_set_closecb(evhttp_request_get_connection(h->req), NULL, NULL);
+	event_free(h->timer);
+	h->req = NULL;
+}
+
+static void hold_on_timeout(evutil_socket_t fd, short what, void *arg)
+{
+	struct status_hold *h = arg;
+	struct evhttp_request *req = h->req;
+
+	hold_release(h);
+	answer_watcher(h->s, req, -1);
+}
+
+/* The watcher hung up: libevent frees its request. */
+static void hold_on_close(struct evhttp_connection *conn, void *arg)
+{
+	struct status_hold *h = arg;
+
+	event_free(h->timer);
+	h->req = NULL;
+}
+
+/* st: the state being entered, or -1 (the agent's own). */
+static void wake_all(struct agent_status *s, int st)
+{
+	for (int i = 0; i < STATUS_MAX_HELD; i++) {
+		struct evhttp_request *req = s->held[i].req;
+
+		if (req) {
+			hold_release(&s->held[i]);
+			answer_watcher(s, req, st);
+		}
+	}
+}
+
+static bool hold(struct agent_status *s, struct evhttp_request *req, uint64_t wait_ms)
+{
+	struct status_hold *h = NULL;
+	struct timeval tv;
+
+	for (int i = 0; !h && i < STATUS_MAX_HELD; i++)
+		h = s->held[i].req ? NULL : &s->held[i];
+	if (!h)
+		return false;
+	wait_ms = MIN(wait_ms, STATUS_MAX_HOLD_MS);
+	tv.tv_sec = (time_t)(wait_ms / 1000);
+	tv.tv_usec = (suseconds_t)(wait_ms % 1000) * 1000;
+	h->timer = evtimer_new(s->base, hold_on_timeout, h);
+	if (!h->timer || evtimer_add(h->timer, &tv) < 0) {
+		if (h->timer)
+			event_free(h->timer);
+		return false;
+	}
+	h->s = s;
+	h->req = req;
+	evhttp_connection_set_closecb(evhttp_request_get_connection(req), hold_on_close, h);
+	return true;
+}
+
+/* GET /status, or, from a watcher, ?after=VERSION&wait_ms=N: with VERSION
+ * the current one it is parked until the next state change or N ms,
+ * whichever is first (503 when every slot is taken: an answer now would
+ * make a busy loop); once the job is over, the final body at once. */
+static void get_status(struct agent_status *s, struct evhttp_request *req, const char *query)
+{
+	struct evkeyvalq q = {0};
+	const char *after = NULL, *wait = NULL;
+	uint64_t version = 0, wait_ms = 0;
+	bool watcher;
+
+	if (query && evhttp_parse_query_str(query, &q) == 0) {
+		after = evhttp_find_header(&q, "after");
+		wait = evhttp_find_header(&q, "wait_ms");
+	}
+	watcher = after && parse_u64(after, &version) == 0 && wait &&
+		  parse_u64(wait, &wait_ms) == 0 && wait_ms;
+	evhttp_clear_headers(&q);
+	if (!watcher) {
+		reply(req, 200, "application/json", status_body(s, -1));
+		return;
+	}
+	if (s->owed)
+		s->owed--;
+	if (!s->agent || s->final || version != s->version)
+		answer_watcher(s, req, -1);
+	else if (!hold(s, req, wait_ms))
+		evhttp_send_error(req, 503, "too many watchers");
+}
+
 static void on_request(struct evhttp_request *req, void *arg)
 {
 	struct agent_status *s = arg;
@@ -412,7 +582,7 @@ static void on_request(struct evhttp_request *req, void *arg)
 	if (strcmp(path, "/healthz") == 0)
 		reply(req, 200, "text/plain; charset=utf-8", str_dup("ok\n"));
 	else if (strcmp(path, "/status") == 0)
-		reply(req, 200, "application/json", agent_status_json(s->agent, s->store));
+		get_status(s, req, evhttp_uri_get_query(uri));
 	else if (strcmp(path, "/jobs") == 0)
 		reply(req, 200, "application/json", agent_status_jobs_json(s->agent, s->store));
 	else if (strcmp(path, "/metrics") == 0)
@@ -438,6 +608,7 @@ int agent_status_start(struct event_base *base, const char *listen, struct agent
 	if (parse_host_port(listen, 0, host, sizeof(host), &port) < 0)
 		goto fail;
 	r = CRUN_ENOMEM;
+	s->base = base;
 	s->http = evhttp_new(base);
 	if (!s->http)
 		goto fail;
@@ -487,6 +658,10 @@ void agent_status_on_state(struct agent_status *s, crun_agent_state_t st)
 				s->exits[MIN((unsigned)a->workers[i].exit_code,
 					     STATUS_EXIT_CODES - 1u)]++;
 	s->last = st;
+	s->version++;
+	if (st == CRUN_AGENT_DONE)
+		s->final = status_body(s, st); /* NULL (OOM): the live page */
+	wake_all(s, st);
 }
 
 void agent_status_attach(struct agent_status *s, struct crun_agent *a)
@@ -506,11 +681,37 @@ const char *agent_status_addr(const struct agent_status *s)
 	return s->addr;
 }
 
+static void linger_on_timer(evutil_socket_t fd, short what, void *arg)
+{
+}
+
+/* A page its program closes after the agent is gone (detached: nothing of
+ * the agent's is left on the loop) turns the loop until every watcher it
+ * owes has been back for the final body, or the bound passes. */
+static void linger(struct agent_status *s)
+{
+	struct event *t = s->owed && !s->agent ? evtimer_new(s->base, linger_on_timer, NULL) : NULL;
+
+	while (t && s->owed > 0 && clock_now_ms() < s->owed_until_ms) {
+		uint64_t left = s->owed_until_ms - clock_now_ms();
+		struct timeval tv = {.tv_sec = (time_t)(left / 1000),
+				     .tv_usec = (suseconds_t)(left % 1000) * 1000};
+
+		if (evtimer_add(t, &tv) < 0 || event_base_loop(s->base, EVLOOP_ONCE) < 0)
+			break;
+	}
+	if (t)
+		event_free(t);
+}
+
 void agent_status_stop(struct agent_status *s)
 {
 	if (!s)
 		return;
+	wake_all(s, -1);
+	linger(s);
 	if (s->http)
 		evhttp_free(s->http);
+	free(s->final);
 	free(s);
 }

@@ -1,9 +1,10 @@
 /* crunctl: look at running crun agents (and crun-rdzvd) through their
  * status pages (--status ADDR:PORT): a multi-call tool with one entry per
- * command, as git's. Exit codes: 0 ok, 1 the page could not be read, 2 bad
- * usage.
+ * command, as git's. Exit codes: 0 ok, 1 the page could not be read (or
+ * watch: the job failed), 2 bad usage.
  */
 #include <getopt.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,12 +45,7 @@ static int fetch(const struct opts *o, const char *path, char **ret_body)
  * reads another job's state from a reused port. */
 static int check_job(const struct opts *o, const char *body)
 {
-	char want[300];
-
-	if (!o->rdzv_id)
-		return 0;
-	snprintf(want, sizeof(want), "\"run_id\":\"%s\"", o->rdzv_id);
-	if (strstr(body, want))
+	if (!o->rdzv_id || agent_ctl_serves_job(body, o->rdzv_id))
 		return 0;
 	fprintf(stderr, PROG ": %s does not serve job '%s'\n", o->endpoint, o->rdzv_id);
 	return 1;
@@ -83,24 +79,56 @@ static int cmd_jobs(const struct opts *o)
 	return show(o, "/jobs", agent_ctl_print_jobs);
 }
 
-/* Polls /status and prints it whenever it changes; ends when the page goes
- * away (the job ended: exit 0) or after --count changes. */
+/* How a watch that saw `last` ends when the page goes away or says "done":
+ * 0 for a job that succeeded (or a page without a job: crun-rdzvd's), 1 for
+ * one that failed or vanished before its end, which it names. */
+static int watch_end(const struct opts *o, const struct agent_ctl_state *last)
+{
+	if (strcmp(last->state, "done") == 0 && last->exit_code == 0)
+		return 0;
+	if (strcmp(last->state, "done") == 0) {
+		fprintf(stderr, PROG ": the job failed (exit code %d)\n", last->exit_code);
+		return 1;
+	}
+	if (!last->state[0])
+		return 0;
+	fprintf(stderr, PROG ": http://%s/status went away while the job was %s\n", o->endpoint,
+		last->state);
+	return 1;
+}
+
+/* Prints /status whenever it changes, until the job's end (its final state;
+ * exit 0 only if it succeeded), the page going away or --count changes. A
+ * page with a version is long-polled: it answers at the next state change
+ * or after the interval, so no state, the end included, is missed. */
 static int cmd_watch(const struct opts *o)
 {
-	char *last = NULL;
+	struct agent_ctl_state st = {.version = -1};
+	char *last = NULL, path[96] = "/status";
 	uint64_t changes = 0;
 	int rc;
 
 	for (;;) {
 		char *body;
-		int status = 0;
+		int status = 0, r;
 
-		if (agent_ctl_get(o->endpoint, "/status", o->timeout_ms, &status, &body) < 0 ||
-		    status != 200) {
-			rc = last ? 0 : 1; /* seen, then gone: the job is over */
-			if (!last)
-				fprintf(stderr, PROG ": cannot read http://%s/status\n",
-					o->endpoint);
+		r = agent_ctl_get(o->endpoint, path, o->timeout_ms + (uint32_t)o->interval_ms,
+				  &status, &body);
+		if (r == 0 && status == 503 && last) { /* every watcher slot taken: poll */
+			free(body);
+			usleep((useconds_t)(o->interval_ms * 1000));
+			continue;
+		}
+		if (r < 0 || status != 200) {
+			if (r == 0)
+				free(body);
+			if (last) {
+				rc = watch_end(o, &st);
+				break;
+			}
+			fprintf(stderr, PROG ": cannot read http://%s/status: %s\n", o->endpoint,
+				r < 0 ? crun_strerror(r) : "not 200");
+			rc = 1;
 			break;
 		}
 		if (!last || strcmp(last, body) != 0) {
@@ -111,6 +139,11 @@ static int cmd_watch(const struct opts *o)
 			fflush(stdout);
 			free(last);
 			last = body;
+			(void)agent_ctl_read_state(last, &st);
+			if (strcmp(st.state, "done") == 0) {
+				rc = watch_end(o, &st);
+				break;
+			}
 			if (o->count && ++changes >= o->count) {
 				rc = 0;
 				break;
@@ -118,13 +151,17 @@ static int cmd_watch(const struct opts *o)
 		} else {
 			free(body);
 		}
-		usleep((useconds_t)(o->interval_ms * 1000));
+		if (st.version >= 0)
+			snprintf(path, sizeof(path), "/status?after=%" PRId64 "&wait_ms=%" PRIu64,
+				 st.version, o->interval_ms);
+		else
+			usleep((useconds_t)(o->interval_ms * 1000));
 	}
 	free(last);
 	return rc;
 }
 
-static const struct {
+static const struct command {
 	const char *name;
 	int (*fn)(const struct opts *o);
 	const char *help;
@@ -137,7 +174,8 @@ static const struct {
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: " PROG " COMMAND --endpoint HOST:PORT [--rdzv_id JOB] [--json]\n"
-		   "               [--interval S] [--count N] [--timeout S]\n\ncommands:\n");
+		   "               [--interval S] [--count N] [--timeout S]\n"
+		   "       " PROG " --version\n\ncommands:\n");
 	for (size_t i = 0; i < ARRAY_SIZE(commands); i++)
 		fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].help);
 	fprintf(f,
@@ -165,6 +203,7 @@ int main(int argc, char **argv)
 					      {"help", no_argument, NULL, 'h'},
 					      {NULL, 0, NULL, 0}};
 	struct opts o = {.interval_ms = 1000, .timeout_ms = 5000};
+	const struct command *cmd;
 	uint64_t ms;
 	int c;
 
@@ -172,6 +211,17 @@ int main(int argc, char **argv)
 	if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
 		usage(argc < 2 ? stderr : stdout);
 		return argc < 2 ? 2 : 0;
+	}
+	if (strcmp(argv[1], "--version") == 0)
+		return printf(PROG " %s\n", crun_version_string()) < 0;
+	/* The command first: a typo is named as one, not as a missing flag. */
+	for (cmd = commands; cmd < commands + ARRAY_SIZE(commands); cmd++)
+		if (strcmp(argv[1], cmd->name) == 0)
+			break;
+	if (cmd == commands + ARRAY_SIZE(commands)) {
+		fprintf(stderr, PROG ": unknown command '%s'\n", argv[1]);
+		usage(stderr);
+		return 2;
 	}
 	while ((c = getopt_long(argc - 1, argv + 1, "+h", longs, NULL)) != -1) {
 		switch (c) {
@@ -211,10 +261,5 @@ int main(int argc, char **argv)
 		fprintf(stderr, PROG ": %s: --endpoint HOST:PORT is required\n", argv[1]);
 		return 2;
 	}
-	for (size_t i = 0; i < ARRAY_SIZE(commands); i++)
-		if (strcmp(argv[1], commands[i].name) == 0)
-			return commands[i].fn(&o);
-	fprintf(stderr, PROG ": unknown command '%s'\n", argv[1]);
-	usage(stderr);
-	return 2;
+	return cmd->fn(&o);
 }

@@ -583,6 +583,93 @@ def test_crunctl_errors(procs):
     assert res.returncode == 1 and "127.0.0.1:1" in res.stderr
 
 
+@pytest.mark.parametrize("args,rc,needle", [
+    (["foo"], 2, "unknown command 'foo'"),
+    (["foo", "--endpoint", "127.0.0.1:1"], 2, "unknown command 'foo'"),
+    (["--version"], 0, "crunctl 0."),
+], ids=["unknown", "unknown-with-endpoint", "version"])
+def test_crunctl_names_what_is_wrong_with_the_command_line(args, rc, needle):
+    res = crunctl(*args)
+    assert res.returncode == rc, res.stderr
+    assert needle in res.stdout + res.stderr, res.stdout + res.stderr
+    assert "--endpoint" not in res.stderr.split("\n")[0], res.stderr
+
+
+@pytest.mark.parametrize("where", ["refused", "unresolvable", "silent"])
+def test_crunctl_tells_refused_unresolvable_and_timeout_apart(where):
+    """Nothing listening, a name that does not resolve and a listener that
+    never answers are three different problems for an operator."""
+    silent = None
+    if where == "refused":
+        with socket.socket() as s:  # a port just freed: nothing listens
+            s.bind(("127.0.0.1", 0))
+            endpoint = "127.0.0.1:%d" % s.getsockname()[1]
+        needle = "connection refused"
+    elif where == "unresolvable":
+        endpoint, needle = "no-such-host.invalid:80", "cannot resolve host name"
+    else:
+        silent = socket.socket()
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()  # the kernel accepts; nobody reads or answers
+        endpoint, needle = "127.0.0.1:%d" % silent.getsockname()[1], "timed out"
+    try:
+        res = crunctl("status", "--endpoint", endpoint, "--timeout", "1")
+    finally:
+        if silent:
+            silent.close()
+    assert res.returncode == 1 and needle in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["succeeds", "fails"])
+def test_crunctl_watch_ends_with_the_jobs_final_state(procs, job, notify, fails):
+    """watch follows the job to its end, prints the final state and exits
+    non-zero for a failed job (it used to exit 0 when the page went away)."""
+    (job / "end.py").write_text(
+        "import os, sys, time\n"
+        "out = sys.argv[1]\n"
+        "end = time.monotonic() + 60\n"
+        "while time.monotonic() < end and not os.path.exists(os.path.join(out, 'stop')):\n"
+        "    time.sleep(0.05)\n"
+        f"sys.exit(3 if {fails} and os.environ['RANK'] == '0' else 0)\n")
+    cfg = base_config(job, status={"listen": "127.0.0.1:0"})
+    cfg["job"]["program"] = str(job / "end.py")
+    p = procs.spawn([bin_path("crun-agent"), "--config", str(write_config(job, cfg))],
+                    env=agent_env(NOTIFY_SOCKET=notify.path))
+    notify.wait("READY=1")
+    addr = status_addr(notify)
+    w = procs.spawn([bin_path("crunctl"), "watch", "--endpoint", addr, "--json",
+                     "--interval", "30"])
+    # The first line is the running job; then the job ends.
+    first = w.stdout.readline()
+    assert json.loads(first)["state"] == "running", first
+    (job / "out" / "stop").write_text("")
+    assert p.wait(timeout=60) == (1 if fails else 0)
+    out, err = w.communicate(timeout=60)
+    final = json.loads(out.decode().splitlines()[-1])
+    assert final["state"] == "done" and final["exit_code"] == (1 if fails else 0), final
+    assert w.returncode == (1 if fails else 0), err
+    assert ("the job failed" in err.decode()) == fails, err
+
+
+def test_crunctl_rdzv_id_is_compared_as_json(procs, job, notify):
+    """--rdzv_id compares the page's run_id as a JSON string, not as bytes
+    (a run id with a quote or backslash is escaped in the body)."""
+    run_id = 'we"ird\\x'
+    cfg = base_config(job, rendezvous={"standalone": False, "backend": "c10d",
+                                       "endpoint": "127.0.0.1:0", "id": run_id},
+                      status={"listen": "127.0.0.1:0"})
+    p = procs.spawn([bin_path("crun-agent"), "--config", str(write_config(job, cfg))],
+                    env=agent_env(NOTIFY_SOCKET=notify.path))
+    notify.wait("READY=1")
+    addr = status_addr(notify)
+    res = crunctl("status", "--endpoint", addr, "--rdzv_id", run_id)
+    assert res.returncode == 0, res.stderr
+    res = crunctl("status", "--endpoint", addr, "--rdzv_id", "we")
+    assert res.returncode == 1 and "does not serve job 'we'" in res.stderr
+    (job / "out" / "stop").write_text("")
+    assert p.wait(timeout=60) == 0
+
+
 # ---- hung workers (--worker_heartbeat_timeout) --------------------------------------------
 
 PY_BEATER = """\
