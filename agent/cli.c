@@ -192,7 +192,7 @@ static int static_conf(struct cli *c, struct cli_ctx *x, const char *v, const ch
 	for (const char *p = v; *p;) {
 		size_t len = strcspn(p, ",");
 		char item[256], *eq;
-		uint64_t ms;
+		const char *why;
 
 		if (len >= sizeof(item))
 			return cli_fail(c, "%s: item too long", x->who[OPT_RDZV_CONF]);
@@ -215,10 +215,9 @@ static int static_conf(struct cli *c, struct cli_ctx *x, const char *v, const ch
 				 item);
 			continue;
 		}
-		if (parse_seconds_ms(eq + 1, &ms) < 0 || ms == 0 || ms > UINT32_MAX)
-			return cli_fail(c, "%s: %s=%s is not a number of seconds",
-					x->who[OPT_RDZV_CONF], item, eq + 1);
-		c->cfg.join_timeout_ms = (uint32_t)ms;
+		if (parse_timeout_ms(eq + 1, &c->cfg.join_timeout_ms, &why) < 0)
+			return cli_fail(c, "%s: %s=%s %s", x->who[OPT_RDZV_CONF], item, eq + 1,
+					why);
 	}
 	if (unknown[0])
 		snprintf(c->warn, sizeof(c->warn),

@@ -82,6 +82,10 @@ int parse_i64(const char *s, int64_t *ret) WARN_UNUSED;
 int parse_uint_range(const char *s, uint64_t min, uint64_t max, uint64_t *ret) WARN_UNUSED;
 /* Decimal seconds with an optional fraction ("0.1", "30") into milliseconds. */
 int parse_seconds_ms(const char *s, uint64_t *ret_ms) WARN_UNUSED;
+/* A timeout in seconds as above: positive (torchrun refuses 0 too) and at
+ * most UINT32_MAX ms. 0, or CRUN_EINVAL with *why saying what is wrong
+ * ("is not a number of seconds", "must be positive ...", "is too long"). */
+int parse_timeout_ms(const char *s, uint32_t *ret_ms, const char **why) WARN_UNUSED;
 /* Booleans as torchrun reads them: 1/true/t/yes/y and 0/false/f/no/n, any case. */
 int parse_bool(const char *s, bool *ret) WARN_UNUSED;
 /* "host:port", "[v6]:port" or "host" (then *ret_port = default_port). The host

@@ -94,6 +94,20 @@ int parse_seconds_ms(const char *s, uint64_t *ret_ms)
 	return 0;
 }
 
+int parse_timeout_ms(const char *s, uint32_t *ret_ms, const char **why)
+{
+	uint64_t ms;
+
+	*why = parse_seconds_ms(s, &ms) < 0 ? "is not a number of seconds"
+	       : ms == 0		    ? "must be positive (as torchrun's timeouts)"
+	       : ms > UINT32_MAX	    ? "is too long"
+					    : NULL;
+	if (*why)
+		return CRUN_EINVAL;
+	*ret_ms = (uint32_t)ms;
+	return 0;
+}
+
 int parse_bool(const char *s, bool *ret)
 {
 	static const char *const yes[] = {"1", "true", "t", "yes", "y"};

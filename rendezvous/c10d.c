@@ -304,10 +304,10 @@ static void round_ended(struct c10d *c, struct c10d_job *j)
 	c->pend_hb = j->hb;
 	j->mon_c = NULL;
 	log_at(LL_WARN, SUB_RDZV,
-	       "rendezvous '%s' round %d complete: %d nodes, group_rank=%d world_size=%d "
+	       "rendezvous '%s' round %d complete: %d node%s, group_rank=%d world_size=%d "
 	       "attempt=%d master=%s:%u",
-	       c->run_id, c->round, c->nnodes, c->info.group_rank, c->info.world_size,
-	       c->info.attempt, c->info.master_addr, c->info.master_port);
+	       c->run_id, c->round, c->nnodes, c->nnodes == 1 ? "" : "s", c->info.group_rank,
+	       c->info.world_size, c->info.attempt, c->info.master_addr, c->info.master_port);
 	if (start(c, JOB_MONITOR, NULL) < 0)
 		log_at(LL_ERROR, SUB_RDZV, "cannot start the lease monitor");
 }

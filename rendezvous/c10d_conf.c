@@ -10,13 +10,12 @@
 
 static int conf_secs(const char *k, const char *v, uint32_t *ret, char *err, size_t cap)
 {
-	uint64_t ms;
+	const char *why;
 
-	if (parse_seconds_ms(v, &ms) < 0 || ms == 0 || ms > UINT32_MAX) {
-		snprintf(err, cap, "argument --rdzv_conf: %s=%s is not a number of seconds", k, v);
+	if (parse_timeout_ms(v, ret, &why) < 0) {
+		snprintf(err, cap, "argument --rdzv_conf: %s=%s %s", k, v, why);
 		return CRUN_EINVAL;
 	}
-	*ret = (uint32_t)ms;
 	return 0;
 }
 

@@ -638,7 +638,7 @@ def settle(tmp, live, seed, rnd, timeout=90):
     while time.monotonic() < deadline:
         rounds = []
         for a in live:
-            m = re.findall(r"round (\d+) complete: (\d+) nodes, group_rank=(\d+) "
+            m = re.findall(r"round (\d+) complete: (\d+) nodes?, group_rank=(\d+) "
                            r"world_size=(\d+) attempt=(\d+)", a.text())
             rounds.append(m[-1] if m else None)
         if all(rounds) and len({r[0] for r in rounds}) == 1 and int(rounds[0][1]) == want:

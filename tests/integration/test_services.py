@@ -283,6 +283,18 @@ def test_requested_stop_is_a_clean_death_by_the_signal(procs, job, sig):
             open(f"/proc/{pid}/stat").read().split(")")[1].split()[0] == "Z"
 
 
+def test_a_one_node_round_says_1_node(procs, job):
+    (job / "out" / "stop").write_text("")
+    p = procs.spawn([bin_path("crun"), "--rdzv_backend=c10d",
+                     f"--rdzv_endpoint=127.0.0.1:{free_port()}",
+                     "--nproc_per_node=1", str(job / "w.py"), str(job / "out")],
+                    env=agent_env())
+    _, err = p.communicate(timeout=120)
+    err = err.decode(errors="replace")
+    assert p.returncode == 0, err
+    assert "round 0 complete: 1 node, " in err, err
+
+
 def test_unit_and_man_page_agree_on_the_exit_codes(procs):
     rc, man, _ = run_agent(procs, ["--print-man"])
     assert rc == 0
@@ -656,7 +668,7 @@ def test_crunctl_rdzv_id_is_compared_as_json(procs, job, notify):
     (a run id with a quote or backslash is escaped in the body)."""
     run_id = 'we"ird\\x'
     cfg = base_config(job, rendezvous={"standalone": False, "backend": "c10d",
-                                       "endpoint": "127.0.0.1:0", "id": run_id},
+                                       "endpoint": f"127.0.0.1:{free_port()}", "id": run_id},
                       status={"listen": "127.0.0.1:0"})
     p = procs.spawn([bin_path("crun-agent"), "--config", str(write_config(job, cfg))],
                     env=agent_env(NOTIFY_SOCKET=notify.path))

@@ -271,6 +271,32 @@ START_TEST(bad_flags_are_named)
 }
 END_TEST
 
+/* A zero timeout is refused as torchrun refuses it, and said so: it was
+ * "not a number of seconds" (issue 22). The same words for crun's static
+ * reading of --rdzv_conf and the c10d backend's. */
+static const struct {
+	const char *backend, *conf, *needle;
+} timeouts[] = {
+	{ "--rdzv_backend=static", "--rdzv_conf=timeout=0", "timeout=0 must be positive" },
+	{ "--rdzv_backend=c10d", "--rdzv_conf=last_call_timeout=0",
+	  "last_call_timeout=0 must be positive" },
+	{ "--rdzv_backend=c10d", "--rdzv_conf=join_timeout=soon",
+	  "join_timeout=soon is not a number of seconds" },
+	{ "--rdzv_backend=c10d", "--rdzv_conf=read_timeout=99999999", "read_timeout=99999999 is "
+								      "too long" },
+	{ "--rdzv_backend=static", "--rdzv_conf=timeout=99999999", "timeout=99999999 is too long" },
+};
+
+START_TEST(timeout_errors_say_what_is_wrong)
+{
+	ck_assert_int_eq(parse(ARGS(timeouts[_i].backend, "--rdzv_endpoint=127.0.0.1:29400",
+				    timeouts[_i].conf, "x.py"),
+			       no_env),
+			 CRUN_EINVAL);
+	ck_assert_msg(strstr(c.err, timeouts[_i].needle), "%s: %s", timeouts[_i].conf, c.err);
+}
+END_TEST
+
 START_TEST(module_and_no_python_conflict)
 {
 	ck_assert_int_eq(parse(ARGS("-m", "--no-python", "x"), no_env), CRUN_EINVAL);
@@ -914,6 +940,7 @@ static Suite *agent_cli_suite(void)
 	tcase_add_test(tc, static_endpoint_sets_the_master);
 	tcase_add_test(tc, etcd_takes_a_member_list);
 	tcase_add_loop_test(tc, bad_flags_are_named, 0, (int)ARRAY_SIZE(bad));
+	tcase_add_loop_test(tc, timeout_errors_say_what_is_wrong, 0, (int)ARRAY_SIZE(timeouts));
 	tcase_add_test(tc, module_and_no_python_conflict);
 	tcase_add_test(tc, nproc_keywords);
 	tcase_add_test(tc, help_and_version);
