@@ -573,7 +573,9 @@ void agent_status_stop(struct agent_status *s);		     /* NULL: no-op */
 char *agent_status_json(const struct crun_agent *a, const struct store_server *srv);
 /* {"jobs": [...]}: the agent's job, or the c10d jobs whose keys srv holds. */
 char *agent_status_jobs_json(const struct crun_agent *a, const struct store_server *srv);
-/* exits: STATUS_EXIT_CODES counters of worker exit codes, or NULL. */
+/* exits: STATUS_EXIT_CODES counters of worker exit codes, or NULL. With srv
+ * (crun-rdzvd's page) crun_rdzvd_up and its store's crun_store_* labelled
+ * store="rendezvous"; else crun_agent_up and a's store as store="worker". */
 char *agent_status_metrics(const struct crun_agent *a, const struct store_server *srv,
 			   const uint64_t *exits, uint64_t uptime_ms);
 /* Call from the agent's state callback: counts the exit codes of each

@@ -325,19 +325,22 @@ static const struct {
 #undef ROW
 };
 
-static void store_metrics(FILE *f, const struct store_server *srv)
+/* kind: the store="..." label every sample carries: "rendezvous" for
+ * crun-rdzvd's, "worker" for an agent's own (MASTER_ADDR), so one query does
+ * not add the two up. */
+static void store_metrics(FILE *f, const struct store_server *srv, const char *kind)
 {
 	struct store_server_stats st;
 
 	store_server_get_stats(srv, &st);
 	for (size_t i = 0; i < ARRAY_SIZE(store_rows); i++) {
 		gauge(f, store_rows[i].name, store_rows[i].help, store_rows[i].type);
-		fprintf(f, "%s %" PRIu64 "\n", store_rows[i].name,
+		fprintf(f, "%s{store=\"%s\"} %" PRIu64 "\n", store_rows[i].name, kind,
 			*(const uint64_t *)((const char *)&st + store_rows[i].off));
 	}
 	gauge(f, "crun_store_ops_total", "requests served by operation", "counter");
 	for (int op = 0; op < STORE_OP__MAX; op++)
-		fprintf(f, "crun_store_ops_total{op=\"%s\"} %" PRIu64 "\n",
+		fprintf(f, "crun_store_ops_total{store=\"%s\",op=\"%s\"} %" PRIu64 "\n", kind,
 			store_proto_op_name((enum store_op)op),
 			store_server_op_count(srv, (enum store_op)op));
 	/* The server's own table of refusals and limit hits, one label each. */
@@ -345,7 +348,7 @@ static void store_metrics(FILE *f, const struct store_server *srv)
 	      "connections accepted, refused or dropped, and backpressure pauses, by reason",
 	      "counter");
 	for (int m = 0; m < STORE_M__MAX; m++)
-		fprintf(f, "crun_store_events_total{event=\"%s\"} %" PRIu64 "\n",
+		fprintf(f, "crun_store_events_total{store=\"%s\",event=\"%s\"} %" PRIu64 "\n", kind,
 			store_metric_name((enum store_metric)m),
 			store_server_metric(srv, (enum store_metric)m));
 }
@@ -382,13 +385,20 @@ char *agent_status_metrics(const struct crun_agent *a, const struct store_server
 	char *s = NULL;
 	size_t len = 0;
 	FILE *f = open_memstream(&s, &len);
+	const char *prog;
 
 	if (!f)
 		return NULL;
-	gauge(f, "crun_agent_up", "1 while the agent serves this page", "gauge");
-	fputs("crun_agent_up 1\n", f);
-	gauge(f, "crun_agent_uptime_seconds", "seconds since the status page started", "gauge");
-	fprintf(f, "crun_agent_uptime_seconds %.3f\n", (double)uptime_ms / 1000.0);
+	/* srv: crun-rdzvd's page, which is no agent (sum(crun_agent_up) counts
+	 * agents); an agent's page has its own store through a. */
+	prog = srv ? "rdzvd" : "agent";
+	fprintf(f, "# HELP crun_%s_up 1 while the %s serves this page\n# TYPE crun_%s_up gauge\n",
+		prog, prog, prog);
+	fprintf(f, "crun_%s_up 1\n", prog);
+	fprintf(f,
+		"# HELP crun_%s_uptime_seconds seconds since the status page started\n"
+		"# TYPE crun_%s_uptime_seconds gauge\ncrun_%s_uptime_seconds %.3f\n",
+		prog, prog, prog, (double)uptime_ms / 1000.0);
 	if (a) {
 		int running = 0, exited = 0;
 
@@ -435,10 +445,10 @@ char *agent_status_metrics(const struct crun_agent *a, const struct store_server
 					"crun_agent_worker_exits_total{code=\"%d\"} %" PRIu64 "\n",
 					code, exits[code]);
 	}
-	if (!srv && a)
-		srv = a->store;
 	if (srv)
-		store_metrics(f, srv);
+		store_metrics(f, srv, "rendezvous");
+	else if (a && a->store)
+		store_metrics(f, a->store, "worker");
 	if (fclose(f) != 0) {
 		free(s);
 		return NULL;

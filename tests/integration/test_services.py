@@ -453,7 +453,8 @@ def test_status_page_healthz_status_metrics(procs, job, notify):
     assert samples[("crun_agent_max_restarts", ())] == 2
     # this agent serves the job's store (standalone): its counters are there too
     assert fams["crun_store_requests"].type == "counter"
-    assert samples[("crun_store_connections", ())] >= 0
+    assert samples[("crun_store_connections", (("store", "worker"),))] >= 0
+    assert samples[("crun_agent_up", ())] == 1
     # the Grafana dashboard queries only families crun exports
     with open(os.path.join(ROOT, "configs", "grafana", "crun-dashboard.json")) as f:
         dash = json.load(f)
@@ -930,11 +931,12 @@ def test_round_progress_on_status_metrics_and_crunctl(procs, job):
     assert m[("crun_rdzv_nodes_joined_total", ())] == 2
     assert m[("crun_rdzv_nodes_lost_total", ())] == 0
     assert m[("crun_rdzv_round", ())] == 0 and m[("crun_rdzv_nodes", ())] == 2
-    expired = metric_samples(rd_page)[("crun_store_events_total", (("event", "lease_expired"),))]
+    lease_expired = ("crun_store_events_total", (("event", "lease_expired"),
+                                                 ("store", "rendezvous")))
+    expired = metric_samples(rd_page)[lease_expired]
     os.killpg(b.pid, signal.SIGKILL)
     b.wait(timeout=10)
-    wait_for(lambda: metric_samples(rd_page)[
-        ("crun_store_events_total", (("event", "lease_expired"),))] > expired,
+    wait_for(lambda: metric_samples(rd_page)[lease_expired] > expired,
         what="crun-rdzvd counting the lease's end")
     hostname = st["nodes"][0]["host"]
     st = wait_for(lambda: (lambda r: r if r["waiting"] and r["round"] == 1 and
@@ -1052,11 +1054,14 @@ def test_rdzvd_notify_status_page_and_reload(procs, tmp_path, notify):
     fams = {f.name: f for f in text_string_to_metric_families(get(addr, "/metrics")[2])}
     samples = {(s_.name, tuple(sorted(s_.labels.items()))): s_.value
                for f in fams.values() for s_ in f.samples}
-    assert samples[("crun_store_keys", ())] == 1
-    assert samples[("crun_store_connections", ())] >= 1
-    assert samples[("crun_store_events_total", (("event", "conns_accepted"),))] >= 1
-    assert samples[("crun_store_ops_total", (("op", "SET"),))] == 1
-    assert "crun_agent_state" not in fams  # a store, not an agent
+    rdzv = ("store", "rendezvous")
+    assert samples[("crun_store_keys", (rdzv,))] == 1
+    assert samples[("crun_store_connections", (rdzv,))] >= 1
+    assert samples[("crun_store_events_total", (("event", "conns_accepted"), rdzv))] >= 1
+    assert samples[("crun_store_ops_total", (("op", "SET"), rdzv))] == 1
+    # a store, not an agent: sum(crun_agent_up) counts agents only
+    assert "crun_agent_state" not in fams and "crun_agent_up" not in fams
+    assert samples[("crun_rdzvd_up", ())] == 1
     with open(os.path.join(ROOT, "configs", "grafana", "crun-dashboard.json")) as f:
         dash = json.load(f)
     store_used = {re.sub(r"_total$", "", n) for p_ in dash["panels"] for t in p_["targets"]
@@ -1084,8 +1089,9 @@ def test_rdzvd_notify_status_page_and_reload(procs, tmp_path, notify):
         got = {(s_.name, tuple(sorted(s_.labels.items()))): s_.value
                for f in fams for s_ in f.samples}
         # >= 1: the client replays its unconfirmed SET once on a new connection
-        return got[("crun_store_events_total", (("event", "drop_keys"),))] >= 1 and \
-            got[("crun_store_keys", ())] == 2
+        return got[("crun_store_events_total", (("event", "drop_keys"),
+                                                ("store", "rendezvous")))] >= 1 and \
+            got[("crun_store_keys", (("store", "rendezvous"),))] == 2
     wait_for(refused, timeout=30, what="the third key refused under max-keys 2")
     # back to the default by another reload: a new key is accepted again
     cfg.write_text(json.dumps({"host": "127.0.0.1", "port": 0, "log-level": "info",
