@@ -308,15 +308,19 @@ def test_unit_and_man_page_agree_on_the_exit_codes(procs):
     assert "SIGTERM" in unit["SuccessExitStatus"].split()
 
 
-def test_schema_file_is_the_tables_and_examples_parse(procs):
+def test_schema_file_is_the_tables_and_examples_parse(procs, tmp_path):
     rc, out, err = run_agent(procs, ["--print-schema"])
     assert rc == 0, err
     with open(os.path.join(ROOT, "configs", "crun-agent.schema.json")) as f:
         assert json.load(f) == json.loads(out), "regenerate: crun-agent --print-schema"
     examples = os.path.join(ROOT, "configs", "examples")
+    # --print-config checks the secret file too: the examples' path is a
+    # host's, so a flag (which wins) names one here.
+    secret = secret_file(tmp_path, 0o600)
     for name in sorted(n for n in os.listdir(examples) if n.startswith("job-")):
         rc, out, err = run_agent(procs, ["--config", os.path.join(examples, name),
-                                         "--nproc_per_node=1", "--print-config"])
+                                         "--nproc_per_node=1", f"--auth_secret_file={secret}",
+                                         "--print-config"])
         assert rc == 0, (name, err)
         assert json.loads(out)["argv"][-1] != name
 
