@@ -480,7 +480,7 @@ static void answer_watcher(struct agent_status *s, struct evhttp_request *req, i
 	struct bufferevent *bev = evhttp_connection_get_bufferevent(conn);
 
 	reply(req, 200, "application/json", status_body(s, st));
-	if (!s->final && st != CRUN_AGENT_DONE) {
+	if (s->agent && !s->final && st != CRUN_AGENT_DONE) {
 		s->owed++;
 		s->owed_until_ms = clock_now_ms() + STATUS_LINGER_MS;
 	}
