@@ -29,6 +29,7 @@
 #include <sys/resource.h>
 #include <stdio.h>
 #include <sys/types.h>
+#include <time.h>
 
 #include "crun/agent.h"
 
@@ -250,10 +251,17 @@ int heartbeat_prepare(struct crun_agent *a, const struct worker *w, const char *
  * worker silent past the timeout gets an error file naming it and SIGKILL. */
 int heartbeat_arm(struct crun_agent *a);
 void heartbeat_disarm(struct crun_agent *a); /* stops, removes the files */
-/* Pure: index of the watched worker whose mtime is oldest and past the
- * timeout, or -1 (unit-tested). */
-int heartbeat_silent(const double *mtime, const bool *watch, int n, double now,
+/* Pure: index of the watched worker whose last beat (seen_ms, monotonic; 0:
+ * its file is gone) is oldest and more than timeout_ms before now_ms, or -1
+ * (unit-tested). */
+int heartbeat_silent(const uint64_t *seen_ms, const bool *watch, int n, uint64_t now_ms,
 		     uint32_t timeout_ms);
+/* Pure: the monotonic time of the last beat of a file whose mtime was *last
+ * when its last beat was seen at seen_ms and is now_mtime at now_ms. Any
+ * change of the mtime, forward or back (a wall-clock step), is a beat and
+ * updates *last. The wall clock is never compared with the mtime. */
+uint64_t heartbeat_observe(struct timespec *last, const struct timespec *now_mtime,
+			   uint64_t seen_ms, uint64_t now_ms);
 
 /* ---- spawn.c ------------------------------------------------------------------ */
 
