@@ -15,6 +15,7 @@
  *   status.c     the status page (/healthz, /status, /jobs, /metrics)
  *   ctl.c        crunctl's client of the status pages
  *   heartbeat.c  --worker_heartbeat_timeout
+ *   orphans.c    stopping what workers leave behind (when crun is the subreaper)
  * Everything runs on the agent's loop thread, except console.c's writer
  * thread (blocking mode) and the rendezvous helpers (rendezvous/helper.c).
  */
@@ -210,8 +211,9 @@ struct crun_agent {
 	int guard_fd;		     /* write end to the guard process */
 	pid_t guard_pid;
 	sigset_t orig_mask;
-	struct rlimit nofile_orig; /* restored in the workers */
-	bool subreaper;		   /* the process adopts orphans: sweep worker groups */
+	struct rlimit nofile_orig;  /* restored in the workers */
+	bool subreaper;		    /* the process adopts orphans: sweep worker groups */
+	struct agent_orphans *orph; /* orphans.c: adopted orphans being stopped */
 	/* logs.c */
 	struct agent_console *console;
 	int ino_fd;
@@ -262,6 +264,28 @@ int heartbeat_silent(const uint64_t *seen_ms, const bool *watch, int n, uint64_t
  * updates *last. The wall clock is never compared with the mtime. */
 uint64_t heartbeat_observe(struct timespec *last, const struct timespec *now_mtime,
 			   uint64_t seen_ms, uint64_t now_ms);
+
+/* ---- orphans.c: what workers leave behind --------------------------------------- */
+
+/* Pure: ppid, process group and state letter from the text of a
+ * /proc/<pid>/stat (a comm with spaces or parentheses included). 0 or
+ * CRUN_EINVAL. */
+int orphans_parse_stat(const char *stat, pid_t *ret_ppid, pid_t *ret_pgrp, char *ret_state);
+/* Subreaper only (else 0, nothing done): finds the adopted orphans (children
+ * of this process that are neither a running worker nor the guard), logs the
+ * new ones' pids, sends sig to every one (to the group an orphan leads) and
+ * remembers sig as the stop's signal. Returns how many are tracked (alive,
+ * signalled, not yet reaped). A zombie orphan is reaped on the way. */
+int orphans_signal(struct crun_agent *a, int sig);
+/* During a stop: the same for orphans adopted since (a worker just exited). */
+void orphans_rescan(struct crun_agent *a);
+/* Reaps tracked orphans that exited (WNOHANG); true when one did. */
+bool orphans_reap(struct crun_agent *a);
+int orphans_alive(const struct crun_agent *a); /* tracked, not yet reaped */
+void orphans_stop_over(struct crun_agent *a);  /* the stop is over: no rescans */
+/* The agent's end (blocking; the loop is over): SIGTERM to every orphan,
+ * grace_ms, SIGKILL to the rest, reaped; frees the tracking. */
+void orphans_end(struct crun_agent *a, uint32_t grace_ms);
 
 /* ---- spawn.c ------------------------------------------------------------------ */
 

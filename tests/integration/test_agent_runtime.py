@@ -3,6 +3,7 @@ under --worker_heartbeat_timeout (an LD_PRELOAD shim shifts the agent's
 CLOCK_REALTIME, gettimeofday() and time(); file mtimes keep the kernel's real
 time, as after a real `date -s`), a worker's detached grandchild that
 ignores SIGTERM, and a log directory on a full file system."""
+import contextlib
 import os
 import re
 import subprocess
@@ -87,3 +88,110 @@ def test_stalled_console_flush_ends_after_a_wall_clock_step(procs, tmp_path):
     except subprocess.TimeoutExpired:
         pytest.fail("crun did not exit within 120 s with a stalled console (a hang guard)")
     assert rc == 0
+
+
+# ---- a worker's detached grandchild (crun is the subreaper) ------------------------------
+
+MARK = "crun-test-orphan"
+ORPHAN = f"""\
+import os, signal, sys, time
+out, tag, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+def on_term(sig, frame):
+    open(os.path.join(out, tag + ".term"), "w").close()
+    sys.exit(0)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore" else on_term)
+with open(os.path.join(out, tag + ".tmp"), "w") as f:
+    f.write(str(os.getpid()))
+os.rename(os.path.join(out, tag + ".tmp"), os.path.join(out, tag + ".gc"))
+time.sleep(60)  # bounded: a broken test leaves nothing for long  {MARK}
+"""
+
+# Whether pid is a live grandchild of these tests: run by the test and, as
+# source, by the workers of the next attempt.
+ALIVE = f"""\
+def marked_alive(pid):
+    try:
+        with open(f"/proc/{{pid}}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return False
+        with open(f"/proc/{{pid}}/cmdline", "rb") as f:
+            return b"{MARK}" in f.read()
+    except OSError:
+        return False
+"""
+exec(ALIVE)
+
+FORKER = ALIVE + """\
+import os, subprocess, sys, time
+out = sys.argv[1]
+attempt, rank = os.environ["TORCHELASTIC_RESTART_COUNT"], os.environ["RANK"]
+left = [f for f in sorted(os.listdir(out)) if f.endswith(".gc")
+        and marked_alive(int(open(os.path.join(out, f)).read()))]
+with open(os.path.join(out, f"seen-{attempt}-{rank}"), "w") as f:
+    f.write(" ".join(left))
+tag = f"{attempt}-{rank}"
+subprocess.Popen([sys.executable, "-c", open(sys.argv[2]).read(), out, tag, sys.argv[4]],
+                 start_new_session=True, stdin=subprocess.DEVNULL,
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+# Every rank's grandchild of this attempt ignores SIGTERM before it says so:
+# only then does any rank exit (a rank's exit stops the others).
+tags = [f"{attempt}-{r}.gc" for r in range(int(os.environ["LOCAL_WORLD_SIZE"]))]
+for _ in range(3000):
+    if all(os.path.exists(os.path.join(out, t)) for t in tags):
+        break
+    time.sleep(0.01)
+sys.exit(int(sys.argv[3]))
+"""
+
+
+@contextlib.contextmanager
+def orphan_job(procs, tmp_path, flags, code, mode):
+    """Runs crun over forker.py workers that exit `code` after starting a
+    detached grandchild (`mode`: "ignore" SIGTERM, or "term": exit on it);
+    yields (rc, stderr, out dir, grandchild pids). Any grandchild left is
+    killed, also when the test fails."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "orphan.py").write_text(ORPHAN)
+    (tmp_path / "forker.py").write_text(FORKER)
+    pids = []
+    try:
+        p = procs.spawn([bin_path("crun"), "--standalone", "--shutdown_timeout=1", *flags,
+                         str(tmp_path / "forker.py"), str(out), str(tmp_path / "orphan.py"),
+                         str(code), mode], env=agent_env())
+        rc, _, err = finish(p, 120)
+        pids += [int((out / f).read_text()) for f in os.listdir(out) if f.endswith(".gc")]
+        yield rc, err, out, pids
+    finally:
+        for x in pids:
+            if marked_alive(x):
+                os.kill(x, 9)
+
+
+def test_detached_grandchildren_die_with_their_attempt(procs, tmp_path):
+    """Each worker starts a setsid()'d grandchild that ignores SIGTERM, then
+    fails. The grandchildren of attempt 0 are gone before attempt 1 starts
+    (its workers look), and none is left once crun has exited; crun names
+    their pids."""
+    with orphan_job(procs, tmp_path, ["--nproc_per_node=2", "--max_restarts=1"], 1,
+                    "ignore") as (rc, err, out, pids):
+        assert rc == 1, err
+        assert len(pids) == 4, (os.listdir(out), err)
+        assert [(out / f"seen-1-{r}").read_text() for r in (0, 1)] == ["", ""], err
+        assert not [x for x in pids if marked_alive(x)], err
+        for x in pids:
+            assert re.search(rf"left behind .*with SIGTERM: pids [0-9, ]*\b{x}\b", err), err
+        assert "did not exit within 1000 ms of SIGTERM: sending SIGKILL" in err, err
+
+
+@pytest.mark.parametrize("mode", ["term", "ignore"])
+def test_a_successful_workers_grandchild_gets_sigterm_first(procs, tmp_path, mode):
+    """The worker exits 0 and leaves a detached grandchild: at crun's end it
+    gets SIGTERM, named in a log line, and SIGKILL only if it ignores that;
+    the job still succeeds and nothing is left."""
+    with orphan_job(procs, tmp_path, ["--nproc_per_node=1"], 0, mode) as (rc, err, out, pids):
+        assert rc == 0 and len(pids) == 1, (rc, os.listdir(out), err)
+        assert not marked_alive(pids[0]), err
+        assert re.search(rf"left behind .*with SIGTERM: pids {pids[0]}$", err, re.M), err
+        killed = "of SIGTERM: sending SIGKILL" in err
+        assert (out / "0-0.term").exists() == (mode == "term") and killed == (mode == "ignore"), err
