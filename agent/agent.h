@@ -101,7 +101,7 @@ enum stream_mode {
 	SM_DIRECT, /* the caller's own fd */
 	SM_NULL,   /* /dev/null (--local-ranks-filter) */
 	SM_FILE,   /* <attempt>/<rank>/std{out,err}.log, written by the worker */
-	SM_TEE,	   /* that file, tailed by the agent to its console */
+	SM_TEE,	   /* a pipe the agent copies to that file, tailed to its console */
 };
 
 struct worker;
@@ -112,9 +112,12 @@ struct agent_stream {
 	struct worker *w;
 	int which; /* CRUN_STD_OUT or CRUN_STD_ERR */
 	enum stream_mode mode;
-	int child_fd;	 /* the worker's fd until spawned; owned when > 2 */
-	int tail_fd;	 /* SM_TEE: read side of the log file, or -1 */
-	int wd;		 /* SM_TEE: inotify watch, or -1 */
+	int child_fd; /* the worker's fd until spawned; owned when > 2 */
+	int tail_fd;  /* SM_TEE: read side of the log file, or -1 */
+	int pipe_fd;  /* SM_TEE: read end of the worker's pipe (nonblocking), or -1 */
+	int file_fd;  /* SM_TEE: the log file the agent appends to, or -1 (failed) */
+	struct event *pipe_ev;
+	bool direct;	 /* the file failed: the console copy comes from the pipe */
 	char *path;	 /* SM_TEE: the file tailed (malloc'd), or NULL */
 	bool console;	 /* SM_TEE: copied to the agent's console */
 	bool line_start; /* the next console byte starts a line */
@@ -216,11 +219,10 @@ struct crun_agent {
 	struct agent_orphans *orph; /* orphans.c: adopted orphans being stopped */
 	/* logs.c */
 	struct agent_console *console;
-	int ino_fd;
-	struct event *ino_ev, *tail_more; /* tail_more: a timer */
-	struct event *tail_poll;	  /* no inotify to be had: a periodic look */
-	bool closing;			  /* crun_agent_free: the loop is over */
-	char *filters[2];		  /* duplicate filters, stdout/stderr, or NULL */
+	struct event *tail_more; /* a timer: the console was slow */
+	bool log_write_warned;	 /* a log file could not be written: told once */
+	bool closing;		 /* crun_agent_free: the loop is over */
+	char *filters[2];	 /* duplicate filters, stdout/stderr, or NULL */
 	int nfilters[2];
 	int filt_fd[2]; /* <attempt>/filtered_std{out,err}.log, or -1 */
 	/* numa.c: cpu lists per local rank, or NULL */

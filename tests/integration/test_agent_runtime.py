@@ -195,3 +195,39 @@ def test_a_successful_workers_grandchild_gets_sigterm_first(procs, tmp_path, mod
         assert re.search(rf"left behind .*with SIGTERM: pids {pids[0]}$", err, re.M), err
         killed = "of SIGTERM: sending SIGKILL" in err
         assert (out / "0-0.term").exists() == (mode == "term") and killed == (mode == "ignore"), err
+
+
+# ---- a full log file system ----------------------------------------------------------------
+
+LINES = """\
+import sys
+for i in range(int(sys.argv[1])):
+    print(f"line {i:05d} " + "y" * 50)
+"""
+
+
+def test_teed_console_copy_survives_a_full_log_dir(procs, tmp_path):
+    """--log_dir is a 64 KiB tmpfs (a mount namespace of the test's own) and
+    the teed worker prints ~200 KB: every line still reaches the console,
+    the job succeeds, and one warning names the file that could not grow.
+    (A file system turned read-only under the job takes the same path, a
+    failed write; remounting a tmpfs with files open for writing is refused,
+    so only the full one is tested.)"""
+    if os.geteuid() != 0:
+        pytest.skip("needs root for a mount namespace with a tmpfs")
+    n = 3000
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (tmp_path / "lines.py").write_text(LINES)
+    p = procs.spawn(["unshare", "-m", "sh", "-c",
+                     'mount -t tmpfs -o size=64k crun-full "$0" && exec "$@"', str(logs),
+                     bin_path("crun"), "--standalone", "--nproc_per_node=1", "--tee=3",
+                     f"--log_dir={logs}", str(tmp_path / "lines.py"), str(n)],
+                    env=agent_env())
+    rc, out, err = finish(p, 120)
+    assert rc == 0, err[-3000:]
+    got = re.findall(r"^\[default0\]:line (\d{5}) y{50}$", out, re.M)
+    assert got == [f"{i:05d}" for i in range(n)], (len(got), err[-3000:])
+    warned = [x for x in err.splitlines() if "cannot write" in x]
+    assert len(warned) == 1, err[-3000:]
+    assert re.search(r"'\S+/0/stdout\.log': No space left on device", warned[0]), warned
