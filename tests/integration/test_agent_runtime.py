@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from conftest import BUILD, bin_path
+from conftest import BUILD, bin_path, wait_line
 
 PY = "/usr/bin/python3"
 SHIFT = os.path.join(BUILD, "tests", "preload", "clock_shift.so")
@@ -63,6 +63,25 @@ def test_hung_worker_is_killed_despite_a_wall_clock_step(procs, tmp_path, shift_
     assert "rank 0 hangs" in out, (out, err)
     assert re.search(r"worker rank 0 .*sent no heartbeat for \d+\.\d s", err), err
     assert rc == 1 and "no heartbeat from rank 0" in err, err
+
+
+def test_poll_mode_host_sleeps_right_across_a_wall_clock_step(procs, tmp_path):
+    """embed_crun (the agent in the host's poll loop) has a hung worker
+    under --worker_heartbeat_timeout=1 when its wall clock steps back an
+    hour: the timeout it gives the host's poll() stays right, so the check
+    timer runs and the worker is killed as hung (it told the host to sleep
+    an hour: the worker lived on until it exited by itself)."""
+    step = tmp_path / "step"
+    env = shifted_env(-3600)
+    env["CRUN_TEST_CLOCK_SHIFT_FILE"] = str(step)
+    p = procs.spawn([os.path.join(BUILD, "tests", "helpers", "embed_crun"), "--standalone",
+                     "--nproc_per_node=1", "--worker_heartbeat_timeout=1",
+                     f"--log_dir={tmp_path / 'logs'}", HB_WORKER, "2", "0"], env=env)
+    wait_line(p.stdout, r"rank 0 hangs", 60)
+    step.touch()
+    rc, _, err = finish(p, 120)
+    assert re.search(r"worker rank 0 .*sent no heartbeat", err), err
+    assert rc == 1, err
 
 
 FLOOD = """\
