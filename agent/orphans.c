@@ -103,32 +103,89 @@ static void append_pid(char *text, size_t cap, pid_t pid)
 		snprintf(text + len, cap - len, ", ...");
 }
 
-/* Adds every adopted orphan not yet tracked (a zombie one is just reaped);
- * the new pids go into `fresh`. */
-static void look(struct crun_agent *a, struct agent_orphans *o, char *fresh, size_t cap)
+/* One process as scan_proc sees it. */
+struct proc_entry {
+	pid_t pid, ppid, pgrp;
+	char state;
+};
+
+/* Calls fn for every process in /proc whose stat reads, until fn says stop
+ * (returns false). */
+static void scan_proc(bool (*fn)(const struct proc_entry *p, void *arg), void *arg)
 {
-	pid_t self = getpid();
 	struct dirent *de;
 	DIR *d = opendir("/proc");
 
 	if (!d)
 		return;
-	while ((de = readdir(d)) != NULL && o->n < ORPHANS_MAX) {
-		pid_t ppid, pgrp, pid = (pid_t)strtol(de->d_name, NULL, 10);
-		char state;
+	while ((de = readdir(d)) != NULL) {
+		struct proc_entry p = {.pid = (pid_t)strtol(de->d_name, NULL, 10)};
 
-		if (pid <= 0 || read_stat(de->d_name, &ppid, &pgrp, &state) < 0 || ppid != self ||
-		    is_known_child(a, pid) || tracked(o, pid))
-			continue;
-		if (state == 'Z') { /* it ended on its own: only the reap is left */
-			if (waitpid(pid, NULL, WNOHANG) == pid)
-				log_at(LL_DEBUG, SUB_AGENT, "reaped orphan %d", (int)pid);
-			continue;
-		}
-		o->pid[o->n++] = pid;
-		append_pid(fresh, cap, pid);
+		if (p.pid > 0 && read_stat(de->d_name, &p.ppid, &p.pgrp, &p.state) == 0 &&
+		    !fn(&p, arg))
+			break;
 	}
 	closedir(d);
+}
+
+struct look_ctx {
+	struct crun_agent *a;
+	struct agent_orphans *o;
+	pid_t self;
+	char *fresh; /* the new pids, for the log */
+	size_t cap;
+};
+
+/* Tracks p if it is an adopted orphan not yet tracked (a zombie one is just
+ * reaped). */
+static bool look_one(const struct proc_entry *p, void *arg)
+{
+	struct look_ctx *c = arg;
+
+	if (p->ppid != c->self || is_known_child(c->a, p->pid) || tracked(c->o, p->pid))
+		return true;
+	if (p->state == 'Z') { /* it ended on its own: only the reap is left */
+		if (waitpid(p->pid, NULL, WNOHANG) == p->pid)
+			log_at(LL_DEBUG, SUB_AGENT, "reaped orphan %d", (int)p->pid);
+		return true;
+	}
+	c->o->pid[c->o->n++] = p->pid;
+	append_pid(c->fresh, c->cap, p->pid);
+	return c->o->n < ORPHANS_MAX;
+}
+
+static void look(struct crun_agent *a, struct agent_orphans *o, char *fresh, size_t cap)
+{
+	struct look_ctx c = {.a = a, .o = o, .self = getpid(), .fresh = fresh, .cap = cap};
+
+	if (o->n < ORPHANS_MAX)
+		scan_proc(look_one, &c);
+}
+
+struct group_ctx {
+	pid_t pgid;
+	char pids[ORPHANS_PIDS_TEXT];
+};
+
+static bool group_one(const struct proc_entry *p, void *arg)
+{
+	struct group_ctx *c = arg;
+
+	if (p->pid != c->pgid && p->pgrp == c->pgid && p->state != 'Z')
+		append_pid(c->pids, sizeof(c->pids), p->pid);
+	return true;
+}
+
+void orphans_log_group(const struct worker *w)
+{
+	struct group_ctx c = {.pgid = w->pid};
+
+	scan_proc(group_one, &c);
+	if (c.pids[0])
+		log_at(LL_WARN, SUB_AGENT,
+		       "worker %d (pid %d) exited leaving pids %s in its process group: "
+		       "killing them (SIGKILL)",
+		       w->local_rank, (int)w->pid, c.pids);
 }
 
 /* The unreaped orphan pins its pid and, when it leads one, its process

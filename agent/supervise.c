@@ -163,6 +163,7 @@ static bool reap_worker(struct crun_agent *a, struct worker *w)
 	/* The unreaped zombie still pins its pid and pgid, so killing
 	 * what is left of its group cannot hit an unrelated process. */
 	if (w->own_group) {
+		orphans_log_group(w);
 		(void)kill(-w->pid, SIGKILL);
 		supervise_guard_del(a, w->pid);
 	}

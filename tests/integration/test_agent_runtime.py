@@ -144,7 +144,8 @@ FORKER = ALIVE + """\
 import os, subprocess, sys, time
 out = sys.argv[1]
 attempt, rank = os.environ["TORCHELASTIC_RESTART_COUNT"], os.environ["RANK"]
-left = [f for f in sorted(os.listdir(out)) if f.endswith(".gc")
+left = [f for f in sorted(os.listdir(out)) if f.endswith(".gc")  # earlier attempts'
+        and int(f.split("-")[0]) < int(attempt)
         and marked_alive(int(open(os.path.join(out, f)).read()))]
 with open(os.path.join(out, f"seen-{attempt}-{rank}"), "w") as f:
     f.write(" ".join(left))
@@ -250,3 +251,30 @@ def test_teed_console_copy_survives_a_full_log_dir(procs, tmp_path):
     warned = [x for x in err.splitlines() if "cannot write" in x]
     assert len(warned) == 1, err[-3000:]
     assert re.search(r"'\S+/0/stdout\.log': No space left on device", warned[0]), warned
+
+
+GROUP_CHILD = """\
+import subprocess, sys
+# A background child in the worker's own process group, left running.
+child = subprocess.Popen(["sleep", "60"], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(f"child {child.pid}", flush=True)
+"""
+
+
+def test_a_background_child_killed_with_its_worker_is_named(procs, tmp_path):
+    """A worker exits 0 leaving a child in its process group: the agent
+    kills what is left of the group, and says which pids it killed."""
+    (tmp_path / "bg.py").write_text(GROUP_CHILD)
+    p = procs.spawn([bin_path("crun"), "--standalone", "--nproc_per_node=1",
+                     str(tmp_path / "bg.py")], env=agent_env())
+    rc, out, err = finish(p, 120)
+    (child,) = re.findall(r"child (\d+)", out)
+    assert rc == 0, err
+    assert re.search(rf"worker 0 \(pid \d+\) exited leaving pids {child} in its process group",
+                     err), err
+    try:
+        with open(f"/proc/{child}/cmdline", "rb") as f:
+            assert not f.read().startswith(b"sleep\0"), "the group's child outlived crun"
+    except FileNotFoundError:
+        pass
