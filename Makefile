@@ -103,6 +103,8 @@ EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c)
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
 UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
 TEST_HELPERS := $(patsubst tests/helpers/%.c,$(BUILD)/tests/helpers/%,$(wildcard tests/helpers/*.c))
+# LD_PRELOAD shims for integration tests (clock steps and the like).
+TEST_HELPERS += $(patsubst tests/preload/%.c,$(BUILD)/tests/preload/%.so,$(wildcard tests/preload/*.c))
 
 .PHONY: all test unit integration fuzz fuzz-run lint check-layers demo bench clean \
 	test-deps gpu-test gpu-check print-config install uninstall deb bench-scale
@@ -211,6 +213,10 @@ $(BUILD)/tests/test_backend: $(BUILD)/tests/libfake_backend.so
 $(BUILD)/tests/libfake_backend.so: tests/unit/fake_backend.c worker_sdk/backend_int.h
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(BASE_CFLAGS) $(CFLAGS) -Wno-missing-prototypes -shared -Wl,-z,defs -o $@ $<
+
+$(BUILD)/tests/preload/%.so: tests/preload/%.c $(BUILD)/config.mk
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(BASE_CFLAGS) $(CFLAGS) -shared -Wl,-z,defs -o $@ $<
 
 $(BUILD)/tests/helpers/%: $(BUILD)/obj/tests/helpers/%.o $(LIBINT)
 	@mkdir -p $(@D)

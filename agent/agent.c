@@ -406,7 +406,6 @@ CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_a
 	if (!a)
 		return CRUN_ENOMEM;
 	a->guard_fd = -1;
-	a->ino_fd = -1;
 	a->filt_fd[0] = a->filt_fd[1] = -1;
 	a->stop_req_fd[0] = a->stop_req_fd[1] = -1;
 	r = copy_config(a, cfg);

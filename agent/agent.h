@@ -15,6 +15,7 @@
  *   status.c     the status page (/healthz, /status, /jobs, /metrics)
  *   ctl.c        crunctl's client of the status pages
  *   heartbeat.c  --worker_heartbeat_timeout
+ *   orphans.c    stopping what workers leave behind (when crun is the subreaper)
  * Everything runs on the agent's loop thread, except console.c's writer
  * thread (blocking mode) and the rendezvous helpers (rendezvous/helper.c).
  */
@@ -29,6 +30,7 @@
 #include <sys/resource.h>
 #include <stdio.h>
 #include <sys/types.h>
+#include <time.h>
 
 #include "crun/agent.h"
 
@@ -99,7 +101,7 @@ enum stream_mode {
 	SM_DIRECT, /* the caller's own fd */
 	SM_NULL,   /* /dev/null (--local-ranks-filter) */
 	SM_FILE,   /* <attempt>/<rank>/std{out,err}.log, written by the worker */
-	SM_TEE,	   /* that file, tailed by the agent to its console */
+	SM_TEE,	   /* a pipe the agent copies to that file, tailed to its console */
 };
 
 struct worker;
@@ -110,9 +112,12 @@ struct agent_stream {
 	struct worker *w;
 	int which; /* CRUN_STD_OUT or CRUN_STD_ERR */
 	enum stream_mode mode;
-	int child_fd;	 /* the worker's fd until spawned; owned when > 2 */
-	int tail_fd;	 /* SM_TEE: read side of the log file, or -1 */
-	int wd;		 /* SM_TEE: inotify watch, or -1 */
+	int child_fd; /* the worker's fd until spawned; owned when > 2 */
+	int tail_fd;  /* SM_TEE: read side of the log file, or -1 */
+	int pipe_fd;  /* SM_TEE: read end of the worker's pipe (nonblocking), or -1 */
+	int file_fd;  /* SM_TEE: the log file the agent appends to, or -1 (failed) */
+	struct event *pipe_ev;
+	bool direct;	 /* the file failed: the console copy comes from the pipe */
 	char *path;	 /* SM_TEE: the file tailed (malloc'd), or NULL */
 	bool console;	 /* SM_TEE: copied to the agent's console */
 	bool line_start; /* the next console byte starts a line */
@@ -209,15 +214,15 @@ struct crun_agent {
 	int guard_fd;		     /* write end to the guard process */
 	pid_t guard_pid;
 	sigset_t orig_mask;
-	struct rlimit nofile_orig; /* restored in the workers */
-	bool subreaper;		   /* the process adopts orphans: sweep worker groups */
+	struct rlimit nofile_orig;  /* restored in the workers */
+	bool subreaper;		    /* the process adopts orphans: sweep worker groups */
+	struct agent_orphans *orph; /* orphans.c: adopted orphans being stopped */
 	/* logs.c */
 	struct agent_console *console;
-	int ino_fd;
-	struct event *ino_ev, *tail_more; /* tail_more: a timer */
-	struct event *tail_poll;	  /* no inotify to be had: a periodic look */
-	bool closing;			  /* crun_agent_free: the loop is over */
-	char *filters[2];		  /* duplicate filters, stdout/stderr, or NULL */
+	struct event *tail_more; /* a timer: the console was slow */
+	bool log_write_warned;	 /* a log file could not be written: told once */
+	bool closing;		 /* crun_agent_free: the loop is over */
+	char *filters[2];	 /* duplicate filters, stdout/stderr, or NULL */
 	int nfilters[2];
 	int filt_fd[2]; /* <attempt>/filtered_std{out,err}.log, or -1 */
 	/* numa.c: cpu lists per local rank, or NULL */
@@ -250,10 +255,42 @@ int heartbeat_prepare(struct crun_agent *a, const struct worker *w, const char *
  * worker silent past the timeout gets an error file naming it and SIGKILL. */
 int heartbeat_arm(struct crun_agent *a);
 void heartbeat_disarm(struct crun_agent *a); /* stops, removes the files */
-/* Pure: index of the watched worker whose mtime is oldest and past the
- * timeout, or -1 (unit-tested). */
-int heartbeat_silent(const double *mtime, const bool *watch, int n, double now,
+/* Pure: index of the watched worker whose last beat (seen_ms, monotonic; 0:
+ * its file is gone) is oldest and more than timeout_ms before now_ms, or -1
+ * (unit-tested). */
+int heartbeat_silent(const uint64_t *seen_ms, const bool *watch, int n, uint64_t now_ms,
 		     uint32_t timeout_ms);
+/* Pure: the monotonic time of the last beat of a file whose mtime was *last
+ * when its last beat was seen at seen_ms and is now_mtime at now_ms. Any
+ * change of the mtime, forward or back (a wall-clock step), is a beat and
+ * updates *last. The wall clock is never compared with the mtime. */
+uint64_t heartbeat_observe(struct timespec *last, const struct timespec *now_mtime,
+			   uint64_t seen_ms, uint64_t now_ms);
+
+/* ---- orphans.c: what workers leave behind --------------------------------------- */
+
+/* Pure: ppid, process group and state letter from the text of a
+ * /proc/<pid>/stat (a comm with spaces or parentheses included). 0 or
+ * CRUN_EINVAL. */
+int orphans_parse_stat(const char *stat, pid_t *ret_ppid, pid_t *ret_pgrp, char *ret_state);
+/* Subreaper only (else 0, nothing done): finds the adopted orphans (children
+ * of this process that are neither a running worker nor the guard), logs the
+ * new ones' pids, sends sig to every one (to the group an orphan leads) and
+ * remembers sig as the stop's signal. Returns how many are tracked (alive,
+ * signalled, not yet reaped). A zombie orphan is reaped on the way. */
+int orphans_signal(struct crun_agent *a, int sig);
+/* During a stop: the same for orphans adopted since (a worker just exited). */
+void orphans_rescan(struct crun_agent *a);
+/* Before the SIGKILL of what is left of exited worker w's process group
+ * (its zombie still pins the pgid): one WARN line naming those pids, if any. */
+void orphans_log_group(const struct worker *w);
+/* Reaps tracked orphans that exited (WNOHANG); true when one did. */
+bool orphans_reap(struct crun_agent *a);
+int orphans_alive(const struct crun_agent *a); /* tracked, not yet reaped */
+void orphans_stop_over(struct crun_agent *a);  /* the stop is over: no rescans */
+/* The agent's end (blocking; the loop is over): SIGTERM to every orphan,
+ * grace_ms, SIGKILL to the rest, reaped; frees the tracking. */
+void orphans_end(struct crun_agent *a, uint32_t grace_ms);
 
 /* ---- spawn.c ------------------------------------------------------------------ */
 

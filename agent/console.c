@@ -284,7 +284,7 @@ bool console_wait_room(struct agent_console *c, int which, size_t need, uint64_t
 		ok = q->dead || q->cap - q->len >= need;
 		if (ok || now >= until_ms)
 			break;
-		ts = clock_realtime_in((uint32_t)MIN(until_ms - now, UINT32_MAX));
+		ts = clock_monotonic_in((uint32_t)MIN(until_ms - now, UINT32_MAX));
 		(void)pthread_cond_timedwait(&c->idle_cv, &c->mu, &ts);
 	}
 	pthread_mutex_unlock(&c->mu);
@@ -398,9 +398,16 @@ int console_new(struct event_base *base, int out_fd, int err_fd, size_t cap_byte
 
 	if (!c)
 		return CRUN_ENOMEM;
+	/* idle_cv has timed waits: on the monotonic clock, so a wall-clock
+	 * step neither cuts a flush short nor stretches it by the step. */
+	r = clock_cond_init(&c->idle_cv);
+	if (r < 0) {
+		free(c);
+		return r;
+	}
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_cond_init(&c->cv, NULL);
-	pthread_cond_init(&c->idle_cv, NULL);
+	r = CRUN_ENOMEM;
 	c->q[0].fd = out_fd;
 	c->q[1].fd = err_fd;
 	for (int i = 0; i < 2; i++) {
@@ -441,7 +448,7 @@ fail:
 
 bool console_flush(struct agent_console *c, uint32_t timeout_ms)
 {
-	struct timespec until = clock_realtime_in(timeout_ms);
+	struct timespec until = clock_monotonic_in(timeout_ms);
 	bool empty;
 
 	if (!c)

@@ -109,7 +109,8 @@ static enum agent_state start_workers(struct crun_agent *a)
 static enum agent_state begin_stop(struct crun_agent *a, enum stop_reason reason, int sig)
 {
 	a->stop_reason = reason;
-	if (count_running(a) == 0)
+	/* What the workers left behind (crun adopts it) stops with them. */
+	if (orphans_signal(a, SIGTERM) == 0 && count_running(a) == 0)
 		return agent_after_stop(a);
 	supervise_signal_workers(a, sig);
 	supervise_arm_grace(a);
@@ -235,7 +236,7 @@ static enum agent_state after_exit_while_stopping(struct crun_agent *a)
 	/* A worker that failed on its own while the others were being
 	 * stopped is a failure too (torchrun lists every failed rank). */
 	(void)agent_collect_failures(a);
-	if (count_running(a) > 0)
+	if (count_running(a) > 0 || orphans_alive(a) > 0)
 		return AS_STOPPING;
 	return agent_after_stop(a);
 }
@@ -245,6 +246,7 @@ static enum agent_state kill_all(struct crun_agent *a)
 	log_at(LL_WARN, SUB_AGENT, "workers did not stop within %u ms, forcefully exiting via %d",
 	       a->cfg.shutdown_timeout_ms, SIGKILL);
 	supervise_signal_workers(a, SIGKILL);
+	(void)orphans_signal(a, SIGKILL);
 	return AS_STOPPING;
 }
 

@@ -1,14 +1,20 @@
 /* logs.c: where worker output goes, as torchrun lays it out (torch-compat
  * §4.4, torch/distributed/elastic/multiprocessing/api.py DefaultLogsSpecs).
- * No worker byte passes through a pipe of crun's:
  *   - a stream neither redirected nor teed gets the caller's own fd (a
  *     terminal stays a terminal: isatty, \r progress, colours);
  *   - a rank left out by --local-ranks-filter and not redirected: /dev/null;
  *   - redirected: the worker writes <attempt>/<rank>/std{out,err}.log itself,
  *     so the file is whole and never waits for the agent;
- *   - teed: the same file, which the agent tails (inotify) and copies to its
- *     console with the line prefix at the start of each line only, and, with
- *     --duplicate-std*-filters, matching lines to <attempt>/filtered_*.log.
+ *   - teed: the worker writes a pipe; the agent appends what it reads to that
+ *     same file at once (the file is whole and current: the failure summary
+ *     reads it back), and tails the file to its console with the line prefix
+ *     at the start of each line only, and, with --duplicate-std*-filters,
+ *     matching lines to <attempt>/filtered_*.log. Tailing the file, not the
+ *     pipe, lets a slow console lag without holding the worker. When the file
+ *     cannot grow (a full or read-only file system: the worker writing it
+ *     itself lost the console copy with the file, 0 of 64,528 lines shown),
+ *     the agent says so once, naming the file, and copies the pipe straight
+ *     to the console from then on.
  * Console copies go through console.c and never block the loop.
  */
 #define _XOPEN_SOURCE_EXTENDED 1
@@ -19,7 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -177,12 +182,34 @@ static bool filter_match(const char *needles, int n, const char *line, size_t le
 	return false;
 }
 
+static const char *const filt_names[2] = {"filtered_stdout.log", "filtered_stderr.log"};
+
+/* A log file the agent writes failed (ENOSPC, EROFS, EDQUOT, ...): said once
+ * per agent, naming the file; the caller stops writing that file. */
+static void write_failed(struct crun_agent *a, const char *path, int r)
+{
+	if (a->log_write_warned)
+		return;
+	a->log_write_warned = true;
+	log_at(LL_WARN, SUB_AGENT,
+	       "cannot write '%s': %s; log files stop growing here, teed output still "
+	       "goes to the console",
+	       path, strerror(-r));
+}
+
 static void filter_write(struct agent_stream *s, const char *p, size_t n)
 {
-	int fd = s->a->filt_fd[s->which == CRUN_STD_ERR];
+	int *fd = &s->a->filt_fd[s->which == CRUN_STD_ERR];
+	int r;
 
-	if (fd >= 0 && fd_write_all(fd, p, n) < 0)
-		log_at(LL_WARN, SUB_AGENT, "filtered log: %s, ignoring", strerror(errno));
+	if (*fd < 0)
+		return;
+	r = fd_write_all(*fd, p, n);
+	if (r < 0) {
+		write_failed(s->a, filt_names[s->which == CRUN_STD_ERR], r);
+		fd_close(*fd);
+		*fd = -1;
+	}
 }
 
 /* Feeds bytes to the duplicate filter: a line is decided when complete, or
@@ -303,6 +330,7 @@ static bool tail_pump(struct agent_stream *s, int rounds, enum pump_mode mode, u
 		      bool *ret_waiting)
 {
 	enum { NEED = TAIL_CHUNK + 8192 }; /* a chunk with its prefixes */
+	const bool at_end = mode == PUMP_BLOCK;
 	bool more = false;
 	int forced = 0;
 	char *buf;
@@ -344,10 +372,10 @@ static bool tail_pump(struct agent_stream *s, int rounds, enum pump_mode mode, u
 		filter_feed(s, buf, (size_t)n, false);
 		more = i == rounds - 1;
 	}
-	if (!more && mode != PUMP_LIVE)
+	if (!more && at_end)
 		filter_feed(s, NULL, 0, true);
 	free(buf);
-	if (more && mode != PUMP_LIVE && s->console && s->path) {
+	if (more && at_end && s->console && s->path) {
 		char note[PATH_MAX + 64];
 		int n = snprintf(note, sizeof(note), "%s[crun: the rest is in %s]\n",
 				 s->line_start ? "" : "\n", s->path);
@@ -376,17 +404,6 @@ static void pump_all(struct crun_agent *a)
 	}
 }
 
-static void on_inotify(evutil_socket_t fd, short what, void *arg)
-{
-	char ev[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
-
-	(void)what;
-	for (int i = 0; i < 64; i++) /* coalesced: which file does not matter */
-		if (read(fd, ev, sizeof(ev)) <= 0)
-			break;
-	pump_all(arg);
-}
-
 static void on_tail_more(evutil_socket_t fd, short what, void *arg)
 {
 	(void)fd;
@@ -394,51 +411,92 @@ static void on_tail_more(evutil_socket_t fd, short what, void *arg)
 	pump_all(arg);
 }
 
-/* Wakes the tail of a teed file when it grows. The inotify instance is made
- * for the first teed stream only: one user may hold few of them
- * (fs.inotify.max_user_instances, 128 by default), and an agent that tees
- * nothing must not need one. Without one (or without a watch), the teed
- * files are looked at every TAIL_POLL_MS instead: late, never lost. */
-#define TAIL_POLL_MS 100
-static void tail_watch(struct crun_agent *a, struct agent_stream *s)
+/* Appends p to the stream's log file; returns how many bytes of it the file
+ * did not take (it failed, and is closed: told once). */
+static size_t file_put(struct agent_stream *s, const char *p, size_t n)
 {
-	struct timeval tv = {0, TAIL_POLL_MS * 1000};
-	int err = 0;
+	while (n && s->file_fd >= 0) {
+		ssize_t w = write(s->file_fd, p, n);
 
-	if (a->tail_poll)
-		return;
-	if (a->ino_fd < 0) {
-		a->ino_fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
-		if (a->ino_fd < 0)
-			err = errno;
-		else if (!(a->ino_ev = event_new(a->base, a->ino_fd, EV_READ | EV_PERSIST,
-						 on_inotify, a)) ||
-			 event_add(a->ino_ev, NULL) < 0)
-			err = ENOMEM;
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0) {
+			write_failed(s->a, s->path, w < 0 ? -errno : CRUN_ENOSPC);
+			fd_close(s->file_fd);
+			s->file_fd = -1;
+			break;
+		}
+		p += w;
+		n -= (size_t)w;
 	}
-	if (!err) {
-		s->wd = inotify_add_watch(a->ino_fd, s->path, IN_MODIFY);
-		if (s->wd >= 0)
-			return;
-		err = errno;
+	return n;
+}
+
+/* Moves up to `rounds` chunks of what the worker wrote from its pipe to the
+ * file (the console copy follows through the file's tail); once the file
+ * failed, straight to the console. True when more may be left. */
+static bool pipe_pump(struct agent_stream *s, int rounds)
+{
+	bool more = false, waiting = false;
+	char *buf;
+
+	if (s->pipe_fd < 0)
+		return false;
+	buf = malloc(TAIL_CHUNK);
+	if (!buf)
+		return false;
+	for (int i = 0; i < rounds; i++) {
+		ssize_t n = read(s->pipe_fd, buf, TAIL_CHUNK);
+		size_t left;
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n == 0 && s->pipe_ev) /* EOF stays readable: stop looking */
+			event_del(s->pipe_ev);
+		if (n <= 0)
+			break;
+		left = file_put(s, buf, (size_t)n);
+		if (left && !s->direct) {
+			/* What the file took goes to the console first, in order. */
+			(void)tail_pump(s, INT_MAX, PUMP_FORCE, 0, &waiting);
+			s->direct = true;
+		}
+		if (s->direct) {
+			console_feed(s, buf + n - left, left);
+			filter_feed(s, buf + n - left, left, false);
+		}
+		more = i == rounds - 1;
 	}
-	a->tail_poll = event_new(a->base, -1, EV_PERSIST, on_tail_more, a);
-	if (!a->tail_poll || event_add(a->tail_poll, &tv) < 0) {
-		log_at(LL_ERROR, SUB_AGENT, "cannot watch teed logs (%s): no timer either",
-		       strerror(err));
-		return;
-	}
-	log_at(LL_WARN, SUB_AGENT,
-	       "cannot watch teed logs (%s; fs.inotify.max_user_instances?): "
-	       "looking at them every %d ms",
-	       strerror(err), TAIL_POLL_MS);
+	free(buf);
+	return more;
+}
+
+/* Everything the worker wrote so far, into the file: bounded (a grandchild
+ * may hold the pipe and keep writing), 64 MiB at most. */
+static void pipe_drain(struct agent_stream *s)
+{
+	for (int i = 0; i < 64 && pipe_pump(s, TAIL_ROUNDS); i++)
+		;
+}
+
+static void on_pipe(evutil_socket_t fd, short what, void *arg)
+{
+	struct agent_stream *s = arg;
+
+	(void)fd;
+	(void)what;
+	/* Level-triggered: what is left comes on the next loop iteration. */
+	(void)pipe_pump(s, TAIL_ROUNDS);
+	pump_all(s->a);
 }
 
 /* ---- per worker stream ---------------------------------------------------------- */
 
 static void stream_reset(struct agent_stream *s)
 {
-	s->child_fd = s->tail_fd = s->wd = -1;
+	s->child_fd = s->tail_fd = s->pipe_fd = s->file_fd = -1;
+	s->pipe_ev = NULL;
+	s->direct = false;
 	s->mode = SM_DIRECT;
 	s->fline = NULL;
 	s->path = NULL;
@@ -448,6 +506,36 @@ void logs_reset_worker(struct worker *w)
 {
 	stream_reset(&w->out);
 	stream_reset(&w->err);
+}
+
+/* A teed stream: the worker's pipe, read on the loop into s->file_fd
+ * (open), and the file's tail for the console. */
+static int open_tee(struct crun_agent *a, struct agent_stream *s, const char *path)
+{
+	int p[2];
+
+	s->path = str_dup(path);
+	if (!s->path)
+		return CRUN_ENOMEM;
+	s->tail_fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (s->tail_fd < 0)
+		return -errno;
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return -errno;
+	s->pipe_fd = p[0];
+	s->child_fd = p[1];
+	/* A bigger pipe: a chatty worker waits less while the loop is busy. */
+	(void)fcntl(p[0], F_SETPIPE_SZ, 1 << 20);
+	TRY(fd_set_nonblock(p[0], true));
+	s->pipe_ev = event_new(a->base, p[0], EV_READ | EV_PERSIST, on_pipe, s);
+	if (!s->pipe_ev || event_add(s->pipe_ev, NULL) < 0)
+		return CRUN_ENOMEM;
+	if (a->filters[s->which == CRUN_STD_ERR]) {
+		s->fline = malloc(AGENT_LINE_MAX);
+		if (!s->fline)
+			return CRUN_ENOMEM;
+	}
+	return 0;
 }
 
 static int open_stream(struct crun_agent *a, struct worker *w, struct agent_stream *s, int which,
@@ -477,30 +565,22 @@ static int open_stream(struct crun_agent *a, struct worker *w, struct agent_stre
 	}
 	TRY(str_printf(path, sizeof(path), "%s/%d/%s", attempt_dir, w->local_rank,
 		       which == CRUN_STD_OUT ? "stdout.log" : "stderr.log"));
-	s->child_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
-	if (s->child_fd < 0)
+	s->file_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+	if (s->file_fd < 0)
 		return -errno;
 	s->mode = SM_FILE;
-	if (!(t_mask & which))
-		return 0;
-	/* A teed rank left out by the filter: file only, not tailed (torchrun). */
-	s->mode = SM_TEE;
-	s->console = shown;
-	if (!shown && !a->filters[which == CRUN_STD_ERR])
-		return 0;
-	s->path = str_dup(path);
-	if (!s->path)
-		return CRUN_ENOMEM;
-	s->tail_fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (s->tail_fd < 0)
-		return -errno;
-	tail_watch(a, s);
-	if (a->filters[which == CRUN_STD_ERR]) {
-		s->fline = malloc(AGENT_LINE_MAX);
-		if (!s->fline)
-			return CRUN_ENOMEM;
+	if (t_mask & which) {
+		s->mode = SM_TEE;
+		s->console = shown;
 	}
-	return 0;
+	/* Redirected only, or a teed rank left out by the filter with no
+	 * duplicate filter: file only, written by the worker (torchrun). */
+	if (!(t_mask & which) || (!shown && !a->filters[which == CRUN_STD_ERR])) {
+		s->child_fd = s->file_fd;
+		s->file_fd = -1;
+		return 0;
+	}
+	return open_tee(a, s, path);
 }
 
 int logs_open_worker(struct crun_agent *a, struct worker *w, const char *attempt_dir)
@@ -532,7 +612,9 @@ void logs_after_spawn(struct worker *w)
 
 void logs_drain_worker(struct crun_agent *a, struct worker *w)
 {
-	(void)w;
+	/* The file is whole before the failure summary reads it back. */
+	pipe_drain(&w->out);
+	pipe_drain(&w->err);
 	pump_all(a); /* what is left follows on the timer until the close */
 }
 
@@ -540,17 +622,21 @@ static void close_stream(struct crun_agent *a, struct agent_stream *s)
 {
 	bool waiting = false;
 
-	/* The end of an attempt: wait for a reader that keeps reading, for
-	 * AGENT_CONSOLE_FLUSH_MS at most (on the loop too: a stalled reader costs
-	 * it AGENT_CONSOLE_STALL_MS once); then drop, 64 MiB of reads at most. */
+	/* The end of an attempt: what is in the pipe goes to the file; then
+	 * wait for a reader that keeps reading, for AGENT_CONSOLE_FLUSH_MS at
+	 * most (on the loop too: a stalled reader costs it
+	 * AGENT_CONSOLE_STALL_MS once); then drop, 64 MiB of reads at most. */
 	(void)a;
+	pipe_drain(s);
 	(void)tail_pump(s, INT_MAX, PUMP_BLOCK, clock_now_ms() + AGENT_CONSOLE_FLUSH_MS, &waiting);
 	drop_child_fd(s);
-	if (s->wd >= 0 && a->ino_fd >= 0)
-		(void)inotify_rm_watch(a->ino_fd, s->wd);
-	s->wd = -1;
+	if (s->pipe_ev)
+		event_free(s->pipe_ev);
+	s->pipe_ev = NULL;
+	fd_close(s->pipe_fd);
+	fd_close(s->file_fd);
 	fd_close(s->tail_fd);
-	s->tail_fd = -1;
+	s->pipe_fd = s->file_fd = s->tail_fd = -1;
 	free(s->fline);
 	s->fline = NULL;
 	free(s->path);
@@ -567,14 +653,12 @@ void logs_close_worker(struct crun_agent *a, struct worker *w)
 
 int logs_open_attempt(struct crun_agent *a, const char *attempt_dir)
 {
-	static const char *const names[2] = {"filtered_stdout.log", "filtered_stderr.log"};
-
 	for (int i = 0; i < 2; i++) {
 		char path[PATH_MAX];
 
 		if (!a->filters[i] || !attempt_dir[0])
 			continue;
-		TRY(str_printf(path, sizeof(path), "%s/%s", attempt_dir, names[i]));
+		TRY(str_printf(path, sizeof(path), "%s/%s", attempt_dir, filt_names[i]));
 		a->filt_fd[i] =
 		    open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
 		if (a->filt_fd[i] < 0)
@@ -595,7 +679,6 @@ int logs_init(struct crun_agent *a)
 {
 	const char *spec[2] = {a->cfg.duplicate_stdout_filters, a->cfg.duplicate_stderr_filters};
 
-	a->ino_fd = -1;
 	a->filt_fd[0] = a->filt_fd[1] = -1;
 	for (int i = 0; i < 2; i++)
 		if (spec[i] && *spec[i] &&
@@ -619,6 +702,8 @@ void logs_flush_console(struct crun_agent *a, uint32_t timeout_ms)
 	bool waiting = false;
 
 	for (int i = 0; a->workers && i < a->nworkers; i++) {
+		pipe_drain(&a->workers[i].out);
+		pipe_drain(&a->workers[i].err);
 		(void)tail_pump(&a->workers[i].out, INT_MAX, PUMP_BLOCK, until, &waiting);
 		(void)tail_pump(&a->workers[i].err, INT_MAX, PUMP_BLOCK, until, &waiting);
 	}
@@ -628,15 +713,9 @@ void logs_flush_console(struct crun_agent *a, uint32_t timeout_ms)
 
 void logs_fini(struct crun_agent *a)
 {
-	if (a->ino_ev)
-		event_free(a->ino_ev);
 	if (a->tail_more)
 		event_free(a->tail_more);
-	if (a->tail_poll)
-		event_free(a->tail_poll);
-	a->ino_ev = a->tail_more = a->tail_poll = NULL;
-	fd_close(a->ino_fd);
-	a->ino_fd = -1;
+	a->tail_more = NULL;
 	logs_close_attempt(a);
 	console_free(a->console, AGENT_CONSOLE_FLUSH_MS);
 	a->console = NULL;

@@ -34,7 +34,9 @@ struct agent_poll {
 	struct poll_fd *cur, *want; /* registered now; being collected */
 	size_t ncur, nwant, cap;
 	bool overflow;
-	int64_t next_ms; /* agent_poll_timeout_ms's scan */
+	int64_t next_ms;     /* agent_poll_timeout_ms's scan */
+	struct timeval now;  /* ... and "now" in event_pending's frame */
+	struct event *probe; /* a timer that reads that "now" */
 };
 
 int agent_poll_new(struct event_base *base, struct agent_poll **ret)
@@ -59,6 +61,8 @@ void agent_poll_free(struct agent_poll *p)
 {
 	if (!p)
 		return;
+	if (p->probe)
+		event_free(p->probe);
 	fd_close(p->epfd);
 	free(p->cur);
 	free(p->want);
@@ -151,16 +155,14 @@ int agent_poll_refresh(struct agent_poll *p)
 static int earliest(const struct event_base *b, const struct event *ev, void *arg)
 {
 	struct agent_poll *p = arg;
-	struct timeval tv, now;
+	struct timeval tv;
 	int64_t ms;
 
 	(void)b;
 	if (!event_pending(ev, EV_TIMEOUT, &tv))
 		return 0;
-	/* event_pending gives the expiry on the wall clock libevent caches. */
-	if (event_base_gettimeofday_cached(p->base, &now) < 0)
-		gettimeofday(&now, NULL);
-	ms = ((int64_t)tv.tv_sec - now.tv_sec) * 1000 + (tv.tv_usec - now.tv_usec + 999) / 1000;
+	ms = ((int64_t)tv.tv_sec - p->now.tv_sec) * 1000 +
+	     (tv.tv_usec - p->now.tv_usec + 999) / 1000;
 	if (ms < 0)
 		ms = 0;
 	if (p->next_ms < 0 || ms < p->next_ms)
@@ -168,10 +170,43 @@ static int earliest(const struct event_base *b, const struct event *ev, void *ar
 	return 0;
 }
 
+static void probe_on_timeout(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	(void)arg;
+}
+
+/* event_pending gives a timer's expiry as its monotonic expiry plus the
+ * wall-clock offset libevent last measured (it refreshes it every few
+ * seconds, in the loop). "Now" must be read in that same frame: the wall
+ * clock read here (there is no cached time outside the loop) differed from
+ * it by the size of any step since, so a -1 h step told the host to sleep
+ * an hour past every timer (heartbeat checks, leases), a +1 h one to spin.
+ * A probe timer R from now reads back as now + R in the frame. */
+static int frame_now(struct agent_poll *p, struct timeval *ret_now)
+{
+	struct timeval r = {3600, 0}, t;
+	bool ok;
+
+	if (!p->probe)
+		p->probe = evtimer_new(p->base, probe_on_timeout, NULL);
+	if (!p->probe || evtimer_add(p->probe, &r) < 0)
+		return CRUN_ENOMEM;
+	ok = event_pending(p->probe, EV_TIMEOUT, &t);
+	(void)evtimer_del(p->probe);
+	if (!ok)
+		return CRUN_EIO;
+	timersub(&t, &r, ret_now);
+	return 0;
+}
+
 int agent_poll_timeout_ms(struct agent_poll *p)
 {
 	if (event_base_get_num_events(p->base, EVENT_BASE_COUNT_ACTIVE) > 0)
 		return 0;
+	if (frame_now(p, &p->now) < 0)
+		return 100; /* cannot tell: look again soon rather than never */
 	p->next_ms = -1;
 	(void)event_base_foreach_event(p->base, earliest, p);
 	return p->next_ms > INT32_MAX ? INT32_MAX : (int)p->next_ms;

@@ -163,6 +163,7 @@ static bool reap_worker(struct crun_agent *a, struct worker *w)
 	/* The unreaped zombie still pins its pid and pgid, so killing
 	 * what is left of its group cannot hit an unrelated process. */
 	if (w->own_group) {
+		orphans_log_group(w);
 		(void)kill(-w->pid, SIGKILL);
 		supervise_guard_del(a, w->pid);
 	}
@@ -199,6 +200,11 @@ void supervise_reap(struct crun_agent *a)
 		if (w->state == W_EXITED && w->pid > 0 && w->own_group && a->subreaper)
 			sweep_group(w);
 	}
+	/* A worker that exited during a stop hands us its orphans: stop them
+	 * too; an orphan's exit moves the stop on like a worker's. */
+	if (any)
+		orphans_rescan(a);
+	any |= orphans_reap(a);
 	if (a->guard_pid > 0 && waitpid(a->guard_pid, NULL, WNOHANG) == a->guard_pid) {
 		log_at(LL_WARN, SUB_AGENT, "the guard process exited");
 		a->guard_pid = 0;
@@ -279,6 +285,7 @@ void supervise_disarm_grace(struct crun_agent *a)
 {
 	if (a->grace_timer)
 		evtimer_del(a->grace_timer);
+	orphans_stop_over(a);
 }
 
 /* ---- the guard process -------------------------------------------------------- */
@@ -491,6 +498,8 @@ void supervise_unwatch_pid(struct worker *w)
 
 void supervise_fini(struct crun_agent *a)
 {
+	/* Before the guard goes: it is a child too, and known as such. */
+	orphans_end(a, a->cfg.shutdown_timeout_ms);
 	for (int s = 0; s < 65; s++)
 		if (a->sig_ev[s]) {
 			event_free(a->sig_ev[s]);

@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -100,9 +101,13 @@ uint64_t clock_now_ms(void);
 uint64_t clock_now_us(void);
 /* Wall-clock seconds (CLOCK_REALTIME) with a fraction, for error files. */
 double clock_wall_s(void);
-/* The CLOCK_REALTIME instant timeout_ms from now, the deadline
- * pthread_cond_timedwait wants. */
-struct timespec clock_realtime_in(uint32_t timeout_ms);
+/* The CLOCK_MONOTONIC instant timeout_ms from now: the deadline for
+ * pthread_cond_timedwait on a condition made by clock_cond_init. */
+struct timespec clock_monotonic_in(uint32_t timeout_ms);
+/* pthread_cond_init on CLOCK_MONOTONIC: a timed wait on the default
+ * (CLOCK_REALTIME) condition ends at once after a +1 h wall-clock step and
+ * lasts an hour more after a -1 h one. 0 or a negative errno. */
+int clock_cond_init(pthread_cond_t *cv) WARN_UNUSED;
 
 /* ---- fds ------------------------------------------------------------------ */
 

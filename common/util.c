@@ -190,11 +190,11 @@ double clock_wall_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-struct timespec clock_realtime_in(uint32_t timeout_ms)
+struct timespec clock_monotonic_in(uint32_t timeout_ms)
 {
 	struct timespec ts;
 
-	clock_gettime(CLOCK_REALTIME, &ts);
+	clock_gettime(CLOCK_MONOTONIC, &ts);
 	ts.tv_sec += timeout_ms / 1000;
 	ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
 	if (ts.tv_nsec >= 1000000000L) {
@@ -202,6 +202,21 @@ struct timespec clock_realtime_in(uint32_t timeout_ms)
 		ts.tv_nsec -= 1000000000L;
 	}
 	return ts;
+}
+
+int clock_cond_init(pthread_cond_t *cv)
+{
+	pthread_condattr_t attr;
+	int r;
+
+	r = pthread_condattr_init(&attr);
+	if (r)
+		return -r;
+	r = pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+	if (!r)
+		r = pthread_cond_init(cv, &attr);
+	pthread_condattr_destroy(&attr);
+	return -r;
 }
 
 int fd_set_nonblock(int fd, bool on)

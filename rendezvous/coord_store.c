@@ -73,11 +73,18 @@ static int fail(struct coord *c, int r, const char *what, const char *key)
 int coord_mem_new(struct coord_mem **ret)
 {
 	struct coord_mem *m = calloc(1, sizeof(*m));
+	int r;
 
 	if (!m)
 		return CRUN_ENOMEM;
+	/* Waits run on the monotonic clock: a wall-clock step neither ends a
+	 * wait early nor stretches it by the size of the step. */
+	r = clock_cond_init(&m->cv);
+	if (r < 0) {
+		free(m);
+		return r;
+	}
 	pthread_mutex_init(&m->mu, NULL);
-	pthread_cond_init(&m->cv, NULL);
 	*ret = m;
 	return 0;
 }
@@ -189,7 +196,7 @@ static int mput(struct coord *c, const char *key, const char *val)
 /* Locked: waits until key exists or the deadline (0 = none) passes. */
 static int mwait(struct coord *c, const char *key, uint32_t timeout_ms)
 {
-	struct timespec ts = clock_realtime_in(timeout_ms);
+	struct timespec ts = clock_monotonic_in(timeout_ms);
 
 	while (!mfind(c, key))
 		if (pthread_cond_timedwait(&c->mem->cv, &c->mem->mu, &ts) == ETIMEDOUT &&
@@ -795,7 +802,7 @@ static int mfind_any(struct coord *c, const char *const *keys, size_t n)
 
 static int mem_wait_any(struct coord *c, const char *const *keys, size_t n, uint32_t timeout_ms)
 {
-	struct timespec ts = clock_realtime_in(timeout_ms);
+	struct timespec ts = clock_monotonic_in(timeout_ms);
 	int r;
 
 	pthread_mutex_lock(&c->mem->mu);

@@ -380,6 +380,29 @@ START_TEST(argv_substitutes_local_rank)
 }
 END_TEST
 
+/* /proc/<pid>/stat as the orphan sweep reads it: a comm with spaces and
+ * parentheses does not shift the fields. */
+START_TEST(proc_stat_fields_parse)
+{
+	pid_t ppid = 0, pgrp = 0;
+	char state = 0;
+
+	ck_assert_int_eq(orphans_parse_stat("42 (python3) S 7 42 42 0 -1", &ppid, &pgrp, &state),
+			 0);
+	ck_assert_int_eq(ppid, 7);
+	ck_assert_int_eq(pgrp, 42);
+	ck_assert_int_eq(state, 'S');
+	ck_assert_int_eq(orphans_parse_stat("9 (a) b) (c) Z 1 3 3 0", &ppid, &pgrp, &state), 0);
+	ck_assert_int_eq(ppid, 1);
+	ck_assert_int_eq(pgrp, 3);
+	ck_assert_int_eq(state, 'Z');
+	ppid = 5;
+	ck_assert_int_eq(orphans_parse_stat("9 (no close", &ppid, &pgrp, &state), CRUN_EINVAL);
+	ck_assert_int_eq(orphans_parse_stat("9 (x) R", &ppid, &pgrp, &state), CRUN_EINVAL);
+	ck_assert_int_eq(ppid, 5); /* untouched on failure */
+}
+END_TEST
+
 START_TEST(signal_lists_parse)
 {
 	uint64_t m = 0;
@@ -416,6 +439,7 @@ static Suite *agent_core_suite(void)
 	tcase_add_test(tc, numa_binding_maps_gpus_to_cpus);
 	tcase_add_test(tc, cpulists_parse);
 	tcase_add_test(tc, signal_lists_parse);
+	tcase_add_test(tc, proc_stat_fields_parse);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -39,14 +39,32 @@ END_TEST
 /* The agent's pure rule: the stalest watched worker past the timeout. */
 START_TEST(silent_worker_rule)
 {
-	double mt[4] = { 100.0, 98.0, 97.5, 99.9 };
+	uint64_t seen[4] = { 100000, 98000, 97500, 99900 };
 	bool all[4] = { true, true, true, true }, some[4] = { true, true, false, true };
 
-	ck_assert_int_eq(heartbeat_silent(mt, all, 4, 100.5, 4000), -1);
-	ck_assert_int_eq(heartbeat_silent(mt, all, 4, 100.0, 2000), 2);  /* 2.5 s > 2 s */
-	ck_assert_int_eq(heartbeat_silent(mt, some, 4, 100.0, 1000), 1); /* 2 unwatched */
-	ck_assert_int_eq(heartbeat_silent(mt, all, 4, 100.0, 2500), -1); /* not past it */
-	ck_assert_int_eq(heartbeat_silent(mt, all, 0, 100.0, 1), -1);
+	ck_assert_int_eq(heartbeat_silent(seen, all, 4, 100500, 4000), -1);
+	ck_assert_int_eq(heartbeat_silent(seen, all, 4, 100000, 2000), 2);  /* 2.5 s > 2 s */
+	ck_assert_int_eq(heartbeat_silent(seen, some, 4, 100000, 1000), 1); /* 2 unwatched */
+	ck_assert_int_eq(heartbeat_silent(seen, all, 4, 100000, 2500), -1); /* not past it */
+	ck_assert_int_eq(heartbeat_silent(seen, all, 0, 100000, 1), -1);
+}
+END_TEST
+
+/* A beat is a change of the mtime, either way: a wall-clock step of -1 h
+ * (the file's next mtime is an hour older) is a beat, not silence, and a
+ * step of +1 h is one beat, not an hour of silence. */
+START_TEST(mtime_change_either_way_is_a_beat)
+{
+	struct timespec last = { .tv_sec = 1700000000, .tv_nsec = 5 };
+	struct timespec same = last, back = { .tv_sec = 1700000000 - 3600 },
+			ahead = { .tv_sec = 1700000000 + 3600 };
+
+	ck_assert_uint_eq(heartbeat_observe(&last, &same, 1000, 9000), 1000);
+	ck_assert_uint_eq(heartbeat_observe(&last, &back, 1000, 9000), 9000);
+	ck_assert_int_eq(last.tv_sec, back.tv_sec);
+	ck_assert_uint_eq(heartbeat_observe(&last, &ahead, 9000, 9500), 9500);
+	ck_assert_int_eq(last.tv_sec, ahead.tv_sec);
+	ck_assert_uint_eq(heartbeat_observe(&last, &ahead, 9500, 20000), 9500);
 }
 END_TEST
 
@@ -57,6 +75,7 @@ static Suite *heartbeat_suite(void)
 
 	tcase_add_test(tc, beat_moves_the_mtime);
 	tcase_add_test(tc, silent_worker_rule);
+	tcase_add_test(tc, mtime_change_either_way_is_a_beat);
 	suite_add_tcase(s, tc);
 	return s;
 }
