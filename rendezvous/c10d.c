@@ -213,6 +213,7 @@ static int start(struct c10d *c, enum c10d_job_kind kind, const char *why)
 	j->is_host = c->rdzv_store != NULL;
 	j->prev_round = c->have_info ? c->round : -1;
 	j->change_seen = c->change == RDZV_CHANGE_RESTART || c->change == RDZV_CHANGE_MEMBERSHIP;
+	j->prev_restart = c->change == RDZV_CHANGE_RESTART;
 	j->prev_grank = c->prev_grank;
 	j->wport = c->wport;
 	snprintf(j->addr, sizeof(j->addr), "%s", c->addr);

@@ -69,6 +69,11 @@ struct c10d_job {
 	/* ROUND: r<prev_round>/change is set (this agent's monitor read it):
 	 * coming back, it need not write a reason there. */
 	bool change_seen;
+	bool prev_restart; /* ROUND, change_seen: that change was a restart */
+	/* ROUND: the attempt of the round being joined, as far as this agent
+	 * knows it (-1: not known), for a store that forgot it (c10d_join.c) */
+	int next_attempt;
+	char record[2 * RDZV_HOST_MAX + 64]; /* ROUND: this agent's node record */
 	uint16_t wport;
 	char addr[RDZV_HOST_MAX];
 	char hostname[RDZV_HOST_MAX];

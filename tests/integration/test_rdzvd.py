@@ -415,7 +415,7 @@ def restart_rdzvd(procs, rd, port):
     rd.wait(timeout=10)
     p = procs.spawn([bin_path("crun-rdzvd"), "--host", "127.0.0.1", "--port", str(port)])
     wait_line(p.stdout, r"crun-rdzvd listening on", 10)
-    return p
+    return p, time.monotonic()
 
 
 @pytest.mark.parametrize("when", ["job start", "round after a failure", "scale-up"])
@@ -439,20 +439,20 @@ def test_rdzvd_restart_while_a_round_forms(procs, tmp_path, when):
     agents = [a]
     if when == "job start":
         wait_for(lambda: joined(a, 0), "A to join round 0")
-        rd = restart_rdzvd(procs, rd, port)
+        rd, t_back = restart_rdzvd(procs, rd, port)
         agents.append(Agent(procs, tmp_path, "B", port, nnodes, [str(out), *secs]))
         want = {"WORLD_SIZE": "2", "TORCHELASTIC_RESTART_COUNT": "0"}
     elif when == "round after a failure":
         agents.append(Agent(procs, tmp_path, "B", port, nnodes, [str(out), *secs]))
         wait_for(lambda: any(joined(x, 1) for x in agents), "a join of round 1")
-        rd = restart_rdzvd(procs, rd, port)
+        rd, t_back = restart_rdzvd(procs, rd, port)
         want = {"WORLD_SIZE": "2", "TORCHELASTIC_RESTART_COUNT": "1"}
     else:
         agents.append(Agent(procs, tmp_path, "B", port, nnodes, [str(out), *secs]))
         wait_for(lambda: len(worker_records(out)) >= 2, "the first round's workers")
         agents.append(Agent(procs, tmp_path, "C", port, nnodes, [str(out), *secs]))
         wait_for(lambda: joined(agents[2], 1), "C to join round 1")
-        rd = restart_rdzvd(procs, rd, port)
+        rd, t_back = restart_rdzvd(procs, rd, port)
         want = {"WORLD_SIZE": "3", "TORCHELASTIC_RESTART_COUNT": "0"}
     n = int(want["WORLD_SIZE"])
 
@@ -461,6 +461,11 @@ def test_rdzvd_restart_while_a_round_forms(procs, tmp_path, when):
         return sorted(int(r["RANK"]) for r in recs) == list(range(n))
     wait_for(formed, lambda: f"a round with {want} after the restart: "
              + " | ".join(x.text()[-1500:] for x in agents), timeout=45)
+    print(f"{when}: the round formed {time.monotonic() - t_back:.2f} s after crun-rdzvd "
+          "was back")
+    # The restart hit the open round (not one that had closed already).
+    assert any("the store forgot round" in x.text() for x in agents), \
+        " | ".join(x.text()[-1500:] for x in agents)
     open(out / "go", "w").close()
     for x in agents:
         assert x.finish() == 0, x.text()[-3000:]
