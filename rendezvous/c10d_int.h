@@ -34,8 +34,10 @@
 #ifndef CRUN_RENDEZVOUS_C10D_INT_H
 #define CRUN_RENDEZVOUS_C10D_INT_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include "rendezvous/c10d.h"
 #include "rendezvous/helper_int.h"
@@ -46,6 +48,9 @@
 #define C10D_PROGRESS_MAX_MS 60000u /* progress lines double their interval up to this */
 #define C10D_REASON_MS	     5000u  /* reading why the job failed, once it did */
 #define C10D_OUTAGE_MS	     60000u /* a store no member serves may be down this long */
+/* The store client's longest pause between dials (client.c BACKOFF_CAP_MS):
+ * a live member may try that much later than another once the store is back. */
+#define C10D_REDIAL_MS 2000u
 
 enum c10d_job_kind { JOB_ROUND, JOB_BARRIER, JOB_FAIL, JOB_MONITOR };
 
@@ -95,6 +100,13 @@ struct c10d_job {
 				 * keep-alive sent), 0: unknown; the monitor's
 				 * first keep-alive waits a heartbeat from then */
 	bool hb, take_lease;
+	/* MONITOR: when the lease (or heartbeat) was last renewed - the time the
+	 * request went out - for the loop's fence (c10d_fence.c) */
+	_Atomic uint64_t kept_ok_ms;
+	/* ROUND: this agent fenced its workers (its lease went unrenewed for a
+	 * TTL): it says so on the round's change key, and redials the store for
+	 * C10D_OUTAGE_MS at most */
+	bool fenced;
 	char *peers;		/* ROUND, group rank 0: the nodes' addresses (c10d_peers.c) */
 	struct etcd_conf *etcd; /* owned copy; NULL: the crun store */
 	struct rdzv_prog *prog; /* a reference (progress_int.h), or NULL */
@@ -127,6 +139,37 @@ struct round_head;
  * assignment). */
 void c10d_progress_round(struct c10d_job *j, struct coord *c, const struct round_head *h,
 			 int64_t rd, int prev_n);
+
+/* c10d_fence.c: the loop side of a member's liveness - its workers stopped
+ * once its lease went unrenewed for a TTL (the store may have ended it and
+ * the others moved on), unless the store is seen down. */
+typedef uint64_t (*c10d_fence_kept_fn)(void *arg); /* last renewal (ms); 0: no monitor */
+struct c10d_fence {
+	struct event_base *base; /* borrowed */
+	struct event *timer;
+	struct event *probe; /* the probe's connect in flight, or NULL */
+	int probe_fd;
+	struct sockaddr_storage sa; /* the store's address; salen 0: no probes */
+	socklen_t salen;
+	uint32_t ttl_ms, hb_ms;
+	uint64_t down_ms; /* when a probe was last refused (0: never) */
+	bool on, probed;
+	c10d_fence_kept_fn kept;
+	void (*on_fence)(void *arg);
+	void *arg;
+};
+/* When a member whose lease was last renewed at kept_ms fences, given the
+ * last refusal of a probe (down_ms, 0: none). Pure. */
+uint64_t c10d_fence_deadline(uint64_t kept_ms, uint64_t down_ms, uint32_t ttl_ms, uint32_t hb_ms);
+/* Sets f up on base (resolving host:port, blocking: before the loop runs;
+ * NULL host: no probes). kept() tells the last renewal, on_fence() fences;
+ * both are called on the loop with arg. 0 or CRUN_ENOMEM. */
+int c10d_fence_init(struct c10d_fence *f, struct event_base *base, const char *host, uint16_t port,
+		    c10d_fence_kept_fn kept, void (*on_fence)(void *arg), void *arg);
+/* Watches a monitor just started (at most one on_fence per start). */
+void c10d_fence_start(struct c10d_fence *f, uint32_t ttl_ms, uint32_t hb_ms);
+void c10d_fence_stop(struct c10d_fence *f);
+void c10d_fence_release(struct c10d_fence *f); /* after init, even a failed one */
 
 #define KEY(buf, ...) TRY(str_printf(buf, sizeof(buf), __VA_ARGS__))
 

@@ -907,7 +907,11 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 		/* Whoever comes back first moves the job to the next round; the
 		 * round's change key says why, if nobody said it yet (an agent
 		 * whose monitor read it knows it is there). */
-		KEY(val, "restart %s", j->hostname);
+		if (j->fenced)
+			KEY(val, "dead %s (fenced: its lease went unrenewed for %u ms)",
+			    j->hostname, j->conf.ttl_ms);
+		else
+			KEY(val, "restart %s", j->hostname);
 		TRY(open_next(j, c, j->prev_round, j->change_seen ? NULL : val, &rd, &restart));
 		j->next_attempt = j->info.attempt + (restart ? 1 : 0);
 		/* No round counter to move on: the store restarted meanwhile. */

@@ -36,10 +36,6 @@
 #include "rendezvous/coord.h"
 #include "rendezvous/round_int.h"
 
-/* The store client's longest pause between dials (client.c BACKOFF_CAP_MS):
- * a live member may try that much later than we did once the store is back. */
-#define C10D_REDIAL_MS 2000u
-
 static void post(struct c10d_job *j, enum rdzv_change ch)
 {
 	j->change = ch;
@@ -169,6 +165,7 @@ static int reestablish(struct c10d_job *j, struct coord *c, const char *chk, uin
 	}
 	*lease = nl;
 	*ret_by = clock_now_ms() + wait_ms;
+	atomic_store(&j->kept_ok_ms, clock_now_ms());
 	log_at(LL_WARN, SUB_RDZV,
 	       "the rendezvous store at %s:%u lost round %d's state (restarted); lease taken "
 	       "again, waiting up to %u ms for the round's %d nodes to come back",
@@ -254,6 +251,8 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 		kept_at = fresh ? j->lease_kept_ms : clock_now_ms();
 		r = fresh ? 0 : hb ? coord_heartbeat(*cp, me) : coord_lease_keepalive(*cp, lease);
 		fresh = false;
+		if (r == 0)
+			atomic_store(&j->kept_ok_ms, kept_at); /* the loop's fence reads it */
 		if (r == CRUN_ENOTFOUND && restartable && !back_by) {
 			r = reestablish(j, *cp, chk, &lease, &back_by);
 			back_next = 0;
@@ -335,8 +334,11 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 			continue;
 		}
 		kept_at = now;
-		if (lease && coord_lease_keepalive(*cp, lease) < 0)
+		if (!lease)
+			continue;
+		if (coord_lease_keepalive(*cp, lease) < 0)
 			break;
+		atomic_store(&j->kept_ok_ms, now);
 	}
 	if (lease && helper_stopping(&j->h) && !moved_on)
 		(void)coord_lease_revoke(*cp, lease);

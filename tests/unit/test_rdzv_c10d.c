@@ -5,12 +5,14 @@
  * cases: a dead or silent ticket 1, a joiner that dies before its record, a
  * node back from an older round, the job-wide attempt.
  */
+#include <arpa/inet.h>
 #include <check.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <event2/event.h>
@@ -1172,8 +1174,11 @@ static void rj_free(struct rj *x)
 /* Waits until `key` exists on the store at port. */
 static void rsrv_wait_key(uint16_t port, const char *key)
 {
-	struct coord_opts o = {.host = "127.0.0.1", .port = port, .prefix = "crun-c10d/restarted",
-			       .connect_timeout_ms = 5000, .timeout_ms = 10000};
+	struct coord_opts o = {.host = "127.0.0.1",
+			       .port = port,
+			       .prefix = "crun-c10d/restarted",
+			       .connect_timeout_ms = 5000,
+			       .timeout_ms = 10000};
 	struct coord *c = NULL;
 
 	ck_assert_int_eq(coord_open(&o, &c), 0);
@@ -1233,11 +1238,88 @@ START_TEST(round_forms_after_the_store_restarts)
 }
 END_TEST
 
+/* ---- fencing a member cut off from its store (c10d_fence.c) ---------------------- */
+
+START_TEST(fence_deadline_is_a_ttl_after_the_last_renewal)
+{
+	/* lease_ttl 3 s, heartbeat 1 s: a TTL after the last renewal... */
+	ck_assert_uint_eq(c10d_fence_deadline(10000, 0, 3000, 1000), 13000);
+	/* ...or, when the store was last seen refusing (restarting), as long
+	 * as the others wait for this node once it is back (monitor.c) */
+	ck_assert_uint_eq(c10d_fence_deadline(10000, 12000, 3000, 1000),
+			  12000 + 3000 + 1000 + C10D_REDIAL_MS);
+	ck_assert_uint_eq(c10d_fence_deadline(20000, 12000, 3000, 1000), 23000);
+}
+END_TEST
+
+struct fence_t {
+	struct event_base *base;
+	uint64_t kept; /* the last renewal the fence is told about */
+	int checks, fenced;
+};
+
+static uint64_t fence_t_kept(void *arg)
+{
+	struct fence_t *t = arg;
+
+	if (++t->checks >= 40) /* enough looks without a fence: end the loop */
+		event_base_loopbreak(t->base);
+	return t->kept;
+}
+
+static void fence_t_on(void *arg)
+{
+	struct fence_t *t = arg;
+
+	t->fenced++;
+	event_base_loopbreak(t->base);
+}
+
+/* A lease unrenewed for a TTL: with the store's address answering (_i 0:
+ * a listener; it may have ended the lease) the workers are fenced; with it
+ * refusing (_i 1: the store process is down, as while crun-rdzvd restarts,
+ * and ends no lease) they are not, however long the probes go on. */
+START_TEST(fence_fires_unless_the_store_refuses)
+{
+	struct fence_t t = {0};
+	struct c10d_fence f;
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	socklen_t len = sizeof(sa);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	ck_assert_int_ge(fd, 0);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+	if (_i == 0)
+		ck_assert_int_eq(listen(fd, 4), 0);
+	else
+		close(fd); /* a port nobody listens on: refused */
+	t.base = event_base_new();
+	ck_assert_ptr_nonnull(t.base);
+	t.kept = clock_now_ms();
+	ck_assert_int_eq(c10d_fence_init(&f, t.base, "127.0.0.1", ntohs(sa.sin_port), fence_t_kept,
+					 fence_t_on, &t),
+			 0);
+	c10d_fence_start(&f, 200, 20);
+	ck_assert_int_eq(event_base_dispatch(t.base), 0);
+	ck_assert_int_eq(t.fenced, _i == 0 ? 1 : 0);
+	if (_i == 1)
+		ck_assert_uint_gt(f.down_ms, 0);
+	c10d_fence_release(&f);
+	event_base_free(t.base);
+	if (_i == 0)
+		close(fd);
+}
+END_TEST
+
 static void add_restart_tests(Suite *s)
 {
 	TCase *tc = tcase_create("store_restart");
 
 	tcase_add_loop_test(tc, round_forms_after_the_store_restarts, 0, 2);
+	tcase_add_test(tc, fence_deadline_is_a_ttl_after_the_last_renewal);
+	tcase_add_loop_test(tc, fence_fires_unless_the_store_refuses, 0, 2);
 	tcase_set_timeout(tc, 30);
 	suite_add_tcase(s, tc);
 }
