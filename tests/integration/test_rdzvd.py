@@ -408,25 +408,30 @@ def joined(agent, rnd):
     return re.search(rf"joined rendezvous '\S+' round {rnd} as ticket \d+", agent.text())
 
 
-def restart_rdzvd(procs, rd, port):
+def restart_rdzvd(procs, rd, port, while_down=None):
     """Kills crun-rdzvd (-9: no goodbye) and starts a new, empty one on its
-    port, as systemd's Restart= would."""
+    port, as systemd's Restart= would (once while_down() says so)."""
     rd.kill()
     rd.wait(timeout=10)
+    if while_down:
+        while_down()
     p = procs.spawn([bin_path("crun-rdzvd"), "--host", "127.0.0.1", "--port", str(port)])
     wait_line(p.stdout, r"crun-rdzvd listening on", 10)
     return p, time.monotonic()
 
 
-@pytest.mark.parametrize("when", ["job start", "round after a failure", "scale-up"])
+@pytest.mark.parametrize("when", ["job start", "job start, down a while", "round after a failure",
+                                  "scale-up"])
 def test_rdzvd_restart_while_a_round_forms(procs, tmp_path, when):
     """crun-rdzvd is killed and started again (empty) on its port while a round
     is open: at the job's start (A joined, B not started yet), in the round
     after a worker failure (attempt 1), and in the round a late third node
-    opened. The agents whose lease the new store does not know take a new
-    one, join the round the store now has, and the job forms and finishes 0
-    with the attempt it had. (Before: they waited in the forgotten round and
-    every agent exited 1 at join_timeout.)"""
+    opened; and at the job's start with the daemon down until A said so
+    (longer than the client's own redial). The agents whose lease the new
+    store does not know take a new one, join the round the store now has,
+    and the job forms and finishes 0 with the attempt it had. (Before: they
+    waited in the forgotten round and every agent exited 1 at join_timeout;
+    A exited 1 at once when the daemon stayed down past its redial.)"""
     rd, _, port = start_rdzvd(procs)
     out = tmp_path / "out"
     out.mkdir()
@@ -434,12 +439,17 @@ def test_rdzvd_restart_while_a_round_forms(procs, tmp_path, when):
     if when == "round after a failure":
         secs += ["0", "1"]  # rank 0 fails in attempt 0 only
     # MAX above the nodes the round gets: it closes by its last call only
-    nnodes = "2" if when == "job start" else "2:4"
+    nnodes = "2" if when.startswith("job start") else "2:4"
     a = Agent(procs, tmp_path, "A", port, nnodes, [str(out), *secs])
     agents = [a]
-    if when == "job start":
+
+    def outage_seen():
+        wait_for(lambda: "does not answer" in a.text() or a.p.poll() is not None,
+                 "A to notice the outage")
+        assert a.p.poll() is None, a.text()[-3000:]
+    if when.startswith("job start"):
         wait_for(lambda: joined(a, 0), "A to join round 0")
-        rd, t_back = restart_rdzvd(procs, rd, port)
+        rd, t_back = restart_rdzvd(procs, rd, port, outage_seen if "down" in when else None)
         agents.append(Agent(procs, tmp_path, "B", port, nnodes, [str(out), *secs]))
         want = {"WORLD_SIZE": "2", "TORCHELASTIC_RESTART_COUNT": "0"}
     elif when == "round after a failure":
