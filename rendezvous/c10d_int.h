@@ -120,6 +120,10 @@ int c10d_job_barrier(struct c10d_job *j, struct coord *c);
 int c10d_job_fail(struct c10d_job *j, struct coord *c);
 /* monitor.c: holds the lease, watches r<n>/change, posts one change. */
 int c10d_job_monitor(struct c10d_job *j, struct coord **cp);
+/* A store no member serves did not answer (r): true once the outage that
+ * began at *since (0: now, said once in a log line) has lasted
+ * C10D_OUTAGE_MS, else false after a short pause (the caller retries). */
+bool c10d_outage_over(struct c10d_job *j, uint64_t *since, int r);
 struct coord_opts;
 /* Authentication and TLS of a connection to the rendezvous store: the job's
  * secret and its run id (the prefix is "crun-c10d/<run_id>"). */

@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "common/common.h"
 #include "rendezvous/c10d_int.h"
@@ -696,43 +695,6 @@ static int claim_close(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 	return r;
 }
 
-/* A wait on a store this agent does not serve failed for want of the store
- * (crun-rdzvd restarting, or its host out of reach for a while): ride the
- * outage out, for C10D_OUTAGE_MS from its start as the monitor does, the
- * client redialling at the next call; a store back empty is noticed at the
- * next keep-alive (store_forgot). true: wait again. */
-static bool ride_out(struct c10d_job *j, int r, uint64_t *since)
-{
-	uint64_t now = clock_now_ms();
-
-	switch (r) {
-	case CRUN_ECONNREFUSED:
-	case CRUN_ECLOSED:
-	case CRUN_ECONNRESET:
-	case CRUN_EPIPE:
-	case CRUN_ECONNABORTED:
-	case CRUN_ENOTCONN:
-	case CRUN_ENETUNREACH:
-	case CRUN_EHOSTUNREACH:
-		break;
-	default:
-		return false;
-	}
-	if (j->is_host)
-		return false; /* our own store: it did not go away */
-	if (!*since) {
-		*since = now;
-		log_at(LL_WARN, SUB_RDZV,
-		       "the rendezvous store at %s:%u does not answer (%s); waiting in the round "
-		       "for up to %u s (a restarting crun-rdzvd costs no join)",
-		       j->host, j->port, crun_strerror(r), C10D_OUTAGE_MS / 1000);
-	}
-	if (now - *since >= C10D_OUTAGE_MS)
-		return false;
-	usleep(MIN(j->conf.hb_ms, 500u) * 1000u);
-	return true;
-}
-
 /* The round timed out: say how many joined (one read, at the end). */
 static int join_timed_out(struct c10d_job *j, struct coord *c, int64_t rd)
 {
@@ -856,7 +818,11 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 			min_seen = min_seen ? min_seen : now;
 			continue;
 		}
-		if (r != CRUN_ETIMEDOUT && ride_out(j, r, &outage))
+		/* A store this agent does not serve did not answer (crun-rdzvd
+		 * restarting, its host out of reach a while): ride it out as the
+		 * monitor does, the client redialling at the next call; a store
+		 * back empty is noticed at the next keep-alive (store_forgot). */
+		if (r != CRUN_ETIMEDOUT && !j->is_host && !c10d_outage_over(j, &outage, r))
 			continue;
 		if (r != CRUN_ETIMEDOUT)
 			return c10d_jfail(j, c, r, "waiting for the round to close");

@@ -109,9 +109,7 @@ static int read_change(struct c10d_job *j, struct coord *c, const char *chk, cha
 	return 0;
 }
 
-/* An external store did not answer: true once its outage has lasted
- * C10D_OUTAGE_MS (then it is lost), else false after a short pause. */
-static bool outage_over(struct c10d_job *j, uint64_t *since, int r)
+bool c10d_outage_over(struct c10d_job *j, uint64_t *since, int r)
 {
 	uint64_t now = clock_now_ms();
 
@@ -283,7 +281,7 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 			if (r == CRUN_ETIMEDOUT)
 				r = 0; /* the watch's own timeout is the normal case */
 		}
-		if (r < 0 && !j->host_member && !outage_over(j, &outage, r)) {
+		if (r < 0 && !j->host_member && !c10d_outage_over(j, &outage, r)) {
 			r = 0;
 			continue;
 		}

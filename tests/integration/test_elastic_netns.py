@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import HELPERS, bin_path, records, release_workers, wait_records
+from conftest import HELPERS, bin_path, records, release_workers, wait_records, wait_until
 
 TASK = os.path.join(HELPERS, "elastic_task.py")
 PY = "/usr/bin/python3"
@@ -151,16 +151,6 @@ def alive(pid):
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError):
         return False
-
-
-def wait_until(pred, what, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.02)
-    pytest.fail(f"timed out waiting for {what() if callable(what) else what}")
 
 
 FENCED = "lost the rendezvous store for 1.5 s: stopping workers (fenced)"

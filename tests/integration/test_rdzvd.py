@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from conftest import HELPERS, Procs, bin_path, free_port, start_rdzvd, torch_python, wait_line
+from conftest import (HELPERS, Procs, bin_path, free_port, records, start_rdzvd, torch_python,
+                      wait_line, wait_until)
 
 CLIENT = os.path.join(HELPERS, "rdzvd_torch_client.py")
 VERSIONS = ["1", "2"]
@@ -385,25 +386,6 @@ class Agent:
             pytest.fail(f"agent did not finish: {self.text()[-3000:]}")
 
 
-def wait_for(pred, what, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.02)
-    pytest.fail(f"timed out waiting for {what() if callable(what) else what}")
-
-
-def worker_records(d):
-    out = []
-    for name in os.listdir(d):
-        if name.endswith(".json"):
-            with open(os.path.join(d, name)) as f:
-                out.append(json.load(f))
-    return out
-
-
 def joined(agent, rnd):
     return re.search(rf"joined rendezvous '\S+' round {rnd} as ticket \d+", agent.text())
 
@@ -444,32 +426,32 @@ def test_rdzvd_restart_while_a_round_forms(procs, tmp_path, when):
     agents = [a]
 
     def outage_seen():
-        wait_for(lambda: "does not answer" in a.text() or a.p.poll() is not None,
+        wait_until(lambda: "does not answer" in a.text() or a.p.poll() is not None,
                  "A to notice the outage")
         assert a.p.poll() is None, a.text()[-3000:]
     if when.startswith("job start"):
-        wait_for(lambda: joined(a, 0), "A to join round 0")
+        wait_until(lambda: joined(a, 0), "A to join round 0")
         rd, t_back = restart_rdzvd(procs, rd, port, outage_seen if "down" in when else None)
         agents.append(Agent(procs, tmp_path, "B", port, nnodes, [str(out), *secs]))
         want = {"WORLD_SIZE": "2", "TORCHELASTIC_RESTART_COUNT": "0"}
     elif when == "round after a failure":
         agents.append(Agent(procs, tmp_path, "B", port, nnodes, [str(out), *secs]))
-        wait_for(lambda: any(joined(x, 1) for x in agents), "a join of round 1")
+        wait_until(lambda: any(joined(x, 1) for x in agents), "a join of round 1")
         rd, t_back = restart_rdzvd(procs, rd, port)
         want = {"WORLD_SIZE": "2", "TORCHELASTIC_RESTART_COUNT": "1"}
     else:
         agents.append(Agent(procs, tmp_path, "B", port, nnodes, [str(out), *secs]))
-        wait_for(lambda: len(worker_records(out)) >= 2, "the first round's workers")
+        wait_until(lambda: len(records(str(out))) >= 2, "the first round's workers")
         agents.append(Agent(procs, tmp_path, "C", port, nnodes, [str(out), *secs]))
-        wait_for(lambda: joined(agents[2], 1), "C to join round 1")
+        wait_until(lambda: joined(agents[2], 1), "C to join round 1")
         rd, t_back = restart_rdzvd(procs, rd, port)
         want = {"WORLD_SIZE": "3", "TORCHELASTIC_RESTART_COUNT": "0"}
     n = int(want["WORLD_SIZE"])
 
     def formed():
-        recs = [r for r in worker_records(out) if all(r[k] == v for k, v in want.items())]
+        recs = [r for r in records(str(out)) if all(r[k] == v for k, v in want.items())]
         return sorted(int(r["RANK"]) for r in recs) == list(range(n))
-    wait_for(formed, lambda: f"a round with {want} after the restart: "
+    wait_until(formed, lambda: f"a round with {want} after the restart: "
              + " | ".join(x.text()[-1500:] for x in agents), timeout=45)
     print(f"{when}: the round formed {time.monotonic() - t_back:.2f} s after crun-rdzvd "
           "was back")
