@@ -1,8 +1,9 @@
 /* c10d_int.h: what the parts of the c10d backend share. c10d.c is the loop
  * glue (configuration, the in-process rendezvous store, starting jobs and
  * turning their results into rdzv events); c10d_join.c holds the blocking
- * job bodies (join a round, exit barrier, close as failed) and monitor.c the
- * liveness monitor. All three job kinds run on helper threads
+ * job bodies (join a round, exit barrier, close as failed), monitor.c the
+ * liveness monitor and c10d_fence.c, on the loop, the fence that stops the
+ * workers of a node cut off from the store. The jobs run on helper threads
  * (helper_int.h) against coord.h; the round algorithm itself is pure
  * (round_int.h).
  *

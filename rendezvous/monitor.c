@@ -11,7 +11,10 @@
  * the store would take to notice us), and said so naming it. A store no
  * member serves (crun-rdzvd) may be restarted under a running job (systemd
  * does so): its outage is ridden out for C10D_OUTAGE_MS, the client
- * redialling, before it counts as lost.
+ * redialling, before it counts as lost. Meanwhile the agent's loop fences
+ * this node's workers once the lease went unrenewed for a TTL while the
+ * store may be up for the others (c10d_fence.c): each renewal is published
+ * in j->kept_ok_ms for it.
  *
  * A restarted crun-rdzvd starts empty (it keeps nothing on disk): our lease
  * is not found when the client re-attaches it. Each member then takes a new
