@@ -199,6 +199,7 @@ def test_partition_fences_the_side_without_the_store(procs):
         net.link(4, False)
         fenced = []
         split = []
+        times = {}
 
         def watch():
             """The fence lines; and a store-side world-2 worker that runs
@@ -211,10 +212,15 @@ def test_partition_fences_the_side_without_the_store(procs):
             new = [r for r in records(out) if r["WORLD_SIZE"] == "2"]
             if new and any(alive(p) for p in cut_workers):
                 split.append((new, [p for p in cut_workers if alive(p)]))
+            for what, seen in (("the cut-off workers gone", not any(map(alive, cut_workers))),
+                               ("the store side's 2-node workers up", len(new) == 2)):
+                if seen and what not in times:
+                    times[what] = time.monotonic() - t_cut
             return len(fenced) == 2 and sorted(int(r["RANK"]) for r in new) == [0, 1]
         wait_until(watch, lambda: f"the fence lines and the store side's 2-node round "
                    f"(fenced: {fenced}): " + " | ".join(text(i)[-1500:] for i in range(4)),
                    timeout=30)
+        print(", ".join(f"{k} {v:.2f} s after the cut" for k, v in times.items()))
         assert not split, f"ranks held twice (world-2 records, live world-4 workers): {split}"
         assert not any(alive(p) for p in cut_workers)
         assert all(a.poll() is None for a in agents)
