@@ -199,6 +199,12 @@ static enum agent_state on_peer_changed(struct crun_agent *a)
 		return begin_stop(a, STOP_PEER_FAILED, SIGTERM);
 	case RDZV_CHANGE_RESTART:
 		return begin_stop(a, STOP_RESTART, SIGTERM);
+	case RDZV_CHANGE_FENCED:
+		/* The others may run our ranks by now: ours stop first, then this
+		 * node rejoins (the next round redials the store). */
+		log_at(LL_WARN, SUB_AGENT, "%s: stopping workers (fenced)",
+		       rdzv_last_error(a->rdzv));
+		return begin_stop(a, STOP_PEER, SIGTERM);
 	default:
 		log_at(LL_WARN, SUB_AGENT, "membership changed: %s; re-rendezvous",
 		       rdzv_last_error(a->rdzv));
@@ -215,6 +221,9 @@ static enum agent_state peer_changed_while_stopping(struct crun_agent *a)
 	if ((ch == RDZV_CHANGE_FAILED || ch == RDZV_CHANGE_LOST) && a->stop_reason != STOP_FAILED &&
 	    a->stop_reason != STOP_SIGNAL)
 		a->stop_reason = STOP_PEER_FAILED;
+	if (ch == RDZV_CHANGE_FENCED)
+		log_at(LL_WARN, SUB_AGENT, "%s: stopping workers (fenced)",
+		       rdzv_last_error(a->rdzv));
 	return AS_STOPPING;
 }
 

@@ -51,10 +51,12 @@ struct c10d {
 	struct coord *pend_c; /* lease connection handed from the round job */
 	uint64_t pend_lease, pend_kept_ms;
 	bool pend_hb;
-	struct etcd_conf *etcd; /* backend "etcd": the cluster; NULL: c10d */
-	char prefix[320];	/* the run's keys */
-	struct rdzv_prog *prog; /* progress record (progress_int.h), or NULL */
-	struct event *linger;	/* host: waits for the other agents to hang up */
+	struct etcd_conf *etcd;	 /* backend "etcd": the cluster; NULL: c10d */
+	char prefix[320];	 /* the run's keys */
+	struct rdzv_prog *prog;	 /* progress record (progress_int.h), or NULL */
+	struct event *linger;	 /* host: waits for the other agents to hang up */
+	struct c10d_fence fence; /* stops the workers of a member cut off (c10d_fence.c) */
+	bool fenced;		 /* since the last round completed */
 	uint64_t linger_until;
 	bool lingered;
 	char err[512];
@@ -69,6 +71,11 @@ static int job_run(struct helper_job *h)
 	struct coord *c = NULL;
 	uint32_t connect_ms = j->kind == JOB_ROUND ? j->conf.join_ms : j->conf.read_ms;
 	int r;
+
+	/* Fenced: the store went silent; redial it for as long as a monitor
+	 * rides out an outage, not for a whole join_timeout. */
+	if (j->kind == JOB_ROUND && j->fenced)
+		connect_ms = MIN(connect_ms, C10D_OUTAGE_MS);
 
 	if (j->kind == JOB_MONITOR) {
 		c = j->mon_c; /* the round's lease connection */
@@ -91,9 +98,10 @@ static int job_run(struct helper_job *h)
 	}
 	if (r < 0) {
 		snprintf(j->err, sizeof(j->err),
-			 "cannot reach the rendezvous store at %.200s:%u%s%.200s%s: %s", j->host,
+			 "cannot reach the rendezvous store at %.100s:%u%s%.100s%s%s: %s", j->host,
 			 j->port, j->store_host[0] ? " (served by the agent on host '" : "",
-			 j->store_host, j->store_host[0] ? "')" : "", crun_strerror(r));
+			 j->store_host, j->store_host[0] ? "')" : "",
+			 j->fenced ? " since this node fenced its workers" : "", crun_strerror(r));
 		if (j->kind == JOB_BARRIER)
 			j->barrier = BO_FAILED;
 		return r;
@@ -214,6 +222,8 @@ static int start(struct c10d *c, enum c10d_job_kind kind, const char *why)
 	j->is_host = c->rdzv_store != NULL;
 	j->prev_round = c->have_info ? c->round : -1;
 	j->change_seen = c->change == RDZV_CHANGE_RESTART || c->change == RDZV_CHANGE_MEMBERSHIP;
+	j->prev_restart = c->change == RDZV_CHANGE_RESTART;
+	j->fenced = c->fenced;
 	j->prev_grank = c->prev_grank;
 	j->wport = c->wport;
 	snprintf(j->addr, sizeof(j->addr), "%s", c->addr);
@@ -232,9 +242,41 @@ static int start(struct c10d *c, enum c10d_job_kind kind, const char *why)
 		j->lease = c->pend_lease;
 		j->lease_kept_ms = c->pend_kept_ms;
 		j->hb = c->pend_hb;
+		atomic_store(&j->kept_ok_ms, c->pend_kept_ms ? c->pend_kept_ms : clock_now_ms());
 		c->pend_c = NULL;
 	}
 	return helper_start(kind == JOB_MONITOR ? &c->mon : &c->job, &j->h);
+}
+
+/* The fence's view of the running monitor: its last renewal. */
+static uint64_t mon_kept(void *arg)
+{
+	struct c10d *c = arg;
+	struct c10d_job *j = (struct c10d_job *)c->mon.job;
+
+	return j && j->kind == JOB_MONITOR ? atomic_load(&j->kept_ok_ms) : 0;
+}
+
+static void on_fence(void *arg)
+{
+	struct c10d *c = arg;
+
+	c->fenced = true;
+	c->change = RDZV_CHANGE_FENCED;
+	snprintf(c->err, sizeof(c->err), "lost the rendezvous store for %g s",
+		 c->conf.ttl_ms / 1000.0);
+	log_at(LL_WARN, SUB_RDZV,
+	       "rendezvous '%s' round %d: this node's lease at %s:%u went unrenewed for "
+	       "lease_ttl (%u ms): the store may have ended it and the other nodes moved on",
+	       c->run_id, c->round, c->ep_host, c->ep_port, c->conf.ttl_ms);
+	c->p.on_event(RDZV_EV_PEER_CHANGED, c->p.arg);
+}
+
+/* The monitor is no longer wanted (the agent moves on or leaves). */
+static void drop_mon(struct c10d *c)
+{
+	c10d_fence_stop(&c->fence);
+	helper_drop(&c->mon);
 }
 
 static void on_linger(evutil_socket_t fd, short what, void *arg)
@@ -274,7 +316,7 @@ static void barrier_ended(struct c10d *c, struct c10d_job *j)
 	 * lease) until it exits, so the host, which waits for every connection
 	 * to close, leaves after the others' processes. */
 	if (c->rdzv_store) {
-		helper_drop(&c->mon);
+		drop_mon(c);
 		/* The store leaves last: wait for every other agent to hang up
 		 * (bounded), then report the barrier done. */
 		c->linger_until = clock_now_ms() + C10D_DEPART_MS;
@@ -297,6 +339,7 @@ static void round_ended(struct c10d *c, struct c10d_job *j)
 	snprintf(c->store_host, sizeof(c->store_host), "%s", j->store_host);
 	c->have_info = true;
 	c->change = RDZV_CHANGE_NONE;
+	c->fenced = false;
 	coord_close(c->pend_c);
 	c->pend_c = j->mon_c;
 	c->pend_lease = j->lease;
@@ -310,6 +353,11 @@ static void round_ended(struct c10d *c, struct c10d_job *j)
 	       c->info.world_size, c->info.attempt, c->info.master_addr, c->info.master_port);
 	if (start(c, JOB_MONITOR, NULL) < 0)
 		log_at(LL_ERROR, SUB_RDZV, "cannot start the lease monitor");
+	else if (!c->rdzv_store && !c->host_member)
+		/* A store this node does not serve, and no member does (crun-rdzvd,
+		 * etcd): it may be cut off from it while the others are not. A
+		 * member's store is lost within a TTL anyway (monitor.c). */
+		c10d_fence_start(&c->fence, c->conf.ttl_ms, c->conf.hb_ms);
 }
 
 static void on_job(struct helper *h, void *arg)
@@ -327,7 +375,7 @@ static void on_job(struct helper *h, void *arg)
 			barrier_ended(c, j);
 		} else {
 			if (c->rdzv_store)
-				helper_drop(&c->mon);
+				drop_mon(c);
 			c->p.on_event(RDZV_EV_BARRIER_DONE, c->p.arg);
 		}
 		helper_job_put(&j->h);
@@ -351,6 +399,7 @@ static void on_mon(struct helper *h, void *arg)
 	struct c10d *c = arg;
 	struct c10d_job *j = (struct c10d_job *)h->job;
 
+	c10d_fence_stop(&c->fence); /* the monitor spoke: the agent acts on that */
 	c->change = j->change;
 	snprintf(c->err, sizeof(c->err), "%s", j->err);
 	log_at(c->change == RDZV_CHANGE_LOST ? LL_ERROR : LL_WARN, SUB_RDZV,
@@ -603,6 +652,13 @@ int c10d_new(const struct rdzv_params *p, struct c10d **ret)
 		free(c);
 		return CRUN_ENOMEM;
 	}
+	/* An etcd cluster keeps its leases across restarts: no probes there. */
+	r = c10d_fence_init(&c->fence, p->base, c->etcd ? NULL : c->ep_host, c->ep_port, mon_kept,
+			    on_fence, c);
+	if (r < 0) {
+		c10d_free(c);
+		return r;
+	}
 	r = load_auth(c, p->auth_secret_file);
 	if (r == 0)
 		r = load_tls(c);
@@ -621,6 +677,7 @@ void c10d_free(struct c10d *c)
 {
 	if (!c)
 		return;
+	c10d_fence_release(&c->fence);
 	helper_fini(&c->mon);
 	helper_fini(&c->job);
 	coord_close(c->pend_c);
@@ -664,7 +721,7 @@ void c10d_set_served_port(struct c10d *c, uint16_t port)
 
 int c10d_next_round(struct c10d *c)
 {
-	helper_drop(&c->mon);
+	drop_mon(c);
 	/* A node woken in the exit barrier by a peer's restart leaves it. */
 	helper_drop(&c->job);
 	return start(c, JOB_ROUND, NULL);

@@ -1,8 +1,9 @@
 /* c10d_int.h: what the parts of the c10d backend share. c10d.c is the loop
  * glue (configuration, the in-process rendezvous store, starting jobs and
  * turning their results into rdzv events); c10d_join.c holds the blocking
- * job bodies (join a round, exit barrier, close as failed) and monitor.c the
- * liveness monitor. All three job kinds run on helper threads
+ * job bodies (join a round, exit barrier, close as failed), monitor.c the
+ * liveness monitor and c10d_fence.c, on the loop, the fence that stops the
+ * workers of a node cut off from the store. The jobs run on helper threads
  * (helper_int.h) against coord.h; the round algorithm itself is pure
  * (round_int.h).
  *
@@ -34,8 +35,10 @@
 #ifndef CRUN_RENDEZVOUS_C10D_INT_H
 #define CRUN_RENDEZVOUS_C10D_INT_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include "rendezvous/c10d.h"
 #include "rendezvous/helper_int.h"
@@ -46,6 +49,9 @@
 #define C10D_PROGRESS_MAX_MS 60000u /* progress lines double their interval up to this */
 #define C10D_REASON_MS	     5000u  /* reading why the job failed, once it did */
 #define C10D_OUTAGE_MS	     60000u /* a store no member serves may be down this long */
+/* The store client's longest pause between dials (client.c BACKOFF_CAP_MS):
+ * a live member may try that much later than another once the store is back. */
+#define C10D_REDIAL_MS 2000u
 
 enum c10d_job_kind { JOB_ROUND, JOB_BARRIER, JOB_FAIL, JOB_MONITOR };
 
@@ -69,6 +75,11 @@ struct c10d_job {
 	/* ROUND: r<prev_round>/change is set (this agent's monitor read it):
 	 * coming back, it need not write a reason there. */
 	bool change_seen;
+	bool prev_restart; /* ROUND, change_seen: that change was a restart */
+	/* ROUND: the attempt of the round being joined, as far as this agent
+	 * knows it (-1: not known), for a store that forgot it (c10d_join.c) */
+	int next_attempt;
+	char record[2 * RDZV_HOST_MAX + 64]; /* ROUND: this agent's node record */
 	uint16_t wport;
 	char addr[RDZV_HOST_MAX];
 	char hostname[RDZV_HOST_MAX];
@@ -90,6 +101,13 @@ struct c10d_job {
 				 * keep-alive sent), 0: unknown; the monitor's
 				 * first keep-alive waits a heartbeat from then */
 	bool hb, take_lease;
+	/* MONITOR: when the lease (or heartbeat) was last renewed - the time the
+	 * request went out - for the loop's fence (c10d_fence.c) */
+	_Atomic uint64_t kept_ok_ms;
+	/* ROUND: this agent fenced its workers (its lease went unrenewed for a
+	 * TTL): it says so on the round's change key, and redials the store for
+	 * C10D_OUTAGE_MS at most */
+	bool fenced;
 	char *peers;		/* ROUND, group rank 0: the nodes' addresses (c10d_peers.c) */
 	struct etcd_conf *etcd; /* owned copy; NULL: the crun store */
 	struct rdzv_prog *prog; /* a reference (progress_int.h), or NULL */
@@ -103,6 +121,10 @@ int c10d_job_barrier(struct c10d_job *j, struct coord *c);
 int c10d_job_fail(struct c10d_job *j, struct coord *c);
 /* monitor.c: holds the lease, watches r<n>/change, posts one change. */
 int c10d_job_monitor(struct c10d_job *j, struct coord **cp);
+/* A store no member serves did not answer (r): true once the outage that
+ * began at *since (0: now, said once in a log line) has lasted
+ * C10D_OUTAGE_MS, else false after a short pause (the caller retries). */
+bool c10d_outage_over(struct c10d_job *j, uint64_t *since, int r);
 struct coord_opts;
 /* Authentication and TLS of a connection to the rendezvous store: the job's
  * secret and its run id (the prefix is "crun-c10d/<run_id>"). */
@@ -122,6 +144,37 @@ struct round_head;
  * assignment). */
 void c10d_progress_round(struct c10d_job *j, struct coord *c, const struct round_head *h,
 			 int64_t rd, int prev_n);
+
+/* c10d_fence.c: the loop side of a member's liveness - its workers stopped
+ * once its lease went unrenewed for a TTL (the store may have ended it and
+ * the others moved on), unless the store is seen down. */
+typedef uint64_t (*c10d_fence_kept_fn)(void *arg); /* last renewal (ms); 0: no monitor */
+struct c10d_fence {
+	struct event_base *base; /* borrowed */
+	struct event *timer;
+	struct event *probe; /* the probe's connect in flight, or NULL */
+	int probe_fd;
+	struct sockaddr_storage sa; /* the store's address; salen 0: no probes */
+	socklen_t salen;
+	uint32_t ttl_ms, hb_ms;
+	uint64_t down_ms; /* when a probe was last refused (0: never) */
+	bool on, probed;
+	c10d_fence_kept_fn kept;
+	void (*on_fence)(void *arg);
+	void *arg;
+};
+/* When a member whose lease was last renewed at kept_ms fences, given the
+ * last refusal of a probe (down_ms, 0: none). Pure. */
+uint64_t c10d_fence_deadline(uint64_t kept_ms, uint64_t down_ms, uint32_t ttl_ms, uint32_t hb_ms);
+/* Sets f up on base (resolving host:port, blocking: before the loop runs;
+ * NULL host: no probes). kept() tells the last renewal, on_fence() fences;
+ * both are called on the loop with arg. 0 or CRUN_ENOMEM. */
+int c10d_fence_init(struct c10d_fence *f, struct event_base *base, const char *host, uint16_t port,
+		    c10d_fence_kept_fn kept, void (*on_fence)(void *arg), void *arg);
+/* Watches a monitor just started (at most one on_fence per start). */
+void c10d_fence_start(struct c10d_fence *f, uint32_t ttl_ms, uint32_t hb_ms);
+void c10d_fence_stop(struct c10d_fence *f);
+void c10d_fence_release(struct c10d_fence *f); /* after init, even a failed one */
 
 #define KEY(buf, ...) TRY(str_printf(buf, sizeof(buf), __VA_ARGS__))
 

@@ -183,17 +183,21 @@ static int abandon(struct c10d_job *j, struct coord *c, int64_t rd, char **ret_c
  * unless a reason is there already. *ret_now (may be NULL): the round the
  * job is in now, as the compare-set answered (rd+1, or later if others moved
  * it on meanwhile), or -1 when that answer does not parse: the joiner need
- * not read it again. */
+ * not read it again. *ret_restart (may be NULL; set only with a why):
+ * whether the reason now there is a restart (the next attempt is one more). */
 static int open_next(struct c10d_job *j, struct coord *c, int64_t rd, const char *why,
-		     int64_t *ret_now)
+		     int64_t *ret_now, bool *ret_restart)
 {
-	char key[64], cur[32], nxt[32], *now = NULL, *end = NULL;
+	char key[64], cur[32], nxt[32], *now = NULL, *end = NULL, *chg = NULL;
 	int r = 0;
 
 	if (why) {
 		KEY(key, "r%" PRId64 "/change", rd);
-		r = coord_compare_set(c, key, "", why, NULL);
+		r = coord_compare_set(c, key, "", why, &chg);
 	}
+	if (r == 0 && chg && ret_restart)
+		*ret_restart = round_next_attempt(0, chg) > 0;
+	crun_free(chg);
 	if (r == 0) {
 		KEY(cur, "%" PRId64, rd);
 		KEY(nxt, "%" PRId64, rd + 1);
@@ -316,17 +320,43 @@ static int write_close(struct coord *c, int64_t rd, int64_t t, int attempt,
 }
 
 /* Keeps this agent's lease alive while it waits in an open round (the
- * monitor does it once the round completes). A lapsed lease (this process
- * was stopped past the TTL) already set the round's change key: the round
- * is abandoned and joined again, so there is nothing to do here. */
-static void keep_lease(struct c10d_job *j, uint64_t now, uint64_t *last)
+ * monitor does it once the round completes): the keep-alive's result, 0
+ * when none was due. CRUN_ENOTFOUND: the lease is gone (store_forgot). */
+static int keep_lease(struct c10d_job *j, uint64_t now, uint64_t *last)
 {
 	struct coord *lc = j->lease_c ? j->lease_c : j->mon_c;
 
 	if (!j->lease || !lc || now - *last < j->conf.hb_ms)
-		return;
+		return 0;
 	*last = j->lease_kept_ms = now;
-	(void)coord_lease_keepalive(lc, j->lease);
+	return coord_lease_keepalive(lc, j->lease);
+}
+
+_Static_assert(sizeof(((struct c10d_job *)0)->record) >= ROUND_RECORD_MAX, "record size");
+
+/* wait_closed's answer when the store forgot the round it waited in. */
+#define WAIT_FORGOT 1
+
+/* This agent's lease in open round rd was not found. Either it lapsed (the
+ * process stalled past the TTL): its expiry set the round's change key,
+ * which the wait sees, and the round is abandoned and joined again as for
+ * any dead joiner - 0. Or the store forgot it with everything else (a
+ * crun-rdzvd restarted: it keeps nothing on disk): then ticket t's record
+ * is gone too, or another joiner's is under its number in the new store,
+ * and nobody will ever count this agent in - WAIT_FORGOT. */
+static int store_forgot(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t)
+{
+	char key[64], *v = NULL;
+	int r;
+
+	j->lease = 0; /* gone either way: no more keep-alives of it */
+	KEY(key, "r%" PRId64 "/node/%" PRId64, rd, t);
+	r = coord_try_get(c, key, &v);
+	if (r < 0 && r != CRUN_ENOTFOUND)
+		return c10d_jfail(j, c, r, "reading this node's record");
+	r = r == 0 && strcmp(v, j->record) == 0 ? 0 : WAIT_FORGOT;
+	crun_free(v);
+	return r;
 }
 
 /* Reads which of tickets 1..joined are alive (until MAX of them) and, with
@@ -369,7 +399,7 @@ static int try_close(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t,
 		/* One lookup per ticket may outlast the TTL (thousands of
 		 * tickets on a busy store): keep the lease meanwhile. */
 		if (r >= 0 && each)
-			keep_lease(j, clock_now_ms(), last_keep);
+			(void)keep_lease(j, clock_now_ms(), last_keep); /* the wait looks */
 		if (r >= 0)
 			r = each ? coord_exists(c, key) : live[i];
 		if (r < 0)
@@ -531,9 +561,14 @@ static int not_counted_in(struct c10d_job *j, struct coord *c, int64_t rd, int n
 	       j->prefix, rd, n,
 	       spare ? "waiting as a spare" : "a new round will include this node");
 	if (!spare) {
+		bool restart = false;
+
 		KEY(why, "join %s", j->hostname);
-		return open_next(j, c, rd, why, NULL);
+		TRY(open_next(j, c, rd, why, NULL, &restart));
+		j->next_attempt += restart ? 1 : 0;
+		return 0;
 	}
+	j->next_attempt = -1; /* a spare: the running round may end by a restart */
 	if (j->lease) {
 		/* A spare's death must not disturb the running job. */
 		(void)coord_lease_revoke(j->lease_c ? j->lease_c : j->mon_c, j->lease);
@@ -680,7 +715,9 @@ static int join_timed_out(struct c10d_job *j, struct coord *c, int64_t rd)
  * last-call turn comes, keeping the lease alive, an occasional progress
  * line - so what a member asks of the store per round does not grow with
  * the number of members nor with how long the round takes. Abandons the
- * round when a joiner died. *ret_closed: the value. */
+ * round when a joiner died. *ret_closed: the value. WAIT_FORGOT when the
+ * store forgot the round (store_forgot; seen at a keep-alive, so not with
+ * a lease kept by the wait itself - tests and simulators only). */
 static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t,
 		       uint64_t deadline, char **ret_closed, struct pre_read *pre)
 {
@@ -688,7 +725,7 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 	const char *keys[EV_N];
 	uint64_t now = clock_now_ms(), last_keep = now, next_try = 0;
 	uint64_t min_seen = t >= j->min ? now : 0, max_seen = t >= j->max ? now : 0;
-	uint64_t every = C10D_PROGRESS_MS, next_log = now + every;
+	uint64_t every = C10D_PROGRESS_MS, next_log = now + every, outage = 0;
 	char claim[32] = "";
 	bool watch_counts = round_watches_counts((int)t);
 	bool fold_keep = j->lease && j->lease_c == c;
@@ -717,10 +754,14 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 			return join_timed_out(j, c, rd);
 		/* A lease on this handle is kept by the wait's own request. */
 		keep = fold_keep && now - last_keep >= j->conf.hb_ms ? j->lease : 0;
-		if (keep)
+		if (keep) {
 			last_keep = j->lease_kept_ms = now;
-		else if (!fold_keep)
-			keep_lease(j, now, &last_keep);
+		} else if (!fold_keep) {
+			r = keep_lease(j, now, &last_keep);
+			r = r == CRUN_ENOTFOUND ? store_forgot(j, c, rd, t) : 0;
+			if (r != 0)
+				return r;
+		}
 		if (at && now >= at && now >= next_try) {
 			r = claim_close(j, c, rd, t, claim, sizeof(claim));
 			if (r < 0)
@@ -744,6 +785,8 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 		r = coord_wait_any_get_with(c, keys, n, mine,
 					    (uint32_t)(wake > now ? wake - now : 1), keep, &ev,
 					    &pre->val);
+		if (r >= 0 || r == CRUN_ETIMEDOUT)
+			outage = 0; /* the store answered */
 		if (r == EV_CLOSED) {
 			pre->read = true;
 			*ret_closed = ev;
@@ -775,6 +818,12 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 			min_seen = min_seen ? min_seen : now;
 			continue;
 		}
+		/* A store this agent does not serve did not answer (crun-rdzvd
+		 * restarting, its host out of reach a while): ride it out as the
+		 * monitor does, the client redialling at the next call; a store
+		 * back empty is noticed at the next keep-alive (store_forgot). */
+		if (r != CRUN_ETIMEDOUT && !j->is_host && !c10d_outage_over(j, &outage, r))
+			continue;
 		if (r != CRUN_ETIMEDOUT)
 			return c10d_jfail(j, c, r, "waiting for the round to close");
 		if (clock_now_ms() >= next_log) {
@@ -793,6 +842,62 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 	return CRUN_ETIMEDOUT;
 }
 
+/* Round rd-1's closed value with no members, for attempt_of(rd): the
+ * attempt of round rd as this agent knows it, less what a restart reason on
+ * r<rd-1>/change adds (a returning agent may have just written one there). */
+static int put_back_head(struct c10d_job *j, struct coord *c, int64_t rd)
+{
+	struct round_head h = {0}; /* nodes 0: no member list */
+	char key[64], *chg = NULL, *head = NULL;
+	int r;
+
+	KEY(key, "r%" PRId64 "/change", rd - 1);
+	r = coord_try_get(c, key, &chg);
+	if (r < 0 && r != CRUN_ENOTFOUND)
+		return r;
+	h.attempt = MAX(0, j->next_attempt - round_next_attempt(0, r == 0 ? chg : NULL));
+	crun_free(chg);
+	TRY(round_head_format(&h, &head));
+	KEY(key, "r%" PRId64 "/closed", rd - 1);
+	r = coord_compare_set(c, key, "", head, NULL);
+	crun_free(head);
+	return r;
+}
+
+/* The store forgot the job's state - the open round rd this agent waited
+ * in (store_forgot), or the round counter it moved on from: a restarted
+ * crun-rdzvd keeps nothing on disk. Puts back what joining needs, each by
+ * COMPARE_SET so that the first joiner back wins: the job's settings, the
+ * round counter and, when this agent knows the attempt of round rd (a node
+ * of the round before does), round rd-1's closed value (put_back_head; a
+ * late joiner leaves it to the others, or to their monitors, which put back
+ * the same for a round they completed: monitor.c). *ret_rd: the round the
+ * store has now (rd, or the one another joiner or monitor put back), which
+ * this agent joins with a new ticket and lease; -1: read it. */
+static int put_back(struct c10d_job *j, struct coord *c, int64_t rd, int64_t *ret_rd)
+{
+	char val[32], *cur = NULL, *end = NULL;
+	long long now;
+	int r;
+
+	log_at(LL_WARN, SUB_RDZV,
+	       "rendezvous '%s': the store forgot round %" PRId64 " (a restarted crun-rdzvd "
+	       "keeps nothing); putting it back and joining the round the store has now",
+	       j->prefix, rd);
+	TRY(check_conf(j, c));
+	KEY(val, "%" PRId64, rd);
+	r = coord_compare_set(c, "round", "", val, &cur);
+	if (r < 0)
+		return c10d_jfail(j, c, r, "putting the round back");
+	now = strtoll(cur, &end, 10);
+	*ret_rd = end != cur && *end == '\0' && now >= 0 ? (int64_t)now : -1;
+	crun_free(cur);
+	if (*ret_rd != rd || rd == 0 || j->next_attempt < 0)
+		return 0;
+	r = put_back_head(j, c, rd);
+	return r < 0 ? c10d_jfail(j, c, r, "putting the previous round back") : 0;
+}
+
 /* Joins rounds until one that counts this agent in completes. */
 int c10d_job_round(struct c10d_job *j, struct coord *c)
 {
@@ -803,12 +908,23 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 	int r;
 
 	TRY(check_job(j, c));
+	j->next_attempt = -1;
 	if (j->prev_round >= 0) {
+		bool restart = j->prev_restart;
+
 		/* Whoever comes back first moves the job to the next round; the
 		 * round's change key says why, if nobody said it yet (an agent
 		 * whose monitor read it knows it is there). */
-		KEY(val, "restart %s", j->hostname);
-		TRY(open_next(j, c, j->prev_round, j->change_seen ? NULL : val, &rd));
+		if (j->fenced)
+			KEY(val, "dead %s (fenced: its lease went unrenewed for %u ms)",
+			    j->hostname, j->conf.ttl_ms);
+		else
+			KEY(val, "restart %s", j->hostname);
+		TRY(open_next(j, c, j->prev_round, j->change_seen ? NULL : val, &rd, &restart));
+		j->next_attempt = j->info.attempt + (restart ? 1 : 0);
+		/* No round counter to move on: the store restarted meanwhile. */
+		if (rd < 0)
+			TRY(put_back(j, c, j->prev_round + 1, &rd));
 	}
 	me.prev_round = j->prev_round;
 	me.prev_grank = j->prev_grank;
@@ -817,7 +933,7 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 	me.wport = j->wport;
 	snprintf(me.addr, sizeof(me.addr), "%s", j->addr);
 	snprintf(me.host, sizeof(me.host), "%s", j->hostname);
-	TRY(round_record_format(&me, val, sizeof(val)));
+	TRY(round_record_format(&me, j->record, sizeof(j->record)));
 	for (int attempt = 0; attempt < 1 << 20; attempt++) {
 		struct round_head h;
 		struct pre_read pre = {false, NULL};
@@ -834,7 +950,7 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 
 		KEY(key, "r%" PRId64 "/joined", rd);
 		KEY(pfx, "r%" PRId64 "/node/", rd);
-		r = coord_ticket(c, key, pfx, val, &t);
+		r = coord_ticket(c, key, pfx, j->record, &t);
 		if (r < 0)
 			return c10d_jfail(j, c, r, "joining");
 		TRY(lease_for(j, c, rd, t));
@@ -842,7 +958,13 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 		log_at(LL_WARN, SUB_RDZV,
 		       "joined rendezvous '%s' round %" PRId64 " as ticket %" PRId64, j->prefix, rd,
 		       t);
-		TRY(wait_closed(j, c, rd, t, deadline, &closed, &pre));
+		r = wait_closed(j, c, rd, t, deadline, &closed, &pre);
+		if (r == WAIT_FORGOT) {
+			TRY(put_back(j, c, rd, &rd));
+			continue; /* a new ticket in the round the store has */
+		}
+		if (r < 0)
+			return r;
 		r = round_head_parse(closed, &h);
 		crun_free(closed);
 		if (r < 0 || h.nodes == 0) {
@@ -858,7 +980,8 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 			       "rendezvous '%s' round %" PRId64 " was abandoned; joining the next",
 			       j->prefix, rd);
 			rdzv_prog_abandoned(j->prog);
-			r = open_next(j, c, rd, NULL, &rd);
+			j->next_attempt = h.attempt; /* an abandoned round's next keeps it */
+			r = open_next(j, c, rd, NULL, &rd, NULL);
 		} else {
 			int prev_n = j->nnodes;
 
@@ -867,6 +990,7 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 				c10d_progress_round(j, c, &h, rd, prev_n);
 			if (r <= 0)
 				return r;
+			j->next_attempt = h.attempt;
 			r = not_counted_in(j, c, rd, h.nodes, &deadline);
 			rd = -1; /* read it again: others moved the job on */
 			if (r == 0 && j->outcome == RO_SPARE_DONE)

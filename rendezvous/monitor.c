@@ -11,7 +11,10 @@
  * the store would take to notice us), and said so naming it. A store no
  * member serves (crun-rdzvd) may be restarted under a running job (systemd
  * does so): its outage is ridden out for C10D_OUTAGE_MS, the client
- * redialling, before it counts as lost.
+ * redialling, before it counts as lost. Meanwhile the agent's loop fences
+ * this node's workers once the lease went unrenewed for a TTL while the
+ * store may be up for the others (c10d_fence.c): each renewal is published
+ * in j->kept_ok_ms for it.
  *
  * A restarted crun-rdzvd starts empty (it keeps nothing on disk): our lease
  * is not found when the client re-attaches it. Each member then takes a new
@@ -35,10 +38,6 @@
 #include "rendezvous/c10d_int.h"
 #include "rendezvous/coord.h"
 #include "rendezvous/round_int.h"
-
-/* The store client's longest pause between dials (client.c BACKOFF_CAP_MS):
- * a live member may try that much later than we did once the store is back. */
-#define C10D_REDIAL_MS 2000u
 
 static void post(struct c10d_job *j, enum rdzv_change ch)
 {
@@ -113,9 +112,7 @@ static int read_change(struct c10d_job *j, struct coord *c, const char *chk, cha
 	return 0;
 }
 
-/* An external store did not answer: true once its outage has lasted
- * C10D_OUTAGE_MS (then it is lost), else false after a short pause. */
-static bool outage_over(struct c10d_job *j, uint64_t *since, int r)
+bool c10d_outage_over(struct c10d_job *j, uint64_t *since, int r)
 {
 	uint64_t now = clock_now_ms();
 
@@ -169,6 +166,7 @@ static int reestablish(struct c10d_job *j, struct coord *c, const char *chk, uin
 	}
 	*lease = nl;
 	*ret_by = clock_now_ms() + wait_ms;
+	atomic_store(&j->kept_ok_ms, clock_now_ms());
 	log_at(LL_WARN, SUB_RDZV,
 	       "the rendezvous store at %s:%u lost round %d's state (restarted); lease taken "
 	       "again, waiting up to %u ms for the round's %d nodes to come back",
@@ -254,6 +252,8 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 		kept_at = fresh ? j->lease_kept_ms : clock_now_ms();
 		r = fresh ? 0 : hb ? coord_heartbeat(*cp, me) : coord_lease_keepalive(*cp, lease);
 		fresh = false;
+		if (r == 0)
+			atomic_store(&j->kept_ok_ms, kept_at); /* the loop's fence reads it */
 		if (r == CRUN_ENOTFOUND && restartable && !back_by) {
 			r = reestablish(j, *cp, chk, &lease, &back_by);
 			back_next = 0;
@@ -284,7 +284,7 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 			if (r == CRUN_ETIMEDOUT)
 				r = 0; /* the watch's own timeout is the normal case */
 		}
-		if (r < 0 && !j->host_member && !outage_over(j, &outage, r)) {
+		if (r < 0 && !j->host_member && !c10d_outage_over(j, &outage, r)) {
 			r = 0;
 			continue;
 		}
@@ -335,8 +335,11 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 			continue;
 		}
 		kept_at = now;
-		if (lease && coord_lease_keepalive(*cp, lease) < 0)
+		if (!lease)
+			continue;
+		if (coord_lease_keepalive(*cp, lease) < 0)
 			break;
+		atomic_store(&j->kept_ok_ms, now);
 	}
 	if (lease && helper_stopping(&j->h) && !moved_on)
 		(void)coord_lease_revoke(*cp, lease);

@@ -55,6 +55,10 @@ enum rdzv_change {
 	RDZV_CHANGE_MEMBERSHIP, /* a node joined or died: not counted */
 	RDZV_CHANGE_FAILED,	/* the job was closed as failed: stop and exit 1 */
 	RDZV_CHANGE_LOST,	/* the rendezvous store is gone: stop and exit 1 */
+	/* c10d: this node's lease went unrenewed for a TTL (cut off from the
+	 * store, which may have ended it: the others may have moved on): stop
+	 * the workers, then join the next round (redialling the store) */
+	RDZV_CHANGE_FENCED,
 };
 
 typedef void (*rdzv_event_fn)(enum rdzv_event ev, void *arg);

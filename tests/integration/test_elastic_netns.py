@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import HELPERS, bin_path, records, release_workers, wait_records
+from conftest import HELPERS, bin_path, records, release_workers, wait_records, wait_until
 
 TASK = os.path.join(HELPERS, "elastic_task.py")
 PY = "/usr/bin/python3"
@@ -133,4 +133,112 @@ def test_three_hosts_link_cut_and_rejoin(procs, net):
         last_pids = {r["pid"] for r in recs if r["WORLD_SIZE"] == "6"}
         assert len(last_pids) >= 12, recs
     finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def ppid(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def alive(pid):
+    """The process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+FENCED = "lost the rendezvous store for 1.5 s: stopping workers (fenced)"
+
+
+def test_partition_fences_the_side_without_the_store(procs):
+    """Issue 28, item 4: a 4-node job (--nnodes=2:4, crun-rdzvd in a namespace
+    of its own) is cut 2|2: nodes 3 and 4 lose their links. Their leases
+    lapse on the store, and nodes 1 and 2 go on as a 2-node job with ranks 0
+    and 1. The cut-off nodes cannot renew their leases: after a TTL they
+    must know the others moved on and stop their world-4 workers (fenced),
+    before the store side's new workers hold the same ranks; then, their
+    links back within the retry window, they rejoin and the job finishes on
+    4 nodes. (Before: the cut-off side kept its workers for the 60 s it
+    redialled the store: two live workers per rank.)"""
+    net = Net(5, 9)  # ns 0: crun-rdzvd; 1-4: the nodes
+    tmp = tempfile.mkdtemp(prefix="crun-netns-")
+    out = os.path.join(tmp, "rec")
+    os.mkdir(out)
+    try:
+        rd = procs.spawn(["ip", "netns", "exec", net.ns[0], bin_path("crun-rdzvd"),
+                          "--host", net.addr[0], "--port", "29400", "--insecure"])
+        wait_until(lambda: b"listening" in rd.stdout.readline(), "crun-rdzvd", 10)
+        logs = [os.path.join(tmp, f"node{i}.err") for i in range(1, 5)]
+
+        def text(i):
+            with open(logs[i], errors="replace") as f:
+                return f.read()
+        agents = []
+        for i in range(4):
+            with open(logs[i], "wb") as f:
+                agents.append(procs.spawn(
+                    ["ip", "netns", "exec", net.ns[i + 1], bin_path("crun"), "--nnodes=2:4",
+                     "--nproc_per_node=1", "--rdzv_backend=c10d",
+                     f"--rdzv_endpoint={net.addr[0]}:29400", "--rdzv_id=fence",
+                     "--rdzv_conf=last_call_timeout=1,heartbeat_interval=0.3,lease_ttl=1.5,"
+                     "read_timeout=5,join_timeout=60",
+                     TASK, "run", out, "60"], env=crun_env(tmp), stderr=f))
+        full = wait_until(lambda: (lambda w: w if len(w) == 4 else None)(
+            [r for r in records(out) if r["WORLD_SIZE"] == "4"]), "the 4 nodes' workers")
+        cut_agents = {agents[2].pid, agents[3].pid}
+        cut_workers = [r["pid"] for r in full if ppid(r["pid"]) in cut_agents]
+        assert len(cut_workers) == 2, (full, cut_agents)
+        t_cut = time.monotonic()
+        net.link(3, False)
+        net.link(4, False)
+        fenced = []
+        split = []
+        times = {}
+
+        def watch():
+            """The fence lines; and a store-side world-2 worker that runs
+            while a cut-off world-4 worker still does: split brain."""
+            for i in (2, 3):
+                if i not in fenced and FENCED in text(i):
+                    fenced.append(i)
+                    print(f"node {i + 1} fenced {time.monotonic() - t_cut:.2f} s after the "
+                          f"cut (lease_ttl 1.5 s)")
+            new = [r for r in records(out) if r["WORLD_SIZE"] == "2"]
+            if new and any(alive(p) for p in cut_workers):
+                split.append((new, [p for p in cut_workers if alive(p)]))
+            for what, seen in (("the cut-off workers gone", not any(map(alive, cut_workers))),
+                               ("the store side's 2-node workers up", len(new) == 2)):
+                if seen and what not in times:
+                    times[what] = time.monotonic() - t_cut
+            return len(fenced) == 2 and sorted(int(r["RANK"]) for r in new) == [0, 1]
+        wait_until(watch, lambda: f"the fence lines and the store side's 2-node round "
+                   f"(fenced: {fenced}): " + " | ".join(text(i)[-1500:] for i in range(4)),
+                   timeout=30)
+        print(", ".join(f"{k} {v:.2f} s after the cut" for k, v in times.items()))
+        assert not split, f"ranks held twice (world-2 records, live world-4 workers): {split}"
+        assert not any(alive(p) for p in cut_workers)
+        assert all(a.poll() is None for a in agents)
+        # The links come back within the retry window: all 4 nodes again.
+        net.link(3, True)
+        net.link(4, True)
+        wait_until(lambda: sorted(int(r["RANK"]) for r in records(out)
+                                  if r["WORLD_SIZE"] == "4" and r["pid"] not in
+                                  {x["pid"] for x in full}) == [0, 1, 2, 3],
+                   lambda: "the 4 nodes again: " + " | ".join(text(i)[-1500:] for i in range(4)),
+                   timeout=90)
+        release_workers(out)
+        for i, a in enumerate(agents):
+            try:
+                a.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"node {i + 1} did not finish: {text(i)[-3000:]}")
+            assert a.returncode == 0, text(i)[-3000:]
+    finally:
+        net.close()
         shutil.rmtree(tmp, ignore_errors=True)

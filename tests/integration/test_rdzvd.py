@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from conftest import HELPERS, Procs, bin_path, free_port, start_rdzvd, torch_python, wait_line
+from conftest import (HELPERS, Procs, bin_path, free_port, records, start_rdzvd, torch_python,
+                      wait_line, wait_until)
 
 CLIENT = os.path.join(HELPERS, "rdzvd_torch_client.py")
 VERSIONS = ["1", "2"]
@@ -347,3 +348,118 @@ def test_holds_10k_idle_connections_in_little_memory(procs):
             s.close()
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=30) == 0
+
+
+# ---- crun-rdzvd restarted while a round forms (issue 28, item 2) ---------------------------
+
+TASK = os.path.join(HELPERS, "elastic_task.py")
+# A last call long enough that the round is still open when the test kills
+# crun-rdzvd on its event (it closes 3 s after MIN joined, not before).
+RESTART_CONF = ("--rdzv_conf=heartbeat_interval=0.3,lease_ttl=1.5,last_call_timeout=3,"
+                "join_timeout=30")
+
+
+class Agent:
+    """A crun agent of the restart tests; its stderr goes to a file the test
+    reads for the agent's events."""
+
+    def __init__(self, procs, d, name, port, nnodes, task_args):
+        self.log = os.path.join(d, f"{name}.err")
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("PET_") and k != "TORCHELASTIC_ERROR_FILE"}
+        env["PYTHON_EXEC"] = "/usr/bin/python3"
+        with open(self.log, "wb") as f:
+            self.p = procs.spawn(
+                [bin_path("crun"), f"--nnodes={nnodes}", "--nproc_per_node=1",
+                 "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
+                 "--rdzv_id=rdzvd-restart", RESTART_CONF, "--max_restarts=1",
+                 TASK, "run", *task_args], stderr=f, env=env)
+
+    def text(self):
+        with open(self.log, errors="replace") as f:
+            return f.read()
+
+    def finish(self, timeout=60):
+        try:
+            return self.p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"agent did not finish: {self.text()[-3000:]}")
+
+
+def joined(agent, rnd):
+    return re.search(rf"joined rendezvous '\S+' round {rnd} as ticket \d+", agent.text())
+
+
+def restart_rdzvd(procs, rd, port, while_down=None):
+    """Kills crun-rdzvd (-9: no goodbye) and starts a new, empty one on its
+    port, as systemd's Restart= would (once while_down() says so)."""
+    rd.kill()
+    rd.wait(timeout=10)
+    if while_down:
+        while_down()
+    p = procs.spawn([bin_path("crun-rdzvd"), "--host", "127.0.0.1", "--port", str(port)])
+    wait_line(p.stdout, r"crun-rdzvd listening on", 10)
+    return p, time.monotonic()
+
+
+@pytest.mark.parametrize("when", ["job start", "job start, down a while", "round after a failure",
+                                  "scale-up"])
+def test_rdzvd_restart_while_a_round_forms(procs, tmp_path, when):
+    """crun-rdzvd is killed and started again (empty) on its port while a round
+    is open: at the job's start (A joined, B not started yet), in the round
+    after a worker failure (attempt 1), and in the round a late third node
+    opened; and at the job's start with the daemon down until A said so
+    (longer than the client's own redial). The agents whose lease the new
+    store does not know take a new one, join the round the store now has,
+    and the job forms and finishes 0 with the attempt it had. (Before: they
+    waited in the forgotten round and every agent exited 1 at join_timeout;
+    A exited 1 at once when the daemon stayed down past its redial.)"""
+    rd, _, port = start_rdzvd(procs)
+    out = tmp_path / "out"
+    out.mkdir()
+    secs = ["60"]
+    if when == "round after a failure":
+        secs += ["0", "1"]  # rank 0 fails in attempt 0 only
+    # MAX above the nodes the round gets: it closes by its last call only
+    nnodes = "2" if when.startswith("job start") else "2:4"
+    a = Agent(procs, tmp_path, "A", port, nnodes, [str(out), *secs])
+    agents = [a]
+
+    def outage_seen():
+        wait_until(lambda: "does not answer" in a.text() or a.p.poll() is not None,
+                 "A to notice the outage")
+        assert a.p.poll() is None, a.text()[-3000:]
+    if when.startswith("job start"):
+        wait_until(lambda: joined(a, 0), "A to join round 0")
+        rd, t_back = restart_rdzvd(procs, rd, port, outage_seen if "down" in when else None)
+        agents.append(Agent(procs, tmp_path, "B", port, nnodes, [str(out), *secs]))
+        want = {"WORLD_SIZE": "2", "TORCHELASTIC_RESTART_COUNT": "0"}
+    elif when == "round after a failure":
+        agents.append(Agent(procs, tmp_path, "B", port, nnodes, [str(out), *secs]))
+        wait_until(lambda: any(joined(x, 1) for x in agents), "a join of round 1")
+        rd, t_back = restart_rdzvd(procs, rd, port)
+        want = {"WORLD_SIZE": "2", "TORCHELASTIC_RESTART_COUNT": "1"}
+    else:
+        agents.append(Agent(procs, tmp_path, "B", port, nnodes, [str(out), *secs]))
+        wait_until(lambda: len(records(str(out))) >= 2, "the first round's workers")
+        agents.append(Agent(procs, tmp_path, "C", port, nnodes, [str(out), *secs]))
+        wait_until(lambda: joined(agents[2], 1), "C to join round 1")
+        rd, t_back = restart_rdzvd(procs, rd, port)
+        want = {"WORLD_SIZE": "3", "TORCHELASTIC_RESTART_COUNT": "0"}
+    n = int(want["WORLD_SIZE"])
+
+    def formed():
+        recs = [r for r in records(str(out)) if all(r[k] == v for k, v in want.items())]
+        return sorted(int(r["RANK"]) for r in recs) == list(range(n))
+    wait_until(formed, lambda: f"a round with {want} after the restart: "
+             + " | ".join(x.text()[-1500:] for x in agents), timeout=45)
+    print(f"{when}: the round formed {time.monotonic() - t_back:.2f} s after crun-rdzvd "
+          "was back")
+    # The restart hit the open round (not one that had closed already).
+    assert any("the store forgot round" in x.text() for x in agents), \
+        " | ".join(x.text()[-1500:] for x in agents)
+    open(out / "go", "w").close()
+    for x in agents:
+        assert x.finish() == 0, x.text()[-3000:]
+    rd.send_signal(signal.SIGTERM)
+    assert rd.wait(timeout=10) == 0

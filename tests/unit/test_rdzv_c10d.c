@@ -5,12 +5,14 @@
  * cases: a dead or silent ticket 1, a joiner that dies before its record, a
  * node back from an older round, the job-wide attempt.
  */
+#include <arpa/inet.h>
 #include <check.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <event2/event.h>
@@ -1091,6 +1093,237 @@ START_TEST(late_node_gets_the_job_wide_attempt)
 }
 END_TEST
 
+/* ---- a rendezvous store restarted (empty) while a round forms ------------------- */
+
+/* v's store killed and started again, empty, on its port (as systemd restarts
+ * crun-rdzvd): every connection closed, every key and lease gone. */
+static void rsrv_restart(struct rsrv *v)
+{
+	struct store_server_config c = STORE_SERVER_CONFIG_DEFAULT;
+
+	event_base_loopbreak(v->base);
+	pthread_join(v->thr, NULL);
+	c.host = "127.0.0.1";
+	c.port = store_server_port(v->srv);
+	store_server_free(v->srv);
+	ck_assert_int_eq(store_server_new(v->base, &c, &v->srv), 0);
+	ck_assert_int_eq(pthread_create(&v->thr, NULL, rsrv_loop, v), 0);
+}
+
+/* One agent's round job as the agent runs it (job_run): its own connection,
+ * the lease on a second one (the monitor's to be). */
+struct rj {
+	pthread_t thr;
+	struct c10d_job *j;
+	struct coord *c;
+};
+
+static void *rj_main(void *arg)
+{
+	struct rj *x = arg;
+
+	x->j->h.result = c10d_job_round(x->j, x->c);
+	return NULL;
+}
+
+/* Agent idx joins on port; prev: the round it completed (NULL: a first
+ * join), restart: why it left it (its own worker failed, or it read a
+ * restart of another node's). */
+static void rj_start(struct rj *x, uint16_t port, int idx, const struct c10d_job *prev,
+		     bool own_failure)
+{
+	struct c10d_job *j = c10d_job_new(JOB_ROUND);
+
+	ck_assert_ptr_nonnull(j);
+	snprintf(j->host, sizeof(j->host), "127.0.0.1");
+	snprintf(j->prefix, sizeof(j->prefix), "crun-c10d/restarted");
+	snprintf(j->addr, sizeof(j->addr), "10.0.0.%d", idx);
+	snprintf(j->hostname, sizeof(j->hostname), "host%d", idx);
+	ck_assert_int_eq(c10d_parse_conf("heartbeat_interval=0.1,lease_ttl=1,last_call_timeout=0.1,"
+					 "join_timeout=10",
+					 &j->conf, NULL, 0),
+			 0);
+	j->port = port;
+	j->min = j->max = 2;
+	j->nproc = 1;
+	j->wport = (uint16_t)(1000 + idx);
+	j->take_lease = true;
+	j->prev_round = prev ? prev->round : -1;
+	j->prev_grank = prev ? prev->info.group_rank : -1;
+	if (prev)
+		j->info = prev->info;
+	j->change_seen = j->prev_restart = prev && !own_failure;
+	x->j = j;
+	ck_assert_int_eq(c10d_job_open(j, 5000, &x->c), 0);
+	ck_assert_int_eq(pthread_create(&x->thr, NULL, rj_main, x), 0);
+}
+
+static void rj_end(struct rj *x)
+{
+	pthread_join(x->thr, NULL);
+	coord_close(x->c);
+	x->c = NULL;
+	ck_assert_msg(x->j->h.result == 0, "%s", x->j->err);
+}
+
+static void rj_free(struct rj *x)
+{
+	x->j->h.release(&x->j->h);
+}
+
+/* Waits until `key` exists on the store at port. */
+static void rsrv_wait_key(uint16_t port, const char *key)
+{
+	struct coord_opts o = {.host = "127.0.0.1",
+			       .port = port,
+			       .prefix = "crun-c10d/restarted",
+			       .connect_timeout_ms = 5000,
+			       .timeout_ms = 10000};
+	struct coord *c = NULL;
+
+	ck_assert_int_eq(coord_open(&o, &c), 0);
+	ck_assert_int_eq(coord_wait(c, key, 10000), 0);
+	coord_close(c);
+}
+
+/* The store restarts (empty) while agent A waits alone in an open round:
+ * _i 0, the job's first round; _i 1, the round after a worker failure (A's
+ * own; B read it). A finds its lease gone at its next keep-alive, puts the
+ * job's state back and joins the round the store has now; B, started after
+ * the restart, joins it too: the round forms with both, in the same round
+ * number and attempt as without the restart. (Before: A waited in the
+ * forgotten round and timed out at join_timeout.) */
+START_TEST(round_forms_after_the_store_restarts)
+{
+	struct rj a, b;
+	struct rsrv v;
+	uint16_t port;
+	int want_round = _i;
+
+	rsrv_up(&v, 0);
+	port = store_server_port(v.srv);
+	if (_i == 1) { /* round 0 forms; A's worker fails: both come back */
+		rj_start(&a, port, 0, NULL, false);
+		rj_start(&b, port, 1, NULL, false);
+		rj_end(&a);
+		rj_end(&b);
+		ck_assert_int_eq(a.j->info.attempt, 0);
+		{
+			struct c10d_job *pa = a.j, *pb = b.j;
+
+			rj_start(&a, port, 0, pa, true);
+			rsrv_wait_key(port, "r1/alive/1");
+			rsrv_restart(&v);
+			rj_start(&b, port, 1, pb, false);
+			pa->h.release(&pa->h);
+			pb->h.release(&pb->h);
+		}
+	} else {
+		rj_start(&a, port, 0, NULL, false);
+		rsrv_wait_key(port, "r0/alive/1");
+		rsrv_restart(&v);
+		rj_start(&b, port, 1, NULL, false);
+	}
+	rj_end(&a);
+	rj_end(&b);
+	ck_assert_int_eq(a.j->round, want_round);
+	ck_assert_int_eq(b.j->round, want_round);
+	ck_assert_int_eq(a.j->info.group_world_size, 2);
+	ck_assert_int_eq(a.j->info.group_rank + b.j->info.group_rank, 1);
+	ck_assert_int_eq(a.j->info.attempt, _i);
+	ck_assert_int_eq(b.j->info.attempt, _i);
+	rj_free(&a);
+	rj_free(&b);
+	rsrv_down(&v);
+}
+END_TEST
+
+/* ---- fencing a member cut off from its store (c10d_fence.c) ---------------------- */
+
+START_TEST(fence_deadline_is_a_ttl_after_the_last_renewal)
+{
+	/* lease_ttl 3 s, heartbeat 1 s: a TTL after the last renewal... */
+	ck_assert_uint_eq(c10d_fence_deadline(10000, 0, 3000, 1000), 13000);
+	/* ...or, when the store was last seen refusing (restarting), as long
+	 * as the others wait for this node once it is back (monitor.c) */
+	ck_assert_uint_eq(c10d_fence_deadline(10000, 12000, 3000, 1000),
+			  12000 + 3000 + 1000 + C10D_REDIAL_MS);
+	ck_assert_uint_eq(c10d_fence_deadline(20000, 12000, 3000, 1000), 23000);
+}
+END_TEST
+
+struct fence_t {
+	struct event_base *base;
+	uint64_t kept; /* the last renewal the fence is told about */
+	int checks, fenced;
+};
+
+static uint64_t fence_t_kept(void *arg)
+{
+	struct fence_t *t = arg;
+
+	if (++t->checks >= 40) /* enough looks without a fence: end the loop */
+		event_base_loopbreak(t->base);
+	return t->kept;
+}
+
+static void fence_t_on(void *arg)
+{
+	struct fence_t *t = arg;
+
+	t->fenced++;
+	event_base_loopbreak(t->base);
+}
+
+/* A lease unrenewed for a TTL: with the store's address answering (_i 0:
+ * a listener; it may have ended the lease) the workers are fenced; with it
+ * refusing (_i 1: the store process is down, as while crun-rdzvd restarts,
+ * and ends no lease) they are not, however long the probes go on. */
+START_TEST(fence_fires_unless_the_store_refuses)
+{
+	struct fence_t t = {0};
+	struct c10d_fence f;
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	socklen_t len = sizeof(sa);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	ck_assert_int_ge(fd, 0);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+	if (_i == 0)
+		ck_assert_int_eq(listen(fd, 4), 0);
+	else
+		close(fd); /* a port nobody listens on: refused */
+	t.base = event_base_new();
+	ck_assert_ptr_nonnull(t.base);
+	t.kept = clock_now_ms();
+	ck_assert_int_eq(c10d_fence_init(&f, t.base, "127.0.0.1", ntohs(sa.sin_port), fence_t_kept,
+					 fence_t_on, &t),
+			 0);
+	c10d_fence_start(&f, 200, 20);
+	ck_assert_int_eq(event_base_dispatch(t.base), 0);
+	ck_assert_int_eq(t.fenced, _i == 0 ? 1 : 0);
+	if (_i == 1)
+		ck_assert_uint_gt(f.down_ms, 0);
+	c10d_fence_release(&f);
+	event_base_free(t.base);
+	if (_i == 0)
+		close(fd);
+}
+END_TEST
+
+static void add_restart_tests(Suite *s)
+{
+	TCase *tc = tcase_create("store_restart");
+
+	tcase_add_loop_test(tc, round_forms_after_the_store_restarts, 0, 2);
+	tcase_add_test(tc, fence_deadline_is_a_ttl_after_the_last_renewal);
+	tcase_add_loop_test(tc, fence_fires_unless_the_store_refuses, 0, 2);
+	tcase_set_timeout(tc, 30);
+	suite_add_tcase(s, tc);
+}
+
 static Suite *c10d_suite(void)
 {
 	Suite *s = suite_create("rdzv_c10d");
@@ -1131,6 +1364,7 @@ static Suite *c10d_suite(void)
 	tcase_add_test(tc, late_node_gets_the_job_wide_attempt);
 	tcase_set_timeout(tc, 30);
 	suite_add_tcase(s, tc);
+	add_restart_tests(s);
 	return s;
 }
 
