@@ -46,6 +46,19 @@
 /* Where crun's c10d rendezvous keeps the keys of run id J: "/crun-c10d/J/". */
 #define STORE_AUTH_JOB_ROOT "/crun-c10d/"
 
+/* Which exchange a MAC belongs to. The store's (client: a crun store client,
+ * server: a store server) and the worker SDK's data mesh (client: the rank
+ * that dials, server: the rank that listens) use the same frames and the
+ * same secret but different labels ("crun-mesh-v1 client"/"server" for the
+ * mesh), so an answer made in one is refused in the other: a mesh rank dials
+ * addresses read from the unauthenticated worker store, and could otherwise
+ * be made to answer a daemon's relayed challenge. */
+enum store_auth_domain {
+	STORE_AUTH_STORE,
+	STORE_AUTH_MESH,
+	STORE_AUTH_DOMAIN__MAX,
+};
+
 #define STORE_AUTH_CHALLENGE_BYTES (4 + 1 + STORE_AUTH_NONCE_BYTES)
 #define STORE_AUTH_ANSWER_MAX \
 	(4 + 1 + STORE_AUTH_JOB_MAX + STORE_AUTH_NONCE_BYTES + STORE_AUTH_MAC_BYTES)
@@ -93,12 +106,12 @@ void store_auth_encode_challenge(const uint8_t nonce_s[STORE_AUTH_NONCE_BYTES], 
 int store_auth_decode_challenge(const uint8_t *buf, size_t len,
 				uint8_t nonce_s[STORE_AUTH_NONCE_BYTES]);
 
-/* Client: builds the ANSWER to nonce_s for `job` (may be "") into out
+/* Client: builds the ANSWER (of domain dom) to nonce_s for `job` (may be "") into out
  * (STORE_AUTH_ANSWER_MAX bytes), with a fresh nonce_c kept in ret_nonce_c
  * for checking the proof. 0, CRUN_EINVAL (job too long), CRUN_EIO (RNG). */
-int store_auth_answer(const struct store_auth_secret *s, const char *job,
-		      const uint8_t nonce_s[STORE_AUTH_NONCE_BYTES], uint8_t *out, size_t *ret_len,
-		      uint8_t ret_nonce_c[STORE_AUTH_NONCE_BYTES]);
+int store_auth_answer(enum store_auth_domain dom, const struct store_auth_secret *s,
+		      const char *job, const uint8_t nonce_s[STORE_AUTH_NONCE_BYTES], uint8_t *out,
+		      size_t *ret_len, uint8_t ret_nonce_c[STORE_AUTH_NONCE_BYTES]);
 
 /* Server: what a verified answer grants. */
 struct store_auth_grant {
@@ -110,14 +123,14 @@ struct store_auth_grant {
 /* Server: checks an ANSWER to nonce_s against the table. 0 with *used and
  * *ret (send ret->proof), CRUN_EAGAIN on a prefix, CRUN_EPROTO when the bytes
  * are not an answer, CRUN_EACCES for an unknown job or a wrong MAC. */
-int store_auth_verify(const struct store_auth_keys *k,
+int store_auth_verify(enum store_auth_domain dom, const struct store_auth_keys *k,
 		      const uint8_t nonce_s[STORE_AUTH_NONCE_BYTES], const uint8_t *buf, size_t len,
 		      size_t *used, struct store_auth_grant *ret);
 
 /* Client: checks the server's PROOF. 0, CRUN_EAGAIN on a prefix, CRUN_EPROTO
  * (not a proof), CRUN_EACCES (wrong MAC: the server lacks the secret). */
-int store_auth_check_proof(const struct store_auth_secret *s, const char *job,
-			   const uint8_t nonce_s[STORE_AUTH_NONCE_BYTES],
+int store_auth_check_proof(enum store_auth_domain dom, const struct store_auth_secret *s,
+			   const char *job, const uint8_t nonce_s[STORE_AUTH_NONCE_BYTES],
 			   const uint8_t nonce_c[STORE_AUTH_NONCE_BYTES], const uint8_t *buf,
 			   size_t len);
 
@@ -129,7 +142,7 @@ bool store_auth_key_allowed(const struct store_auth_grant *g, const uint8_t *key
 
 struct store_tls_conn;
 
-/* Runs the client half of the exchange on a connected socket fd (through
+/* Runs the client half of the store's exchange (STORE_AUTH_STORE) on a connected socket fd (through
  * `tls` when not NULL, store/tls.h) until deadline_ms (clock_now_ms()
  * scale). 0, CRUN_EACCES (the server closed on our answer, or its proof is
  * wrong), CRUN_EPROTO (no challenge within 10 s: the server does not
@@ -137,11 +150,14 @@ struct store_tls_conn;
 int store_auth_client_run(int fd, struct store_tls_conn *tls, const struct store_auth_secret *s,
 			  const char *job, uint64_t deadline_ms, char *err, size_t cap);
 
-/* Runs the exchange as the server on a connected socket (the worker SDK's
- * data mesh, where both ends are peers): sends a challenge, verifies the
- * answer against a one-entry table of secret `s`, sends the proof. */
-int store_auth_server_run(int fd, const struct store_auth_secret *s, uint64_t deadline_ms,
-			  char *err, size_t cap);
+/* The worker SDK's data mesh, where both ends are peers, in the mesh domain
+ * (STORE_AUTH_MESH) and for run id "". The listening rank: sends a challenge,
+ * verifies the answer against secret `s`, sends the proof. The dialing rank:
+ * store_auth_client_run's half, without TLS. Same returns as that. */
+int store_auth_mesh_server_run(int fd, const struct store_auth_secret *s, uint64_t deadline_ms,
+			       char *err, size_t cap);
+int store_auth_mesh_client_run(int fd, const struct store_auth_secret *s, uint64_t deadline_ms,
+			       char *err, size_t cap);
 
 /* 1 when every address `host` resolves to is a loopback one (127/8, ::1),
  * 0 otherwise - also for NULL, "" (every interface) and unresolvable names.
