@@ -11,6 +11,8 @@
  *   mac_c = HMAC-SHA256(secret, "crun-auth-v1 client\0" nonce_s nonce_c job_len job)
  *   mac_s = HMAC-SHA256(secret, "crun-auth-v1 server\0" nonce_s nonce_c job_len job)
  *
+ * (the worker SDK's mesh: "crun-mesh-v1 ..." instead, enum store_auth_domain)
+ *
  * Both nonces come from RAND_bytes, fresh per connection, so an answer
  * recorded on one connection is worthless on the next (replay); the role
  * label keeps a client's MAC from being reflected back as a server's proof;
@@ -70,9 +72,14 @@ struct store_auth_secret {
 	size_t len;
 };
 
-/* Reads a secret file. The file must be a regular file not accessible to
- * group or others (like ssh keys), and hold 16..4096 bytes. Returns 0, or
- * CRUN_EACCES / CRUN_EINVAL / -errno with a message naming `path` in err. */
+/* Reads a secret file. As ssh and sshd's StrictModes: the file must be a
+ * regular file (not a link: not followed; a FIFO or device is refused
+ * without waiting on it), owned by the effective user or root, not
+ * accessible to group or others, in a directory owned by the effective user
+ * or root that group and others cannot write to (unless it is sticky, as
+ * /tmp), and hold 16..4096 bytes. Returns 0, or CRUN_EACCES / CRUN_EINVAL /
+ * -errno (-ELOOP for a link) with a message naming `path` (or its directory)
+ * and the reason in err. */
 int store_auth_secret_read(const char *path, struct store_auth_secret *ret, char *err, size_t cap);
 
 /* ---- the server's table of secrets --------------------------------------- */
@@ -87,7 +94,8 @@ void store_auth_keys_free(struct store_auth_keys *k);
 int store_auth_keys_add(struct store_auth_keys *k, const char *job,
 			const struct store_auth_secret *s);
 /* Adds one secret per regular file of `dir`, the file name being the run id
- * (dot files skipped). Every file must pass store_auth_secret_read. Returns
+ * (dot files skipped). `dir` must pass the directory checks and every file
+ * store_auth_secret_read. Returns
  * the number added (>= 1), or a negative code with err (an empty directory is
  * CRUN_EINVAL: a daemon told to authenticate must have a secret). */
 int store_auth_keys_load_dir(struct store_auth_keys *k, const char *dir, char *err, size_t cap);
@@ -106,9 +114,11 @@ void store_auth_encode_challenge(const uint8_t nonce_s[STORE_AUTH_NONCE_BYTES], 
 int store_auth_decode_challenge(const uint8_t *buf, size_t len,
 				uint8_t nonce_s[STORE_AUTH_NONCE_BYTES]);
 
-/* Client: builds the ANSWER (of domain dom) to nonce_s for `job` (may be "") into out
- * (STORE_AUTH_ANSWER_MAX bytes), with a fresh nonce_c kept in ret_nonce_c
- * for checking the proof. 0, CRUN_EINVAL (job too long), CRUN_EIO (RNG). */
+/* Client: builds the ANSWER of domain dom to nonce_s for `job` (may be "")
+ * into out (STORE_AUTH_ANSWER_MAX bytes), with a fresh nonce_c kept in
+ * ret_nonce_c for checking the proof (dom: the same here, in the two calls
+ * below and on both ends). 0, CRUN_EINVAL (job too long, or dom out of
+ * range), CRUN_EIO (RNG). */
 int store_auth_answer(enum store_auth_domain dom, const struct store_auth_secret *s,
 		      const char *job, const uint8_t nonce_s[STORE_AUTH_NONCE_BYTES], uint8_t *out,
 		      size_t *ret_len, uint8_t ret_nonce_c[STORE_AUTH_NONCE_BYTES]);
@@ -142,8 +152,8 @@ bool store_auth_key_allowed(const struct store_auth_grant *g, const uint8_t *key
 
 struct store_tls_conn;
 
-/* Runs the client half of the store's exchange (STORE_AUTH_STORE) on a connected socket fd (through
- * `tls` when not NULL, store/tls.h) until deadline_ms (clock_now_ms()
+/* Runs the client half of the store's exchange (STORE_AUTH_STORE) on a
+ * connected socket fd (through `tls` when not NULL, store/tls.h) until deadline_ms (clock_now_ms()
  * scale). 0, CRUN_EACCES (the server closed on our answer, or its proof is
  * wrong), CRUN_EPROTO (no challenge within 10 s: the server does not
  * authenticate), CRUN_ETIMEDOUT, -errno. err explains. */
