@@ -20,8 +20,17 @@
 #include "store/auth.h"
 
 static const uint8_t MAGIC[4] = {'C', 'R', 'A', '1'};
-static const char LABEL_CLIENT[] = "crun-auth-v1 client"; /* sizeof includes the NUL */
-static const char LABEL_SERVER[] = "crun-auth-v1 server";
+/* The role labels of each domain (enum store_auth_domain). A MAC made under
+ * one label is worthless under any other: a client's answer is no server's
+ * proof (reflection), and a mesh rank's answer is no store client's (a
+ * relay through a rank that dials an address from the worker store). All
+ * the same length: mac() sizes its buffer by the first. */
+static const char *const LABELS[STORE_AUTH_DOMAIN__MAX][2] = {
+    [STORE_AUTH_STORE] = {"crun-auth-v1 client", "crun-auth-v1 server"},
+    [STORE_AUTH_MESH] = {"crun-mesh-v1 client", "crun-mesh-v1 server"},
+};
+#define LABEL_BYTES sizeof("crun-auth-v1 client") /* with its NUL */
+enum { ROLE_CLIENT, ROLE_SERVER };
 
 struct auth_entry {
 	char job[STORE_AUTH_JOB_MAX + 1];
@@ -35,6 +44,90 @@ struct store_auth_keys {
 
 /* ---- secret files ----------------------------------------------------------- */
 
+/* Who may own a secret or the directory it is in: this user, or root (as
+ * ssh and sshd's StrictModes: anyone else could change or swap it). */
+static bool owner_ok(uid_t uid)
+{
+	return uid == geteuid() || uid == 0;
+}
+
+/* A directory others can add files to or rename ours in is no place for a
+ * secret: refused unless it is sticky (only a file's owner can remove or
+ * rename it, as in /tmp), and it must be ours or root's either way. `what`
+ * and `path` name it in err. */
+static int dir_check(const struct stat *st, const char *what, const char *path, char *err,
+		     size_t cap)
+{
+	if (!owner_ok(st->st_uid)) {
+		snprintf(err, cap, "%s '%s' is owned by uid %u, not by this user (uid %u) or root",
+			 what, path, (unsigned)st->st_uid, (unsigned)geteuid());
+		return CRUN_EACCES;
+	}
+	if ((st->st_mode & (S_IWGRP | S_IWOTH)) && !(st->st_mode & S_ISVTX)) {
+		snprintf(err, cap,
+			 "%s '%s' is writable by group or others (mode %04o): they could replace "
+			 "the secret; chmod go-w it",
+			 what, path, (unsigned)(st->st_mode & 07777));
+		return CRUN_EACCES;
+	}
+	return 0;
+}
+
+/* The directory `path` is in, checked with dir_check. */
+static int parent_check(const char *path, char *err, size_t cap)
+{
+	const char *slash = strrchr(path, '/');
+	char dir[4096];
+	struct stat st;
+	int r;
+
+	if (!slash)
+		r = str_printf(dir, sizeof(dir), ".");
+	else
+		r = str_printf(dir, sizeof(dir), "%.*s", slash == path ? 1 : (int)(slash - path),
+			       path);
+	if (r < 0) {
+		snprintf(err, cap, "auth secret file '%s': path too long", path);
+		return CRUN_EINVAL;
+	}
+	if (stat(dir, &st) < 0) {
+		r = -errno;
+		snprintf(err, cap, "directory of auth secret file '%s': %s", path, strerror(errno));
+		return r;
+	}
+	return dir_check(&st, "directory of auth secret file", dir, err, cap);
+}
+
+/* The checks on an open secret file, before a byte of it is read. */
+static int file_check(int fd, const char *path, struct stat *st, char *err, size_t cap)
+{
+	if (fstat(fd, st) < 0 || !S_ISREG(st->st_mode)) {
+		snprintf(err, cap, "auth secret file '%s': not a regular file", path);
+		return CRUN_EINVAL;
+	}
+	if (!owner_ok(st->st_uid)) {
+		snprintf(err, cap,
+			 "auth secret file '%s' is owned by uid %u, not by this user (uid %u) "
+			 "or root",
+			 path, (unsigned)st->st_uid, (unsigned)geteuid());
+		return CRUN_EACCES;
+	}
+	/* A secret others can read is no secret: refuse it, as ssh does. */
+	if (st->st_mode & 0077) {
+		snprintf(err, cap,
+			 "auth secret file '%s' is accessible by group or others (mode %04o); "
+			 "chmod 600 it",
+			 path, (unsigned)(st->st_mode & 07777));
+		return CRUN_EACCES;
+	}
+	if (st->st_size > (off_t)STORE_AUTH_SECRET_MAX) {
+		snprintf(err, cap, "auth secret file '%s': longer than %d bytes", path,
+			 STORE_AUTH_SECRET_MAX);
+		return CRUN_EINVAL;
+	}
+	return parent_check(path, err, cap);
+}
+
 int store_auth_secret_read(const char *path, struct store_auth_secret *ret, char *err, size_t cap)
 {
 	struct store_auth_secret s = {0};
@@ -42,38 +135,29 @@ int store_auth_secret_read(const char *path, struct store_auth_secret *ret, char
 	ssize_t n;
 	int fd, r;
 
-	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+	/* O_NONBLOCK: a FIFO (or a device) in its place opens at once and is
+	 * refused below, where a plain open() would wait for a writer forever.
+	 * O_NOFOLLOW: the file itself, not what a link points to. */
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | O_NOFOLLOW);
 	if (fd < 0) {
 		r = -errno;
-		snprintf(err, cap, "auth secret file '%s': %s", path, strerror(errno));
+		if (errno == ELOOP)
+			snprintf(err, cap,
+				 "auth secret file '%s' is a symbolic link: name the file itself",
+				 path);
+		else
+			snprintf(err, cap, "auth secret file '%s': %s", path, strerror(errno));
 		return r;
 	}
-	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-		snprintf(err, cap, "auth secret file '%s': not a regular file", path);
-		r = CRUN_EINVAL;
+	r = file_check(fd, path, &st, err, cap);
+	if (r < 0)
 		goto out_close;
-	}
-	/* A secret others can read is no secret: refuse it, as ssh does. */
-	if (st.st_mode & 0077) {
-		snprintf(err, cap,
-			 "auth secret file '%s' is accessible by group or others (mode %04o); "
-			 "chmod 600 it",
-			 path, (unsigned)(st.st_mode & 07777));
-		r = CRUN_EACCES;
-		goto out_close;
-	}
 	do
 		n = read(fd, s.bytes, sizeof(s.bytes));
 	while (n < 0 && errno == EINTR);
 	if (n < 0) {
 		r = -errno;
 		snprintf(err, cap, "auth secret file '%s': %s", path, strerror(errno));
-		goto out_close;
-	}
-	if (st.st_size > (off_t)sizeof(s.bytes)) {
-		snprintf(err, cap, "auth secret file '%s': longer than %d bytes", path,
-			 STORE_AUTH_SECRET_MAX);
-		r = CRUN_EINVAL;
 		goto out_close;
 	}
 	s.len = (size_t)n;
@@ -161,6 +245,7 @@ int store_auth_keys_add(struct store_auth_keys *k, const char *job,
 int store_auth_keys_load_dir(struct store_auth_keys *k, const char *dir, char *err, size_t cap)
 {
 	struct store_auth_secret s;
+	struct stat st;
 	struct dirent *de;
 	char path[4096];
 	int added = 0, r = 0;
@@ -171,6 +256,14 @@ int store_auth_keys_load_dir(struct store_auth_keys *k, const char *dir, char *e
 		snprintf(err, cap, "auth secrets directory '%s': %s", dir, strerror(errno));
 		return r;
 	}
+	if (fstat(dirfd(d), &st) < 0) {
+		r = -errno;
+		snprintf(err, cap, "auth secrets directory '%s': %s", dir, strerror(errno));
+		goto out_closedir;
+	}
+	r = dir_check(&st, "auth secrets directory", dir, err, cap);
+	if (r < 0)
+		goto out_closedir;
 	while ((de = readdir(d))) {
 		if (de->d_name[0] == '.')
 			continue;
@@ -192,6 +285,7 @@ int store_auth_keys_load_dir(struct store_auth_keys *k, const char *dir, char *e
 		}
 		added++;
 	}
+out_closedir:
 	closedir(d);
 	if (r < 0)
 		return r;
@@ -229,17 +323,20 @@ int store_auth_decode_challenge(const uint8_t *buf, size_t len,
 	return 0;
 }
 
-/* HMAC-SHA256(secret, label nonce_s nonce_c job_len job). */
-static int mac(const struct store_auth_secret *s, const char *label, size_t label_len,
+/* HMAC-SHA256(secret, label nonce_s nonce_c job_len job), the label that of
+ * `role` in domain `dom`. */
+static int mac(const struct store_auth_secret *s, enum store_auth_domain dom, int role,
 	       const uint8_t *nonce_s, const uint8_t *nonce_c, const char *job, size_t job_len,
 	       uint8_t out[STORE_AUTH_MAC_BYTES])
 {
-	uint8_t msg[sizeof(LABEL_CLIENT) + 2 * STORE_AUTH_NONCE_BYTES + 1 + STORE_AUTH_JOB_MAX];
+	uint8_t msg[LABEL_BYTES + 2 * STORE_AUTH_NONCE_BYTES + 1 + STORE_AUTH_JOB_MAX];
 	unsigned out_len = 0;
 	size_t n = 0;
 
-	memcpy(msg, label, label_len);
-	n += label_len;
+	if ((unsigned)dom >= STORE_AUTH_DOMAIN__MAX)
+		return CRUN_EINVAL;
+	memcpy(msg, LABELS[dom][role], LABEL_BYTES);
+	n += LABEL_BYTES;
 	memcpy(msg + n, nonce_s, STORE_AUTH_NONCE_BYTES);
 	n += STORE_AUTH_NONCE_BYTES;
 	memcpy(msg + n, nonce_c, STORE_AUTH_NONCE_BYTES);
@@ -253,9 +350,9 @@ static int mac(const struct store_auth_secret *s, const char *label, size_t labe
 	return 0;
 }
 
-int store_auth_answer(const struct store_auth_secret *s, const char *job,
-		      const uint8_t nonce_s[STORE_AUTH_NONCE_BYTES], uint8_t *out, size_t *ret_len,
-		      uint8_t ret_nonce_c[STORE_AUTH_NONCE_BYTES])
+int store_auth_answer(enum store_auth_domain dom, const struct store_auth_secret *s,
+		      const char *job, const uint8_t nonce_s[STORE_AUTH_NONCE_BYTES], uint8_t *out,
+		      size_t *ret_len, uint8_t ret_nonce_c[STORE_AUTH_NONCE_BYTES])
 {
 	size_t jl = strlen(job), n = 0;
 	uint8_t nonce_c[STORE_AUTH_NONCE_BYTES];
@@ -270,14 +367,14 @@ int store_auth_answer(const struct store_auth_secret *s, const char *job,
 	n += jl;
 	memcpy(out + n, nonce_c, STORE_AUTH_NONCE_BYTES);
 	n += STORE_AUTH_NONCE_BYTES;
-	TRY(mac(s, LABEL_CLIENT, sizeof(LABEL_CLIENT), nonce_s, nonce_c, job, jl, out + n));
+	TRY(mac(s, dom, ROLE_CLIENT, nonce_s, nonce_c, job, jl, out + n));
 	n += STORE_AUTH_MAC_BYTES;
 	memcpy(ret_nonce_c, nonce_c, STORE_AUTH_NONCE_BYTES);
 	*ret_len = n;
 	return 0;
 }
 
-int store_auth_verify(const struct store_auth_keys *k,
+int store_auth_verify(enum store_auth_domain dom, const struct store_auth_keys *k,
 		      const uint8_t nonce_s[STORE_AUTH_NONCE_BYTES], const uint8_t *buf, size_t len,
 		      size_t *used, struct store_auth_grant *ret)
 {
@@ -309,20 +406,19 @@ int store_auth_verify(const struct store_auth_keys *k,
 		e = find(k, "", 0);
 	if (!e)
 		return CRUN_EACCES;
-	TRY(mac(&e->secret, LABEL_CLIENT, sizeof(LABEL_CLIENT), nonce_s, nonce_c, job, jl, want));
+	TRY(mac(&e->secret, dom, ROLE_CLIENT, nonce_s, nonce_c, job, jl, want));
 	if (CRYPTO_memcmp(want, mac_c, STORE_AUTH_MAC_BYTES) != 0)
 		return CRUN_EACCES;
 	memcpy(ret->job, job, jl + 1);
 	ret->scoped = e->job[0] != '\0';
 	memcpy(ret->proof, MAGIC, 4);
-	TRY(mac(&e->secret, LABEL_SERVER, sizeof(LABEL_SERVER), nonce_s, nonce_c, job, jl,
-		ret->proof + 4));
+	TRY(mac(&e->secret, dom, ROLE_SERVER, nonce_s, nonce_c, job, jl, ret->proof + 4));
 	*used = need;
 	return 0;
 }
 
-int store_auth_check_proof(const struct store_auth_secret *s, const char *job,
-			   const uint8_t nonce_s[STORE_AUTH_NONCE_BYTES],
+int store_auth_check_proof(enum store_auth_domain dom, const struct store_auth_secret *s,
+			   const char *job, const uint8_t nonce_s[STORE_AUTH_NONCE_BYTES],
 			   const uint8_t nonce_c[STORE_AUTH_NONCE_BYTES], const uint8_t *buf,
 			   size_t len)
 {
@@ -332,7 +428,7 @@ int store_auth_check_proof(const struct store_auth_secret *s, const char *job,
 		return CRUN_EPROTO;
 	if (len < STORE_AUTH_PROOF_BYTES)
 		return CRUN_EAGAIN;
-	TRY(mac(s, LABEL_SERVER, sizeof(LABEL_SERVER), nonce_s, nonce_c, job, strlen(job), want));
+	TRY(mac(s, dom, ROLE_SERVER, nonce_s, nonce_c, job, strlen(job), want));
 	return CRYPTO_memcmp(want, buf + 4, STORE_AUTH_MAC_BYTES) == 0 ? 0 : CRUN_EACCES;
 }
 

@@ -11,6 +11,8 @@
  *   mac_c = HMAC-SHA256(secret, "crun-auth-v1 client\0" nonce_s nonce_c job_len job)
  *   mac_s = HMAC-SHA256(secret, "crun-auth-v1 server\0" nonce_s nonce_c job_len job)
  *
+ * (the worker SDK's mesh: "crun-mesh-v1 ..." instead, enum store_auth_domain)
+ *
  * Both nonces come from RAND_bytes, fresh per connection, so an answer
  * recorded on one connection is worthless on the next (replay); the role
  * label keeps a client's MAC from being reflected back as a server's proof;
@@ -46,6 +48,19 @@
 /* Where crun's c10d rendezvous keeps the keys of run id J: "/crun-c10d/J/". */
 #define STORE_AUTH_JOB_ROOT "/crun-c10d/"
 
+/* Which exchange a MAC belongs to. The store's (client: a crun store client,
+ * server: a store server) and the worker SDK's data mesh (client: the rank
+ * that dials, server: the rank that listens) use the same frames and the
+ * same secret but different labels ("crun-mesh-v1 client"/"server" for the
+ * mesh), so an answer made in one is refused in the other: a mesh rank dials
+ * addresses read from the unauthenticated worker store, and could otherwise
+ * be made to answer a daemon's relayed challenge. */
+enum store_auth_domain {
+	STORE_AUTH_STORE,
+	STORE_AUTH_MESH,
+	STORE_AUTH_DOMAIN__MAX,
+};
+
 #define STORE_AUTH_CHALLENGE_BYTES (4 + 1 + STORE_AUTH_NONCE_BYTES)
 #define STORE_AUTH_ANSWER_MAX \
 	(4 + 1 + STORE_AUTH_JOB_MAX + STORE_AUTH_NONCE_BYTES + STORE_AUTH_MAC_BYTES)
@@ -57,9 +72,14 @@ struct store_auth_secret {
 	size_t len;
 };
 
-/* Reads a secret file. The file must be a regular file not accessible to
- * group or others (like ssh keys), and hold 16..4096 bytes. Returns 0, or
- * CRUN_EACCES / CRUN_EINVAL / -errno with a message naming `path` in err. */
+/* Reads a secret file. As ssh and sshd's StrictModes: the file must be a
+ * regular file (not a link: not followed; a FIFO or device is refused
+ * without waiting on it), owned by the effective user or root, not
+ * accessible to group or others, in a directory owned by the effective user
+ * or root that group and others cannot write to (unless it is sticky, as
+ * /tmp), and hold 16..4096 bytes. Returns 0, or CRUN_EACCES / CRUN_EINVAL /
+ * -errno (-ELOOP for a link) with a message naming `path` (or its directory)
+ * and the reason in err. */
 int store_auth_secret_read(const char *path, struct store_auth_secret *ret, char *err, size_t cap);
 
 /* ---- the server's table of secrets --------------------------------------- */
@@ -74,7 +94,8 @@ void store_auth_keys_free(struct store_auth_keys *k);
 int store_auth_keys_add(struct store_auth_keys *k, const char *job,
 			const struct store_auth_secret *s);
 /* Adds one secret per regular file of `dir`, the file name being the run id
- * (dot files skipped). Every file must pass store_auth_secret_read. Returns
+ * (dot files skipped). `dir` must pass the directory checks and every file
+ * store_auth_secret_read. Returns
  * the number added (>= 1), or a negative code with err (an empty directory is
  * CRUN_EINVAL: a daemon told to authenticate must have a secret). */
 int store_auth_keys_load_dir(struct store_auth_keys *k, const char *dir, char *err, size_t cap);
@@ -93,12 +114,14 @@ void store_auth_encode_challenge(const uint8_t nonce_s[STORE_AUTH_NONCE_BYTES], 
 int store_auth_decode_challenge(const uint8_t *buf, size_t len,
 				uint8_t nonce_s[STORE_AUTH_NONCE_BYTES]);
 
-/* Client: builds the ANSWER to nonce_s for `job` (may be "") into out
- * (STORE_AUTH_ANSWER_MAX bytes), with a fresh nonce_c kept in ret_nonce_c
- * for checking the proof. 0, CRUN_EINVAL (job too long), CRUN_EIO (RNG). */
-int store_auth_answer(const struct store_auth_secret *s, const char *job,
-		      const uint8_t nonce_s[STORE_AUTH_NONCE_BYTES], uint8_t *out, size_t *ret_len,
-		      uint8_t ret_nonce_c[STORE_AUTH_NONCE_BYTES]);
+/* Client: builds the ANSWER of domain dom to nonce_s for `job` (may be "")
+ * into out (STORE_AUTH_ANSWER_MAX bytes), with a fresh nonce_c kept in
+ * ret_nonce_c for checking the proof (dom: the same here, in the two calls
+ * below and on both ends). 0, CRUN_EINVAL (job too long, or dom out of
+ * range), CRUN_EIO (RNG). */
+int store_auth_answer(enum store_auth_domain dom, const struct store_auth_secret *s,
+		      const char *job, const uint8_t nonce_s[STORE_AUTH_NONCE_BYTES], uint8_t *out,
+		      size_t *ret_len, uint8_t ret_nonce_c[STORE_AUTH_NONCE_BYTES]);
 
 /* Server: what a verified answer grants. */
 struct store_auth_grant {
@@ -110,14 +133,14 @@ struct store_auth_grant {
 /* Server: checks an ANSWER to nonce_s against the table. 0 with *used and
  * *ret (send ret->proof), CRUN_EAGAIN on a prefix, CRUN_EPROTO when the bytes
  * are not an answer, CRUN_EACCES for an unknown job or a wrong MAC. */
-int store_auth_verify(const struct store_auth_keys *k,
+int store_auth_verify(enum store_auth_domain dom, const struct store_auth_keys *k,
 		      const uint8_t nonce_s[STORE_AUTH_NONCE_BYTES], const uint8_t *buf, size_t len,
 		      size_t *used, struct store_auth_grant *ret);
 
 /* Client: checks the server's PROOF. 0, CRUN_EAGAIN on a prefix, CRUN_EPROTO
  * (not a proof), CRUN_EACCES (wrong MAC: the server lacks the secret). */
-int store_auth_check_proof(const struct store_auth_secret *s, const char *job,
-			   const uint8_t nonce_s[STORE_AUTH_NONCE_BYTES],
+int store_auth_check_proof(enum store_auth_domain dom, const struct store_auth_secret *s,
+			   const char *job, const uint8_t nonce_s[STORE_AUTH_NONCE_BYTES],
 			   const uint8_t nonce_c[STORE_AUTH_NONCE_BYTES], const uint8_t *buf,
 			   size_t len);
 
@@ -129,19 +152,22 @@ bool store_auth_key_allowed(const struct store_auth_grant *g, const uint8_t *key
 
 struct store_tls_conn;
 
-/* Runs the client half of the exchange on a connected socket fd (through
- * `tls` when not NULL, store/tls.h) until deadline_ms (clock_now_ms()
+/* Runs the client half of the store's exchange (STORE_AUTH_STORE) on a
+ * connected socket fd (through `tls` when not NULL, store/tls.h) until deadline_ms (clock_now_ms()
  * scale). 0, CRUN_EACCES (the server closed on our answer, or its proof is
  * wrong), CRUN_EPROTO (no challenge within 10 s: the server does not
  * authenticate), CRUN_ETIMEDOUT, -errno. err explains. */
 int store_auth_client_run(int fd, struct store_tls_conn *tls, const struct store_auth_secret *s,
 			  const char *job, uint64_t deadline_ms, char *err, size_t cap);
 
-/* Runs the exchange as the server on a connected socket (the worker SDK's
- * data mesh, where both ends are peers): sends a challenge, verifies the
- * answer against a one-entry table of secret `s`, sends the proof. */
-int store_auth_server_run(int fd, const struct store_auth_secret *s, uint64_t deadline_ms,
-			  char *err, size_t cap);
+/* The worker SDK's data mesh, where both ends are peers, in the mesh domain
+ * (STORE_AUTH_MESH) and for run id "". The listening rank: sends a challenge,
+ * verifies the answer against secret `s`, sends the proof. The dialing rank:
+ * store_auth_client_run's half, without TLS. Same returns as that. */
+int store_auth_mesh_server_run(int fd, const struct store_auth_secret *s, uint64_t deadline_ms,
+			       char *err, size_t cap);
+int store_auth_mesh_client_run(int fd, const struct store_auth_secret *s, uint64_t deadline_ms,
+			       char *err, size_t cap);
 
 /* 1 when every address `host` resolves to is a loopback one (127/8, ::1),
  * 0 otherwise - also for NULL, "" (every interface) and unresolvable names.

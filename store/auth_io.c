@@ -1,7 +1,7 @@
 /* auth_io.c: the blocking halves of the auth.h exchange on a connected
  * socket, for the store client (client.c) and the worker SDK's data mesh
- * (worker_sdk/tcp.c). Every read is exact-sized: nothing past the exchange
- * is consumed, so the caller's own protocol starts on a clean stream.
+ * (worker_sdk/tcp.c), each in its own domain (auth.h). Every read is exact-sized: nothing past the
+ * exchange is consumed, so the caller's own protocol starts on a clean stream.
  */
 #include <errno.h>
 #include <limits.h>
@@ -86,8 +86,9 @@ static int recv_exact(int fd, struct store_tls_conn *tls, uint8_t *p, size_t len
 	return 0;
 }
 
-int store_auth_client_run(int fd, struct store_tls_conn *tls, const struct store_auth_secret *s,
-			  const char *job, uint64_t deadline_ms, char *err, size_t cap)
+static int client_run(enum store_auth_domain dom, int fd, struct store_tls_conn *tls,
+		      const struct store_auth_secret *s, const char *job, uint64_t deadline_ms,
+		      char *err, size_t cap)
 {
 	uint8_t ch[STORE_AUTH_CHALLENGE_BYTES], ans[STORE_AUTH_ANSWER_MAX];
 	uint8_t proof[STORE_AUTH_PROOF_BYTES];
@@ -108,7 +109,7 @@ int store_auth_client_run(int fd, struct store_tls_conn *tls, const struct store
 			 crun_strerror(r));
 		return r == CRUN_ETIMEDOUT || r == CRUN_EPROTO ? CRUN_EPROTO : r;
 	}
-	r = store_auth_answer(s, job, nonce_s, ans, &alen, nonce_c);
+	r = store_auth_answer(dom, s, job, nonce_s, ans, &alen, nonce_c);
 	if (r < 0) {
 		snprintf(err, cap, "cannot build the authentication answer: %s", crun_strerror(r));
 		return r;
@@ -127,7 +128,7 @@ int store_auth_client_run(int fd, struct store_tls_conn *tls, const struct store
 		snprintf(err, cap, "authentication: %s", crun_strerror(r));
 		return r;
 	}
-	r = store_auth_check_proof(s, job, nonce_s, nonce_c, proof, sizeof(proof));
+	r = store_auth_check_proof(dom, s, job, nonce_s, nonce_c, proof, sizeof(proof));
 	if (r < 0) {
 		snprintf(err, cap,
 			 "the server failed to prove it knows the secret: not talking "
@@ -137,8 +138,20 @@ int store_auth_client_run(int fd, struct store_tls_conn *tls, const struct store
 	return 0;
 }
 
-int store_auth_server_run(int fd, const struct store_auth_secret *s, uint64_t deadline_ms,
-			  char *err, size_t cap)
+int store_auth_client_run(int fd, struct store_tls_conn *tls, const struct store_auth_secret *s,
+			  const char *job, uint64_t deadline_ms, char *err, size_t cap)
+{
+	return client_run(STORE_AUTH_STORE, fd, tls, s, job, deadline_ms, err, cap);
+}
+
+int store_auth_mesh_client_run(int fd, const struct store_auth_secret *s, uint64_t deadline_ms,
+			       char *err, size_t cap)
+{
+	return client_run(STORE_AUTH_MESH, fd, NULL, s, "", deadline_ms, err, cap);
+}
+
+int store_auth_mesh_server_run(int fd, const struct store_auth_secret *s, uint64_t deadline_ms,
+			       char *err, size_t cap)
 {
 	uint8_t ch[STORE_AUTH_CHALLENGE_BYTES], ans[STORE_AUTH_ANSWER_MAX];
 	uint8_t nonce_s[STORE_AUTH_NONCE_BYTES];
@@ -159,7 +172,7 @@ int store_auth_server_run(int fd, const struct store_auth_secret *s, uint64_t de
 		r = recv_exact(fd, NULL, ans, 5, deadline_ms);
 	if (r == 0) {
 		have = 5;
-		r = store_auth_verify(keys, nonce_s, ans, have, &used, &g);
+		r = store_auth_verify(STORE_AUTH_MESH, keys, nonce_s, ans, have, &used, &g);
 	}
 	if (r == CRUN_EAGAIN) {
 		size_t need = 5 + (size_t)ans[4] + STORE_AUTH_NONCE_BYTES + STORE_AUTH_MAC_BYTES;
@@ -167,7 +180,7 @@ int store_auth_server_run(int fd, const struct store_auth_secret *s, uint64_t de
 		r = need > sizeof(ans) ? CRUN_EPROTO
 				       : recv_exact(fd, NULL, ans + 5, need - 5, deadline_ms);
 		if (r == 0)
-			r = store_auth_verify(keys, nonce_s, ans, need, &used, &g);
+			r = store_auth_verify(STORE_AUTH_MESH, keys, nonce_s, ans, need, &used, &g);
 	}
 	if (r == 0)
 		r = send_exact(fd, NULL, g.proof, sizeof(g.proof), deadline_ms);

@@ -25,10 +25,13 @@ struct op_info {
 	int8_t v2;
 	uint8_t shape;
 	uint8_t reply;
+	uint8_t reach; /* enum store_op_reach: 0 unless it reaches every key */
 };
 
-/* One row per logical op: §1.2's two numberings, §1.3's request layout and
- * reply shape. v2 grew only at the end since 2.1; DELETE_KEY is 8 in both. */
+/* One row per logical op: §1.2's two numberings, §1.3's request layout (which
+ * says where its keys are) and reply shape; the two ops that reach every key
+ * say so (the others: 0, STORE_REACH_ARGS). v2 grew only at the end since
+ * 2.1; DELETE_KEY is 8 in both. */
 static const struct op_info ops[STORE_OP__MAX] = {
     [STORE_OP_VALIDATE] = {"VALIDATE", -1, 0, SH_U32, STORE_REPLY_NONE},
     [STORE_OP_SET] = {"SET", 0, 1, SH_KEY_VAL, STORE_REPLY_NONE},
@@ -37,7 +40,7 @@ static const struct op_info ops[STORE_OP__MAX] = {
     [STORE_OP_ADD] = {"ADD", 3, 4, SH_KEY_I64, STORE_REPLY_I64},
     [STORE_OP_CHECK] = {"CHECK", 4, 5, SH_KEYS, STORE_REPLY_U8},
     [STORE_OP_WAIT] = {"WAIT", 5, 6, SH_KEYS, STORE_REPLY_U8},
-    [STORE_OP_GETNUMKEYS] = {"GETNUMKEYS", 6, 7, SH_NONE, STORE_REPLY_I64},
+    [STORE_OP_GETNUMKEYS] = {"GETNUMKEYS", 6, 7, SH_NONE, STORE_REPLY_I64, STORE_REACH_ALL},
     [STORE_OP_WATCH_KEY] = {"WATCH_KEY", 7, -1, SH_KEY, STORE_REPLY_U8},
     [STORE_OP_DELETE_KEY] = {"DELETE_KEY", 8, 8, SH_KEY, STORE_REPLY_I64},
     [STORE_OP_APPEND] = {"APPEND", -1, 9, SH_KEY_VAL, STORE_REPLY_NONE},
@@ -48,7 +51,8 @@ static const struct op_info ops[STORE_OP__MAX] = {
     [STORE_OP_QUEUE_PUSH] = {"QUEUE_PUSH", -1, 14, SH_KEY_VAL, STORE_REPLY_NONE},
     [STORE_OP_QUEUE_POP] = {"QUEUE_POP", -1, 15, SH_KEY, STORE_REPLY_COUNT_OPT},
     [STORE_OP_QUEUE_LEN] = {"QUEUE_LEN", -1, 16, SH_KEY, STORE_REPLY_I64},
-    [STORE_OP_LIST_KEYS] = {"LIST_KEYS", -1, 17, SH_NONE, STORE_REPLY_COUNT_STRINGS},
+    [STORE_OP_LIST_KEYS] = {"LIST_KEYS", -1, 17, SH_NONE, STORE_REPLY_COUNT_STRINGS,
+			    STORE_REACH_ALL_FILTERED},
     [STORE_OP_BARRIER] = {"BARRIER", -1, 18, SH_KEY_I64, STORE_REPLY_U8},
 };
 
@@ -117,6 +121,40 @@ int store_proto_op_from_code(enum store_dialect d, uint8_t code)
 		if (store_proto_opcode(d, (enum store_op)op) == (int)code)
 			return op;
 	return -1;
+}
+
+enum store_op_reach store_proto_op_reach(enum store_op op)
+{
+	return (unsigned)op < STORE_OP__MAX ? (enum store_op_reach)ops[op].reach : STORE_REACH_ALL;
+}
+
+int store_proto_req_each_key(const struct store_req *q,
+			     int (*fn)(void *arg, const uint8_t *key, size_t len), void *arg)
+{
+	const uint8_t *it = q->items;
+	struct store_bytes k;
+	int r;
+
+	if ((unsigned)q->op >= STORE_OP__MAX)
+		return 0;
+	switch (ops[q->op].shape) {
+	case SH_NONE:
+	case SH_U32:
+		return 0;
+	case SH_KEYS:
+	case SH_PAIRS:
+		for (uint64_t i = 0; i < q->nitems; i++) {
+			store_items_next(&it, &k);
+			r = fn(arg, k.p, k.len);
+			if (r)
+				return r;
+			if (ops[q->op].shape == SH_PAIRS)
+				store_items_next(&it, &k); /* the value */
+		}
+		return 0;
+	default: /* SH_KEY* */
+		return fn(arg, q->key.p, q->key.len);
+	}
 }
 
 const char *store_proto_op_name(enum store_op op)

@@ -5,61 +5,72 @@
 #include "common/common.h"
 #include "store/store_ext.h"
 
+struct ext_op_info {
+	const char *name; /* NULL: no such op */
+	uint8_t version;
+	uint8_t reply_bytes;
+	uint8_t keys; /* enum store_ext_keys */
+};
+
+/* STORE_EXT_OPS as an array indexed by code - 0x80. */
+static const struct ext_op_info ext_ops[0x80] = {
+#define X_(name, code, version, reply, keys) [(code)-0x80] = {#name, version, reply, keys},
+    STORE_EXT_OPS(X_)
+#undef X_
+};
+
+static const struct ext_op_info *ext_op(uint8_t code)
+{
+	return code >= 0x80 && ext_ops[code - 0x80].name ? &ext_ops[code - 0x80] : NULL;
+}
+
 bool store_ext_is_op(uint8_t code)
 {
-	return (code >= STORE_EXT_HELLO && code <= STORE_EXT_WAIT_ANY_GET_WITH) ||
-	       (code >= STORE_EXT_MUX && code <= STORE_EXT_WAIT_TAG_CANCEL);
+	return ext_op(code) != NULL;
 }
 
 uint32_t store_ext_op_version(uint8_t op)
 {
-	if (op >= STORE_EXT_MUX)
-		return STORE_EXT_VERSION_MUX;
-	if (op == STORE_EXT_WAIT_ANY_GET_WITH)
-		return STORE_EXT_VERSION_WITH;
-	if (op >= STORE_EXT_TRY_GET)
-		return STORE_EXT_VERSION_FOLD;
-	if (op == STORE_EXT_WAIT_ANY)
-		return STORE_EXT_VERSION_ANY;
-	return op == STORE_EXT_LEASE_ATTACH ? STORE_EXT_VERSION_ATTACH : 1;
+	return ext_op(op) ? ext_op(op)->version : 1;
 }
 
 const char *store_ext_op_name(uint8_t code)
 {
-	switch (code) {
-	case STORE_EXT_HELLO:
-		return "HELLO";
-	case STORE_EXT_LEASE_GRANT:
-		return "LEASE_GRANT";
-	case STORE_EXT_LEASE_KEEPALIVE:
-		return "LEASE_KEEPALIVE";
-	case STORE_EXT_LEASE_REVOKE:
-		return "LEASE_REVOKE";
-	case STORE_EXT_SET_LEASED:
-		return "SET_LEASED";
-	case STORE_EXT_LEASE_ATTACH:
-		return "LEASE_ATTACH";
-	case STORE_EXT_WAIT_ANY:
-		return "WAIT_ANY";
-	case STORE_EXT_TRY_GET:
-		return "TRY_GET";
-	case STORE_EXT_WAIT_ANY_GET:
-		return "WAIT_ANY_GET";
-	case STORE_EXT_TICKET:
-		return "TICKET";
-	case STORE_EXT_GRANT_SET:
-		return "GRANT_SET";
-	case STORE_EXT_WAIT_ANY_GET_WITH:
-		return "WAIT_ANY_GET_WITH";
-	case STORE_EXT_MUX:
-		return "MUX";
-	case STORE_EXT_WAIT_TAG:
-		return "WAIT_TAG";
-	case STORE_EXT_WAIT_TAG_CANCEL:
-		return "WAIT_TAG_CANCEL";
-	default:
-		return "?";
+	return ext_op(code) ? ext_op(code)->name : "?";
+}
+
+size_t store_ext_reply_size(uint8_t op)
+{
+	return ext_op(op) ? ext_op(op)->reply_bytes : 0;
+}
+
+int store_ext_req_each_key(const struct store_ext_req *q,
+			   int (*fn)(void *arg, const uint8_t *key, size_t len), void *arg)
+{
+	const struct ext_op_info *o = ext_op(q->op);
+	const uint8_t *it = q->items;
+	struct store_bytes k;
+	int r;
+
+	if (!o)
+		return 0;
+	if ((o->keys & STORE_EXT_K_KEY) || ((o->keys & STORE_EXT_K_EXPIRY) && q->key.len)) {
+		r = fn(arg, q->key.p, q->key.len);
+		if (r)
+			return r;
 	}
+	if (o->keys & STORE_EXT_K_KEY2) {
+		r = fn(arg, q->key2.p, q->key2.len);
+		if (r)
+			return r;
+	}
+	for (uint64_t i = 0; (o->keys & STORE_EXT_K_LIST) && i < q->nitems; i++) {
+		store_items_next(&it, &k);
+		r = fn(arg, k.p, k.len);
+		if (r)
+			return r;
+	}
+	return 0;
 }
 
 int store_ext_frame_decode(const uint8_t *buf, size_t len, uint8_t *ret_kind, uint64_t *ret_tag,
@@ -86,31 +97,6 @@ void store_ext_frame_wake(uint8_t *buf, uint64_t tag)
 {
 	buf[0] = STORE_EXT_FRAME_WAKE;
 	store_put_u64(buf + 1, tag);
-}
-
-size_t store_ext_reply_size(uint8_t op)
-{
-	switch (op) {
-	case STORE_EXT_HELLO:
-		return 4;
-	case STORE_EXT_LEASE_GRANT:
-	case STORE_EXT_TICKET:
-	case STORE_EXT_GRANT_SET:
-		return 8;
-	case STORE_EXT_WAIT_ANY:
-	case STORE_EXT_TRY_GET:
-		return 9;
-	case STORE_EXT_WAIT_ANY_GET:
-	case STORE_EXT_WAIT_ANY_GET_WITH:
-		return 17;
-	case STORE_EXT_LEASE_KEEPALIVE:
-	case STORE_EXT_LEASE_REVOKE:
-	case STORE_EXT_SET_LEASED:
-	case STORE_EXT_LEASE_ATTACH:
-		return 1;
-	default:
-		return 0;
-	}
 }
 
 /* A cursor over the input; every read checks the bytes are there. */

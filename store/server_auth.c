@@ -77,7 +77,8 @@ int store_conn_auth_read(struct store_conn *c, const char **ret_why)
 	p = evbuffer_pullup(in, (ev_ssize_t)len);
 	if (!p)
 		return CRUN_ENOMEM;
-	r = store_auth_verify(c->srv->cfg.auth, c->auth->nonce_s, p, len, &used, &c->auth->grant);
+	r = store_auth_verify(STORE_AUTH_STORE, c->srv->cfg.auth, c->auth->nonce_s, p, len, &used,
+			      &c->auth->grant);
 	if (r == CRUN_EAGAIN)
 		return 0;
 	if (r == 0 && len > used) {
@@ -119,36 +120,25 @@ bool store_conn_scoped(const struct store_conn *c)
 	return c->auth && c->auth->grant.scoped;
 }
 
-/* Every key a request names must be in the connection's scope. */
+static int key_refused(void *arg, const uint8_t *key, size_t len)
+{
+	return store_conn_key_visible(arg, key, len) ? 0 : CRUN_EACCES;
+}
+
+/* Every key a request names must be in the connection's scope: which
+ * fields are keys comes from the codec's tables (proto.c, STORE_EXT_OPS),
+ * so an op added there is checked here without a line of its own. */
 int store_conn_auth_check_req(const struct store_conn *c, const struct store_req *q)
 {
-	const uint8_t *it = q->items;
-	struct store_bytes k;
-
 	if (!store_conn_scoped(c))
 		return 0;
-	switch (q->op) {
-	case STORE_OP_VALIDATE:
-	case STORE_OP_PING:
-	case STORE_OP_CANCEL_WAIT:
-	case STORE_OP_LIST_KEYS: /* filtered in server_ops.c */
-		return 0;
-	case STORE_OP_GETNUMKEYS:
+	switch (store_proto_op_reach(q->op)) {
+	case STORE_REACH_ALL_FILTERED:
+		return 0; /* server_ops.c answers with the client's own keys */
+	case STORE_REACH_ALL:
 		return CRUN_EACCES; /* would count other jobs' keys */
-	case STORE_OP_CHECK:
-	case STORE_OP_WAIT:
-	case STORE_OP_MULTI_GET:
-	case STORE_OP_MULTI_SET:
-		for (uint64_t i = 0; i < q->nitems; i++) {
-			store_items_next(&it, &k);
-			if (!store_conn_key_visible(c, k.p, k.len))
-				return CRUN_EACCES;
-			if (q->op == STORE_OP_MULTI_SET)
-				store_items_next(&it, &k); /* the value */
-		}
-		return 0;
 	default:
-		return store_conn_key_visible(c, q->key.p, q->key.len) ? 0 : CRUN_EACCES;
+		return store_proto_req_each_key(q, key_refused, (void *)c);
 	}
 }
 
@@ -163,7 +153,5 @@ int store_conn_auth_check_ext(const struct store_conn *c, const uint8_t *p, size
 	r = store_ext_decode_req(&c->srv->cfg.limits, p, len, &q, &used);
 	if (r < 0)
 		return 0; /* partial or malformed: store_ext_process deals with it */
-	if ((q.op == STORE_EXT_LEASE_GRANT && q.key.len) || q.op == STORE_EXT_SET_LEASED)
-		return store_conn_key_visible(c, q.key.p, q.key.len) ? 0 : CRUN_EACCES;
-	return 0;
+	return store_ext_req_each_key(&q, key_refused, (void *)c);
 }

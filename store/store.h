@@ -72,6 +72,16 @@ int store_proto_op_from_code(enum store_dialect d, uint8_t code);
 /* "SET", "COMPARE_SET", ...; static text. */
 const char *store_proto_op_name(enum store_op op);
 
+/* Which keys an op reaches: those its request names, or every key - as a
+ * count (GETNUMKEYS) or as a list a server can filter (LIST_KEYS). A server
+ * that limits a client to some keys (store/auth.h's job scopes) goes by this. */
+enum store_op_reach {
+	STORE_REACH_ARGS,
+	STORE_REACH_ALL,
+	STORE_REACH_ALL_FILTERED,
+};
+enum store_op_reach store_proto_op_reach(enum store_op op);
+
 /* ---- requests ----------------------------------------------------------- */
 
 /* A byte string on the wire; `p` is borrowed (points into the caller's or the
@@ -147,6 +157,12 @@ int store_proto_decode_req_from(enum store_dialect d, const struct store_limits 
 /* Iterates an `items` list from a decoded request: *it starts at req->items.
  * Each call yields the next string. Only valid on lists the decoder accepted. */
 void store_items_next(const uint8_t **it, struct store_bytes *ret_item);
+
+/* Calls fn(arg, key, len) for every key a decoded request names (its op's
+ * request layout in the table of proto.c); stops at and returns the first
+ * nonzero return of fn, else 0. Pure. */
+int store_proto_req_each_key(const struct store_req *q,
+			     int (*fn)(void *arg, const uint8_t *key, size_t len), void *arg);
 
 /* Encoded size of `req` in dialect `d`, or 0 if the dialect lacks the op. */
 size_t store_proto_req_size(enum store_dialect d, const struct store_req *req);

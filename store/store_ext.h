@@ -145,22 +145,46 @@
 
 #include "store/store.h"
 
+#define STORE_EXT_VERSION_ATTACH 2u /* first version with LEASE_ATTACH */
+#define STORE_EXT_VERSION_ANY	 3u /* first version with WAIT_ANY */
+#define STORE_EXT_VERSION_FOLD	 4u /* first with TRY_GET WAIT_ANY_GET TICKET GRANT_SET */
+#define STORE_EXT_VERSION_MUX	 5u /* first with MUX WAIT_TAG WAIT_TAG_CANCEL */
+#define STORE_EXT_VERSION_WITH	 5u /* first with WAIT_ANY_GET_WITH */
+
+/* Which fields of a request (struct store_ext_req below) name keys. The
+ * server checks each of them against a job-scoped client's run id
+ * (server_auth.c), so every row must say what its op's keys are. */
+enum store_ext_keys {
+	STORE_EXT_K_KEY = 1u << 0,    /* key */
+	STORE_EXT_K_EXPIRY = 1u << 1, /* key, the expiry key: empty means none */
+	STORE_EXT_K_KEY2 = 1u << 2,   /* key2 (TICKET: a prefix of the key it sets) */
+	STORE_EXT_K_LIST = 1u << 3,   /* every key of the list */
+};
+
+/* The one table of extension ops: X(NAME, code, version that introduced it,
+ * reply size (store_ext_reply_size), keys (enum store_ext_keys)). */
+#define STORE_EXT_OPS(X)                                                                     \
+	X(HELLO, 0x80, 1, 4, 0)                                                              \
+	X(LEASE_GRANT, 0x81, 1, 8, STORE_EXT_K_EXPIRY)                                       \
+	X(LEASE_KEEPALIVE, 0x82, 1, 1, 0)                                                    \
+	X(LEASE_REVOKE, 0x83, 1, 1, 0)                                                       \
+	X(SET_LEASED, 0x84, 1, 1, STORE_EXT_K_KEY)                                           \
+	X(LEASE_ATTACH, 0x85, STORE_EXT_VERSION_ATTACH, 1, 0)                                \
+	X(WAIT_ANY, 0x86, STORE_EXT_VERSION_ANY, 9, STORE_EXT_K_LIST)                        \
+	X(TRY_GET, 0x87, STORE_EXT_VERSION_FOLD, 9, STORE_EXT_K_KEY)                         \
+	X(WAIT_ANY_GET, 0x88, STORE_EXT_VERSION_FOLD, 17, STORE_EXT_K_LIST)                  \
+	X(TICKET, 0x89, STORE_EXT_VERSION_FOLD, 8, STORE_EXT_K_KEY | STORE_EXT_K_KEY2)       \
+	X(GRANT_SET, 0x8a, STORE_EXT_VERSION_FOLD, 8, STORE_EXT_K_EXPIRY | STORE_EXT_K_KEY2) \
+	X(WAIT_ANY_GET_WITH, 0x8b, STORE_EXT_VERSION_WITH, 17,                               \
+	  STORE_EXT_K_LIST | STORE_EXT_K_KEY2)                                               \
+	X(MUX, 0x90, STORE_EXT_VERSION_MUX, 0, 0)                                            \
+	X(WAIT_TAG, 0x91, STORE_EXT_VERSION_MUX, 0, STORE_EXT_K_LIST)                        \
+	X(WAIT_TAG_CANCEL, 0x92, STORE_EXT_VERSION_MUX, 0, 0)
+
 enum store_ext_op {
-	STORE_EXT_HELLO = 0x80,
-	STORE_EXT_LEASE_GRANT = 0x81,
-	STORE_EXT_LEASE_KEEPALIVE = 0x82,
-	STORE_EXT_LEASE_REVOKE = 0x83,
-	STORE_EXT_SET_LEASED = 0x84,
-	STORE_EXT_LEASE_ATTACH = 0x85,
-	STORE_EXT_WAIT_ANY = 0x86,
-	STORE_EXT_TRY_GET = 0x87,
-	STORE_EXT_WAIT_ANY_GET = 0x88,
-	STORE_EXT_TICKET = 0x89,
-	STORE_EXT_GRANT_SET = 0x8a,
-	STORE_EXT_WAIT_ANY_GET_WITH = 0x8b,
-	STORE_EXT_MUX = 0x90,
-	STORE_EXT_WAIT_TAG = 0x91,
-	STORE_EXT_WAIT_TAG_CANCEL = 0x92,
+#define STORE_EXT_X_(name, code, version, reply, keys) STORE_EXT_##name = code,
+	STORE_EXT_OPS(STORE_EXT_X_)
+#undef STORE_EXT_X_
 };
 
 /* Frame kinds on a muxed connection (server to client). */
@@ -170,14 +194,9 @@ enum { STORE_EXT_FRAME_REPLY = 0, STORE_EXT_FRAME_WAKE = 1 };
  * distinct key list of its clients). */
 #define STORE_EXT_MUX_MAX_WAITS 4096u
 
-#define STORE_EXT_MAGIC		 0x4352554eu
-#define STORE_EXT_VERSION	 5u
-#define STORE_EXT_VERSION_ATTACH 2u /* first version with LEASE_ATTACH */
-#define STORE_EXT_VERSION_ANY	 3u /* first version with WAIT_ANY */
-#define STORE_EXT_VERSION_FOLD	 4u /* first with TRY_GET WAIT_ANY_GET TICKET GRANT_SET */
-#define STORE_EXT_VERSION_MUX	 5u /* first with MUX WAIT_TAG WAIT_TAG_CANCEL */
-#define STORE_EXT_VERSION_WITH	 5u /* first with WAIT_ANY_GET_WITH */
-#define STORE_EXT_TTL_MAX	 (3600u * 1000)
+#define STORE_EXT_MAGIC	  0x4352554eu
+#define STORE_EXT_VERSION 5u
+#define STORE_EXT_TTL_MAX (3600u * 1000)
 
 enum { STORE_EXT_OK = 0, STORE_EXT_NO_LEASE = 1 };
 
@@ -222,6 +241,11 @@ void store_ext_frame_wake(uint8_t *buf, uint64_t tag);
 size_t store_ext_reply_size(uint8_t op);
 /* The extension version that introduced op (1 .. STORE_EXT_VERSION). */
 uint32_t store_ext_op_version(uint8_t op);
+/* Calls fn(arg, key, len) for every key a decoded request names, as its
+ * op's row of STORE_EXT_OPS says; stops at and returns the first nonzero
+ * return of fn, else 0. Pure. */
+int store_ext_req_each_key(const struct store_ext_req *q,
+			   int (*fn)(void *arg, const uint8_t *key, size_t len), void *arg);
 
 /* ---- server side (lease.c) ---- */
 

@@ -218,8 +218,8 @@ static bool hello_take(struct crun_pg *pg, const struct hello_wait *h,
 	if (h->hello[0] != TCP_MAGIC || r <= (uint32_t)pg->rank || r >= (uint32_t)pg->size ||
 	    pg->peers[r].kind != PEER_TCP || pg->peers[r].fd >= 0)
 		return false; /* a stranger or a duplicate: not one of ours */
-	if (sec &&
-	    store_auth_server_run(h->fd, sec, clock_now_ms() + TCP_AUTH_MS, why, sizeof(why)) < 0) {
+	if (sec && store_auth_mesh_server_run(h->fd, sec, clock_now_ms() + TCP_AUTH_MS, why,
+					      sizeof(why)) < 0) {
 		log_at(LL_DEBUG, SUB_PG, "rank %d: mesh peer claiming rank %u refused: %s",
 		       pg->rank, r, why);
 		return false;
@@ -340,8 +340,8 @@ int pg_tcp_setup(struct crun_pg *pg, crun_store_t *st, const char *ns, const int
 		if (r == 0 && have_sec) {
 			char why[300];
 
-			r = store_auth_client_run(pg->peers[p].fd, NULL, &sec, "", deadline, why,
-						  sizeof(why));
+			r = store_auth_mesh_client_run(pg->peers[p].fd, &sec, deadline, why,
+						       sizeof(why));
 			if (r < 0)
 				log_at(LL_DEBUG, SUB_PG, "rank %d: mesh peer %d: %s", pg->rank, p,
 				       why);

@@ -50,22 +50,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	memcpy(copy, data, size); /* exact-size heap copy: ASan sees overreads */
 	memcpy(nonce, data, size < sizeof(nonce) ? size : sizeof(nonce));
 
-	r = store_auth_verify(table(), nonce, copy, size, &used, &g);
+	r = store_auth_verify(STORE_AUTH_STORE, table(), nonce, copy, size, &used, &g);
 	check_ok(r == 0 || r == CRUN_EAGAIN || r == CRUN_EPROTO || r == CRUN_EACCES);
 	/* Random bytes never carry a valid MAC. */
 	check_ok(r != 0);
 	(void)store_auth_decode_challenge(copy, size, nonce);
-	(void)store_auth_check_proof(&a, "J", nonce, nonce, copy, size);
+	(void)store_auth_check_proof(STORE_AUTH_STORE, &a, "J", nonce, nonce, copy, size);
 	(void)store_auth_key_allowed(&(struct store_auth_grant){.job = "J", .scoped = true}, copy,
 				     size);
 
 	/* A genuine answer to this nonce verifies, and its prefixes ask for more. */
-	if (store_auth_answer(&a, size > 3 ? "J2" : "", nonce, ans, &len, nc) == 0) {
-		check_ok(store_auth_verify(table(), nonce, ans, len, &used, &g) == 0 &&
+	if (store_auth_answer(STORE_AUTH_STORE, &a, size > 3 ? "J2" : "", nonce, ans, &len, nc) ==
+	    0) {
+		check_ok(store_auth_verify(STORE_AUTH_STORE, table(), nonce, ans, len, &used, &g) ==
+			     0 &&
 			 used == len);
 		for (size_t i = 0; i < len; i += 7)
-			check_ok(store_auth_verify(table(), nonce, ans, i, &used, &g) ==
-				 CRUN_EAGAIN);
+			check_ok(store_auth_verify(STORE_AUTH_STORE, table(), nonce, ans, i, &used,
+						   &g) == CRUN_EAGAIN);
 	}
 	free(copy);
 	return 0;

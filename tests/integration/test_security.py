@@ -301,6 +301,52 @@ def test_attack_fails_on_an_authenticated_job(procs, tmp, name, kind):
     assert sorted(int(r["RANK"]) for r in recs) == [0, 1]
 
 
+# Job "other"'s authenticated client against job "victim" through crun's
+# store extension (issue 28 item 1): each op names a victim key in one of
+# its key fields, its other keys are the intruder's own.
+V, O = "/crun-c10d/victim", "/crun-c10d/other"
+EXT_ATTACKS = {
+    "TRY_GET reads the closed round": lambda w: w.try_get(f"{V}/r0/closed"),
+    "WAIT_ANY learns a key exists": lambda w: w.wait_any([f"{O}/x", f"{V}/r0/closed"]),
+    "WAIT_ANY_GET_WITH reads an assignment":
+        lambda w: w.wait_any_get_with([f"{O}/x"], f"{V}/r0/a/1"),
+    "TICKET bumps the round counter": lambda w: w.ticket(f"{V}/round", f"{O}/t", "x"),
+    "TICKET writes under the victim": lambda w: w.ticket(f"{O}/n", f"{V}/closed", "x"),
+    "GRANT_SET writes closed": lambda w: w.grant_set(60000, "", "", f"{V}/closed",
+                                                     "failed: intruder"),
+    "GRANT_SET's expiry writes closed": lambda w: w.grant_set(1, f"{V}/closed",
+                                                              "failed: intruder", f"{O}/y", "v"),
+}
+
+
+def test_other_jobs_client_cannot_reach_a_job_through_the_extension(procs, tmp):
+    d, secs = secrets_dir(tmp, "victim", "other")
+    _, _, port = start_rdzvd(procs, "--auth-secrets-dir", d)
+    out, ps = start_job(procs, tmp, port, "victim", secret=secs["victim"])
+    own = attacker("other-job", port, secs)
+    own.ext_hello()
+    own.set(f"{O}/x", "1")  # the intruder's own key: the waits above wake on it
+    got_through = {}
+    for name, attack in EXT_ATTACKS.items():
+        w = attacker("other-job", port, secs)
+        w.ext_hello()
+        try:
+            got_through[name] = attack(w)
+        except crunwire.Closed:
+            pass
+        w.close()
+    # The intruder's own connection and keys are unaffected.
+    assert own.try_get(f"{O}/x") == b"1"
+    release_workers(out)
+    ends = [finish(p) for p in ps]
+    # Both verdicts at once: what got through, and what it did to the job.
+    assert not got_through and all(rc == 0 for rc, _, _ in ends), \
+        (got_through, [(rc, err[-1500:]) for rc, _, err in ends])
+    recs = records(out)
+    assert {r["TORCHELASTIC_RESTART_COUNT"] for r in recs} == {"0"}
+    assert sorted(int(r["RANK"]) for r in recs) == [0, 1]
+
+
 def test_crun_warns_once_when_serving_an_open_store_beyond_loopback(procs, tmp):
     port = free_port()
     out = tempfile.mkdtemp(dir=tmp)
@@ -498,6 +544,75 @@ def test_crun_rejects_a_bad_secret_or_tls_file_with_exit_2(tmp):
                              env=env, timeout=60)
         assert out.returncode == 2, (extra, out.stderr)
         assert why in out.stderr, out.stderr
+
+
+# Secret files crun must refuse before reading a byte (issue 28 item 8): each
+# case makes a path (a file, or a directory of per-run-id files) that is bad
+# in one way; the message must name the bad file or directory, and why.
+def bad_fifo(tmp, as_dir):
+    d = os.path.join(tmp, "jobs")
+    os.mkdir(d, 0o700)
+    os.mkfifo(os.path.join(d, "victim"), 0o600)  # open() on it waits for a writer
+    return d if as_dir else os.path.join(d, "victim"), os.path.join(d, "victim")
+
+
+def bad_symlink(tmp, as_dir):
+    real = secret_file(os.path.join(tmp, "real"))
+    d = os.path.join(tmp, "jobs")
+    os.mkdir(d, 0o700)
+    os.symlink(real, os.path.join(d, "victim"))
+    return d if as_dir else os.path.join(d, "victim"), os.path.join(d, "victim")
+
+
+def bad_owner(tmp, as_dir):
+    d = os.path.join(tmp, "jobs")
+    os.mkdir(d, 0o700)
+    f = secret_file(os.path.join(d, "victim"))
+    os.chown(f, 65534, 65534)  # nobody's 0600 file: nobody may rewrite it
+    return d if as_dir else f, f
+
+
+def bad_dir(tmp, as_dir):
+    d = os.path.join(tmp, "jobs")
+    os.mkdir(d)
+    f = secret_file(os.path.join(d, "victim"))
+    os.chmod(d, 0o777)  # anyone may swap the file for their own
+    return d if as_dir else f, d
+
+
+BAD_SECRETS = {"fifo": (bad_fifo, "not a regular file"),
+               "symlink": (bad_symlink, "symbolic link"),
+               "other owner": (bad_owner, "owned by uid 65534"),
+               "world-writable dir": (bad_dir, "writable by group or others")}
+
+
+def refuses(argv, env, path, why):
+    """The program exits 2 naming `path` and the reason, at once: a hang (a
+    FIFO opened for reading waits for a writer) is a failure."""
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{argv[0]} did not exit: hung on, or accepted, {path}")
+    assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
+    assert path in out.stderr and why in out.stderr, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SECRETS))
+@pytest.mark.parametrize("prog", ["crun-rdzvd --auth-secret-file", "crun-rdzvd --auth-secrets-dir",
+                                  "crun auth_secret_file"])
+def test_a_bad_secret_path_is_refused_at_once(tmp, prog, case):
+    if case == "other owner" and os.geteuid() != 0:
+        pytest.skip("chown to nobody needs root")
+    make, why = BAD_SECRETS[case]
+    as_dir = prog.endswith("dir")
+    path, named = make(tmp, as_dir)
+    if prog.startswith("crun-rdzvd"):
+        argv = [bin_path("crun-rdzvd"), "--port", "0", prog.split()[1], path]
+    else:
+        argv = [bin_path("crun"), "--nnodes=1", "--nproc_per_node=1", "--rdzv_backend=c10d",
+                f"--rdzv_endpoint=127.0.0.1:{free_port()}", "--rdzv_id=bad",
+                f"--rdzv_conf=auth_secret_file={path}", PY, "-c", "pass"]
+    refuses(argv, crun_env(tmp), named, why)
 
 
 def test_reset_connections_reconnect_with_tls_and_auth(procs, certs, tmp):

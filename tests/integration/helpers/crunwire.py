@@ -108,6 +108,43 @@ class Wire:
             out.append(self.recv_exact(ln).decode(errors="replace"))
         return out
 
+    # crun's store extension (store/store_ext.h), after hello().
+    def ext_hello(self, version=5):
+        self.s.sendall(bytes([0x80]) + struct.pack("<II", 0x4352554E, version))
+        return struct.unpack("<I", self.recv_exact(4))[0]
+
+    def _bytes(self):
+        n = struct.unpack("<Q", self.recv_exact(8))[0]
+        return self.recv_exact(n)
+
+    def try_get(self, key):
+        self.s.sendall(bytes([0x87]) + b(key))
+        found = self.recv_exact(1)[0]
+        return self._bytes() if found else None
+
+    def wait_any(self, keys):
+        self.s.sendall(bytes([0x86]) + struct.pack("<Q", len(keys)) + b"".join(map(b, keys)))
+        self.recv_exact(1)
+        return struct.unpack("<Q", self.recv_exact(8))[0]
+
+    def wait_any_get_with(self, keys, with_key, wait_ms=1000):
+        self.s.sendall(bytes([0x8B]) + struct.pack("<QQQ", 0, wait_ms, len(keys)) +
+                       b"".join(map(b, keys)) + b(with_key))
+        self.recv_exact(1)
+        idx = struct.unpack("<Q", self.recv_exact(8))[0]
+        val = self._bytes()
+        found = self.recv_exact(1)[0]
+        return idx, val, self._bytes() if found else None
+
+    def ticket(self, counter, prefix, val):
+        self.s.sendall(bytes([0x89]) + b(counter) + b(prefix) + b(val))
+        return struct.unpack("<q", self.recv_exact(8))[0]
+
+    def grant_set(self, ttl_ms, expiry_key, expiry_val, key, val):
+        self.s.sendall(bytes([0x8A]) + struct.pack("<Q", ttl_ms) + b(expiry_key) +
+                       b(expiry_val) + b(key) + b(val))
+        return struct.unpack("<Q", self.recv_exact(8))[0]
+
     def closed(self, timeout=10):
         """True when the server has closed the connection (EOF or reset)."""
         self.s.settimeout(timeout)
