@@ -75,14 +75,13 @@ LIBSO := $(BUILD)/lib/libcrun.so.0
 LIBCUDA := $(BUILD)/lib/libcrun-cuda.so.0
 GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/*.c))
 
-comma := ,
 ifeq ($(WITH_CUDA),1)
-  # sm_80 and sm_90 machine code, plus PTX of the newest architecture this
-  # nvcc knows, which the driver JITs on GPUs newer than both.
-  CUDA_ARCH_NEWEST := $(shell $(NVCC) --list-gpu-arch 2>/dev/null | \
-	sed -n 's/^compute_\([0-9]*\)$$/\1/p' | sort -n | tail -1)
+  # sm_80 and sm_90 machine code, plus compute_90 PTX, which the driver JITs
+  # on every GPU at or above 9.0 (B200 is 10.0, consumer Blackwell 12.0).
+  # PTX JITs only upwards: the newest nvcc's (compute_121) would run on
+  # nothing older than 12.1 (issue 27; tests/gpu/fatbin_archs.py checks).
   CUDA_GENCODE := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
-	$(if $(CUDA_ARCH_NEWEST),-gencode arch=compute_$(CUDA_ARCH_NEWEST)$(comma)code=compute_$(CUDA_ARCH_NEWEST))
+	-gencode arch=compute_90,code=compute_90
   NVCCFLAGS ?= -O3 -lineinfo
   CUDA_OBJS := $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CU_SRCS)) \
 	$(patsubst %.c,$(BUILD)/obj-cuda/%.o,$(GPU_C_SRCS))
@@ -251,7 +250,8 @@ gpu-test:
 	$(Q)sh tests/gpu/run.sh $(BUILD)
 
 # What `make test` runs: the GPU correctness tests without the benchmarks;
-# on a host without a device they report "skipped: no CUDA device".
+# on a host without a device they report "skipped: <why>" (a failure where
+# nvidia-smi lists a GPU).
 gpu-check: all
 ifeq ($(WITH_CUDA),1)
 	$(Q)GPU_QUICK=1 sh tests/gpu/run.sh $(BUILD)

@@ -1,6 +1,7 @@
 /* gpu_test.h: what the GPU test programs share: the check macro, the skip
- * convention (exit 77 after "skipped: no CUDA device"; tests/gpu/run.sh
- * counts it as skipped, never as passed), a clock, and the results table
+ * convention (exit 77 after "skipped: <why>", why being the dlerror or
+ * CUDA text; tests/gpu/run.sh counts it as skipped where nvidia-smi lists no
+ * GPU, as failed where it lists one, never as passed), a clock, and the results table
  * that run.sh collects into $OUT. Header-only: each program is one file.
  */
 #ifndef CRUN_TESTS_GPU_TEST_H
@@ -40,7 +41,7 @@ static inline double gt_now_s(void)
 
 static inline int gt_skip(const char *why)
 {
-	printf("skipped: no CUDA device (%s)\n", why);
+	printf("skipped: %s\n", why);
 	return GPU_SKIP;
 }
 
