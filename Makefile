@@ -74,6 +74,8 @@ LIBA := $(BUILD)/lib/libcrun.a
 LIBSO := $(BUILD)/lib/libcrun.so.0
 LIBCUDA := $(BUILD)/lib/libcrun-cuda.so.0
 GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/*.c))
+# Host-only programs built by nvcc: the kernels' arithmetic checked without a GPU.
+GPU_HOST_TESTS := $(patsubst tests/gpu/%.cu,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/*.cu))
 
 ifeq ($(WITH_CUDA),1)
   # sm_80 and sm_90 machine code, plus compute_90 PTX, which the driver JITs
@@ -85,7 +87,7 @@ ifeq ($(WITH_CUDA),1)
   NVCCFLAGS ?= -O3 -lineinfo
   CUDA_OBJS := $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CU_SRCS)) \
 	$(patsubst %.c,$(BUILD)/obj-cuda/%.o,$(GPU_C_SRCS))
-  CUDA_TARGETS := $(LIBCUDA) $(GPU_TESTS)
+  CUDA_TARGETS := $(LIBCUDA) $(GPU_TESTS) $(GPU_HOST_TESTS)
 else
   CUDA_TARGETS :=
 endif
@@ -120,7 +122,7 @@ $(BUILD)/obj/%.o: %.c $(BUILD)/config.mk
 
 # -Xptxas -v: registers, spills and shared memory per kernel in the .ptxas
 # file next to the object (read it after touching a kernel).
-$(BUILD)/obj/%.cu.o: %.cu kernels/cuda_int.h kernels/kernels.h
+$(BUILD)/obj/%.cu.o: %.cu kernels/cuda_int.h kernels/kernels.h kernels/reduce_int.cuh
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  NVCC    $<")
 	$(Q)$(NVCC) $(NVCCFLAGS) -std=c++17 -I. -Iinclude -Xcompiler -fPIC,-fvisibility=hidden \
@@ -146,6 +148,11 @@ $(BUILD)/tests/gpu/%: tests/gpu/%.c $(LIBA) $(BUILD)/config.mk
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(CUDA_CFLAGS) $(SANFLAGS) -Wno-missing-prototypes -Itests -o $@ $< $(LIBA) $(LIBS) \
 		-L$(CUDA_HOME)/lib64 -lcudart -lcublas -lnccl -Wl,-rpath,$(CUDA_HOME)/lib64
+
+$(BUILD)/tests/gpu/%: tests/gpu/%.cu kernels/reduce_int.cuh $(LIBA) $(BUILD)/config.mk
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  NVCC    $< (host)")
+	$(Q)$(NVCC) -std=c++17 -O2 -I. -Iinclude -o $@ $< $(LIBA) $(LIBS) -lpthread
 
 $(LIBA): $(LIB_OBJS)
 	@mkdir -p $(@D)

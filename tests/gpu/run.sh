@@ -5,6 +5,7 @@
 # and the GPU benchmarks beside their baselines (cuBLAS, a raw NCCL loop):
 #   fatbin_archs   (CPU) the GPU object carries sm_80/sm_90 code and the
 #                  compute_90 PTX that newer GPUs JIT
+#   host_div       (CPU) the GPU AVG's integer division vs the CPU path
 #   gpu_kernels    SGEMM / tensor-core GEMM over many shapes, every
 #                  dtype x op of the reductions, the IPC all_reduce kernel, all
 #                  against CPU references; then GEMM vs cuBLAS
@@ -133,6 +134,8 @@ if [ -n "$PY" ] && [ -e "$B/lib/libcrun-cuda.so.0" ]; then
 	step fatbin_archs 10 "$PY" tests/gpu/fatbin_archs.py "$B/lib/libcrun-cuda.so.0" \
 		elf80 elf90 ptx90
 fi
+# (CPU) the GPU AVG division against the CPU path.
+[ -x "$B/tests/gpu/host_div" ] && step host_div 10 "$B/tests/gpu/host_div"
 # The CPU model of the GEMM index math where some python has numpy.
 for py in python3 "$HOME/.cache/crun/venv-torch2/bin/python"; do
 	if "$py" -c 'import numpy' >/dev/null 2>&1; then

@@ -4,6 +4,7 @@ GPU (issue 27).
 - The object carries sm_80 and sm_90 machine code and compute_90 PTX, which
   the driver JITs on any newer GPU (B200 is 10.0); before, the only PTX was
   the newest nvcc knows (compute_121), which JITs on nothing older than it.
+- The GPU's integer AVG divides in int64, as the CPU path does.
 - run.sh counts a program's "skipped" as a skip only where no GPU is listed:
   with a (fake) nvidia-smi listing one, a skip is a failure, and the reason
   printed is the real load or CUDA error. Before, it said "skipped: no CUDA
@@ -34,6 +35,16 @@ def test_gpu_object_carries_sass_and_portable_ptx():
                           GPU_OBJECT, "elf80", "elf90", "ptx90"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_gpu_integer_avg_divides_like_the_cpu_path():
+    """tests/gpu/host_div runs div_kernel's element arithmetic on the host:
+    before, i8 over 128 ranks divided by -128 and u8 over 256 by zero."""
+    need_gpu_object()
+    out = subprocess.run([os.path.join(BUILD, "tests", "gpu", "host_div")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert re.search(r"host_div: \d+ checks, 0 disagreements", out.stdout), out.stdout
 
 
 def fake_nvidia_smi(tmp_path, listing):
