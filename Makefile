@@ -85,8 +85,9 @@ ifeq ($(WITH_CUDA),1)
   CUDA_GENCODE := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
 	-gencode arch=compute_90,code=compute_90
   NVCCFLAGS ?= -O3 -lineinfo
+  # kernels/device.c is pure C that both libcrun and the GPU object carry.
   CUDA_OBJS := $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CU_SRCS)) \
-	$(patsubst %.c,$(BUILD)/obj-cuda/%.o,$(GPU_C_SRCS))
+	$(patsubst %.c,$(BUILD)/obj-cuda/%.o,$(GPU_C_SRCS) kernels/device.c)
   CUDA_TARGETS := $(LIBCUDA) $(GPU_TESTS) $(GPU_HOST_TESTS)
 else
   CUDA_TARGETS :=

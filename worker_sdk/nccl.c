@@ -1,6 +1,7 @@
 /* nccl.c: the nccl backend (struct pg_backend), compiled only into
  * libcrun-cuda.so.0. One communicator and one CUDA stream per group on the
- * device LOCAL_RANK of the visible ones; the unique id goes through the
+ * device kernels_pick_device() names (LOCAL_RANK, or LOCAL_RANK % visible
+ * where CUDA_VISIBLE_DEVICES is narrowed per rank); the unique id goes through the
  * worker store (rank 0 makes it). Communicators are non-blocking, and every
  * wait is a poll of the stream's event and ncclCommGetAsyncError, so a
  * timeout or crun_pg_abort() (-> ncclCommAbort) ends a collective that
@@ -10,6 +11,7 @@
  * written for the cpu backend.
  */
 #include <sched.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -683,17 +685,29 @@ static int share_id(const struct pg_backend_args *a, struct nccl_ctx *c, ncclUni
 	return len == sizeof(*id) ? 0 : fail(c, CRUN_EPROTO, "NCCL id of %zu bytes", len);
 }
 
+/* LOCAL_WORLD_SIZE from a core that passes it; else (an explicit init that
+ * left it 0) as if this rank were the last one, which keeps LOCAL_RANK
+ * where it is visible. */
+static int local_world_of(const struct pg_backend_args *a)
+{
+	size_t end = offsetof(struct pg_backend_args, local_world_size) + sizeof(int);
+
+	if (a->struct_size >= end && a->local_world_size > 0)
+		return a->local_world_size;
+	return a->local_rank + 1;
+}
+
 static int open_device(const struct pg_backend_args *a, struct nccl_ctx *c)
 {
-	int n = 0;
+	int n = 0, lws = local_world_of(a);
 	cudaError_t e = cudaGetDeviceCount(&n);
 
 	if (e != cudaSuccess)
 		return cfail(c, e, "cudaGetDeviceCount");
-	if (a->local_rank < 0 || a->local_rank >= n)
-		return fail(c, CRUN_ENOTSUP, "LOCAL_RANK %d but %d visible CUDA device(s)",
-			    a->local_rank, n);
-	c->device = a->local_rank;
+	if (kernels_pick_device(a->local_rank, lws, n, &c->device) < 0)
+		return fail(c, CRUN_ENOTSUP,
+			    "LOCAL_RANK %d of LOCAL_WORLD_SIZE %d but %d visible CUDA device(s)",
+			    a->local_rank, lws, n);
 	e = cudaSetDevice(c->device);
 	if (e == cudaSuccess)
 		e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);

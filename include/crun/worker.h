@@ -69,7 +69,7 @@ typedef struct crun_init_opts {
 	int rank;
 	int world_size;
 	int local_rank;		 /* informational */
-	int local_world_size;	 /* informational */
+	int local_world_size;	 /* with local_rank, picks the nccl device */
 	const char *master_addr; /* worker store host; borrowed, copied */
 	uint16_t master_port;
 	int restart_count;   /* TORCHELASTIC_RESTART_COUNT */
@@ -130,7 +130,9 @@ CRUN_API crun_store_t *crun_worker_store(void);
  * backend: "cpu", "nccl" or "auto"; NULL = "auto".
  *   cpu:  shared memory between ranks on one host, TCP otherwise
  *         (CRUN_PG_TRANSPORT=tcp|shm|auto overrides).
- *   nccl: NCCL on the GPU LOCAL_RANK of the visible ones, from the
+ *   nccl: NCCL on the GPU LOCAL_RANK of the visible ones (LOCAL_RANK %
+ *         visible where a rank sees fewer GPUs than LOCAL_WORLD_SIZE: one
+ *         GPU per rank through CUDA_VISIBLE_DEVICES), from the
  *         separately loaded libcrun-cuda.so.0 (libcrun itself never links
  *         CUDA). Buffers may be device memory (used in place) or host memory
  *         (staged through the device). Between ranks on one host, all_reduce
