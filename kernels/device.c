@@ -13,8 +13,7 @@
  * device visible to every rank it stays LOCAL_RANK. */
 int kernels_pick_device(int local_rank, int local_world_size, int visible, int *ret_dev)
 {
-	if (visible < 1 || local_rank < 0 || local_world_size < 1 ||
-	    local_rank >= local_world_size)
+	if (visible < 1 || local_rank < 0 || local_world_size < 1 || local_rank >= local_world_size)
 		return CRUN_ENOTSUP;
 	if (visible < local_world_size) {
 		*ret_dev = local_rank % visible;

@@ -135,8 +135,12 @@ CRUN_API crun_store_t *crun_worker_store(void);
  *         GPU per rank through CUDA_VISIBLE_DEVICES), from the
  *         separately loaded libcrun-cuda.so.0 (libcrun itself never links
  *         CUDA). Buffers may be device memory (used in place) or host memory
- *         (staged through the device). Between ranks on one host, all_reduce
- *         up to CRUN_NCCL_IPC_MAX_BYTES (8 MiB; 0 = off) runs over CUDA IPC
+ *         (staged through the device). Collectives are ordered after the
+ *         work already queued on the default stream (and every blocking
+ *         stream of the device), as PyTorch orders them after the current
+ *         stream; finish work on cudaStreamNonBlocking streams first.
+ *         Between ranks on one host, all_reduce up to
+ *         CRUN_NCCL_IPC_MAX_BYTES (8 MiB; 0 = off) runs over CUDA IPC
  *         (one-shot up to CRUN_NCCL_IPC_ONESHOT_BYTES, 256 KiB, then
  *         two-shot). CRUN_ENOTSUP when the object, CUDA, NCCL or a device is
  *         missing; crun_pg_last_error(NULL) names what.
@@ -157,8 +161,12 @@ CRUN_API int crun_pg_size(const crun_pg_t *pg);
 /* Default timeout of later operations on pg (0 = wait forever). */
 CRUN_API void crun_pg_set_timeout(crun_pg_t *pg, uint32_t timeout_ms);
 
-/* Any thread: fails in-flight and later work on pg with CRUN_ECANCELED, and
- * makes the peers' work fail with CRUN_EPEER instead of hanging. */
+/* Any thread: fails in-flight and later work on pg with CRUN_ECANCELED.
+ * cpu groups: the peers' work fails with CRUN_EPEER instead of hanging.
+ * nccl groups: the abort is local (ncclCommAbort); a peer's work ends with
+ * CRUN_EPEER only where NCCL notices the lost connection, else at the
+ * peer's own timeout (crun_pg_set_timeout; 0 waits forever), so give nccl
+ * groups a timeout where a rank may abort. */
 CRUN_API int crun_pg_abort(crun_pg_t *pg);
 
 /* Detail of the last failure on pg. Never NULL. pg == NULL: why the last

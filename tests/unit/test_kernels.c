@@ -340,17 +340,17 @@ END_TEST
 
 /* {local_rank, local_world_size, visible, want device or CRUN_ENOTSUP}. */
 static const int device_cases[][4] = {
-	{0, 8, 8, 0},		 /* one GPU per rank, all visible */
-	{7, 8, 8, 7},
-	{3, 4, 8, 3},		 /* more GPUs than ranks */
-	{0, 8, 1, 0},		 /* CUDA_VISIBLE_DEVICES narrowed to one per rank */
-	{5, 8, 1, 0},
-	{7, 8, 1, 0},
-	{5, 8, 4, 1},		 /* two ranks per GPU: LOCAL_RANK % visible */
-	{3, 8, 2, 1},
-	{0, 1, 0, CRUN_ENOTSUP}, /* nothing visible */
-	{4, 4, 4, CRUN_ENOTSUP}, /* LOCAL_RANK outside LOCAL_WORLD_SIZE */
-	{-1, 4, 4, CRUN_ENOTSUP},
+    {0, 8, 8, 0}, /* one GPU per rank, all visible */
+    {7, 8, 8, 7},
+    {3, 4, 8, 3}, /* more GPUs than ranks */
+    {0, 8, 1, 0}, /* CUDA_VISIBLE_DEVICES narrowed to one per rank */
+    {5, 8, 1, 0},
+    {7, 8, 1, 0},
+    {5, 8, 4, 1}, /* two ranks per GPU: LOCAL_RANK % visible */
+    {3, 8, 2, 1},
+    {0, 1, 0, CRUN_ENOTSUP}, /* nothing visible */
+    {4, 4, 4, CRUN_ENOTSUP}, /* LOCAL_RANK outside LOCAL_WORLD_SIZE */
+    {-1, 4, 4, CRUN_ENOTSUP},
 };
 
 START_TEST(device_is_local_rank_modulo_what_a_narrowed_rank_sees)
