@@ -7,10 +7,12 @@
 #ifndef CRUN_TESTS_GPU_TEST_H
 #define CRUN_TESTS_GPU_TEST_H
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 
 #include "crun/worker.h"
@@ -43,6 +45,20 @@ static inline int gt_skip(const char *why)
 {
 	printf("skipped: %s\n", why);
 	return GPU_SKIP;
+}
+
+/* Waits for a forked rank and counts it under skips (exit 77) or fails
+ * (anything but exit 0). */
+static inline void gt_reap(pid_t pid, int *skips, int *fails)
+{
+	int st = 0;
+
+	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+		;
+	if (WIFEXITED(st) && WEXITSTATUS(st) == GPU_SKIP)
+		(*skips)++;
+	else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+		(*fails)++;
 }
 
 /* One row of the results table: printed, and appended to

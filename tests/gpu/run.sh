@@ -6,21 +6,27 @@
 #   fatbin_archs   (CPU) the GPU object carries sm_80/sm_90 code and the
 #                  compute_90 PTX that newer GPUs JIT
 #   host_div       (CPU) the GPU AVG's integer division vs the CPU path
-#   gpu_kernels    SGEMM / tensor-core GEMM over many shapes, every
-#                  dtype x op of the reductions, the IPC all_reduce kernel, all
+#   gpu_kernels    SGEMM / tensor-core GEMM over many shapes (partial
+#                  vectors too), every dtype x op of the reductions, integer
+#                  AVG over up to 1000 ranks, the IPC all_reduce kernel, all
 #                  against CPU references; then GEMM vs cuBLAS
 #   gpu_nccl       the nccl backend with one rank per GPU (one rank where
 #                  there is one GPU): every collective, host and device
-#                  buffers, async, abort, IPC thresholds; then the
-#                  benchmarks
+#                  buffers, async, abort, IPC thresholds, all_reduce of a
+#                  GEMM's output still being written on the default stream;
+#                  then the benchmarks
+#   gpu_ipc_procs  the IPC all_reduce kernel between 2 processes on GPU 0
+#   gpu_nccl_narrow  (2+ GPUs) each rank sees only its own GPU
+#                  (CUDA_VISIBLE_DEVICES=<rank>): device LOCAL_RANK % visible
 #   dist_matmul    --backend nccl --gemm gpu, one rank per GPU, through crun
 #   fragments_sim  (CPU, where numpy is) a model of the GEMM index math
 # A program that finds no usable device prints "skipped: <why>" (the
 # dlerror or CUDA text) and exits 77: a skip where nvidia-smi lists no GPU,
 # a FAILURE where it lists one (a GPU that cannot be used is news). Never
 # counted as passed.
-# Bounded: the steps' timeouts add up to under 4 minutes (GPU_BUDGET_S, 230)
-# besides the build, and each step gets at most what is left of that. The
+# Bounded: the steps' timeouts add up to 215 s (GPU_BUDGET_S), each step
+# gets at most what is left of that and 2 s to die after its TERM, so the
+# suite ends within 4 minutes besides the build (GPU_NO_BUILD=1: none). The
 # last line is the one verdict: "gpu suite: verdict: PASSED|FAILED|SKIPPED".
 # With $OUT set, the results table goes to $OUT/gpu-results.md, the logs
 # next to it. GPU_QUICK=1 leaves the benchmarks out (what `make test` runs).
@@ -28,7 +34,7 @@ set -u
 B=${1:-${BUILD:-build}}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-BUDGET=${GPU_BUDGET_S:-230}
+BUDGET=${GPU_BUDGET_S:-215}
 cd "$ROOT" || exit 1
 RES_DIR=${OUT:-$B/tests/gpu}
 mkdir -p "$RES_DIR" "$B/tests/gpu"
@@ -94,7 +100,7 @@ step() {
 		echo "not run: the suite's ${BUDGET} s budget is spent" >"$RES_DIR/$name.log"
 		rc=124
 	else
-		timeout -k 5 "$tmo" "$@" >"$RES_DIR/$name.log" 2>&1
+		timeout -k 2 "$tmo" "$@" >"$RES_DIR/$name.log" 2>&1
 		rc=$?
 	fi
 	why=$(grep -m1 '^skipped: ' "$RES_DIR/$name.log" | sed 's/^skipped: //')
@@ -131,26 +137,31 @@ for py in python3 "$HOME/.cache/crun/venv-torch2/bin/python"; do
 	command -v "$py" >/dev/null 2>&1 && { PY=$py; break; }
 done
 if [ -n "$PY" ] && [ -e "$B/lib/libcrun-cuda.so.0" ]; then
-	step fatbin_archs 10 "$PY" tests/gpu/fatbin_archs.py "$B/lib/libcrun-cuda.so.0" \
+	step fatbin_archs 5 "$PY" tests/gpu/fatbin_archs.py "$B/lib/libcrun-cuda.so.0" \
 		elf80 elf90 ptx90
 fi
 # (CPU) the GPU AVG division against the CPU path.
-[ -x "$B/tests/gpu/host_div" ] && step host_div 10 "$B/tests/gpu/host_div"
+[ -x "$B/tests/gpu/host_div" ] && step host_div 5 "$B/tests/gpu/host_div"
 # The CPU model of the GEMM index math where some python has numpy.
 for py in python3 "$HOME/.cache/crun/venv-torch2/bin/python"; do
 	if "$py" -c 'import numpy' >/dev/null 2>&1; then
-		step fragments_sim 20 "$py" tests/gpu/fragments_sim.py
+		step fragments_sim 15 "$py" tests/gpu/fragments_sim.py
 		break
 	fi
 done
 # GPU_QUICK=1 (make test): correctness only, no benchmarks.
 NOBENCH=
 [ "${GPU_QUICK:-0}" = 1 ] && NOBENCH=--no-bench
-step gpu_kernels 80 "$B/tests/gpu/gpu_kernels" $NOBENCH
-step gpu_nccl 60 "$B/tests/gpu/gpu_nccl" --nranks "$NGPU" --port $((20000 + $$ % 20000)) \
+step gpu_kernels 70 "$B/tests/gpu/gpu_kernels" $NOBENCH
+step gpu_nccl 55 "$B/tests/gpu/gpu_nccl" --nranks "$NGPU" --port $((20000 + $$ % 20000)) \
 	$NOBENCH
-if [ $skip -eq 0 ] && [ $fail -eq 0 ]; then
-	step dist_matmul 40 "$B/bin/crun" --nproc_per_node "$NGPU" \
+if [ $skip -eq 0 ]; then
+	step gpu_ipc_procs 15 "$B/tests/gpu/gpu_kernels" --ipc-procs
+	# One visible GPU per rank (CUDA_VISIBLE_DEVICES=<rank>): only where
+	# there are several, else it is the gpu_nccl run again.
+	[ "$LISTED" -ge 2 ] && step gpu_nccl_narrow 20 "$B/tests/gpu/gpu_nccl" --narrow \
+		--nranks "$NGPU" --no-bench --port $((20000 + ($$ + 3) % 20000))
+	step dist_matmul 30 "$B/bin/crun" --nproc_per_node "$NGPU" \
 		--master_port $((20000 + ($$ + 7) % 20000)) --no_python \
 		"$B/examples/dist_matmul" --backend nccl --gemm gpu 2048
 fi
