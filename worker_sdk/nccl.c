@@ -1,14 +1,16 @@
 /* nccl.c: the nccl backend (struct pg_backend), compiled only into
  * libcrun-cuda.so.0. One communicator and one CUDA stream per group on the
  * device kernels_pick_device() names (LOCAL_RANK, or LOCAL_RANK % visible
- * where CUDA_VISIBLE_DEVICES is narrowed per rank); the unique id goes through the
- * worker store (rank 0 makes it). Communicators are non-blocking, and every
- * wait is a poll of the stream's event and ncclCommGetAsyncError, so a
- * timeout or crun_pg_abort() (-> ncclCommAbort) ends a collective that
- * hangs on a dead peer: CRUN_EPEER / CRUN_ETIMEDOUT / CRUN_ECANCELED as on
- * the cpu backend. Buffers may be device memory (used in place) or host
- * memory (staged through device scratch), so "auto" is safe for programs
- * written for the cpu backend.
+ * where CUDA_VISIBLE_DEVICES is narrowed per rank); the unique id goes
+ * through the worker store (rank 0 makes it). Communicators are
+ * non-blocking, and every wait is a poll of the stream's event and
+ * ncclCommGetAsyncError, so a timeout or crun_pg_abort() (->
+ * ncclCommAbort) ends a collective that hangs on a dead peer: CRUN_EPEER /
+ * CRUN_ETIMEDOUT / CRUN_ECANCELED as on the cpu backend (the abort itself
+ * is local: peers learn of it only if NCCL does, see worker.h). Buffers
+ * may be device memory (used in place) or host memory (staged through
+ * device scratch), so "auto" is safe for programs written for the cpu
+ * backend.
  */
 #include <sched.h>
 #include <stddef.h>
