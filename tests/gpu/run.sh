@@ -62,6 +62,12 @@ export LD_LIBRARY_PATH="$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 # GPU_QUICK=1 comes from `make gpu-check`, which has built $B already (with
 # its own SAN setting, which a second make here must not undo).
+# No nvcc here but a carried build with the GPU object: use it as it is.
+if [ "${GPU_NO_BUILD:-0}" != 1 ] && [ -e "$B/lib/libcrun-cuda.so.0" ] &&
+	! command -v nvcc >/dev/null 2>&1 && [ ! -x "$CUDA_HOME/bin/nvcc" ]; then
+	echo "gpu suite: no nvcc: running the build under $B as it is"
+	GPU_NO_BUILD=1
+fi
 if [ "${GPU_QUICK:-0}" != 1 ] && [ "${GPU_NO_BUILD:-0}" != 1 ]; then
 	echo "gpu suite: building (WITH_CUDA=1) under $B"
 	b0=$(date +%s)
