@@ -74,7 +74,9 @@ LIBA := $(BUILD)/lib/libcrun.a
 LIBSO := $(BUILD)/lib/libcrun.so.0
 LIBCUDA := $(BUILD)/lib/libcrun-cuda.so.0
 GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/*.c))
-# Host-only programs built by nvcc: the kernels' arithmetic checked without a GPU.
+# Host-only programs compiled by nvcc: the kernels' arithmetic checked without
+# a GPU. Linked by $(CC) (nvcc would split SANFLAGS at its commas), with the
+# static cudart its fatbin registration needs, so nothing is looked up at run time.
 GPU_HOST_TESTS := $(patsubst tests/gpu/%.cu,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/*.cu))
 
 ifeq ($(WITH_CUDA),1)
@@ -153,7 +155,9 @@ $(BUILD)/tests/gpu/%: tests/gpu/%.c $(LIBA) $(BUILD)/config.mk
 $(BUILD)/tests/gpu/%: tests/gpu/%.cu kernels/reduce_int.cuh $(LIBA) $(BUILD)/config.mk
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  NVCC    $< (host)")
-	$(Q)$(NVCC) -std=c++17 -O2 -I. -Iinclude -o $@ $< $(LIBA) $(LIBS) -lpthread
+	$(Q)$(NVCC) -std=c++17 -O2 -I. -Iinclude -c $< -o $@.o
+	$(Q)$(CC) $(BASE_LDFLAGS) -o $@ $@.o $(LIBA) $(LIBS) -L$(CUDA_HOME)/lib64 -lcudart_static \
+		-lrt -lstdc++
 
 $(LIBA): $(LIB_OBJS)
 	@mkdir -p $(@D)
