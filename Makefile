@@ -76,19 +76,23 @@ LIBINT := $(BUILD)/lib/libcrun-internal.a
 LIBSO := $(BUILD)/lib/libcrun.so.0
 LIBCUDA := $(BUILD)/lib/libcrun-cuda.so.0
 GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/*.c))
+# Host-only programs compiled by nvcc: the kernels' arithmetic checked without
+# a GPU. Linked by $(CC) (nvcc would split SANFLAGS at its commas), with the
+# static cudart its fatbin registration needs, so nothing is looked up at run time.
+GPU_HOST_TESTS := $(patsubst tests/gpu/%.cu,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/*.cu))
 
-comma := ,
 ifeq ($(WITH_CUDA),1)
-  # sm_80 and sm_90 machine code, plus PTX of the newest architecture this
-  # nvcc knows, which the driver JITs on GPUs newer than both.
-  CUDA_ARCH_NEWEST := $(shell $(NVCC) --list-gpu-arch 2>/dev/null | \
-	sed -n 's/^compute_\([0-9]*\)$$/\1/p' | sort -n | tail -1)
+  # sm_80 and sm_90 machine code, plus compute_90 PTX, which the driver JITs
+  # on every GPU at or above 9.0 (B200 is 10.0, consumer Blackwell 12.0).
+  # PTX JITs only upwards: the newest nvcc's (compute_121) would run on
+  # nothing older than 12.1 (issue 27; tests/gpu/fatbin_archs.py checks).
   CUDA_GENCODE := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
-	$(if $(CUDA_ARCH_NEWEST),-gencode arch=compute_$(CUDA_ARCH_NEWEST)$(comma)code=compute_$(CUDA_ARCH_NEWEST))
+	-gencode arch=compute_90,code=compute_90
   NVCCFLAGS ?= -O3 -lineinfo
+  # kernels/device.c is pure C that both libcrun and the GPU object carry.
   CUDA_OBJS := $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CU_SRCS)) \
-	$(patsubst %.c,$(BUILD)/obj-cuda/%.o,$(GPU_C_SRCS))
-  CUDA_TARGETS := $(LIBCUDA) $(GPU_TESTS)
+	$(patsubst %.c,$(BUILD)/obj-cuda/%.o,$(GPU_C_SRCS) kernels/device.c)
+  CUDA_TARGETS := $(LIBCUDA) $(GPU_TESTS) $(GPU_HOST_TESTS)
 else
   CUDA_TARGETS :=
 endif
@@ -125,7 +129,7 @@ $(BUILD)/obj/%.o: %.c $(BUILD)/config.mk
 
 # -Xptxas -v: registers, spills and shared memory per kernel in the .ptxas
 # file next to the object (read it after touching a kernel).
-$(BUILD)/obj/%.cu.o: %.cu kernels/cuda_int.h kernels/kernels.h
+$(BUILD)/obj/%.cu.o: %.cu kernels/cuda_int.h kernels/kernels.h kernels/reduce_int.cuh
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  NVCC    $<")
 	$(Q)$(NVCC) $(NVCCFLAGS) -std=c++17 -I. -Iinclude -Xcompiler -fPIC,-fvisibility=hidden \
@@ -151,6 +155,13 @@ $(BUILD)/tests/gpu/%: tests/gpu/%.c $(LIBINT) $(BUILD)/config.mk
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(CUDA_CFLAGS) $(SANFLAGS) -Wno-missing-prototypes -Itests -o $@ $< $(LIBINT) $(LIBS) \
 		-L$(CUDA_HOME)/lib64 -lcudart -lcublas -lnccl -Wl,-rpath,$(CUDA_HOME)/lib64
+
+$(BUILD)/tests/gpu/%: tests/gpu/%.cu kernels/reduce_int.cuh $(LIBINT) $(BUILD)/config.mk
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  NVCC    $< (host)")
+	$(Q)$(NVCC) -std=c++17 -O2 -I. -Iinclude -c $< -o $@.o
+	$(Q)$(CC) $(BASE_LDFLAGS) -o $@ $@.o $(LIBINT) $(LIBS) -L$(CUDA_HOME)/lib64 -lcudart_static \
+		-lrt -lstdc++
 
 # libcrun.a, the installed static library, defines no global name beyond
 # libcrun.map's (crun_*): its objects are linked into one (ld -r) whose other
@@ -273,7 +284,8 @@ gpu-test:
 	$(Q)sh tests/gpu/run.sh $(BUILD)
 
 # What `make test` runs: the GPU correctness tests without the benchmarks;
-# on a host without a device they report "skipped: no CUDA device".
+# on a host without a device they report "skipped: <why>" (a failure where
+# nvidia-smi lists a GPU).
 gpu-check: all
 ifeq ($(WITH_CUDA),1)
 	$(Q)GPU_QUICK=1 sh tests/gpu/run.sh $(BUILD)

@@ -153,6 +153,13 @@ int kernels_cuda_load(const struct kernels_cuda_ops **ret_ops, char *err, size_t
 /* 1 when kernels_cuda_load() succeeds (a usable device), else 0. */
 int kernels_available(void);
 
+/* The device index of a rank that sees `visible` CUDA devices. Pure.
+ * LOCAL_RANK when every rank sees at least LOCAL_WORLD_SIZE devices, else
+ * LOCAL_RANK % visible (CUDA_VISIBLE_DEVICES narrowed per rank). Returns 0
+ * and *ret_dev, or CRUN_ENOTSUP when none is visible or local_rank is not
+ * in [0, local_world_size). */
+int kernels_pick_device(int local_rank, int local_world_size, int visible, int *ret_dev);
+
 #ifdef __cplusplus
 }
 #endif

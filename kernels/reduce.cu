@@ -12,6 +12,7 @@
 #include "crun/crun.h"
 #include "crun/worker.h"
 #include "kernels/cuda_int.h"
+#include "kernels/reduce_int.cuh"
 
 /* Values travel through a wider accumulator type: float for the half types. */
 template <typename T> struct acc_of {
@@ -172,11 +173,23 @@ extern "C" int kernels_cu_reduce(void *dst, const void *src, size_t count, int d
 
 template <typename T> __global__ void div_kernel(T *buf, size_t count, int64_t d)
 {
-	typedef typename acc_of<T>::type A;
-
 	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < count;
 	     i += (size_t)gridDim.x * blockDim.x)
-		buf[i] = store<T>(load<T>(buf[i]) / (A)d);
+		buf[i] = kernels_div_elem<T>(buf[i], d);
+}
+/* The half types divide in f32, as the CPU kernels do. */
+template <> __global__ void div_kernel<__half>(__half *buf, size_t count, int64_t d)
+{
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < count;
+	     i += (size_t)gridDim.x * blockDim.x)
+		buf[i] = store<__half>(load<__half>(buf[i]) / (float)d);
+}
+template <>
+__global__ void div_kernel<__nv_bfloat16>(__nv_bfloat16 *buf, size_t count, int64_t d)
+{
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < count;
+	     i += (size_t)gridDim.x * blockDim.x)
+		buf[i] = store<__nv_bfloat16>(load<__nv_bfloat16>(buf[i]) / (float)d);
 }
 
 template <typename T> static void launch_div(void *buf, size_t count, int64_t d, cudaStream_t st)

@@ -41,6 +41,9 @@ struct pg_backend_args {
 	 * through init(), the others through split_skip(). Its queued work is
 	 * done and nothing else uses it during the call. */
 	void *parent;
+	/* LOCAL_WORLD_SIZE (<= 0: unknown). Appended: a backend reads it only
+	 * where struct_size covers it. */
+	int local_world_size;
 };
 
 /* One backend. Every collective has the crun_* contract of

@@ -159,6 +159,7 @@ static int world_group(const crun_init_opts_t *o, uint32_t tmo)
 				    .gname = "0",
 				    .my_world_rank = o->rank,
 				    .local_rank = o->local_rank,
+				    .local_world_size = o->local_world_size,
 				    .timeout_ms = tmo,
 				    .backend = o->backend,
 				    .auto_noted = &g.auto_noted};
@@ -351,6 +352,7 @@ int crun_pg_new(const int *ranks, int n, const char *backend, crun_pg_t **ret_pg
 				    .gname = name,
 				    .my_world_rank = g.rank,
 				    .local_rank = g.local_rank,
+				    .local_world_size = g.local_world_size,
 				    .timeout_ms = g.timeout_ms,
 				    .backend = backend,
 				    .auto_noted = &g.auto_noted,

@@ -1,15 +1,19 @@
 /* nccl.c: the nccl backend (struct pg_backend), compiled only into
  * libcrun-cuda.so.0. One communicator and one CUDA stream per group on the
- * device LOCAL_RANK of the visible ones; the unique id goes through the
- * worker store (rank 0 makes it). Communicators are non-blocking, and every
- * wait is a poll of the stream's event and ncclCommGetAsyncError, so a
- * timeout or crun_pg_abort() (-> ncclCommAbort) ends a collective that
- * hangs on a dead peer: CRUN_EPEER / CRUN_ETIMEDOUT / CRUN_ECANCELED as on
- * the cpu backend. Buffers may be device memory (used in place) or host
- * memory (staged through device scratch), so "auto" is safe for programs
- * written for the cpu backend.
+ * device kernels_pick_device() names (LOCAL_RANK, or LOCAL_RANK % visible
+ * where CUDA_VISIBLE_DEVICES is narrowed per rank); the unique id goes
+ * through the worker store (rank 0 makes it). Communicators are
+ * non-blocking, and every wait is a poll of the stream's event and
+ * ncclCommGetAsyncError, so a timeout or crun_pg_abort() (->
+ * ncclCommAbort) ends a collective that hangs on a dead peer: CRUN_EPEER /
+ * CRUN_ETIMEDOUT / CRUN_ECANCELED as on the cpu backend (the abort itself
+ * is local: peers learn of it only if NCCL does, see worker.h). Buffers
+ * may be device memory (used in place) or host memory (staged through
+ * device scratch), so "auto" is safe for programs written for the cpu
+ * backend.
  */
 #include <sched.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -30,6 +34,7 @@ struct nccl_ctx {
 	ncclComm_t comm;
 	cudaStream_t stream;
 	cudaEvent_t done;
+	cudaEvent_t ready;    /* the caller's work so far, which the stream waits for */
 	struct nccl_ipc *ipc; /* NULL: NCCL for every size */
 	_Atomic int aborted;
 	_Atomic uint32_t timeout_ms;
@@ -125,6 +130,23 @@ static void kill_comm(struct nccl_ctx *c)
 		(void)ncclCommAbort(c->comm);
 		c->comm = NULL;
 	}
+}
+
+/* A step failed after the peers moved on (the IPC epoch is counted per
+ * call on every rank): this rank is out of step, and a later call would
+ * pair with the peers' wrong call. Break the group, which also frees our
+ * spinning kernel and aborts the communicator. CRUN_EPEER, one of the codes
+ * pg.c makes sticky (with this text in crun_pg_last_error): to the group,
+ * this rank has failed. */
+static int break_group(struct nccl_ctx *c, int code, const char *what, const char *detail)
+{
+	if (c->broken)
+		return c->broken;
+	(void)snprintf(c->err, sizeof(c->err), "%s: %s (the group is broken: out of step)", what,
+		       detail);
+	c->broken = code;
+	kill_comm(c);
+	return code;
 }
 
 /* Backs off from spinning to short sleeps: the first waits are the short
@@ -237,6 +259,23 @@ static int begin(struct nccl_ctx *c)
 	return cfail(c, cudaSetDevice(c->device), "cudaSetDevice");
 }
 
+/* The group's stream is non-blocking, so nothing orders it after the
+ * caller's kernels: a gemm still writing the buffer would be read half
+ * done. As PyTorch's ProcessGroupNCCL does with the current stream, record
+ * an event where the caller works and make our stream wait for it. The SDK
+ * takes no stream, so that is the legacy default stream, which itself
+ * waits for every blocking stream of the device (the per-thread default
+ * streams included); work on the caller's own cudaStreamNonBlocking
+ * streams is the caller's to finish first (worker.h says so). */
+static int after_caller(struct nccl_ctx *c)
+{
+	cudaError_t e = cudaEventRecord(c->ready, cudaStreamLegacy);
+
+	if (e == cudaSuccess)
+		e = cudaStreamWaitEvent(c->stream, c->ready, 0);
+	return e == cudaSuccess ? 0 : cfail(c, e, "ordering after the caller's stream");
+}
+
 /* Grows scratch[slot] to at least bytes. Nothing on the stream uses it:
  * every call drains the stream before it returns. */
 static int scratch_get(struct nccl_ctx *c, int slot, size_t bytes)
@@ -312,6 +351,7 @@ static int start(struct nccl_ctx *c, const void *s, size_t s_bytes, void *r, siz
 
 	memset(k, 0, sizeof(*k));
 	TRY_NC(begin(c));
+	TRY_NC(after_caller(c));
 	if (s && s == r) {
 		/* The buffer holds the larger of the two (reduce_scatter reads
 		 * size * count elements and writes count). */
@@ -408,7 +448,8 @@ static int nc_all_reduce(void *ctx, const void *s, void *r, size_t count, int dt
 
 	if (rc == 0 && nccl_ipc_fits(c->ipc, b)) {
 		if (nccl_ipc_all_reduce(c->ipc, k.ds, k.dr, count, dtype, op, c->stream) < 0)
-			rc = fail(c, CRUN_EIO, "%s", kernels_cu_last_error());
+			rc = break_group(c, CRUN_EPEER, "all_reduce over CUDA IPC",
+					 kernels_cu_last_error());
 	} else if (rc == 0) {
 		rc = enqueued(c,
 			      ncclAllReduce(k.ds, k.dr, count, nccl_type(dtype), nccl_op(op, dtype),
@@ -624,6 +665,14 @@ static int nc_recv(void *ctx, void *buf, size_t count, int dtype, int peer)
 
 /* ---- life cycle ----------------------------------------------------------------- */
 
+/* How long nc_fini waits for ncclCommFinalize before it aborts: the
+ * group's timeout, or NCCL_FINI_MAX_MS where that is 0 (wait forever). */
+#define NCCL_FINI_MAX_MS 30000u
+static uint32_t fini_bound_ms(uint32_t timeout_ms)
+{
+	return timeout_ms ? timeout_ms : NCCL_FINI_MAX_MS;
+}
+
 static void nc_fini(void *ctx)
 {
 	struct nccl_ctx *c = ctx;
@@ -632,8 +681,9 @@ static void nc_fini(void *ctx)
 		return;
 	(void)cudaSetDevice(c->device);
 	if (c->comm && !c->broken && !atomic_load(&c->aborted)) {
-		/* Flush, bounded: a peer that never finalizes must not hang us. */
-		uint64_t deadline = deadline_of(c);
+		/* Flush, bounded even with timeout 0: a peer that never
+		 * finalizes must not hang crun_finalize(). */
+		uint64_t deadline = now_ms() + fini_bound_ms(atomic_load(&c->timeout_ms));
 		ncclResult_t res = ncclCommFinalize(c->comm), ar = ncclInProgress;
 
 		while (res == ncclInProgress || res == ncclSuccess) {
@@ -651,6 +701,8 @@ static void nc_fini(void *ctx)
 		(void)cudaStreamDestroy(c->stream);
 	if (c->done)
 		(void)cudaEventDestroy(c->done);
+	if (c->ready)
+		(void)cudaEventDestroy(c->ready);
 	(void)cudaFree(c->scratch[0]);
 	(void)cudaFree(c->scratch[1]);
 	(void)cudaFree(c->one);
@@ -683,22 +735,36 @@ static int share_id(const struct pg_backend_args *a, struct nccl_ctx *c, ncclUni
 	return len == sizeof(*id) ? 0 : fail(c, CRUN_EPROTO, "NCCL id of %zu bytes", len);
 }
 
+/* LOCAL_WORLD_SIZE from a core that passes it; else (an explicit init that
+ * left it 0) as if this rank were the last one, which keeps LOCAL_RANK
+ * where it is visible. */
+static int local_world_of(const struct pg_backend_args *a)
+{
+	size_t end = offsetof(struct pg_backend_args, local_world_size) + sizeof(int);
+
+	if (a->struct_size >= end && a->local_world_size > 0)
+		return a->local_world_size;
+	return a->local_rank + 1;
+}
+
 static int open_device(const struct pg_backend_args *a, struct nccl_ctx *c)
 {
-	int n = 0;
+	int n = 0, lws = local_world_of(a);
 	cudaError_t e = cudaGetDeviceCount(&n);
 
 	if (e != cudaSuccess)
 		return cfail(c, e, "cudaGetDeviceCount");
-	if (a->local_rank < 0 || a->local_rank >= n)
-		return fail(c, CRUN_ENOTSUP, "LOCAL_RANK %d but %d visible CUDA device(s)",
-			    a->local_rank, n);
-	c->device = a->local_rank;
+	if (kernels_pick_device(a->local_rank, lws, n, &c->device) < 0)
+		return fail(c, CRUN_ENOTSUP,
+			    "LOCAL_RANK %d of LOCAL_WORLD_SIZE %d but %d visible CUDA device(s)",
+			    a->local_rank, lws, n);
 	e = cudaSetDevice(c->device);
 	if (e == cudaSuccess)
 		e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
 	if (e == cudaSuccess)
 		e = cudaEventCreateWithFlags(&c->done, cudaEventDisableTiming);
+	if (e == cudaSuccess)
+		e = cudaEventCreateWithFlags(&c->ready, cudaEventDisableTiming);
 	if (e == cudaSuccess)
 		e = cudaMalloc(&c->one, sizeof(int32_t));
 	if (e == cudaSuccess)

@@ -37,7 +37,9 @@ int nccl_ipc_fits(const struct nccl_ipc *ipc, size_t bytes);
 
 /* Enqueues the all_reduce of sbuf (device) into rbuf (device) on stream.
  * The caller waits for the stream, and calls nccl_ipc_abort() when it gives
- * up (timeout, abort), which releases the spinning kernel. */
+ * up (timeout, abort), which releases the spinning kernel. A failure leaves
+ * this rank out of step with its peers for good: every later call fails
+ * (CRUN_EPROTO), and the caller must break its group. */
 int nccl_ipc_all_reduce(struct nccl_ipc *ipc, const void *sbuf, void *rbuf, size_t count, int dtype,
 			int op, cudaStream_t stream);
 void nccl_ipc_abort(struct nccl_ipc *ipc); /* any thread; NULL OK */

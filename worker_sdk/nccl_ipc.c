@@ -25,6 +25,7 @@ struct nccl_ipc {
 	volatile uint32_t *abort_host;	   /* mapped pinned word the kernel polls */
 	uint32_t *abort_dev;
 	uint32_t epoch;
+	int out_of_step; /* a step failed: the peers' epochs moved on without us */
 };
 
 /* What a rank publishes: its two handles, or ok = 0. */
@@ -208,14 +209,22 @@ int nccl_ipc_all_reduce(struct nccl_ipc *ipc, const void *sbuf, void *rbuf, size
 	k.abort_flag = ipc->abort_dev;
 	k.rank = ipc->rank;
 	k.nranks = ipc->size;
-	k.epoch = ++ipc->epoch; /* every rank makes the same calls in the same order */
+	/* Every rank makes the same calls in the same order, so the epoch is
+	 * a call count: the peers count this call whether or not our part of
+	 * it runs, and after a failure here no later call of ours can pair
+	 * with theirs again. */
+	k.epoch = ++ipc->epoch;
 	k.two_shot = bytes > ipc->oneshot_bytes;
+	if (ipc->out_of_step)
+		return CRUN_EPROTO;
 	r = kernels_cu_err(
 	    cudaMemcpyAsync(ipc->data, sbuf, bytes, cudaMemcpyDeviceToDevice, stream),
 	    "ipc input copy");
+	if (r == 0)
+		r = kernels_cu_ipc_all_reduce(&k, rbuf, count, dtype, op, stream);
 	if (r < 0)
-		return r;
-	return kernels_cu_ipc_all_reduce(&k, rbuf, count, dtype, op, stream);
+		ipc->out_of_step = 1;
+	return r;
 }
 
 void nccl_ipc_abort(struct nccl_ipc *ipc)

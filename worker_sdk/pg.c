@@ -141,6 +141,7 @@ static int start_backend(struct crun_pg *pg, const struct pg_create_args *ca, co
 				    .rank = pg->rank,
 				    .size = pg->size,
 				    .local_rank = ca->local_rank,
+				    .local_world_size = ca->local_world_size,
 				    .single_host = 1,
 				    .timeout_ms = ca->timeout_ms,
 				    .ns = ns,

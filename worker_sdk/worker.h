@@ -186,7 +186,8 @@ struct pg_create_args {
 	int restart_count;
 	const char *gname; /* group name: keys live under "<gname>//crun/a<restart>/" */
 	int my_world_rank;
-	int local_rank; /* picks the device of a GPU backend */
+	int local_rank;	      /* picks the device of a GPU backend */
+	int local_world_size; /* with the visible device count (kernels_pick_device) */
 	uint32_t timeout_ms;
 	const char *backend;	/* "cpu", "nccl", "auto" or NULL (= auto) */
 	int *auto_noted;	/* set once "auto fell back to cpu" has been logged */

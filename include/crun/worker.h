@@ -69,7 +69,7 @@ typedef struct crun_init_opts {
 	int rank;
 	int world_size;
 	int local_rank;		 /* informational */
-	int local_world_size;	 /* informational */
+	int local_world_size;	 /* with local_rank, picks the nccl device */
 	const char *master_addr; /* worker store host; borrowed, copied */
 	uint16_t master_port;
 	int restart_count;   /* TORCHELASTIC_RESTART_COUNT */
@@ -130,11 +130,17 @@ CRUN_API crun_store_t *crun_worker_store(void);
  * backend: "cpu", "nccl" or "auto"; NULL = "auto".
  *   cpu:  shared memory between ranks on one host, TCP otherwise
  *         (CRUN_PG_TRANSPORT=tcp|shm|auto overrides).
- *   nccl: NCCL on the GPU LOCAL_RANK of the visible ones, from the
+ *   nccl: NCCL on the GPU LOCAL_RANK of the visible ones (LOCAL_RANK %
+ *         visible where a rank sees fewer GPUs than LOCAL_WORLD_SIZE: one
+ *         GPU per rank through CUDA_VISIBLE_DEVICES), from the
  *         separately loaded libcrun-cuda.so.0 (libcrun itself never links
  *         CUDA). Buffers may be device memory (used in place) or host memory
- *         (staged through the device). Between ranks on one host, all_reduce
- *         up to CRUN_NCCL_IPC_MAX_BYTES (8 MiB; 0 = off) runs over CUDA IPC
+ *         (staged through the device). Collectives are ordered after the
+ *         work already queued on the default stream (and every blocking
+ *         stream of the device), as PyTorch orders them after the current
+ *         stream; finish work on cudaStreamNonBlocking streams first.
+ *         Between ranks on one host, all_reduce up to
+ *         CRUN_NCCL_IPC_MAX_BYTES (8 MiB; 0 = off) runs over CUDA IPC
  *         (one-shot up to CRUN_NCCL_IPC_ONESHOT_BYTES, 256 KiB, then
  *         two-shot). CRUN_ENOTSUP when the object, CUDA, NCCL or a device is
  *         missing; crun_pg_last_error(NULL) names what.
@@ -155,8 +161,12 @@ CRUN_API int crun_pg_size(const crun_pg_t *pg);
 /* Default timeout of later operations on pg (0 = wait forever). */
 CRUN_API void crun_pg_set_timeout(crun_pg_t *pg, uint32_t timeout_ms);
 
-/* Any thread: fails in-flight and later work on pg with CRUN_ECANCELED, and
- * makes the peers' work fail with CRUN_EPEER instead of hanging. */
+/* Any thread: fails in-flight and later work on pg with CRUN_ECANCELED.
+ * cpu groups: the peers' work fails with CRUN_EPEER instead of hanging.
+ * nccl groups: the abort is local (ncclCommAbort); a peer's work ends with
+ * CRUN_EPEER only where NCCL notices the lost connection, else at the
+ * peer's own timeout (crun_pg_set_timeout; 0 waits forever), so give nccl
+ * groups a timeout where a rank may abort. */
 CRUN_API int crun_pg_abort(crun_pg_t *pg);
 
 /* Detail of the last failure on pg. Never NULL. pg == NULL: why the last

@@ -1,8 +1,10 @@
 /* gpu_kernels.c: the kernels of libcrun-cuda.so.0, reached the way the SDK
  * reaches them (kernels_cuda_load), against CPU references: both GEMMs for
  * many shapes (odd ones, k = 0, unaligned pointers and leading dimensions,
- * accumulate), every dtype x op of reduce / reduce_multi / div, and the IPC
- * all_reduce kernel with N "ranks" as N concurrent streams on one device.
+ * aligned rows over k % 4 != 0 and n % 8 != 0, accumulate), every dtype x
+ * op of reduce / reduce_multi / div (integer AVG over up to 1000 ranks),
+ * and the IPC all_reduce kernel with N "ranks" as N concurrent streams on
+ * one device.
  * Integer-valued inputs make every result exact: compared bit for bit.
  * Then the benchmarks beside cuBLAS in the same run. Exit 77 without a GPU.
  */
@@ -10,6 +12,9 @@
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "crun/worker.h"
 #include "gpu/gpu_test.h"
@@ -42,12 +47,21 @@ static const struct shape shapes[] = {
 	{1000, 24, 999}, {24, 1000, 33}, {1024, 1024, 1024},
 };
 
+/* Rows rounded up to a multiple of 8 elements: aligned leading dimensions
+ * (the vectorised and cp.async paths) over a k or n that is not a multiple
+ * of the vector width, so the last vector of a row is partial. */
+#define PAD_ROUND8 ((size_t)-1)
+static size_t padded(size_t len, size_t pad)
+{
+	return pad == PAD_ROUND8 ? (len + 7) / 8 * 8 : len + pad;
+}
+
 /* f32 or (dtype = F16/BF16) tensor-core GEMM of one shape against the CPU.
- * pad: extra elements per row (unaligned ld); off: pointer offset (unaligned
- * base). */
+ * pad: extra elements per row (unaligned ld), or PAD_ROUND8; off: pointer
+ * offset (unaligned base). */
 static void gemm_case(int dtype, struct shape s, size_t pad, size_t off, int accumulate)
 {
-	size_t lda = s.k + pad, ldb = s.n + pad, ldc = s.n + pad;
+	size_t lda = padded(s.k, pad), ldb = padded(s.n, pad), ldc = padded(s.n, pad);
 	size_t esz = dtype == CRUN_F32 ? 4 : 2;
 	size_t na = s.m * lda + off, nb = (s.k ? s.k : 1) * ldb + off, nc = s.m * ldc + off;
 	float *a32 = calloc(na, 4), *b32 = calloc(nb, 4), *want = calloc(nc, 4);
@@ -99,6 +113,14 @@ static void test_gemm(void)
 			gemm_case(dtypes[d], shapes[i], 3, 1, 1); /* the scalar-load path */
 			if (shapes[i].m * shapes[i].n < 100000)
 				gemm_case(dtypes[d], shapes[i], 8, 0, 1);
+		}
+	/* k % 4 != 0 and n % 8 != 0 with aligned rows: partial vectors. */
+	static const struct shape partial[] = {
+	    {33, 37, 13}, {64, 12, 6}, {100, 65, 70}, {130, 250, 31}, {17, 9, 5}};
+	for (size_t d = 0; d < 3; d++)
+		for (size_t i = 0; i < sizeof(partial) / sizeof(partial[0]); i++) {
+			gemm_case(dtypes[d], partial[i], PAD_ROUND8, 0, 0);
+			gemm_case(dtypes[d], partial[i], PAD_ROUND8, 0, 1);
 		}
 	CK(K->gemm_f32(4, 4, 4, NULL, 4, NULL, 4, NULL, 3, 0, NULL) == CRUN_EINVAL, "ldc < n");
 	CK(K->gemm_tc(4, 4, 4, CRUN_F32, NULL, 4, NULL, 4, NULL, 4, 0, NULL) == CRUN_EINVAL,
@@ -163,6 +185,31 @@ static void test_reduce_multi(int dtype, int op, int nb)
 		K->free((void *)bufs[b]);
 	K->free(dst);
 	free(want), free(h), free(got);
+}
+
+/* The division of an integer AVG by group sizes an 8-bit type cannot hold
+ * (issue 27: div_kernel narrowed the divisor to the element type). */
+static void test_div_by_group_size(int dtype)
+{
+	static const int64_t divisors[] = {1, 3, 127, 128, 200, 255, 256, 300, 1000};
+	size_t esz = crun_dtype_size(dtype), n = 256;
+	uint8_t *want = malloc(n * esz), *got = malloc(n * esz);
+
+	for (size_t d = 0; d < sizeof(divisors) / sizeof(divisors[0]); d++) {
+		void *dx;
+
+		for (size_t i = 0; i < n; i++)
+			gt_put(want, i, dtype, (double)((int)i - (dtype == CRUN_U8 ? 0 : 128)));
+		dx = up(want, n * esz);
+		kernels_div(want, n, dtype, divisors[d]);
+		CK(K->div(dx, n, dtype, divisors[d], NULL) == 0 && K->sync(NULL) == 0,
+		   "div dtype %d by %lld", dtype, (long long)divisors[d]);
+		K->copy(got, dx, n * esz);
+		CK(!memcmp(got, want, n * esz), "div dtype %d by %lld differs from the CPU", dtype,
+		   (long long)divisors[d]);
+		K->free(dx);
+	}
+	free(want), free(got);
 }
 
 /* ---- the IPC all_reduce kernel: N ranks as N streams of one device ---------------- */
@@ -245,6 +292,109 @@ static void test_ipc_all(void)
 		test_ipc(n, 5, CRUN_F32, CRUN_SUM, 1, &epoch); /* fewer elements than ranks */
 		test_ipc(n, (1 << 20) + 3, CRUN_F32, CRUN_SUM, 1, &epoch);
 	}
+}
+
+/* The IPC all_reduce between two processes on GPU 0, as two ranks of one
+ * host share a GPU: each maps the other's buffers through cudaIpc handles
+ * (sent over a socketpair) and runs the kernel on its own stream. One
+ * process per rank, so it runs before this process touches CUDA (a forked
+ * child cannot use the parent's runtime). Returns the failures. */
+struct ipc_card {
+	cudaIpcMemHandle_t data, signal;
+};
+
+static int ipc_proc_rank(int sock, int me, size_t count, int two_shot)
+{
+	size_t bytes = count * 4;
+	struct kernels_ipc_args a;
+	struct ipc_card mine, peer;
+	float *h = malloc(bytes), want;
+	volatile uint32_t *abort_host;
+	cudaStream_t st;
+	void *out;
+	char err[512];
+	double t0;
+	int r;
+
+	if (kernels_cuda_load(&K, err, sizeof(err)) < 0)
+		return gt_skip(err);
+	memset(&a, 0, sizeof(a));
+	for (size_t i = 0; i < count; i++)
+		h[i] = (float)(i % 7 + (size_t)me);
+	a.data[me] = up(h, bytes);
+	cudaMalloc((void **)&a.signal[me], KERNELS_IPC_SIGNAL_BYTES);
+	cudaMemset(a.signal[me], 0, KERNELS_IPC_SIGNAL_BYTES);
+	out = up(h, bytes);
+	cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+	cudaHostAlloc((void **)&abort_host, 4, cudaHostAllocMapped);
+	*abort_host = 0;
+	cudaHostGetDevicePointer((void **)&a.abort_flag, (void *)abort_host, 0);
+	cudaIpcGetMemHandle(&mine.data, a.data[me]);
+	cudaIpcGetMemHandle(&mine.signal, a.signal[me]);
+	CK(cudaDeviceSynchronize() == cudaSuccess, "ipc procs: set-up: %s", K->last_error());
+	CK(write(sock, &mine, sizeof(mine)) == (ssize_t)sizeof(mine) &&
+	       read(sock, &peer, sizeof(peer)) == (ssize_t)sizeof(peer),
+	   "ipc procs: handle exchange");
+	CK(cudaIpcOpenMemHandle(&a.data[!me], peer.data, cudaIpcMemLazyEnablePeerAccess) ==
+		   cudaSuccess &&
+	       cudaIpcOpenMemHandle((void **)&a.signal[!me], peer.signal,
+				    cudaIpcMemLazyEnablePeerAccess) == cudaSuccess,
+	   "ipc procs: cudaIpcOpenMemHandle");
+	if (gt_fails)
+		return 1;
+	a.rank = me;
+	a.nranks = 2;
+	a.epoch = 1;
+	a.two_shot = two_shot;
+	r = K->ipc_all_reduce(&a, out, count, CRUN_F32, CRUN_SUM, st);
+	t0 = gt_now_s();
+	while (r == 0 && cudaStreamQuery(st) == cudaErrorNotReady && !*abort_host)
+		if (gt_now_s() - t0 > 20)
+			*abort_host = 1; /* the peer never came: release the kernel */
+	CK(r == 0 && cudaStreamSynchronize(st) == cudaSuccess && !*abort_host,
+	   "ipc procs rank %d: did not finish (%s)", me, K->last_error());
+	cudaMemcpy(h, out, bytes, cudaMemcpyDeviceToHost);
+	for (size_t i = 0; i < count && !gt_fails; i++) {
+		want = (float)(2 * (i % 7) + 1);
+		CK(h[i] == want, "ipc procs rank %d: [%zu] = %g, want %g", me, i, (double)h[i],
+		   (double)want);
+	}
+	/* Neither unmaps or frees while the other may still read. */
+	CK(write(sock, "x", 1) == 1 && read(sock, err, 1) == 1, "ipc procs: closing handshake");
+	return gt_fails ? 1 : 0;
+}
+
+static int test_ipc_processes(void)
+{
+	static const struct {
+		size_t count;
+		int two_shot;
+	} cases[] = {{1001, 0}, {300001, 1}};
+	int fails = 0, skips = 0;
+
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		int sv[2];
+		pid_t pid[2];
+
+		if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+			return 1;
+		for (int me = 0; me < 2; me++) {
+			pid[me] = fork();
+			if (pid[me] == 0) {
+				int rc =
+				    ipc_proc_rank(sv[me], me, cases[c].count, cases[c].two_shot);
+
+				fflush(NULL);
+				_exit(rc);
+			}
+		}
+		close(sv[0]);
+		close(sv[1]);
+		for (int me = 0; me < 2; me++)
+			gt_reap(pid[me], &skips, &fails);
+	}
+	printf("gpu_kernels --ipc-procs: %d failed, %d skipped processes\n", fails, skips);
+	return fails ? 1 : skips ? GPU_SKIP : 0;
 }
 
 /* ---- benchmarks -------------------------------------------------------------------------- */
@@ -373,6 +523,8 @@ int main(int argc, char **argv)
 	char err[512];
 	double t0 = gt_now_s();
 
+	if (argc > 1 && !strcmp(argv[1], "--ipc-procs"))
+		return test_ipc_processes();
 	if (kernels_cuda_load(&K, err, sizeof(err)) < 0)
 		return gt_skip(err);
 	test_gemm();
@@ -384,6 +536,8 @@ int main(int argc, char **argv)
 		}
 	for (int nb = 1; nb <= KERNELS_CUDA_MAX_BUFS; nb++)
 		test_reduce_multi(CRUN_F32, CRUN_AVG, nb);
+	for (int dt = 0; dt < CRUN_DTYPE__MAX; dt++)
+		test_div_by_group_size(dt);
 	printf("gpu_kernels: reductions done (%.1f s)\n", gt_now_s() - t0);
 	test_ipc_all();
 	printf("gpu_kernels: %d checks, %d failures (%.1f s)\n", gt_checks, gt_fails,

@@ -7,10 +7,16 @@
  * reports the SDK's all_reduce beside a raw NCCL loop in the same run, both
  * blocking (a sync per call) and queued (async works / plain enqueues, one
  * wait at the end), and with several GPUs IPC beside NCCL.
+ * Also: a GEMM still running on the default stream when all_reduce reads
+ * its output (issue 27: the group's stream did not wait for it). With
+ * --narrow each rank sees only its own GPU (CUDA_VISIBLE_DEVICES=<rank>, as
+ * SLURM and device plugins give) and runs a few all_reduces: the device is
+ * LOCAL_RANK % visible, where before it was CRUN_ENOTSUP.
  * Exit 77 when the backend says CRUN_ENOTSUP (no device).
  *
- *   gpu_nccl [--nranks N] [--port P] [--no-bench]
+ *   gpu_nccl [--nranks N] [--port P] [--no-bench] [--narrow]
  */
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 #include <signal.h>
@@ -450,7 +456,51 @@ static void bench(crun_pg_t *world_pg)
 
 /* ---- one rank ------------------------------------------------------------------------ */
 
-static int run_rank(int r, int n, int port, int do_bench)
+/* A GEMM of ones (C = A B, every element n) queued on the default stream,
+ * then at once an all_reduce that reads C: the result must be n * world
+ * everywhere, which it is only if the collective waited for the GEMM. The
+ * first part goes over IPC where there are several ranks, all of it over
+ * NCCL. */
+static void check_after_caller_stream(crun_pg_t *pg)
+{
+	const int n = 4096;
+	const size_t count = (size_t)n * n, parts[] = {1u << 20, (size_t)n * n};
+	const float one = 1.0f, zero = 0.0f;
+	float *a = dev(count * 4), *b = dev(count * 4), *c = dev(count * 4), *r = dev(count * 4);
+	float *h = malloc(count * 4);
+	cublasHandle_t blas;
+
+	for (size_t i = 0; i < count; i++)
+		h[i] = 1.0f;
+	cudaMemcpy(a, h, count * 4, cudaMemcpyHostToDevice);
+	cudaMemcpy(b, h, count * 4, cudaMemcpyHostToDevice);
+	CK(cublasCreate(&blas) == CUBLAS_STATUS_SUCCESS, "cublasCreate");
+	for (size_t p = 0; p < 2; p++) {
+		size_t bad = 0;
+
+		cudaMemset(c, 0, count * 4);
+		cudaMemset(r, 0, count * 4);
+		cudaDeviceSynchronize();
+		cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a, n, b, n, &zero, c, n);
+		int rc = crun_all_reduce(pg, c, r, parts[p], CRUN_F32, CRUN_SUM, NULL);
+
+		CK(rc == 0, "all_reduce after a gemm: %s (%s)", crun_strerror(rc),
+		   crun_pg_last_error(pg));
+		cudaMemcpy(h, r, parts[p] * 4, cudaMemcpyDeviceToHost);
+		for (size_t i = 0; i < parts[p]; i++)
+			bad += h[i] != (float)n * (float)world;
+		CK(bad == 0, "all_reduce of %zu floats right after a gemm: %zu wrong (first %g)",
+		   parts[p], bad, (double)h[0]);
+	}
+	cublasDestroy(blas);
+	cudaFree(a);
+	cudaFree(b);
+	cudaFree(c);
+	cudaFree(r);
+	free(h);
+}
+
+static int run_rank(int r, int n, int port, int do_bench, int narrow)
 {
 	crun_init_opts_t o = CRUN_INIT_OPTS_INIT;
 	static const size_t ipc_sizes[] = {1, 255, 1000, 60000, 70000, 300000, (1u << 20) + 7,
@@ -475,6 +525,16 @@ static int run_rank(int r, int n, int port, int do_bench)
 			crun_pg_last_error(NULL));
 		return 1;
 	}
+	if (narrow) {
+		check_all_reduce(crun_world(), 1001, CRUN_F32, CRUN_SUM, 1);
+		check_all_reduce(crun_world(), 300001, CRUN_I32, CRUN_AVG, 0);
+		if (r == 0)
+			printf("gpu_nccl --narrow: %d ranks: %d checks, %d failures\n", n,
+			       gt_checks, gt_fails);
+		crun_finalize();
+		return gt_fails ? 1 : 0;
+	}
+	check_after_caller_stream(crun_world());
 	for (int dt = 0; dt < CRUN_DTYPE__MAX; dt++)
 		for (int op = 0; op < CRUN_RED_OP__MAX; op++) {
 			check_all_reduce(crun_world(), 1001, dt, op, 1);
@@ -506,7 +566,7 @@ static int run_rank(int r, int n, int port, int do_bench)
 
 int main(int argc, char **argv)
 {
-	int n = 1, port = 29731, do_bench = 1, skips = 0, fails = 0;
+	int n = 1, port = 29731, do_bench = 1, narrow = 0, skips = 0, fails = 0;
 	pid_t pids[8];
 
 	for (int i = 1; i < argc; i++) {
@@ -516,8 +576,11 @@ int main(int argc, char **argv)
 			port = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--no-bench"))
 			do_bench = 0;
+		else if (!strcmp(argv[i], "--narrow"))
+			narrow = 1;
 		else {
-			fprintf(stderr, "usage: gpu_nccl [--nranks 1-8] [--port P] [--no-bench]\n");
+			fprintf(stderr, "usage: gpu_nccl [--nranks 1-8] [--port P] [--no-bench] "
+					"[--narrow]\n");
 			return 2;
 		}
 	}
@@ -527,21 +590,21 @@ int main(int argc, char **argv)
 	for (int r = 0; r < n; r++) {
 		pids[r] = fork();
 		if (pids[r] == 0) {
-			int rc = run_rank(r, n, port, do_bench);
+			char vis[16];
+			int rc;
+
+			if (narrow) { /* before any CUDA call: the runtime reads it once */
+				snprintf(vis, sizeof(vis), "%d", r);
+				setenv("CUDA_VISIBLE_DEVICES", vis, 1);
+			}
+			rc = run_rank(r, n, port, do_bench, narrow);
 
 			fflush(NULL); /* _exit does not flush stdio */
 			_exit(rc);
 		}
 	}
-	for (int r = 0; r < n; r++) {
-		int st = 0;
-
-		waitpid(pids[r], &st, 0);
-		if (WIFEXITED(st) && WEXITSTATUS(st) == GPU_SKIP)
-			skips++;
-		else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-			fails++;
-	}
+	for (int r = 0; r < n; r++)
+		gt_reap(pids[r], &skips, &fails);
 	if (skips == n)
 		return GPU_SKIP;
 	printf("gpu_nccl: %d of %d ranks failed\n", fails, n);

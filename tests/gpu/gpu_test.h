@@ -1,15 +1,18 @@
 /* gpu_test.h: what the GPU test programs share: the check macro, the skip
- * convention (exit 77 after "skipped: no CUDA device"; tests/gpu/run.sh
- * counts it as skipped, never as passed), a clock, and the results table
+ * convention (exit 77 after "skipped: <why>", why being the dlerror or
+ * CUDA text; tests/gpu/run.sh counts it as skipped where nvidia-smi lists no
+ * GPU, as failed where it lists one, never as passed), a clock, and the results table
  * that run.sh collects into $OUT. Header-only: each program is one file.
  */
 #ifndef CRUN_TESTS_GPU_TEST_H
 #define CRUN_TESTS_GPU_TEST_H
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 
 #include "crun/worker.h"
@@ -40,8 +43,22 @@ static inline double gt_now_s(void)
 
 static inline int gt_skip(const char *why)
 {
-	printf("skipped: no CUDA device (%s)\n", why);
+	printf("skipped: %s\n", why);
 	return GPU_SKIP;
+}
+
+/* Waits for a forked rank and counts it under skips (exit 77) or fails
+ * (anything but exit 0). */
+static inline void gt_reap(pid_t pid, int *skips, int *fails)
+{
+	int st = 0;
+
+	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+		;
+	if (WIFEXITED(st) && WEXITSTATUS(st) == GPU_SKIP)
+		(*skips)++;
+	else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+		(*fails)++;
 }
 
 /* One row of the results table: printed, and appended to

@@ -338,6 +338,37 @@ START_TEST(cuda_door_passes_on_the_cuda_error)
 }
 END_TEST
 
+/* {local_rank, local_world_size, visible, want device or CRUN_ENOTSUP}. */
+static const int device_cases[][4] = {
+    {0, 8, 8, 0}, /* one GPU per rank, all visible */
+    {7, 8, 8, 7},
+    {3, 4, 8, 3}, /* more GPUs than ranks */
+    {0, 8, 1, 0}, /* CUDA_VISIBLE_DEVICES narrowed to one per rank */
+    {5, 8, 1, 0},
+    {7, 8, 1, 0},
+    {5, 8, 4, 1}, /* two ranks per GPU: LOCAL_RANK % visible */
+    {3, 8, 2, 1},
+    {0, 1, 0, CRUN_ENOTSUP}, /* nothing visible */
+    {4, 4, 4, CRUN_ENOTSUP}, /* LOCAL_RANK outside LOCAL_WORLD_SIZE */
+    {-1, 4, 4, CRUN_ENOTSUP},
+};
+
+START_TEST(device_is_local_rank_modulo_what_a_narrowed_rank_sees)
+{
+	const int *c = device_cases[_i];
+	int dev = -42;
+	int r = kernels_pick_device(c[0], c[1], c[2], &dev);
+
+	if (c[3] < 0) {
+		ck_assert_int_eq(r, c[3]);
+		ck_assert_int_eq(dev, -42); /* ret_* untouched on failure */
+	} else {
+		ck_assert_msg(r == 0 && dev == c[3], "local_rank %d of %d, %d visible: %d, dev %d",
+			      c[0], c[1], c[2], r, dev);
+	}
+}
+END_TEST
+
 static Suite *kernels_suite(void)
 {
 	Suite *s = suite_create("kernels");
@@ -354,6 +385,8 @@ static Suite *kernels_suite(void)
 	tcase_add_test(tc, div_truncates_integers_and_divides_floats);
 	tcase_add_loop_test(tc, gemm_matches_a_naive_triple_loop, 0, 6);
 	tcase_add_loop_test(tc, stream_copy_copies_every_byte_at_any_alignment, 0, 16);
+	tcase_add_loop_test(tc, device_is_local_rank_modulo_what_a_narrowed_rank_sees, 0,
+			    (int)ARRAY_SIZE(device_cases));
 	tcase_add_test(tc, cuda_door_reports_no_device_here);
 	tcase_add_test(tc, cuda_door_names_a_missing_object);
 	tcase_add_test(tc, cuda_door_passes_on_the_cuda_error);
