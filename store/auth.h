@@ -50,6 +50,12 @@
 #define STORE_AUTH_ANSWER_MAX \
 	(4 + 1 + STORE_AUTH_JOB_MAX + STORE_AUTH_NONCE_BYTES + STORE_AUTH_MAC_BYTES)
 #define STORE_AUTH_PROOF_BYTES (4 + STORE_AUTH_MAC_BYTES)
+/* A client sends its answer's head ("CRA1" job_len job) before the
+ * challenge arrives (a TLS server then speaks up, see store/tls.h). A crun
+ * server without secrets answers that head with "CRA1" and this byte where
+ * a challenge has 0, and closes: the client says the server has no secret
+ * at once instead of waiting for a challenge. */
+#define STORE_AUTH_NO_SECRETS 0xff
 
 /* One secret; bytes exactly as in the file, a trailing newline removed. */
 struct store_auth_secret {

@@ -57,6 +57,7 @@
 #include <event2/listener.h>
 
 #include "common/common.h"
+#include "store/auth.h"
 #include "store/server_int.h"
 #include "store/store_ext.h"
 #include "store/tls.h"
@@ -486,6 +487,31 @@ static bool conn_ext(struct store_conn *c, const uint8_t *p, size_t len, size_t 
 	return true;
 }
 
+/* A greeting of a client configured for another server, instead of a
+ * TCPStore frame: a TLS ClientHello on a plaintext port, or the head of an
+ * authentication answer on a server without secrets. It is told in a way
+ * its side recognises, so it fails at once saying why, and c is dropped.
+ * Returns false for any other bytes (c untouched). */
+static bool conn_foreign_greeting(struct store_conn *c, const uint8_t *p, size_t len)
+{
+	static const uint8_t no_secrets[] = {'C', 'R', 'A', '1', STORE_AUTH_NO_SECRETS};
+	int fd = bufferevent_getfd(c->bev);
+
+	if (!c->srv->cfg.tls && store_tls_record(p, len)) {
+		/* A line it cannot take for a TLS record fails its handshake. */
+		store_tls_tell_tls_peer(fd);
+		conn_drop(c, STORE_M_DROP_MALFORMED, "a TLS handshake on a plaintext port");
+		return true;
+	}
+	if (!c->srv->cfg.auth && len >= 4 && memcmp(p, no_secrets, 4) == 0) {
+		(void)send(fd, no_secrets, sizeof(no_secrets), MSG_NOSIGNAL | MSG_DONTWAIT);
+		conn_drop(c, STORE_M_DROP_MALFORMED,
+			  "a client with a secret (this server has none)");
+		return true;
+	}
+	return false;
+}
+
 /* Decodes and runs every complete request in the input buffer, in order.
  * Returns false when it closed the connection. */
 static bool conn_process(struct store_conn *c)
@@ -551,6 +577,8 @@ static bool conn_process(struct store_conn *c)
 						&used);
 		if (r == CRUN_EAGAIN)
 			return conn_partial(c, len);
+		if (r < 0 && conn_foreign_greeting(c, p, len))
+			return false;
 		if (r < 0) {
 			conn_drop(c,
 				  r == CRUN_ETOOBIG ? STORE_M_DROP_REQUEST_LIMIT
@@ -625,8 +653,13 @@ static void conn_on_event(struct bufferevent *bev, short what, void *arg)
 	}
 	if ((what & BEV_EVENT_ERROR) && c->srv->cfg.tls) {
 		char why[256];
+		bool plain;
 
-		if (*store_tls_bev_error(bev, why, sizeof(why))) {
+		if (*store_tls_bev_error(bev, why, sizeof(why), &plain)) {
+			/* A plaintext client waits for a challenge or a reply that
+			 * will not come: tell it, in a way it can read, why. */
+			if (plain)
+				store_tls_tell_plaintext_peer(bufferevent_getfd(bev));
 			conn_drop(c, STORE_M_DROP_TLS, why);
 			return;
 		}

@@ -374,11 +374,13 @@ def test_tls_bad_server_certificates_fail_clearly(procs, certs, leaf, trust, why
 def test_plaintext_client_on_a_tls_port_fails_clearly(procs, certs):
     p, _, port = tls_rdzvd(procs, certs)
     ok, out, err = cli(port)
-    assert not ok and "ERR CRUN_ETIMEDOUT" in out
-    assert "does it require TLS" in err, err
-    # A raw TCPStore client is hung up on, the daemon says why.
+    assert not ok and "ERR CRUN_EPROTO" in out
+    assert "the server speaks TLS: set tls_ca" in err, err
+    # A raw TCPStore client gets a TLS alert in the clear, then EOF; the daemon says why.
     w = crunwire.Wire(port)
     w.hello()
+    assert w.recv_exact(2) == b"\x15\x03"
+    w.recv_exact(5)
     assert w.closed()
     p.terminate()
     assert "wrong version number" in p.communicate(timeout=10)[1].decode()
@@ -387,7 +389,33 @@ def test_plaintext_client_on_a_tls_port_fails_clearly(procs, certs):
 def test_tls_client_on_a_plaintext_port_fails_clearly(procs, certs):
     _, _, port = start_rdzvd(procs)
     ok, _, err = cli(port, "--tls-ca", certs["ca"])
-    assert not ok and "TLS handshake" in err and "speak TLS" in err, err
+    assert not ok and "does not speak TLS (it answered in plaintext)" in err, err
+
+
+@pytest.mark.parametrize("server,client,why", [
+    ("tls+auth", "auth", "the server speaks TLS: set tls_ca"),
+    ("tls", "plain", "the server speaks TLS: set tls_ca"),
+    ("plain", "tls", "does not speak TLS (it answered in plaintext): remove tls_ca"),
+    ("auth", "tls+auth", "does not speak TLS (it answered in plaintext): remove tls_ca"),
+    ("plain", "auth", "the server requires no secret"),
+])
+def test_an_agent_configured_for_the_other_side_fails_at_once_naming_it(procs, certs, tmp,
+                                                                       server, client, why):
+    # issue 28 item 6: the join timeout is 600 s; the agent must end long before, with a
+    # message naming the cause (finish()'s 120 s is the hang guard).
+    sec = secret_file(os.path.join(tmp, "s"))
+    args = ["--auth-secret-file", sec] if "auth" in server else []
+    if "tls" in server:
+        args += ["--tls-cert", certs["server"][0], "--tls-key", certs["server"][1]]
+    _, _, port = start_rdzvd(procs, *args)
+    conf = CONF.replace("join_timeout=60", "join_timeout=600")
+    if "tls" in client:
+        conf += f",tls_ca={certs['ca']}"
+    p = agent(procs, port, "mismatch", tmp, 0, tmp, secret=sec if "auth" in client else None,
+              extra=[conf])
+    rc, _, err = finish(p)
+    assert rc != 0
+    assert f"127.0.0.1:{port}" in err and why in err, err[-2000:]
 
 
 def test_tls_1_2_only_when_allowed(procs, certs):

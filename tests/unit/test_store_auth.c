@@ -270,7 +270,9 @@ static void start_job_secrets(void)
 
 static void stop(void)
 {
-	event_base_loopbreak(g_base);
+	/* loopexit, not loopbreak: a test that ends before the loop thread
+	 * entered the loop would have its break cleared on entry (a hang). */
+	event_base_loopexit(g_base, NULL);
 	pthread_join(g_thread, NULL);
 	store_server_free(g_srv);
 	event_base_free(g_base);
@@ -478,7 +480,9 @@ START_TEST(a_client_without_a_challenge_fails_clearly)
 		o.auth_secret_file = g_file_a;
 		ck_assert_int_eq(crun_store_open(&o, &s), CRUN_EPROTO);
 	}
-	event_base_loopbreak(b);
+	/* The client fails at once (the server answers that it has no
+	 * secret), maybe before the loop started: as in stop(). */
+	event_base_loopexit(b, NULL);
 	pthread_join(t, NULL);
 	store_server_free(plain);
 	event_base_free(b);
