@@ -454,7 +454,8 @@ enum verdict { V_OK, V_MOVE, V_AUTH, V_FAIL };
 /* Why a member gave no answer at the transport level: a plain connect to it
  * (bounded by PROBE_MS), so the message names the errno - "connection
  * refused" - where evhttp only says the request failed. 0 when it connects
- * (then the member is up but did not answer in time). */
+ * (then the member is up but did not answer in time). Used while opening
+ * (etcd_open_report's say_retry). */
 #define PROBE_MS 1000
 static int probe(const struct etcd_endpoint *p)
 {
@@ -494,7 +495,9 @@ static enum verdict judge(struct etcd *e, const struct reply *rp, cJSON **ret_js
 
 	*ret_json = NULL;
 	if (rp->status == 0) {
-		int why = probe(&e->conf.ep[e->ep]);
+		/* Only while opening: a probe of a partitioned member costs up to
+		 * PROBE_MS, which a fail-over of a running job must not pay. */
+		int why = e->say_retry ? probe(&e->conf.ep[e->ep]) : 0;
 
 		etcd_fail(e, CRUN_ECONNREFUSED, "no answer from %s:%u%s%s", e->conf.ep[e->ep].host,
 			  e->conf.ep[e->ep].port, why ? ": " : "", why ? crun_strerror(why) : "");
