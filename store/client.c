@@ -771,17 +771,16 @@ static int handshake(struct client_conn *c, uint64_t deadline)
 	TRY(store_proto_encode_req(STORE_V2, &p, buf + l1, sizeof(buf) - l1, &l2));
 	TRY(send_all(c, buf, l1 + l2, deadline));
 	r = conn_read_reply(c, STORE_OP_PING, 0, deadline, &rep);
-	/* A TLS server answers a plaintext greeting with a TLS alert
-	 * (store_tls_tell_plaintext_peer): the first bytes of the stream. */
+	if (r == 0 && rep.u32 == p.u32)
+		return 0;
+	/* No echo: a TLS server answers a plaintext greeting with a TLS alert
+	 * (store_tls_tell_plaintext_peer), the first bytes of the stream. Only
+	 * then: a right echo may start with those bytes (pid 789, 790...). */
 	if (!c->tls && store_tls_record(c->rbuf, c->rlen))
 		return set_err(c, CRUN_EPROTO, "connect", NULL, 0,
 			       "the server speaks TLS: set tls_ca (and tls_cert, tls_key if it "
 			       "wants a client certificate)");
-	if (r < 0)
-		return r;
-	if (rep.u32 != p.u32)
-		return CRUN_EPROTO;
-	return 0;
+	return r < 0 ? r : CRUN_EPROTO;
 }
 
 /* The auth.h exchange before the first TCPStore byte; the error names the
