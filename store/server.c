@@ -503,7 +503,9 @@ static bool conn_foreign_greeting(struct store_conn *c, const uint8_t *p, size_t
 		conn_drop(c, STORE_M_DROP_MALFORMED, "a TLS handshake on a plaintext port");
 		return true;
 	}
-	if (!c->srv->cfg.auth && len >= 4 && memcmp(p, no_secrets, 4) == 0) {
+	/* Written on the socket: under TLS it would have to be encrypted, and
+	 * the bufferevent's output dies with c; a TLS client is not told. */
+	if (!c->srv->cfg.auth && !c->srv->cfg.tls && len >= 4 && memcmp(p, no_secrets, 4) == 0) {
 		(void)send(fd, no_secrets, sizeof(no_secrets), MSG_NOSIGNAL | MSG_DONTWAIT);
 		conn_drop(c, STORE_M_DROP_MALFORMED,
 			  "a client with a secret (this server has none)");
