@@ -32,7 +32,10 @@ struct store_server_config {
 					 * connection's registrations (waits,
 					 * watches, leases) */
 	uint32_t max_conns;		/* 0 = min(65536, RLIMIT_NOFILE soft limit less
-					 * the fds open at start and 64 more) */
+					 * the fds open at start and 64 more, and
+					 * with TLS or secrets max_preauth_conns);
+					 * with TLS or secrets it counts only
+					 * connections that got through */
 	size_t max_conn_buffered_bytes; /* one connection's unprocessed input (a
 					 * frame must fit); 0 = the largest legal
 					 * frame under `limits` */
