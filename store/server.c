@@ -1027,8 +1027,9 @@ static uint16_t fd_port(int fd)
  * and the README table are generated from it. */
 static const struct store_server_limit limit_rows[] = {
     {"max-conns", "count",
-     "open client connections; auto: min(65536, the fd limit less the fds open at start and 64)", 1,
-     UINT32_MAX, "auto", CFG_FIELD(max_conns)},
+     "open client connections (with TLS or a secret: authenticated ones); auto: min(65536, the fd "
+     "limit less the fds open at start, 64 and the pre-auth budget)",
+     1, UINT32_MAX, "auto", CFG_FIELD(max_conns)},
     {"max-key-bytes", "bytes", "longest key accepted", 1, BIG, NULL,
      CFG_FIELD(limits.max_key_bytes)},
     {"max-value-bytes", "bytes", "longest value accepted", 1, BIG, NULL,
