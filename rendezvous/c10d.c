@@ -84,6 +84,7 @@ static int job_run(struct helper_job *h)
 		coord_close(c);
 		return r;
 	}
+	char why[400] = "";
 	{
 		struct coord_opts o = {0};
 
@@ -94,6 +95,11 @@ static int job_run(struct helper_job *h)
 		o.timeout_ms = j->conf.read_ms;
 		c10d_auth_opts(&o, &j->conf, j->prefix);
 		o.etcd = j->etcd;
+		/* A store that cannot be reached is said at once, not only
+		 * after connect_ms; the failure names the cause. */
+		o.say_retry = true;
+		o.err = why;
+		o.err_cap = sizeof(why);
 		r = coord_open(&o, &c);
 	}
 	if (r < 0) {
@@ -101,7 +107,8 @@ static int job_run(struct helper_job *h)
 			 "cannot reach the rendezvous store at %.100s:%u%s%.100s%s%s: %s", j->host,
 			 j->port, j->store_host[0] ? " (served by the agent on host '" : "",
 			 j->store_host, j->store_host[0] ? "')" : "",
-			 j->fenced ? " since this node fenced its workers" : "", crun_strerror(r));
+			 j->fenced ? " since this node fenced its workers" : "",
+			 why[0] ? why : crun_strerror(r));
 		if (j->kind == JOB_BARRIER)
 			j->barrier = BO_FAILED;
 		return r;
@@ -172,7 +179,7 @@ int c10d_join_blocking(const struct c10d_join_args *a, struct rdzv_info *ret_inf
 {
 	struct coord_opts o = {0};
 	struct coord *c = NULL;
-	char prefix[320];
+	char prefix[320], why[400] = "";
 	int r;
 
 	if (a->etcd)
@@ -186,9 +193,13 @@ int c10d_join_blocking(const struct c10d_join_args *a, struct rdzv_info *ret_inf
 	o.timeout_ms = a->conf.read_ms;
 	c10d_auth_opts(&o, &a->conf, prefix);
 	o.etcd = a->etcd;
+	o.say_retry = true;
+	o.err = why;
+	o.err_cap = sizeof(why);
 	r = coord_open(&o, &c);
 	if (r < 0) {
-		snprintf(err, cap, "cannot reach the rendezvous store: %s", crun_strerror(r));
+		snprintf(err, cap, "cannot reach the rendezvous store: %s",
+			 why[0] ? why : crun_strerror(r));
 		return r;
 	}
 	r = c10d_join_on(c, a, ret_info, ret_round, err, cap);

@@ -39,8 +39,19 @@ struct coord_opts {
 	 * handle ends its leases as an expiry would); a lapsed lease's expiry
 	 * key is written by the first reader after the lapse (coord_etcd.c). */
 	const struct etcd_conf *etcd;
+	/* Reporting (issue 22): with say_retry, a first failed attempt to
+	 * reach the store or cluster is logged at WARN at once ("cannot reach
+	 * H:P: connection refused; retrying for N s"), and a name that does not
+	 * resolve is retried like a refused connection. err (NULL: not
+	 * wanted): on failure, what the last attempt got, naming the endpoint
+	 * and the error. */
+	bool say_retry;
+	char *err;
+	size_t err_cap;
 };
 
+/* 0 and *ret_c, or the store client's (crun/store.h) or etcd's code; with
+ * o->err, its text. */
 int coord_open(const struct coord_opts *o, struct coord **ret_c);
 
 /* In-memory coordination shared by handles of one process (no sockets; no

@@ -446,9 +446,29 @@ static int mem_lease_op(struct coord *c, uint64_t id, bool revoke)
 	return r;
 }
 
+/* The first failed attempt to reach the rendezvous store, said at once:
+ * the retries that follow are otherwise silent until the deadline. */
+static void coord_on_retry(int r, const char *what, uint64_t left_ms, void *arg)
+{
+	const struct coord_opts *o = arg;
+
+	(void)r;
+	log_at(LL_WARN, SUB_RDZV,
+	       "cannot reach the rendezvous store at %s%s%s:%u: %s; retrying for %llu s",
+	       strchr(o->host, ':') ? "[" : "", o->host, strchr(o->host, ':') ? "]" : "", o->port,
+	       what, (unsigned long long)((left_ms + 999) / 1000));
+}
+
 int coord_open(const struct coord_opts *o, struct coord **ret_c)
 {
 	crun_store_opts_t so = CRUN_STORE_OPTS_INIT;
+	struct store_dial_report rep = {
+	    .on_retry = o->say_retry ? coord_on_retry : NULL,
+	    .arg = (void *)o,
+	    .retry_unresolved = o->say_retry,
+	    .err = o->err,
+	    .err_cap = o->err_cap,
+	};
 	struct coord *c;
 	int r;
 
@@ -456,7 +476,8 @@ int coord_open(const struct coord_opts *o, struct coord **ret_c)
 	if (!c)
 		return CRUN_ENOMEM;
 	if (o->etcd) {
-		r = etcd_open(o->etcd, o->prefix, o->connect_timeout_ms, o->timeout_ms, &c->etcd);
+		r = etcd_open_report(o->etcd, o->prefix, o->connect_timeout_ms, o->timeout_ms,
+				     o->say_retry, o->err, o->err_cap, &c->etcd);
 		if (r < 0)
 			free(c);
 		else
@@ -475,7 +496,7 @@ int coord_open(const struct coord_opts *o, struct coord **ret_c)
 	so.tls_cert = o->tls_cert;
 	so.tls_key = o->tls_key;
 	so.tls_min_version = o->tls_min_version;
-	r = crun_store_open(&so, &c->s);
+	r = store_client_open(&so, &rep, &c->s);
 	if (r < 0) {
 		free(c);
 		return r;

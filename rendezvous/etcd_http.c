@@ -7,6 +7,8 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <netdb.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -449,6 +451,40 @@ static int attempt(struct etcd *e, const char *path, const char *body, uint64_t 
 
 enum verdict { V_OK, V_MOVE, V_AUTH, V_FAIL };
 
+/* Why a member gave no answer at the transport level: a plain connect to it
+ * (bounded by PROBE_MS), so the message names the errno - "connection
+ * refused" - where evhttp only says the request failed. 0 when it connects
+ * (then the member is up but did not answer in time). Used while opening
+ * (etcd_open_report's say_retry). */
+#define PROBE_MS 1000
+static int probe(const struct etcd_endpoint *p)
+{
+	struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+	struct addrinfo *res = NULL;
+	char port[8];
+	int r, fd;
+
+	TRY(str_printf(port, sizeof(port), "%u", p->port));
+	if (getaddrinfo(p->host, port, &hints, &res) != 0)
+		return CRUN_ERESOLVE;
+	fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	r = fd < 0 ? -errno : 0;
+	if (r == 0 && connect(fd, res->ai_addr, res->ai_addrlen) < 0) {
+		r = errno == EINPROGRESS ? fd_wait_until(fd, POLLOUT, clock_now_ms() + PROBE_MS)
+					 : -errno;
+		if (r == 0) {
+			int soerr = 0;
+			socklen_t sl = sizeof(soerr);
+
+			r = getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) < 0 ? -errno : -soerr;
+		}
+	}
+	if (fd >= 0)
+		close(fd);
+	freeaddrinfo(res);
+	return r;
+}
+
 /* What an answer means. The gateway maps gRPC errors to
  * {"error": ..., "code": <gRPC code>, "message": ...}. */
 static enum verdict judge(struct etcd *e, const struct reply *rp, cJSON **ret_json, int *ret_err)
@@ -459,8 +495,12 @@ static enum verdict judge(struct etcd *e, const struct reply *rp, cJSON **ret_js
 
 	*ret_json = NULL;
 	if (rp->status == 0) {
-		etcd_fail(e, CRUN_ECONNREFUSED, "no answer from %s:%u", e->conf.ep[e->ep].host,
-			  e->conf.ep[e->ep].port);
+		/* Only while opening: a probe of a partitioned member costs up to
+		 * PROBE_MS, which a fail-over of a running job must not pay. */
+		int why = e->say_retry ? probe(&e->conf.ep[e->ep]) : 0;
+
+		etcd_fail(e, CRUN_ECONNREFUSED, "no answer from %s:%u%s%s", e->conf.ep[e->ep].host,
+			  e->conf.ep[e->ep].port, why ? ": " : "", why ? crun_strerror(why) : "");
 		*ret_err = CRUN_ECONNREFUSED;
 		cJSON_Delete(j);
 		return V_MOVE;
@@ -546,6 +586,13 @@ int etcd_call(struct etcd *e, const char *path, const char *body, cJSON **ret_js
 			uint64_t pause = MIN(50u * (uint64_t)(moves / e->conf.n_ep), 500);
 
 			now = clock_now_ms();
+			if (e->say_retry && !e->told && now < deadline) {
+				/* Said at once, not after the whole connect timeout. */
+				e->told = true;
+				log_at(LL_WARN, SUB_RDZV,
+				       "cannot reach etcd: %s; retrying for %llu s", e->err,
+				       (unsigned long long)((deadline - now + 999) / 1000));
+			}
 			if (now + pause < deadline)
 				usleep((useconds_t)pause * 1000);
 		}
@@ -665,6 +712,13 @@ void etcd_close(struct etcd *e)
 int etcd_open(const struct etcd_conf *conf, const char *prefix, uint32_t connect_timeout_ms,
 	      uint32_t timeout_ms, struct etcd **ret)
 {
+	return etcd_open_report(conf, prefix, connect_timeout_ms, timeout_ms, false, NULL, 0, ret);
+}
+
+int etcd_open_report(const struct etcd_conf *conf, const char *prefix, uint32_t connect_timeout_ms,
+		     uint32_t timeout_ms, bool say_retry, char *err, size_t err_cap,
+		     struct etcd **ret)
+{
 	struct etcd *e;
 	cJSON *res = NULL;
 	int r = CRUN_ENOMEM;
@@ -701,17 +755,25 @@ int etcd_open(const struct etcd_conf *conf, const char *prefix, uint32_t connect
 	}
 	/* Reach one member (and log in) within the connect timeout. */
 	e->timeout_ms = connect_timeout_ms ? connect_timeout_ms : 30000;
+	e->say_retry = say_retry;
 	if (conf->username[0])
 		r = authenticate(e);
 	else
 		r = etcd_call(e, "/v3/maintenance/status", "{}", &res);
 	cJSON_Delete(res);
+	e->say_retry = false;
 	if (r < 0)
 		goto fail;
 	e->timeout_ms = timeout_ms ? timeout_ms : 30000;
 	*ret = e;
 	return 0;
 fail:
+	/* The last member's failure, not only "timed out". */
+	if (err && err_cap && r == CRUN_ETIMEDOUT && e->err[0])
+		(void)snprintf(err, err_cap, "%s (tried for %u s)", e->err,
+			       (e->timeout_ms + 999) / 1000);
+	else if (err && err_cap)
+		(void)snprintf(err, err_cap, "%s", e->err[0] ? e->err : crun_strerror(r));
 	etcd_close(e);
 	return r;
 }

@@ -69,6 +69,12 @@ struct etcd;
  * the last member tried. */
 int etcd_open(const struct etcd_conf *conf, const char *prefix, uint32_t connect_timeout_ms,
 	      uint32_t timeout_ms, struct etcd **ret);
+/* etcd_open that, with say_retry, logs at WARN once when no member answered
+ * the first pass and it keeps trying, and writes the last error (member
+ * and cause) into err on failure (NULL: not wanted). */
+int etcd_open_report(const struct etcd_conf *conf, const char *prefix, uint32_t connect_timeout_ms,
+		     uint32_t timeout_ms, bool say_retry, char *err, size_t err_cap,
+		     struct etcd **ret);
 /* Closes connections; leases it holds are left to expire (NULL: no-op). */
 void etcd_close(struct etcd *e);
 const char *etcd_last_error(const struct etcd *e);
@@ -238,6 +244,8 @@ struct etcd {
 	struct etcd_lease leases[ETCD_MAX_LEASES];
 	struct etcd_watch w;
 	char err[512];
+	bool say_retry; /* etcd_open_report: the first pass without an answer is logged... */
+	bool told;	/* ...once */
 };
 
 #endif /* CRUN_RENDEZVOUS_ETCD_INT_H */

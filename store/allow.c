@@ -15,7 +15,7 @@
 
 /* An IPv4 address is kept as its v4-mapped IPv6 form: one comparison for
  * both the dual-stack and the IPv4 listener. */
-static void to_v6(const struct sockaddr *sa, struct in6_addr *ret)
+void store_addr_v6(const struct sockaddr *sa, struct in6_addr *ret)
 {
 	if (sa->sa_family == AF_INET6) {
 		*ret = ((const struct sockaddr_in6 *)sa)->sin6_addr;
@@ -98,7 +98,7 @@ bool store_server_peer_allowed(const struct store_server *srv, const struct sock
 		return true;
 	if (sa->sa_family != AF_INET && sa->sa_family != AF_INET6)
 		return false;
-	to_v6(sa, &a);
+	store_addr_v6(sa, &a);
 	/* Loopback: ::1 and 127/8 (v4-mapped). */
 	if (IN6_IS_ADDR_LOOPBACK(&a) || (IN6_IS_ADDR_V4MAPPED(&a) && a.s6_addr[12] == 127))
 		return true;

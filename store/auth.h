@@ -2,7 +2,9 @@
  * protocol (issue "Security"), private to store/ and the modules above it
  * that open crun-to-crun connections (rendezvous, worker_sdk).
  *
- * The exchange, run before any TCPStore byte (the server speaks first):
+ * The exchange, run before any TCPStore byte (the server sends its challenge
+ * at accept; the client sends the head of its answer, "CRA1" job_len job,
+ * without waiting for it, and the rest once the challenge is in):
  *
  *   server -> client  CHALLENGE "CRA1" u8 0         nonce_s[32]
  *   client -> server  ANSWER    "CRA1" u8 job_len job[job_len] nonce_c[32] mac_c[32]
@@ -65,6 +67,12 @@ enum store_auth_domain {
 #define STORE_AUTH_ANSWER_MAX \
 	(4 + 1 + STORE_AUTH_JOB_MAX + STORE_AUTH_NONCE_BYTES + STORE_AUTH_MAC_BYTES)
 #define STORE_AUTH_PROOF_BYTES (4 + STORE_AUTH_MAC_BYTES)
+/* A client sends its answer's head ("CRA1" job_len job) before the
+ * challenge arrives (a TLS server then speaks up, see store/tls.h). A crun
+ * server without secrets answers that head with "CRA1" and this byte where
+ * a challenge has 0, and closes: the client says the server has no secret
+ * at once instead of waiting for a challenge. */
+#define STORE_AUTH_NO_SECRETS 0xff
 
 /* One secret; bytes exactly as in the file, a trailing newline removed. */
 struct store_auth_secret {
@@ -155,8 +163,10 @@ struct store_tls_conn;
 /* Runs the client half of the store's exchange (STORE_AUTH_STORE) on a
  * connected socket fd (through `tls` when not NULL, store/tls.h) until deadline_ms (clock_now_ms()
  * scale). 0, CRUN_EACCES (the server closed on our answer, or its proof is
- * wrong), CRUN_EPROTO (no challenge within 10 s: the server does not
- * authenticate), CRUN_ETIMEDOUT, -errno. err explains. */
+ * wrong), CRUN_EPROTO (no challenge within 10 s, or the server answered
+ * STORE_AUTH_NO_SECRETS: it does not authenticate; or, without `tls`, it
+ * answered a TLS record: it speaks TLS), CRUN_EINVAL (job too long),
+ * CRUN_ETIMEDOUT, -errno. err explains. */
 int store_auth_client_run(int fd, struct store_tls_conn *tls, const struct store_auth_secret *s,
 			  const char *job, uint64_t deadline_ms, char *err, size_t cap);
 

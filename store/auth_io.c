@@ -51,10 +51,14 @@ static int send_exact(int fd, struct store_tls_conn *tls, const uint8_t *p, size
 	return 0;
 }
 
-/* Reads exactly len bytes: CRUN_ECLOSED on EOF. */
-static int recv_exact(int fd, struct store_tls_conn *tls, uint8_t *p, size_t len,
-		      uint64_t deadline_ms)
+/* Reads exactly len bytes: CRUN_ECLOSED on EOF. *ret_got (NULL: not
+ * wanted) counts what arrived, also on failure. */
+static int recv_exact_got(int fd, struct store_tls_conn *tls, uint8_t *p, size_t len,
+			  uint64_t deadline_ms, size_t *ret_got)
 {
+	size_t dummy = 0, *got = ret_got ? ret_got : &dummy;
+
+	*got = 0;
 	while (len) {
 		short ev = POLLIN;
 		ssize_t n;
@@ -76,6 +80,7 @@ static int recv_exact(int fd, struct store_tls_conn *tls, uint8_t *p, size_t len
 		if (n > 0) {
 			p += n;
 			len -= (size_t)n;
+			*got += (size_t)n;
 			continue;
 		}
 		if (n == 0)
@@ -86,6 +91,12 @@ static int recv_exact(int fd, struct store_tls_conn *tls, uint8_t *p, size_t len
 	return 0;
 }
 
+static int recv_exact(int fd, struct store_tls_conn *tls, uint8_t *p, size_t len,
+		      uint64_t deadline_ms)
+{
+	return recv_exact_got(fd, tls, p, len, deadline_ms, NULL);
+}
+
 static int client_run(enum store_auth_domain dom, int fd, struct store_tls_conn *tls,
 		      const struct store_auth_secret *s, const char *job, uint64_t deadline_ms,
 		      char *err, size_t cap)
@@ -93,13 +104,39 @@ static int client_run(enum store_auth_domain dom, int fd, struct store_tls_conn 
 	uint8_t ch[STORE_AUTH_CHALLENGE_BYTES], ans[STORE_AUTH_ANSWER_MAX];
 	uint8_t proof[STORE_AUTH_PROOF_BYTES];
 	uint8_t nonce_s[STORE_AUTH_NONCE_BYTES], nonce_c[STORE_AUTH_NONCE_BYTES];
-	size_t alen;
+	size_t alen, jl = strlen(job), head = 5 + jl, got = 0;
 	int r;
 
+	if (jl > STORE_AUTH_JOB_MAX) {
+		snprintf(err, cap, "run id longer than %d bytes", STORE_AUTH_JOB_MAX);
+		return CRUN_EINVAL;
+	}
+	/* The answer's head ("CRA1", job_len, job) owes nothing to the
+	 * challenge: sent now, it makes a TLS server that waits for a
+	 * ClientHello speak up (store_tls_tell_plaintext_peer) instead of
+	 * both sides waiting for each other; a crun server reads it as the
+	 * start of the answer. */
+	memcpy(ans, "CRA1", 4);
+	ans[4] = (uint8_t)jl;
+	memcpy(ans + 5, job, jl);
+	r = send_exact(fd, tls, ans, head, deadline_ms);
 	/* A server that authenticates sends its challenge on accept; one that
 	 * does not waits for us forever, so this wait has its own bound. */
-	r = recv_exact(fd, tls, ch, sizeof(ch),
-		       MIN(deadline_ms, clock_now_ms() + CHALLENGE_WAIT_MS));
+	if (r == 0)
+		r = recv_exact_got(fd, tls, ch, sizeof(ch),
+				   MIN(deadline_ms, clock_now_ms() + CHALLENGE_WAIT_MS), &got);
+	if (got >= 5 && memcmp(ch, "CRA1", 4) == 0 && ch[4] == STORE_AUTH_NO_SECRETS) {
+		snprintf(err, cap,
+			 "the server requires no secret: it answered that it has none (remove "
+			 "auth_secret_file, or give the server the secret)");
+		return CRUN_EPROTO;
+	}
+	if (!tls && store_tls_record(ch, got)) {
+		snprintf(err, cap,
+			 "the server speaks TLS: set tls_ca (and tls_cert, tls_key if it wants a "
+			 "client certificate)");
+		return CRUN_EPROTO;
+	}
 	if (r == 0)
 		r = store_auth_decode_challenge(ch, sizeof(ch), nonce_s);
 	if (r < 0) {
@@ -114,7 +151,7 @@ static int client_run(enum store_auth_domain dom, int fd, struct store_tls_conn 
 		snprintf(err, cap, "cannot build the authentication answer: %s", crun_strerror(r));
 		return r;
 	}
-	r = send_exact(fd, tls, ans, alen, deadline_ms);
+	r = send_exact(fd, tls, ans + head, alen - head, deadline_ms);
 	if (r == 0)
 		r = recv_exact(fd, tls, proof, sizeof(proof), deadline_ms);
 	if (r == CRUN_ECLOSED || r == CRUN_ECONNRESET) {

@@ -98,10 +98,11 @@ struct client_conn {
 	size_t ulen, ucap;
 	const char *lossy; /* an unconfirmed write that cannot be replayed, or NULL */
 	bool replayed;	   /* unacked was replayed once: a second loss drops it */
-	struct store_auth_secret *secret; /* NULL: no authentication (auth.h) */
-	char *auth_job;			  /* the run id we speak for */
-	struct store_tls *tls_ctx;	  /* NULL: plaintext (store/tls.h) */
-	struct store_tls_conn *tls;	  /* the live connection's TLS, or NULL */
+	struct store_auth_secret *secret;    /* NULL: no authentication (auth.h) */
+	char *auth_job;			     /* the run id we speak for */
+	struct store_tls *tls_ctx;	     /* NULL: plaintext (store/tls.h) */
+	struct store_tls_conn *tls;	     /* the live connection's TLS, or NULL */
+	const struct store_dial_report *rep; /* while crun_store_open dials; else NULL */
 };
 
 struct crun_store {
@@ -764,14 +765,22 @@ static int handshake(struct client_conn *c, uint64_t deadline)
 	uint8_t buf[64];
 	size_t l1, l2;
 	struct store_reply rep;
+	int r;
 
 	TRY(store_proto_encode_req(STORE_V2, &v, buf, sizeof(buf), &l1));
 	TRY(store_proto_encode_req(STORE_V2, &p, buf + l1, sizeof(buf) - l1, &l2));
 	TRY(send_all(c, buf, l1 + l2, deadline));
-	TRY(conn_read_reply(c, STORE_OP_PING, 0, deadline, &rep));
-	if (rep.u32 != p.u32)
-		return CRUN_EPROTO;
-	return 0;
+	r = conn_read_reply(c, STORE_OP_PING, 0, deadline, &rep);
+	if (r == 0 && rep.u32 == p.u32)
+		return 0;
+	/* No echo: a TLS server answers a plaintext greeting with a TLS alert
+	 * (store_tls_tell_plaintext_peer), the first bytes of the stream. Only
+	 * then: a right echo may start with those bytes (pid 789, 790...). */
+	if (!c->tls && store_tls_record(c->rbuf, c->rlen))
+		return set_err(c, CRUN_EPROTO, "connect", NULL, 0,
+			       "the server speaks TLS: set tls_ca (and tls_cert, tls_key if it "
+			       "wants a client certificate)");
+	return r < 0 ? r : CRUN_EPROTO;
 }
 
 /* The auth.h exchange before the first TCPStore byte; the error names the
@@ -809,7 +818,8 @@ static int conn_dial(struct client_conn *c, uint64_t deadline, bool one_round,
 	    .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
 	uint32_t backoff = BACKOFF_START_MS;
 	bool hung_up = false; /* the server accepted, then closed on our greeting */
-	char port_s[8];
+	char port_s[8], what[160] = "";
+	uint64_t start = clock_now_ms();
 	int last = CRUN_ETIMEDOUT;
 	int n;
 
@@ -850,11 +860,17 @@ static int conn_dial(struct client_conn *c, uint64_t deadline, bool one_round,
 			freeaddrinfo(res);
 			if (last == 0 || last == CRUN_EPROTO || last == CRUN_EACCES)
 				return last;
-		} else if (g == EAI_NONAME || g == EAI_SERVICE || g == EAI_FAMILY) {
+		} else if ((g == EAI_NONAME && !(c->rep && c->rep->retry_unresolved)) ||
+			   g == EAI_SERVICE || g == EAI_FAMILY) {
 			return set_err(c, CRUN_ERESOLVE, "connect", NULL, 0, "%s", gai_strerror(g));
 		} else {
 			last = CRUN_ERESOLVE;
 		}
+		if (last == CRUN_ERESOLVE)
+			n = snprintf(what, sizeof(what), "cannot resolve '%s': %s", c->host,
+				     gai_strerror(g));
+		else
+			n = snprintf(what, sizeof(what), "%s", crun_strerror(last));
 		if (last == CRUN_ECONNREFUSED && refused_until != NO_DEADLINE &&
 		    clock_now_ms() >= refused_until)
 			return last;
@@ -867,6 +883,9 @@ static int conn_dial(struct client_conn *c, uint64_t deadline, bool one_round,
 
 			if (left == 0 || one_round)
 				break;
+			if (round == 0 && c->rep && c->rep->on_retry)
+				c->rep->on_retry(last, what, left < 0 ? UINT64_MAX : (uint64_t)left,
+						 c->rep->arg);
 			if (left > 0 && (uint32_t)left < j)
 				j = (uint32_t)left;
 			(void)poll(NULL, 0, (int)j);
@@ -880,6 +899,10 @@ static int conn_dial(struct client_conn *c, uint64_t deadline, bool one_round,
 		(void)set_err(c, CRUN_ETIMEDOUT, "connect", NULL, 0,
 			      "the server closed every connection during the handshake (does "
 			      "it require TLS (tls_ca) or a secret (auth_secret_file)?)");
+	else if (!one_round && !c->broken)
+		/* Opening: the cause, not only "timed out" (a revive says its own). */
+		(void)set_err(c, last, "connect", NULL, 0, "%s (tried for %llu s)", what,
+			      (unsigned long long)((clock_now_ms() - start + 500) / 1000));
 	return last == CRUN_ETIMEDOUT || last == CRUN_ECONNREFUSED || last == CRUN_ECLOSED ||
 		       last == CRUN_ECONNRESET
 		   ? CRUN_ETIMEDOUT
@@ -1098,6 +1121,12 @@ static int conn_revive(struct client_conn *c, const char *name, uint64_t deadlin
 
 CRUN_API int crun_store_open(const crun_store_opts_t *opts, crun_store_t **ret_store)
 {
+	return store_client_open(opts, NULL, ret_store);
+}
+
+int store_client_open(const struct crun_store_opts *opts, const struct store_dial_report *rep,
+		      struct crun_store **ret_store)
+{
 	struct store_limits lim = STORE_LIMITS_DEFAULT;
 	struct client_conn *c;
 	struct crun_store *s;
@@ -1177,7 +1206,11 @@ CRUN_API int crun_store_open(const crun_store_opts_t *opts, crun_store_t **ret_s
 	if (r < 0)
 		goto fail;
 	/* connect_timeout_ms = 0: one round, bounded by the op timeout. */
+	c->rep = rep;
 	r = conn_dial(c, deadline_after(cto ? cto : to), cto == 0, NO_DEADLINE);
+	c->rep = NULL;
+	if (r < 0 && rep && rep->err && rep->err_cap)
+		(void)snprintf(rep->err, rep->err_cap, "%s", c->err[0] ? c->err : crun_strerror(r));
 	if (r < 0) {
 		log_at(LL_INFO, SUB_STORE, "cannot connect to store %s (v%d): %s", c->peer, dialect,
 		       c->err[0] ? c->err : crun_strerror(r));

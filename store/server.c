@@ -57,6 +57,7 @@
 #include <event2/listener.h>
 
 #include "common/common.h"
+#include "store/auth.h"
 #include "store/server_int.h"
 #include "store/store_ext.h"
 #include "store/tls.h"
@@ -135,6 +136,7 @@ static void conn_close(struct store_conn *c)
 	store_conn_unregister(c);
 	store_ext_conn_closed(c); /* after the waits are gone: it may SET keys */
 	store_conn_auth_free(c);
+	store_preauth_forget(c);
 	dl_del(&c->link);
 	dl_del(&c->stall_link);
 	/* Freeing the buffers does not call their callbacks: settle by hand. */
@@ -192,6 +194,11 @@ static void conn_drop(struct store_conn *c, enum store_metric why, const char *w
 		       what ? ": " : "", what ? what : "");
 	}
 	conn_close(c);
+}
+
+void store_conn_drop(struct store_conn *c, enum store_metric why, const char *what)
+{
+	conn_drop(c, why, what);
 }
 
 /* The metric an op's failure counts under: the budget it named, else a
@@ -480,6 +487,33 @@ static bool conn_ext(struct store_conn *c, const uint8_t *p, size_t len, size_t 
 	return true;
 }
 
+/* A greeting of a client configured for another server, instead of a
+ * TCPStore frame: a TLS ClientHello on a plaintext port, or the head of an
+ * authentication answer on a server without secrets. It is told in a way
+ * its side recognises, so it fails at once saying why, and c is dropped.
+ * Returns false for any other bytes (c untouched). */
+static bool conn_foreign_greeting(struct store_conn *c, const uint8_t *p, size_t len)
+{
+	static const uint8_t no_secrets[] = {'C', 'R', 'A', '1', STORE_AUTH_NO_SECRETS};
+	int fd = bufferevent_getfd(c->bev);
+
+	if (!c->srv->cfg.tls && store_tls_record(p, len)) {
+		/* A line it cannot take for a TLS record fails its handshake. */
+		store_tls_tell_tls_peer(fd);
+		conn_drop(c, STORE_M_DROP_MALFORMED, "a TLS handshake on a plaintext port");
+		return true;
+	}
+	/* Written on the socket: under TLS it would have to be encrypted, and
+	 * the bufferevent's output dies with c; a TLS client is not told. */
+	if (!c->srv->cfg.auth && !c->srv->cfg.tls && len >= 4 && memcmp(p, no_secrets, 4) == 0) {
+		(void)send(fd, no_secrets, sizeof(no_secrets), MSG_NOSIGNAL | MSG_DONTWAIT);
+		conn_drop(c, STORE_M_DROP_MALFORMED,
+			  "a client with a secret (this server has none)");
+		return true;
+	}
+	return false;
+}
+
 /* Decodes and runs every complete request in the input buffer, in order.
  * Returns false when it closed the connection. */
 static bool conn_process(struct store_conn *c)
@@ -508,6 +542,8 @@ static bool conn_process(struct store_conn *c)
 				conn_drop(c, STORE_M_DROP_AUTH, why);
 			if (r <= 0)
 				return r == 0;
+			if (!store_preauth_end(c))
+				return false;
 			continue;
 		}
 		if (!c->dialect && !conn_sniff(c, in, len))
@@ -543,6 +579,8 @@ static bool conn_process(struct store_conn *c)
 						&used);
 		if (r == CRUN_EAGAIN)
 			return conn_partial(c, len);
+		if (r < 0 && conn_foreign_greeting(c, p, len))
+			return false;
 		if (r < 0) {
 			conn_drop(c,
 				  r == CRUN_ETOOBIG ? STORE_M_DROP_REQUEST_LIMIT
@@ -610,17 +648,20 @@ static void conn_on_event(struct bufferevent *bev, short what, void *arg)
 	struct store_conn *c = arg;
 
 	if (what & BEV_EVENT_CONNECTED) {
-		store_conn_tls_ready(c); /* the TLS handshake is done */
-		return;
-	}
-	if (what & BEV_EVENT_TIMEOUT) {
-		conn_drop(c, STORE_M_DROP_AUTH, "no TLS handshake or authentication in time");
+		/* The TLS handshake is done: without secrets, c is in. */
+		if (!store_conn_auth_pending(c))
+			(void)store_preauth_end(c);
 		return;
 	}
 	if ((what & BEV_EVENT_ERROR) && c->srv->cfg.tls) {
 		char why[256];
+		bool plain;
 
-		if (*store_tls_bev_error(bev, why, sizeof(why))) {
+		if (*store_tls_bev_error(bev, why, sizeof(why), &plain)) {
+			/* A plaintext client waits for a challenge or a reply that
+			 * will not come: tell it, in a way it can read, why. */
+			if (plain)
+				store_tls_tell_plaintext_peer(bufferevent_getfd(bev));
 			conn_drop(c, STORE_M_DROP_TLS, why);
 			return;
 		}
@@ -771,6 +812,7 @@ static struct store_conn *conn_new(struct store_server *srv, int fd)
 	DL_INIT(&c->watches);
 	DL_INIT(&c->leases);
 	DL_INIT(&c->stall_link);
+	DL_INIT(&c->preauth_link);
 	dl_add_tail(&srv->conns, &c->link);
 	srv->st.conns++;
 	srv->metrics[STORE_M_CONNS_ACCEPTED]++;
@@ -830,13 +872,26 @@ static void srv_on_accept(struct evconnlistener *lsn, evutil_socket_t fd, struct
 		close(fd);
 		return;
 	}
-	if (srv->st.conns >= srv->cfg.max_conns) {
+	/* Behind a gate a stranger takes a pre-auth slot, not one of
+	 * max_conns (checked when it gets in: store_preauth_end). */
+	if (store_server_gated(srv)) {
+		int why = store_preauth_admit(srv, sa);
+
+		if (why) {
+			srv_refuse(srv, fd, (enum store_metric)why);
+			return;
+		}
+	} else if (srv->st.conns >= srv->cfg.max_conns) {
 		srv_refuse(srv, fd, STORE_M_REFUSED_MAX_CONNS);
 		return;
 	}
 	c = conn_new(srv, fd);
 	if (!c)
 		return;
+	if (store_server_gated(srv) && store_preauth_begin(c, sa) < 0) {
+		conn_drop(c, STORE_M_DROP_OP_FAILED, "out of memory");
+		return;
+	}
 	/* The gate (server_auth.c): a challenge out, one answer in, before
 	 * any request is read; with TLS the bufferevent runs the handshake. */
 	if (store_conn_auth_start(c) < 0) {
@@ -972,8 +1027,9 @@ static uint16_t fd_port(int fd)
  * and the README table are generated from it. */
 static const struct store_server_limit limit_rows[] = {
     {"max-conns", "count",
-     "open client connections; auto: min(65536, the fd limit less the fds open at start and 64)", 1,
-     UINT32_MAX, "auto", CFG_FIELD(max_conns)},
+     "open client connections (with TLS or a secret: authenticated ones); auto: min(65536, the fd "
+     "limit less the fds open at start, 64 and the pre-auth budget)",
+     1, UINT32_MAX, "auto", CFG_FIELD(max_conns)},
     {"max-key-bytes", "bytes", "longest key accepted", 1, BIG, NULL,
      CFG_FIELD(limits.max_key_bytes)},
     {"max-value-bytes", "bytes", "longest value accepted", 1, BIG, NULL,
@@ -1009,6 +1065,15 @@ static const struct store_server_limit limit_rows[] = {
     {"idle-timeout", "seconds",
      "close a connection silent this long (torch 1.13 keeps an idle one per store)", 0, UINT32_MAX,
      "off", CFG_FIELD(idle_timeout_s)},
+    {"preauth-timeout", "seconds",
+     "with TLS or a secret: time from accept to authenticated, however the bytes trickle", 1, 86400,
+     NULL, CFG_FIELD(preauth_timeout_s)},
+    {"max-preauth-conns", "count",
+     "with TLS or a secret: connections not authenticated yet, all addresses (not in max-conns)", 1,
+     UINT32_MAX, NULL, CFG_FIELD(max_preauth_conns)},
+    {"max-preauth-per-addr", "count",
+     "with TLS or a secret: connections not authenticated yet from one source address", 1,
+     UINT32_MAX, NULL, CFG_FIELD(max_preauth_per_addr)},
 };
 
 const struct store_server_limit *store_server_limits(size_t *ret_n)
@@ -1099,9 +1164,10 @@ static long open_fds(void)
  * agent serving its worker store holds about 13 whatever its worker count,
  * crun-rdzvd fewer), at most 65536. A fixed reserve, not a share of the
  * limit: an eighth of 20,000 kept 2,500 descriptors idle and refused a job's
- * ranks past 17,500. Without /proc, an eighth as before. */
+ * ranks past 17,500. Without /proc, an eighth as before. `preauth`: the
+ * pre-auth budget of a gated server, whose descriptors come on top. */
 #define AUTO_FD_MARGIN 64
-static uint32_t auto_max_conns(void)
+static uint32_t auto_max_conns(uint64_t preauth)
 {
 	struct rlimit rl;
 	uint64_t lim = 1024, reserve;
@@ -1110,6 +1176,7 @@ static uint32_t auto_max_conns(void)
 	if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
 		lim = rl.rlim_cur == RLIM_INFINITY ? 65536 + 8192 : rl.rlim_cur;
 	reserve = held >= 0 ? (uint64_t)held + AUTO_FD_MARGIN : MAX(AUTO_FD_MARGIN, lim / 8);
+	reserve += preauth;
 	return lim > reserve + 1 ? (uint32_t)MIN(65536, lim - reserve) : 1;
 }
 
@@ -1122,9 +1189,11 @@ static void cfg_fill(struct store_server_config *dst, const struct store_server_
 
 	*dst = *src;
 	dst->host = NULL; /* borrowed; only used while binding */
-	/* 0 means "the default" for every size and count (the *_s times: off). */
+	/* 0 means "the default" for every size and count, and for the times
+	 * that cannot be off; for the others (zero "off") it means off. */
 	for (size_t i = 0; i < ARRAY_SIZE(limit_rows); i++)
-		if (strcmp(limit_rows[i].unit, "seconds") && !store_server_limit_get(dst, i))
+		if ((strcmp(limit_rows[i].unit, "seconds") || !limit_rows[i].zero) &&
+		    !store_server_limit_get(dst, i))
 			limit_put(dst, i, store_server_limit_get(&def, i));
 	if (!dst->max_conns)
 		dst->max_conns = auto_conns;
@@ -1147,11 +1216,14 @@ int store_server_new(struct event_base *base, const struct store_server_config *
 	srv->base = base;
 	srv->reserve_fd = -1;
 	srv->stall_min = SIZE_MAX;
-	srv->auto_conns = auto_max_conns();
+	cfg_fill(&srv->cfg, cfg, 1);
+	srv->auto_conns = auto_max_conns(cfg->tls || cfg->auth ? srv->cfg.max_preauth_conns : 0);
 	cfg_fill(&srv->cfg, cfg, srv->auto_conns);
 	srv->out_hard_cap = srv->cfg.max_conn_output_bytes + srv->cfg.max_conn_buffered_bytes;
 	DL_INIT(&srv->conns);
 	DL_INIT(&srv->stalled);
+	DL_INIT(&srv->preauth);
+	store_preauth_set_timeout(srv);
 	r = kv_init(&srv->kv, srv->cfg.max_keys, srv->cfg.max_total_key_bytes);
 	if (r < 0)
 		goto fail;
@@ -1226,6 +1298,7 @@ void store_server_set_limits(struct store_server *srv, const struct store_server
 	srv->out_hard_cap = srv->cfg.max_conn_output_bytes + srv->cfg.max_conn_buffered_bytes;
 	srv->kv.max_ents = srv->cfg.max_keys;
 	srv->kv.max_key_bytes = srv->cfg.max_total_key_bytes;
+	store_preauth_set_timeout(srv);
 	if (srv->cfg.stall_timeout_s || srv->cfg.idle_timeout_s) {
 		if (!evtimer_pending(srv->sweep, NULL))
 			(void)event_add(srv->sweep, &sweep);

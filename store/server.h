@@ -32,7 +32,10 @@ struct store_server_config {
 					 * connection's registrations (waits,
 					 * watches, leases) */
 	uint32_t max_conns;		/* 0 = min(65536, RLIMIT_NOFILE soft limit less
-					 * the fds open at start and 64 more) */
+					 * the fds open at start and 64 more, and
+					 * with TLS or secrets max_preauth_conns);
+					 * with TLS or secrets it counts only
+					 * connections that got through */
 	size_t max_conn_buffered_bytes; /* one connection's unprocessed input (a
 					 * frame must fit); 0 = the largest legal
 					 * frame under `limits` */
@@ -65,6 +68,16 @@ struct store_server_config {
 	 * HELLO answers it and newer ops close the connection, as an older
 	 * crun-rdzvd would - for tests of the clients' fallbacks. */
 	uint32_t ext_version;
+	/* Appended for issue 28 (pre-auth exhaustion). With TLS or secrets a
+	 * connection is "pre-auth" from accept until it passed the TLS
+	 * handshake and the challenge: it must get there within
+	 * preauth_timeout_s of accept (one deadline, not reset by bytes), and
+	 * such connections have their own budget - max_preauth_conns in all,
+	 * max_preauth_per_addr from one source address - instead of counting in
+	 * max_conns, so strangers cannot take the slots of real clients. */
+	uint32_t preauth_timeout_s;
+	uint32_t max_preauth_conns;
+	uint32_t max_preauth_per_addr;
 };
 
 #define STORE_SERVER_CONFIG_DEFAULT                                                                \
@@ -75,7 +88,8 @@ struct store_server_config {
 		.max_total_key_bytes = 64u * 1024 * 1024, .max_waiters = 1u << 20,                 \
 		.max_total_input_bytes = 512u * 1024 * 1024, .max_conn_output_bytes = 1024 * 1024, \
 		.max_total_output_bytes = 512u * 1024 * 1024, .keepalive_s = 30,                   \
-		.stall_timeout_s = 60, .idle_timeout_s = 0,                                        \
+		.stall_timeout_s = 60, .idle_timeout_s = 0, .preauth_timeout_s = 10,               \
+		.max_preauth_conns = 128, .max_preauth_per_addr = 16,                              \
 	}
 
 /* One tunable of struct store_server_config, for flag parsers and help
@@ -166,6 +180,11 @@ void store_server_each_key(const struct store_server *srv,
 	X(CONNS_ACCEPTED, "conns_accepted", "connections accepted")                         \
 	X(REFUSED_MAX_CONNS, "refused_max_conns", "connection limit reached (max_conns)")   \
 	X(REFUSED_FD_LIMIT, "refused_fd_limit", "out of file descriptors")                  \
+	X(REFUSED_PREAUTH, "refused_preauth",                                               \
+	  "too many connections not authenticated yet (max-preauth-conns)")                 \
+	X(REFUSED_PREAUTH_ADDR, "refused_preauth_addr",                                     \
+	  "too many connections not authenticated yet from one address "                    \
+	  "(max-preauth-per-addr)")                                                         \
 	X(DROP_MALFORMED, "drop_malformed", "malformed request")                            \
 	X(DROP_REQUEST_LIMIT, "drop_request_limit", "request over a per-request limit")     \
 	X(DROP_EXT_BEFORE_HELLO, "drop_ext_before_hello", "extension op before HELLO")      \

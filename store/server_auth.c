@@ -19,10 +19,6 @@
 #include "store/server_int.h"
 #include "store/store_ext.h"
 
-/* A client must finish the TLS handshake and the answer within this: a
- * silent or slow stranger does not get to hold a connection. */
-#define PREAUTH_TIMEOUT_S 10
-
 struct conn_auth {
 	uint8_t nonce_s[STORE_AUTH_NONCE_BYTES];
 	bool done;
@@ -31,12 +27,9 @@ struct conn_auth {
 
 int store_conn_auth_start(struct store_conn *c)
 {
-	const struct timeval tv = {PREAUTH_TIMEOUT_S, 0};
 	uint8_t ch[STORE_AUTH_CHALLENGE_BYTES];
 	struct conn_auth *a;
 
-	if (c->srv->cfg.auth || c->srv->cfg.tls)
-		bufferevent_set_timeouts(c->bev, &tv, NULL);
 	if (!c->srv->cfg.auth)
 		return 0;
 	a = calloc(1, sizeof(*a));
@@ -98,16 +91,9 @@ int store_conn_auth_read(struct store_conn *c, const char **ret_why)
 		return CRUN_ENOMEM;
 	c->auth->done = true;
 	bufferevent_setwatermark(c->bev, EV_READ, 0, c->srv->cfg.max_conn_buffered_bytes);
-	bufferevent_set_timeouts(c->bev, NULL, NULL);
 	log_at(LL_DEBUG, SUB_STORE, "client authenticated for run id '%s'%s", c->auth->grant.job,
 	       c->auth->grant.scoped ? " (its keys only)" : "");
 	return 1;
-}
-
-void store_conn_tls_ready(struct store_conn *c)
-{
-	if (!c->auth)
-		bufferevent_set_timeouts(c->bev, NULL, NULL); /* TLS alone: done */
 }
 
 bool store_conn_key_visible(const struct store_conn *c, const uint8_t *key, size_t len)

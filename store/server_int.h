@@ -135,6 +135,10 @@ struct store_server {
 	struct in6_addr *allow; /* allow.c: allowed peers (v4 as v4-mapped) */
 	size_t n_allow;
 	bool allow_on; /* false: any peer */
+	/* preauth.c: connections not authenticated yet (TLS or secrets on). */
+	struct dl preauth;	   /* struct store_conn.preauth_link */
+	uint32_t n_preauth;	   /* its length: they do not count in max_conns */
+	struct timeval preauth_tv; /* preauth_timeout_s, as a common timeout of base */
 };
 
 struct store_conn {
@@ -176,6 +180,11 @@ struct store_conn {
 	struct dl twaits;	 /* struct store_twait.link; set up by MUX */
 	struct dl fired;	 /* completed during the running op, WAKE not sent yet */
 	struct conn_auth *auth;	 /* server_auth.c; NULL: the server has no secrets */
+	/* preauth.c: while in srv->preauth (TLS handshake or challenge not
+	 * passed yet), its source address and its one deadline from accept. */
+	struct dl preauth_link;
+	struct in6_addr addr;
+	struct event *preauth_timer; /* NULL: not pre-auth */
 };
 
 static inline struct evbuffer *store_conn_out(struct store_conn *c)
@@ -216,17 +225,42 @@ void store_conn_unregister(struct store_conn *c);
 int store_server_set_key(struct store_server *srv, const struct store_bytes *k,
 			 const struct store_bytes *v);
 
+/* allow.c: sa's address as IPv6 (IPv4 v4-mapped), one form to compare. */
+void store_addr_v6(const struct sockaddr *sa, struct in6_addr *ret);
 /* allow.c: whether a connection from sa passes the allowlist. */
 bool store_server_peer_allowed(const struct store_server *srv, const struct sockaddr *sa);
+
+/* server.c: closes c for bad or over-limit input, counted under `why` and
+ * logged (rate-limited); `what` adds detail or is NULL. Frees c. */
+void store_conn_drop(struct store_conn *c, enum store_metric why, const char *what);
+
+/* ---- preauth.c: the budget and deadline of unauthenticated connections ---- */
+
+/* Whether a server gates its connections (TLS or secrets): only then are
+ * new connections pre-auth. */
+bool store_server_gated(const struct store_server *srv);
+/* At accept, before anything is allocated: 0 when a connection from sa fits
+ * the pre-auth budget, else the metric of the refusal (REFUSED_PREAUTH or
+ * REFUSED_PREAUTH_ADDR). O(max_preauth_conns). */
+int store_preauth_admit(const struct store_server *srv, const struct sockaddr *sa);
+/* c enters pre-auth: linked, counted, its deadline armed (preauth_timeout_s
+ * from now; bytes do not move it). At the deadline c is dropped (drop_auth).
+ * 0 or CRUN_ENOMEM (c is left as it was). */
+int store_preauth_begin(struct store_conn *c, const struct sockaddr *sa);
+/* c passed the gate: out of the pre-auth budget, into max_conns. Returns
+ * false when max_conns is full: c was dropped (refused_max_conns, freed). */
+bool store_preauth_end(struct store_conn *c);
+/* Close path: forgets c's pre-auth state, if any. */
+void store_preauth_forget(struct store_conn *c);
+/* The deadline's common timeout, after store_server_new or a limit change. */
+void store_preauth_set_timeout(struct store_server *srv);
 
 /* ---- server_auth.c: the pre-auth gate (auth.h) ---- */
 
 /* At accept: when the server has secrets, queues the challenge and limits
- * reading to one answer frame; with secrets or TLS, arms a 10 s deadline
- * for the handshake (BEV_EVENT_TIMEOUT). 0 or a negative code (close c). */
+ * reading to one answer frame (the deadline is preauth.c's). 0 or a
+ * negative code (close c). */
 int store_conn_auth_start(struct store_conn *c);
-/* The TLS handshake finished: without auth the connection is now trusted. */
-void store_conn_tls_ready(struct store_conn *c);
 /* Close path: frees the auth state. */
 void store_conn_auth_free(struct store_conn *c);
 /* True while c has not passed authentication: nothing but the answer is read. */

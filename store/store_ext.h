@@ -277,6 +277,25 @@ void store_ext_server_free(struct store_server *srv);
 
 /* ---- client side (client.c; not exported) ---- */
 
+/* What a caller that reports its own progress (the rendezvous) wants from
+ * crun_store_open's dialing. */
+struct store_dial_report {
+	/* Called once, on the dialing thread, when the first round of
+	 * attempts failed and dialing goes on for left_ms more: the failure
+	 * (a crun code) and its text ("connection refused"). NULL: none. */
+	void (*on_retry)(int r, const char *what, uint64_t left_ms, void *arg);
+	void *arg;
+	bool retry_unresolved; /* a name that does not resolve (yet) is retried too */
+	char *err;	       /* on failure: crun_store_last_error's text */
+	size_t err_cap;
+};
+
+/* crun_store_open with a report (NULL: none); the same codes. */
+struct crun_store_opts;
+struct crun_store;
+int store_client_open(const struct crun_store_opts *opts, const struct store_dial_report *rep,
+		      struct crun_store **ret_store);
+
 /* WAIT_ANY on the handle's connection: *ret_idx is the index of a key of
  * keys[0..n) that exists, within timeout_ms (0: the handle's op timeout).
  * CRUN_ETIMEDOUT when none appeared (the connection stays usable),

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/socket.h>
 
 #include <event2/bufferevent.h>
 #include <event2/bufferevent_ssl.h>
@@ -149,14 +150,57 @@ struct bufferevent *store_tls_accept(struct store_tls *t, struct event_base *bas
 	return bev;
 }
 
-const char *store_tls_bev_error(struct bufferevent *bev, char *buf, size_t cap)
+/* OpenSSL's verdicts on a first record that is no TLS at all. */
+static bool not_tls(unsigned long e)
+{
+	int why = ERR_GET_REASON(e);
+
+	return why == SSL_R_WRONG_VERSION_NUMBER || why == SSL_R_HTTP_REQUEST ||
+	       why == SSL_R_HTTPS_PROXY_REQUEST || why == SSL_R_UNKNOWN_PROTOCOL;
+}
+
+const char *store_tls_bev_error(struct bufferevent *bev, char *buf, size_t cap, bool *ret_plain)
 {
 	unsigned long e = bufferevent_get_openssl_error(bev);
 
 	buf[0] = '\0';
+	*ret_plain = e && not_tls(e);
 	if (e)
 		ERR_error_string_n(e, buf, cap);
 	return buf;
+}
+
+/* Reads and drops what the peer sent (bounded: a peer that keeps sending
+ * gets its reset), so that closing sends a FIN after our last bytes. */
+static void drain(int fd)
+{
+	uint8_t buf[4096];
+
+	for (int i = 0; i < 16 && recv(fd, buf, sizeof(buf), MSG_DONTWAIT) > 0; i++)
+		;
+}
+
+void store_tls_tell_plaintext_peer(int fd)
+{
+	/* alert, TLS 1.2 record version, 2 bytes: fatal, protocol_version. */
+	static const uint8_t alert[] = {0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x46};
+
+	drain(fd);
+	(void)send(fd, alert, sizeof(alert), MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+bool store_tls_record(const uint8_t *p, size_t len)
+{
+	/* Content type alert (21) or handshake (22), then major version 3. */
+	return len >= 2 && (p[0] == 0x15 || p[0] == 0x16) && p[1] == 0x03;
+}
+
+void store_tls_tell_tls_peer(int fd)
+{
+	static const char line[] = "crun store: this port speaks plaintext, not TLS\n";
+
+	drain(fd);
+	(void)send(fd, line, sizeof(line) - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
 /* ---- client -------------------------------------------------------------------- */
@@ -256,7 +300,13 @@ int store_tls_connect(struct store_tls *t, int fd, const char *host, uint64_t de
 			goto fail;
 		}
 		r = CRUN_EPROTO;
-		if (SSL_get_verify_result(c->ssl) != X509_V_OK)
+		if (not_tls(ERR_peek_last_error()))
+			snprintf(
+			    err, cap,
+			    "the server at '%s' does not speak TLS (it answered in plaintext): "
+			    "remove tls_ca, or serve the store with TLS (tls_cert, tls_key)",
+			    host);
+		else if (SSL_get_verify_result(c->ssl) != X509_V_OK)
 			snprintf(err, cap, "TLS: the certificate of '%s' is not trusted: %s", host,
 				 X509_verify_cert_error_string(SSL_get_verify_result(c->ssl)));
 		else {

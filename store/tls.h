@@ -14,6 +14,7 @@
 #ifndef CRUN_STORE_TLS_H
 #define CRUN_STORE_TLS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -43,13 +44,26 @@ void store_tls_free(struct store_tls *t);
  * then NULL). */
 struct bufferevent *store_tls_accept(struct store_tls *t, struct event_base *base, int fd);
 /* The OpenSSL reason of the last error on a TLS bufferevent ("" if none),
- * for the server's log line. */
-const char *store_tls_bev_error(struct bufferevent *bev, char *buf, size_t cap);
+ * for the server's log line. *ret_plain: whether the peer's first bytes
+ * were no TLS record at all (a plaintext client). */
+const char *store_tls_bev_error(struct bufferevent *bev, char *buf, size_t cap, bool *ret_plain);
+/* Server, a plaintext peer on a TLS port: reads what it sent (so closing
+ * sends a FIN, not a reset that would lose this) and sends it a TLS alert
+ * record in the clear, which crun's clients recognise (store_tls_record). */
+void store_tls_tell_plaintext_peer(int fd);
+/* Whether the first bytes a plaintext client read (len >= 2) are a TLS
+ * record: the server speaks TLS. Pure. */
+bool store_tls_record(const uint8_t *p, size_t len);
+/* Plain server, a TLS ClientHello on its port (store_tls_record): reads it
+ * and answers a line that is no TLS record, so the client's handshake fails
+ * at once with "wrong version number" (store_tls_connect names it). */
+void store_tls_tell_tls_peer(int fd);
 
 /* Client: handshake on connected non-blocking fd (borrowed: the caller
  * closes it after store_tls_conn_free), verifying the certificate against
  * `host` (a name or an IP literal), until deadline_ms. 0 and *ret, or
- * CRUN_EPROTO (handshake or verification failed: err says why),
+ * CRUN_EPROTO (handshake or verification failed, or the server answered in
+ * plaintext: err says which),
  * CRUN_ETIMEDOUT, -errno. */
 int store_tls_connect(struct store_tls *t, int fd, const char *host, uint64_t deadline_ms,
 		      struct store_tls_conn **ret, char *err, size_t cap);

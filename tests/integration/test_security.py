@@ -9,10 +9,14 @@ The intruder is tests/integration/helpers/crunwire.py: raw TCPStore v2 bytes
 plus the auth exchange, so it sends exactly what an attacker would. No test
 asserts a wall-clock bound."""
 import os
+import select
 import shutil
+import socket
 import subprocess
 import tempfile
+import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -416,11 +420,13 @@ def test_tls_bad_server_certificates_fail_clearly(procs, certs, leaf, trust, why
 def test_plaintext_client_on_a_tls_port_fails_clearly(procs, certs):
     p, _, port = tls_rdzvd(procs, certs)
     ok, out, err = cli(port)
-    assert not ok and "ERR CRUN_ETIMEDOUT" in out
-    assert "does it require TLS" in err, err
-    # A raw TCPStore client is hung up on, the daemon says why.
+    assert not ok and "ERR CRUN_EPROTO" in out
+    assert "the server speaks TLS: set tls_ca" in err, err
+    # A raw TCPStore client gets a TLS alert in the clear, then EOF; the daemon says why.
     w = crunwire.Wire(port)
     w.hello()
+    assert w.recv_exact(2) == b"\x15\x03"
+    w.recv_exact(5)
     assert w.closed()
     p.terminate()
     assert "wrong version number" in p.communicate(timeout=10)[1].decode()
@@ -429,7 +435,33 @@ def test_plaintext_client_on_a_tls_port_fails_clearly(procs, certs):
 def test_tls_client_on_a_plaintext_port_fails_clearly(procs, certs):
     _, _, port = start_rdzvd(procs)
     ok, _, err = cli(port, "--tls-ca", certs["ca"])
-    assert not ok and "TLS handshake" in err and "speak TLS" in err, err
+    assert not ok and "does not speak TLS (it answered in plaintext)" in err, err
+
+
+@pytest.mark.parametrize("server,client,why", [
+    ("tls+auth", "auth", "the server speaks TLS: set tls_ca"),
+    ("tls", "plain", "the server speaks TLS: set tls_ca"),
+    ("plain", "tls", "does not speak TLS (it answered in plaintext): remove tls_ca"),
+    ("auth", "tls+auth", "does not speak TLS (it answered in plaintext): remove tls_ca"),
+    ("plain", "auth", "the server requires no secret"),
+])
+def test_an_agent_configured_for_the_other_side_fails_at_once_naming_it(procs, certs, tmp,
+                                                                       server, client, why):
+    # issue 28 item 6: the join timeout is 600 s; the agent must end long before, with a
+    # message naming the cause (finish()'s 120 s is the hang guard).
+    sec = secret_file(os.path.join(tmp, "s"))
+    args = ["--auth-secret-file", sec] if "auth" in server else []
+    if "tls" in server:
+        args += ["--tls-cert", certs["server"][0], "--tls-key", certs["server"][1]]
+    _, _, port = start_rdzvd(procs, *args)
+    conf = CONF.replace("join_timeout=60", "join_timeout=600")
+    if "tls" in client:
+        conf += f",tls_ca={certs['ca']}"
+    p = agent(procs, port, "mismatch", tmp, 0, tmp, secret=sec if "auth" in client else None,
+              extra=[conf])
+    rc, _, err = finish(p)
+    assert rc != 0
+    assert f"127.0.0.1:{port}" in err and why in err, err[-2000:]
 
 
 def test_tls_1_2_only_when_allowed(procs, certs):
@@ -727,3 +759,133 @@ def test_tls_dial_reset_mid_handshake_is_retried(procs, certs):
         assert front.left == 0
     finally:
         front.close()
+
+
+# ---- strangers before authentication (issue 28, item 3) ------------------------------------
+#
+# With TLS or a secret a connection is "pre-auth" until it passed both; such connections have
+# their own budget (--max-preauth-conns, --max-preauth-per-addr) instead of slots of
+# --max-conns, and one deadline from accept (--preauth-timeout) that bytes do not move. The
+# strangers connect from 127.0.0.2 (loopback, another source address than the job's).
+
+STRANGER = "127.0.0.2"
+# What a stranger trickles: the start of an answer (a 200-byte run id follows, so it never
+# completes), or of a ClientHello record (16 KiB announced).
+TRICKLE = {"auth": b"CRA1\xc8" + b"j" * 300, "tls": b"\x16\x03\x01\x40\x00" + b"\x01" * 300}
+
+
+def gate(procs, certs, tmp, mode, *extra):
+    """crun-rdzvd behind the gate `mode` (auth, tls, mtls); (proc, port, the agents'
+    --rdzv_conf additions, the agents' secret or None, what strangers trickle)."""
+    if mode == "auth":
+        sec = secret_file(os.path.join(tmp, "s"))
+        p, _, port = start_rdzvd(procs, "--auth-secret-file", sec, *extra)
+        return p, port, "", sec, TRICKLE["auth"]
+    cert, key = certs["server"]
+    conf = f",tls_ca={certs['ca']}"
+    if mode == "mtls":
+        extra = ("--tls-ca", certs["ca"], *extra)
+        conf += f",tls_cert={certs['client'][0]},tls_key={certs['client'][1]}"
+    p, _, port = tls_rdzvd(procs, certs, "server", *extra)
+    return p, port, conf, None, TRICKLE["tls"]
+
+
+def stranger(port):
+    s = socket.socket()
+    s.bind((STRANGER, 0))
+    s.connect(("127.0.0.1", port))
+    return s
+
+
+def hung_up(s, wait_s):
+    """True when the server closed s within wait_s (EOF or reset)."""
+    r, _, _ = select.select([s], [], [], wait_s)
+    if not r:
+        return False
+    try:
+        while True:
+            d = s.recv(4096)
+            if not d:
+                return True
+            r, _, _ = select.select([s], [], [], 0)
+            if not r:
+                return False
+    except ConnectionResetError:
+        return True
+
+
+def metric(status, name):
+    """The value of crun_store_events_total{event=name} on the daemon's /metrics."""
+    url = status + "/metrics"
+    for line in urllib.request.urlopen(url, timeout=10).read().decode().splitlines():
+        if line.startswith(f'crun_store_events_total{{event="{name}"}}'):
+            return int(line.split()[-1])
+    return 0
+
+
+@pytest.mark.parametrize("mode", ["auth", "tls", "mtls"])
+def test_strangers_before_authentication_leave_max_conns_to_the_job(procs, certs, tmp, mode):
+    # Room for the job's own connections only; 40 strangers that trickle a byte a second (an
+    # idle one would be closed at the deadline anyway) must not take any of it.
+    p, port, conf, sec, bytes_ = gate(procs, certs, tmp, mode, "--max-conns", "12")
+    status = wait_line(p.stderr, r"status page on (http://\S+)/status", 10).group(1)
+    ss = [stranger(port) for _ in range(40)]
+    deadline = time.monotonic() + 30
+    seen = ("conns_accepted", "refused_max_conns", "refused_preauth", "refused_preauth_addr")
+    while sum(metric(status, m) for m in seen) < 40 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    held = [s for s in ss if not hung_up(s, 0)]
+    assert 0 < len(held) <= 16, len(held)  # --max-preauth-per-addr's default
+    stop = threading.Event()
+
+    def trickle():
+        for i in range(600):
+            if stop.wait(1):
+                return
+            for s in held:
+                try:
+                    s.send(bytes_[i % len(bytes_):i % len(bytes_) + 1])
+                except OSError:
+                    pass
+
+    t = threading.Thread(target=trickle, daemon=True)
+    t.start()
+    try:
+        out = tempfile.mkdtemp(dir=tmp)
+        conf_all = CONF.replace("join_timeout=60", "join_timeout=30") + conf
+        ps = [agent(procs, port, "busy", out, 0, tmp, secret=sec, extra=[conf_all])
+              for _ in range(2)]
+        for a in ps:
+            rc, _, err = finish(a)
+            assert rc == 0, err[-3000:]
+        assert sorted(int(r["RANK"]) for r in records(out)) == [0, 1]
+        assert metric(status, "refused_max_conns") == 0
+    finally:
+        stop.set()
+        t.join(timeout=10)
+        for s in ss:
+            s.close()
+
+
+@pytest.mark.parametrize("mode", ["auth", "tls", "mtls"])
+def test_a_trickling_stranger_is_closed_at_the_preauth_deadline(procs, certs, tmp, mode):
+    # A byte every 0.2 s used to restart a 10 s timeout; now the deadline counts from accept.
+    p, port, _, _, bytes_ = gate(procs, certs, tmp, mode, "--preauth-timeout", "2")
+    s = stranger(port)
+    try:
+        closed = False
+        for i in range(250):  # a hang guard: 50 s of trickle, the deadline is 2 s
+            try:
+                s.send(bytes_[i:i + 1])
+            except OSError:
+                closed = True
+                break
+            if hung_up(s, 0.2):
+                closed = True
+                break
+        assert closed, "the trickling stranger was never closed"
+    finally:
+        s.close()
+    p.terminate()
+    err = p.communicate(timeout=10)[1].decode()
+    assert "within preauth-timeout of accept" in err, err

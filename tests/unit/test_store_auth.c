@@ -349,7 +349,9 @@ static void start_job_secrets(void)
 
 static void stop(void)
 {
-	event_base_loopbreak(g_base);
+	/* loopexit, not loopbreak: a test that ends before the loop thread
+	 * entered the loop would have its break cleared on entry (a hang). */
+	event_base_loopexit(g_base, NULL);
 	pthread_join(g_thread, NULL);
 	store_server_free(g_srv);
 	event_base_free(g_base);
@@ -363,6 +365,7 @@ struct metric_read {
 	enum store_metric m;
 	uint64_t v;
 	volatile int done;
+	struct store_server_config cfg; /* do_set_limits: the limits to set */
 };
 
 static void do_metric(evutil_socket_t fd, short what, void *arg)
@@ -433,6 +436,24 @@ START_TEST(client_with_the_secret_works_and_others_are_refused)
 	crun_store_close(s);
 }
 END_TEST
+
+/* A TCP connection to the server from source address `from` (host order;
+ * any 127/8 address is this host's loopback). */
+static int raw_conn_from(uint32_t from)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET,
+				.sin_port = htons(g_port),
+				.sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	struct sockaddr_in src = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(from)};
+	struct timeval tv = {5, 0};
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&src, sizeof(src)), 0);
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	return fd;
+}
 
 static int raw_conn(void)
 {
@@ -539,6 +560,56 @@ START_TEST(a_silent_client_is_dropped_after_the_preauth_deadline)
 }
 END_TEST
 
+static void do_set_limits(evutil_socket_t fd, short what, void *arg)
+{
+	struct metric_read *done = arg;
+
+	(void)fd;
+	(void)what;
+	store_server_set_limits(g_srv, &done->cfg);
+	done->done = 1;
+}
+
+/* Issue 28: strangers that never authenticate hold pre-auth slots of their
+ * own address, not slots of max_conns; past their per-address budget they
+ * are refused at accept; the real client still gets in, and max_conns is
+ * checked when it does. */
+START_TEST(strangers_do_not_take_max_conns_and_have_a_budget_per_address)
+{
+	struct metric_read set = {.cfg = STORE_SERVER_CONFIG_DEFAULT};
+	const struct timeval now = {0, 0};
+	uint8_t ch[STORE_AUTH_CHALLENGE_BYTES];
+	crun_store_t *s, *s2;
+	int fds[3];
+
+	set.cfg.max_conns = 1;
+	set.cfg.max_preauth_per_addr = 2;
+	set.cfg.preauth_timeout_s = 600;
+	ck_assert_int_eq(event_base_once(g_base, -1, EV_TIMEOUT, do_set_limits, &set, &now), 0);
+	for (int i = 0; i < 1000 && !set.done; i++)
+		usleep(1000);
+	ck_assert(set.done);
+	/* Two strangers from 127.0.0.2 get a challenge and stay silent. */
+	for (int i = 0; i < 2; i++) {
+		fds[i] = raw_conn_from(0x7f000002);
+		read_n(fds[i], ch, sizeof(ch));
+	}
+	/* A third from there is refused at accept. */
+	fds[2] = raw_conn_from(0x7f000002);
+	assert_closed(fds[2]);
+	ck_assert_uint_eq(metric(STORE_M_REFUSED_PREAUTH_ADDR), 1);
+	/* The job's client, from 127.0.0.1, takes the one slot of max_conns. */
+	ck_assert_int_eq(open_store(g_file_a, "", &s), 0);
+	ck_assert_int_eq(crun_store_set(s, "k", "v", 1), 0);
+	/* A second one authenticates, then finds max_conns full. */
+	ck_assert_int_lt(open_store(g_file_a, "", &s2), 0);
+	ck_assert_uint_ge(metric(STORE_M_REFUSED_MAX_CONNS), 1); /* it retried */
+	crun_store_close(s);
+	close(fds[0]);
+	close(fds[1]);
+}
+END_TEST
+
 START_TEST(a_client_without_a_challenge_fails_clearly)
 {
 	/* Against a server without secrets a client with one must not hang
@@ -563,7 +634,9 @@ START_TEST(a_client_without_a_challenge_fails_clearly)
 		o.auth_secret_file = g_file_a;
 		ck_assert_int_eq(crun_store_open(&o, &s), CRUN_EPROTO);
 	}
-	event_base_loopbreak(b);
+	/* The client fails at once (the server answers that it has no
+	 * secret), maybe before the loop started: as in stop(). */
+	event_base_loopexit(b, NULL);
 	pthread_join(t, NULL);
 	store_server_free(plain);
 	event_base_free(b);
@@ -1030,6 +1103,7 @@ Suite *store_auth_suite(void)
 	tcase_add_test(srv, a_silent_client_is_dropped_after_the_preauth_deadline);
 	tcase_add_test(srv, a_client_without_a_challenge_fails_clearly);
 	tcase_add_test(srv, a_daemon_challenge_relayed_through_a_mesh_client_is_refused);
+	tcase_add_test(srv, strangers_do_not_take_max_conns_and_have_a_budget_per_address);
 	suite_add_tcase(s, srv);
 
 	tcase_add_checked_fixture(jobs, start_job_secrets, stop);

@@ -1917,6 +1917,13 @@ START_TEST(config_set_parses_names_and_ranges)
 	ck_assert(strstr(err, "max-keys") != NULL);
 	ck_assert_int_eq(store_server_config_set(&cfg, "max-keyz", "1", err, sizeof(err)),
 			 CRUN_ENOTFOUND);
+	/* The pre-auth deadline cannot be off (issue 28): 0 is refused. */
+	ck_assert_int_eq(store_server_config_set(&cfg, "preauth-timeout", "0", err, sizeof(err)),
+			 CRUN_EINVAL);
+	ck_assert(strstr(err, "preauth-timeout") != NULL);
+	ck_assert_int_eq(store_server_config_set(&cfg, "max_preauth_per_addr", "3", err,
+						 sizeof(err)), 0);
+	ck_assert_uint_eq(cfg.max_preauth_per_addr, 3);
 	l = store_server_limits(&n);
 	ck_assert_uint_ge(n, 15);
 	for (size_t i = 0; i < n; i++) {
@@ -1926,6 +1933,30 @@ START_TEST(config_set_parses_names_and_ranges)
 		ck_assert_int_eq(store_server_config_set(&cfg, l[i].name, v, err, sizeof(err)), 0);
 		ck_assert_uint_eq(store_server_limit_get(&cfg, i), l[i].max);
 	}
+}
+END_TEST
+
+/* A config left at 0 (an embedder's calloc'd struct) gets the pre-auth
+ * defaults, not a deadline of 0 s or a budget of none. */
+START_TEST(preauth_limits_left_at_zero_get_their_defaults)
+{
+	const struct store_server_config def = STORE_SERVER_CONFIG_DEFAULT;
+	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
+	struct event_base *base = event_base_new();
+	struct store_server *srv;
+
+	cfg.host = "127.0.0.1";
+	cfg.preauth_timeout_s = 0;
+	cfg.max_preauth_conns = 0;
+	cfg.max_preauth_per_addr = 0;
+	ck_assert_int_eq(store_server_new(base, &cfg, &srv), 0);
+	ck_assert_uint_eq(store_server_get_config(srv)->preauth_timeout_s, def.preauth_timeout_s);
+	ck_assert_uint_eq(store_server_get_config(srv)->max_preauth_conns, def.max_preauth_conns);
+	ck_assert_uint_eq(store_server_get_config(srv)->max_preauth_per_addr,
+			  def.max_preauth_per_addr);
+	ck_assert_uint_gt(def.preauth_timeout_s, 0);
+	store_server_free(srv);
+	event_base_free(base);
 }
 END_TEST
 
@@ -1994,6 +2025,7 @@ Suite *store_server_suite(void)
 	tcase_add_test(hostile, auto_max_conns_survives_a_reload);
 	tcase_add_test(hostile, metric_table_names_are_unique);
 	tcase_add_test(hostile, config_set_parses_names_and_ranges);
+	tcase_add_test(hostile, preauth_limits_left_at_zero_get_their_defaults);
 	suite_add_tcase(s, hostile);
 	return s;
 }
