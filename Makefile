@@ -304,6 +304,8 @@ LIBDIR := $(PREFIX)/lib
 INCDIR := $(PREFIX)/include
 MANDIR := $(PREFIX)/share/man
 UNITDIR := $(PREFIX)/lib/systemd/system
+SYSUSERSDIR := $(PREFIX)/lib/sysusers.d
+TMPFILESDIR := $(PREFIX)/lib/tmpfiles.d
 SYSCONFDIR := $(if $(filter /usr,$(PREFIX)),/etc,$(PREFIX)/etc)
 INST = install -m 644
 DATADIR := $(PREFIX)/share/crun
@@ -350,6 +352,9 @@ install: all $(MANPAGES)
 	$(Q)install -d $(DESTDIR)$(UNITDIR) $(DESTDIR)$(DATADIR)
 	$(Q)for u in $(UNITS); do sed -e 's|/usr/bin/|$(BINDIR)/|g' -e 's|/etc/crun/|$(SYSCONFDIR)/crun/|g' \
 		$$u > $(DESTDIR)$(UNITDIR)/$$(basename $$u) && chmod 644 $(DESTDIR)$(UNITDIR)/$$(basename $$u); done
+	$(Q)install -d $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(TMPFILESDIR)
+	$(Q)$(INST) configs/sysusers.d/crun.conf $(DESTDIR)$(SYSUSERSDIR)/crun.conf
+	$(Q)$(INST) configs/tmpfiles.d/crun.conf $(DESTDIR)$(TMPFILESDIR)/crun.conf
 	$(Q)$(INST) $(DATA) $(DESTDIR)$(DATADIR)/
 	$(Q)install -d $(DESTDIR)$(SYSCONFDIR)/crun
 	$(Q)for f in $(ETC_CONFIGS); do t=$(DESTDIR)$(SYSCONFDIR)/crun/$$(basename $$f); \
@@ -364,6 +369,7 @@ uninstall:
 		$(DESTDIR)$(LIBDIR)/libcrun.a $(DESTDIR)$(LIBDIR)/pkgconfig/crun.pc \
 		$(foreach h,$(wildcard include/crun/*.h),$(DESTDIR)$(INCDIR)/crun/$(notdir $(h))) \
 		$(foreach u,$(UNITS),$(DESTDIR)$(UNITDIR)/$(notdir $(u))) \
+		$(DESTDIR)$(SYSUSERSDIR)/crun.conf $(DESTDIR)$(TMPFILESDIR)/crun.conf \
 		$(foreach m,$(MANPAGES),$(DESTDIR)$(MANDIR)/man$(subst .,,$(suffix $(m)))/$(notdir $(m))) \
 		$(foreach f,$(DATA),$(DESTDIR)$(DATADIR)/$(notdir $(f)))
 	$(Q)rmdir $(DESTDIR)$(INCDIR)/crun $(DESTDIR)$(DATADIR) 2>/dev/null || true
