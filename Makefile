@@ -325,13 +325,15 @@ MANPAGES := $(BUILD)/man/crun.1 $(BUILD)/man/crun-agent.8 $(BUILD)/man/crun-rdzv
 $(BUILD)/man/crun.1 $(BUILD)/man/crun-agent.8: $(BUILD)/man/%: $(BUILD)/bin/$$(basename %)
 	@mkdir -p $(@D)
 	$(Q)$< --print-man > $@.tmp && mv $@.tmp $@
-$(BUILD)/man/crun-rdzvd.8: $(BUILD)/bin/crun-rdzvd scripts/help2man.sh
+$(BUILD)/man/crun-rdzvd.8: $(BUILD)/bin/crun-rdzvd scripts/help2man.sh scripts/man/crun-rdzvd.8.tail
 	@mkdir -p $(@D)
-	$(Q)sh scripts/help2man.sh $< 8 "TCPStore-compatible store and rendezvous daemon" > $@.tmp
+	$(Q)sh scripts/help2man.sh $< 8 "TCPStore-compatible store and rendezvous daemon" \
+		scripts/man/crun-rdzvd.8.tail > $@.tmp
 	$(Q)mv $@.tmp $@
-$(BUILD)/man/crunctl.1: $(BUILD)/bin/crunctl scripts/help2man.sh
+$(BUILD)/man/crunctl.1: $(BUILD)/bin/crunctl scripts/help2man.sh scripts/man/crunctl.1.tail
 	@mkdir -p $(@D)
-	$(Q)sh scripts/help2man.sh $< 1 "status of crun jobs, agents and rendezvous daemons" > $@.tmp
+	$(Q)sh scripts/help2man.sh $< 1 "status of crun jobs, agents and rendezvous daemons" \
+		scripts/man/crunctl.1.tail > $@.tmp
 	$(Q)mv $@.tmp $@
 $(BUILD)/man/libcrun.3: $(wildcard include/crun/*.h) scripts/libcrun-man.sh
 	@mkdir -p $(@D)

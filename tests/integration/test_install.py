@@ -2,7 +2,9 @@
 a program built with `pkg-config crun` against the installed headers and
 library, the exported symbol list, the public headers as C99 and C++, and the
 installed programs' and library's dependencies (no CUDA, no NCCL)."""
+import json
 import os
+import re
 import subprocess
 import tempfile
 
@@ -176,7 +178,9 @@ def test_every_program_and_the_library_have_a_man_page_that_renders(prefix):
     for page in sorted(pages):
         path = os.path.join(mandir, page)
         assert os.path.exists(path), f"{page} is not installed"
-        out = subprocess.run(["man", "-l", path], capture_output=True, text=True, timeout=60,
+        # --warnings: groff's own (bad requests, escapes, lines it cannot fill).
+        out = subprocess.run(["man", "--warnings", "-l", path], capture_output=True,
+                             text=True, timeout=60,
                              env=dict(os.environ, MANWIDTH="80", MAN_KEEP_FORMATTING="0"))
         assert out.returncode == 0, out.stderr
         assert "warning" not in out.stderr.lower(), out.stderr
@@ -190,6 +194,87 @@ def test_every_program_and_the_library_have_a_man_page_that_renders(prefix):
     syms = run(["nm", "-D", "--defined-only", os.path.join(prefix, "lib/libcrun.so.0")])
     for sym in (l.split()[-1].split("@")[0] for l in syms.splitlines() if " T " in l):
         assert sym in lib.replace("\u2010", "-").replace("- ", "-"), f"{sym} missing from libcrun(3)"
+
+
+def rendered(prefix, page):
+    """A man page as a reader sees it, one line per paragraph (no filling
+    breaks, no hyphenation) and plain ASCII minus signs."""
+    out = subprocess.run(["man", "-l", os.path.join(prefix, "share/man", page)],
+                         capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, MANWIDTH="2000", LANG="C", LC_ALL="C"))
+    assert out.returncode == 0, out.stderr
+    return out.stdout.replace("\u2010", "-").replace("\u2212", "-")
+
+
+def rdzv_conf_keys():
+    """The keys crun's --rdzv_conf parser accepts, in its own words (its
+    error for an unknown key lists them), store_<limit> expanded through
+    crun-rdzvd's limits (its --print-schema)."""
+    out = subprocess.run([os.path.join(BUILD, "bin", "crun"), "--rdzv_backend", "c10d",
+                          "--rdzv_endpoint", "127.0.0.1:1", "--rdzv_conf", "no_such_key=1",
+                          "/bin/true"], capture_output=True, text=True, timeout=60)
+    m = re.search(r"unknown key 'no_such_key' \(expected ([^)]*)\)", out.stderr)
+    assert m, out.stderr
+    keys = m.group(1).split(", ")
+    schema = json.loads(run([os.path.join(BUILD, "bin", "crun-rdzvd"), "--print-schema"]))
+    limits = schema["properties"]["limits"]["properties"]
+    assert "store_<limit>" in keys and len(limits) > 5, (keys, limits)
+    return [k for k in keys if k != "store_<limit>"] + \
+        ["store_" + n.replace("-", "_") for n in limits if not n.startswith("$")]
+
+
+def completion_words(prog):
+    """Every spelling of every option of crun's table (its bash completion is a
+    loop over it), less the hidden --print-man."""
+    out = run([os.path.join(BUILD, "bin", prog), "--print-completion", "bash"])
+    words = re.search(r'compgen -W "(--[^"]*)" -- "\$cur"\)\)\n\t\treturn', out).group(1)
+    return [w for w in words.split() if "print-man" not in w and "print_man" not in w]
+
+
+@pytest.mark.parametrize("prog,page", [("crun", "man1/crun.1"),
+                                       ("crun-agent", "man8/crun-agent.8")])
+def test_every_option_and_rdzv_conf_key_is_in_help_and_man(prefix, prog, page):
+    """The option table and the --rdzv_conf parser's keys cannot drift from
+    --help and the man page (7 of the parser's keys were missing from both)."""
+    help_text = run([os.path.join(BUILD, "bin", prog), "--help"])
+    man = rendered(prefix, page)
+
+    def has(w, text):  # a word of its own, not part of --auth_secret_file
+        return re.search(r"(?<![\w-])" + re.escape(w) + r"(?![\w-])", text)
+
+    missing = [w for w in completion_words(prog) + rdzv_conf_keys()
+               if not has(w, help_text) or not has(w, man)]
+    assert not missing, f"in the table or the parser but not in {prog} --help or {page}: " \
+        f"{[(w, bool(has(w, help_text)), bool(has(w, man))) for w in missing]}"
+    rejected = help_text.lower().partition("not supported")[2]
+    assert "etcd" not in rejected, f"--help says etcd is not supported: {rejected}"
+
+
+@pytest.mark.parametrize("page,opts", [
+    ("man8/crun-rdzvd.8", "crun-rdzvd"), ("man1/crunctl.1", "crunctl"),
+    ("man1/crun.1", None), ("man8/crun-agent.8", None)])
+def test_man_pages_have_the_sections_a_user_expects(prefix, page, opts):
+    """Every page has NAME, a SYNOPSIS that is a synopsis (not "usage:"), a
+    DESCRIPTION, explained OPTIONS, EXIT STATUS or its equivalent, ENVIRONMENT,
+    EXAMPLES and SEE ALSO; the daemons' pages also FILES and SIGNALS; every
+    flag of the program's --help is a tagged paragraph of OPTIONS."""
+    man = rendered(prefix, page)
+    heads = re.findall(r"^([A-Z][A-Z ]+)$", man, re.M)
+    want = ["NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "ENVIRONMENT", "EXAMPLES", "SEE ALSO"]
+    if page != "man1/crunctl.1":
+        want += ["EXIT STATUS", "SIGNALS", "FILES"]
+    assert not [w for w in want if w not in heads], heads
+    synopsis = man[man.index("\nSYNOPSIS"):man.index("\nDESCRIPTION")]
+    assert "usage:" not in synopsis, synopsis
+    if opts:
+        flags = set(re.findall(r"^ +(?:-\w, )?(--[a-z][a-z_-]*)", run(
+            [os.path.join(BUILD, "bin", opts), "--help"]), re.M))
+        assert len(flags) > 5, flags
+        # A flag is explained: text follows its tag, on its line or the next.
+        unexplained = [f for f in sorted(flags)
+                       if not re.search(r"^ {7}(-\w, )?" + re.escape(f) +
+                                        r"( [A-Z][A-Za-z0-9:.|_]*)?( +[a-z]|\n {8,}\S)", man, re.M)]
+        assert not unexplained, unexplained
 
 
 def test_the_gpu_object_sits_beside_the_library(prefix):
