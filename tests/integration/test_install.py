@@ -318,3 +318,63 @@ def test_a_header_change_rebuilds_its_objects_whatever_the_build_path_form():
         touched = subprocess.run(base + ["-W", "agent/agent.h", target], capture_output=True,
                                  text=True, timeout=120)
         assert "agent/fsm.c" in touched.stdout, (b, touched.stdout + touched.stderr)
+
+
+def test_the_shell_completions_are_installed_and_parse(prefix):
+    """bash and zsh completions for crun and crun-agent, generated from the
+    option table, are installed where the shells look (they were not)."""
+    for prog in ("crun", "crun-agent"):
+        bash = os.path.join(prefix, "share/bash-completion/completions", prog)
+        zsh = os.path.join(prefix, "share/zsh/vendor-completions", "_" + prog)
+        run(["bash", "-n", bash])
+        with open(bash) as f:
+            assert f"complete -o filenames -F _{prog.replace('-', '_')}_complete {prog}" in \
+                f.read()
+        with open(zsh) as f:
+            assert f.readline().startswith(f"#compdef {prog}")
+
+
+def test_a_multiarch_install_puts_the_library_and_pc_file_in_libdir(tmp_path):
+    """LIBDIR=/usr/lib/TRIPLET (debian/rules) moves the libraries, and crun.pc
+    says so relative to its prefix."""
+    dest = tmp_path / "d"
+    libdir = "/usr/lib/x86_64-linux-gnu"
+    run(["make", "-C", ROOT, "--no-print-directory", "install", f"DESTDIR={dest}",
+         "PREFIX=/usr", f"LIBDIR={libdir}", f"BUILD={BUILD}",
+         f"SAN={'1' if SAN else '0'}"], timeout=900)
+    lib = f"{dest}{libdir}"
+    assert os.path.exists(os.path.join(lib, "libcrun.so.0")), os.listdir(dest / "usr/lib")
+    with open(os.path.join(lib, "pkgconfig", "crun.pc")) as f:
+        pc_text = f.read()
+    assert "libdir=${prefix}/lib/x86_64-linux-gnu\n" in pc_text, pc_text
+    assert not os.path.exists(dest / "usr/lib/libcrun.so.0")
+
+
+def test_the_build_passes_cppflags_and_ldflags_to_every_compile_and_link(tmp_path):
+    """dpkg-buildflags' hardening (-D_FORTIFY_SOURCE=2 in CPPFLAGS, -z now in
+    LDFLAGS) reaches every compiler and linker command (make ignored both).
+    A dry run into a fresh build directory lists every command."""
+    build = tmp_path / "b"
+    out = run(["make", "-C", ROOT, "--no-print-directory", "-n", "V=1", f"BUILD={build}",
+               "WITH_CUDA=0", "CPPFLAGS=-DCRUN_TEST_CPPFLAGS=1",
+               "LDFLAGS=-Wl,-z,now -Wl,--defsym=crun_test_ldflags=1", "all"], timeout=300)
+    lines = [l for l in out.replace("\\\n", " ").splitlines()
+             if l.lstrip().startswith(("cc ", "gcc ", "clang "))]
+    compiles = [l for l in lines if re.search(r"\s-c\s", l)]
+    links = [l for l in lines if not re.search(r"\s-c\s", l) and " -o " in l]
+    assert compiles and links, out[-3000:]
+    assert not [l for l in compiles if "-DCRUN_TEST_CPPFLAGS=1" not in l], compiles[:3]
+    assert not [l for l in links if "-Wl,-z,now" not in l], \
+        [l for l in links if "-Wl,-z,now" not in l][:3]
+
+
+def test_the_licence_is_apache_2_and_debian_copyright_says_so():
+    with open(os.path.join(ROOT, "LICENSE")) as f:
+        text = f.read()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    with open(os.path.join(ROOT, "debian", "copyright")) as f:
+        dep5 = f.read()
+    assert dep5.startswith("Format: https://www.debian.org/doc/packaging-manuals/"
+                           "copyright-format/1.0/")
+    assert re.search(r"^Files: \*\nCopyright: .+\nLicense: Apache-2.0$", dep5, re.M), dep5
+    assert re.search(r"^License: Apache-2.0\n .+", dep5, re.M), dep5
