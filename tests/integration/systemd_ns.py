@@ -230,9 +230,13 @@ def stage_install(root, build):
     real = os.path.realpath(stage)
     assert not real.startswith(("/tmp/", "/var/tmp/", "/run/")), \
         f"{real}: the machine covers /tmp, /var/tmp and /run; build elsewhere"
-    subprocess.run(["make", "-C", root, "--no-print-directory", "install", f"DESTDIR={stage}",
-                    "PREFIX=/usr", f"BUILD={build}"], check=True, capture_output=True,
-                   timeout=900)
+    san = "1" if os.environ.get("CRUN_SAN", "0") == "1" else "0"  # as the build was made
+    out = subprocess.run(["make", "-C", root, "--no-print-directory", "install",
+                          f"DESTDIR={stage}", "PREFIX=/usr", f"BUILD={build}", f"SAN={san}"],
+                         capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        remove_stage(stage)
+        raise AssertionError(f"make install: {out.stdout[-2000:]}{out.stderr[-2000:]}")
     return stage
 
 
