@@ -44,7 +44,9 @@ ifeq ($(CI),true)
 endif
 BASE_CFLAGS := -std=gnu11 -D_GNU_SOURCE -fPIC -fvisibility=hidden -pthread $(WARN) \
 	-I. -Iinclude -MMD -MP $(SANFLAGS)
-BASE_LDFLAGS := -pthread $(SANFLAGS)
+# CPPFLAGS and LDFLAGS come from the caller (dpkg-buildflags: _FORTIFY_SOURCE,
+# -z relro -z now under hardening=+all) and go on every compile and link.
+BASE_LDFLAGS = -pthread $(SANFLAGS) $(LDFLAGS)
 
 # Dependencies are resolved once into $(BUILD)/config.mk; make rebuilds that
 # file (installing missing packages) and restarts itself when it is missing.
@@ -59,7 +61,7 @@ $(BUILD)/config.mk: scripts/deps.sh
 	     echo "CHECK_CFLAGS := $$(pkg-config --cflags check)"; \
 	     echo "CHECK_LIBS := $$(pkg-config --libs check)"; } > $@.tmp && mv $@.tmp $@
 
-ALL_CFLAGS = $(BASE_CFLAGS) $(DEP_CFLAGS) $(CFLAGS)
+ALL_CFLAGS = $(BASE_CFLAGS) $(DEP_CFLAGS) $(CPPFLAGS) $(CFLAGS)
 LIBS = $(DEP_LIBS) -lm -ldl
 
 # ---- the library: every module but cmd/ --------------------------------------
@@ -99,8 +101,8 @@ endif
 # The GPU object is not built with the sanitizers: it is dlopened into
 # processes that may or may not carry their runtime.
 CUDA_CFLAGS = -std=gnu11 -D_GNU_SOURCE -fPIC -fvisibility=hidden -pthread $(WARN) -I. -Iinclude \
-	-isystem $(CUDA_HOME)/include -MMD -MP $(CFLAGS)
-CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart -lnccl -lstdc++ -lm -ldl -pthread
+	-isystem $(CUDA_HOME)/include -MMD -MP $(CPPFLAGS) $(CFLAGS)
+CUDA_LIBS = -L$(CUDA_HOME)/lib64 -lcudart -lnccl -lstdc++ -lm -ldl -pthread $(LDFLAGS)
 
 PROGS := $(patsubst cmd/%.c,$(BUILD)/bin/%,$(wildcard cmd/*.c))
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
@@ -111,7 +113,7 @@ TEST_HELPERS := $(patsubst tests/helpers/%.c,$(BUILD)/tests/helpers/%,$(wildcard
 TEST_HELPERS += $(patsubst tests/preload/%.c,$(BUILD)/tests/preload/%.so,$(wildcard tests/preload/*.c))
 
 .PHONY: all test unit integration fuzz fuzz-run lint check-layers demo bench clean \
-	test-deps gpu-test gpu-check print-config install uninstall deb bench-scale
+	test-deps gpu-test gpu-check print-config install uninstall deb deb-check bench-scale
 all: $(PROGS) $(LIBA) $(LIBSO) $(EXAMPLES) $(BENCHES) $(BUILD)/crun.pc $(CUDA_TARGETS)
 	@echo "built crun (WITH_CUDA=$(WITH_CUDA), SAN=$(SAN)) under $(BUILD)/"
 
@@ -188,7 +190,8 @@ $(LIBSO): $(LIB_OBJS) libcrun.map
 	$(Q)ln -sf libcrun.so.0 $(BUILD)/lib/libcrun.so
 
 $(BUILD)/crun.pc: crun.pc.in
-	$(Q)sed -e 's|@PREFIX@|$(abspath $(BUILD))|' -e 's|@INCLUDE@|$(abspath include)|' $< > $@
+	$(Q)sed -e 's|@PREFIX@|$(abspath $(BUILD))|' -e 's|@LIBDIR@|$${prefix}/lib|' \
+		-e 's|@INCLUDE@|$(abspath include)|' $< > $@
 
 $(BUILD)/bin/%: $(BUILD)/obj/cmd/%.o $(LIBINT)
 	@mkdir -p $(@D)
@@ -318,10 +321,23 @@ bench: all
 PREFIX ?= /usr/local
 DESTDIR ?=
 BINDIR := $(PREFIX)/bin
-LIBDIR := $(PREFIX)/lib
+# LIBDIR=$(PREFIX)/lib/$(DEB_HOST_MULTIARCH) for Debian's multiarch layout.
+LIBDIR ?= $(PREFIX)/lib
 INCDIR := $(PREFIX)/include
 MANDIR := $(PREFIX)/share/man
-UNITDIR := $(PREFIX)/lib/systemd/system
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+BASHCOMPDIR := $(PREFIX)/share/bash-completion/completions
+ZSHCOMPDIR := $(PREFIX)/share/zsh/vendor-completions
+# Shell completions, generated from the option table (--print-completion).
+COMPLETIONS := $(foreach p,crun crun-agent,$(BUILD)/completion/$(p).bash $(BUILD)/completion/_$(p))
+$(BUILD)/completion/%.bash: $(BUILD)/bin/%
+	@mkdir -p $(@D)
+	$(Q)$< --print-completion bash > $@.tmp && mv $@.tmp $@
+$(BUILD)/completion/_%: $(BUILD)/bin/%
+	@mkdir -p $(@D)
+	$(Q)$< --print-completion zsh > $@.tmp && mv $@.tmp $@
+SYSUSERSDIR := $(PREFIX)/lib/sysusers.d
+TMPFILESDIR := $(PREFIX)/lib/tmpfiles.d
 SYSCONFDIR := $(if $(filter /usr,$(PREFIX)),/etc,$(PREFIX)/etc)
 INST = install -m 644
 DATADIR := $(PREFIX)/share/crun
@@ -341,19 +357,21 @@ MANPAGES := $(BUILD)/man/crun.1 $(BUILD)/man/crun-agent.8 $(BUILD)/man/crun-rdzv
 $(BUILD)/man/crun.1 $(BUILD)/man/crun-agent.8: $(BUILD)/man/%: $(BUILD)/bin/$$(basename %)
 	@mkdir -p $(@D)
 	$(Q)$< --print-man > $@.tmp && mv $@.tmp $@
-$(BUILD)/man/crun-rdzvd.8: $(BUILD)/bin/crun-rdzvd scripts/help2man.sh
+$(BUILD)/man/crun-rdzvd.8: $(BUILD)/bin/crun-rdzvd scripts/help2man.sh scripts/man/crun-rdzvd.8.tail
 	@mkdir -p $(@D)
-	$(Q)sh scripts/help2man.sh $< 8 "TCPStore-compatible store and rendezvous daemon" > $@.tmp
+	$(Q)sh scripts/help2man.sh $< 8 "TCPStore-compatible store and rendezvous daemon" \
+		scripts/man/crun-rdzvd.8.tail > $@.tmp
 	$(Q)mv $@.tmp $@
-$(BUILD)/man/crunctl.1: $(BUILD)/bin/crunctl scripts/help2man.sh
+$(BUILD)/man/crunctl.1: $(BUILD)/bin/crunctl scripts/help2man.sh scripts/man/crunctl.1.tail
 	@mkdir -p $(@D)
-	$(Q)sh scripts/help2man.sh $< 1 "status of crun jobs, agents and rendezvous daemons" > $@.tmp
+	$(Q)sh scripts/help2man.sh $< 1 "status of crun jobs, agents and rendezvous daemons" \
+		scripts/man/crunctl.1.tail > $@.tmp
 	$(Q)mv $@.tmp $@
 $(BUILD)/man/libcrun.3: $(wildcard include/crun/*.h) scripts/libcrun-man.sh
 	@mkdir -p $(@D)
 	$(Q)sh scripts/libcrun-man.sh $(sort $(wildcard include/crun/*.h)) > $@.tmp && mv $@.tmp $@
 
-install: all $(MANPAGES)
+install: all $(MANPAGES) $(COMPLETIONS)
 	$(Q)install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCDIR)/crun
 	$(Q)install -m 755 $(PROGS) $(DESTDIR)$(BINDIR)/
 	$(Q)install -m 755 $(LIBSO) $(DESTDIR)$(LIBDIR)/libcrun.so.0
@@ -361,13 +379,20 @@ install: all $(MANPAGES)
 	$(Q)ln -sf libcrun.so.0 $(DESTDIR)$(LIBDIR)/libcrun.so
 	$(Q)$(INST) $(LIBA) $(DESTDIR)$(LIBDIR)/
 	$(Q)$(INST) include/crun/*.h $(DESTDIR)$(INCDIR)/crun/
-	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@INCLUDE@|$${prefix}/include|' crun.pc.in \
+	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@INCLUDE@|$${prefix}/include|' \
+		-e 's|@LIBDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(LIBDIR))|' crun.pc.in \
 		> $(DESTDIR)$(LIBDIR)/pkgconfig/crun.pc
 	$(Q)for m in $(MANPAGES); do s=$${m##*.}; install -d $(DESTDIR)$(MANDIR)/man$$s; \
 		$(INST) $$m $(DESTDIR)$(MANDIR)/man$$s/; done
 	$(Q)install -d $(DESTDIR)$(UNITDIR) $(DESTDIR)$(DATADIR)
 	$(Q)for u in $(UNITS); do sed -e 's|/usr/bin/|$(BINDIR)/|g' -e 's|/etc/crun/|$(SYSCONFDIR)/crun/|g' \
 		$$u > $(DESTDIR)$(UNITDIR)/$$(basename $$u) && chmod 644 $(DESTDIR)$(UNITDIR)/$$(basename $$u); done
+	$(Q)install -d $(DESTDIR)$(BASHCOMPDIR) $(DESTDIR)$(ZSHCOMPDIR)
+	$(Q)for p in crun crun-agent; do $(INST) $(BUILD)/completion/$$p.bash $(DESTDIR)$(BASHCOMPDIR)/$$p; \
+		$(INST) $(BUILD)/completion/_$$p $(DESTDIR)$(ZSHCOMPDIR)/_$$p; done
+	$(Q)install -d $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(TMPFILESDIR)
+	$(Q)$(INST) configs/sysusers.d/crun.conf $(DESTDIR)$(SYSUSERSDIR)/crun.conf
+	$(Q)$(INST) configs/tmpfiles.d/crun.conf $(DESTDIR)$(TMPFILESDIR)/crun.conf
 	$(Q)$(INST) $(DATA) $(DESTDIR)$(DATADIR)/
 	$(Q)install -d $(DESTDIR)$(SYSCONFDIR)/crun
 	$(Q)for f in $(ETC_CONFIGS); do t=$(DESTDIR)$(SYSCONFDIR)/crun/$$(basename $$f); \
@@ -382,14 +407,26 @@ uninstall:
 		$(DESTDIR)$(LIBDIR)/libcrun.a $(DESTDIR)$(LIBDIR)/pkgconfig/crun.pc \
 		$(foreach h,$(wildcard include/crun/*.h),$(DESTDIR)$(INCDIR)/crun/$(notdir $(h))) \
 		$(foreach u,$(UNITS),$(DESTDIR)$(UNITDIR)/$(notdir $(u))) \
+		$(DESTDIR)$(SYSUSERSDIR)/crun.conf $(DESTDIR)$(TMPFILESDIR)/crun.conf \
+		$(foreach p,crun crun-agent,$(DESTDIR)$(BASHCOMPDIR)/$(p) $(DESTDIR)$(ZSHCOMPDIR)/_$(p)) \
 		$(foreach m,$(MANPAGES),$(DESTDIR)$(MANDIR)/man$(subst .,,$(suffix $(m)))/$(notdir $(m))) \
 		$(foreach f,$(DATA),$(DESTDIR)$(DATADIR)/$(notdir $(f)))
 	$(Q)rmdir $(DESTDIR)$(INCDIR)/crun $(DESTDIR)$(DATADIR) 2>/dev/null || true
 
-# Debian packages from debian/ (needs debhelper; installed on demand).
+# Debian packages from debian/ (needs debhelper; installed on demand), built
+# in a copy of the tracked files under $(BUILD)/deb/ (dpkg-buildpackage writes
+# the .debs beside its tree and cleans it: never the caller's tree or builds).
+# deb-check: lintian without errors, and the programs and libraries hardened.
+DEB_DIR := $(abspath $(BUILD))/deb
 deb:
 	$(Q)sh scripts/deps.sh deb
-	$(Q)dpkg-buildpackage -us -uc -b
+	$(Q)rm -rf $(DEB_DIR) && mkdir -p $(DEB_DIR)/crun
+	$(Q)git ls-files -z --cached --others --exclude-standard | xargs -0 tar -cf - | tar -xf - -C $(DEB_DIR)/crun
+	$(Q)cd $(DEB_DIR)/crun && dpkg-buildpackage -us -uc -b
+	@ls $(DEB_DIR)/*.deb
+
+deb-check: deb
+	$(Q)sh scripts/deb-check.sh $(DEB_DIR)
 
 # The scale benchmarks (not part of make test): the worker-init storm against
 # crun's stores and PyTorch's servers, with local and slow name lookups; the

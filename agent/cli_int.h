@@ -92,6 +92,12 @@ enum cli_id {
 	OPT_RK_IS_HOST,
 	OPT_RK_HEARTBEAT,
 	OPT_RK_LEASE_TTL,
+	OPT_RK_AUTH_FILE,
+	OPT_RK_TLS_CERT,
+	OPT_RK_TLS_KEY,
+	OPT_RK_TLS_CA,
+	OPT_RK_TLS_MIN,
+	OPT_RK_WORKER_STORE,
 	/* the job itself in JSON (positional on the command line) */
 	OPT_JOB_PROGRAM,
 	OPT_JOB_ARGS,

@@ -62,8 +62,9 @@ const struct cli_opt cli_opts[OPT__MAX] = {
 [OPT_RDZV_CONF] = {"rdzv_conf", 0, CT_STR, TR, NULL, "PET_RDZV_CONF", "rendezvous.conf",
 	"K=V,...", NULL, 0, 0,
 	"static: timeout, join_timeout, read_timeout (seconds; other keys are ignored with a "
-	"warning, as torchrun ignores them); c10d: the rendezvous keys below; etcd: those "
-	"and protocol, cacert, cert, key, key_prefix, username, password_file", NULL, 0},
+	"warning, as torchrun ignores them); c10d: the rendezvous keys below and "
+	"store_<limit>; etcd: those and protocol, cacert, cert, key, key_prefix, username, "
+	"password_file", NULL, 0},
 [OPT_STANDALONE] = {"standalone", 0, CT_FLAG, TR, NULL, "PET_STANDALONE",
 	"rendezvous.standalone", NULL, NULL, 0, 0,
 	"one node, private store on an ephemeral port, a uuid run id", set_bool, CFG(standalone)},
@@ -177,6 +178,23 @@ const struct cli_opt cli_opts[OPT__MAX] = {
 	"SECONDS", NULL, 0, 0, "c10d: lease renewal period", ap_rk, 0},
 [OPT_RK_LEASE_TTL] = {NULL, 0, CT_SECS, CF_RDZVKEY, "3", NULL, "rendezvous.lease_ttl",
 	"SECONDS", NULL, 0, 0, "c10d: a node whose lease is this old is gone", ap_rk, 0},
+[OPT_RK_AUTH_FILE] = {NULL, 0, CT_STR, CF_RDZVKEY, NULL, NULL, "rendezvous.auth_secret_file",
+	"FILE", NULL, 0, 0, "c10d: the job's shared secret (mode 0600, 16+ bytes) "
+	"[--auth_secret_file]", ap_rk, 0},
+[OPT_RK_TLS_CERT] = {NULL, 0, CT_STR, CF_RDZVKEY, NULL, NULL, "rendezvous.tls_cert", "FILE",
+	NULL, 0, 0, "c10d: this node's PEM certificate chain (the store it serves, and its "
+	"client certificate)", ap_rk, 0},
+[OPT_RK_TLS_KEY] = {NULL, 0, CT_STR, CF_RDZVKEY, NULL, NULL, "rendezvous.tls_key", "FILE",
+	NULL, 0, 0, "c10d: its PEM private key [in tls_cert]", ap_rk, 0},
+[OPT_RK_TLS_CA] = {NULL, 0, CT_STR, CF_RDZVKEY, NULL, NULL, "rendezvous.tls_ca", "FILE", NULL,
+	0, 0, "c10d: TLS on every rendezvous connection, trusting this CA; the store served here "
+	"requires client certificates", ap_rk,
+	0},
+[OPT_RK_TLS_MIN] = {NULL, 0, CT_STR, CF_RDZVKEY, NULL, NULL, "rendezvous.tls_min_version",
+	"V", "1.2|1.3", 0, 0, "c10d: oldest TLS version [1.3]", ap_rk, 0},
+[OPT_RK_WORKER_STORE] = {NULL, 0, CT_STR, CF_RDZVKEY, NULL, NULL, "rendezvous.worker_store",
+	"MODE", "direct|proxy", 0, 0, "c10d: workers reach the round's store directly, or "
+	"through their own agent's proxy [direct]", ap_rk, 0},
 [OPT_JOB_PROGRAM] = {NULL, 0, CT_STR, 0, NULL, NULL, "job.program", "PROGRAM", NULL, 0, 0,
 	"the training script or program (the first positional argument)", NULL, 0},
 [OPT_JOB_ARGS] = {NULL, 0, CT_ARGV, 0, NULL, NULL, "job.args", "ARG", NULL, 0, 0,

@@ -12,6 +12,7 @@
 #include "agent/agent.h"
 #include "agent/cli_int.h"
 #include "common/common.h"
+#include "store/server.h"
 
 static bool shown(const struct cli_opt *o, enum cli_prog prog)
 {
@@ -110,6 +111,42 @@ static bool pick_job(const struct cli_opt *o, enum cli_prog prog)
 	return prog == CLI_AGENT && !o->name && !(o->flags & CF_RDZVKEY);
 }
 
+static void roff(FILE *f, const char *s);
+
+/* How programs are run, and what crun rejects by name: --help and the man page. */
+#define PROGRAMS_TEXT                                                                         \
+	"Programs: *.py and -m run with -u under $PYTHON_EXEC, else the python3 beside this " \
+	"program (a venv's bin/), else python3 on PATH ($PYTHON is not read); ELF binaries "  \
+	"and non-Python scripts run directly. Not supported (rejected by name): "             \
+	"--logs_specs other than default."
+
+/* rdzv_conf store_<limit>=N: one per limit of the store's own table (the
+ * names of crun-rdzvd's limit flags), so the list cannot drift from it. */
+static void store_keys_text(FILE *f, bool man)
+{
+	const struct store_server_limit *l;
+	char text[2048];
+	size_t n, len;
+
+	len = (size_t)snprintf(text, sizeof(text),
+			       "c10d: store_<limit>=N sets a limit of the store this agent "
+			       "serves (crun-rdzvd(8) explains each):");
+	l = store_server_limits(&n);
+	for (size_t i = 0; i < n && len < sizeof(text); i++) {
+		len += (size_t)snprintf(text + len, sizeof(text) - len, "%s store_", i ? "," : "");
+		for (const char *p = l[i].name; *p && len + 1 < sizeof(text); p++)
+			text[len++] = *p == '-' ? '_' : *p;
+		text[len] = '\0';
+	}
+	if (man) {
+		fputs(".PP\n", f);
+		roff(f, text);
+		fputc('\n', f);
+	} else {
+		wrap(f, text, 2);
+	}
+}
+
 char *cli_help_new(enum cli_prog prog)
 {
 	bool agent = prog == CLI_AGENT;
@@ -139,16 +176,11 @@ char *cli_help_new(enum cli_prog prog)
 		     "c10d rendezvous keys (--rdzv_conf KEY=VALUE,... or rendezvous.KEY in the "
 		     "JSON config):",
 		     pick_rdzv_key);
+	store_keys_text(f, false);
 	if (agent)
 		help_section(f, prog, "the job in the JSON config:", pick_job);
 	fputc('\n', f);
-	wrap(f,
-	     "Programs: *.py and -m run with -u under $PYTHON_EXEC, else the python3 beside this "
-	     "program (a venv's bin/), else python3 on PATH ($PYTHON is not read); ELF "
-	     "binaries and non-Python scripts run directly. Not supported (rejected by name): "
-	     "--rdzv_backend=etcd|etcd-v2 without --standalone, --logs_specs other than "
-	     "default.",
-	     0);
+	wrap(f, PROGRAMS_TEXT, 0);
 	if (fclose(f) != 0) {
 		free(s);
 		return NULL;
@@ -236,6 +268,63 @@ static void man_section(FILE *f, enum cli_prog prog, const char *title,
 	".SH EXIT STATUS\n0: every worker succeeded; 1: the job failed; 2: bad command line or " \
 	"configuration (nothing was started).\n"
 
+/* ENVIRONMENT: every variable of the option table, then crun's own. */
+static void man_environment(FILE *f, enum cli_prog prog)
+{
+	fputs(".SH ENVIRONMENT\nAn option's variables (the first one set wins) apply when "
+	      "neither a flag nor the JSON config sets it.\n",
+	      f);
+	for (int k = 0; k < OPT__MAX; k++) {
+		const struct cli_opt *o = &cli_opts[k];
+		char head[160];
+
+		if (!o->env || !o->name || (o->flags & CF_HIDDEN) ||
+		    (prog != CLI_AGENT && (o->flags & CF_AGENT)))
+			continue;
+		spellings(o, head, sizeof(head));
+		fputs(".TP\n.B ", f);
+		roff(f, o->env);
+		fputs("\n", f);
+		roff(f, head);
+		fputc('\n', f);
+	}
+	fputs(".TP\n.B CRUN_LOG_LEVEL\\fR, \\fBCRUN_LOG_SUBSYS\n"
+	      "log level (error, warn, info, debug, trace) and subsystems (agent, rdzv, store, "
+	      "pg, cuda) of crun's own log lines\n"
+	      ".TP\n.B CRUN_AUTH_SECRET_FILE\nthe shared secret when no option names one\n"
+	      ".TP\n.B PYTHON_EXEC\nthe interpreter of Python programs\n",
+	      f);
+}
+
+/* Sections after EXIT STATUS that say what no table holds. */
+#define MAN_SEE_ALSO                                                                        \
+	".SH SEE ALSO\n\\fBcrun\\fR(1), \\fBcrun\\-agent\\fR(8), \\fBcrun\\-rdzvd\\fR(8), " \
+	"\\fBcrunctl\\fR(1), \\fBlibcrun\\fR(3), \\fBsystemd.service\\fR(5)\n"
+#define CRUN_MAN_TAIL                                                                       \
+	".SH SIGNALS\nSIGTERM, SIGINT: stop the workers (SIGTERM to each worker's process " \
+	"group, SIGKILL after \\fB\\-\\-shutdown_timeout\\fR) and exit.\n"                  \
+	".SH FILES\n.TP\n.I $TMPDIR/torchelastic_*\nlogs and error files when no "          \
+	"\\fB\\-\\-log_dir\\fR is given\n"                                                  \
+	".SH EXAMPLES\nFour workers on one node:\n.PP\n.nf\n"                               \
+	"crun \\-\\-standalone \\-\\-nproc_per_node=4 train.py \\-\\-epochs 10\n.fi\n"      \
+	".PP\nTwo to four nodes against crun\\-rdzvd, on every node:\n.PP\n.nf\n"           \
+	"crun \\-\\-nnodes=2:4 \\-\\-nproc_per_node=gpu \\-\\-rdzv_backend=c10d \\\\\n"     \
+	"     \\-\\-rdzv_endpoint=rdzv.example:29400 \\-\\-rdzv_id=job42 \\\\\n"            \
+	"     \\-\\-auth_secret_file=/etc/crun/job42.secret train.py\n.fi\n" MAN_SEE_ALSO
+#define AGENT_MAN_TAIL                                                                          \
+	".SH SIGNALS\n.TP\n.B SIGTERM\\fR, \\fBSIGINT\nstop the workers and die by the signal " \
+	"(systemctl stop)\n.TP\n.B SIGHUP\nread the config again; the settings that apply "     \
+	"live (the log level) change at once (systemctl reload)\n"                              \
+	".SH FILES\n.TP\n.I /etc/crun/agents/JOB.json\nthe config of "                          \
+	"crun\\-agent@JOB.service (schema: /usr/share/crun/crun\\-agent.schema.json)\n"         \
+	".TP\n.I /etc/crun/*.secret\nshared secrets, mode 0600, owned by the crun user "        \
+	"(tmpfiles.d/crun.conf)\n.TP\n.I /var/lib/crun/JOB\nthe unit's working and state "      \
+	"directory\n"                                                                           \
+	".SH EXAMPLES\nRun job42 from its config under systemd:\n.PP\n.nf\n"                    \
+	"systemctl enable \\-\\-now crun\\-agent@job42\n"                                       \
+	"crun\\-agent \\-\\-config /etc/crun/agents/job42.json \\-\\-print\\-config\n"          \
+	"crunctl status \\-\\-endpoint 127.0.0.1:29510\n.fi\n" MAN_SEE_ALSO
+
 char *cli_man_new(enum cli_prog prog)
 {
 	bool agent = prog == CLI_AGENT;
@@ -263,15 +352,20 @@ char *cli_man_new(enum cli_prog prog)
 	fputs(".SH DESCRIPTION\nEvery option takes both spellings; torchrun's may be abbreviated "
 	      "to a "
 	      "unique prefix. A flag wins over the JSON config, which wins over the environment, "
-	      "which wins over the default in brackets.\n.SH OPTIONS\n",
+	      "which wins over the default in brackets.\n.PP\n",
 	      f);
+	roff(f, PROGRAMS_TEXT);
+	fputs("\n.SH OPTIONS\n", f);
 	man_section(f, prog, "torchrun's options", pick_torchrun);
 	man_section(f, prog, "crun's own options", pick_crun);
 	man_section(f, prog, "c10d rendezvous keys (--rdzv_conf KEY=VALUE or rendezvous.KEY)",
 		    pick_rdzv_key);
+	store_keys_text(f, true);
 	if (agent)
 		man_section(f, prog, "the job in the JSON config", pick_job);
 	fputs(agent ? AGENT_EXIT_STATUS : CRUN_EXIT_STATUS, f);
+	man_environment(f, prog);
+	fputs(agent ? AGENT_MAN_TAIL : CRUN_MAN_TAIL, f);
 	if (fclose(f) != 0) {
 		free(s);
 		return NULL;

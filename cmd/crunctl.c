@@ -171,15 +171,44 @@ static const struct command {
     {"watch", cmd_watch, "print /status again whenever it changes"},
 };
 
+/* The one list of crunctl's options: getopt's table, --help and (through
+ * --help) crunctl(1) are loops over it. */
+static const struct ctl_opt {
+	const char *name;
+	int val;
+	const char *metavar; /* NULL: a flag */
+	const char *help;
+} ctl_opts[] = {
+    {"endpoint", 'e', "HOST:PORT", "the status page to ask (required)"},
+    {"rdzv_id", 'j', "JOB", "only this job (its run id); also --rdzv-id"},
+    {"json", 'J', NULL, "print the page's JSON instead of a table"},
+    {"interval", 'i', "S", "watch: seconds between polls where a page cannot long-poll [1]"},
+    {"count", 'c', "N", "watch: stop after N changes [0: at the job's end]"},
+    {"timeout", 't', "S", "seconds to wait for each answer [5]"},
+    {"help", 'h', NULL, "show this help and exit"},
+};
+
 static void usage(FILE *f)
 {
+	char head[64];
+
 	fprintf(f, "usage: " PROG " COMMAND --endpoint HOST:PORT [--rdzv_id JOB] [--json]\n"
 		   "               [--interval S] [--count N] [--timeout S]\n"
-		   "       " PROG " --version\n\ncommands:\n");
+		   "       " PROG " --version\n\n"
+		   "Shows the state of crun jobs from the status page of crun, crun-agent or\n"
+		   "crun-rdzvd (their --status flag). Exit status: 0; 1 when watch saw the job\n"
+		   "fail or the page go away before the end, or a page does not answer; 2 for\n"
+		   "bad usage.\n\ncommands:\n");
 	for (size_t i = 0; i < ARRAY_SIZE(commands); i++)
 		fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].help);
-	fprintf(f,
-		"\nHOST:PORT is a status page: crun/crun-agent --status, crun-rdzvd --status.\n");
+	fprintf(f, "\noptions:\n");
+	for (size_t i = 0; i < ARRAY_SIZE(ctl_opts); i++) {
+		snprintf(head, sizeof(head), "--%s%s%s", ctl_opts[i].name,
+			 ctl_opts[i].metavar ? " " : "",
+			 ctl_opts[i].metavar ? ctl_opts[i].metavar : "");
+		fprintf(f, "  %-22s %s\n", head, ctl_opts[i].help);
+	}
+	fprintf(f, "  %-22s %s\n", "--version", "print the version and exit");
 }
 
 static int seconds(const char *flag, const char *v, uint64_t *ret_ms)
@@ -193,21 +222,17 @@ static int seconds(const char *flag, const char *v, uint64_t *ret_ms)
 
 int main(int argc, char **argv)
 {
-	static const struct option longs[] = {{"endpoint", required_argument, NULL, 'e'},
-					      {"rdzv_id", required_argument, NULL, 'j'},
-					      {"rdzv-id", required_argument, NULL, 'j'},
-					      {"json", no_argument, NULL, 'J'},
-					      {"interval", required_argument, NULL, 'i'},
-					      {"count", required_argument, NULL, 'c'},
-					      {"timeout", required_argument, NULL, 't'},
-					      {"help", no_argument, NULL, 'h'},
-					      {NULL, 0, NULL, 0}};
+	struct option longs[ARRAY_SIZE(ctl_opts) + 2] = {{"rdzv-id", required_argument, NULL, 'j'}};
 	struct opts o = {.interval_ms = 1000, .timeout_ms = 5000};
 	const struct command *cmd;
 	uint64_t ms;
 	int c;
 
 	log_init(PROG, LL_WARN);
+	for (size_t i = 0; i < ARRAY_SIZE(ctl_opts); i++)
+		longs[i + 1] = (struct option){
+		    ctl_opts[i].name, ctl_opts[i].metavar ? required_argument : no_argument, NULL,
+		    ctl_opts[i].val};
 	if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
 		usage(argc < 2 ? stderr : stdout);
 		return argc < 2 ? 2 : 0;

@@ -3,7 +3,8 @@
 # are missing, with apt-get (through sudo when not root), and says so. "build"
 # is what `make` needs; "test" adds what `make test` needs (PyTorch 1.13, etcd,
 # pytest, clang's fuzzer runtime, iproute2, a venv with PyTorch 2.x from PyPI);
-# "deb" adds debhelper for `make deb`; "bench" adds gnuplot for `make bench-scale`.
+# "deb" adds debhelper for `make deb`, lintian and devscripts (hardening-check)
+# for `make deb-check`; "bench" adds gnuplot for `make bench-scale`.
 set -eu
 what=${1:-build}
 
@@ -11,7 +12,7 @@ build_pkgs="build-essential pkg-config libevent-dev libcjson-dev libssl-dev chec
 test_pkgs="python3 python3-venv python3-pytest python3-torch etcd-server etcd-client \
 clang libclang-rt-14-dev iproute2 procps psmisc \
 python3-prometheus-client python3-jsonschema zsh tcsh groff-base man-db slurm-wlm munge"
-deb_pkgs="debhelper dpkg-dev fakeroot"
+deb_pkgs="debhelper dpkg-dev fakeroot lintian devscripts"
 bench_pkgs="gnuplot-nox"
 pkgs=$build_pkgs
 [ "$what" = test ] && pkgs="$build_pkgs $test_pkgs"

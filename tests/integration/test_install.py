@@ -2,7 +2,9 @@
 a program built with `pkg-config crun` against the installed headers and
 library, the exported symbol list, the public headers as C99 and C++, and the
 installed programs' and library's dependencies (no CUDA, no NCCL)."""
+import json
 import os
+import re
 import subprocess
 import tempfile
 
@@ -176,7 +178,9 @@ def test_every_program_and_the_library_have_a_man_page_that_renders(prefix):
     for page in sorted(pages):
         path = os.path.join(mandir, page)
         assert os.path.exists(path), f"{page} is not installed"
-        out = subprocess.run(["man", "-l", path], capture_output=True, text=True, timeout=60,
+        # --warnings: groff's own (bad requests, escapes, lines it cannot fill).
+        out = subprocess.run(["man", "--warnings", "-l", path], capture_output=True,
+                             text=True, timeout=60,
                              env=dict(os.environ, MANWIDTH="80", MAN_KEEP_FORMATTING="0"))
         assert out.returncode == 0, out.stderr
         assert "warning" not in out.stderr.lower(), out.stderr
@@ -190,6 +194,87 @@ def test_every_program_and_the_library_have_a_man_page_that_renders(prefix):
     syms = run(["nm", "-D", "--defined-only", os.path.join(prefix, "lib/libcrun.so.0")])
     for sym in (l.split()[-1].split("@")[0] for l in syms.splitlines() if " T " in l):
         assert sym in lib.replace("\u2010", "-").replace("- ", "-"), f"{sym} missing from libcrun(3)"
+
+
+def rendered(prefix, page):
+    """A man page as a reader sees it, one line per paragraph (no filling
+    breaks, no hyphenation) and plain ASCII minus signs."""
+    out = subprocess.run(["man", "-l", os.path.join(prefix, "share/man", page)],
+                         capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, MANWIDTH="2000", LANG="C", LC_ALL="C"))
+    assert out.returncode == 0, out.stderr
+    return out.stdout.replace("\u2010", "-").replace("\u2212", "-")
+
+
+def rdzv_conf_keys():
+    """The keys crun's --rdzv_conf parser accepts, in its own words (its
+    error for an unknown key lists them), store_<limit> expanded through
+    crun-rdzvd's limits (its --print-schema)."""
+    out = subprocess.run([os.path.join(BUILD, "bin", "crun"), "--rdzv_backend", "c10d",
+                          "--rdzv_endpoint", "127.0.0.1:1", "--rdzv_conf", "no_such_key=1",
+                          "/bin/true"], capture_output=True, text=True, timeout=60)
+    m = re.search(r"unknown key 'no_such_key' \(expected ([^)]*)\)", out.stderr)
+    assert m, out.stderr
+    keys = m.group(1).split(", ")
+    schema = json.loads(run([os.path.join(BUILD, "bin", "crun-rdzvd"), "--print-schema"]))
+    limits = schema["properties"]["limits"]["properties"]
+    assert "store_<limit>" in keys and len(limits) > 5, (keys, limits)
+    return [k for k in keys if k != "store_<limit>"] + \
+        ["store_" + n.replace("-", "_") for n in limits if not n.startswith("$")]
+
+
+def completion_words(prog):
+    """Every spelling of every option of crun's table (its bash completion is a
+    loop over it), less the hidden --print-man."""
+    out = run([os.path.join(BUILD, "bin", prog), "--print-completion", "bash"])
+    words = re.search(r'compgen -W "(--[^"]*)" -- "\$cur"\)\)\n\t\treturn', out).group(1)
+    return [w for w in words.split() if "print-man" not in w and "print_man" not in w]
+
+
+@pytest.mark.parametrize("prog,page", [("crun", "man1/crun.1"),
+                                       ("crun-agent", "man8/crun-agent.8")])
+def test_every_option_and_rdzv_conf_key_is_in_help_and_man(prefix, prog, page):
+    """The option table and the --rdzv_conf parser's keys cannot drift from
+    --help and the man page (7 of the parser's keys were missing from both)."""
+    help_text = run([os.path.join(BUILD, "bin", prog), "--help"])
+    man = rendered(prefix, page)
+
+    def has(w, text):  # a word of its own, not part of --auth_secret_file
+        return re.search(r"(?<![\w-])" + re.escape(w) + r"(?![\w-])", text)
+
+    missing = [w for w in completion_words(prog) + rdzv_conf_keys()
+               if not has(w, help_text) or not has(w, man)]
+    assert not missing, f"in the table or the parser but not in {prog} --help or {page}: " \
+        f"{[(w, bool(has(w, help_text)), bool(has(w, man))) for w in missing]}"
+    rejected = help_text.lower().partition("not supported")[2]
+    assert "etcd" not in rejected, f"--help says etcd is not supported: {rejected}"
+
+
+@pytest.mark.parametrize("page,opts", [
+    ("man8/crun-rdzvd.8", "crun-rdzvd"), ("man1/crunctl.1", "crunctl"),
+    ("man1/crun.1", None), ("man8/crun-agent.8", None)])
+def test_man_pages_have_the_sections_a_user_expects(prefix, page, opts):
+    """Every page has NAME, a SYNOPSIS that is a synopsis (not "usage:"), a
+    DESCRIPTION, explained OPTIONS, EXIT STATUS or its equivalent, ENVIRONMENT,
+    EXAMPLES and SEE ALSO; the daemons' pages also FILES and SIGNALS; every
+    flag of the program's --help is a tagged paragraph of OPTIONS."""
+    man = rendered(prefix, page)
+    heads = re.findall(r"^([A-Z][A-Z ]+)$", man, re.M)
+    want = ["NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "ENVIRONMENT", "EXAMPLES", "SEE ALSO"]
+    if page != "man1/crunctl.1":
+        want += ["EXIT STATUS", "SIGNALS", "FILES"]
+    assert not [w for w in want if w not in heads], heads
+    synopsis = man[man.index("\nSYNOPSIS"):man.index("\nDESCRIPTION")]
+    assert "usage:" not in synopsis, synopsis
+    if opts:
+        flags = set(re.findall(r"^ +(?:-\w, )?(--[a-z][a-z_-]*)", run(
+            [os.path.join(BUILD, "bin", opts), "--help"]), re.M))
+        assert len(flags) > 5, flags
+        # A flag is explained: text follows its tag, on its line or the next.
+        unexplained = [f for f in sorted(flags)
+                       if not re.search(r"^ {7}(-\w, )?" + re.escape(f) +
+                                        r"( [A-Z][A-Za-z0-9:.|_]*)?( +[a-z]|\n {8,}\S)", man, re.M)]
+        assert not unexplained, unexplained
 
 
 def test_the_gpu_object_sits_beside_the_library(prefix):
@@ -233,3 +318,63 @@ def test_a_header_change_rebuilds_its_objects_whatever_the_build_path_form():
         touched = subprocess.run(base + ["-W", "agent/agent.h", target], capture_output=True,
                                  text=True, timeout=120)
         assert "agent/fsm.c" in touched.stdout, (b, touched.stdout + touched.stderr)
+
+
+def test_the_shell_completions_are_installed_and_parse(prefix):
+    """bash and zsh completions for crun and crun-agent, generated from the
+    option table, are installed where the shells look (they were not)."""
+    for prog in ("crun", "crun-agent"):
+        bash = os.path.join(prefix, "share/bash-completion/completions", prog)
+        zsh = os.path.join(prefix, "share/zsh/vendor-completions", "_" + prog)
+        run(["bash", "-n", bash])
+        with open(bash) as f:
+            assert f"complete -o filenames -F _{prog.replace('-', '_')}_complete {prog}" in \
+                f.read()
+        with open(zsh) as f:
+            assert f.readline().startswith(f"#compdef {prog}")
+
+
+def test_a_multiarch_install_puts_the_library_and_pc_file_in_libdir(tmp_path):
+    """LIBDIR=/usr/lib/TRIPLET (debian/rules) moves the libraries, and crun.pc
+    says so relative to its prefix."""
+    dest = tmp_path / "d"
+    libdir = "/usr/lib/x86_64-linux-gnu"
+    run(["make", "-C", ROOT, "--no-print-directory", "install", f"DESTDIR={dest}",
+         "PREFIX=/usr", f"LIBDIR={libdir}", f"BUILD={BUILD}",
+         f"SAN={'1' if SAN else '0'}"], timeout=900)
+    lib = f"{dest}{libdir}"
+    assert os.path.exists(os.path.join(lib, "libcrun.so.0")), os.listdir(dest / "usr/lib")
+    with open(os.path.join(lib, "pkgconfig", "crun.pc")) as f:
+        pc_text = f.read()
+    assert "libdir=${prefix}/lib/x86_64-linux-gnu\n" in pc_text, pc_text
+    assert not os.path.exists(dest / "usr/lib/libcrun.so.0")
+
+
+def test_the_build_passes_cppflags_and_ldflags_to_every_compile_and_link(tmp_path):
+    """dpkg-buildflags' hardening (-D_FORTIFY_SOURCE=2 in CPPFLAGS, -z now in
+    LDFLAGS) reaches every compiler and linker command (make ignored both).
+    A dry run into a fresh build directory lists every command."""
+    build = tmp_path / "b"
+    out = run(["make", "-C", ROOT, "--no-print-directory", "-n", "V=1", f"BUILD={build}",
+               "WITH_CUDA=0", "CPPFLAGS=-DCRUN_TEST_CPPFLAGS=1",
+               "LDFLAGS=-Wl,-z,now -Wl,--defsym=crun_test_ldflags=1", "all"], timeout=300)
+    lines = [l for l in out.replace("\\\n", " ").splitlines()
+             if l.lstrip().startswith(("cc ", "gcc ", "clang "))]
+    compiles = [l for l in lines if re.search(r"\s-c\s", l)]
+    links = [l for l in lines if not re.search(r"\s-c\s", l) and " -o " in l]
+    assert compiles and links, out[-3000:]
+    assert not [l for l in compiles if "-DCRUN_TEST_CPPFLAGS=1" not in l], compiles[:3]
+    assert not [l for l in links if "-Wl,-z,now" not in l], \
+        [l for l in links if "-Wl,-z,now" not in l][:3]
+
+
+def test_the_licence_is_apache_2_and_debian_copyright_says_so():
+    with open(os.path.join(ROOT, "LICENSE")) as f:
+        text = f.read()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    with open(os.path.join(ROOT, "debian", "copyright")) as f:
+        dep5 = f.read()
+    assert dep5.startswith("Format: https://www.debian.org/doc/packaging-manuals/"
+                           "copyright-format/1.0/")
+    assert re.search(r"^Files: \*\nCopyright: .+\nLicense: Apache-2.0$", dep5, re.M), dep5
+    assert re.search(r"^License: Apache-2.0\n .+", dep5, re.M), dep5

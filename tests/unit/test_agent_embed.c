@@ -57,6 +57,10 @@ static const char *sample(const struct cli_opt *o)
 	    {"log_level", "warning"},
 	    {"auth_secret_file", "/nonexistent/secret"},
 	    {"config", NULL}, /* a file: config_file_and_json_values */
+	    {"rendezvous.auth_secret_file", "/nonexistent/secret"},
+	    {"rendezvous.tls_cert", "/nonexistent/cert.pem"},
+	    {"rendezvous.tls_key", "/nonexistent/key.pem"},
+	    {"rendezvous.tls_ca", "/nonexistent/ca.pem"},
 	    {"job.program", "train.py"},
 	    {"job.args", "[\"--epochs\", \"3\"]"},
 	    {"job.env", "{\"A\": \"1\"}"},
