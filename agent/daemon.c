@@ -90,6 +90,43 @@ void agent_service_stop(struct agent_service *s)
 	memset(s, 0, sizeof(*s));
 }
 
+/* Python's json.dumps separators (", " and ": "), which torchrun's event lines
+ * carry and their readers may match byte for byte, on cJSON's compact text:
+ * a space after every ',' and ':' outside strings. */
+static char *python_json_spacing(const char *compact)
+{
+	size_t n = strlen(compact), extra = 0;
+	bool in_str = false, esc = false;
+	char *out, *w;
+
+	for (size_t i = 0; i < n; i++)
+		if (compact[i] == ',' || compact[i] == ':')
+			extra++;
+	out = malloc(n + extra + 1);
+	if (!out)
+		return NULL;
+	w = out;
+	for (size_t i = 0; i < n; i++) {
+		char c = compact[i];
+
+		*w++ = c;
+		if (in_str) {
+			if (esc)
+				esc = false;
+			else if (c == '\\')
+				esc = true;
+			else if (c == '"')
+				in_str = false;
+		} else if (c == '"') {
+			in_str = true;
+		} else if (c == ',' || c == ':') {
+			*w++ = ' ';
+		}
+	}
+	*w = '\0';
+	return out;
+}
+
 char *agent_event_json(crun_agent_state_t st, int restart_count, const char *role,
 		       double timestamp_s)
 {
@@ -97,7 +134,7 @@ char *agent_event_json(crun_agent_state_t st, int restart_count, const char *rol
 	const char *name = (unsigned)st < ARRAY_SIZE(names) ? names[st] : "DONE";
 	char full[64];
 	cJSON *o = cJSON_CreateObject(), *md;
-	char *s = NULL;
+	char *compact = NULL, *s = NULL;
 
 	/* The shape of torchrun's events (name, source, timestamp, metadata);
 	 * the names are crun's states, not torchrun's event set. cJSON escapes
@@ -111,8 +148,11 @@ char *agent_event_json(crun_agent_state_t st, int restart_count, const char *rol
 	    !cJSON_AddStringToObject(md, "role", role ? role : "default") ||
 	    !cJSON_AddNumberToObject(md, "agent_restarts", restart_count))
 		goto out;
-	s = cJSON_PrintUnformatted(o);
+	compact = cJSON_PrintUnformatted(o);
+	if (compact)
+		s = python_json_spacing(compact);
 out:
+	free(compact);
 	cJSON_Delete(o);
 	return s;
 }

@@ -172,6 +172,20 @@ START_TEST(event_lines_are_json_whatever_the_role)
 }
 END_TEST
 
+/* torchrun's lines come from json.dumps: ", " and ": " between items, none
+ * added inside strings (the role keeps its own ", " and ":"). */
+START_TEST(event_line_has_torchruns_separators)
+{
+	char *line = agent_event_json(CRUN_AGENT_RUNNING, 2, "a,b: \"c\"", 1700000000.0);
+
+	ck_assert_ptr_nonnull(line);
+	ck_assert_str_eq(line, "{\"name\": \"crun.agent.state.RUNNING\", \"source\": \"AGENT\", "
+			       "\"timestamp\": 1700000000, \"metadata\": {\"state\": \"RUNNING\", "
+			       "\"role\": \"a,b: \\\"c\\\"\", \"agent_restarts\": 2}}");
+	free(line);
+}
+END_TEST
+
 static Suite *status_suite(void)
 {
 	Suite *s = suite_create("status");
@@ -182,6 +196,7 @@ static Suite *status_suite(void)
 	tcase_add_test(tc, timer_requests);
 	tcase_add_test(tc, round_progress_line);
 	tcase_add_loop_test(tc, event_lines_are_json_whatever_the_role, 0, 500);
+	tcase_add_test(tc, event_line_has_torchruns_separators);
 	suite_add_tcase(s, tc);
 	return s;
 }
