@@ -85,8 +85,15 @@ def agent(procs, port, job, nnodes, args, nproc=2, extra=(), env=None):
     return procs.spawn(argv, env=env or crun_env())
 
 
-def finish(p, timeout=90):
+def finish(p, timeout=90, followed=None):
+    """Waits for p's exit: (rc, stdout, stderr); stdout is "" for an agent
+    whose output follow() has been reading (followed: its reader)."""
     try:
+        if followed:
+            buf, t = followed
+            p.wait(timeout=timeout)
+            t.join(10)
+            return p.returncode, "", "".join(buf)
         o, e = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         pytest.fail("crun agent did not finish in time")
@@ -112,6 +119,24 @@ def reader(p):
     t = threading.Thread(target=run, daemon=True)
     t.start()
     return buf, t
+
+
+def follow(p, pattern):
+    """Collects p's stderr (and drains its stdout) from now on and waits for
+    `pattern` in it: for an order the test needs (the first agent serves
+    the store or joined) instead of a fixed sleep. Returns the reader, for
+    finish()."""
+    buf, t = reader(p)
+    threading.Thread(target=p.stdout.read, daemon=True).start()
+    wait_line_in(p, buf, pattern)
+    return buf, t
+
+
+def first_agent(procs, port, job, nnodes, args, **kw):
+    """An agent that has joined the job's first round before anyone else
+    starts: with c10d it serves the rendezvous store (its endpoint bound)."""
+    p = agent(procs, port, job, nnodes, args, **kw)
+    return p, follow(p, "joined rendezvous")
 
 
 def ranks_of(recs):
@@ -209,6 +234,60 @@ def test_restarts_exhausted_every_agent_fails_with_root_cause(procs, out):
         assert "rank 3" in e or "rank: 3" in e, e[-3000:]
     # Two attempts (restart 0 and 1) ran, none after the budget was spent.
     assert {r["TORCHELASTIC_RESTART_COUNT"] for r in records(out)} == {"0", "1"}
+
+
+FAIL_ON_FILE = """import os, sys, time
+out = sys.argv[1]
+open(os.path.join(out, "failer.ready"), "w").close()
+end = time.monotonic() + 120  # a hang guard: the test writes out/fail
+while time.monotonic() < end and not os.path.exists(os.path.join(out, "fail")):
+    time.sleep(0.05)
+print("failer exits 3 on purpose", file=sys.stderr, flush=True)
+sys.exit(3)
+"""
+
+
+def test_peer_gets_the_reason_after_the_failed_host_left(procs, out):
+    # Issue 23: the surviving node printed "the job failed on another node: "
+    # with an empty reason. The node serving the store (B) fails its job
+    # while the other agent (A) is stopped, so that A reads the failure only
+    # once B has left with its store: A's parked monitor wait was answered
+    # with the reason (closed) before B left, and A must print that, not
+    # what a second read from the gone store leaves (nothing). B's own
+    # monitor must not acknowledge B's failure for A either: B waits for A
+    # (close_timeout) and says that nobody read it.
+    c10d_only()
+    port = free_port()
+    failer = os.path.join(out, "failer.py")
+    with open(failer, "w") as f:
+        f.write(FAIL_ON_FILE)
+    # A long heartbeat: A's monitor sits in one wait, so SIGSTOP finds it
+    # parked there; close_timeout=3 only bounds how long B waits for an ack.
+    conf = ("--rdzv_conf=last_call_timeout=1,heartbeat_interval=30,lease_ttl=90,"
+            "join_timeout=60,close_timeout=3")
+    b, b_out = first_agent(procs, port, "reason", 2, [failer, out], nproc=1,
+                           extra=[conf, "--max_restarts=0"])
+    a = agent(procs, port, "reason", 2, [TASK, "run", out, "60"], nproc=1, extra=[conf])
+    a_out = follow(a, "joined rendezvous")
+    wait_records(out, lambda r: True, "A's worker")
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(out, "failer.ready")):
+        assert time.monotonic() < deadline, "B's worker never started"
+        time.sleep(0.05)
+    os.kill(a.pid, signal.SIGSTOP)
+    try:
+        open(os.path.join(out, "fail"), "w").close()
+        rc_b, _, err_b = finish(b, followed=b_out)
+    finally:
+        os.kill(a.pid, signal.SIGCONT)
+    rc_a, _, err_a = finish(a, followed=a_out)
+    assert rc_b != 0 and rc_a != 0, err_b[-3000:] + err_a[-3000:]
+    assert "failer exits 3 on purpose" in err_b, err_b[-3000:]
+    lines = [ln for ln in err_a.splitlines() if "the job failed on another node:" in ln]
+    assert lines, err_a[-3000:]
+    for ln in lines:
+        assert "exitcode 3" in ln, err_a[-3000:]
+    assert "not every agent saw the failure" in err_b, err_b[-3000:]
 
 
 def test_elastic_late_joiner_scales_up(procs, out):
