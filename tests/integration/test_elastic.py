@@ -22,8 +22,8 @@ import time
 
 import pytest
 
-from conftest import (HELPERS, bin_path, free_port, records, release_workers, start_rdzvd,
-                      torch_python, wait_records)
+from conftest import (HELPERS, Output, bin_path, free_port, records, release_workers,
+                      start_rdzvd, torch_python, wait_records)
 from etcd_cluster import EtcdCluster
 
 TASK = os.path.join(HELPERS, "elastic_task.py")
@@ -86,14 +86,11 @@ def agent(procs, port, job, nnodes, args, nproc=2, extra=(), env=None):
 
 
 def finish(p, timeout=90, followed=None):
-    """Waits for p's exit: (rc, stdout, stderr); stdout is "" for an agent
-    whose output follow() has been reading (followed: its reader)."""
+    """Waits for p's exit: (rc, stdout, stderr); followed: p's Output, when
+    the test has been reading p's output."""
+    if followed:
+        return followed.finish(timeout)
     try:
-        if followed:
-            buf, t = followed
-            p.wait(timeout=timeout)
-            t.join(10)
-            return p.returncode, "", "".join(buf)
         o, e = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         pytest.fail("crun agent did not finish in time")
@@ -121,22 +118,12 @@ def reader(p):
     return buf, t
 
 
-def follow(p, pattern):
-    """Collects p's stderr (and drains its stdout) from now on and waits for
-    `pattern` in it: for an order the test needs (the first agent serves
-    the store or joined) instead of a fixed sleep. Returns the reader, for
-    finish()."""
-    buf, t = reader(p)
-    threading.Thread(target=p.stdout.read, daemon=True).start()
-    wait_line_in(p, buf, pattern)
-    return buf, t
-
-
 def first_agent(procs, port, job, nnodes, args, **kw):
     """An agent that has joined the job's first round before anyone else
-    starts: with c10d it serves the rendezvous store (its endpoint bound)."""
+    starts (with c10d it then serves the rendezvous store, its endpoint
+    bound): (process, Output), for finish(followed=)."""
     p = agent(procs, port, job, nnodes, args, **kw)
-    return p, follow(p, "joined rendezvous")
+    return p, Output(p).wait_for("joined rendezvous")
 
 
 def ranks_of(recs):
@@ -181,8 +168,7 @@ def test_heterogeneous_nproc_prefix_sums(procs, out):
 def test_store_node_exits_last(procs, out):
     c10d_only()
     port = free_port()
-    host = agent(procs, port, "last", 2, [TASK, "run", out, "0.2"])
-    time.sleep(0.3)  # the first agent binds the endpoint and serves the store
+    host, host_out = first_agent(procs, port, "last", 2, [TASK, "run", out, "0.2"])
     other = agent(procs, port, "last", 2, [TASK, "run", out, "0.2"])
     done = {}
 
@@ -195,7 +181,7 @@ def test_store_node_exits_last(procs, out):
         t.start()
     for t in ts:
         t.join(100)
-    rc_h, _, err_h = finish(host)
+    rc_h, _, err_h = finish(host, followed=host_out)
     rc_o, _, err_o = finish(other)
     assert rc_h == 0 and rc_o == 0, err_h[-2000:] + err_o[-2000:]
     assert "serving the rendezvous store" in err_h
@@ -268,7 +254,7 @@ def test_peer_gets_the_reason_after_the_failed_host_left(procs, out):
     b, b_out = first_agent(procs, port, "reason", 2, [failer, out], nproc=1,
                            extra=[conf, "--max_restarts=0"])
     a = agent(procs, port, "reason", 2, [TASK, "run", out, "60"], nproc=1, extra=[conf])
-    a_out = follow(a, "joined rendezvous")
+    a_out = Output(a).wait_for("joined rendezvous")
     wait_records(out, lambda r: True, "A's worker")
     deadline = time.monotonic() + 60
     while not os.path.exists(os.path.join(out, "failer.ready")):
@@ -331,8 +317,7 @@ def test_spare_waits_when_max_reached(procs, out):
 
 def test_kill_agent_mid_job_survivors_finish(procs, out):
     port = free_port()
-    host = agent(procs, port, "kill", "2:3", [TASK, "run", out, "4"])
-    time.sleep(0.3)
+    host, host_out = first_agent(procs, port, "kill", "2:3", [TASK, "run", out, "4"])
     others = [agent(procs, port, "kill", "2:3", [TASK, "run", out, "4"]) for _ in range(2)]
     full = wait_records(out, lambda r: r["WORLD_SIZE"] == "6", "WORLD_SIZE=6")
     assert full
@@ -342,8 +327,8 @@ def test_kill_agent_mid_job_survivors_finish(procs, out):
     wait_records(out, lambda r: len([x for x in records(out) if x["WORLD_SIZE"] == "4"]) >= 4,
                  "4 workers of the survivors' round")
     release_workers(out)
-    for p in (host, others[0]):
-        rc, _, err = finish(p)
+    for p, followed in ((host, host_out), (others[0], None)):
+        rc, _, err = finish(p, followed=followed)
         assert rc == 0, err[-3000:]
         assert "re-rendezvous" in err or "dead" in err, err[-3000:]
     after = [r for r in records(out) if r["WORLD_SIZE"] == "4"]
@@ -354,14 +339,14 @@ def test_kill_agent_mid_job_survivors_finish(procs, out):
 
 def test_conflicting_max_is_an_error(procs, out):
     port = free_port()
-    a = agent(procs, port, "conflict", "2:2", [TASK, "run", out, "1"])
-    time.sleep(0.3)
+    # b comes once a has joined: the job's settings are a's.
+    a, a_out = first_agent(procs, port, "conflict", "2:2", [TASK, "run", out, "1"])
     b = agent(procs, port, "conflict", "2:3", [TASK, "run", out, "1"])
     rc, _, err = finish(b, timeout=60)
     assert rc != 0
     assert "conflicting settings" in err, err[-2000:]
     a.send_signal(signal.SIGTERM)
-    finish(a)
+    finish(a, followed=a_out)
 
 
 def test_run_id_reuse_after_close_is_an_error(procs, out):
