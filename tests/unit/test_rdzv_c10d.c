@@ -597,8 +597,8 @@ static uint64_t monitor_requests(uint32_t kept_ago_ms)
 	/* The change comes once the monitor waits for it: its wait (and the
 	 * keep-alive before it, for a lease not kept a heartbeat ago) reached
 	 * the store, which counts a request when it arrives. */
-	for (int i = 0; i < 2000 && rsrv_requests(&v) < r0 + (kept_ago_ms && kept_ago_ms < 30000 ? 1 : 2);
-	     i++)
+	for (int i = 0;
+	     i < 2000 && rsrv_requests(&v) < r0 + (kept_ago_ms && kept_ago_ms < 30000 ? 1 : 2); i++)
 		usleep(10000);
 	ck_assert_int_eq(coord_set(other, "r0/change", "restart node1"), 0);
 	while (!atomic_load(&j->h.posted))
