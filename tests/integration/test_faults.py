@@ -410,7 +410,21 @@ with open(os.path.join(out, "%d.tmp" % os.getpid()), "w") as f:
     json.dump(rec, f)
 os.rename(os.path.join(out, "%d.tmp" % os.getpid()), os.path.join(out, "%d.json" % os.getpid()))
 if os.environ["GROUP_RANK"] == "1" and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
-    time.sleep(3)
+    # Fail once group rank 0's worker is reaped (its /proc entry, kept
+    # while it is a zombie, is gone): its agent is in the exit barrier.
+    end = time.monotonic() + 60  # a hang guard
+    peer = None
+    while time.monotonic() < end:
+        if peer is None:
+            for n in os.listdir(out):
+                if n.endswith(".json"):
+                    with open(os.path.join(out, n)) as f:
+                        r = json.load(f)
+                    if r["GROUP_RANK"] == "0" and r["TORCHELASTIC_RESTART_COUNT"] == "0":
+                        peer = r["pid"]
+        elif not os.path.exists("/proc/%d" % peer):
+            break
+        time.sleep(0.02)
     print("worker failing late in attempt 0", file=sys.stderr, flush=True)
     sys.exit(1)
 time.sleep(0.1)
