@@ -226,7 +226,7 @@ integration: all $(TEST_HELPERS)
 
 # Not part of `make test`: runs SUITES RUNS times with HOGS busy loops beside
 # them and prints each test's failure count (scripts/flake-hunt.py; issue 23).
-# SUITES: unit:<binary> and integration:<file>[::<pytest -k expr>] words;
+# SUITES: unit:<binary> and integration:<file>[::<-k names, commas for "or">] words;
 # SAN=1 hunts on the sanitizer build. FLAKE_LOG=file keeps the failures' lines.
 SUITES ?= unit:test_rdzv_c10d
 RUNS ?= 10

@@ -8,7 +8,8 @@ runs; it is not part of `make test`.
 A SUITE is `unit:<binary>` (a Check binary under DIR/tests, e.g.
 unit:test_rdzv_c10d) or `integration:<file>[::<pytest -k expression>]` (a
 module under tests/integration, e.g. integration:test_faults.py or
-integration:test_elastic.py::restarts_exhausted). The hogs are K busy loops
+integration:test_elastic.py::restarts_exhausted,kill_agent: commas are
+"or", so that a make variable needs no spaces). The hogs are K busy loops
 at this process's own priority: a race that needs a quiet machine shows up
 as a failure count above 0. Every test that ran is listed, failed or not;
 a suite that could not run at all (a crash, no summary) counts as one
@@ -73,7 +74,7 @@ def run_integration(build, spec, san):
     with tempfile.TemporaryDirectory(prefix="crun-flake-hunt-") as d:
         xml = os.path.join(d, "junit.xml")
         argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                f"--junitxml={xml}", path] + (["-k", expr] if expr else [])
+                f"--junitxml={xml}", path] + (["-k", expr.replace(",", " or ")] if expr else [])
         env = dict(os.environ, CRUN_BUILD=build, CRUN_SAN="1" if san else "0")
         try:
             p = subprocess.run(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE,
