@@ -150,11 +150,12 @@ def main(argv):
         if log:
             log.close()
     width = max(len(t) for _, t in counts)
+    swidth = max(len(s.split("::")[0]) for s, _ in counts)
     print(f"\nflake-hunt: {a.runs} runs, {a.hogs} hogs, SAN={a.san}, "
           f"{time.monotonic() - t0:.0f} s")
-    print(f"{'suite':<28} {'test':<{width}}  failed/runs")
+    print(f"{'suite':<{swidth}} {'test':<{width}}  failed/runs")
     for (s, t), (f, n) in sorted(counts.items()):
-        print(f"{s:<28} {t:<{width}}  {f}/{n}{'  <-' if f else ''}")
+        print(f"{s.split('::')[0]:<{swidth}} {t:<{width}}  {f}/{n}{'  <-' if f else ''}")
     total = sum(f for f, _ in counts.values())
     print(f"flake-hunt: {total} failures in {len(counts)} tests")
     return 1 if total else 0
