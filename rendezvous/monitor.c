@@ -64,7 +64,7 @@ static void store_lost(struct c10d_job *j, struct coord *c, int r)
 static int read_change(struct c10d_job *j, struct coord *c, const char *chk, char *v, char *done)
 {
 	char k1[64], k2[64];
-	bool failed = false, woke = v || done;
+	bool failed = false, woke = v || done, have_why = false;
 	int r = woke ? 0 : coord_get_now(c, chk, &v);
 
 	if (r < 0) {
@@ -81,6 +81,12 @@ static int read_change(struct c10d_job *j, struct coord *c, const char *chk, cha
 		bool ended = strncmp(done, "done", 4) == 0;
 
 		failed = !ended;
+		/* The reason is what we hold: the node that wrote it may leave
+		 * (taking the store along) before another read (issue 23:
+		 * the peer printed "failed on another node:" with nothing). */
+		have_why = failed;
+		if (failed)
+			snprintf(j->err, sizeof(j->err), "%s", done);
 		crun_free(done);
 		if (ended) {
 			/* Every node passed the exit barrier: nodes leaving now
@@ -89,16 +95,24 @@ static int read_change(struct c10d_job *j, struct coord *c, const char *chk, cha
 			return 1;
 		}
 	}
-	if (failed) {
+	if (failed && !have_why) {
 		char *why = NULL;
 
-		/* The job is over either way: give the reason a few seconds
-		 * on a starved machine rather than print the failure without
-		 * its root cause. */
-		if (coord_get(c, "closed", MAX(j->conf.ttl_ms, C10D_REASON_MS), &why) == 0) {
+		/* Only the change ("failed") so far. The job is over either
+		 * way: give the reason a few seconds on a starved machine
+		 * rather than print the failure without its root cause. */
+		r = coord_get(c, "closed", MAX(j->conf.ttl_ms, C10D_REASON_MS), &why);
+		if (r == 0) {
 			snprintf(j->err, sizeof(j->err), "%s", why);
 			crun_free(why);
+		} else {
+			snprintf(j->err, sizeof(j->err),
+				 "failed (the reason could not be read from the rendezvous store: "
+				 "%.300s)",
+				 *coord_last_error(c) ? coord_last_error(c) : crun_strerror(r));
 		}
+	}
+	if (failed) {
 		KEY(k1, "r%d/failed_ack", j->round);
 		KEY(k2, "r%d/failed_acked", j->round);
 		/* Everyone but the failing agent acknowledges. */

@@ -19,7 +19,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import ROOT, bin_path, free_port, start_rdzvd
+from conftest import ROOT, Output, bin_path, free_port, start_rdzvd
 
 PY = "/usr/bin/python3"
 
@@ -78,6 +78,13 @@ def wait_for(pred, timeout=60, what="condition"):
             return got
         time.sleep(0.02)
     pytest.fail(f"timed out waiting for {what}")
+
+
+def outage_seen(logs):
+    """Waits until every agent logging to one of these files saw crun-rdzvd
+    stop answering (it rides the outage out): instead of sleeping past it."""
+    wait_for(lambda: all("does not answer" in lg.read_text(errors="replace") for lg in logs),
+             what="every agent to see the store outage")
 
 
 def pids(job, n):
@@ -583,13 +590,13 @@ def test_crunctl_status_jobs_watch_against_a_live_job(procs, job, notify):
     # watch follows the job to its end: running, then the page goes away.
     w = procs.spawn([bin_path("crunctl"), "watch", "--endpoint", addr, "--json",
                      "--interval", "0.05"])
-    wait_for(lambda: os.path.exists(f"/proc/{w.pid}"), what="watch")
-    time.sleep(0.3)
+    w_out = Output(w)
+    wait_for(lambda: w_out.out, what="watch's first page")  # it saw the job running
     (job / "out" / "stop").write_text("")
     assert p.wait(timeout=60) == 0
-    out, err = w.communicate(timeout=60)
-    assert w.returncode == 0, err
-    states = [json.loads(ln)["state"] for ln in out.decode().splitlines()]
+    rc, out, err = w_out.finish(60)
+    assert rc == 0, err
+    states = [json.loads(ln)["state"] for ln in out.splitlines()]
     assert states[0] == "running" and len(states) >= 1, states
 
 
@@ -768,16 +775,20 @@ def test_rdzvd_restart_costs_no_worker_restart(procs, job):
     assert "restart" in jobs and jobs["restart"]["keys"] > 0, res.stdout + res.stderr
     res = crunctl("jobs", "--endpoint", page)
     assert re.search(r"^restart\s", res.stdout, re.M), res.stdout
+    outs = [Output(a) for a in agents]
     rd.kill()
     rd.wait(timeout=10)
-    time.sleep(2)  # longer than the lease TTL: the agents see the outage
+    for o in outs:  # every agent saw the outage
+        o.wait_for("does not answer")
     rd2 = procs.spawn([bin_path("crun-rdzvd"), "--host", host, "--port", str(port)])
-    time.sleep(3)
+    for o in outs:  # ... and every one took its lease again, all three back
+        o.wait_for("all 3 nodes are back")
     assert all(a.poll() is None for a in agents)
     assert pids(job, 3) == before and len(list((job / "out").glob("*.pid"))) == 3
     (job / "out" / "stop").write_text("")
-    for a in agents:
-        assert a.wait(timeout=60) == 0, a.stderr.read().decode()
+    for o in outs:
+        rc, _, err = o.finish(60)
+        assert rc == 0, err
     rd2.send_signal(signal.SIGTERM)
     assert rd2.wait(timeout=10) == 0
 
@@ -807,12 +818,11 @@ def test_rdzvd_restart_notices_a_node_lost_meanwhile(procs, job, nnodes):
         for w in before.values()))
     rd.kill()
     rd.wait(timeout=10)
-    time.sleep(0.5)
+    outage_seen(logs)
     os.killpg(victim.pid, signal.SIGKILL)  # the agent and its worker
     victim.wait(timeout=10)
     for p_ in (job / "out").glob("*.pid"):
         p_.unlink()
-    time.sleep(1)
     t_back = time.monotonic()
     rd2 = procs.spawn([bin_path("crun-rdzvd"), "--host", host, "--port", str(port)])
     survivors = [(a, lg) for a, lg in zip(agents, logs) if a is not victim]
@@ -872,7 +882,7 @@ def test_rdzvd_restart_then_a_node_joins(procs, job):
     pids(job, 2)
     rd.kill()
     rd.wait(timeout=10)
-    time.sleep(1)
+    outage_seen(logs[:2])
     rd2 = procs.spawn([bin_path("crun-rdzvd"), "--host", host, "--port", str(port)])
     wait_for(lambda: all("all 2 nodes are back" in lg.read_text(errors="replace")
                          for lg in logs[:2]), what="both nodes back")
