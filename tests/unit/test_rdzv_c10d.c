@@ -555,11 +555,13 @@ START_TEST(store_round_trips_per_member)
 		first, rejoin, first4, rejoin4, first3, rejoin3);
 	ck_assert_msg(first <= 11.0 && rejoin <= 10.0,
 		      "requests per member: first round %.1f, rejoin %.1f", first, rejoin);
-	/* one more each, give or take the count markers' waits */
-	ck_assert_msg(first4 >= first + 0.5 && rejoin4 >= rejoin + 0.5,
-		      "version 4: %.1f, %.1f vs %.1f, %.1f", first4, rejoin4, first, rejoin);
-	ck_assert_msg(first3 >= first4 + 3.0 && rejoin3 >= rejoin4 + 3.0,
-		      "version 3: %.1f, %.1f vs %.1f, %.1f", first3, rejoin3, first4, rejoin4);
+	/* Version 4 costs one request more than version 5's floor (connect 3,
+	 * first round 6, rejoin 5 after a reconnect of 3), version 3 three more.
+	 * Each is checked against that floor, not against another timed run:
+	 * the count markers' second waits vary with scheduling (issue 23: under
+	 * two CPU hogs "10.1, 10.0 vs 9.8, 9.0" failed a comparison of runs). */
+	ck_assert_msg(first4 >= 10.0 && rejoin4 >= 9.0, "version 4: %.1f, %.1f", first4, rejoin4);
+	ck_assert_msg(first3 >= 13.0 && rejoin3 >= 12.0, "version 3: %.1f, %.1f", first3, rejoin3);
 }
 END_TEST
 
