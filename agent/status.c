@@ -123,25 +123,60 @@ out:
 	free(p);
 }
 
+/* The store servers a page shows, by the store="..." label. */
+enum status_store { STATUS_STORE_RENDEZVOUS, STATUS_STORE_WORKER, STATUS_STORE__MAX };
+static const char *const status_store_kind[STATUS_STORE__MAX] = {"rendezvous", "worker"};
+
+/* srv: crun-rdzvd's server (its page has no agent); an agent's page has its
+ * worker store and, when it serves the c10d endpoint, the rendezvous store. */
+static const struct store_server *served_store(const struct crun_agent *a,
+					       const struct store_server *srv, enum status_store k)
+{
+	if (k == STATUS_STORE_RENDEZVOUS)
+		return srv ? srv : a && a->rdzv ? rdzv_served_store(a->rdzv) : NULL;
+	return srv || !a ? NULL : a->store;
+}
+
+static void store_json(cJSON *o, const struct store_server *srv)
+{
+	struct store_server_stats st;
+
+	if (!o)
+		return;
+	store_server_get_stats(srv, &st);
+	cJSON_AddNumberToObject(o, "port", store_server_port(srv));
+	cJSON_AddNumberToObject(o, "connections", (double)st.conns);
+	cJSON_AddNumberToObject(o, "keys", (double)st.keys);
+	cJSON_AddNumberToObject(o, "value_bytes", (double)st.value_bytes);
+	cJSON_AddNumberToObject(o, "waiters", (double)st.waiters);
+	cJSON_AddNumberToObject(o, "requests", (double)st.requests);
+	cJSON_AddNumberToObject(o, "dropped_connections", (double)st.dropped_conns);
+	cJSON_AddNumberToObject(o, "leases_expired",
+				(double)store_server_metric(srv, STORE_M_LEASE_EXPIRED));
+	cJSON_AddNumberToObject(o, "leases_released",
+				(double)store_server_metric(srv, STORE_M_LEASE_RELEASED));
+}
+
 static cJSON *status_tree(const struct crun_agent *a, const struct store_server *srv)
 {
-	cJSON *root = cJSON_CreateObject(), *ws;
+	cJSON *root = cJSON_CreateObject(), *ws, *stores;
 
 	if (!root)
 		return NULL;
 	cJSON_AddBoolToObject(root, "ok", 1);
-	if (srv || (a && a->store)) {
-		struct store_server_stats st;
-		cJSON *o = cJSON_AddObjectToObject(root, "store");
+	if (srv || (a && a->store))
+		store_json(cJSON_AddObjectToObject(root, "store"), srv ? srv : a->store);
+	/* Every store served here by its role: crun-rdzvd's, an agent's
+	 * worker store and, on a self-hosted c10d agent, the rendezvous store
+	 * it serves to its peers (their leases live there, not in "store"). */
+	stores = NULL;
+	for (int k = 0; k < STATUS_STORE__MAX; k++) {
+		const struct store_server *ss = served_store(a, srv, (enum status_store)k);
 
-		store_server_get_stats(srv ? srv : a->store, &st);
-		cJSON_AddNumberToObject(o, "port", store_server_port(srv ? srv : a->store));
-		cJSON_AddNumberToObject(o, "connections", (double)st.conns);
-		cJSON_AddNumberToObject(o, "keys", (double)st.keys);
-		cJSON_AddNumberToObject(o, "value_bytes", (double)st.value_bytes);
-		cJSON_AddNumberToObject(o, "waiters", (double)st.waiters);
-		cJSON_AddNumberToObject(o, "requests", (double)st.requests);
-		cJSON_AddNumberToObject(o, "dropped_connections", (double)st.dropped_conns);
+		if (ss && !stores)
+			stores = cJSON_AddObjectToObject(root, "stores");
+		if (ss && stores)
+			store_json(cJSON_AddObjectToObject(stores, status_store_kind[k]), ss);
 	}
 	if (a) {
 		cJSON_AddStringToObject(root, "run_id", a->run_id);
@@ -325,32 +360,50 @@ static const struct {
 #undef ROW
 };
 
-/* kind: the store="..." label every sample carries: "rendezvous" for
- * crun-rdzvd's, "worker" for an agent's own (MASTER_ADDR), so one query does
- * not add the two up. */
-static void store_metrics(FILE *f, const struct store_server *srv, const char *kind)
+/* Every store served here (served_store), each sample labelled store="..."
+ * by its role, so one query does not add the two up; a family's HELP/TYPE
+ * comes once, before all its samples (the exposition format wants that). */
+static void store_metrics(FILE *f, const struct crun_agent *a, const struct store_server *srv)
 {
-	struct store_server_stats st;
+	const struct store_server *ss[STATUS_STORE__MAX];
+	struct store_server_stats st[STATUS_STORE__MAX];
+	int k, n = 0;
 
-	store_server_get_stats(srv, &st);
+	for (k = 0; k < STATUS_STORE__MAX; k++) {
+		ss[k] = served_store(a, srv, (enum status_store)k);
+		if (!ss[k])
+			continue;
+		store_server_get_stats(ss[k], &st[k]);
+		n++;
+	}
+	if (!n)
+		return;
 	for (size_t i = 0; i < ARRAY_SIZE(store_rows); i++) {
 		gauge(f, store_rows[i].name, store_rows[i].help, store_rows[i].type);
-		fprintf(f, "%s{store=\"%s\"} %" PRIu64 "\n", store_rows[i].name, kind,
-			*(const uint64_t *)((const char *)&st + store_rows[i].off));
+		for (k = 0; k < STATUS_STORE__MAX; k++)
+			if (ss[k])
+				fprintf(
+				    f, "%s{store=\"%s\"} %" PRIu64 "\n", store_rows[i].name,
+				    status_store_kind[k],
+				    *(const uint64_t *)((const char *)&st[k] + store_rows[i].off));
 	}
 	gauge(f, "crun_store_ops_total", "requests served by operation", "counter");
-	for (int op = 0; op < STORE_OP__MAX; op++)
-		fprintf(f, "crun_store_ops_total{store=\"%s\",op=\"%s\"} %" PRIu64 "\n", kind,
-			store_proto_op_name((enum store_op)op),
-			store_server_op_count(srv, (enum store_op)op));
+	for (k = 0; k < STATUS_STORE__MAX; k++)
+		for (int op = 0; ss[k] && op < STORE_OP__MAX; op++)
+			fprintf(f, "crun_store_ops_total{store=\"%s\",op=\"%s\"} %" PRIu64 "\n",
+				status_store_kind[k], store_proto_op_name((enum store_op)op),
+				store_server_op_count(ss[k], (enum store_op)op));
 	/* The server's own table of refusals and limit hits, one label each. */
 	gauge(f, "crun_store_events_total",
-	      "connections accepted, refused or dropped, and backpressure pauses, by reason",
+	      "connections accepted, refused or dropped, backpressure pauses, and leases "
+	      "expired or released, by reason",
 	      "counter");
-	for (int m = 0; m < STORE_M__MAX; m++)
-		fprintf(f, "crun_store_events_total{store=\"%s\",event=\"%s\"} %" PRIu64 "\n", kind,
-			store_metric_name((enum store_metric)m),
-			store_server_metric(srv, (enum store_metric)m));
+	for (k = 0; k < STATUS_STORE__MAX; k++)
+		for (int m = 0; ss[k] && m < STORE_M__MAX; m++)
+			fprintf(f,
+				"crun_store_events_total{store=\"%s\",event=\"%s\"} %" PRIu64 "\n",
+				status_store_kind[k], store_metric_name((enum store_metric)m),
+				store_server_metric(ss[k], (enum store_metric)m));
 }
 
 /* The rendezvous's round and its counters (one table: RDZV_COUNTER_MAP). */
@@ -445,10 +498,7 @@ char *agent_status_metrics(const struct crun_agent *a, const struct store_server
 					"crun_agent_worker_exits_total{code=\"%d\"} %" PRIu64 "\n",
 					code, exits[code]);
 	}
-	if (srv)
-		store_metrics(f, srv, "rendezvous");
-	else if (a && a->store)
-		store_metrics(f, a->store, "worker");
+	store_metrics(f, a, srv);
 	if (fclose(f) != 0) {
 		free(s);
 		return NULL;

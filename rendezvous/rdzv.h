@@ -20,6 +20,7 @@
 
 struct event_base;
 struct rdzv;
+struct store_server;
 
 #define RDZV_HOST_MAX 256
 
@@ -101,6 +102,10 @@ int rdzv_new(const struct rdzv_params *p, struct rdzv **ret_rdzv);
 int rdzv_store_to_serve(const struct rdzv *r, const char **ret_host, uint16_t *ret_port);
 /* Tells the backend the port the agent's store actually bound. */
 void rdzv_set_served_port(struct rdzv *r, uint16_t port);
+
+/* The rendezvous store this agent serves in-process (c10d is_host), or
+ * NULL; borrowed, valid until rdzv_free. For the status page and metrics. */
+const struct store_server *rdzv_served_store(const struct rdzv *r);
 
 /* Whether the backend clears the served store itself between attempts
  * (static multi-node: only once every node stopped); else the agent does. */

@@ -221,8 +221,11 @@ void store_server_each_key(const struct store_server *srv,
 	  "reading paused: "                                                                \
 	  "max-total-output-bytes reached")                                                 \
 	X(LEASE_EXPIRED, "lease_expired",                                                   \
-	  "leases ended without a revoke (no keep-alive for a TTL, or the holder "          \
-	  "closed its connection)")
+	  "leases ended without a revoke: no keep-alive for a TTL, or the holder's "        \
+	  "connection closed (a node lost)")                                                \
+	X(LEASE_RELEASED, "lease_released",                                                 \
+	  "leases revoked by their holder (an orderly end: the job ended or the agent "     \
+	  "stopped)")
 
 enum store_metric {
 #define STORE_M_X_(id, name, help) STORE_M_##id,

@@ -961,6 +961,62 @@ def test_round_progress_on_status_metrics_and_crunctl(procs, job):
         assert p_.wait(timeout=60) == 0, lg.read_text(errors="replace")
 
 
+def lease_event(event):
+    return ("crun_store_events_total", (("event", event), ("store", "rendezvous")))
+
+
+def test_a_clean_job_end_releases_leases_and_a_kill_expires_one(procs, job):
+    """crun-rdzvd counts a lease's orderly end (the agent revokes it when
+    the job ended) as lease_released, never as lease_expired: an alert on
+    lease_expired means a node was lost. A 2-node job that ends cleanly
+    leaves lease_expired at 0."""
+    rd, host, port = start_rdzvd(procs)
+    rd_page = re.search(r"http://([^/]+)/status", rdzvd_lines(rd, 1)[0]).group(1)
+    args = ["--nnodes=2", "--rdzv_backend=c10d", f"--rdzv_endpoint={host}:{port}",
+            "--rdzv_id=clean", "--rdzv_conf=heartbeat_interval=0.3,lease_ttl=1.5",
+            f"--log_dir={job / 'logs'}", str(job / "w.py"), str(job / "out")]
+    ps = [procs.spawn([bin_path("crun"), *args], env=agent_env()) for _ in range(2)]
+    pids(job, 2)
+    (job / "out" / "stop").write_text("")
+    assert [p_.wait(timeout=60) for p_ in ps] == [0, 0]
+    m = wait_for(lambda: (lambda m: m if m[lease_event("lease_released")] +
+                          m[lease_event("lease_expired")] >= 2 else None)(
+        metric_samples(rd_page)), what="both leases ended")
+    assert (m[lease_event("lease_released")], m[lease_event("lease_expired")]) == (2, 0)
+
+
+def test_self_hosted_c10d_agent_shows_the_rendezvous_store_it_serves(procs, job):
+    """An agent serving the c10d rendezvous store (is_host=1) shows it on
+    /metrics (store="rendezvous", beside its worker store) and /status: the
+    peer killed -9 ends its lease there as lease_expired."""
+    port = free_port()
+    logs = [job / f"agent{i}.err" for i in range(2)]
+    args = ["--nnodes=2:3", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
+            "--rdzv_id=self", "--rdzv_conf=heartbeat_interval=0.3,lease_ttl=1.5,"
+            "last_call_timeout=1", f"--log_dir={job / 'logs'}", str(job / "w.py"),
+            str(job / "out")]
+    a = procs.spawn([bin_path("crun"), "--status=127.0.0.1:0", *args[:4],
+                     args[4] + ",is_host=1", *args[5:]], env=agent_env(),
+                    stderr=open(logs[0], "wb"))
+    page = wait_for(lambda: re.search(r"status page on http://(\S+)/status",
+                                      logs[0].read_text(errors="replace")), what="page").group(1)
+    b = procs.spawn([bin_path("crun"), *args], env=agent_env(), stderr=open(logs[1], "wb"))
+    pids(job, 2)
+    m = metric_samples(page)
+    assert m[lease_event("lease_expired")] == 0, m
+    assert m[("crun_store_connections", (("store", "rendezvous"),))] >= 1, m
+    assert ("crun_store_connections", (("store", "worker"),)) in m, m
+    st = json.loads(get(page, "/status")[2])
+    assert st["stores"]["rendezvous"]["port"] == port, st
+    assert st["stores"]["worker"]["port"] != port, st
+    os.killpg(b.pid, signal.SIGKILL)
+    b.wait(timeout=10)
+    wait_for(lambda: metric_samples(page)[lease_event("lease_expired")] >= 1,
+             what="the killed peer's lease expired on the agent's page")
+    a.send_signal(signal.SIGTERM)
+    a.wait(timeout=60)
+
+
 def test_notify_status_says_the_round(procs, job, notify):
     """crun-agent's STATUS= while it waits (refreshed on each tick) and once
     the round completed: the round's line (rdzv_progress_line)."""
@@ -1071,6 +1127,12 @@ def test_rdzvd_notify_status_page_and_reload(procs, tmp_path, notify):
     store_used = {re.sub(r"_total$", "", n) for p_ in dash["panels"] for t in p_["targets"]
                   for n in re.findall(r"crun_store_[a-z_]+", t["expr"])}
     assert store_used and store_used <= set(fams), store_used - set(fams)
+    # and only event="..." labels the store's table has (lease_expired and
+    # lease_released apart: an alert on expiries means a node was lost)
+    events = {dict(k[1])["event"] for k in samples if k[0] == "crun_store_events_total"}
+    dash_events = {e for p_ in dash["panels"] for t in p_["targets"]
+                   for e in re.findall(r'event=\\?"([a-z_]+)', t["expr"])}
+    assert {"lease_expired", "lease_released"} <= dash_events <= events, dash_events - events
     st = json.loads(get(addr, "/status")[2])
     assert st["store"]["keys"] == 1 and st["store"]["port"] == port
     # SIGHUP: the log level and a limit apply (max-keys 2: one key more, the
