@@ -222,4 +222,18 @@ int rdzv_progress_line(const struct rdzv_progress *p, const char *run_id, char *
 const char *rdzv_counter_name(enum rdzv_counter c);
 const char *rdzv_counter_help(enum rdzv_counter c);
 
+/* Reads one key of a c10d job, named relative to the job's prefix ("round",
+ * "r0/closed"): a malloc'd NUL-terminated value, or NULL when absent. */
+typedef char *(*rdzv_key_get_fn)(const char *key, void *arg);
+/* A c10d job's rendezvous from what the store serving it holds (a store's
+ * status page: crun-rdzvd, which has no agent of the job): its current round,
+ * complete (members by group rank with hosts and addresses) or open (nodes
+ * joined so far, and the previous round's members not back: nawait/await);
+ * min and max from the job's settings. The agents' timers and counters are
+ * not in the store: -1 and 0. *ret_state (static text): "rendezvous" while
+ * the round is open, "running", or the job's end, "done" or "failed".
+ * Returns 0, or CRUN_ENOTFOUND when the store holds no round of the job. */
+int rdzv_c10d_view(rdzv_key_get_fn get, void *arg, struct rdzv_progress *ret,
+		   const char **ret_state);
+
 #endif /* CRUN_RENDEZVOUS_RDZV_H */

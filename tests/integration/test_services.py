@@ -965,7 +965,7 @@ def lease_event(event):
     return ("crun_store_events_total", (("event", event), ("store", "rendezvous")))
 
 
-def test_a_clean_job_end_releases_leases_and_a_kill_expires_one(procs, job):
+def test_a_clean_job_end_releases_its_leases_not_expires_them(procs, job):
     """crun-rdzvd counts a lease's orderly end (the agent revokes it when
     the job ended) as lease_released, never as lease_expired: an alert on
     lease_expired means a node was lost. A 2-node job that ends cleanly
@@ -1013,6 +1013,53 @@ def test_self_hosted_c10d_agent_shows_the_rendezvous_store_it_serves(procs, job)
     b.wait(timeout=10)
     wait_for(lambda: metric_samples(page)[lease_event("lease_expired")] >= 1,
              what="the killed peer's lease expired on the agent's page")
+    a.send_signal(signal.SIGTERM)
+    a.wait(timeout=60)
+
+
+def test_crunctl_status_of_a_job_on_crun_rdzvd(procs, job):
+    """crun-rdzvd's page shows a job from what its store holds: crunctl
+    status --rdzv_id J (GET /status?rdzv_id=J, and /jobs/J) says the round,
+    the nodes joined while it waits, then the completed round's nodes with
+    group ranks and addresses; a node killed -9: the next round waits for
+    it by name. Without --rdzv_id, the page's jobs are listed, not dashes."""
+    rd, host, port = start_rdzvd(procs)
+    rd_page = re.search(r"http://([^/]+)/status", rdzvd_lines(rd, 1)[0]).group(1)
+    args = ["--nnodes=2:3", "--rdzv_backend=c10d", f"--rdzv_endpoint={host}:{port}",
+            "--rdzv_id=onrd", "--rdzv_conf=heartbeat_interval=0.3,lease_ttl=1.5,"
+            "last_call_timeout=1", f"--log_dir={job / 'logs'}", str(job / "w.py"),
+            str(job / "out")]
+    hostname = socket.gethostname()
+
+    def status():  # "" until the store holds a round of the job
+        res = crunctl("status", "--endpoint", rd_page, "--rdzv_id", "onrd")
+        assert res.returncode == 0 or "does not serve job 'onrd'" in res.stderr, res.stderr
+        return res.stdout
+
+    a = procs.spawn([bin_path("crun"), *args], env=agent_env())
+    out = wait_for(lambda: (lambda o: o if "round 0: 1/3 nodes joined (min 2, max 3)" in o
+                            else None)(status()), what="round 0 waiting on crun-rdzvd")
+    assert f"joined: {hostname}" in out, out
+    b = procs.spawn([bin_path("crun"), *args], env=agent_env())
+    pids(job, 2)
+    out = wait_for(lambda: (lambda o: o if "round 0 complete: 2 nodes" in o else None)(
+        status()), what="round 0 complete on crun-rdzvd")
+    assert "job onrd" in out and "backend c10d" in out, out
+    assert re.search(r"^0\s+\S+\s+127\.0\.0\.1$", out, re.M), out
+    assert re.search(r"^1\s+\S+\s+127\.0\.0\.1$", out, re.M), out
+    st = json.loads(get(rd_page, "/jobs/onrd")[2])
+    assert st["run_id"] == "onrd" and st["rendezvous"]["round"] == 0, st
+    assert sorted(n["group_rank"] for n in st["rendezvous"]["nodes"]) == [0, 1], st
+    assert st == json.loads(get(rd_page, "/status?rdzv_id=onrd")[2])
+    res = crunctl("status", "--endpoint", rd_page)
+    assert res.returncode == 0 and re.search(r"^onrd\s", res.stdout, re.M), res.stdout
+    res = crunctl("status", "--endpoint", rd_page, "--rdzv_id", "other")
+    assert res.returncode == 1 and "does not serve job 'other'" in res.stderr, res.stderr
+    os.killpg(b.pid, signal.SIGKILL)
+    b.wait(timeout=10)
+    out = wait_for(lambda: (lambda o: o if "round 1: 1/3 nodes joined" in o else None)(
+        status()), what="round 1 waiting on crun-rdzvd")
+    assert f"waiting for: {hostname}" in out, out
     a.send_signal(signal.SIGTERM)
     a.wait(timeout=60)
 
