@@ -651,6 +651,9 @@ void agent_timers_stop(struct agent_timers *t); /* removes a FIFO it made; NULL:
  * a reply), CRUN_EHOSTUNREACH/CRUN_ENETUNREACH, CRUN_ETOOBIG or CRUN_ENOMEM. */
 int agent_ctl_get(const char *endpoint, const char *path, uint32_t timeout_ms, int *ret_status,
 		  char **ret_body);
+/* prefix then value percent-encoded (RFC 3986 unreserved bytes kept) into
+ * buf: 0, or CRUN_ETOOBIG when it does not fit. */
+int agent_ctl_query(char *buf, size_t cap, const char *prefix, const char *value);
 /* Whether a /status or /jobs JSON body is about job run_id (its run_id, or
  * one of its jobs'). */
 bool agent_ctl_serves_job(const char *json, const char *run_id);

@@ -228,6 +228,28 @@ int agent_ctl_read_state(const char *json, struct agent_ctl_state *ret)
 	return 0;
 }
 
+int agent_ctl_query(char *buf, size_t cap, const char *prefix, const char *value)
+{
+	size_t o = strlen(prefix);
+
+	if (o >= cap)
+		return CRUN_ETOOBIG;
+	memcpy(buf, prefix, o);
+	for (const unsigned char *p = (const unsigned char *)value; *p; p++) {
+		bool keep = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+			    (*p >= '0' && *p <= '9') || strchr("-._~", *p);
+
+		if (o + (keep ? 1 : 3) >= cap)
+			return CRUN_ETOOBIG;
+		if (keep)
+			buf[o++] = (char)*p;
+		else
+			o += (size_t)snprintf(buf + o, cap - o, "%%%02X", *p);
+	}
+	buf[o] = '\0';
+	return 0;
+}
+
 bool agent_ctl_serves_job(const char *json, const char *run_id)
 {
 	cJSON *root = cJSON_Parse(json), *j;
@@ -255,6 +277,20 @@ int agent_ctl_print_status(FILE *out, const char *json)
 	num(grank, sizeof(grank), root, "group_rank");
 	num(gws, sizeof(gws), root, "group_world_size");
 	num(world, sizeof(world), root, "world_size");
+	if (!cJSON_GetObjectItemCaseSensitive(root, "run_id") &&
+	    cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(root, "jobs"))) {
+		/* crun-rdzvd's page: its jobs (one: --rdzv_id) */
+		cJSON_Delete(root);
+		return agent_ctl_print_jobs(out, json);
+	}
+	if (!cJSON_GetObjectItemCaseSensitive(root, "role")) {
+		/* a job as crun-rdzvd's store holds it: no agent's fields */
+		fprintf(out, "job %s  backend %s  state %s\n", str(root, "run_id"),
+			str(root, "rdzv_backend"), str(root, "state"));
+		print_rdzv(out, cJSON_GetObjectItemCaseSensitive(root, "rendezvous"));
+		cJSON_Delete(root);
+		return 0;
+	}
 	fprintf(out, "job %s  role %s  host %s  backend %s\n", str(root, "run_id"),
 		str(root, "role"), str(root, "host"), str(root, "rdzv_backend"));
 	fprintf(out, "state %s  restarts %s/%s  node %s of %s  world size %s\n", str(root, "state"),

@@ -748,6 +748,11 @@ bool c10d_worker_store_proxy(const struct c10d *c)
 	return c->conf.worker_store_proxy;
 }
 
+const struct store_server *c10d_served_store(const struct c10d *c)
+{
+	return c->rdzv_store;
+}
+
 const char *c10d_peer_addrs(const struct c10d *c)
 {
 	if (!c->have_info)

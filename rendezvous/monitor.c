@@ -249,7 +249,7 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 	 * state, so a lease not found there has expired (and said so). */
 	bool restartable = !hb && !j->host_member && !j->is_host && !j->etcd;
 	int r = 0, back_next = 0;
-	bool restored = false, moved_on;
+	bool restored = false, moved_on, ended;
 	/* The round kept the lease less than a heartbeat ago: the first
 	 * keep-alive is due a heartbeat after that, not now - one request
 	 * fewer per member when a whole round starts its monitors at once. A
@@ -337,6 +337,14 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 	 * fewer per member between the change and the next round. */
 	moved_on =
 	    r == 0 && (j->change == RDZV_CHANGE_RESTART || j->change == RDZV_CHANGE_MEMBERSHIP);
+	/* The job ended (every node passed the exit barrier): give the lease
+	 * back now, an orderly end the store counts as released, not as an
+	 * expiry (a node lost, what an alert is for), which the connection's
+	 * close at this process's exit would otherwise be. The connection
+	 * itself stays open until the agent exits: the host waits for it. */
+	ended = r == 1;
+	if (ended && lease && coord_lease_revoke(*cp, lease) == 0)
+		lease = 0;
 	/* Stay connected (lease held) until the agent moves on: closing now
 	 * would look like a failure of this node to the others. The next
 	 * keep-alive is due a heartbeat after the last one: the agent
@@ -349,6 +357,8 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 			continue;
 		}
 		kept_at = now;
+		if (!lease && ended) /* nothing left to fence: the workers are done */
+			atomic_store(&j->kept_ok_ms, now);
 		if (!lease)
 			continue;
 		if (coord_lease_keepalive(*cp, lease) < 0)

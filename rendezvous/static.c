@@ -377,6 +377,11 @@ const char *rdzv_peer_addrs(const struct rdzv *r)
 	return r->c10d ? c10d_peer_addrs(r->c10d) : NULL;
 }
 
+const struct store_server *rdzv_served_store(const struct rdzv *r)
+{
+	return r->c10d ? c10d_served_store(r->c10d) : NULL;
+}
+
 bool rdzv_worker_store_proxy(const struct rdzv *r)
 {
 	return r->c10d && c10d_worker_store_proxy(r->c10d);

@@ -971,6 +971,109 @@ def test_round_progress_on_status_metrics_and_crunctl(procs, job):
         assert p_.wait(timeout=60) == 0, lg.read_text(errors="replace")
 
 
+def lease_event(event):
+    return ("crun_store_events_total", (("event", event), ("store", "rendezvous")))
+
+
+def test_a_clean_job_end_releases_its_leases_not_expires_them(procs, job):
+    """crun-rdzvd counts a lease's orderly end (the agent revokes it when
+    the job ended) as lease_released, never as lease_expired: an alert on
+    lease_expired means a node was lost. A 2-node job that ends cleanly
+    leaves lease_expired at 0."""
+    rd, host, port = start_rdzvd(procs)
+    rd_page = re.search(r"http://([^/]+)/status", rdzvd_lines(rd, 1)[0]).group(1)
+    args = ["--nnodes=2", "--rdzv_backend=c10d", f"--rdzv_endpoint={host}:{port}",
+            "--rdzv_id=clean", "--rdzv_conf=heartbeat_interval=0.3,lease_ttl=1.5",
+            f"--log_dir={job / 'logs'}", str(job / "w.py"), str(job / "out")]
+    ps = [procs.spawn([bin_path("crun"), *args], env=agent_env()) for _ in range(2)]
+    pids(job, 2)
+    (job / "out" / "stop").write_text("")
+    assert [p_.wait(timeout=60) for p_ in ps] == [0, 0]
+    m = wait_for(lambda: (lambda m: m if m[lease_event("lease_released")] +
+                          m[lease_event("lease_expired")] >= 2 else None)(
+        metric_samples(rd_page)), what="both leases ended")
+    assert (m[lease_event("lease_released")], m[lease_event("lease_expired")]) == (2, 0)
+
+
+def test_self_hosted_c10d_agent_shows_the_rendezvous_store_it_serves(procs, job):
+    """An agent serving the c10d rendezvous store (is_host=1) shows it on
+    /metrics (store="rendezvous", beside its worker store) and /status: the
+    peer killed -9 ends its lease there as lease_expired."""
+    port = free_port()
+    logs = [job / f"agent{i}.err" for i in range(2)]
+    args = ["--nnodes=2:3", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
+            "--rdzv_id=self", "--rdzv_conf=heartbeat_interval=0.3,lease_ttl=1.5,"
+            "last_call_timeout=1", f"--log_dir={job / 'logs'}", str(job / "w.py"),
+            str(job / "out")]
+    a = procs.spawn([bin_path("crun"), "--status=127.0.0.1:0", *args[:4],
+                     args[4] + ",is_host=1", *args[5:]], env=agent_env(),
+                    stderr=open(logs[0], "wb"))
+    page = wait_for(lambda: re.search(r"status page on http://(\S+)/status",
+                                      logs[0].read_text(errors="replace")), what="page").group(1)
+    b = procs.spawn([bin_path("crun"), *args], env=agent_env(), stderr=open(logs[1], "wb"))
+    pids(job, 2)
+    m = metric_samples(page)
+    assert m[lease_event("lease_expired")] == 0, m
+    assert m[("crun_store_connections", (("store", "rendezvous"),))] >= 1, m
+    assert ("crun_store_connections", (("store", "worker"),)) in m, m
+    st = json.loads(get(page, "/status")[2])
+    assert st["stores"]["rendezvous"]["port"] == port, st
+    assert st["stores"]["worker"]["port"] != port, st
+    os.killpg(b.pid, signal.SIGKILL)
+    b.wait(timeout=10)
+    wait_for(lambda: metric_samples(page)[lease_event("lease_expired")] >= 1,
+             what="the killed peer's lease expired on the agent's page")
+    a.send_signal(signal.SIGTERM)
+    a.wait(timeout=60)
+
+
+def test_crunctl_status_of_a_job_on_crun_rdzvd(procs, job):
+    """crun-rdzvd's page shows a job from what its store holds: crunctl
+    status --rdzv_id J (GET /status?rdzv_id=J, and /jobs/J) says the round,
+    the nodes joined while it waits, then the completed round's nodes with
+    group ranks and addresses; a node killed -9: the next round waits for
+    it by name. Without --rdzv_id, the page's jobs are listed, not dashes."""
+    rd, host, port = start_rdzvd(procs)
+    rd_page = re.search(r"http://([^/]+)/status", rdzvd_lines(rd, 1)[0]).group(1)
+    args = ["--nnodes=2:3", "--rdzv_backend=c10d", f"--rdzv_endpoint={host}:{port}",
+            "--rdzv_id=onrd", "--rdzv_conf=heartbeat_interval=0.3,lease_ttl=1.5,"
+            "last_call_timeout=1", f"--log_dir={job / 'logs'}", str(job / "w.py"),
+            str(job / "out")]
+    hostname = socket.gethostname()
+
+    def status():  # "" until the store holds a round of the job
+        res = crunctl("status", "--endpoint", rd_page, "--rdzv_id", "onrd")
+        assert res.returncode == 0 or "does not serve job 'onrd'" in res.stderr, res.stderr
+        return res.stdout
+
+    a = procs.spawn([bin_path("crun"), *args], env=agent_env())
+    out = wait_for(lambda: (lambda o: o if "round 0: 1/3 nodes joined (min 2, max 3)" in o
+                            else None)(status()), what="round 0 waiting on crun-rdzvd")
+    assert f"joined: {hostname}" in out, out
+    b = procs.spawn([bin_path("crun"), *args], env=agent_env())
+    pids(job, 2)
+    out = wait_for(lambda: (lambda o: o if "round 0 complete: 2 nodes" in o else None)(
+        status()), what="round 0 complete on crun-rdzvd")
+    assert "job onrd" in out and "backend c10d" in out, out
+    assert re.search(r"^0\s+\S+\s+127\.0\.0\.1$", out, re.M), out
+    assert re.search(r"^1\s+\S+\s+127\.0\.0\.1$", out, re.M), out
+    st = json.loads(get(rd_page, "/jobs/onrd")[2])
+    assert st["run_id"] == "onrd" and st["rendezvous"]["round"] == 0, st
+    assert sorted(n["group_rank"] for n in st["rendezvous"]["nodes"]) == [0, 1], st
+    assert st == json.loads(get(rd_page, "/status?rdzv_id=onrd")[2])
+    res = crunctl("status", "--endpoint", rd_page)
+    assert res.returncode == 0 and re.search(r"^onrd\s", res.stdout, re.M), res.stdout
+    res = crunctl("status", "--endpoint", rd_page, "--rdzv_id", "other")
+    assert res.returncode == 1 and "does not serve job 'other'" in res.stderr, res.stderr
+    os.killpg(b.pid, signal.SIGKILL)
+    b.wait(timeout=10)
+    out = wait_for(lambda: (lambda o: o if "round 1: 1/3 nodes joined" in o else None)(
+        status()), what="round 1 waiting on crun-rdzvd")
+    assert f"waiting for: {hostname}" in out, out
+    a.send_signal(signal.SIGTERM)
+    a.wait(timeout=60)
+
+
 def test_notify_status_says_the_round(procs, job, notify):
     """crun-agent's STATUS= while it waits (refreshed on each tick) and once
     the round completed: the round's line (rdzv_progress_line)."""
@@ -1081,6 +1184,12 @@ def test_rdzvd_notify_status_page_and_reload(procs, tmp_path, notify):
     store_used = {re.sub(r"_total$", "", n) for p_ in dash["panels"] for t in p_["targets"]
                   for n in re.findall(r"crun_store_[a-z_]+", t["expr"])}
     assert store_used and store_used <= set(fams), store_used - set(fams)
+    # and only event="..." labels the store's table has (lease_expired and
+    # lease_released apart: an alert on expiries means a node was lost)
+    events = {dict(k[1])["event"] for k in samples if k[0] == "crun_store_events_total"}
+    dash_events = {e for p_ in dash["panels"] for t in p_["targets"]
+                   for e in re.findall(r'event=\\?"([a-z_]+)', t["expr"])}
+    assert {"lease_expired", "lease_released"} <= dash_events <= events, dash_events - events
     st = json.loads(get(addr, "/status")[2])
     assert st["store"]["keys"] == 1 and st["store"]["port"] == port
     # SIGHUP: the log level and a limit apply (max-keys 2: one key more, the
