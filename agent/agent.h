@@ -431,6 +431,10 @@ char *errfile_format_summary(const char *entrypoint, const char *host,
 			     const struct agent_failure *f, int n);
 /* Copies the root cause's error file to path, adding "errorCode". */
 int errfile_copy_root(const struct agent_failure *root, const char *path);
+/* The `python -c` program --run-path runs: torchrun's run_script_path
+ * (runpy.run_path of argv[1] as __main__, sys.argv = [script, args...])
+ * under torchrun's @record, so an exception lands in the error file. */
+extern const char errfile_runpy_src[];
 
 /* ---- env.c ---------------------------------------------------------------------- */
 

@@ -6,6 +6,7 @@
  * an apply function may read any other row's value through the context.
  */
 #include <errno.h>
+#include <sched.h>
 #include <glob.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -309,7 +310,12 @@ static int ap_nnodes(struct cli *c, struct cli_ctx *x, enum cli_id id, const cha
 				"%s: invalid value '%s' (expected N or MIN:MAX with 0 < MIN <= "
 				"MAX)",
 				x->who[id], v);
-	if (lo != hi && !cli_elastic(x->val[OPT_RDZV_BACKEND]))
+	/* --standalone is one node on a private store: MIN:MAX with a MIN of 1 is
+	 * accepted as torchrun does, and runs at once (torchrun waits out a 30 s
+	 * last call for nodes that cannot join). A MIN above 1 is refused later. */
+	if (cli_on(x, OPT_STANDALONE) && lo == 1)
+		hi = 1;
+	if (lo != hi && !cli_elastic(x->val[OPT_RDZV_BACKEND]) && !cli_on(x, OPT_STANDALONE))
 		return cli_fail(c, "%s=%s: elastic MIN:MAX needs --rdzv_backend=c10d or etcd",
 				x->who[id], v);
 	c->cfg.nnodes = (int)lo;
@@ -610,9 +616,33 @@ int cli_xpu_count(void)
 	       count_glob("/sys/class/drm/renderD*/device/driver/module/drivers/pci:xe");
 }
 
+/* The CPUs this process may run on, as torchrun's os.sched_getaffinity: under
+ * taskset, a cpuset cgroup or Slurm's --cpus-per-task the online count would
+ * oversubscribe. The mask grows for hosts past CPU_SETSIZE. */
+static long usable_cpus(void)
+{
+	for (int ncpu = CPU_SETSIZE; ncpu <= (1 << 20); ncpu *= 2) {
+		cpu_set_t *set = CPU_ALLOC(ncpu);
+		size_t size = CPU_ALLOC_SIZE(ncpu);
+		long n;
+
+		if (!set)
+			break;
+		if (sched_getaffinity(0, size, set) == 0) {
+			n = CPU_COUNT_S(size, set);
+			CPU_FREE(set);
+			return n;
+		}
+		CPU_FREE(set);
+		if (errno != EINVAL)
+			break;
+	}
+	return sysconf(_SC_NPROCESSORS_ONLN);
+}
+
 int cli_nproc(const char *v, int *ret)
 {
-	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	long cpus = usable_cpus();
 	uint64_t n;
 	int dev;
 
