@@ -162,7 +162,8 @@ static int serve_store(struct crun_agent *a)
 static int prepare_program(struct crun_agent *a)
 {
 	char py[PATH_MAX];
-	const char *pre[4] = {env_python(a->envp_base, py, sizeof(py)), "-u", "-c", errfile_runpy_src};
+	const char *pre[4] = {env_python(a->envp_base, py, sizeof(py)), "-u", "-c",
+			      errfile_runpy_src};
 	size_t n = 0;
 	char **argv;
 
@@ -459,7 +460,8 @@ CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_a
 	r = make_log_dirs(a);
 	if (r < 0) {
 		if (!a->err[0])
-			snprintf(a->err, sizeof(a->err), "cannot create the log directory in '%s': %s",
+			snprintf(a->err, sizeof(a->err),
+				 "cannot create the log directory in '%s': %s",
 				 a->cfg.log_dir && *a->cfg.log_dir ? a->cfg.log_dir : "$TMPDIR",
 				 crun_strerror(r));
 		goto fail;

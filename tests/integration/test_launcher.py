@@ -1134,3 +1134,19 @@ def test_a_log_dir_that_is_a_file_is_named(procs, tmp_path, launcher):
     rc, out, err = run_with(procs, launcher, [f"--log-dir={f}", TASK, "print"])
     assert rc != 0 and "out-line" not in out
     assert f"log_dir: {f} is a file" in err, err[-2000:]
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_workers_failing_together_are_all_listed(procs, tmp_path, launcher):
+    """Item 4: two workers that cannot open a missing script fail at the same
+    moment; torchrun (which looks every --monitor-interval) lists both, crun
+    SIGTERMed the second while it was failing and said <NO_OTHER_FAILURES>.
+    Five runs: the race went crun's way only now and then."""
+    for _ in range(5):
+        rc, _, err = run_with(procs, launcher, ["--standalone", "--nproc-per-node=2",
+                                                str(tmp_path / "missing.py")])
+        assert rc == 1
+        assert "<NO_OTHER_FAILURES>" not in err, err[-3000:]
+        for r in (0, 1):
+            assert f"rank      : {r} (local_rank: {r})" in err
+        assert err.count("exitcode  : 2 (pid: ") == 2, err[-3000:]
