@@ -1150,3 +1150,31 @@ def test_workers_failing_together_are_all_listed(procs, tmp_path, launcher):
         for r in (0, 1):
             assert f"rank      : {r} (local_rank: {r})" in err
         assert err.count("exitcode  : 2 (pid: ") == 2, err[-3000:]
+
+
+@pytest.mark.parametrize("torchrun_node", [0, 1])
+def test_a_static_job_mixing_torchrun_and_crun_fails_naming_torchrun(procs, torchrun_node,
+                                                                     crun_launcher):
+    """Item 7: torchrun on one node, crun on the other hung silently on both
+    (each waited for its own launcher's keys until the 60 s join timeout
+    given here). crun now sees torchrun's torchelastic/role_info record
+    without its own beside it and fails at once naming torchrun; its own
+    record makes torchrun's rank assignment fail too instead of waiting."""
+    port = free_port()
+    common = ["--nnodes=2", f"--master-port={port}", "--master-addr=127.0.0.1",
+              "--rdzv-conf=timeout=60", "--nproc-per-node=1"]
+    node = {r: ("torchrun" if r == torchrun_node else "crun") for r in (0, 1)}
+    ps = {r: start(procs, [*common, f"--node-rank={r}", TASK, "print"], which=node[r])
+          for r in (0, 1)}
+    crun_rank = 1 - torchrun_node
+    _, err = ps[crun_rank].communicate(timeout=120)
+    err = err.decode(errors="replace")
+    assert ps[crun_rank].returncode == 1, err[-3000:]
+    assert f"node_rank {torchrun_node} runs torchrun" in err, err[-3000:]
+    # torchrun fails too, within the hang guard: a node 0 on crun's role_info
+    # record (KeyError: 'role'), a node 1 on crun's answer or on the store
+    # that left with crun's node 0.
+    _, terr = ps[torchrun_node].communicate(timeout=120)
+    assert ps[torchrun_node].returncode != 0, terr.decode(errors="replace")[-3000:]
+    if torchrun_node == 0:
+        assert b"KeyError: 'role'" in terr, terr.decode(errors="replace")[-3000:]
