@@ -89,7 +89,8 @@ const struct cli_opt cli_opts[OPT__MAX] = {
 [OPT_NO_PYTHON] = {"no_python", 0, CT_FLAG, TR, NULL, "PET_NO_PYTHON", "job.no_python", NULL,
 	NULL, 0, 0, "exec the program directly", NULL, 0},
 [OPT_RUN_PATH] = {"run_path", 0, CT_FLAG, TR, NULL, "PET_RUN_PATH", "job.run_path", NULL, NULL,
-	0, 0, "run the script with runpy.run_path (sys.path[0] is the working directory)",
+	0, 0, "run the script with runpy.run_path (sys.path[0] is the working directory); "
+	"an exception is written to the error file, as torchrun's @record does",
 	NULL, 0},
 [OPT_LOG_DIR] = {"log_dir", 0, CT_STR, TR, NULL, "PET_LOG_DIR", "logs.dir", "DIR", NULL, 0, 0,
 	"logs and error files [a new $TMPDIR/torchelastic_*]", set_str, CFG(log_dir)},
