@@ -4,7 +4,9 @@
  * agents exchange their nproc under "<run_id>/crun/rdzv/" so that nodes with
  * different nproc get correct prefix-sum global ranks, then pass a barrier so
  * node 0 never starts (and possibly restarts and clears the store) before
- * every agent has read what it needs.
+ * every agent has read what it needs. A node's arrival is read from
+ * torchrun's own "torchelastic/role_info/<N>" key, so that a node running
+ * torchrun is named at once (static_jobs.c).
  *
  * Restarts of a multi-node job are coordinated through the same store, as
  * c10d does: a monitor on every node watches "crun/rdzv/restart/<A>"; the
