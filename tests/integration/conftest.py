@@ -200,14 +200,14 @@ def rdzvd(procs):
             pytest.fail("crun-rdzvd did not exit within 10s of SIGTERM")
 
 
-def wait_until(pred, what, timeout=60):
-    """Polls pred (bounded by timeout) until it returns something true, which
-    it returns; else fails naming what (a callable: called at the failure,
-    e.g. to show the logs as they are then)."""
+def wait_until(pred, what, timeout=60, interval=0.02):
+    """Polls pred every interval (bounded by timeout) until it returns
+    something true, which it returns; else fails naming what (a callable:
+    called at the failure, e.g. to show the logs as they are then)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         got = pred()
         if got:
             return got
-        time.sleep(0.02)
+        time.sleep(interval)
     pytest.fail(f"timed out waiting for {what() if callable(what) else what}")

@@ -22,6 +22,8 @@ import tempfile
 import time
 import uuid
 
+from conftest import wait_until
+
 BOOT_SH = r"""#!/bin/sh
 set -eu
 stage=$1
@@ -180,14 +182,9 @@ class Machine:
         return self.sh(f"systemctl show -P {prop} {unit}").stdout.strip()
 
     def wait_for(self, what, pred, timeout=120):
-        """Polls pred() (bounded by timeout) until it returns something true."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            v = pred()
-            if v:
-                return v
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}")
+        """conftest.wait_until, polling less often: each look runs systemctl
+        or journalctl inside the machine."""
+        return wait_until(pred, what, timeout, interval=0.2)
 
     def journal(self, unit):
         return self.sh(f"journalctl --no-pager -o cat -u {unit}", check=False).stdout

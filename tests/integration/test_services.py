@@ -19,7 +19,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import ROOT, Output, bin_path, free_port, start_rdzvd
+from conftest import ROOT, Output, bin_path, free_port, start_rdzvd, wait_until
 
 PY = "/usr/bin/python3"
 
@@ -71,13 +71,7 @@ def base_config(d, **over):
 
 
 def wait_for(pred, timeout=60, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.02)
-    pytest.fail(f"timed out waiting for {what}")
+    return wait_until(pred, what, timeout)
 
 
 def outage_seen(logs):
