@@ -198,9 +198,18 @@ $(BUILD)/bin/%: $(BUILD)/obj/cmd/%.o $(LIBINT)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(BASE_LDFLAGS) -o $@ $< $(LIBINT) $(LIBS)
 
-$(BUILD)/examples/%: $(BUILD)/obj/examples/%.o $(LIBINT)
+# The examples see only what an installed libcrun offers: the public headers
+# (no -I. for the private ones) and libcrun.a, whose only globals are crun_*.
+# test_install builds them again with pkg-config against an install.
+$(BUILD)/obj/examples/%.o: examples/%.c $(BUILD)/config.mk
 	@mkdir -p $(@D)
-	$(Q)$(CC) $(BASE_LDFLAGS) -o $@ $< $(LIBINT) $(LIBS)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(filter-out -I.,$(ALL_CFLAGS)) -MT $(abspath $@) \
+		-MT $(patsubst $(CURDIR)/%,%,$(abspath $@)) -c $< -o $@
+
+$(BUILD)/examples/%: $(BUILD)/obj/examples/%.o $(LIBA)
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(BASE_LDFLAGS) -o $@ $< $(LIBA) $(LIBS)
 
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIBINT)
 	@mkdir -p $(@D)

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "crun/store.h"
+#include <crun/store.h>
 
 static const char *const vars[] = {
     "RANK",

@@ -18,7 +18,8 @@
 #   gpu_ipc_procs  the IPC all_reduce kernel between 2 processes on GPU 0
 #   gpu_nccl_narrow  (2+ GPUs) each rank sees only its own GPU
 #                  (CUDA_VISIBLE_DEVICES=<rank>): device LOCAL_RANK % visible
-#   dist_matmul    --backend nccl --gemm gpu, one rank per GPU, through crun
+#   dist_matmul    examples/dist_matmul --backend nccl (host buffers, staged
+#                  by the NCCL backend), one rank per GPU, through crun
 #   fragments_sim  (CPU, where numpy is) a model of the GEMM index math
 # A program that finds no usable device prints "skipped: <why>" (the
 # dlerror or CUDA text) and exits 77: a skip where nvidia-smi lists no GPU,
@@ -169,7 +170,7 @@ if [ $skip -eq 0 ]; then
 		--nranks "$NGPU" --no-bench --port $((20000 + ($$ + 3) % 20000))
 	step dist_matmul 30 "$B/bin/crun" --nproc_per_node "$NGPU" \
 		--master_port $((20000 + ($$ + 7) % 20000)) --no_python \
-		"$B/examples/dist_matmul" --backend nccl --gemm gpu 2048
+		"$B/examples/dist_matmul" --backend nccl 1024
 fi
 
 if [ $fail -gt 0 ]; then

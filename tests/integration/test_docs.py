@@ -12,7 +12,7 @@ import pytest
 
 from conftest import BUILD, ROOT
 
-PAGES = sorted([os.path.join(ROOT, "README.md"), os.path.join(ROOT, "NEWS.md")] +
+PAGES = sorted([os.path.join(ROOT, p) for p in ("README.md", "NEWS.md", "examples/README.md")] +
                glob.glob(os.path.join(ROOT, "docs", "*.md")))
 PROGRAMS = ("crun", "crun-agent", "crun-rdzvd", "crunctl")
 

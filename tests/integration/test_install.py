@@ -2,6 +2,7 @@
 a program built with `pkg-config crun` against the installed headers and
 library, the exported symbol list, the public headers as C99 and C++, and the
 installed programs' and library's dependencies (no CUDA, no NCCL)."""
+import glob
 import json
 import os
 import re
@@ -72,13 +73,45 @@ def test_a_program_builds_against_the_installed_files_only(prefix, tmp_path):
         assert "invalid argument" in out
 
 
+EXAMPLES = sorted(os.path.basename(p)[:-2] for p in glob.glob(os.path.join(ROOT, "examples", "*.c")))
+
+
+def build_example(prefix, tmp_path, name):
+    """examples/NAME.c built with `pkg-config crun` against the install only:
+    the source tree's private headers and libcrun-internal.a are out of reach."""
+    exe = tmp_path / name
+    run(["cc", "-std=gnu11", "-Wall", "-Werror", *SAN_FLAGS, *pc(prefix, "--cflags"),
+         "-o", str(exe), os.path.join(ROOT, "examples", f"{name}.c"),
+         *pc(prefix, "--libs"), "-lm", "-pthread"], cwd=str(tmp_path))
+    return exe
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_every_example_builds_against_the_installed_files_only(prefix, tmp_path, name):
+    exe = build_example(prefix, tmp_path, name)
+    libs = run(["ldd", str(exe)], env=dict(os.environ, LD_LIBRARY_PATH=os.path.join(prefix, "lib")))
+    assert os.path.join(prefix, "lib", "libcrun.so.0") in libs, libs
+
+
+def test_the_worker_examples_run_under_the_installed_crun(prefix, tmp_path):
+    """dist_matmul (collectives) and rank_env (the store client), built from
+    the install, as a 2-worker job of the installed crun."""
+    env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(prefix, "lib"), TMPDIR=str(tmp_path))
+    crun = os.path.join(prefix, "bin", "crun")
+    out = run([crun, "--standalone", "--nproc_per_node=2", "--no_python",
+               str(build_example(prefix, tmp_path, "dist_matmul")), "--backend", "cpu", "64"],
+              env=env, timeout=120)
+    assert re.search(r"dist_matmul: n=64 world=2: ", out), out
+    assert re.search(r"max relative error vs single-process product \S+: OK", out), out
+    out = run([crun, "--standalone", "--nproc_per_node=2", "--no_python",
+               str(build_example(prefix, tmp_path, "rank_env"))], env=env, timeout=120)
+    assert "rank 1: WORLD_SIZE=2" in out, out
+
+
 def test_the_embedding_example_builds_and_runs_against_the_installed_files(prefix, tmp_path):
     """examples/embed_scheduler.c, a scheduler with its own poll loop and spawn
     hook, built with `pkg-config crun` only: a two-node job of 4 ranks."""
-    exe = tmp_path / "embed_scheduler"
-    run(["cc", "-std=gnu11", "-Wall", "-Werror", *SAN_FLAGS, *pc(prefix, "--cflags"),
-         "-o", str(exe), os.path.join(ROOT, "examples", "embed_scheduler.c"),
-         *pc(prefix, "--libs"), "-pthread"])
+    exe = build_example(prefix, tmp_path, "embed_scheduler")
     env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(prefix, "lib"),
                TMPDIR=str(tmp_path))
     out = run([str(exe)], env=env, timeout=120)
