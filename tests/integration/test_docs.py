@@ -17,7 +17,8 @@ PAGES = sorted([os.path.join(ROOT, p) for p in ("README.md", "NEWS.md", "example
 PROGRAMS = ("crun", "crun-agent", "crun-rdzvd", "crunctl")
 
 # Flags the pages name without a crun program in front of them that belong to
-# another tool: flag -> the file of the tool that must define it (checked too).
+# another tool: flag -> the file of the tool that must define it (checked too),
+# None for a tool outside the repository.
 FOREIGN = {
     "--backend": "examples/dist_matmul.c",
     "--kill": "bench/rdzv_sim.c",
@@ -33,6 +34,9 @@ FOREIGN = {
     "--agent-uids": "bench/rdzv_vs_torchrun.py",
     "--ntasks-per-node": None,  # srun's
     "--cpus-per-task": None,  # Slurm's
+    "--use-env": None,  # torch.distributed.launch's, and what it passes to scripts:
+    "--local-rank": None,
+    "--local_rank": None,
 }
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
