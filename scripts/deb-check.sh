@@ -23,7 +23,8 @@ dpkg-deb -c "$crun_deb" > "$tmp/list"
 dpkg-deb -e "$crun_deb" "$tmp/ctl"
 for f in lib/systemd/system/crun-rdzvd.service lib/systemd/system/crun-agent@.service \
 	usr/lib/sysusers.d/crun.conf usr/lib/tmpfiles.d/crun.conf \
-	usr/share/bash-completion/completions/crun usr/share/doc/crun/README.md.gz; do
+	usr/share/bash-completion/completions/crun usr/share/doc/crun/README.md.gz \
+	usr/share/doc/crun/docs/; do
 	grep -q " \./$f\$" "$tmp/list" || { echo "deb-check: $crun_deb lacks /$f" >&2; fail=1; }
 done
 for w in deb-systemd-helper systemd-sysusers systemd-tmpfiles; do
