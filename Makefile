@@ -168,7 +168,7 @@ $(BUILD)/tests/gpu/%: tests/gpu/%.cu kernels/reduce_int.cuh $(LIBINT) $(BUILD)/c
 # libcrun.a, the installed static library, defines no global name beyond
 # libcrun.map's (crun_*): its objects are linked into one (ld -r) whose other
 # globals objcopy makes local, so a host program with its own parse_bool or
-# str_dup links it. The programs, tests, examples and benchmarks use the
+# str_dup links it. The programs, tests and benchmarks use the
 # internals too: they link $(LIBINT), the plain archive, which is not installed.
 LIB_GLOBALS = $(shell sed -n 's/^[[:space:]]*\(crun_[^;]*\);.*/\1/p' libcrun.map)
 $(LIBA): $(LIB_OBJS) libcrun.map Makefile
