@@ -562,13 +562,17 @@ struct agent_service {
 	struct notify *notify;		 /* NULL when not under systemd: sends are no-ops */
 	struct event *watchdog, *sighup; /* watchdog: also STATUS= ticks */
 	bool wd;			 /* WATCHDOG_USEC is set: ping */
+	bool stopping;			 /* STOPPING=1 sent: nothing follows it */
 	void (*on_reload)(void *arg);
 	void (*on_tick)(void *arg);
 	void *arg;
 };
 int agent_service_start(struct agent_service *s, struct event_base *base, char *const *env,
 			void (*on_reload)(void *arg), void (*on_tick)(void *arg), void *arg);
-void agent_service_stop(struct agent_service *s); /* sends STOPPING=1 */
+/* Sends STOPPING=1 once: the service's last word (a STATUS= after it would
+ * contradict the stop systemd shows). */
+void agent_service_stopping(struct agent_service *s);
+void agent_service_stop(struct agent_service *s); /* STOPPING=1 unless sent */
 
 struct agent_daemon;
 /* Speaks systemd's notify protocol ($NOTIFY_SOCKET: READY=1 once workers run,

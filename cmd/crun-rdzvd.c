@@ -140,7 +140,8 @@ static void usage(FILE *f)
 		"                                    \"\" or :: = every interface, dual stack)\n"
 		"  -p, --port N                      TCP port, 0 picks a free one (default 29400)\n"
 		"      --backlog N                   listen backlog (default: SOMAXCONN)\n"
-		"      --log-level LEVEL             error, warn, info (default), debug, trace\n"
+		"      --log-level LEVEL             error, warn, notice, info (default), debug,\n"
+		"                                    trace\n"
 		"      --status ADDR:PORT            serve /healthz, /status and /metrics over\n"
 		"                                    HTTP; 'off' for none (default 127.0.0.1:0,\n"
 		"                                    a free port, printed once listening)\n"
@@ -198,16 +199,6 @@ static _Noreturn void bad_usage(const char *fmt, ...)
 	exit(2);
 }
 
-static int level_from_name(const char *s)
-{
-	static const char *const names[] = {"error", "warn", "info", "debug", "trace"};
-
-	for (size_t i = 0; i < ARRAY_SIZE(names); i++)
-		if (!strcmp(s, names[i]))
-			return (int)i;
-	return -1;
-}
-
 static int print_schema(void);
 
 /* What the daemon keeps beside the store's config. */
@@ -261,10 +252,9 @@ static void parse_args(int argc, char **argv, struct store_server_config *cfg, s
 			cfg->backlog = (int)v;
 			break;
 		case OPT_LOG_LEVEL:
-			lvl = level_from_name(optarg);
+			lvl = log_level_from_name(optarg);
 			if (lvl < 0)
-				bad_usage("--log-level: expected error, warn, info, debug or "
-					  "trace, got '%s'",
+				bad_usage("--log-level: expected " LOG_LEVEL_NAMES ", got '%s'",
 					  optarg);
 			log_max_level = lvl;
 			break;
@@ -549,6 +539,10 @@ static void list_add(char *list, size_t cap, const char *what, size_t len)
 {
 	size_t o = strlen(list);
 
+	/* A changed value is both a flag gone and a flag added: name it once. */
+	for (const char *p = list; *p; p += strcspn(p, ",") + (p[strcspn(p, ",")] ? 2 : 0))
+		if (strcspn(p, ",") == len && strncmp(p, what, len) == 0)
+			return;
 	if (o + len + 3 < cap)
 		snprintf(list + o, cap - o, "%s%.*s", o ? ", " : "", (int)len, what);
 }
@@ -583,10 +577,9 @@ static void on_reload(void *arg)
 		r = reload_limits(d->opts, fresh, n, &lim, err, sizeof(err));
 	for (int i = 0; r == 0 && i < n; i++)
 		if (strncmp(fresh[i], "--log-level=", 12) == 0 &&
-		    (lvl = level_from_name(fresh[i] + 12)) < 0) {
+		    (lvl = log_level_from_name(fresh[i] + 12)) < 0) {
 			snprintf(err, sizeof(err),
-				 "log-level: expected error, warn, info, debug or "
-				 "trace, got '%.64s'",
+				 "log-level: expected " LOG_LEVEL_NAMES ", got '%.64s'",
 				 fresh[i] + 12);
 			r = CRUN_EINVAL;
 		}
@@ -621,8 +614,11 @@ static void on_reload(void *arg)
 		if (strncmp(f, "--log-level=", 12) && !is_limit_flag(f) && !has_flag(fresh, n, f))
 			list_add(restart, sizeof(restart), f + 2, strcspn(f + 2, "="));
 	}
-	log_at(LL_WARN, SUB_CMD, "reload: applied: %s; needs a restart: %s",
-	       applied[0] ? applied : "nothing", restart[0] ? restart : "nothing");
+	/* Applied in full is a normal event; a change that waits for a restart
+	 * is something to act on. */
+	log_at(restart[0] ? LL_WARN : LL_NOTICE, SUB_CMD,
+	       "reload: applied: %s; needs a restart: %s", applied[0] ? applied : "nothing",
+	       restart[0] ? restart : "nothing");
 	if (applied[0])
 		log_limits(d->srv);
 	(void)notify_send(d->svc.notify,

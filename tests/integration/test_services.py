@@ -405,8 +405,84 @@ def test_bad_reload_keeps_the_running_config(procs, job, notify):
     assert p.wait(timeout=60) == 0
 
 
-def test_journal_stream_gives_priority_prefixes(procs, job):
+def after_stopping(msgs):
+    """Asserts STOPPING=1 was sent once and last; returns the messages before it."""
+    texts = [m for _, m in msgs]
+    assert texts.count("STOPPING=1") == 1 and texts[-1] == "STOPPING=1", texts
+    return texts[:-1]
+
+
+def test_agent_says_done_then_stopping_once_and_nothing_after(procs, job, notify):
+    """Issue 22.3: the job's end is STATUS=... done, then STOPPING=1, once;
+    before, a second STOPPING=1 (and a STATUS=) followed "done"."""
     cfg = write_config(job, base_config(job))
+    p = procs.spawn([bin_path("crun-agent"), "--config", str(cfg)],
+                    env=agent_env(NOTIFY_SOCKET=notify.path))
+    pids(job, 2)
+    notify.wait("READY=1")
+    (job / "out" / "stop").write_text("")
+    assert p.wait(timeout=60) == 0
+    notify.drain()
+    before = after_stopping(notify.msgs)
+    assert before[-1].startswith("STATUS=") and " done, " in before[-1], before
+
+
+def test_rdzvd_stops_with_one_stopping(procs, tmp_path, notify):
+    cfg = tmp_path / "rdzvd.json"
+    cfg.write_text(json.dumps({"host": "127.0.0.1", "port": 0, "status": "off"}))
+    p = procs.spawn([bin_path("crun-rdzvd"), "--config", str(cfg)],
+                    env=agent_env(NOTIFY_SOCKET=notify.path))
+    notify.wait("READY=1")
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=20) == 0
+    notify.drain()
+    after_stopping(notify.msgs)
+
+
+def reload_status(p, notify):
+    n = sum("reloaded" in m for _, m in notify.drain())
+    p.send_signal(signal.SIGHUP)
+    wait_for(lambda: sum("reloaded" in m for _, m in notify.drain()) > n,
+             what=lambda: f"a reload's STATUS= (got {[m for _, m in notify.msgs]})")
+    return [m for _, m in notify.msgs if "reloaded" in m][-1]
+
+
+def test_agent_reload_names_a_changed_job_env(procs, job, notify):
+    """Issue 22.3: job.env (and job.args) changes need a restart and say so;
+    before, the reload said "needs a restart: nothing"."""
+    cfg = write_config(job, base_config(job))
+    p = procs.spawn([bin_path("crun-agent"), "--config", str(cfg)],
+                    env=agent_env(NOTIFY_SOCKET=notify.path))
+    pids(job, 2)
+    notify.wait("READY=1")
+    write_config(job, base_config(job, job={"env": {"JOB_VAR": "changed"}}))
+    line = reload_status(p, notify)
+    assert line.endswith("needs a restart: job.env"), line
+    write_config(job, base_config(job, job={"env": {"JOB_VAR": "changed"}, "args": ["x"]}))
+    line = reload_status(p, notify)  # against the running config: env still differs
+    assert line.endswith("needs a restart: job.args, job.env"), line
+    (job / "out" / "stop").write_text("")
+    assert p.wait(timeout=60) == 0
+
+
+def test_rdzvd_reload_names_a_changed_port_once(procs, tmp_path, notify):
+    """Issue 22.3: a changed port was named twice ("port, port": the old
+    value gone, the new one added)."""
+    cfg = tmp_path / "rdzvd.json"
+    cfg.write_text(json.dumps({"host": "127.0.0.1", "port": 0, "status": "off"}))
+    p = procs.spawn([bin_path("crun-rdzvd"), "--config", str(cfg)],
+                    env=agent_env(NOTIFY_SOCKET=notify.path))
+    notify.wait("READY=1")
+    cfg.write_text(json.dumps({"host": "127.0.0.2", "port": free_port(), "status": "off"}))
+    line = reload_status(p, notify)
+    assert line.endswith("needs a restart: host, port"), line
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=20) == 0
+
+
+def journal_lines(procs, job, cfg):
+    """An agent's stderr lines when it is the journal ($JOURNAL_STREAM names it)."""
+    cfg = write_config(job, cfg)
     (job / "out" / "stop").write_text("")
     log = job / "stderr.log"
     with open(log, "wb") as f:
@@ -414,9 +490,46 @@ def test_journal_stream_gives_priority_prefixes(procs, job):
         env = agent_env(JOURNAL_STREAM=f"{st.st_dev}:{st.st_ino}")
         p = procs.spawn([bin_path("crun-agent"), "--config", str(cfg)], env=env, stderr=f)
         assert p.wait(timeout=120) == 0
-    lines = [ln for ln in log.read_text().splitlines() if "crun-agent" in ln]
+    return [ln for ln in log.read_text(errors="replace").splitlines() if "crun-agent" in ln]
+
+
+def test_journal_stream_gives_priority_prefixes(procs, job):
+    lines = journal_lines(procs, job, base_config(job))
     assert lines and all(re.match(r"<[0-7]>crun-agent: ", ln) for ln in lines), lines
     assert any(ln.startswith("<6>") for ln in lines)
+
+
+# Normal events an operator relies on: shown by default, but not as warnings.
+NORMAL_EVENTS = ("serving the rendezvous store on ", "round 0 complete: 1 node")
+
+
+def test_normal_events_go_to_the_journal_as_notices(procs, job):
+    """Issue 22.2: a self-hosted c10d agent's "serving the rendezvous store"
+    and "round complete" lines reach journald at priority 5 (notice), not 4."""
+    lines = journal_lines(procs, job, c10d_config(job))
+    for event in NORMAL_EVENTS:
+        got = [ln for ln in lines if event in ln]
+        assert got and all(ln.startswith("<5>crun-agent: ") for ln in got), (event, lines)
+
+
+@pytest.mark.parametrize("loglevel,shown", [(None, True), ("notice", True), ("WARNING", False)])
+def test_crun_shows_normal_events_by_default_as_notices(procs, job, loglevel, shown):
+    """Issue 22.2: crun's default shows them (letter N, not W); LOGLEVEL=WARNING,
+    torchrun's warnings only, hides them."""
+    (job / "out" / "stop").write_text("")
+    env = agent_env(**({"LOGLEVEL": loglevel} if loglevel else {}))
+    p = procs.spawn([bin_path("crun"), "--rdzv_backend=c10d",
+                     f"--rdzv_endpoint=127.0.0.1:{free_port()}",
+                     "--nproc_per_node=1", str(job / "w.py"), str(job / "out")], env=env)
+    _, err = p.communicate(timeout=120)
+    err = err.decode(errors="replace")
+    assert p.returncode == 0, err
+    for event in NORMAL_EVENTS:
+        got = [ln for ln in err.splitlines() if event in ln]
+        if shown:
+            assert got and all(re.match(r"crun\[\d+\] N ", ln) for ln in got), (event, err)
+        else:
+            assert not got, err
 
 
 # ---- status page ------------------------------------------------------------------------
