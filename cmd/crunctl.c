@@ -93,15 +93,27 @@ static int cmd_jobs(const struct opts *o)
 	return show(o, "/jobs", agent_ctl_print_jobs);
 }
 
-/* How a watch that saw `last` ends when the page goes away or says "done":
+/* Whether a page's state is a job's end: an agent's "done" (with its exit
+ * code), crun-rdzvd's "done" (every node passed the exit barrier) or
+ * "failed" (the job was closed as failed). */
+static bool watch_final(const struct agent_ctl_state *st)
+{
+	return strcmp(st->state, "done") == 0 || strcmp(st->state, "failed") == 0;
+}
+
+/* How a watch that saw `last` ends when the page goes away or says the end:
  * 0 for a job that succeeded (or a page without a job: crun-rdzvd's), 1 for
  * one that failed or vanished before its end, which it names. */
 static int watch_end(const struct opts *o, const struct agent_ctl_state *last)
 {
-	if (strcmp(last->state, "done") == 0 && last->exit_code == 0)
-		return 0;
+	if (strcmp(last->state, "done") == 0 && last->exit_code <= 0)
+		return 0; /* -1: crun-rdzvd's view, which has no exit code */
 	if (strcmp(last->state, "done") == 0) {
 		fprintf(stderr, PROG ": the job failed (exit code %d)\n", last->exit_code);
+		return 1;
+	}
+	if (strcmp(last->state, "failed") == 0) {
+		fprintf(stderr, PROG ": the job failed\n");
 		return 1;
 	}
 	if (!last->state[0])
@@ -111,14 +123,36 @@ static int watch_end(const struct opts *o, const struct agent_ctl_state *last)
 	return 1;
 }
 
+/* The page watch reads: /status, or with --rdzv_id /status?rdzv_id=JOB (one
+ * job of crun-rdzvd's store; an agent's page ignores the query), and once
+ * the page gave a version, the long poll for the next one. */
+static int watch_path(const struct opts *o, const struct agent_ctl_state *st, char *path,
+		      size_t cap)
+{
+	size_t n;
+
+	if (!o->rdzv_id)
+		snprintf(path, cap, "/status");
+	else if (agent_ctl_query(path, cap, "/status?rdzv_id=", o->rdzv_id) < 0)
+		return -1;
+	n = strlen(path);
+	if (st->version >= 0 &&
+	    snprintf(path + n, cap - n, "%cafter=%" PRId64 "&wait_ms=%" PRIu64,
+		     o->rdzv_id ? '&' : '?', st->version, o->interval_ms) >= (int)(cap - n))
+		return -1;
+	return 0;
+}
+
 /* Prints /status whenever it changes, until the job's end (its final state;
  * exit 0 only if it succeeded), the page going away or --count changes. A
  * page with a version is long-polled: it answers at the next state change
- * or after the interval, so no state, the end included, is missed. */
+ * or after the interval, so no state, the end included, is missed. With
+ * --rdzv_id, crun-rdzvd's page is watched for that job (its rounds, then
+ * done or failed) and an agent's page must serve that job. */
 static int cmd_watch(const struct opts *o)
 {
 	struct agent_ctl_state st = {.version = -1};
-	char *last = NULL, path[96] = "/status";
+	char *last = NULL, path[600];
 	uint64_t changes = 0;
 	int rc;
 
@@ -126,6 +160,11 @@ static int cmd_watch(const struct opts *o)
 		char *body;
 		int status = 0, r;
 
+		if (watch_path(o, &st, path, sizeof(path)) < 0) {
+			fprintf(stderr, PROG ": --rdzv_id: too long\n");
+			rc = 2;
+			break;
+		}
 		r = agent_ctl_get(o->endpoint, path, o->timeout_ms + (uint32_t)o->interval_ms,
 				  &status, &body);
 		if (r == 0 && status == 503 && last) { /* every watcher slot taken: poll */
@@ -140,8 +179,17 @@ static int cmd_watch(const struct opts *o)
 				rc = watch_end(o, &st);
 				break;
 			}
-			fprintf(stderr, PROG ": cannot read http://%s/status: %s\n", o->endpoint,
-				r < 0 ? crun_strerror(r) : "not 200");
+			if (r == 0 && status == 404 && o->rdzv_id)
+				fprintf(stderr, PROG ": %s does not serve job '%s'\n", o->endpoint,
+					o->rdzv_id);
+			else
+				fprintf(stderr, PROG ": cannot read http://%s/status: %s\n",
+					o->endpoint, r < 0 ? crun_strerror(r) : "not 200");
+			rc = 1;
+			break;
+		}
+		if (!last && check_job(o, body)) {
+			free(body);
 			rc = 1;
 			break;
 		}
@@ -154,7 +202,7 @@ static int cmd_watch(const struct opts *o)
 			free(last);
 			last = body;
 			(void)agent_ctl_read_state(last, &st);
-			if (strcmp(st.state, "done") == 0) {
+			if (watch_final(&st)) {
 				rc = watch_end(o, &st);
 				break;
 			}
@@ -165,10 +213,7 @@ static int cmd_watch(const struct opts *o)
 		} else {
 			free(body);
 		}
-		if (st.version >= 0)
-			snprintf(path, sizeof(path), "/status?after=%" PRId64 "&wait_ms=%" PRIu64,
-				 st.version, o->interval_ms);
-		else
+		if (st.version < 0)
 			usleep((useconds_t)(o->interval_ms * 1000));
 	}
 	free(last);
@@ -182,7 +227,9 @@ static const struct command {
 } commands[] = {
     {"status", cmd_status, "a job's state, ranks, restarts and workers (GET /status)"},
     {"jobs", cmd_jobs, "the jobs a page serves (GET /jobs)"},
-    {"watch", cmd_watch, "print /status again whenever it changes"},
+    {"watch", cmd_watch,
+     "print /status again whenever it changes, until the job's end (with --rdzv_id on "
+     "crun-rdzvd's page: that job)"},
 };
 
 /* The one list of crunctl's options: getopt's table, --help and (through

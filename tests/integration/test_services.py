@@ -751,10 +751,8 @@ def test_crunctl_tells_refused_unresolvable_and_timeout_apart(where):
     assert res.returncode == 1 and needle in res.stderr, res.stderr
 
 
-@pytest.mark.parametrize("fails", [False, True], ids=["succeeds", "fails"])
-def test_crunctl_watch_ends_with_the_jobs_final_state(procs, job, notify, fails):
-    """watch follows the job to its end, prints the final state and exits
-    non-zero for a failed job (it used to exit 0 when the page went away)."""
+def end_program(job, fails):
+    """A worker that runs until OUT/stop, then exits 3 on rank 0 if fails."""
     (job / "end.py").write_text(
         "import os, sys, time\n"
         "out = sys.argv[1]\n"
@@ -762,8 +760,15 @@ def test_crunctl_watch_ends_with_the_jobs_final_state(procs, job, notify, fails)
         "while time.monotonic() < end and not os.path.exists(os.path.join(out, 'stop')):\n"
         "    time.sleep(0.05)\n"
         f"sys.exit(3 if {fails} and os.environ['RANK'] == '0' else 0)\n")
+    return str(job / "end.py")
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["succeeds", "fails"])
+def test_crunctl_watch_ends_with_the_jobs_final_state(procs, job, notify, fails):
+    """watch follows the job to its end, prints the final state and exits
+    non-zero for a failed job (it used to exit 0 when the page went away)."""
     cfg = base_config(job, status={"listen": "127.0.0.1:0"})
-    cfg["job"]["program"] = str(job / "end.py")
+    cfg["job"]["program"] = end_program(job, fails)
     p = procs.spawn([bin_path("crun-agent"), "--config", str(write_config(job, cfg))],
                     env=agent_env(NOTIFY_SOCKET=notify.path))
     notify.wait("READY=1")
@@ -780,6 +785,37 @@ def test_crunctl_watch_ends_with_the_jobs_final_state(procs, job, notify, fails)
     assert final["state"] == "done" and final["exit_code"] == (1 if fails else 0), final
     assert w.returncode == (1 if fails else 0), err
     assert ("the job failed" in err.decode()) == fails, err
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["succeeds", "fails"])
+def test_crunctl_watch_follows_one_job_on_crun_rdzvd(procs, job, fails):
+    """Issue 22.4: watch --rdzv_id J on crun-rdzvd's page long-polls that job
+    (GET /status?rdzv_id=J&after=V): its rounds, then its end, done or failed,
+    with exit 1 for a failed job, as watch on an agent's page. Before, it
+    ignored --rdzv_id, printed the store's page and never ended."""
+    rd, host, port = start_rdzvd(procs)
+    page = re.search(r"http://([^/]+)/status", rdzvd_lines(rd, 1)[0]).group(1)
+    a = procs.spawn([bin_path("crun"), "--rdzv_backend=c10d", f"--rdzv_endpoint={host}:{port}",
+                     "--rdzv_id=wj", "--max_restarts=0", "--nproc_per_node=1",
+                     f"--log_dir={job / 'logs'}", end_program(job, fails), str(job / "out")],
+                    env=agent_env())
+    wait_for(lambda: "running" in crunctl("status", "--endpoint", page, "--json",
+                                          "--rdzv_id", "wj").stdout,
+             what="job wj running on crun-rdzvd")
+    w = procs.spawn([bin_path("crunctl"), "watch", "--endpoint", page, "--rdzv_id", "wj",
+                     "--json", "--interval", "30"])
+    first = json.loads(w.stdout.readline())
+    assert first["state"] == "running" and first["run_id"] == "wj", first
+    assert first["rendezvous"]["round"] == 0, first
+    (job / "out" / "stop").write_text("")
+    assert a.wait(timeout=60) == (1 if fails else 0)
+    out, err = w.communicate(timeout=60)  # long-polled: the end comes at once
+    final = json.loads(out.decode().splitlines()[-1])
+    assert final["state"] == ("failed" if fails else "done"), final
+    assert w.returncode == (1 if fails else 0), err
+    assert ("the job failed" in err.decode()) == fails, err
+    res = crunctl("watch", "--endpoint", page, "--rdzv_id", "other")
+    assert res.returncode == 1 and "does not serve job 'other'" in res.stderr, res.stderr
 
 
 def test_crunctl_rdzv_id_is_compared_as_json(procs, job, notify):
