@@ -227,49 +227,33 @@ static const struct command {
 } commands[] = {
     {"status", cmd_status, "a job's state, ranks, restarts and workers (GET /status)"},
     {"jobs", cmd_jobs, "the jobs a page serves (GET /jobs)"},
-    {"watch", cmd_watch,
-     "print /status again whenever it changes, until the job's end (with --rdzv_id on "
-     "crun-rdzvd's page: that job)"},
+    {"watch", cmd_watch, "print /status again whenever it changes, until the job's end"},
 };
 
-/* The one list of crunctl's options: getopt's table, --help and (through
- * --help) crunctl(1) are loops over it. */
-static const struct ctl_opt {
-	const char *name;
-	int val;
-	const char *metavar; /* NULL: a flag */
-	const char *help;
-} ctl_opts[] = {
-    {"endpoint", 'e', "HOST:PORT", "the status page to ask (required)"},
-    {"rdzv_id", 'j', "JOB", "only this job (its run id); also --rdzv-id"},
-    {"json", 'J', NULL, "print the page's JSON instead of a table"},
-    {"interval", 'i', "S", "watch: seconds between polls where a page cannot long-poll [1]"},
-    {"count", 'c', "N", "watch: stop after N changes [0: at the job's end]"},
-    {"timeout", 't', "S", "seconds to wait for each answer [5]"},
-    {"help", 'h', NULL, "show this help and exit"},
-};
+/* Prints what crunctl's rows (agent/cli_daemons.c) and commands give for
+ * kind ("help", "man" or a shell) to f; 0, or 2 for a shell it has no
+ * script for. */
+static int print_doc(FILE *f, const char *kind)
+{
+	struct cli_command cmds[ARRAY_SIZE(commands)];
+	char *text;
+
+	for (size_t i = 0; i < ARRAY_SIZE(commands); i++)
+		cmds[i] = (struct cli_command){commands[i].name, commands[i].help};
+	text = cli_doc_new(CLI_CTL, kind, cmds, ARRAY_SIZE(cmds));
+	if (!text) {
+		fprintf(stderr, PROG ": --print-completion: expected bash, zsh or tcsh, got '%s'\n",
+			kind);
+		return 2;
+	}
+	fputs(text, f);
+	free(text);
+	return 0;
+}
 
 static void usage(FILE *f)
 {
-	char head[64];
-
-	fprintf(f, "usage: " PROG " COMMAND --endpoint HOST:PORT [--rdzv_id JOB] [--json]\n"
-		   "               [--interval S] [--count N] [--timeout S]\n"
-		   "       " PROG " --version\n\n"
-		   "Shows the state of crun jobs from the status page of crun, crun-agent or\n"
-		   "crun-rdzvd (their --status flag). Exit status: 0; 1 when watch saw the job\n"
-		   "fail or the page go away before the end, or a page does not answer; 2 for\n"
-		   "bad usage.\n\ncommands:\n");
-	for (size_t i = 0; i < ARRAY_SIZE(commands); i++)
-		fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].help);
-	fprintf(f, "\noptions:\n");
-	for (size_t i = 0; i < ARRAY_SIZE(ctl_opts); i++) {
-		snprintf(head, sizeof(head), "--%s%s%s", ctl_opts[i].name,
-			 ctl_opts[i].metavar ? " " : "",
-			 ctl_opts[i].metavar ? ctl_opts[i].metavar : "");
-		fprintf(f, "  %-22s %s\n", head, ctl_opts[i].help);
-	}
-	fprintf(f, "  %-22s %s\n", "--version", "print the version and exit");
+	(void)print_doc(f, "help");
 }
 
 static int seconds(const char *flag, const char *v, uint64_t *ret_ms)
@@ -281,25 +265,101 @@ static int seconds(const char *flag, const char *v, uint64_t *ret_ms)
 	return 0;
 }
 
+/* Applies row id's value; -1 to end main with the code in *ret_rc. */
+static int apply_opt(struct opts *o, int id, const char *arg, int *ret_rc)
+{
+	uint64_t ms;
+
+	switch (id) {
+	case CLI_CTL_ENDPOINT:
+		o->endpoint = arg;
+		break;
+	case CLI_CTL_RDZV_ID:
+		o->rdzv_id = arg;
+		break;
+	case CLI_CTL_JSON:
+		o->json = true;
+		break;
+	case CLI_CTL_INTERVAL:
+		if (seconds("--interval", arg, &o->interval_ms) < 0)
+			return *ret_rc = 2, -1;
+		o->interval_ms = MAX(o->interval_ms, 10); /* a poll, not a busy loop */
+		break;
+	case CLI_CTL_TIMEOUT:
+		if (seconds("--timeout", arg, &ms) < 0 || ms == 0 || ms > UINT32_MAX)
+			return *ret_rc = 2, -1;
+		o->timeout_ms = (uint32_t)ms;
+		break;
+	case CLI_CTL_COUNT:
+		if (parse_u64(arg, &o->count) < 0) {
+			fprintf(stderr, PROG ": --count: invalid number '%s'\n", arg);
+			return *ret_rc = 2, -1;
+		}
+		break;
+	case CLI_CTL_HELP:
+		return *ret_rc = print_doc(stdout, "help"), -1;
+	case CLI_CTL_VERSION:
+		return *ret_rc = printf(PROG " %s\n", crun_version_string()) < 0, -1;
+	case CLI_CTL_PRINT_MAN:
+		return *ret_rc = print_doc(stdout, "man"), -1;
+	case CLI_CTL_PRINT_COMPLETION:
+		return *ret_rc = print_doc(stdout, arg), -1;
+	default:
+		return *ret_rc = 2, -1;
+	}
+	return 0;
+}
+
+/* Parses the options in argv[from..]: 0, or -1 to end main with *ret_rc. */
+static int parse_opts(struct opts *o, int argc, char **argv, int from, int *ret_rc)
+{
+	struct option *longs;
+	char *shorts;
+	int c, r = 0;
+
+	if (cli_getopt_new(CLI_CTL, &longs, &shorts) < 0) {
+		fprintf(stderr, PROG ": out of memory\n");
+		return *ret_rc = 1, -1;
+	}
+	opterr = 0;
+	optind = 1;
+	while (r == 0 &&
+	       (c = getopt_long(argc - from + 1, argv + from - 1, shorts, longs, NULL)) != -1) {
+		const char *flag = argv[from - 1 + optind - 1];
+
+		if (c == ':' || c == '?' || cli_getopt_id(CLI_CTL, c) < 0) {
+			fprintf(stderr, PROG ": %s '%s'\n",
+				c == ':' ? "missing value for" : "unknown option", flag);
+			*ret_rc = 2;
+			r = -1;
+		} else {
+			r = apply_opt(o, cli_getopt_id(CLI_CTL, c), optarg, ret_rc);
+		}
+	}
+	free(longs);
+	free(shorts);
+	return r;
+}
+
 int main(int argc, char **argv)
 {
-	struct option longs[ARRAY_SIZE(ctl_opts) + 2] = {{"rdzv-id", required_argument, NULL, 'j'}};
 	struct opts o = {.interval_ms = 1000, .timeout_ms = 5000};
 	const struct command *cmd;
-	uint64_t ms;
-	int c;
+	int rc = 0;
 
 	log_init(PROG, LL_WARN);
-	for (size_t i = 0; i < ARRAY_SIZE(ctl_opts); i++)
-		longs[i + 1] = (struct option){
-		    ctl_opts[i].name, ctl_opts[i].metavar ? required_argument : no_argument, NULL,
-		    ctl_opts[i].val};
-	if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
-		usage(argc < 2 ? stderr : stdout);
-		return argc < 2 ? 2 : 0;
+	if (argc < 2) {
+		usage(stderr);
+		return 2;
 	}
-	if (strcmp(argv[1], "--version") == 0)
-		return printf(PROG " %s\n", crun_version_string()) < 0;
+	/* An action without a command (--help, --version, --print-man). */
+	if (argv[1][0] == '-') {
+		if (parse_opts(&o, argc, argv, 1, &rc) < 0)
+			return rc;
+		fprintf(stderr, PROG ": a command is required\n");
+		usage(stderr);
+		return 2;
+	}
 	/* The command first: a typo is named as one, not as a missing flag. */
 	for (cmd = commands; cmd < commands + ARRAY_SIZE(commands); cmd++)
 		if (strcmp(argv[1], cmd->name) == 0)
@@ -309,40 +369,8 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
-	while ((c = getopt_long(argc - 1, argv + 1, "+h", longs, NULL)) != -1) {
-		switch (c) {
-		case 'e':
-			o.endpoint = optarg;
-			break;
-		case 'j':
-			o.rdzv_id = optarg;
-			break;
-		case 'J':
-			o.json = true;
-			break;
-		case 'i':
-			if (seconds("--interval", optarg, &o.interval_ms) < 0)
-				return 2;
-			o.interval_ms = MAX(o.interval_ms, 10); /* a poll, not a busy loop */
-			break;
-		case 't':
-			if (seconds("--timeout", optarg, &ms) < 0 || ms == 0 || ms > UINT32_MAX)
-				return 2;
-			o.timeout_ms = (uint32_t)ms;
-			break;
-		case 'c':
-			if (parse_u64(optarg, &o.count) < 0) {
-				fprintf(stderr, PROG ": --count: invalid number '%s'\n", optarg);
-				return 2;
-			}
-			break;
-		case 'h':
-			usage(stdout);
-			return 0;
-		default:
-			return 2;
-		}
-	}
+	if (parse_opts(&o, argc, argv, 2, &rc) < 0)
+		return rc;
 	if (!o.endpoint) {
 		fprintf(stderr, PROG ": %s: --endpoint HOST:PORT is required\n", argv[1]);
 		return 2;
