@@ -352,7 +352,8 @@ UNITDIR ?= $(PREFIX)/lib/systemd/system
 BASHCOMPDIR := $(PREFIX)/share/bash-completion/completions
 ZSHCOMPDIR := $(PREFIX)/share/zsh/vendor-completions
 # Shell completions, generated from the option table (--print-completion).
-COMPLETIONS := $(foreach p,crun crun-agent,$(BUILD)/completion/$(p).bash $(BUILD)/completion/_$(p))
+COMPLETED := crun crun-agent crun-rdzvd crunctl
+COMPLETIONS := $(foreach p,$(COMPLETED),$(BUILD)/completion/$(p).bash $(BUILD)/completion/_$(p))
 $(BUILD)/completion/%.bash: $(BUILD)/bin/%
 	@mkdir -p $(@D)
 	$(Q)$< --print-completion bash > $@.tmp && mv $@.tmp $@
@@ -371,25 +372,17 @@ UNITS := $(wildcard configs/systemd/*.service)
 ETC_CONFIGS := configs/examples/rdzvd.json
 DATA := $(wildcard configs/*.schema.json configs/examples/*.json configs/grafana/*.json)
 .SECONDEXPANSION:
-# Man pages, each generated from what it documents so it cannot drift: crun
-# and crun-agent from the option table (--print-man), crun-rdzvd and crunctl
-# from their --help, libcrun(3) from the public headers.
+# Man pages, each generated from what it documents so it cannot drift: the
+# programs' from their option rows (--print-man: crun's option table, and
+# crun-rdzvd's and crunctl's rows printed by the same code), libcrun(3) from
+# the public headers.
 MANPAGES := $(BUILD)/man/crun.1 $(BUILD)/man/crun-agent.8 $(BUILD)/man/crun-rdzvd.8 \
 	$(BUILD)/man/crunctl.1 $(BUILD)/man/libcrun.3
 
-$(BUILD)/man/crun.1 $(BUILD)/man/crun-agent.8: $(BUILD)/man/%: $(BUILD)/bin/$$(basename %)
+$(BUILD)/man/crun.1 $(BUILD)/man/crun-agent.8 $(BUILD)/man/crun-rdzvd.8 $(BUILD)/man/crunctl.1: \
+		$(BUILD)/man/%: $(BUILD)/bin/$$(basename %)
 	@mkdir -p $(@D)
 	$(Q)$< --print-man > $@.tmp && mv $@.tmp $@
-$(BUILD)/man/crun-rdzvd.8: $(BUILD)/bin/crun-rdzvd scripts/help2man.sh scripts/man/crun-rdzvd.8.tail
-	@mkdir -p $(@D)
-	$(Q)sh scripts/help2man.sh $< 8 "TCPStore-compatible store and rendezvous daemon" \
-		scripts/man/crun-rdzvd.8.tail > $@.tmp
-	$(Q)mv $@.tmp $@
-$(BUILD)/man/crunctl.1: $(BUILD)/bin/crunctl scripts/help2man.sh scripts/man/crunctl.1.tail
-	@mkdir -p $(@D)
-	$(Q)sh scripts/help2man.sh $< 1 "status of crun jobs, agents and rendezvous daemons" \
-		scripts/man/crunctl.1.tail > $@.tmp
-	$(Q)mv $@.tmp $@
 $(BUILD)/man/libcrun.3: $(wildcard include/crun/*.h) scripts/libcrun-man.sh
 	@mkdir -p $(@D)
 	$(Q)sh scripts/libcrun-man.sh $(sort $(wildcard include/crun/*.h)) > $@.tmp && mv $@.tmp $@
@@ -411,7 +404,7 @@ install: all $(MANPAGES) $(COMPLETIONS)
 	$(Q)for u in $(UNITS); do sed -e 's|/usr/bin/|$(BINDIR)/|g' -e 's|/etc/crun/|$(SYSCONFDIR)/crun/|g' \
 		$$u > $(DESTDIR)$(UNITDIR)/$$(basename $$u) && chmod 644 $(DESTDIR)$(UNITDIR)/$$(basename $$u); done
 	$(Q)install -d $(DESTDIR)$(BASHCOMPDIR) $(DESTDIR)$(ZSHCOMPDIR)
-	$(Q)for p in crun crun-agent; do $(INST) $(BUILD)/completion/$$p.bash $(DESTDIR)$(BASHCOMPDIR)/$$p; \
+	$(Q)for p in $(COMPLETED); do $(INST) $(BUILD)/completion/$$p.bash $(DESTDIR)$(BASHCOMPDIR)/$$p; \
 		$(INST) $(BUILD)/completion/_$$p $(DESTDIR)$(ZSHCOMPDIR)/_$$p; done
 	$(Q)install -d $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(TMPFILESDIR)
 	$(Q)$(INST) configs/sysusers.d/crun.conf $(DESTDIR)$(SYSUSERSDIR)/crun.conf

@@ -430,14 +430,41 @@ static int program(struct cli *c, struct cli_ctx *x, int i, int argc, char *cons
 	return 0;
 }
 
+/* A list row's value (job.env, job.args) as one string for cli_changes: its
+ * own value is only "1" (the list is in c). Items length-prefixed, so no
+ * two lists read the same. */
+static char *list_text(char *const *l)
+{
+	size_t cap = 1, o = 0;
+	char *s;
+
+	for (size_t i = 0; l && l[i]; i++)
+		cap += strlen(l[i]) + 24;
+	s = malloc(cap);
+	if (!s)
+		return NULL;
+	s[0] = '\0';
+	for (size_t i = 0; l && l[i]; i++)
+		o += (size_t)snprintf(s + o, cap - o, "%zu:%s;", strlen(l[i]), l[i]);
+	return s;
+}
+
 static int keep_resolved(struct cli *c, const struct cli_ctx *x)
 {
 	c->resolved = calloc(OPT__MAX + 1, sizeof(char *));
 	if (!c->resolved)
 		return cli_fail(c, "out of memory");
-	for (int k = 0; k < OPT__MAX; k++)
-		if (x->val[k] && !(c->resolved[k] = str_dup(x->val[k])))
+	for (int k = 0; k < OPT__MAX; k++) {
+		enum cli_type t = cli_opts[k].type;
+
+		if (!x->val[k])
+			continue;
+		c->resolved[k] = t == CT_ENV	? list_text(c->job_env)
+				 : t == CT_ARGV ? list_text(c->file_args)
+						: str_dup(x->val[k]);
+		if (!c->resolved[k])
 			return cli_fail(c, "out of memory");
+	}
 	return 0;
 }
 

@@ -69,7 +69,7 @@ static int program_fields(struct cli *c)
 	c->cfg.status_listen = c->status_listen;
 	c->cfg.event_log_handler = c->event_log_handler;
 	if (c->log_level >= 0)
-		crun_set_log_level((crun_log_level_t)c->log_level);
+		log_set_level(c->log_level);
 	/* torchrun's default for more than one worker, as crun exports it. */
 	if (c->note[0] && !env_get(c->job_env, "OMP_NUM_THREADS") && !getenv("OMP_NUM_THREADS")) {
 		size_t n = 0;

@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "agent/agent.h"
@@ -138,7 +139,51 @@ struct cli_opt {
 	const char *help;    /* one line; "[default]" is added from def */
 	cli_apply_fn apply;  /* NULL: validated only (accepted, no effect) */
 	size_t off;	     /* field of crun_agent_config_t for the generic appliers */
+	const char *section; /* crun-rdzvd, crunctl: a --help heading this row starts */
 };
+
+/* A program's rows and what its completion adds after them. */
+struct cli_rowset {
+	enum cli_prog prog;
+	const char *cmd;	    /* "crun-rdzvd" */
+	const struct cli_opt *rows; /* borrowed */
+	size_t n;
+	const char *zsh_tail; /* zsh _arguments specs after the options ("" none) */
+};
+
+/* cli_daemons.c: crun-rdzvd's rows (its own, then one per store limit, whose
+ * default and JSON path texts go to buf) or crunctl's, into out (cap rows);
+ * returns the count, row id = index. A program's text (usage line,
+ * description, man page sections) comes with them in *ret_doc. */
+#define CLI_DAEMON_ROWS_MAX 64
+struct cli_daemon_buf {
+	char def[CLI_DAEMON_ROWS_MAX][32];
+	char json[CLI_DAEMON_ROWS_MAX][80];
+};
+struct cli_doc {
+	int man_section;
+	const char *what;	 /* NAME's line */
+	const char *usage;	 /* --help's first line, after "usage: " */
+	const char *synopsis;	 /* roff */
+	const char *description; /* plain text, wrapped */
+	const char *help_tail;	 /* plain text after the options */
+	const char *man_tail;	 /* roff: EXIT STATUS ... EXAMPLES */
+};
+size_t cli_daemon_rows(enum cli_prog prog, struct cli_opt *out, size_t cap,
+		       struct cli_daemon_buf *buf, const struct cli_doc **ret_doc);
+
+/* cli_text.c's printers, shared with cli_doc.c. */
+void cli_wrap(FILE *f, const char *text, int indent);
+void cli_roff(FILE *f, const char *s);
+void cli_help_row(FILE *f, const struct cli_opt *o);
+void cli_man_row(FILE *f, const struct cli_opt *o);
+/* A completion script of set's rows for shell; NULL for another or OOM. */
+char *cli_rows_completion_new(const struct cli_rowset *set, const char *shell);
+/* The JSON schema of the rows with a JSON path; malloc'd. */
+char *cli_rows_schema_new(const struct cli_rowset *set);
+#define CLI_MAN_SEE_ALSO                                                                    \
+	".SH SEE ALSO\n\\fBcrun\\fR(1), \\fBcrun\\-agent\\fR(8), \\fBcrun\\-rdzvd\\fR(8), " \
+	"\\fBcrunctl\\fR(1), \\fBlibcrun\\fR(3), \\fBsystemd.service\\fR(5)\n"
 
 extern const struct cli_opt cli_opts[OPT__MAX];
 

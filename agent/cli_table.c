@@ -150,7 +150,8 @@ const struct cli_opt cli_opts[OPT__MAX] = {
 	"crun-agent: 127.0.0.1:0, a free port announced in STATUS= and the log]", ap_status, 0},
 [OPT_LOG_LEVEL] = {"log_level", 0, CT_STR, CF_LIVE, NULL, "PET_LOG_LEVEL CRUN_LOG_LEVEL LOGLEVEL",
 	"daemon.log_level", "LEVEL", NULL, 0, 0,
-	"error, warning, info, debug or trace (LOGLEVEL as torchrun) [warning]", ap_log_level, 0},
+	LOG_LEVEL_NAMES " (LOGLEVEL as torchrun; notice: normal events such as a round "
+	"complete) [crun: notice, crun-agent: info]", ap_log_level, 0},
 [OPT_SECRET_FILE] = {"auth_secret_file", 0, CT_STR, 0, NULL, "PET_AUTH_SECRET_FILE",
 	"security.secret_file", "FILE", NULL, 0, 0,
 	"shared secret for crun-to-crun connections", set_str, CFG(auth_secret_file)},
@@ -553,22 +554,14 @@ static int ap_status(struct cli *c, struct cli_ctx *x, enum cli_id id, const cha
 
 static int ap_log_level(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v)
 {
-	/* Python's logging names (LOGLEVEL is torchrun's), plus crun's trace. */
-	static const struct {
-		const char *name;
-		int level;
-	} names[] = {{"critical", LL_ERROR}, {"fatal", LL_ERROR}, {"error", LL_ERROR},
-		     {"warning", LL_WARN},   {"warn", LL_WARN},	  {"info", LL_INFO},
-		     {"debug", LL_DEBUG},    {"trace", LL_TRACE}};
+	/* Python's logging names (LOGLEVEL is torchrun's), plus notice and trace. */
+	int l = log_level_from_name(v);
 
-	for (size_t i = 0; i < ARRAY_SIZE(names); i++)
-		if (strcasecmp(v, names[i].name) == 0) {
-			c->log_level = names[i].level;
-			return 0;
-		}
-	return cli_fail(c,
-			"%s: invalid log level '%s' (choose from critical, error, warning, info, "
-			"debug, trace)",
+	if (l >= 0) {
+		c->log_level = l;
+		return 0;
+	}
+	return cli_fail(c, "%s: invalid log level '%s' (choose from critical, " LOG_LEVEL_NAMES ")",
 			x->who[id], v);
 }
 

@@ -38,7 +38,7 @@ static void spellings(const struct cli_opt *o, char *buf, size_t cap)
 }
 
 /* Words of text, wrapped at 78 columns with `indent` spaces. */
-static void wrap(FILE *f, const char *text, int indent)
+void cli_wrap(FILE *f, const char *text, int indent)
 {
 	int col = indent;
 
@@ -62,7 +62,7 @@ static void wrap(FILE *f, const char *text, int indent)
 	fputc('\n', f);
 }
 
-static void help_row(FILE *f, const struct cli_opt *o)
+void cli_help_row(FILE *f, const struct cli_opt *o)
 {
 	char head[160], text[512];
 	size_t n;
@@ -79,7 +79,7 @@ static void help_row(FILE *f, const struct cli_opt *o)
 		snprintf(text + n, sizeof(text) - n, " (%s%s%s%s)", o->env ? "env " : "",
 			 o->env ? o->env : "", o->env && o->json ? "; " : "",
 			 o->json ? o->json : "");
-	wrap(f, text, 8);
+	cli_wrap(f, text, 8);
 }
 
 static void help_section(FILE *f, enum cli_prog prog, const char *title,
@@ -88,7 +88,7 @@ static void help_section(FILE *f, enum cli_prog prog, const char *title,
 	fprintf(f, "\n%s\n", title);
 	for (int k = 0; k < OPT__MAX; k++)
 		if (pick(&cli_opts[k], prog) && !(cli_opts[k].flags & CF_HIDDEN))
-			help_row(f, &cli_opts[k]);
+			cli_help_row(f, &cli_opts[k]);
 }
 
 static bool pick_torchrun(const struct cli_opt *o, enum cli_prog prog)
@@ -110,8 +110,6 @@ static bool pick_job(const struct cli_opt *o, enum cli_prog prog)
 {
 	return prog == CLI_AGENT && !o->name && !(o->flags & CF_RDZVKEY);
 }
-
-static void roff(FILE *f, const char *s);
 
 /* How programs are run, and what crun rejects by name: --help and the man page. */
 #define PROGRAMS_TEXT                                                                         \
@@ -140,10 +138,10 @@ static void store_keys_text(FILE *f, bool man)
 	}
 	if (man) {
 		fputs(".PP\n", f);
-		roff(f, text);
+		cli_roff(f, text);
 		fputc('\n', f);
 	} else {
-		wrap(f, text, 2);
+		cli_wrap(f, text, 2);
 	}
 }
 
@@ -159,17 +157,17 @@ char *cli_help_new(enum cli_prog prog)
 	fprintf(f, "usage: %s [options] %s [training_script_args ...]%s\n\n",
 		agent ? "crun-agent [--config FILE.json]" : "crun",
 		agent ? "[training_script" : "training_script", agent ? "]" : "");
-	wrap(f,
-	     agent ? "crun's node agent as a service: one job from a JSON config and/or "
-		     "crun's flags, with systemd's notify protocol and a status page."
-		   : "torchrun-compatible launcher.",
-	     0);
-	wrap(f,
-	     "Every option takes both spellings (--nproc-per-node, --nproc_per_node); "
-	     "torchrun's may be abbreviated to a unique prefix. A flag wins over the JSON "
-	     "config (crun-agent --config), which wins over the environment (the first "
-	     "variable named that is set), which wins over the default in [].",
-	     0);
+	cli_wrap(f,
+		 agent ? "crun's node agent as a service: one job from a JSON config and/or "
+			 "crun's flags, with systemd's notify protocol and a status page."
+		       : "torchrun-compatible launcher.",
+		 0);
+	cli_wrap(f,
+		 "Every option takes both spellings (--nproc-per-node, --nproc_per_node); "
+		 "torchrun's may be abbreviated to a unique prefix. A flag wins over the JSON "
+		 "config (crun-agent --config), which wins over the environment (the first "
+		 "variable named that is set), which wins over the default in [].",
+		 0);
 	help_section(f, prog, "torchrun's options:", pick_torchrun);
 	help_section(f, prog, "crun's own options (exact names only):", pick_crun);
 	help_section(f, prog,
@@ -180,7 +178,7 @@ char *cli_help_new(enum cli_prog prog)
 	if (agent)
 		help_section(f, prog, "the job in the JSON config:", pick_job);
 	fputc('\n', f);
-	wrap(f, PROGRAMS_TEXT, 0);
+	cli_wrap(f, PROGRAMS_TEXT, 0);
 	if (fclose(f) != 0) {
 		free(s);
 		return NULL;
@@ -192,7 +190,7 @@ char *cli_help_new(enum cli_prog prog)
 
 /* roff text: a leading '.' or '\'' would be a request, '\' an escape, '-' a
  * hyphen (options want the minus sign \-). */
-static void roff(FILE *f, const char *s)
+void cli_roff(FILE *f, const char *s)
 {
 	if (*s == '.' || *s == '\'')
 		fputs("\\&", f);
@@ -206,54 +204,57 @@ static void roff(FILE *f, const char *s)
 	}
 }
 
-static void man_section(FILE *f, enum cli_prog prog, const char *title,
-			bool (*pick)(const struct cli_opt *o, enum cli_prog prog))
+/* One option as a tagged paragraph: its spellings and placeholder, its help
+ * with the default, and where else it may be set. */
+void cli_man_row(FILE *f, const struct cli_opt *o)
 {
 	char head[160];
 
-	fprintf(f, ".SS ");
-	roff(f, title);
-	fputc('\n', f);
-	for (int k = 0; k < OPT__MAX; k++) {
-		const struct cli_opt *o = &cli_opts[k];
-
-		if (!pick(o, prog) || (o->flags & CF_HIDDEN))
-			continue;
-		if (o->name)
-			spellings(o, head, sizeof(head));
-		else
-			snprintf(head, sizeof(head), "%s", o->json);
-		fputs(".TP\n\\fB", f);
-		roff(f, head);
+	if (o->name)
+		spellings(o, head, sizeof(head));
+	else
+		snprintf(head, sizeof(head), "%s", o->json);
+	fputs(".TP\n\\fB", f);
+	cli_roff(f, head);
+	fputs("\\fR", f);
+	if (o->metavar) {
+		fputs(" \\fI", f);
+		cli_roff(f, o->metavar);
 		fputs("\\fR", f);
-		if (o->metavar) {
-			fputs(" \\fI", f);
-			roff(f, o->metavar);
-			fputs("\\fR", f);
-		}
-		fputc('\n', f);
-		roff(f, o->help);
-		if (o->def) {
-			fputs(" [", f);
-			roff(f, o->def);
-			fputc(']', f);
-		}
-		fputc('\n', f);
-		if (o->name && (o->env || o->json)) {
-			fputs(".br\n", f);
-			if (o->env) {
-				fputs("Environment: ", f);
-				roff(f, o->env);
-				fputs(". ", f);
-			}
-			if (o->json) {
-				fputs("JSON: ", f);
-				roff(f, o->json);
-				fputc('.', f);
-			}
-			fputc('\n', f);
-		}
 	}
+	fputc('\n', f);
+	cli_roff(f, o->help);
+	if (o->def) {
+		fputs(" [", f);
+		cli_roff(f, o->def);
+		fputc(']', f);
+	}
+	fputc('\n', f);
+	if (o->name && (o->env || o->json)) {
+		fputs(".br\n", f);
+		if (o->env) {
+			fputs("Environment: ", f);
+			cli_roff(f, o->env);
+			fputs(". ", f);
+		}
+		if (o->json) {
+			fputs("JSON: ", f);
+			cli_roff(f, o->json);
+			fputc('.', f);
+		}
+		fputc('\n', f);
+	}
+}
+
+static void man_section(FILE *f, enum cli_prog prog, const char *title,
+			bool (*pick)(const struct cli_opt *o, enum cli_prog prog))
+{
+	fprintf(f, ".SS ");
+	cli_roff(f, title);
+	fputc('\n', f);
+	for (int k = 0; k < OPT__MAX; k++)
+		if (pick(&cli_opts[k], prog) && !(cli_opts[k].flags & CF_HIDDEN))
+			cli_man_row(f, &cli_opts[k]);
 }
 
 /* crun-agent's codes are what systemd acts on (crun-agent@.service). */
@@ -283,9 +284,9 @@ static void man_environment(FILE *f, enum cli_prog prog)
 			continue;
 		spellings(o, head, sizeof(head));
 		fputs(".TP\n.B ", f);
-		roff(f, o->env);
+		cli_roff(f, o->env);
 		fputs("\n", f);
-		roff(f, head);
+		cli_roff(f, head);
 		fputc('\n', f);
 	}
 	fputs(".TP\n.B CRUN_LOG_LEVEL\\fR, \\fBCRUN_LOG_SUBSYS\n"
@@ -297,9 +298,6 @@ static void man_environment(FILE *f, enum cli_prog prog)
 }
 
 /* Sections after EXIT STATUS that say what no table holds. */
-#define MAN_SEE_ALSO                                                                        \
-	".SH SEE ALSO\n\\fBcrun\\fR(1), \\fBcrun\\-agent\\fR(8), \\fBcrun\\-rdzvd\\fR(8), " \
-	"\\fBcrunctl\\fR(1), \\fBlibcrun\\fR(3), \\fBsystemd.service\\fR(5)\n"
 #define CRUN_MAN_TAIL                                                                       \
 	".SH SIGNALS\nSIGTERM, SIGINT: stop the workers (SIGTERM to each worker's process " \
 	"group, SIGKILL after \\fB\\-\\-shutdown_timeout\\fR) and exit.\n"                  \
@@ -310,7 +308,7 @@ static void man_environment(FILE *f, enum cli_prog prog)
 	".PP\nTwo to four nodes against crun\\-rdzvd, on every node:\n.PP\n.nf\n"           \
 	"crun \\-\\-nnodes=2:4 \\-\\-nproc_per_node=gpu \\-\\-rdzv_backend=c10d \\\\\n"     \
 	"     \\-\\-rdzv_endpoint=rdzv.example:29400 \\-\\-rdzv_id=job42 \\\\\n"            \
-	"     \\-\\-auth_secret_file=/etc/crun/job42.secret train.py\n.fi\n" MAN_SEE_ALSO
+	"     \\-\\-auth_secret_file=/etc/crun/job42.secret train.py\n.fi\n" CLI_MAN_SEE_ALSO
 #define AGENT_MAN_TAIL                                                                          \
 	".SH SIGNALS\n.TP\n.B SIGTERM\\fR, \\fBSIGINT\nstop the workers and die by the signal " \
 	"(systemctl stop)\n.TP\n.B SIGHUP\nread the config again; the settings that apply "     \
@@ -323,7 +321,7 @@ static void man_environment(FILE *f, enum cli_prog prog)
 	".SH EXAMPLES\nRun job42 from its config under systemd:\n.PP\n.nf\n"                    \
 	"systemctl enable \\-\\-now crun\\-agent@job42\n"                                       \
 	"crun\\-agent \\-\\-config /etc/crun/agents/job42.json \\-\\-print\\-config\n"          \
-	"crunctl status \\-\\-endpoint 127.0.0.1:29510\n.fi\n" MAN_SEE_ALSO
+	"crunctl status \\-\\-endpoint 127.0.0.1:29510\n.fi\n" CLI_MAN_SEE_ALSO
 
 char *cli_man_new(enum cli_prog prog)
 {
@@ -340,7 +338,7 @@ char *cli_man_new(enum cli_prog prog)
 	fprintf(f, ".TH %s %d \"\" \"crun %s\" \"%s\"\n.SH NAME\n", agent ? "CRUN\\-AGENT" : "CRUN",
 		agent ? 8 : 1, crun_version_string(),
 		agent ? "System Administration" : "User Commands");
-	roff(f, name);
+	cli_roff(f, name);
 	fputs(agent ? " \\- crun's node agent as a systemd service\n"
 		    : " \\- torchrun\\-compatible elastic launcher\n",
 	      f);
@@ -354,7 +352,7 @@ char *cli_man_new(enum cli_prog prog)
 	      "unique prefix. A flag wins over the JSON config, which wins over the environment, "
 	      "which wins over the default in brackets.\n.PP\n",
 	      f);
-	roff(f, PROGRAMS_TEXT);
+	cli_roff(f, PROGRAMS_TEXT);
 	fputs("\n.SH OPTIONS\n", f);
 	man_section(f, prog, "torchrun's options", pick_torchrun);
 	man_section(f, prog, "crun's own options", pick_crun);
@@ -423,20 +421,30 @@ static void choices_words(FILE *f, const char *choices)
 		fputc(*p == '|' ? ' ' : *p, f);
 }
 
-static void bash(FILE *f, enum cli_prog prog, const char *cmd)
+/* The shell function's name: the command with '_' for '-'. */
+static void fn_name(char *buf, size_t cap, const char *cmd)
 {
+	snprintf(buf, cap, "%s", cmd);
+	for (char *p = buf; *p; p++)
+		if (*p == '-')
+			*p = '_';
+}
+
+static void bash(FILE *f, const struct cli_rowset *set)
+{
+	const char *cmd = set->cmd;
+	char fn[64];
 	bool any;
 
+	fn_name(fn, sizeof(fn), cmd);
 	fprintf(f,
 		"# bash completion for %s (generated by %s --print-completion bash)\n"
 		"_%s_complete() {\n"
 		"\tlocal cur=\"${COMP_WORDS[COMP_CWORD]}\" prev=\"${COMP_WORDS[COMP_CWORD-1]}\"\n"
 		"\tcase \"$prev\" in\n",
-		cmd, cmd, cmd[4] ? "crun_agent" : "crun");
-	for (int k = 0; k < OPT__MAX; k++) {
-		const struct cli_opt *o = &cli_opts[k];
-
-		if (!shown(o, prog) || !(o->choices || is_dir(o) || is_file(o)))
+		cmd, cmd, fn);
+	for (const struct cli_opt *o = set->rows; o < set->rows + set->n; o++) {
+		if (!shown(o, set->prog) || !(o->choices || is_dir(o) || is_file(o)))
 			continue;
 		any = false;
 		each_spelling(o, put_bash_case, f, &any);
@@ -451,14 +459,14 @@ static void bash(FILE *f, enum cli_prog prog, const char *cmd)
 	}
 	fputs("\tesac\n\tif [[ \"$cur\" == -* ]]; then\n\t\tCOMPREPLY=($(compgen -W \"", f);
 	any = false;
-	for (int k = 0; k < OPT__MAX; k++)
-		if (shown(&cli_opts[k], prog))
-			each_spelling(&cli_opts[k], put_word, f, &any);
+	for (const struct cli_opt *o = set->rows; o < set->rows + set->n; o++)
+		if (shown(o, set->prog))
+			each_spelling(o, put_word, f, &any);
 	fprintf(f,
 		"\" -- \"$cur\"))\n\t\treturn\n\tfi\n"
 		"\tCOMPREPLY=($(compgen -f -- \"$cur\"))\n}\n"
 		"complete -o filenames -F _%s_complete %s\n",
-		cmd[4] ? "crun_agent" : "crun", cmd);
+		fn, cmd);
 }
 
 /* zsh's _arguments specs: [, ], : and ' are syntax inside them. */
@@ -495,17 +503,16 @@ static void put_zsh(FILE *f, const char *w, void *arg)
 	fputc('\'', f);
 }
 
-static void zsh(FILE *f, enum cli_prog prog, const char *cmd)
+static void zsh(FILE *f, const struct cli_rowset *set)
 {
 	fprintf(f,
 		"#compdef %s\n# zsh completion for %s (generated by %s --print-completion zsh)\n"
 		"_arguments -S",
-		cmd, cmd, cmd);
-	for (int k = 0; k < OPT__MAX; k++)
-		if (shown(&cli_opts[k], prog))
-			each_spelling(&cli_opts[k], put_zsh, f, (void *)&cli_opts[k]);
-	fputs(" \\\n\t'1:training script:_files' \\\n\t'*::training script arguments:_normal'\n",
-	      f);
+		set->cmd, set->cmd, set->cmd);
+	for (const struct cli_opt *o = set->rows; o < set->rows + set->n; o++)
+		if (shown(o, set->prog))
+			each_spelling(o, put_zsh, f, (void *)o);
+	fprintf(f, "%s\n", set->zsh_tail);
 }
 
 static void put_tcsh_next(FILE *f, const char *w, void *arg)
@@ -527,34 +534,50 @@ static void put_tcsh_word(FILE *f, const char *w, void *arg)
 		put_word(f, w + 2, arg);
 }
 
-static void tcsh(FILE *f, enum cli_prog prog, const char *cmd)
+static void tcsh(FILE *f, const struct cli_rowset *set)
 {
 	bool any = false;
 
 	fprintf(f,
 		"# tcsh completion for %s (generated by %s --print-completion tcsh)\n"
 		"complete %s 'c/--/(",
-		cmd, cmd, cmd);
-	for (int k = 0; k < OPT__MAX; k++)
-		if (shown(&cli_opts[k], prog))
-			each_spelling(&cli_opts[k], put_tcsh_word, f, &any);
+		set->cmd, set->cmd, set->cmd);
+	for (const struct cli_opt *o = set->rows; o < set->rows + set->n; o++)
+		if (shown(o, set->prog))
+			each_spelling(o, put_tcsh_word, f, &any);
 	fputs(")/'", f);
-	for (int k = 0; k < OPT__MAX; k++) {
-		const struct cli_opt *o = &cli_opts[k];
-
-		if (shown(o, prog) && (o->choices || is_dir(o) || is_file(o)))
+	for (const struct cli_opt *o = set->rows; o < set->rows + set->n; o++)
+		if (shown(o, set->prog) && (o->choices || is_dir(o) || is_file(o)))
 			each_spelling(o, put_tcsh_next, f, (void *)o);
-	}
 	fputs(" \\\n\t'p/*/f/'\n", f);
+}
+
+/* crun's and crun-agent's rows: the option table. */
+static struct cli_rowset table_rows(enum cli_prog prog)
+{
+	return (struct cli_rowset){
+	    .prog = prog,
+	    .cmd = prog == CLI_AGENT ? "crun-agent" : "crun",
+	    .rows = cli_opts,
+	    .n = OPT__MAX,
+	    .zsh_tail = " \\\n\t'1:training script:_files' \\\n"
+			"\t'*::training script arguments:_normal'",
+	};
 }
 
 char *cli_completion_new(enum cli_prog prog, const char *shell)
 {
+	struct cli_rowset set = table_rows(prog);
+
+	return cli_rows_completion_new(&set, shell);
+}
+
+char *cli_rows_completion_new(const struct cli_rowset *set, const char *shell)
+{
 	static const struct {
 		const char *name;
-		void (*fn)(FILE *f, enum cli_prog prog, const char *cmd);
+		void (*fn)(FILE *f, const struct cli_rowset *set);
 	} shells[] = {{"bash", bash}, {"zsh", zsh}, {"tcsh", tcsh}};
-	const char *cmd = prog == CLI_AGENT ? "crun-agent" : "crun";
 	char *s = NULL;
 	size_t len = 0;
 	FILE *f;
@@ -565,7 +588,7 @@ char *cli_completion_new(enum cli_prog prog, const char *shell)
 		f = open_memstream(&s, &len);
 		if (!f)
 			return NULL;
-		shells[i].fn(f, prog, cmd);
+		shells[i].fn(f, set);
 		if (fclose(f) != 0) {
 			free(s);
 			return NULL;
@@ -660,7 +683,15 @@ static cJSON *new_object_schema(void)
 
 char *cli_schema_new(void)
 {
+	struct cli_rowset set = table_rows(CLI_AGENT);
+
+	return cli_rows_schema_new(&set);
+}
+
+char *cli_rows_schema_new(const struct cli_rowset *set)
+{
 	cJSON *root = cJSON_CreateObject(), *body = new_object_schema();
+	char id[128], title[128];
 	char *out;
 
 	if (!root || !body) {
@@ -669,9 +700,11 @@ char *cli_schema_new(void)
 		return NULL;
 	}
 	cJSON_AddStringToObject(root, "$schema", "https://json-schema.org/draft/2020-12/schema");
-	cJSON_AddStringToObject(root, "$id", "https://crun.invalid/crun-agent.schema.json");
-	cJSON_AddStringToObject(root, "title",
-				"crun-agent --config (generated by crun-agent --print-schema)");
+	snprintf(id, sizeof(id), "https://crun.invalid/%s.schema.json", set->cmd);
+	snprintf(title, sizeof(title), "%s --config (generated by %s --print-schema)", set->cmd,
+		 set->cmd);
+	cJSON_AddStringToObject(root, "$id", id);
+	cJSON_AddStringToObject(root, "title", title);
 	for (cJSON *it = body->child; it;) { /* keep $schema first, then the body */
 		cJSON *next = it->next;
 
@@ -679,8 +712,7 @@ char *cli_schema_new(void)
 		it = next;
 	}
 	cJSON_Delete(body);
-	for (int k = 0; k < OPT__MAX; k++) {
-		const struct cli_opt *o = &cli_opts[k];
+	for (const struct cli_opt *o = set->rows; o < set->rows + set->n; o++) {
 		cJSON *obj = root;
 		char path[128], *part, *save = NULL, *next;
 

@@ -79,9 +79,16 @@ int agent_service_start(struct agent_service *s, struct event_base *base, char *
 	return 0;
 }
 
+void agent_service_stopping(struct agent_service *s)
+{
+	if (!s->stopping)
+		(void)notify_send(s->notify, "STOPPING=1");
+	s->stopping = true;
+}
+
 void agent_service_stop(struct agent_service *s)
 {
-	(void)notify_send(s->notify, "STOPPING=1");
+	agent_service_stopping(s);
 	if (s->watchdog)
 		event_free(s->watchdog);
 	if (s->sighup)
@@ -200,6 +207,8 @@ static void send_status(struct agent_daemon *d, crun_agent_state_t st, int resta
 
 	d->last_st = st;
 	d->last_restarts = restarts;
+	if (d->svc.stopping)
+		return;
 	if (a && a->rdzv && (st == CRUN_AGENT_RENDEZVOUS || st == CRUN_AGENT_RUNNING) &&
 	    (p = malloc(sizeof(*p)))) {
 		rdzv_get_progress(a->rdzv, p);
@@ -247,9 +256,10 @@ static void on_state(crun_agent_state_t st, int restarts, void *arg)
 		d->ready = true;
 		(void)notify_send(d->svc.notify, "READY=1");
 	}
-	if (st == CRUN_AGENT_DONE)
-		(void)notify_send(d->svc.notify, "STOPPING=1");
+	/* "done" first, then STOPPING=1 as the last message. */
 	send_status(d, st, restarts);
+	if (st == CRUN_AGENT_DONE)
+		agent_service_stopping(&d->svc);
 }
 
 static void on_reload(void *arg)
@@ -266,12 +276,14 @@ static void on_reload(void *arg)
 	}
 	cli_changes(d->cli, &fresh, live, sizeof(live), restart, sizeof(restart));
 	if (fresh.log_level != d->cli->log_level)
-		crun_set_log_level(
-		    (crun_log_level_t)(fresh.log_level >= 0 ? fresh.log_level : LL_INFO));
+		log_set_level(fresh.log_level >= 0 ? fresh.log_level : LL_INFO);
 	d->cli->log_level = fresh.log_level;
 	d->reloads++;
-	log_at(LL_WARN, SUB_AGENT, "reload %d: applied: %s; needs a restart of the agent: %s",
-	       d->reloads, live[0] ? live : "nothing", restart[0] ? restart : "nothing");
+	/* Applied in full is a normal event; a change that waits for a restart
+	 * is something to act on. */
+	log_at(restart[0] ? LL_WARN : LL_NOTICE, SUB_AGENT,
+	       "reload %d: applied: %s; needs a restart of the agent: %s", d->reloads,
+	       live[0] ? live : "nothing", restart[0] ? restart : "nothing");
 	(void)notify_send(d->svc.notify,
 			  "READY=1\nSTATUS=reloaded: applied %s; needs a restart: %s",
 			  live[0] ? live : "nothing", restart[0] ? restart : "nothing");

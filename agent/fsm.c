@@ -246,7 +246,7 @@ static enum agent_state peer_changed_while_stopping(struct crun_agent *a)
 
 static enum agent_state spare_done(struct crun_agent *a)
 {
-	log_at(LL_WARN, SUB_AGENT, "the job ended while this node waited as a spare");
+	log_at(LL_NOTICE, SUB_AGENT, "the job ended while this node waited as a spare");
 	return finish(a, 0);
 }
 

@@ -22,6 +22,7 @@
 
 #include "agent/agent.h"
 #include "rendezvous/rdzv.h"
+#include "agent/status_int.h"
 #include "store/server.h"
 #include "common/common.h"
 
@@ -35,11 +36,18 @@
  * for the job's end (a hang guard: a watcher asks again at once). */
 #define STATUS_LINGER_MS 2000
 
-/* A GET /status?after=VERSION&wait_ms=N parked until the state changes. */
+/* How often crun-rdzvd's page looks at the jobs its watchers wait on: the
+ * store has no change hook, and a look is a few key reads. */
+#define STATUS_JOB_POLL_MS 200
+
+/* A GET /status?after=VERSION&wait_ms=N parked until the state changes;
+ * on crun-rdzvd's page (&rdzv_id=JOB) until that job's view changes. */
 struct status_hold {
 	struct agent_status *s;	    /* borrowed back-pointer */
 	struct evhttp_request *req; /* NULL: the slot is free */
 	struct event *timer;
+	char *job;	      /* owned: the run id watched, NULL on an agent's page */
+	uint64_t job_version; /* the view the watcher has */
 };
 
 struct agent_status {
@@ -54,6 +62,7 @@ struct agent_status {
 	int owed;
 	uint64_t owed_until_ms;
 	struct status_hold held[STATUS_MAX_HELD];
+	struct event *job_poll; /* while a job watcher is parked (crun-rdzvd) */
 	/* Worker exits by code over the agent's life, counted when an attempt
 	 * ends (agent_status_on_state); last is the previous public state. */
 	uint64_t exits[STATUS_EXIT_CODES];
@@ -69,54 +78,6 @@ static const char *worker_state(const struct worker *w)
 	return w->state == W_RUNNING ? "running" : w->state == W_EXITED ? "exited" : "init";
 }
 
-/* The rendezvous's progress (rdzv.h) under root's "rendezvous": the round
- * waited in or the last one completed, its nodes (group ranks and addresses
- * once complete), the nodes waited for, and the counters. */
-static void progress_json(cJSON *root, const struct rdzv_progress *p, const char *run_id)
-{
-	cJSON *o, *arr;
-	char line[1024];
-
-	o = cJSON_AddObjectToObject(root, "rendezvous");
-	if (!o)
-		return;
-	(void)rdzv_progress_line(p, run_id, line, sizeof(line));
-	cJSON_AddStringToObject(o, "line", line);
-	cJSON_AddNumberToObject(o, "round", p->round);
-	cJSON_AddBoolToObject(o, "waiting", p->waiting);
-	cJSON_AddNumberToObject(o, "joined", p->joined);
-	cJSON_AddNumberToObject(o, "min_nodes", p->min);
-	cJSON_AddNumberToObject(o, "max_nodes", p->max);
-	if (p->waiting && p->last_call_s >= 0)
-		cJSON_AddNumberToObject(o, "last_call_in_s", (double)p->last_call_s);
-	else
-		cJSON_AddNullToObject(o, "last_call_in_s");
-	arr = cJSON_AddArrayToObject(o, "nodes");
-	for (int i = 0; arr && i < p->nnodes; i++) {
-		cJSON *n = cJSON_CreateObject();
-
-		cJSON_AddStringToObject(n, "host", p->nodes[i].host);
-		if (p->nodes[i].addr[0])
-			cJSON_AddStringToObject(n, "addr", p->nodes[i].addr);
-		else
-			cJSON_AddNullToObject(n, "addr");
-		if (p->nodes[i].group_rank >= 0)
-			cJSON_AddNumberToObject(n, "group_rank", p->nodes[i].group_rank);
-		else
-			cJSON_AddNullToObject(n, "group_rank");
-		cJSON_AddItemToArray(arr, n);
-	}
-	if (p->nawait < 0) {
-		cJSON_AddNullToObject(o, "waiting_for"); /* not known */
-	} else if ((arr = cJSON_AddArrayToObject(o, "waiting_for"))) {
-		for (int i = 0; i < p->nawait; i++)
-			cJSON_AddItemToArray(arr, cJSON_CreateString(p->await[i]));
-	}
-	for (int c = 0; c < RDZV_C__MAX; c++)
-		cJSON_AddNumberToObject(o, rdzv_counter_name((enum rdzv_counter)c),
-					(double)p->counters[c]);
-}
-
 static void rdzv_json(cJSON *root, const struct crun_agent *a)
 {
 	struct rdzv_progress *p = malloc(sizeof(*p));
@@ -124,63 +85,9 @@ static void rdzv_json(cJSON *root, const struct crun_agent *a)
 	if (!p)
 		return;
 	rdzv_get_progress(a->rdzv, p);
-	progress_json(root, p, a->run_id);
+	status_progress_json(root, p, a->run_id);
 	free(p);
 }
-
-/* A c10d job's key in crun-rdzvd's store: crun's and torch 2.x's clients
- * send "/crun-c10d/<id>/<key>", the v1 dialect the same without the '/'. */
-struct job_keys {
-	const struct store_server *srv; /* borrowed */
-	const char *run_id;
-};
-
-static char *job_key_get(const char *key, void *arg)
-{
-	const struct job_keys *jk = arg;
-	char full[512];
-	const uint8_t *v;
-	size_t len;
-	char *out;
-	int n = snprintf(full, sizeof(full), "/" RDZV_C10D_PREFIX "%s/%s", jk->run_id, key);
-
-	if (n < 0 || (size_t)n >= sizeof(full))
-		return NULL;
-	if (store_server_peek(jk->srv, (const uint8_t *)full, (size_t)n, &v, &len) < 0 &&
-	    store_server_peek(jk->srv, (const uint8_t *)full + 1, (size_t)n - 1, &v, &len) < 0)
-		return NULL;
-	out = malloc(len + 1);
-	if (!out)
-		return NULL;
-	memcpy(out, v, len);
-	out[len] = '\0';
-	return out;
-}
-
-/* One job of crun-rdzvd's store (GET /jobs/ID, /status?rdzv_id=ID): its
- * round, nodes, group ranks and the nodes waited for, as an agent's page
- * shows them; NULL when the store holds no round of it. */
-static cJSON *store_job_tree(const struct store_server *srv, const char *run_id)
-{
-	struct job_keys jk = {srv, run_id};
-	struct rdzv_progress *p = malloc(sizeof(*p));
-	const char *state;
-	cJSON *root = NULL;
-
-	if (!p)
-		return NULL;
-	if (rdzv_c10d_view(job_key_get, &jk, p, &state) == 0 && (root = cJSON_CreateObject())) {
-		cJSON_AddBoolToObject(root, "ok", 1);
-		cJSON_AddStringToObject(root, "run_id", run_id);
-		cJSON_AddStringToObject(root, "rdzv_backend", "c10d");
-		cJSON_AddStringToObject(root, "state", state);
-		progress_json(root, p, run_id);
-	}
-	free(p);
-	return root;
-}
-
-static void store_jobs(cJSON *jobs, const struct store_server *srv);
 
 /* The store servers a page shows, by the store="..." label. */
 enum status_store { STATUS_STORE_RENDEZVOUS, STATUS_STORE_WORKER, STATUS_STORE__MAX };
@@ -243,7 +150,7 @@ static cJSON *status_tree(const struct crun_agent *a, const struct store_server 
 		cJSON *jobs = cJSON_AddArrayToObject(root, "jobs");
 
 		if (jobs)
-			store_jobs(jobs, srv);
+			status_store_jobs(jobs, srv);
 	}
 	if (a) {
 		cJSON_AddStringToObject(root, "run_id", a->run_id);
@@ -284,17 +191,9 @@ static cJSON *status_tree(const struct crun_agent *a, const struct store_server 
 	return root;
 }
 
-static char *print_tree(cJSON *root)
-{
-	char *out = root ? cJSON_PrintUnformatted(root) : NULL;
-
-	cJSON_Delete(root);
-	return out;
-}
-
 char *agent_status_json(const struct crun_agent *a, const struct store_server *srv)
 {
-	return print_tree(status_tree(a, srv));
+	return status_print_tree(status_tree(a, srv));
 }
 
 /* The page's /status body: its version, and at a state change (st >= 0)
@@ -320,71 +219,7 @@ static char *status_body(const struct agent_status *s, int st)
 		if (st == CRUN_AGENT_DONE)
 			cJSON_AddNumberToObject(root, "exit_code", s->agent->exit_code);
 	}
-	return print_tree(root);
-}
-
-#define STATUS_MAX_JOBS 1024 /* a page lists at most this many jobs */
-
-/* crun-rdzvd's jobs: the run ids its keys belong to, with their key counts. */
-struct job_count {
-	cJSON *jobs;
-	int n;
-};
-
-static void count_key(const uint8_t *key, size_t len, void *arg)
-{
-	struct job_count *jc = arg;
-	char id[256];
-	cJSON *j, *keys;
-
-	if (!rdzv_run_id_of_key(key, len, id, sizeof(id)))
-		return;
-	cJSON_ArrayForEach(j, jc->jobs)
-	{
-		if (strcmp(cJSON_GetObjectItemCaseSensitive(j, "run_id")->valuestring, id) == 0) {
-			keys = cJSON_GetObjectItemCaseSensitive(j, "keys");
-			cJSON_SetNumberValue(keys, keys->valuedouble + 1);
-			return;
-		}
-	}
-	if (jc->n >= STATUS_MAX_JOBS || !(j = cJSON_CreateObject()))
-		return;
-	cJSON_AddStringToObject(j, "run_id", id);
-	cJSON_AddStringToObject(j, "backend", "c10d");
-	cJSON_AddNumberToObject(j, "keys", 1);
-	cJSON_AddItemToArray(jc->jobs, j);
-	jc->n++;
-}
-
-/* A /jobs row of crun-rdzvd's: the job's state, round and nodes from its
- * keys (store_job_tree), beside its key count. */
-static void job_summary(cJSON *j, const struct store_server *srv)
-{
-	cJSON *t = store_job_tree(srv, cJSON_GetObjectItemCaseSensitive(j, "run_id")->valuestring);
-	const cJSON *rz = cJSON_GetObjectItemCaseSensitive(t, "rendezvous");
-	const cJSON *st = cJSON_GetObjectItemCaseSensitive(t, "state");
-	const cJSON *rd = cJSON_GetObjectItemCaseSensitive(rz, "round");
-	const cJSON *n = cJSON_GetObjectItemCaseSensitive(rz, "joined");
-
-	if (cJSON_IsString(st) && cJSON_IsNumber(rd) && cJSON_IsNumber(n)) {
-		cJSON_AddStringToObject(j, "state", st->valuestring);
-		cJSON_AddNumberToObject(j, "round", rd->valuedouble);
-		cJSON_AddNumberToObject(j, "nodes", n->valuedouble);
-	}
-	cJSON_Delete(t);
-}
-
-/* crun-rdzvd's jobs into the array jobs: one row per run id its keys hold. */
-static void store_jobs(cJSON *jobs, const struct store_server *srv)
-{
-	struct job_count jc = {jobs, 0};
-	cJSON *j;
-
-	store_server_each_key(srv, count_key, &jc);
-	cJSON_ArrayForEach(j, jobs)
-	{
-		job_summary(j, srv);
-	}
+	return status_print_tree(root);
 }
 
 char *agent_status_jobs_json(const struct crun_agent *a, const struct store_server *srv)
@@ -396,7 +231,7 @@ char *agent_status_jobs_json(const struct crun_agent *a, const struct store_serv
 		return NULL;
 	jobs = cJSON_AddArrayToObject(root, "jobs");
 	if (!a && srv && jobs)
-		store_jobs(jobs, srv);
+		status_store_jobs(jobs, srv);
 	if (a && jobs && (j = cJSON_CreateObject())) {
 		cJSON_AddStringToObject(j, "run_id", a->run_id);
 		cJSON_AddStringToObject(j, "role", a->role);
@@ -632,20 +467,47 @@ static void answer_watcher(struct agent_status *s, struct evhttp_request *req, i
 	(void)evbuffer_write(bufferevent_get_output(bev), bufferevent_getfd(bev));
 }
 
-static void hold_release(struct status_hold *h)
+/* A job watcher's answer: the job as it is now, or 404 once the store
+ * holds no round of it (a restarted crun-rdzvd). */
+static void answer_job(struct agent_status *s, struct evhttp_request *req, const char *run_id)
 {
+	uint64_t v;
+	char *body = status_store_job_body(s->store, run_id, &v);
+
+	if (body)
+		reply(req, 200, "application/json", body);
+	else
+		evhttp_send_error(req, HTTP_NOTFOUND, "no such job in this store");
+}
+
+/* Frees the slot; returns the job it watched (the caller's to free). */
+static char *hold_release(struct status_hold *h)
+{
+	char *job = h->job;
+
 	evhttp_connection_set_closecb(evhttp_request_get_connection(h->req), NULL, NULL);
 	event_free(h->timer);
 	h->req = NULL;
+	h->job = NULL;
+	return job;
+}
+
+/* Answers a parked watcher now. st: the state being entered, or -1. */
+static void hold_answer(struct status_hold *h, int st)
+{
+	struct evhttp_request *req = h->req;
+	char *job = hold_release(h);
+
+	if (job)
+		answer_job(h->s, req, job);
+	else
+		answer_watcher(h->s, req, st);
+	free(job);
 }
 
 static void hold_on_timeout(evutil_socket_t fd, short what, void *arg)
 {
-	struct status_hold *h = arg;
-	struct evhttp_request *req = h->req;
-
-	hold_release(h);
-	answer_watcher(h->s, req, -1);
+	hold_answer(arg, -1);
 }
 
 /* The watcher hung up: libevent frees its request. */
@@ -655,23 +517,47 @@ static void hold_on_close(struct evhttp_connection *conn, void *arg)
 
 	event_free(h->timer);
 	h->req = NULL;
+	free(h->job);
+	h->job = NULL;
 }
 
 /* st: the state being entered, or -1 (the agent's own). */
 static void wake_all(struct agent_status *s, int st)
 {
-	for (int i = 0; i < STATUS_MAX_HELD; i++) {
-		struct evhttp_request *req = s->held[i].req;
-
-		if (req) {
-			hold_release(&s->held[i]);
-			answer_watcher(s, req, st);
-		}
-	}
+	for (int i = 0; i < STATUS_MAX_HELD; i++)
+		if (s->held[i].req)
+			hold_answer(&s->held[i], st);
 }
 
-static bool hold(struct agent_status *s, struct evhttp_request *req, uint64_t wait_ms)
+/* Every STATUS_JOB_POLL_MS while job watchers are parked: answers those
+ * whose job changed (or vanished); stops when none is left. */
+static void job_poll_on_timer(evutil_socket_t fd, short what, void *arg)
 {
+	struct agent_status *s = arg;
+	int left = 0;
+
+	for (int i = 0; i < STATUS_MAX_HELD; i++) {
+		struct status_hold *h = &s->held[i];
+		uint64_t v = 0;
+		char *body;
+
+		if (!h->req || !h->job)
+			continue;
+		body = status_store_job_body(s->store, h->job, &v);
+		free(body);
+		if (body && v == h->job_version)
+			left++;
+		else
+			hold_answer(h, -1);
+	}
+	if (!left)
+		event_del(s->job_poll);
+}
+
+static bool hold(struct agent_status *s, struct evhttp_request *req, uint64_t wait_ms,
+		 const char *job, uint64_t job_version)
+{
+	static const struct timeval poll_tv = {.tv_usec = STATUS_JOB_POLL_MS * 1000};
 	struct status_hold *h = NULL;
 	struct timeval tv;
 
@@ -679,6 +565,17 @@ static bool hold(struct agent_status *s, struct evhttp_request *req, uint64_t wa
 		h = s->held[i].req ? NULL : &s->held[i];
 	if (!h)
 		return false;
+	if (job) {
+		if (!s->job_poll)
+			s->job_poll = event_new(s->base, -1, EV_PERSIST, job_poll_on_timer, s);
+		if (!s->job_poll ||
+		    (!evtimer_pending(s->job_poll, NULL) && evtimer_add(s->job_poll, &poll_tv) < 0))
+			return false;
+		h->job = str_dup(job);
+		if (!h->job)
+			return false;
+		h->job_version = job_version;
+	}
 	wait_ms = MIN(wait_ms, STATUS_MAX_HOLD_MS);
 	tv.tv_sec = (time_t)(wait_ms / 1000);
 	tv.tv_usec = (suseconds_t)(wait_ms % 1000) * 1000;
@@ -686,6 +583,8 @@ static bool hold(struct agent_status *s, struct evhttp_request *req, uint64_t wa
 	if (!h->timer || evtimer_add(h->timer, &tv) < 0) {
 		if (h->timer)
 			event_free(h->timer);
+		free(h->job);
+		h->job = NULL;
 		return false;
 	}
 	h->s = s;
@@ -694,14 +593,25 @@ static bool hold(struct agent_status *s, struct evhttp_request *req, uint64_t wa
 	return true;
 }
 
-static void get_store_job(struct agent_status *s, struct evhttp_request *req, const char *run_id)
+/* One job of crun-rdzvd's store; a watcher (wait_ms > 0) that has the
+ * current view is parked until it changes or wait_ms passes. */
+static void get_store_job(struct agent_status *s, struct evhttp_request *req, const char *run_id,
+			  uint64_t after, uint64_t wait_ms)
 {
-	cJSON *root = store_job_tree(s->store, run_id);
+	uint64_t v;
+	char *body = status_store_job_body(s->store, run_id, &v);
 
-	if (root)
-		reply(req, 200, "application/json", print_tree(root));
-	else
+	if (!body) {
 		evhttp_send_error(req, HTTP_NOTFOUND, "no such job in this store");
+		return;
+	}
+	if (wait_ms && v == after) {
+		free(body);
+		if (!hold(s, req, wait_ms, run_id, v))
+			evhttp_send_error(req, 503, "too many watchers");
+		return;
+	}
+	reply(req, 200, "application/json", body);
 }
 
 /* GET /status, or, from a watcher, ?after=VERSION&wait_ms=N: with VERSION
@@ -720,14 +630,14 @@ static void get_status(struct agent_status *s, struct evhttp_request *req, const
 		wait = evhttp_find_header(&q, "wait_ms");
 		job = evhttp_find_header(&q, "rdzv_id");
 	}
+	watcher = after && parse_u64(after, &version) == 0 && wait &&
+		  parse_u64(wait, &wait_ms) == 0 && wait_ms;
 	/* crun-rdzvd's page: one job of its store, as GET /jobs/ID. */
 	if (job && s->store && !s->agent) {
-		get_store_job(s, req, job);
+		get_store_job(s, req, job, version, watcher ? wait_ms : 0);
 		evhttp_clear_headers(&q);
 		return;
 	}
-	watcher = after && parse_u64(after, &version) == 0 && wait &&
-		  parse_u64(wait, &wait_ms) == 0 && wait_ms;
 	evhttp_clear_headers(&q);
 	if (!watcher) {
 		reply(req, 200, "application/json", status_body(s, -1));
@@ -737,7 +647,7 @@ static void get_status(struct agent_status *s, struct evhttp_request *req, const
 		s->owed--;
 	if (!s->agent || s->final || version != s->version)
 		answer_watcher(s, req, -1);
-	else if (!hold(s, req, wait_ms))
+	else if (!hold(s, req, wait_ms, NULL, 0))
 		evhttp_send_error(req, 503, "too many watchers");
 }
 
@@ -750,7 +660,7 @@ static void get_store_job_path(struct agent_status *s, struct evhttp_request *re
 		evhttp_send_error(req, HTTP_INTERNAL, "out of memory");
 		return;
 	}
-	get_store_job(s, req, id);
+	get_store_job(s, req, id, 0, 0);
 	free(id);
 }
 
@@ -897,6 +807,8 @@ void agent_status_stop(struct agent_status *s)
 		return;
 	wake_all(s, -1);
 	linger(s);
+	if (s->job_poll)
+		event_free(s->job_poll);
 	if (s->http)
 		evhttp_free(s->http);
 	free(s->final);

@@ -132,7 +132,7 @@ static void note_stop(struct worker *w, const siginfo_t *si)
 		       w->local_rank, (int)w->pid, supervise_signame(si->si_status));
 	} else if (si->si_code == CLD_CONTINUED) {
 		w->stopped = false;
-		log_at(LL_WARN, SUB_AGENT, "worker %d (pid %d) continues", w->local_rank,
+		log_at(LL_NOTICE, SUB_AGENT, "worker %d (pid %d) continues", w->local_rank,
 		       (int)w->pid);
 	}
 }

@@ -105,7 +105,7 @@ int main(int argc, char **argv)
 		return code;
 	}
 	if (c.log_level >= 0)
-		crun_set_log_level((crun_log_level_t)c.log_level);
+		log_set_level(c.log_level);
 	if (c.warn[0])
 		log_at(LL_WARN, SUB_CMD, "%s", c.warn);
 	if (c.note[0])

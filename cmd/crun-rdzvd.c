@@ -29,24 +29,6 @@
 
 extern char **environ;
 
-enum {
-	OPT_BACKLOG = 0x100,
-	OPT_LOG_LEVEL,
-	OPT_VERSION,
-	OPT_STATUS,
-	OPT_CONFIG,
-	OPT_PRINT_SCHEMA,
-	OPT_AUTH_FILE,
-	OPT_AUTH_DIR,
-	OPT_INSECURE,
-	OPT_TLS_CERT,
-	OPT_TLS_KEY,
-	OPT_TLS_CA,
-	OPT_TLS_MIN,
-	OPT_EXT_VERSION,
-	OPT_LIMIT, /* OPT_LIMIT + i: tunable i of store_server_limits() */
-};
-
 /* Security flags (see usage): where the secrets come from, and whether a
  * non-loopback listener without them is allowed. */
 struct sec_opts {
@@ -56,133 +38,9 @@ struct sec_opts {
 	struct store_tls_opts tls;
 };
 
-static const struct option fixed_opts[] = {
-    {"host", required_argument, NULL, 'H'},
-    {"port", required_argument, NULL, 'p'},
-    {"backlog", required_argument, NULL, OPT_BACKLOG},
-    {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
-    {"status", required_argument, NULL, OPT_STATUS},
-    {"config", required_argument, NULL, OPT_CONFIG},
-    {"print-schema", no_argument, NULL, OPT_PRINT_SCHEMA},
-    {"auth-secret-file", required_argument, NULL, OPT_AUTH_FILE},
-    {"auth-secrets-dir", required_argument, NULL, OPT_AUTH_DIR},
-    {"insecure", no_argument, NULL, OPT_INSECURE},
-    {"tls-cert", required_argument, NULL, OPT_TLS_CERT},
-    {"tls-key", required_argument, NULL, OPT_TLS_KEY},
-    {"tls-ca", required_argument, NULL, OPT_TLS_CA},
-    {"tls-min-version", required_argument, NULL, OPT_TLS_MIN},
-    {"ext-version", required_argument, NULL, OPT_EXT_VERSION},
-    {"help", no_argument, NULL, 'h'},
-    {"version", no_argument, NULL, OPT_VERSION},
-};
-
-/* The fixed flags, then one --NAME per store tunable, then the terminator. */
-static struct option long_opts[ARRAY_SIZE(fixed_opts) + 32 + 1];
-
-static void build_opts(void)
-{
-	size_t n, k = ARRAY_SIZE(fixed_opts);
-	const struct store_server_limit *l = store_server_limits(&n);
-
-	memcpy(long_opts, fixed_opts, sizeof(fixed_opts));
-	for (size_t i = 0; i < n && k < ARRAY_SIZE(long_opts) - 1; i++, k++)
-		long_opts[k] =
-		    (struct option){l[i].name, required_argument, NULL, OPT_LIMIT + (int)i};
-}
-
-/* "--max-keys N", then its help and default word-wrapped under it. */
-static void usage_limit(FILE *f, const struct store_server_limit *l, uint64_t def)
-{
-	char text[320];
-	const char *p = text;
-	int r;
-
-	fprintf(f, "      --%s %s\n", l->name, strcmp(l->unit, "seconds") ? "N" : "SECONDS");
-	if (def == 0 && l->zero)
-		r = str_printf(text, sizeof(text), "%s (default: %s)", l->help, l->zero);
-	else
-		r = str_printf(text, sizeof(text), "%s (default %llu%s%s)", l->help,
-			       (unsigned long long)def, l->zero ? "; 0: " : "",
-			       l->zero ? l->zero : "");
-	if (r < 0)
-		return;
-	while (*p) {
-		size_t n = strlen(p);
-
-		if (n > 68) {
-			n = 68;
-			while (n && p[n] != ' ')
-				n--;
-			if (!n)
-				n = 68;
-		}
-		fprintf(f, "          %.*s\n", (int)n, p);
-		p += n;
-		while (*p == ' ')
-			p++;
-	}
-}
-
-static void usage(FILE *f)
-{
-	const struct store_server_config d = STORE_SERVER_CONFIG_DEFAULT;
-	const struct store_server_limit *l;
-	size_t n;
-
-	fprintf(f,
-		"usage: " PROG " [--host ADDR] [--port N] [options]\n"
-		"\n"
-		"Serves a key-value store that speaks PyTorch's TCPStore protocol (torch 1.13\n"
-		"and 2.x clients, dialect detected per connection) in the foreground. Prints\n"
-		"'" PROG " listening on ADDR:PORT' once ready; exits 0 on SIGTERM or SIGINT.\n"
-		"\n"
-		"  -H, --host ADDR                   address or name to bind (default 127.0.0.1;\n"
-		"                                    \"\" or :: = every interface, dual stack)\n"
-		"  -p, --port N                      TCP port, 0 picks a free one (default 29400)\n"
-		"      --backlog N                   listen backlog (default: SOMAXCONN)\n"
-		"      --log-level LEVEL             error, warn, info (default), debug, trace\n"
-		"      --status ADDR:PORT            serve /healthz, /status and /metrics over\n"
-		"                                    HTTP; 'off' for none (default 127.0.0.1:0,\n"
-		"                                    a free port, printed once listening)\n"
-		"      --config FILE.json            settings as JSON: host, port, backlog,\n"
-		"                                    log-level, status and limits.NAME for the\n"
-		"                                    limits below; a flag wins over the file;\n"
-		"                                    SIGHUP reads it again: log-level and the\n"
-		"                                    limits apply at once, other changes are\n"
-		"                                    named as needing a restart\n"
-		"      --print-schema                print the JSON schema of --config and exit\n"
-		"      --ext-version N               serve crun's store extension as version N\n"
-		"                                    (default: the newest), as an older " PROG "\n"
-		"                                    would: for testing clients' fallbacks\n"
-		"\n"
-		"Security (without a secret or TLS only loopback addresses are served):\n"
-		"      --auth-secret-file FILE       every client must prove it knows this secret\n"
-		"                                    (mode 0600, 16+ bytes; env\n"
-		"                                    CRUN_AUTH_SECRET_FILE)\n"
-		"      --auth-secrets-dir DIR        one secret file per run id (the file name):\n"
-		"                                    a client of run id J sees only J's keys\n"
-		"      --insecure                    allow a non-loopback --host without a secret\n"
-		"                                    or TLS\n"
-		"      --tls-cert FILE               serve TLS with this PEM certificate chain\n"
-		"      --tls-key FILE                its PEM private key (default: in --tls-cert)\n"
-		"      --tls-ca FILE                 require client certificates signed by this\n"
-		"                                    CA (mutual TLS)\n"
-		"      --tls-min-version V           1.3 (default) or 1.2\n"
-		"  -h, --help                        show this help and exit\n"
-		"      --version                     print the version and exit\n"
-		"\n"
-		"Limits (every one is on by default; sizes in bytes, times in seconds):\n");
-	l = store_server_limits(&n);
-	for (size_t i = 0; i < n; i++)
-		usage_limit(f, &l[i], store_server_limit_get(&d, i));
-	fprintf(f,
-		"\n"
-		"A request over a limit, a malformed one, or a client over a budget closes that\n"
-		"connection only, with a WARN line (at most 10 a second) naming the reason.\n"
-		"A client whose replies are not read is not read either (backpressure).\n"
-		"Exit status: 0 after SIGTERM/SIGINT, 1 if the store cannot start, 2 for a bad "
-		"flag.\n");
-}
+/* Prints what crun-rdzvd's rows (agent/cli_daemons.c) give for kind ("help",
+ * "man", "schema" or a shell) and exits 0; 2 for a shell it has no script for. */
+static _Noreturn void print_doc(const char *kind);
 
 static _Noreturn void bad_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
@@ -198,18 +56,6 @@ static _Noreturn void bad_usage(const char *fmt, ...)
 	exit(2);
 }
 
-static int level_from_name(const char *s)
-{
-	static const char *const names[] = {"error", "warn", "info", "debug", "trace"};
-
-	for (size_t i = 0; i < ARRAY_SIZE(names); i++)
-		if (!strcmp(s, names[i]))
-			return (int)i;
-	return -1;
-}
-
-static int print_schema(void);
-
 /* What the daemon keeps beside the store's config. */
 struct daemon_opts {
 	const char *status; /* --status, NULL: off */
@@ -218,104 +64,119 @@ struct daemon_opts {
 	int file_argc;
 	char **cmd_argv; /* the command line (borrowed): its limits win on reload too */
 	int cmd_argc;
+	struct option *longs; /* getopt's tables from the rows (owned) */
+	char *shorts;
 };
+
+/* The store tunable a row id names (CLI_RD_LIMIT + i), or NULL. */
+static const char *limit_name(int id)
+{
+	size_t n;
+	const struct store_server_limit *l = store_server_limits(&n);
+
+	return id >= CLI_RD_LIMIT && (size_t)(id - CLI_RD_LIMIT) < n ? l[id - CLI_RD_LIMIT].name
+								     : NULL;
+}
+
+static void parse_one(int id, char *arg, struct store_server_config *cfg, struct sec_opts *sec,
+		      struct daemon_opts *d)
+{
+	char err[256];
+	uint64_t v;
+	int lvl;
+
+	switch (id) {
+	case CLI_RD_HOST:
+		cfg->host = arg;
+		/* "[::1]" as in host:port notation: bind "::1". */
+		if (arg[0] == '[' && arg[strlen(arg) - 1] == ']') {
+			arg[strlen(arg) - 1] = '\0';
+			cfg->host = arg + 1;
+		}
+		break;
+	case CLI_RD_PORT:
+		if (parse_uint_range(arg, 0, 65535, &v) < 0)
+			bad_usage("--port: expected an integer in [0, 65535], got '%s'", arg);
+		cfg->port = (uint16_t)v;
+		break;
+	case CLI_RD_BACKLOG:
+		if (parse_uint_range(arg, 1, 1 << 20, &v) < 0)
+			bad_usage("--backlog: expected an integer in [1, 1048576], got '%s'", arg);
+		cfg->backlog = (int)v;
+		break;
+	case CLI_RD_LOG_LEVEL:
+		lvl = log_level_from_name(arg);
+		if (lvl < 0)
+			bad_usage("--log-level: expected " LOG_LEVEL_NAMES ", got '%s'", arg);
+		log_set_level(lvl);
+		break;
+	case CLI_RD_STATUS:
+		d->status = strcmp(arg, "off") == 0 || !*arg ? NULL : arg;
+		break;
+	case CLI_RD_CONFIG:
+		break; /* read before the flags (read_config) */
+	case CLI_RD_EXT_VERSION:
+		if (parse_uint_range(arg, 1, STORE_EXT_VERSION, &v) < 0)
+			bad_usage("--ext-version: expected an integer in [1, %u], got '%s'",
+				  STORE_EXT_VERSION, arg);
+		cfg->ext_version = (uint32_t)v;
+		break;
+	case CLI_RD_PRINT_SCHEMA:
+		print_doc("schema");
+	case CLI_RD_HELP:
+		print_doc("help");
+	case CLI_RD_PRINT_MAN:
+		print_doc("man");
+	case CLI_RD_PRINT_COMPLETION:
+		print_doc(arg);
+	case CLI_RD_VERSION:
+		printf(PROG " %s\n", CRUN_VERSION_STRING);
+		exit(0);
+	case CLI_RD_AUTH_FILE:
+		sec->secret_file = arg;
+		break;
+	case CLI_RD_AUTH_DIR:
+		sec->secrets_dir = arg;
+		break;
+	case CLI_RD_INSECURE:
+		sec->insecure = true;
+		break;
+	case CLI_RD_TLS_CERT:
+		sec->tls.cert = arg;
+		break;
+	case CLI_RD_TLS_KEY:
+		sec->tls.key = arg;
+		break;
+	case CLI_RD_TLS_CA:
+		sec->tls.ca = arg;
+		break;
+	case CLI_RD_TLS_MIN:
+		if (strcmp(arg, "1.2") && strcmp(arg, "1.3"))
+			bad_usage("--tls-min-version: expected 1.2 or 1.3, got '%s'", arg);
+		sec->tls.min_version = arg[2] == '2' ? 12 : 13;
+		break;
+	default:
+		if (!limit_name(id) ||
+		    store_server_config_set(cfg, limit_name(id), arg, err, sizeof(err)) < 0)
+			bad_usage("--%s", limit_name(id) ? err : "?");
+		break;
+	}
+}
 
 static void parse_args(int argc, char **argv, struct store_server_config *cfg, struct sec_opts *sec,
 		       struct daemon_opts *d)
 {
-	char err[256];
-	uint64_t v;
-	int o, lvl;
+	int o;
 
-	build_opts();
+	if (cli_getopt_new(CLI_RDZVD, &d->longs, &d->shorts) < 0)
+		bad_usage("out of memory");
 	opterr = 0;
-	while ((o = getopt_long(argc, argv, ":H:p:h", long_opts, NULL)) != -1) {
-		if (o >= OPT_LIMIT) {
-			/* long_opts[] lists the tunables in table order. */
-			const char *name = long_opts[ARRAY_SIZE(fixed_opts) + (o - OPT_LIMIT)].name;
-
-			if (store_server_config_set(cfg, name, optarg, err, sizeof(err)) < 0)
-				bad_usage("--%s", err);
-			continue;
-		}
-		switch (o) {
-		case 'H':
-			cfg->host = optarg;
-			/* "[::1]" as in host:port notation: bind "::1". */
-			if (optarg[0] == '[' && optarg[strlen(optarg) - 1] == ']') {
-				optarg[strlen(optarg) - 1] = '\0';
-				cfg->host = optarg + 1;
-			}
-			break;
-		case 'p':
-			if (parse_uint_range(optarg, 0, 65535, &v) < 0)
-				bad_usage("--port: expected an integer in [0, 65535], got '%s'",
-					  optarg);
-			cfg->port = (uint16_t)v;
-			break;
-		case OPT_BACKLOG:
-			if (parse_uint_range(optarg, 1, 1 << 20, &v) < 0)
-				bad_usage(
-				    "--backlog: expected an integer in [1, 1048576], got '%s'",
-				    optarg);
-			cfg->backlog = (int)v;
-			break;
-		case OPT_LOG_LEVEL:
-			lvl = level_from_name(optarg);
-			if (lvl < 0)
-				bad_usage("--log-level: expected error, warn, info, debug or "
-					  "trace, got '%s'",
-					  optarg);
-			log_max_level = lvl;
-			break;
-		case OPT_STATUS:
-			d->status = strcmp(optarg, "off") == 0 || !*optarg ? NULL : optarg;
-			break;
-		case OPT_CONFIG:
-			break; /* read before the flags (read_config) */
-		case OPT_EXT_VERSION:
-			if (parse_uint_range(optarg, 1, STORE_EXT_VERSION, &v) < 0)
-				bad_usage("--ext-version: expected an integer in [1, %u], got '%s'",
-					  STORE_EXT_VERSION, optarg);
-			cfg->ext_version = (uint32_t)v;
-			break;
-		case OPT_PRINT_SCHEMA:
-			exit(print_schema());
-		case OPT_AUTH_FILE:
-			sec->secret_file = optarg;
-			break;
-		case OPT_AUTH_DIR:
-			sec->secrets_dir = optarg;
-			break;
-		case OPT_INSECURE:
-			sec->insecure = true;
-			break;
-		case OPT_TLS_CERT:
-			sec->tls.cert = optarg;
-			break;
-		case OPT_TLS_KEY:
-			sec->tls.key = optarg;
-			break;
-		case OPT_TLS_CA:
-			sec->tls.ca = optarg;
-			break;
-		case OPT_TLS_MIN:
-			if (strcmp(optarg, "1.2") && strcmp(optarg, "1.3"))
-				bad_usage("--tls-min-version: expected 1.2 or 1.3, got '%s'",
-					  optarg);
-			sec->tls.min_version = optarg[2] == '2' ? 12 : 13;
-			break;
-		case 'h':
-			usage(stdout);
-			exit(0);
-		case OPT_VERSION:
-			printf(PROG " %s\n", CRUN_VERSION_STRING);
-			exit(0);
-		case ':':
+	while ((o = getopt_long(argc, argv, d->shorts, d->longs, NULL)) != -1) {
+		if (o == ':')
 			bad_usage("%s: missing value", argv[optind - 1]);
-		default:
+		if (o == '?' || cli_getopt_id(CLI_RDZVD, o) < 0)
 			bad_usage("unknown flag '%s'", argv[optind - 1]);
-		}
+		parse_one(cli_getopt_id(CLI_RDZVD, o), optarg, cfg, sec, d);
 	}
 	if (optind < argc)
 		bad_usage("unexpected argument '%s'", argv[optind]);
@@ -379,75 +240,32 @@ static void log_metrics(const struct store_server *srv)
 	log_at(LL_INFO, SUB_CMD, "store metrics:%s", off ? line : " none");
 }
 
-/* --config's keys besides limits.NAME: the flags' own names. --insecure stays
- * a command-line decision: it is not read from files. */
-static const char *const config_strings[] = {
-    "host",	"log-level", "status", "auth-secret-file", "auth-secrets-dir",
-    "tls-cert", "tls-key",   "tls-ca", "tls-min-version"};
-static const char *const config_numbers[] = {"port", "backlog"};
-
-/* The schema of --config, from the same flags and the store's tunables. */
-static int print_schema(void)
+static _Noreturn void print_doc(const char *kind)
 {
-	size_t nl;
-	const struct store_server_limit *l = store_server_limits(&nl);
-	cJSON *root = cJSON_CreateObject(), *props, *lim, *lprops;
-	char *out;
+	char *text = cli_doc_new(CLI_RDZVD, kind, NULL, 0);
 
-	cJSON_AddStringToObject(root, "$schema", "https://json-schema.org/draft/2020-12/schema");
-	cJSON_AddStringToObject(root, "$id", "https://crun.invalid/crun-rdzvd.schema.json");
-	cJSON_AddStringToObject(root, "title",
-				"crun-rdzvd --config (generated by crun-rdzvd --print-schema)");
-	cJSON_AddStringToObject(root, "type", "object");
-	cJSON_AddBoolToObject(root, "additionalProperties", 0);
-	props = cJSON_AddObjectToObject(root, "properties");
-	cJSON_AddItemToObject(props, "$comment", cJSON_Parse("{\"type\": \"string\"}"));
-	for (size_t i = 0; i < ARRAY_SIZE(config_strings); i++)
-		cJSON_AddItemToObject(props, config_strings[i],
-				      cJSON_Parse("{\"type\": \"string\"}"));
-	for (size_t i = 0; i < ARRAY_SIZE(config_numbers); i++)
-		cJSON_AddItemToObject(props, config_numbers[i],
-				      cJSON_Parse("{\"type\": \"integer\", \"minimum\": 0}"));
-	lim = cJSON_AddObjectToObject(props, "limits");
-	cJSON_AddStringToObject(lim, "type", "object");
-	cJSON_AddBoolToObject(lim, "additionalProperties", 0);
-	lprops = cJSON_AddObjectToObject(lim, "properties");
-	cJSON_AddItemToObject(lprops, "$comment", cJSON_Parse("{\"type\": \"string\"}"));
-	for (size_t i = 0; i < nl; i++) {
-		cJSON *o = cJSON_AddObjectToObject(lprops, l[i].name);
-
-		cJSON_AddStringToObject(o, "type", "integer");
-		cJSON_AddNumberToObject(o, "minimum", l[i].zero ? 0 : (double)l[i].min);
-		cJSON_AddNumberToObject(o, "maximum", (double)l[i].max);
-		cJSON_AddStringToObject(o, "description", l[i].help);
-	}
-	out = cJSON_Print(root);
-	cJSON_Delete(root);
-	if (!out)
-		return 1;
-	printf("%s\n", out);
-	free(out);
-	return 0;
+	if (!text)
+		bad_usage("--print-completion: expected bash, zsh or tcsh, got '%s'", kind);
+	fputs(text, stdout);
+	free(text);
+	exit(0);
 }
 
-/* --config: the file's JSON keys are the flags' names (limits under
+/* --config: the file's JSON keys are the rows' JSON names (limits under
  * "limits."), so the file needs no list of its own. */
 static int config_flags(const char *path, char ***ret_argv, int *ret_argc, char *err, size_t cap)
 {
-	struct cli_json_flag t[ARRAY_SIZE(config_strings) + ARRAY_SIZE(config_numbers) + 32];
-	char names[32][80];
-	size_t n = 0, nl;
-	const struct store_server_limit *l = store_server_limits(&nl);
+	struct cli_json_flag *t;
+	size_t n;
+	int r = cli_config_flags_new(CLI_RDZVD, &t, &n);
 
-	for (size_t i = 0; i < ARRAY_SIZE(config_strings); i++)
-		t[n++] = (struct cli_json_flag){config_strings[i], config_strings[i], false};
-	for (size_t i = 0; i < ARRAY_SIZE(config_numbers); i++)
-		t[n++] = (struct cli_json_flag){config_numbers[i], config_numbers[i], true};
-	for (size_t i = 0; i < nl && i < ARRAY_SIZE(names); i++) {
-		snprintf(names[i], sizeof(names[i]), "limits.%s", l[i].name);
-		t[n++] = (struct cli_json_flag){names[i], l[i].name, true};
+	if (r < 0) {
+		snprintf(err, cap, "%s: %s", path, crun_strerror(r));
+		return r;
 	}
-	return cli_json_flags(path, t, n, ret_argv, ret_argc, err, cap);
+	r = cli_json_flags(path, t, n, ret_argv, ret_argc, err, cap);
+	free(t);
+	return r;
 }
 
 /* Finds --config and puts the file's flags first: argv[0], the file's, then
@@ -536,11 +354,10 @@ static int reload_limits(const struct daemon_opts *o, char **fresh, int n,
 	}
 	optind = 0; /* GNU: start over */
 	opterr = 0;
-	while ((opt = getopt_long(o->cmd_argc, o->cmd_argv, ":H:p:h", long_opts, NULL)) != -1)
-		if (opt >= OPT_LIMIT)
+	while ((opt = getopt_long(o->cmd_argc, o->cmd_argv, o->shorts, o->longs, NULL)) != -1)
+		if (opt != ':' && opt != '?' && limit_name(cli_getopt_id(CLI_RDZVD, opt)))
 			(void)store_server_config_set(
-			    cfg, long_opts[ARRAY_SIZE(fixed_opts) + (opt - OPT_LIMIT)].name, optarg,
-			    err, cap);
+			    cfg, limit_name(cli_getopt_id(CLI_RDZVD, opt)), optarg, err, cap);
 	return 0;
 }
 
@@ -549,6 +366,10 @@ static void list_add(char *list, size_t cap, const char *what, size_t len)
 {
 	size_t o = strlen(list);
 
+	/* A changed value is both a flag gone and a flag added: name it once. */
+	for (const char *p = list; *p; p += strcspn(p, ",") + (p[strcspn(p, ",")] ? 2 : 0))
+		if (strcspn(p, ",") == len && strncmp(p, what, len) == 0)
+			return;
 	if (o + len + 3 < cap)
 		snprintf(list + o, cap - o, "%s%.*s", o ? ", " : "", (int)len, what);
 }
@@ -583,10 +404,9 @@ static void on_reload(void *arg)
 		r = reload_limits(d->opts, fresh, n, &lim, err, sizeof(err));
 	for (int i = 0; r == 0 && i < n; i++)
 		if (strncmp(fresh[i], "--log-level=", 12) == 0 &&
-		    (lvl = level_from_name(fresh[i] + 12)) < 0) {
+		    (lvl = log_level_from_name(fresh[i] + 12)) < 0) {
 			snprintf(err, sizeof(err),
-				 "log-level: expected error, warn, info, debug or "
-				 "trace, got '%.64s'",
+				 "log-level: expected " LOG_LEVEL_NAMES ", got '%.64s'",
 				 fresh[i] + 12);
 			r = CRUN_EINVAL;
 		}
@@ -600,7 +420,7 @@ static void on_reload(void *arg)
 	if (lvl >= 0) {
 		if (lvl != log_max_level)
 			list_add(applied, sizeof(applied), "log-level", 9);
-		log_max_level = lvl;
+		log_set_level(lvl);
 	}
 	for (size_t i = 0; i < nl && i < ARRAY_SIZE(before); i++)
 		before[i] = store_server_limit_get(run, i);
@@ -621,8 +441,11 @@ static void on_reload(void *arg)
 		if (strncmp(f, "--log-level=", 12) && !is_limit_flag(f) && !has_flag(fresh, n, f))
 			list_add(restart, sizeof(restart), f + 2, strcspn(f + 2, "="));
 	}
-	log_at(LL_WARN, SUB_CMD, "reload: applied: %s; needs a restart: %s",
-	       applied[0] ? applied : "nothing", restart[0] ? restart : "nothing");
+	/* Applied in full is a normal event; a change that waits for a restart
+	 * is something to act on. */
+	log_at(restart[0] ? LL_WARN : LL_NOTICE, SUB_CMD,
+	       "reload: applied: %s; needs a restart: %s", applied[0] ? applied : "nothing",
+	       restart[0] ? restart : "nothing");
 	if (applied[0])
 		log_limits(d->srv);
 	(void)notify_send(d->svc.notify,
@@ -789,6 +612,8 @@ out:
 	free(opts.file_argv);
 	if (opts.file_argv)
 		free(argv); /* read_config's array; its strings belong to others */
+	free(opts.longs);
+	free(opts.shorts);
 	store_auth_keys_free(keys);
 	store_tls_free(tls);
 	return rc;

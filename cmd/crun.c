@@ -67,7 +67,8 @@ int main(int argc, char **argv)
 	int code = 1;
 	int r;
 
-	log_init("crun", LL_WARN);
+	/* NOTICE: normal events (a round complete) show, as they always did. */
+	log_init("crun", LL_NOTICE);
 	/* The program's choices, not the library's (an embedding host keeps
 	 * its own): adopt what workers orphan, so the agent reaps it, and
 	 * take EPIPE from a vanished peer instead of dying. */
@@ -96,7 +97,7 @@ int main(int argc, char **argv)
 		return code;
 	}
 	if (c.log_level >= 0) /* --log_level, PET_LOG_LEVEL, CRUN_LOG_LEVEL or LOGLEVEL */
-		crun_set_log_level((crun_log_level_t)c.log_level);
+		log_set_level(c.log_level);
 	if (c.warn[0])
 		log_at(LL_WARN, SUB_CMD, "%s", c.warn);
 	c.cfg.on_state = on_state;

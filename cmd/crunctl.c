@@ -93,15 +93,27 @@ static int cmd_jobs(const struct opts *o)
 	return show(o, "/jobs", agent_ctl_print_jobs);
 }
 
-/* How a watch that saw `last` ends when the page goes away or says "done":
+/* Whether a page's state is a job's end: an agent's "done" (with its exit
+ * code), crun-rdzvd's "done" (every node passed the exit barrier) or
+ * "failed" (the job was closed as failed). */
+static bool watch_final(const struct agent_ctl_state *st)
+{
+	return strcmp(st->state, "done") == 0 || strcmp(st->state, "failed") == 0;
+}
+
+/* How a watch that saw `last` ends when the page goes away or says the end:
  * 0 for a job that succeeded (or a page without a job: crun-rdzvd's), 1 for
  * one that failed or vanished before its end, which it names. */
 static int watch_end(const struct opts *o, const struct agent_ctl_state *last)
 {
-	if (strcmp(last->state, "done") == 0 && last->exit_code == 0)
-		return 0;
+	if (strcmp(last->state, "done") == 0 && last->exit_code <= 0)
+		return 0; /* -1: crun-rdzvd's view, which has no exit code */
 	if (strcmp(last->state, "done") == 0) {
 		fprintf(stderr, PROG ": the job failed (exit code %d)\n", last->exit_code);
+		return 1;
+	}
+	if (strcmp(last->state, "failed") == 0) {
+		fprintf(stderr, PROG ": the job failed\n");
 		return 1;
 	}
 	if (!last->state[0])
@@ -111,14 +123,36 @@ static int watch_end(const struct opts *o, const struct agent_ctl_state *last)
 	return 1;
 }
 
+/* The page watch reads: /status, or with --rdzv_id /status?rdzv_id=JOB (one
+ * job of crun-rdzvd's store; an agent's page ignores the query), and once
+ * the page gave a version, the long poll for the next one. */
+static int watch_path(const struct opts *o, const struct agent_ctl_state *st, char *path,
+		      size_t cap)
+{
+	size_t n;
+
+	if (!o->rdzv_id)
+		snprintf(path, cap, "/status");
+	else if (agent_ctl_query(path, cap, "/status?rdzv_id=", o->rdzv_id) < 0)
+		return -1;
+	n = strlen(path);
+	if (st->version >= 0 &&
+	    snprintf(path + n, cap - n, "%cafter=%" PRId64 "&wait_ms=%" PRIu64,
+		     o->rdzv_id ? '&' : '?', st->version, o->interval_ms) >= (int)(cap - n))
+		return -1;
+	return 0;
+}
+
 /* Prints /status whenever it changes, until the job's end (its final state;
  * exit 0 only if it succeeded), the page going away or --count changes. A
  * page with a version is long-polled: it answers at the next state change
- * or after the interval, so no state, the end included, is missed. */
+ * or after the interval, so no state, the end included, is missed. With
+ * --rdzv_id, crun-rdzvd's page is watched for that job (its rounds, then
+ * done or failed) and an agent's page must serve that job. */
 static int cmd_watch(const struct opts *o)
 {
 	struct agent_ctl_state st = {.version = -1};
-	char *last = NULL, path[96] = "/status";
+	char *last = NULL, path[600];
 	uint64_t changes = 0;
 	int rc;
 
@@ -126,6 +160,11 @@ static int cmd_watch(const struct opts *o)
 		char *body;
 		int status = 0, r;
 
+		if (watch_path(o, &st, path, sizeof(path)) < 0) {
+			fprintf(stderr, PROG ": --rdzv_id: too long\n");
+			rc = 2;
+			break;
+		}
 		r = agent_ctl_get(o->endpoint, path, o->timeout_ms + (uint32_t)o->interval_ms,
 				  &status, &body);
 		if (r == 0 && status == 503 && last) { /* every watcher slot taken: poll */
@@ -140,8 +179,17 @@ static int cmd_watch(const struct opts *o)
 				rc = watch_end(o, &st);
 				break;
 			}
-			fprintf(stderr, PROG ": cannot read http://%s/status: %s\n", o->endpoint,
-				r < 0 ? crun_strerror(r) : "not 200");
+			if (r == 0 && status == 404 && o->rdzv_id)
+				fprintf(stderr, PROG ": %s does not serve job '%s'\n", o->endpoint,
+					o->rdzv_id);
+			else
+				fprintf(stderr, PROG ": cannot read http://%s/status: %s\n",
+					o->endpoint, r < 0 ? crun_strerror(r) : "not 200");
+			rc = 1;
+			break;
+		}
+		if (!last && check_job(o, body)) {
+			free(body);
 			rc = 1;
 			break;
 		}
@@ -154,7 +202,7 @@ static int cmd_watch(const struct opts *o)
 			free(last);
 			last = body;
 			(void)agent_ctl_read_state(last, &st);
-			if (strcmp(st.state, "done") == 0) {
+			if (watch_final(&st)) {
 				rc = watch_end(o, &st);
 				break;
 			}
@@ -165,10 +213,7 @@ static int cmd_watch(const struct opts *o)
 		} else {
 			free(body);
 		}
-		if (st.version >= 0)
-			snprintf(path, sizeof(path), "/status?after=%" PRId64 "&wait_ms=%" PRIu64,
-				 st.version, o->interval_ms);
-		else
+		if (st.version < 0)
 			usleep((useconds_t)(o->interval_ms * 1000));
 	}
 	free(last);
@@ -182,47 +227,33 @@ static const struct command {
 } commands[] = {
     {"status", cmd_status, "a job's state, ranks, restarts and workers (GET /status)"},
     {"jobs", cmd_jobs, "the jobs a page serves (GET /jobs)"},
-    {"watch", cmd_watch, "print /status again whenever it changes"},
+    {"watch", cmd_watch, "print /status again whenever it changes, until the job's end"},
 };
 
-/* The one list of crunctl's options: getopt's table, --help and (through
- * --help) crunctl(1) are loops over it. */
-static const struct ctl_opt {
-	const char *name;
-	int val;
-	const char *metavar; /* NULL: a flag */
-	const char *help;
-} ctl_opts[] = {
-    {"endpoint", 'e', "HOST:PORT", "the status page to ask (required)"},
-    {"rdzv_id", 'j', "JOB", "only this job (its run id); also --rdzv-id"},
-    {"json", 'J', NULL, "print the page's JSON instead of a table"},
-    {"interval", 'i', "S", "watch: seconds between polls where a page cannot long-poll [1]"},
-    {"count", 'c', "N", "watch: stop after N changes [0: at the job's end]"},
-    {"timeout", 't', "S", "seconds to wait for each answer [5]"},
-    {"help", 'h', NULL, "show this help and exit"},
-};
+/* Prints what crunctl's rows (agent/cli_daemons.c) and commands give for
+ * kind ("help", "man" or a shell) to f; 0, or 2 for a shell it has no
+ * script for. */
+static int print_doc(FILE *f, const char *kind)
+{
+	struct cli_command cmds[ARRAY_SIZE(commands)];
+	char *text;
+
+	for (size_t i = 0; i < ARRAY_SIZE(commands); i++)
+		cmds[i] = (struct cli_command){commands[i].name, commands[i].help};
+	text = cli_doc_new(CLI_CTL, kind, cmds, ARRAY_SIZE(cmds));
+	if (!text) {
+		fprintf(stderr, PROG ": --print-completion: expected bash, zsh or tcsh, got '%s'\n",
+			kind);
+		return 2;
+	}
+	fputs(text, f);
+	free(text);
+	return 0;
+}
 
 static void usage(FILE *f)
 {
-	char head[64];
-
-	fprintf(f, "usage: " PROG " COMMAND --endpoint HOST:PORT [--rdzv_id JOB] [--json]\n"
-		   "               [--interval S] [--count N] [--timeout S]\n"
-		   "       " PROG " --version\n\n"
-		   "Shows the state of crun jobs from the status page of crun, crun-agent or\n"
-		   "crun-rdzvd (their --status flag). Exit status: 0; 1 when watch saw the job\n"
-		   "fail or the page go away before the end, or a page does not answer; 2 for\n"
-		   "bad usage.\n\ncommands:\n");
-	for (size_t i = 0; i < ARRAY_SIZE(commands); i++)
-		fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].help);
-	fprintf(f, "\noptions:\n");
-	for (size_t i = 0; i < ARRAY_SIZE(ctl_opts); i++) {
-		snprintf(head, sizeof(head), "--%s%s%s", ctl_opts[i].name,
-			 ctl_opts[i].metavar ? " " : "",
-			 ctl_opts[i].metavar ? ctl_opts[i].metavar : "");
-		fprintf(f, "  %-22s %s\n", head, ctl_opts[i].help);
-	}
-	fprintf(f, "  %-22s %s\n", "--version", "print the version and exit");
+	(void)print_doc(f, "help");
 }
 
 static int seconds(const char *flag, const char *v, uint64_t *ret_ms)
@@ -234,25 +265,101 @@ static int seconds(const char *flag, const char *v, uint64_t *ret_ms)
 	return 0;
 }
 
+/* Applies row id's value; -1 to end main with the code in *ret_rc. */
+static int apply_opt(struct opts *o, int id, const char *arg, int *ret_rc)
+{
+	uint64_t ms;
+
+	switch (id) {
+	case CLI_CTL_ENDPOINT:
+		o->endpoint = arg;
+		break;
+	case CLI_CTL_RDZV_ID:
+		o->rdzv_id = arg;
+		break;
+	case CLI_CTL_JSON:
+		o->json = true;
+		break;
+	case CLI_CTL_INTERVAL:
+		if (seconds("--interval", arg, &o->interval_ms) < 0)
+			return *ret_rc = 2, -1;
+		o->interval_ms = MAX(o->interval_ms, 10); /* a poll, not a busy loop */
+		break;
+	case CLI_CTL_TIMEOUT:
+		if (seconds("--timeout", arg, &ms) < 0 || ms == 0 || ms > UINT32_MAX)
+			return *ret_rc = 2, -1;
+		o->timeout_ms = (uint32_t)ms;
+		break;
+	case CLI_CTL_COUNT:
+		if (parse_u64(arg, &o->count) < 0) {
+			fprintf(stderr, PROG ": --count: invalid number '%s'\n", arg);
+			return *ret_rc = 2, -1;
+		}
+		break;
+	case CLI_CTL_HELP:
+		return *ret_rc = print_doc(stdout, "help"), -1;
+	case CLI_CTL_VERSION:
+		return *ret_rc = printf(PROG " %s\n", crun_version_string()) < 0, -1;
+	case CLI_CTL_PRINT_MAN:
+		return *ret_rc = print_doc(stdout, "man"), -1;
+	case CLI_CTL_PRINT_COMPLETION:
+		return *ret_rc = print_doc(stdout, arg), -1;
+	default:
+		return *ret_rc = 2, -1;
+	}
+	return 0;
+}
+
+/* Parses the options in argv[from..]: 0, or -1 to end main with *ret_rc. */
+static int parse_opts(struct opts *o, int argc, char **argv, int from, int *ret_rc)
+{
+	struct option *longs;
+	char *shorts;
+	int c, r = 0;
+
+	if (cli_getopt_new(CLI_CTL, &longs, &shorts) < 0) {
+		fprintf(stderr, PROG ": out of memory\n");
+		return *ret_rc = 1, -1;
+	}
+	opterr = 0;
+	optind = 1;
+	while (r == 0 &&
+	       (c = getopt_long(argc - from + 1, argv + from - 1, shorts, longs, NULL)) != -1) {
+		const char *flag = argv[from - 1 + optind - 1];
+
+		if (c == ':' || c == '?' || cli_getopt_id(CLI_CTL, c) < 0) {
+			fprintf(stderr, PROG ": %s '%s'\n",
+				c == ':' ? "missing value for" : "unknown option", flag);
+			*ret_rc = 2;
+			r = -1;
+		} else {
+			r = apply_opt(o, cli_getopt_id(CLI_CTL, c), optarg, ret_rc);
+		}
+	}
+	free(longs);
+	free(shorts);
+	return r;
+}
+
 int main(int argc, char **argv)
 {
-	struct option longs[ARRAY_SIZE(ctl_opts) + 2] = {{"rdzv-id", required_argument, NULL, 'j'}};
 	struct opts o = {.interval_ms = 1000, .timeout_ms = 5000};
 	const struct command *cmd;
-	uint64_t ms;
-	int c;
+	int rc = 0;
 
 	log_init(PROG, LL_WARN);
-	for (size_t i = 0; i < ARRAY_SIZE(ctl_opts); i++)
-		longs[i + 1] = (struct option){
-		    ctl_opts[i].name, ctl_opts[i].metavar ? required_argument : no_argument, NULL,
-		    ctl_opts[i].val};
-	if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
-		usage(argc < 2 ? stderr : stdout);
-		return argc < 2 ? 2 : 0;
+	if (argc < 2) {
+		usage(stderr);
+		return 2;
 	}
-	if (strcmp(argv[1], "--version") == 0)
-		return printf(PROG " %s\n", crun_version_string()) < 0;
+	/* An action without a command (--help, --version, --print-man). */
+	if (argv[1][0] == '-') {
+		if (parse_opts(&o, argc, argv, 1, &rc) < 0)
+			return rc;
+		fprintf(stderr, PROG ": a command is required\n");
+		usage(stderr);
+		return 2;
+	}
 	/* The command first: a typo is named as one, not as a missing flag. */
 	for (cmd = commands; cmd < commands + ARRAY_SIZE(commands); cmd++)
 		if (strcmp(argv[1], cmd->name) == 0)
@@ -262,40 +369,8 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
-	while ((c = getopt_long(argc - 1, argv + 1, "+h", longs, NULL)) != -1) {
-		switch (c) {
-		case 'e':
-			o.endpoint = optarg;
-			break;
-		case 'j':
-			o.rdzv_id = optarg;
-			break;
-		case 'J':
-			o.json = true;
-			break;
-		case 'i':
-			if (seconds("--interval", optarg, &o.interval_ms) < 0)
-				return 2;
-			o.interval_ms = MAX(o.interval_ms, 10); /* a poll, not a busy loop */
-			break;
-		case 't':
-			if (seconds("--timeout", optarg, &ms) < 0 || ms == 0 || ms > UINT32_MAX)
-				return 2;
-			o.timeout_ms = (uint32_t)ms;
-			break;
-		case 'c':
-			if (parse_u64(optarg, &o.count) < 0) {
-				fprintf(stderr, PROG ": --count: invalid number '%s'\n", optarg);
-				return 2;
-			}
-			break;
-		case 'h':
-			usage(stdout);
-			return 0;
-		default:
-			return 2;
-		}
-	}
+	if (parse_opts(&o, argc, argv, 2, &rc) < 0)
+		return rc;
 	if (!o.endpoint) {
 		fprintf(stderr, PROG ": %s: --endpoint HOST:PORT is required\n", argv[1]);
 		return 2;

@@ -31,11 +31,20 @@ enum log_subsys {
 	SUB_ALL = 0xffu,
 };
 
-#define LL_ERROR CRUN_LOG_ERROR
-#define LL_WARN	 CRUN_LOG_WARN
-#define LL_INFO	 CRUN_LOG_INFO
-#define LL_DEBUG CRUN_LOG_DEBUG
-#define LL_TRACE CRUN_LOG_TRACE
+/* Internal levels, most severe first. NOTICE is a normal event an operator
+ * wants by default (a round complete, the store served, a reload applied): not a
+ * problem, so not a WARN, but shown where WARN is (journald priority 5). The
+ * public crun_log_level_t has no NOTICE (its numbers are fixed): a host's
+ * handler sees NOTICE as CRUN_LOG_INFO, and crun_set_log_level maps across. */
+enum log_level {
+	LL_ERROR,
+	LL_WARN,
+	LL_NOTICE,
+	LL_INFO,
+	LL_DEBUG,
+	LL_TRACE,
+	LL__MAX,
+};
 
 /* The log level and subsystem mask are the one piece of process-wide mutable
  * state outside cmd/: they are set once at start-up (log_init reads
@@ -43,10 +52,17 @@ enum log_subsys {
 extern int log_max_level;
 extern unsigned log_subsys_mask;
 
-/* Reads CRUN_LOG_LEVEL (error|warn|info|debug|trace) and CRUN_LOG_SUBSYS
+/* Reads CRUN_LOG_LEVEL (error|warn|notice|info|debug|trace) and CRUN_LOG_SUBSYS
  * (comma list of agent,rdzv,store,pg,cuda,cmd or all). `prog` prefixes lines.
  * When $JOURNAL_STREAM names stderr (systemd), lines carry "<N>" priorities. */
 void log_init(const char *prog, int default_level);
+/* Sets the level (an LL_* value) after log_init: a flag or a reload. */
+void log_set_level(int level);
+/* The LL_* level of a name: Python logging's (critical, fatal, error, warning,
+ * warn, info, debug: LOGLEVEL is torchrun's) plus notice and trace, any case.
+ * -1 for anything else. LOG_LEVEL_NAMES lists them for an error message. */
+int log_level_from_name(const char *s);
+#define LOG_LEVEL_NAMES "error, warning, notice, info, debug or trace"
 /* True when journal_stream ("dev:ino") is the stream stderr is connected to. */
 bool log_stderr_is_journal(const char *journal_stream);
 void log_emit(int level, unsigned sub, const char *file, int line, const char *fmt, ...)

@@ -1,5 +1,6 @@
 /* log.c: levelled, subsystem-masked logging to stderr or a host's handler.
- * Lines look like "crun[1234] W store: dropping client ...". The level and mask
+ * Lines look like "crun[1234] W dropping client ..." (E W N I D T: error, warn,
+ * notice, info, debug, trace). The level and mask
  * are set once at start-up; log_at checks them before formatting anything.
  */
 #include <stdio.h>
@@ -23,18 +24,39 @@ static char log_prog[32] = "crun";
  * lines then start with a syslog "<N>" priority and carry no pid. */
 static bool log_journal;
 
-static const char *const level_letter = "EWIDT";
+/* One row per level: its letter, its syslog priority (journald), the
+ * public level a host's handler sees, and the names that select it. */
+static const struct level_row {
+	char letter;
+	int priority;
+	crun_log_level_t pub;
+	const char *names[3];
+} levels[LL__MAX] = {
+    [LL_ERROR] = {'E', 3, CRUN_LOG_ERROR, {"error", "critical", "fatal"}},
+    [LL_WARN] = {'W', 4, CRUN_LOG_WARN, {"warning", "warn"}},
+    [LL_NOTICE] = {'N', 5, CRUN_LOG_INFO, {"notice"}},
+    [LL_INFO] = {'I', 6, CRUN_LOG_INFO, {"info"}},
+    [LL_DEBUG] = {'D', 7, CRUN_LOG_DEBUG, {"debug"}},
+    [LL_TRACE] = {'T', 7, CRUN_LOG_TRACE, {"trace"}},
+};
 
-static int level_from_name(const char *s, int fallback)
+int log_level_from_name(const char *s)
 {
-	static const char *const names[] = {"error", "warn", "info", "debug", "trace"};
+	for (int l = 0; l < LL__MAX; l++)
+		for (size_t i = 0; i < ARRAY_SIZE(levels[l].names) && levels[l].names[i]; i++)
+			if (!strcasecmp(s, levels[l].names[i]))
+				return l;
+	return -1;
+}
 
-	for (size_t i = 0; i < ARRAY_SIZE(names); i++)
-		if (!strcasecmp(s, names[i]))
-			return (int)i;
-	if (!strcasecmp(s, "warning"))
-		return LL_WARN;
-	return fallback;
+static int clamp_level(int level)
+{
+	return level < LL_ERROR ? LL_ERROR : level >= LL__MAX ? LL_TRACE : level;
+}
+
+void log_set_level(int level)
+{
+	log_max_level = clamp_level(level);
 }
 
 static unsigned subsys_from_list(const char *s)
@@ -67,7 +89,8 @@ void log_init(const char *prog, int default_level)
 
 	if (prog)
 		snprintf(log_prog, sizeof(log_prog), "%s", prog);
-	log_max_level = lvl ? level_from_name(lvl, default_level) : default_level;
+	log_max_level =
+	    lvl && log_level_from_name(lvl) >= 0 ? log_level_from_name(lvl) : default_level;
 	log_subsys_mask = sub ? subsys_from_list(sub) : SUB_ALL;
 	log_journal = log_stderr_is_journal(getenv("JOURNAL_STREAM"));
 }
@@ -93,11 +116,18 @@ CRUN_API void crun_set_log_handler(crun_log_fn fn, void *arg)
 
 CRUN_API void crun_set_log_level(crun_log_level_t level)
 {
-	log_max_level = (int)level;
+	/* The most verbose internal level a public one covers: INFO takes NOTICE. */
+	for (int l = LL__MAX - 1; l >= 0; l--)
+		if (levels[l].pub <= level) {
+			log_max_level = l;
+			return;
+		}
+	log_max_level = LL_ERROR;
 }
 
 void log_emit(int level, unsigned sub, const char *file, int line, const char *fmt, ...)
 {
+	const struct level_row *lv;
 	char msg[2048];
 	va_list ap;
 	int n;
@@ -106,22 +136,17 @@ void log_emit(int level, unsigned sub, const char *file, int line, const char *f
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
+	lv = &levels[clamp_level(level)];
 	if (log_handler) {
-		log_handler((crun_log_level_t)level, msg, log_handler_arg);
+		log_handler(lv->pub, msg, log_handler_arg);
 		return;
 	}
-	if (log_journal) /* syslog priorities: err 3, warning 4, info 6, debug 7 */
-		n = fprintf(stderr, "<%d>%s: %s\n",
-			    level <= LL_ERROR  ? 3
-			    : level == LL_WARN ? 4
-			    : level == LL_INFO ? 6
-					       : 7,
-			    log_prog, msg);
+	if (log_journal)
+		n = fprintf(stderr, "<%d>%s: %s\n", lv->priority, log_prog, msg);
 	else if (level >= LL_DEBUG)
-		n = fprintf(stderr, "%s[%d] %c %s:%d: %s\n", log_prog, (int)getpid(),
-			    level_letter[level < 5 ? level : 4], file, line, msg);
+		n = fprintf(stderr, "%s[%d] %c %s:%d: %s\n", log_prog, (int)getpid(), lv->letter,
+			    file, line, msg);
 	else
-		n = fprintf(stderr, "%s[%d] %c %s\n", log_prog, (int)getpid(),
-			    level_letter[level < 5 ? level : 4], msg);
+		n = fprintf(stderr, "%s[%d] %c %s\n", log_prog, (int)getpid(), lv->letter, msg);
 	(void)n;
 }

@@ -357,7 +357,7 @@ static void round_ended(struct c10d *c, struct c10d_job *j)
 	c->pend_kept_ms = j->lease_kept_ms;
 	c->pend_hb = j->hb;
 	j->mon_c = NULL;
-	log_at(LL_WARN, SUB_RDZV,
+	log_at(LL_NOTICE, SUB_RDZV,
 	       "rendezvous '%s' round %d complete: %d node%s, group_rank=%d world_size=%d "
 	       "attempt=%d master=%s:%u",
 	       c->run_id, c->round, c->nnodes, c->nnodes == 1 ? "" : "s", c->info.group_rank,
@@ -529,7 +529,8 @@ static void maybe_serve(struct c10d *c)
 		       c->ep_host, c->ep_port, crun_strerror(r));
 		return;
 	}
-	log_at(LL_WARN, SUB_RDZV, "serving the rendezvous store on %s:%u", c->ep_host, c->ep_port);
+	log_at(LL_NOTICE, SUB_RDZV, "serving the rendezvous store on %s:%u", c->ep_host,
+	       c->ep_port);
 	/* torchrun compatibility keeps this allowed; say what it means once. */
 	if (!c->auth && !c->tls_ca_set && !store_host_is_loopback(sc.host))
 		log_at(LL_WARN, SUB_RDZV,

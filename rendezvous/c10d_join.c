@@ -474,7 +474,7 @@ static int wait_next_round(struct c10d_job *j, struct coord *c, int64_t rd, uint
 		if (clock_now_ms() >= next_log) {
 			every = MIN(every * 2, C10D_PROGRESS_MAX_MS);
 			next_log = clock_now_ms() + every;
-			log_at(LL_WARN, SUB_RDZV,
+			log_at(LL_NOTICE, SUB_RDZV,
 			       "rendezvous '%s': round %" PRId64 " is full (%d/%d nodes); waiting "
 			       "as a spare",
 			       j->prefix, rd, j->nnodes, j->max);
@@ -557,7 +557,7 @@ static int not_counted_in(struct c10d_job *j, struct coord *c, int64_t rd, int n
 	bool spare = n >= j->max;
 	char why[320];
 
-	log_at(LL_WARN, SUB_RDZV, "rendezvous '%s': round %" PRId64 " closed with %d nodes; %s",
+	log_at(LL_NOTICE, SUB_RDZV, "rendezvous '%s': round %" PRId64 " closed with %d nodes; %s",
 	       j->prefix, rd, n,
 	       spare ? "waiting as a spare" : "a new round will include this node");
 	if (!spare) {
@@ -959,7 +959,7 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 			return c10d_jfail(j, c, r, "joining");
 		TRY(lease_for(j, c, rd, t));
 		TRY(mark_counts(j, c, rd, t));
-		log_at(LL_WARN, SUB_RDZV,
+		log_at(LL_NOTICE, SUB_RDZV,
 		       "joined rendezvous '%s' round %" PRId64 " as ticket %" PRId64, j->prefix, rd,
 		       t);
 		r = wait_closed(j, c, rd, t, deadline, &closed, &pre);
@@ -980,7 +980,7 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 		log_at(LL_DEBUG, SUB_RDZV, "round %" PRId64 " closed with %d, ticket %" PRId64, rd,
 		       h.nodes, t);
 		if (h.nodes == 0) { /* abandoned: everyone joins the next round */
-			log_at(LL_WARN, SUB_RDZV,
+			log_at(LL_NOTICE, SUB_RDZV,
 			       "rendezvous '%s' round %" PRId64 " was abandoned; joining the next",
 			       j->prefix, rd);
 			rdzv_prog_abandoned(j->prog);

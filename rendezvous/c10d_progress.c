@@ -40,7 +40,7 @@ void c10d_progress(struct c10d_job *j, struct coord *c, int64_t rd, int64_t join
 	int n = 0, nk = (int)MIN(joined, (int64_t)PROGRESS_HOSTS_READ);
 	int64_t last_call = -1;
 	struct rdzv_progress p;
-	bool bulk;
+	bool bulk, alone;
 
 	for (int i = 0; i < nk; i++) {
 		if (str_printf(kb[i], sizeof(kb[i]), "r%" PRId64 "/node/%d", rd, i + 1) < 0)
@@ -78,14 +78,15 @@ void c10d_progress(struct c10d_job *j, struct coord *c, int64_t rd, int64_t join
 		p.nawait = 0;
 	}
 	(void)rdzv_progress_line(&p, run_id_of(j), line, sizeof(line));
-	log_at(LL_WARN, SUB_RDZV, "%s%s", line,
+	alone = j->is_host && joined == 1 && j->prev_round >= 0;
+	/* Waiting is normal (NOTICE); alone after a round may be a cut link. */
+	log_at(alone ? LL_WARN : LL_NOTICE, SUB_RDZV, "%s%s", line,
 	       /* The store host cannot tell "everyone else died" from "my link is
 		* cut"; in the second case the others have already ended the job
 		* (they lost the store), so say it rather than wait in silence. */
-	       j->is_host && joined == 1 && j->prev_round >= 0
-		   ? "; this node serves the rendezvous store and is alone: if its network "
-		     "was cut, the other nodes could not reach the store and have ended the job"
-		   : "");
+	       alone ? "; this node serves the rendezvous store and is alone: if its network "
+		       "was cut, the other nodes could not reach the store and have ended the job"
+		     : "");
 }
 
 void c10d_progress_round(struct c10d_job *j, struct coord *c, const struct round_head *h,

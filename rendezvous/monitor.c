@@ -222,7 +222,7 @@ static int check_back(struct c10d_job *j, struct coord *c, const char *chk, uint
 			break;
 	}
 	if (*next >= j->nnodes) {
-		log_at(LL_WARN, SUB_RDZV,
+		log_at(LL_NOTICE, SUB_RDZV,
 		       "rendezvous '%s' round %d: all %d nodes are back after the store restart",
 		       j->prefix, j->round, j->nnodes);
 		*by = 0;

@@ -397,7 +397,7 @@ int store_auth_verify(enum store_auth_domain dom, const struct store_auth_keys *
 	memcpy(job, buf + 5, jl);
 	job[jl] = '\0';
 	if (memchr(job, '\0', jl) || memchr(job, '/', jl))
-		return CRUN_EACCES; /* no such job can be in the table */
+		return CRUN_ENOENT; /* no such job can be in the table */
 	nonce_c = buf + 5 + jl;
 	mac_c = nonce_c + STORE_AUTH_NONCE_BYTES;
 	/* The job's own secret first; the daemon-wide one ("") otherwise. */
@@ -405,7 +405,7 @@ int store_auth_verify(enum store_auth_domain dom, const struct store_auth_keys *
 	if (!e)
 		e = find(k, "", 0);
 	if (!e)
-		return CRUN_EACCES;
+		return CRUN_ENOENT;
 	TRY(mac(&e->secret, dom, ROLE_CLIENT, nonce_s, nonce_c, job, jl, want));
 	if (CRYPTO_memcmp(want, mac_c, STORE_AUTH_MAC_BYTES) != 0)
 		return CRUN_EACCES;

@@ -140,7 +140,8 @@ struct store_auth_grant {
 
 /* Server: checks an ANSWER to nonce_s against the table. 0 with *used and
  * *ret (send ret->proof), CRUN_EAGAIN on a prefix, CRUN_EPROTO when the bytes
- * are not an answer, CRUN_EACCES for an unknown job or a wrong MAC. */
+ * are not an answer (a client without a secret), CRUN_ENOENT for a job with
+ * no secret here, CRUN_EACCES for a wrong MAC (a wrong secret). */
 int store_auth_verify(enum store_auth_domain dom, const struct store_auth_keys *k,
 		      const uint8_t nonce_s[STORE_AUTH_NONCE_BYTES], const uint8_t *buf, size_t len,
 		      size_t *used, struct store_auth_grant *ret);

@@ -155,9 +155,12 @@ static int client_run(enum store_auth_domain dom, int fd, struct store_tls_conn 
 	if (r == 0)
 		r = recv_exact(fd, tls, proof, sizeof(proof), deadline_ms);
 	if (r == CRUN_ECLOSED || r == CRUN_ECONNRESET) {
+		/* The server hangs up without a word on any refusal (auth.h):
+		 * with a daemon-wide secret that is a wrong secret; with per-job
+		 * secrets it may also not know the run id. */
 		snprintf(err, cap,
-			 "authentication refused: the server closed the connection (wrong "
-			 "secret, or run id '%s' unknown to it)",
+			 "wrong secret: the server refused our authentication answer (or it has "
+			 "no secret for run id '%s')",
 			 job);
 		return CRUN_EACCES;
 	}
@@ -222,7 +225,10 @@ int store_auth_mesh_server_run(int fd, const struct store_auth_secret *s, uint64
 	if (r == 0)
 		r = send_exact(fd, NULL, g.proof, sizeof(g.proof), deadline_ms);
 	if (r < 0)
-		snprintf(err, cap, "peer failed authentication: %s", crun_strerror(r));
+		snprintf(err, cap, "peer failed authentication: %s",
+			 r == CRUN_EACCES   ? "wrong secret"
+			 : r == CRUN_EPROTO ? "authentication required (it sent no answer)"
+					    : crun_strerror(r));
 out:
 	store_auth_keys_free(keys);
 	OPENSSL_cleanse(&g, sizeof(g));

@@ -780,6 +780,12 @@ static int handshake(struct client_conn *c, uint64_t deadline)
 		return set_err(c, CRUN_EPROTO, "connect", NULL, 0,
 			       "the server speaks TLS: set tls_ca (and tls_cert, tls_key if it "
 			       "wants a client certificate)");
+	/* An authenticating crun server sent its challenge (auth.h) at accept,
+	 * and that is what we read as the echo. */
+	if (!c->secret && c->rlen >= 4 && memcmp(c->rbuf, "CRA1", 4) == 0)
+		return set_err(c, CRUN_EACCES, "connect", NULL, 0,
+			       "authentication required: the server wants a secret (set "
+			       "auth_secret_file, or CRUN_AUTH_SECRET_FILE)");
 	return r < 0 ? r : CRUN_EPROTO;
 }
 

@@ -6,6 +6,7 @@
  * but a valid answer. After the proof went out the connection is a normal
  * store connection, limited to its job's keys when its secret was per-job.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,7 +24,33 @@ struct conn_auth {
 	uint8_t nonce_s[STORE_AUTH_NONCE_BYTES];
 	bool done;
 	struct store_auth_grant grant;
+	char why[STORE_AUTH_JOB_MAX + 64]; /* a refusal's cause, for the drop's log line */
 };
+
+/* The cause of a refused answer in an operator's words: a client without
+ * a secret sends no answer at all (a PyTorch TCPStore's first frame), one
+ * with another secret a MAC that does not match. The run id is the
+ * client's, so only its printable bytes are shown. */
+static const char *refusal(struct conn_auth *a, int r, const uint8_t *p, size_t len)
+{
+	char job[65];
+	size_t jl = len > 5 ? MIN((size_t)p[4], len - 5) : 0, n = 0;
+	int w;
+
+	if (r == CRUN_EPROTO)
+		return "authentication required: the client sent no authentication answer (it has "
+		       "no secret)";
+	for (size_t i = 0; i < jl && n < sizeof(job) - 1; i++)
+		job[n++] = p[5 + i] >= 0x20 && p[5 + i] < 0x7f ? (char)p[5 + i] : '?';
+	job[n] = '\0';
+	if (r == CRUN_ENOENT)
+		w = snprintf(a->why, sizeof(a->why), "unknown run id '%s': no secret for it", job);
+	else if (r == CRUN_EACCES)
+		w = snprintf(a->why, sizeof(a->why), "wrong secret for run id '%s'", job);
+	else
+		w = snprintf(a->why, sizeof(a->why), "authentication: %s", crun_strerror(r));
+	return w < 0 ? "authentication" : a->why;
+}
 
 int store_conn_auth_start(struct store_conn *c)
 {
@@ -77,13 +104,11 @@ int store_conn_auth_read(struct store_conn *c, const char **ret_why)
 	if (r == 0 && len > used) {
 		/* The client must wait for our proof: bytes behind the answer
 		 * are a client that does not follow the protocol. */
-		r = CRUN_EPROTO;
+		*ret_why = "bytes behind the authentication answer (not a crun client)";
+		return CRUN_EPROTO;
 	}
 	if (r < 0) {
-		*ret_why = r == CRUN_EACCES ? "authentication failed (wrong secret or unknown job)"
-			   : r == CRUN_EPROTO
-			       ? "no authentication answer (a client without the secret)"
-			       : "authentication";
+		*ret_why = refusal(c->auth, r, p, len);
 		return r;
 	}
 	evbuffer_drain(in, used);

@@ -472,7 +472,7 @@ def test_barrier_timeout_is_not_success(procs, tmp):
     a = Agent(procs, tmp, port, "hang", "2", task(tmp, 0.1), nproc=1, conf=conf, name="A")
     # A must be the one serving the store (the first to bind the endpoint;
     # under SAN, B started at once could win it).
-    a.wait_for(r" W serving the rendezvous store on ", timeout=60)
+    a.wait_for(r" N serving the rendezvous store on ", timeout=60)
     b = Agent(procs, tmp, port, "hang", "2", task(tmp, 30), nproc=1, conf=conf, name="B")
     wait_recs(tmp, lambda r: True, 2, "both workers")
     t0 = time.time()

@@ -283,6 +283,58 @@ def test_every_option_and_rdzv_conf_key_is_in_help_and_man(prefix, prog, page):
     assert "etcd" not in rejected, f"--help says etcd is not supported: {rejected}"
 
 
+def spellings_in(lines):
+    """The long spellings on option tag lines ("  -j, --rdzv-id, --rdzv_id JOB")."""
+    return {w for ln in lines for w in re.findall(r"(?<![\w-])--[a-z][a-z0-9_-]*", ln)}
+
+
+# A value each placeholder accepts, to show a flag is parsed (then --version ends the run).
+SAMPLE = {"ADDR": "127.0.0.1", "N": "1", "SECONDS": "1", "LEVEL": "info", "ADDR:PORT": "off",
+          "FILE": "/nonexistent", "DIR": "/nonexistent", "V": "1.3", "SHELL": "bash",
+          "HOST:PORT": "127.0.0.1:1", "JOB": "j", "S": "1"}
+
+
+@pytest.mark.parametrize("prog,page", [("crun-rdzvd", "man8/crun-rdzvd.8"),
+                                       ("crunctl", "man1/crunctl.1")])
+def test_daemon_flags_come_from_one_table_and_are_all_documented(prefix, prog, page, tmp_path):
+    """Issue 22.5: crun-rdzvd's and crunctl's flags are rows of the option
+    table mechanism crun and crun-agent use: every spelling of --help is on
+    the man page (from --print-man) and in the completion, and the other way
+    round, and every one of them is accepted by the parser. Before, both
+    pages came from help2man and neither program had --print-man or
+    --print-completion."""
+    exe = os.path.join(BUILD, "bin", prog)
+    help_text = run([exe, "--help"])
+    heads = [ln for ln in help_text.splitlines() if re.match(r"^  (-\w, )?--", ln)]
+    in_help = spellings_in(heads)
+    man = rendered(prefix, page)
+    in_man = spellings_in(ln for ln in man.splitlines() if re.match(r"^ {7}(-\w, )?--", ln))
+    completion = run([exe, "--print-completion", "bash"])
+    words = re.search(r'compgen -W "(--[^"]*)" -- "\$cur"\)\)\n\t\treturn', completion).group(1)
+    in_completion = {w for w in words.split() if w.startswith("--") and w != "--print-man"}
+    assert len(in_help) > 5 and in_help == in_man == in_completion, \
+        (in_help ^ in_man, in_help ^ in_completion)
+    cfg = tmp_path / "c.json"
+    cfg.write_text("{}")
+    limits = {}  # crun-rdzvd's limits: their smallest value (their schema's)
+    if prog == "crun-rdzvd":
+        limits = {"--" + k: str(v["minimum"]) for k, v in json.loads(run(
+            [exe, "--print-schema"]))["properties"]["limits"]["properties"].items()
+            if not k.startswith("$")}
+    refused = []
+    for head in heads:
+        meta = re.search(r"--[a-z0-9_-]+ ([A-Z][A-Za-z.:]*)$", head)
+        value = [] if not meta else [str(cfg) if meta.group(1) == "FILE.json"
+                                     else SAMPLE[meta.group(1)]]
+        for flag in spellings_in([head]):
+            value = [limits[flag]] if flag in limits else value
+            out = subprocess.run([exe, flag, *value, "--version"], capture_output=True,
+                                 text=True, timeout=60)
+            if out.returncode != 0:
+                refused.append((flag, value, out.stderr.strip()))
+    assert not refused, refused
+
+
 @pytest.mark.parametrize("page,opts", [
     ("man8/crun-rdzvd.8", "crun-rdzvd"), ("man1/crunctl.1", "crunctl"),
     ("man1/crun.1", None), ("man8/crun-agent.8", None)])
@@ -306,6 +358,7 @@ def test_man_pages_have_the_sections_a_user_expects(prefix, page, opts):
         # A flag is explained: text follows its tag, on its line or the next.
         unexplained = [f for f in sorted(flags)
                        if not re.search(r"^ {7}(-\w, )?" + re.escape(f) +
+                                        r"(, --[a-z][a-z0-9_-]*)*"
                                         r"( [A-Z][A-Za-z0-9:.|_]*)?( +[a-z]|\n {8,}\S)", man, re.M)]
         assert not unexplained, unexplained
 

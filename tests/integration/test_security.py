@@ -168,6 +168,52 @@ def test_crun_store_client_with_a_plain_server_fails_clearly(procs, tmp):
     assert "rendezvous" in err, err[-2000:]
 
 
+def stop_and_log(p):
+    """SIGTERM a crun-rdzvd; its stderr (the server's log) once it exited."""
+    p.terminate()
+    return p.communicate(timeout=20)[1].decode(errors="replace")
+
+
+@pytest.mark.parametrize("case,client_says,server_says", [
+    ("no_secret", "authentication required", "authentication required"),
+    ("wrong_secret", "wrong secret", "wrong secret for run id 'authj'"),
+])
+def test_an_agent_told_why_authentication_failed_on_both_sides(procs, tmp, case, client_says,
+                                                               server_says):
+    """Issue 22.1: a crun agent without the secret, or with another one,
+    against crun-rdzvd that wants one: both sides name the cause, not
+    "protocol error" / "permission denied"."""
+    sec = secret_file(os.path.join(tmp, "s"))
+    p, _, port = start_rdzvd(procs, "--auth-secret-file", sec)
+    other = secret_file(os.path.join(tmp, "other")) if case == "wrong_secret" else None
+    a = agent(procs, port, "authj", tmp, 1, tmp, secret=other,
+              extra=["--rdzv_conf=join_timeout=20"])
+    rc, _, err = finish(a)
+    log = stop_and_log(p)
+    assert rc != 0 and client_says in err, err[-2000:]
+    assert "protocol error" not in err and "permission denied" not in err, err[-2000:]
+    assert server_says in log, log
+
+
+def test_a_pytorch_client_without_the_secret_sees_what_it_saw(procs, tmp):
+    """Issue 22.1: the wording is crun's; the bytes a PyTorch 2.x client gets
+    are unchanged (the challenge, read as a bad ping echo), and the server
+    says the client had no secret."""
+    torch2 = os.path.expanduser("~/.cache/crun/venv-torch2/bin/python")
+    if not os.path.exists(torch2):
+        pytest.skip(f"no PyTorch 2.x at {torch2}")
+    sec = secret_file(os.path.join(tmp, "s"))
+    p, _, port = start_rdzvd(procs, "--auth-secret-file", sec)
+    code = ("import datetime, torch.distributed as d\n"
+            f"d.TCPStore('127.0.0.1', {port}, is_master=False,"
+            " timeout=datetime.timedelta(seconds=3))\n")
+    out = subprocess.run([torch2, "-c", code], capture_output=True, text=True, timeout=120)
+    log = stop_and_log(p)
+    assert out.returncode != 0
+    assert "Ping failed, invalid value returned from server" in out.stderr, out.stderr[-2000:]
+    assert "authentication required" in log, log
+
+
 # ---- two jobs on one crun-rdzvd ------------------------------------------------------
 
 def secrets_dir(tmp, *jobs):

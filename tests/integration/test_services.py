@@ -405,8 +405,84 @@ def test_bad_reload_keeps_the_running_config(procs, job, notify):
     assert p.wait(timeout=60) == 0
 
 
-def test_journal_stream_gives_priority_prefixes(procs, job):
+def after_stopping(msgs):
+    """Asserts STOPPING=1 was sent once and last; returns the messages before it."""
+    texts = [m for _, m in msgs]
+    assert texts.count("STOPPING=1") == 1 and texts[-1] == "STOPPING=1", texts
+    return texts[:-1]
+
+
+def test_agent_says_done_then_stopping_once_and_nothing_after(procs, job, notify):
+    """Issue 22.3: the job's end is STATUS=... done, then STOPPING=1, once;
+    before, a second STOPPING=1 (and a STATUS=) followed "done"."""
     cfg = write_config(job, base_config(job))
+    p = procs.spawn([bin_path("crun-agent"), "--config", str(cfg)],
+                    env=agent_env(NOTIFY_SOCKET=notify.path))
+    pids(job, 2)
+    notify.wait("READY=1")
+    (job / "out" / "stop").write_text("")
+    assert p.wait(timeout=60) == 0
+    notify.drain()
+    before = after_stopping(notify.msgs)
+    assert before[-1].startswith("STATUS=") and " done, " in before[-1], before
+
+
+def test_rdzvd_stops_with_one_stopping(procs, tmp_path, notify):
+    cfg = tmp_path / "rdzvd.json"
+    cfg.write_text(json.dumps({"host": "127.0.0.1", "port": 0, "status": "off"}))
+    p = procs.spawn([bin_path("crun-rdzvd"), "--config", str(cfg)],
+                    env=agent_env(NOTIFY_SOCKET=notify.path))
+    notify.wait("READY=1")
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=20) == 0
+    notify.drain()
+    after_stopping(notify.msgs)
+
+
+def reload_status(p, notify):
+    n = sum("reloaded" in m for _, m in notify.drain())
+    p.send_signal(signal.SIGHUP)
+    wait_for(lambda: sum("reloaded" in m for _, m in notify.drain()) > n,
+             what=lambda: f"a reload's STATUS= (got {[m for _, m in notify.msgs]})")
+    return [m for _, m in notify.msgs if "reloaded" in m][-1]
+
+
+def test_agent_reload_names_a_changed_job_env(procs, job, notify):
+    """Issue 22.3: job.env (and job.args) changes need a restart and say so;
+    before, the reload said "needs a restart: nothing"."""
+    cfg = write_config(job, base_config(job))
+    p = procs.spawn([bin_path("crun-agent"), "--config", str(cfg)],
+                    env=agent_env(NOTIFY_SOCKET=notify.path))
+    pids(job, 2)
+    notify.wait("READY=1")
+    write_config(job, base_config(job, job={"env": {"JOB_VAR": "changed"}}))
+    line = reload_status(p, notify)
+    assert line.endswith("needs a restart: job.env"), line
+    write_config(job, base_config(job, job={"env": {"JOB_VAR": "changed"}, "args": ["x"]}))
+    line = reload_status(p, notify)  # against the running config: env still differs
+    assert line.endswith("needs a restart: job.args, job.env"), line
+    (job / "out" / "stop").write_text("")
+    assert p.wait(timeout=60) == 0
+
+
+def test_rdzvd_reload_names_a_changed_port_once(procs, tmp_path, notify):
+    """Issue 22.3: a changed port was named twice ("port, port": the old
+    value gone, the new one added)."""
+    cfg = tmp_path / "rdzvd.json"
+    cfg.write_text(json.dumps({"host": "127.0.0.1", "port": 0, "status": "off"}))
+    p = procs.spawn([bin_path("crun-rdzvd"), "--config", str(cfg)],
+                    env=agent_env(NOTIFY_SOCKET=notify.path))
+    notify.wait("READY=1")
+    cfg.write_text(json.dumps({"host": "127.0.0.2", "port": free_port(), "status": "off"}))
+    line = reload_status(p, notify)
+    assert line.endswith("needs a restart: host, port"), line
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=20) == 0
+
+
+def journal_lines(procs, job, cfg):
+    """An agent's stderr lines when it is the journal ($JOURNAL_STREAM names it)."""
+    cfg = write_config(job, cfg)
     (job / "out" / "stop").write_text("")
     log = job / "stderr.log"
     with open(log, "wb") as f:
@@ -414,9 +490,46 @@ def test_journal_stream_gives_priority_prefixes(procs, job):
         env = agent_env(JOURNAL_STREAM=f"{st.st_dev}:{st.st_ino}")
         p = procs.spawn([bin_path("crun-agent"), "--config", str(cfg)], env=env, stderr=f)
         assert p.wait(timeout=120) == 0
-    lines = [ln for ln in log.read_text().splitlines() if "crun-agent" in ln]
+    return [ln for ln in log.read_text(errors="replace").splitlines() if "crun-agent" in ln]
+
+
+def test_journal_stream_gives_priority_prefixes(procs, job):
+    lines = journal_lines(procs, job, base_config(job))
     assert lines and all(re.match(r"<[0-7]>crun-agent: ", ln) for ln in lines), lines
     assert any(ln.startswith("<6>") for ln in lines)
+
+
+# Normal events an operator relies on: shown by default, but not as warnings.
+NORMAL_EVENTS = ("serving the rendezvous store on ", "round 0 complete: 1 node")
+
+
+def test_normal_events_go_to_the_journal_as_notices(procs, job):
+    """Issue 22.2: a self-hosted c10d agent's "serving the rendezvous store"
+    and "round complete" lines reach journald at priority 5 (notice), not 4."""
+    lines = journal_lines(procs, job, c10d_config(job))
+    for event in NORMAL_EVENTS:
+        got = [ln for ln in lines if event in ln]
+        assert got and all(ln.startswith("<5>crun-agent: ") for ln in got), (event, lines)
+
+
+@pytest.mark.parametrize("loglevel,shown", [(None, True), ("notice", True), ("WARNING", False)])
+def test_crun_shows_normal_events_by_default_as_notices(procs, job, loglevel, shown):
+    """Issue 22.2: crun's default shows them (letter N, not W); LOGLEVEL=WARNING,
+    torchrun's warnings only, hides them."""
+    (job / "out" / "stop").write_text("")
+    env = agent_env(**({"LOGLEVEL": loglevel} if loglevel else {}))
+    p = procs.spawn([bin_path("crun"), "--rdzv_backend=c10d",
+                     f"--rdzv_endpoint=127.0.0.1:{free_port()}",
+                     "--nproc_per_node=1", str(job / "w.py"), str(job / "out")], env=env)
+    _, err = p.communicate(timeout=120)
+    err = err.decode(errors="replace")
+    assert p.returncode == 0, err
+    for event in NORMAL_EVENTS:
+        got = [ln for ln in err.splitlines() if event in ln]
+        if shown:
+            assert got and all(re.match(r"crun\[\d+\] N ", ln) for ln in got), (event, err)
+        else:
+            assert not got, err
 
 
 # ---- status page ------------------------------------------------------------------------
@@ -638,10 +751,8 @@ def test_crunctl_tells_refused_unresolvable_and_timeout_apart(where):
     assert res.returncode == 1 and needle in res.stderr, res.stderr
 
 
-@pytest.mark.parametrize("fails", [False, True], ids=["succeeds", "fails"])
-def test_crunctl_watch_ends_with_the_jobs_final_state(procs, job, notify, fails):
-    """watch follows the job to its end, prints the final state and exits
-    non-zero for a failed job (it used to exit 0 when the page went away)."""
+def end_program(job, fails):
+    """A worker that runs until OUT/stop, then exits 3 on rank 0 if fails."""
     (job / "end.py").write_text(
         "import os, sys, time\n"
         "out = sys.argv[1]\n"
@@ -649,8 +760,15 @@ def test_crunctl_watch_ends_with_the_jobs_final_state(procs, job, notify, fails)
         "while time.monotonic() < end and not os.path.exists(os.path.join(out, 'stop')):\n"
         "    time.sleep(0.05)\n"
         f"sys.exit(3 if {fails} and os.environ['RANK'] == '0' else 0)\n")
+    return str(job / "end.py")
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["succeeds", "fails"])
+def test_crunctl_watch_ends_with_the_jobs_final_state(procs, job, notify, fails):
+    """watch follows the job to its end, prints the final state and exits
+    non-zero for a failed job (it used to exit 0 when the page went away)."""
     cfg = base_config(job, status={"listen": "127.0.0.1:0"})
-    cfg["job"]["program"] = str(job / "end.py")
+    cfg["job"]["program"] = end_program(job, fails)
     p = procs.spawn([bin_path("crun-agent"), "--config", str(write_config(job, cfg))],
                     env=agent_env(NOTIFY_SOCKET=notify.path))
     notify.wait("READY=1")
@@ -667,6 +785,37 @@ def test_crunctl_watch_ends_with_the_jobs_final_state(procs, job, notify, fails)
     assert final["state"] == "done" and final["exit_code"] == (1 if fails else 0), final
     assert w.returncode == (1 if fails else 0), err
     assert ("the job failed" in err.decode()) == fails, err
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["succeeds", "fails"])
+def test_crunctl_watch_follows_one_job_on_crun_rdzvd(procs, job, fails):
+    """Issue 22.4: watch --rdzv_id J on crun-rdzvd's page long-polls that job
+    (GET /status?rdzv_id=J&after=V): its rounds, then its end, done or failed,
+    with exit 1 for a failed job, as watch on an agent's page. Before, it
+    ignored --rdzv_id, printed the store's page and never ended."""
+    rd, host, port = start_rdzvd(procs)
+    page = re.search(r"http://([^/]+)/status", rdzvd_lines(rd, 1)[0]).group(1)
+    a = procs.spawn([bin_path("crun"), "--rdzv_backend=c10d", f"--rdzv_endpoint={host}:{port}",
+                     "--rdzv_id=wj", "--max_restarts=0", "--nproc_per_node=1",
+                     f"--log_dir={job / 'logs'}", end_program(job, fails), str(job / "out")],
+                    env=agent_env())
+    wait_for(lambda: "running" in crunctl("status", "--endpoint", page, "--json",
+                                          "--rdzv_id", "wj").stdout,
+             what="job wj running on crun-rdzvd")
+    w = procs.spawn([bin_path("crunctl"), "watch", "--endpoint", page, "--rdzv_id", "wj",
+                     "--json", "--interval", "30"])
+    first = json.loads(w.stdout.readline())
+    assert first["state"] == "running" and first["run_id"] == "wj", first
+    assert first["rendezvous"]["round"] == 0, first
+    (job / "out" / "stop").write_text("")
+    assert a.wait(timeout=60) == (1 if fails else 0)
+    out, err = w.communicate(timeout=60)  # long-polled: the end comes at once
+    final = json.loads(out.decode().splitlines()[-1])
+    assert final["state"] == ("failed" if fails else "done"), final
+    assert w.returncode == (1 if fails else 0), err
+    assert ("the job failed" in err.decode()) == fails, err
+    res = crunctl("watch", "--endpoint", page, "--rdzv_id", "other")
+    assert res.returncode == 1 and "does not serve job 'other'" in res.stderr, res.stderr
 
 
 def test_crunctl_rdzv_id_is_compared_as_json(procs, job, notify):

@@ -6,6 +6,7 @@ configs/tmpfiles.d files to it, as they do at boot and on install. The secret
 an operator writes there as root (mode 0600, as the configs say) must then be
 readable by the user the unit runs as: the program of the unit's ExecStart,
 run as that user (setpriv), must get past reading it."""
+import json
 import os
 import shlex
 import shutil
@@ -229,6 +230,33 @@ def test_rdzvd_reload_applies_new_limits(machine):
     m.wait_for("the reload's limits line",
                lambda: "max-conns 777" in m.journal("crun-rdzvd"))
     assert m.show("crun-rdzvd", "ActiveState") == "active"
+
+
+def test_rdzvd_reload_is_a_notice_and_names_a_restart_once(machine):
+    """Issue 22.2/22.3 under systemd: a reload applied in full is a notice in
+    the journal (priority 5), not a warning; a changed port is named once in
+    the unit's StatusText (it said "port, port")."""
+    m = machine
+    if m.show("crun-rdzvd", "ActiveState") != "active":
+        start_rdzvd(m)
+
+    def notices():
+        return m.sh("journalctl --no-pager -o cat -p notice..notice -u crun-rdzvd",
+                    check=False).stdout
+    write(m, "/etc/crun/rdzvd.json", rdzvd_json(**{"max-conns": 778}))
+    m.sh("systemctl reload crun-rdzvd.service")
+    m.wait_for("the applied reload as a notice",
+               lambda: "reload: applied: max-conns; needs a restart: nothing" in notices())
+    cfg = json.loads(rdzvd_json(**{"max-conns": 778}))
+    cfg["port"] = 29402
+    write(m, "/etc/crun/rdzvd.json", json.dumps(cfg))
+    m.sh("systemctl reload crun-rdzvd.service")
+    m.wait_for("StatusText after the reload",
+               lambda: "reloaded" in m.show("crun-rdzvd", "StatusText"))
+    assert m.show("crun-rdzvd", "StatusText").endswith("needs a restart: port"), \
+        m.show("crun-rdzvd", "StatusText")
+    write(m, "/etc/crun/rdzvd.json", rdzvd_json())
+    m.sh("systemctl reload crun-rdzvd.service")
 
 
 def test_rdzvd_stop_leaves_the_unit_inactive_not_failed(machine):

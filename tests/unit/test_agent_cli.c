@@ -553,6 +553,40 @@ START_TEST(config_file_good)
 }
 END_TEST
 
+/* SIGHUP compares the fresh config with the running one (issue 22.3): the
+ * workers' environment and arguments are lists, and a change inside one
+ * needs a restart too. */
+START_TEST(reload_changes_name_job_env_and_args)
+{
+	struct cli was;
+	char live[256], restart[512];
+
+	ck_assert_int_eq(parse_file("{\"job\": {\"program\": \"t.py\", \"env\": {\"A\": \"1\"},"
+				    " \"args\": [\"x\"]}}",
+				    NULL),
+			 0);
+	was = c;
+	memset(&c, 0, sizeof(c));
+	ck_assert_int_eq(parse_file("{\"job\": {\"program\": \"t.py\", \"env\": {\"A\": \"2\"},"
+				    " \"args\": [\"x\"]}, \"daemon\": {\"log_level\": \"notice\"}}",
+				    NULL),
+			 0);
+	ck_assert_int_eq(c.log_level, LL_NOTICE);
+	cli_changes(&was, &c, live, sizeof(live), restart, sizeof(restart));
+	ck_assert_str_eq(live, "log_level");
+	ck_assert_str_eq(restart, "job.env");
+	cli_free(&c);
+	ck_assert_int_eq(parse_file("{\"job\": {\"program\": \"t.py\", \"env\": {\"A\": \"1\"},"
+				    " \"args\": [\"x\", \"y\"]}}",
+				    NULL),
+			 0);
+	cli_changes(&was, &c, live, sizeof(live), restart, sizeof(restart));
+	ck_assert_str_eq(live, "");
+	ck_assert_str_eq(restart, "job.args");
+	cli_free(&was);
+}
+END_TEST
+
 static const struct {
 	const char *json;
 	const char *needle;
@@ -960,6 +994,7 @@ static Suite *agent_cli_suite(void)
 	tcase_add_test(tc, crun_only_flags_are_exact);
 	tcase_add_test(tc, completion_scripts);
 	tcase_add_test(tc, config_file_good);
+	tcase_add_test(tc, reload_changes_name_job_env_and_args);
 	tcase_add_loop_test(tc, config_file_errors_name_the_path, 0, (int)ARRAY_SIZE(bad_files));
 	tcase_add_test(tc, config_file_missing_and_flag_wins);
 	tcase_add_test(tc, every_row_round_trips_between_flag_and_json);
