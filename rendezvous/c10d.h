@@ -1,5 +1,6 @@
-/* c10d.h: the c10d rendezvous backend behind rdzv.h (static.c dispatches to
- * it), plus rdzv_conf parsing and a blocking join for tests and benchmarks.
+/* c10d.h: what the c10d rendezvous backend (rdzv_c10d_backend, behind the
+ * front door rdzv.c) offers beside its table: rdzv_conf parsing and a
+ * blocking join for tests and benchmarks.
  * The round algorithm's pure core is round_int.h.
  */
 #ifndef CRUN_RENDEZVOUS_C10D_H
@@ -12,7 +13,6 @@
 #include "rendezvous/rdzv.h"
 #include "store/server.h"
 
-struct c10d;
 struct etcd_conf;
 
 struct c10d_conf {
@@ -74,21 +74,6 @@ struct coord;
 int c10d_join_on(struct coord *c, const struct c10d_join_args *a, struct rdzv_info *ret_info,
 		 int *ret_round, char *err, size_t cap);
 
-int c10d_new(const struct rdzv_params *p, struct c10d **ret);
-void c10d_free(struct c10d *c);
-int c10d_store_to_serve(const struct c10d *c, const char **ret_host, uint16_t *ret_port);
-void c10d_set_served_port(struct c10d *c, uint16_t port);
-int c10d_next_round(struct c10d *c);
-const struct rdzv_info *c10d_info(const struct c10d *c);
-/* Numeric addresses of the last round's nodes, space separated, when this
- * agent is group rank 0 (its worker store is the round's); NULL otherwise. */
-const char *c10d_peer_addrs(const struct c10d *c);
-/* The rendezvous store served in-process (is_host), or NULL; borrowed. */
-const struct store_server *c10d_served_store(const struct c10d *c);
-/* rdzv_conf worker_store=proxy was given. */
-bool c10d_worker_store_proxy(const struct c10d *c);
-void c10d_get_progress(const struct c10d *c, struct rdzv_progress *ret);
-
 /* c10d_peers.c. The address field of a node record into out: 0,
  * CRUN_EPROTO (not a record) or CRUN_ETOOBIG. Pure. */
 int c10d_record_addr(const char *rec, char *out, size_t cap);
@@ -98,11 +83,5 @@ int c10d_record_addr(const char *rec, char *out, size_t cap);
 struct round_closed;
 int c10d_read_peer_addrs(struct coord *c, int rd, const struct round_closed *rc, uint32_t read_ms,
 			 char **ret);
-int c10d_exit_barrier(struct c10d *c);
-int c10d_barrier_result(const struct c10d *c);
-int c10d_close_failed(struct c10d *c, const char *why);
-enum rdzv_change c10d_change_kind(const struct c10d *c);
-const char *c10d_last_error(const struct c10d *c);
-int c10d_failure(const struct c10d *c); /* rdzv_failure() */
 
 #endif /* CRUN_RENDEZVOUS_C10D_H */

@@ -7,10 +7,11 @@
  *
  * Backends: "static" (fixed node ranks, node 0's agent serves the store; also
  * --standalone, a one-node static job with a private store), "c10d"
- * (elastic membership, c10d.h; static.c forwards every call to it) and
+ * (elastic membership, c10d.h) and
  * "etcd" (the same rounds on an etcd v3 cluster through coord.h: master_addr
  * is then the member list "host:port,..."; the agent with group rank 0 still
- * serves the workers' store).
+ * serves the workers' store). rdzv.c picks one and drives it through its
+ * table (rdzv_int.h).
  */
 #ifndef CRUN_RENDEZVOUS_RDZV_H
 #define CRUN_RENDEZVOUS_RDZV_H
