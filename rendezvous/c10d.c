@@ -833,7 +833,7 @@ static int c10d_failure(const struct rdzv *rz)
 /* "c10d" and "etcd" (rdzv.c): the same rounds, on the crun store or etcd. */
 const struct rdzv_backend rdzv_c10d_backend = {
     .name = "c10d",
-    .new = c10d_new,
+    .create = c10d_new,
     .free = c10d_free,
     .store_to_serve = c10d_store_to_serve,
     .set_served_port = c10d_set_served_port,

@@ -41,7 +41,7 @@ int rdzv_new(const struct rdzv_params *p, struct rdzv **ret_rdzv)
 	ops = backend_of(p);
 	if (!ops)
 		return CRUN_ENOTSUP;
-	TRY(ops->new(p, &r));
+	TRY(ops->create(p, &r));
 	r->ops = ops;
 	*ret_rdzv = r;
 	return 0;

@@ -166,7 +166,7 @@ int rdzv_run_id_of_key(const uint8_t *key, size_t len, char *ret, size_t cap);
  * detached and frees its own state when its call returns. NULL: no-op. */
 void rdzv_free(struct rdzv *r);
 
-/* Pure rank math (unit-tested): given every node's nproc in group-rank order,
+/* Pure rank math (round.c, unit-tested): given every node's nproc in group-rank order,
  * fill the fields of *ret for group rank `me`. Returns 0 or CRUN_EINVAL. */
 int rdzv_assign_ranks(const int *nprocs, int nnodes, int me, struct rdzv_info *ret);
 

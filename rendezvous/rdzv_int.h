@@ -26,8 +26,8 @@ struct rdzv {
  * door then answers what a backend without that feature means. */
 struct rdzv_backend {
 	const char *name;
-	/* Builds the backend's state (ops is set by the front door). */
-	int (*new)(const struct rdzv_params *p, struct rdzv **ret);
+	/* rdzv_new: builds the backend's state (the front door sets ops). */
+	int (*create)(const struct rdzv_params *p, struct rdzv **ret);
 	void (*free)(struct rdzv *r); /* half-built state OK */
 	int (*store_to_serve)(const struct rdzv *r, const char **ret_host, uint16_t *ret_port);
 	void (*set_served_port)(struct rdzv *r, uint16_t port);

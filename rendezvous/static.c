@@ -65,31 +65,6 @@ static void job_release(struct helper_job *h)
 	free(j);
 }
 
-int rdzv_assign_ranks(const int *nprocs, int nnodes, int me, struct rdzv_info *ret)
-{
-	int64_t base = 0, total = 0;
-
-	if (!nprocs || nnodes < 1 || me < 0 || me >= nnodes)
-		return CRUN_EINVAL;
-	for (int i = 0; i < nnodes; i++) {
-		if (nprocs[i] < 1)
-			return CRUN_EINVAL;
-		if (i < me)
-			base += nprocs[i];
-		total += nprocs[i];
-	}
-	if (total > INT32_MAX)
-		return CRUN_ERANGE;
-	ret->group_rank = me;
-	ret->group_world_size = nnodes;
-	ret->base_rank = (int)base;
-	ret->world_size = (int)total;
-	/* One role per job (as torchrun's launcher), so role ranks equal ranks. */
-	ret->role_base_rank = (int)base;
-	ret->role_world_size = (int)total;
-	return 0;
-}
-
 static int job_run(struct helper_job *h)
 {
 	struct rdzv_job *j = (struct rdzv_job *)h;
@@ -403,7 +378,7 @@ static int st_close_failed(struct rdzv *rz, const char *why)
  * front door answers those (rdzv_int.h). */
 const struct rdzv_backend rdzv_static_backend = {
     .name = "static",
-    .new = st_new,
+    .create = st_new,
     .free = st_free,
     .store_to_serve = st_store_to_serve,
     .set_served_port = st_set_served_port,
