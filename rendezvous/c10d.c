@@ -590,21 +590,27 @@ static int load_auth(struct c10d *c, const char *from_agent)
 	return r;
 }
 
-/* Backend "etcd": master_addr is the endpoint list; the etcd keys of
- * rdzv_conf are taken out before the round's own keys are parsed. */
+/* Backend "etcd": master_addr is the endpoint list; rdzv_conf's etcd rows
+ * (c10d.h) say how to reach and use it. */
 static int etcd_setup(struct c10d *c, const struct rdzv_params *p)
 {
-	char rest[1024];
+	struct etcd_conf *e;
 
-	c->etcd = calloc(1, sizeof(*c->etcd));
-	if (!c->etcd)
+	e = c->etcd = calloc(1, sizeof(*c->etcd));
+	if (!e)
 		return CRUN_ENOMEM;
-	TRY(etcd_parse_endpoints(p->master_addr, c->etcd, c->err, sizeof(c->err)));
-	TRY(etcd_parse_conf(p->conf, c->etcd, rest, sizeof(rest), c->err, sizeof(c->err)));
-	TRY(c10d_parse_conf(rest, &c->conf, c->err, sizeof(c->err)));
-	TRY(etcd_prefix(c->etcd, c->run_id, c->prefix, sizeof(c->prefix)));
-	snprintf(c->ep_host, sizeof(c->ep_host), "%s", c->etcd->ep[0].host);
-	c->ep_port = c->etcd->ep[0].port;
+	TRY(etcd_parse_endpoints(p->master_addr, e, c->err, sizeof(c->err)));
+	/* etcd_parse_endpoints may have turned https on from a scheme. */
+	e->https = e->https || c->conf.etcd_https;
+	snprintf(e->cacert, sizeof(e->cacert), "%s", c->conf.etcd_cacert);
+	snprintf(e->cert, sizeof(e->cert), "%s", c->conf.etcd_cert);
+	snprintf(e->key, sizeof(e->key), "%s", c->conf.etcd_key);
+	snprintf(e->prefix, sizeof(e->prefix), "%s", c->conf.etcd_prefix);
+	snprintf(e->username, sizeof(e->username), "%s", c->conf.etcd_username);
+	snprintf(e->password_file, sizeof(e->password_file), "%s", c->conf.etcd_password_file);
+	TRY(etcd_prefix(e, c->run_id, c->prefix, sizeof(c->prefix)));
+	snprintf(c->ep_host, sizeof(c->ep_host), "%s", e->ep[0].host);
+	c->ep_port = e->ep[0].port;
 	return 0;
 }
 
@@ -615,7 +621,8 @@ static int c10d_new(const struct rdzv_params *p, struct rdzv **ret)
 	struct c10d *c;
 	int r;
 
-	if (p->min_nodes < 1 || p->max_nodes < p->min_nodes || !p->master_addr || !p->master_port)
+	if (p->min_nodes < 1 || p->max_nodes < p->min_nodes || !p->master_addr || !p->master_port ||
+	    !p->conf)
 		return CRUN_ECONFIG;
 	c = calloc(1, sizeof(*c));
 	if (!c)
@@ -637,9 +644,11 @@ static int c10d_new(const struct rdzv_params *p, struct rdzv **ret)
 	c->ep_port = p->master_port;
 	snprintf(c->prefix, sizeof(c->prefix), "crun-c10d/%s", c->run_id);
 	/* "etcd": the same rounds, on an etcd cluster */
-	r = strcmp(p->backend, "etcd") == 0
-		? etcd_setup(c, p)
-		: c10d_parse_conf(p->conf, &c->conf, c->err, sizeof(c->err));
+	c->conf = *p->conf;
+	c->p.conf = &c->conf;
+	r = c10d_conf_check(&c->conf, c->err, sizeof(c->err));
+	if (r == 0 && strcmp(p->backend, "etcd") == 0)
+		r = etcd_setup(c, p);
 	if (r < 0) {
 		log_at(LL_ERROR, SUB_RDZV, "%s", c->err);
 		rdzv_prog_unref(c->prog);

@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "common/common.h"
-#include "rendezvous/c10d.h"
 #include "rendezvous/etcd_int.h"
 #include "rendezvous/rdzv.h"
 #include "rendezvous/rdzv_int.h"
@@ -131,21 +130,6 @@ void rdzv_get_progress(const struct rdzv *r, struct rdzv_progress *ret)
 int rdzv_failure(const struct rdzv *r)
 {
 	return r->ops->failure ? r->ops->failure(r) : CRUN_ERDZVCLOSED;
-}
-
-int rdzv_conf_check(const char *backend, const char *conf, char *err, size_t cap)
-{
-	struct c10d_conf c;
-	struct etcd_conf e = {0};
-	char rest[1024];
-
-	if (strcmp(backend, "etcd") == 0) {
-		TRY(etcd_parse_conf(conf, &e, rest, sizeof(rest), err, cap));
-		return c10d_parse_conf(rest, &c, err, cap);
-	}
-	if (strcmp(backend, "c10d") != 0)
-		return CRUN_ENOTSUP;
-	return c10d_parse_conf(conf, &c, err, cap);
 }
 
 int rdzv_endpoint_check(const char *backend, const char *endpoint, char *err, size_t cap)

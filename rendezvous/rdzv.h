@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 struct event_base;
+struct c10d_conf;
 struct rdzv;
 struct store_server;
 
@@ -79,7 +80,10 @@ struct rdzv_params {
 	uint32_t barrier_timeout_ms;
 	/* c10d: master_addr/master_port are the rendezvous endpoint */
 	int min_nodes, max_nodes;
-	const char *conf;	      /* rdzv_conf "k=v,..." or NULL */
+	/* c10d and etcd: the typed --rdzv_conf (c10d.h; the CLI parsed the
+	 * text), copied by rdzv_new; NULL: every key at its default is not
+	 * known here, so an elastic backend refuses NULL (CRUN_ECONFIG). */
+	const struct c10d_conf *conf;
 	const char *hostname;	      /* for records and messages */
 	const char *auth_secret_file; /* c10d: shared secret; NULL = CRUN_AUTH_SECRET_FILE */
 	struct event_base *base;      /* borrowed, the agent's loop */
@@ -150,8 +154,6 @@ enum rdzv_change rdzv_change_kind(const struct rdzv *r);
  * c10d store waits (bounded) for the others to read it. Ends with
  * RDZV_EV_BARRIER_DONE. CRUN_ENOTSUP for a one-node job. */
 int rdzv_close_failed(struct rdzv *r, const char *why);
-/* Checks a --rdzv_conf value for `backend`; 0 or CRUN_EINVAL with err. */
-int rdzv_conf_check(const char *backend, const char *conf, char *err, size_t cap);
 /* Checks an --rdzv_endpoint value for `backend` ("etcd": a comma-separated
  * member list); 0 or CRUN_EINVAL with err naming the bad entry. */
 int rdzv_endpoint_check(const char *backend, const char *endpoint, char *err, size_t cap);
