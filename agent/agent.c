@@ -496,7 +496,6 @@ CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_a
 	rp.master_addr = a->cfg.master_addr ? a->cfg.master_addr : "127.0.0.1";
 	rp.master_port = a->cfg.master_port;
 	rp.local_addr = a->cfg.local_addr;
-	rp.join_timeout_ms = a->cfg.join_timeout_ms;
 	rp.barrier_timeout_ms = a->cfg.barrier_timeout_ms;
 	rp.min_nodes = a->cfg.min_nnodes > 0 ? a->cfg.min_nnodes : a->cfg.nnodes;
 	rp.max_nodes = a->cfg.max_nnodes > 0 ? a->cfg.max_nnodes : a->cfg.nnodes;

@@ -256,8 +256,12 @@ int cli_rdzv_conf_of(const crun_agent_config_t *cfg, struct c10d_conf *ret, char
 	const char *backend = cfg->rdzv_backend ? cfg->rdzv_backend : "static";
 
 	cli_rdzv_conf_init(ret);
-	if (cfg->standalone || (strcmp(backend, "c10d") && strcmp(backend, "etcd")))
-		return 0; /* the static backend reads cfg->join_timeout_ms */
+	if (cfg->standalone || (strcmp(backend, "c10d") && strcmp(backend, "etcd"))) {
+		/* static: crun_agent_config_t's own field (the static keys of
+		 * --rdzv_conf were read into it by the CLI) */
+		ret->join_ms = cfg->join_timeout_ms;
+		return 0;
+	}
 	return cli_rdzv_conf_set(ret, backend, cfg->rdzv_conf, err, cap);
 }
 

@@ -28,7 +28,8 @@ int cli_rdzv_conf_set(struct c10d_conf *c, const char *backend, const char *text
 int cli_rdzv_conf_static(const char *text, uint32_t *ret_join_ms, char *unknown, size_t ucap,
 			 char *err, size_t cap);
 /* The typed rendezvous settings of a config (its rdzv_conf text, for an
- * elastic backend; else the defaults): what crun_agent_new hands down. */
+ * elastic backend; for static, the defaults with cfg->join_timeout_ms as
+ * join_ms): what crun_agent_new hands down. */
 int cli_rdzv_conf_of(const crun_agent_config_t *cfg, struct c10d_conf *ret, char *err, size_t cap);
 /* Earlier names the tests and benchmarks use: cli_rdzv_conf_set over the
  * defaults, for "c10d" (into *ret only on success), and for `backend`

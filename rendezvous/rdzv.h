@@ -76,13 +76,13 @@ struct rdzv_params {
 	const char *master_addr; /* static: where node 0 serves the store */
 	uint16_t master_port;
 	const char *local_addr; /* standalone: advertised address, or NULL */
-	uint32_t join_timeout_ms;
 	uint32_t barrier_timeout_ms;
 	/* c10d: master_addr/master_port are the rendezvous endpoint */
 	int min_nodes, max_nodes;
-	/* c10d and etcd: the typed --rdzv_conf (c10d.h; the CLI parsed the
-	 * text), copied by rdzv_new; NULL: every key at its default is not
-	 * known here, so an elastic backend refuses NULL (CRUN_ECONFIG). */
+	/* The typed --rdzv_conf (c10d.h; the CLI parsed the text), copied by
+	 * rdzv_new; the static backend reads its join_ms (the time to wait for
+	 * every agent). Required: the defaults are the CLI's rows, not known
+	 * here, so rdzv_new refuses NULL (CRUN_ECONFIG). */
 	const struct c10d_conf *conf;
 	const char *hostname;	      /* for records and messages */
 	const char *auth_secret_file; /* c10d: shared secret; NULL = CRUN_AUTH_SECRET_FILE */

@@ -30,6 +30,7 @@
 
 #include "common/common.h"
 #include "crun/store.h"
+#include "rendezvous/c10d.h"
 #include "rendezvous/helper_int.h"
 #include "rendezvous/rdzv.h"
 #include "rendezvous/rdzv_int.h"
@@ -43,6 +44,7 @@ struct rdzv_static {
 	char run_id[256];
 	char master_addr[RDZV_HOST_MAX];
 	bool serve;
+	uint32_t join_ms; /* rdzv_conf join_timeout (c10d.h) */
 	uint16_t served_port;
 	bool have_info;
 	struct rdzv_info info;
@@ -211,7 +213,7 @@ static int start_job(struct rdzv_static *r, enum job_kind kind)
 	j->node_rank = r->p.node_rank;
 	j->nnodes = r->p.nnodes;
 	j->nproc = r->p.nproc;
-	j->join_timeout_ms = r->p.join_timeout_ms;
+	j->join_timeout_ms = r->join_ms;
 	j->barrier_timeout_ms = r->p.barrier_timeout_ms;
 	j->attempt = r->attempt;
 	snprintf(j->why, sizeof(j->why), "%s", r->why);
@@ -247,12 +249,14 @@ static int st_new(const struct rdzv_params *p, struct rdzv **ret)
 	if (p->standalone && p->nnodes != 1)
 		return CRUN_ECONFIG;
 	if (p->nnodes < 1 || p->nnodes > RDZV_MAX_NODES || p->node_rank < 0 ||
-	    p->node_rank >= p->nnodes)
+	    p->node_rank >= p->nnodes || !p->conf)
 		return CRUN_ECONFIG;
 	r = calloc(1, sizeof(*r));
 	if (!r)
 		return CRUN_ENOMEM;
 	r->p = *p;
+	r->p.conf = NULL; /* borrowed for the call: what static reads is copied */
+	r->join_ms = p->conf->join_ms;
 	helper_init(&r->job, p->base, on_job, r);
 	helper_init(&r->mon, p->base, on_mon, r);
 	helper_use_runner(&r->job, &hr);

@@ -193,15 +193,19 @@ START_TEST(front_door_picks_backends_by_name)
 				.base = base,
 				.on_event = on_ev};
 	struct rdzv_progress prog;
+	struct c10d_conf conf;
 	struct rdzv *r;
 
 	ck_assert_ptr_nonnull(base);
 	ck_assert_int_eq(rdzv_new(&p, &r), CRUN_ENOTSUP);
-	p.backend = "c10d"; /* an elastic backend needs its typed settings */
+	p.backend = "c10d"; /* every backend needs its typed settings */
 	ck_assert_int_eq(rdzv_new(&p, &r), CRUN_ECONFIG);
 	p.backend = "etcd";
 	ck_assert_int_eq(rdzv_new(&p, &r), CRUN_ECONFIG);
 	p.backend = "static";
+	ck_assert_int_eq(rdzv_new(&p, &r), CRUN_ECONFIG);
+	cli_rdzv_conf_init(&conf);
+	p.conf = &conf;
 	ck_assert_int_eq(rdzv_new(&p, &r), 0);
 	/* What the static backend leaves out, the front door answers. */
 	rdzv_get_progress(r, &prog);
