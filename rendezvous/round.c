@@ -204,6 +204,26 @@ int round_ranks(const struct round_member *m, int n, int *ret_grank, int *ret_ba
 	return 0;
 }
 
+/* The ranks of an assignment; one role per job, so role ranks equal ranks. */
+static void assignment_fill(struct round_assignment *a, int g, int nodes, int base, int world)
+{
+	a->info.group_rank = g;
+	a->info.group_world_size = nodes;
+	a->info.base_rank = a->info.role_base_rank = base;
+	a->info.world_size = a->info.role_world_size = world;
+}
+
+/* Where the round's stores are, the same for every member. */
+static void where_fill(struct round_assignment *a, const char *maddr, unsigned mport, int attempt,
+		       const char *shost)
+{
+	snprintf(a->info.master_addr, sizeof(a->info.master_addr), "%s", maddr);
+	a->info.master_port = (uint16_t)mport;
+	a->info.attempt = attempt;
+	snprintf(a->store_host, sizeof(a->store_host), "%s", shost);
+	a->host_member = shost[0] != '\0';
+}
+
 int round_assign(const struct round_closed *rc, int me, struct round_assignment *ret)
 {
 	int n = rc->n, *grank, *base;
@@ -219,15 +239,8 @@ int round_assign(const struct round_closed *rc, int me, struct round_assignment 
 	r = round_ranks(rc->m, n, grank, base, &world);
 	if (r < 0)
 		goto out;
-	a.info.group_rank = grank[me];
-	a.info.group_world_size = n;
-	a.info.base_rank = a.info.role_base_rank = base[grank[me]];
-	a.info.world_size = a.info.role_world_size = world;
-	snprintf(a.info.master_addr, sizeof(a.info.master_addr), "%s", rc->master_addr);
-	a.info.master_port = (uint16_t)rc->master_port;
-	a.info.attempt = rc->attempt;
-	snprintf(a.store_host, sizeof(a.store_host), "%s", rc->store_host);
-	a.host_member = rc->store_host[0] != '\0';
+	assignment_fill(&a, grank[me], n, base[grank[me]], world);
+	where_fill(&a, rc->master_addr, rc->master_port, rc->attempt, rc->store_host);
 	*ret = a;
 out:
 	free(grank);
@@ -245,15 +258,8 @@ int round_member_assign(const struct round_head *h, const char *val, struct roun
 	    g < 0 || g >= h->nodes || base < 0 || world < 1 || base >= world ||
 	    world - base < h->nodes - g)
 		return CRUN_EPROTO;
-	a.info.group_rank = g;
-	a.info.group_world_size = h->nodes;
-	a.info.base_rank = a.info.role_base_rank = base;
-	a.info.world_size = a.info.role_world_size = world;
-	snprintf(a.info.master_addr, sizeof(a.info.master_addr), "%s", h->master_addr);
-	a.info.master_port = (uint16_t)h->master_port;
-	a.info.attempt = h->attempt;
-	snprintf(a.store_host, sizeof(a.store_host), "%s", h->store_host);
-	a.host_member = h->store_host[0] != '\0';
+	assignment_fill(&a, g, h->nodes, base, world);
+	where_fill(&a, h->master_addr, h->master_port, h->attempt, h->store_host);
 	*ret = a;
 	return 0;
 }
