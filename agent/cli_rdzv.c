@@ -96,7 +96,7 @@ static int row_set(const struct rk_row *w, struct c10d_conf *c, const char *k, c
 		if (w->kind == RK_TLS)
 			*(int *)dst = b ? 13 : 12;
 		else
-			*(bool *)dst = b;
+			*(int *)dst = b;
 		return 0;
 	case RK_RPATH:
 		if (access(v, R_OK) < 0) {
@@ -216,6 +216,7 @@ void cli_rdzv_conf_init(struct c10d_conf *c)
 
 	memset(c, 0, sizeof(*c));
 	c->is_host = -1;
+	c->etcd_https = -1;
 	c->store = (struct store_server_config)STORE_SERVER_CONFIG_DEFAULT;
 	for (size_t i = 0; i < ARRAY_SIZE(rows); i++)
 		if (rows[i].def) /* checked by the unit tests: cannot fail */

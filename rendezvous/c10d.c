@@ -600,8 +600,9 @@ static int etcd_setup(struct c10d *c, const struct rdzv_params *p)
 	if (!e)
 		return CRUN_ENOMEM;
 	TRY(etcd_parse_endpoints(p->master_addr, e, c->err, sizeof(c->err)));
-	/* etcd_parse_endpoints may have turned https on from a scheme. */
-	e->https = e->https || c->conf.etcd_https;
+	/* An explicit protocol wins over the endpoints' scheme. */
+	if (c->conf.etcd_https >= 0)
+		e->https = c->conf.etcd_https;
 	snprintf(e->cacert, sizeof(e->cacert), "%s", c->conf.etcd_cacert);
 	snprintf(e->cert, sizeof(e->cert), "%s", c->conf.etcd_cert);
 	snprintf(e->key, sizeof(e->key), "%s", c->conf.etcd_key);

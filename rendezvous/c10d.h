@@ -23,11 +23,11 @@ struct etcd_conf;
  * new setting is one row plus its use. kind (how the value is spelled, and
  * the field's type): RK_SECS seconds -> uint32_t ms; RK_BOOL -> int (-1
  * unset); RK_PATH -> char[] path; RK_RPATH a readable file -> char[]; RK_STR
- * -> char[]; RK_PICK one of two choices -> bool (the second); RK_TLS "1.2" or
+ * -> char[]; RK_PICK one of two choices -> int (1: the second); RK_TLS "1.2" or
  * "1.3" -> int 12 or 13. scope: RS_ALL is read by the static backend too
  * (as its join timeout), RS_ELASTIC by c10d and etcd, RS_ETCD by etcd only.
- * default: the text --help shows and the CLI applies; NULL: the field's
- * zero (or -1 for RK_BOOL).
+ * default: the text --help shows and the CLI applies; NULL: what
+ * cli_rdzv_conf_init leaves (zero; -1, unset, for is_host and protocol).
  */
 #define RDZV_C10D_KEYS(X)                                                                          \
 	X(JOIN, join_timeout, "timeout", RK_SECS, RS_ALL, join_ms, "600", "SECONDS", NULL,         \
@@ -113,9 +113,9 @@ struct c10d_conf {
 	/* worker_store=proxy: the workers of every node but group rank 0's
 	 * reach the worker store through a proxy of their agent (store/proxy.h);
 	 * direct (0, the default): every worker connects to group rank 0's. */
-	bool worker_store_proxy;
+	int worker_store_proxy;
 	/* etcd (RDZV_ETCD_KEYS): copied into its etcd_conf by c10d.c. */
-	bool etcd_https;
+	int etcd_https; /* protocol: 1 https, 0 http, -1 unset (the endpoints' scheme) */
 	char etcd_cacert[RDZV_CONF_PATH_MAX];
 	char etcd_cert[RDZV_CONF_PATH_MAX];
 	char etcd_key[RDZV_CONF_PATH_MAX];

@@ -83,6 +83,7 @@ START_TEST(defaults_come_from_the_rows)
 	ck_assert_uint_eq(c.join_ms, 600000);
 	ck_assert_uint_eq(c.read_ms, 60000);
 	ck_assert_int_eq(c.is_host, -1);
+	ck_assert_int_eq(c.etcd_https, -1); /* unset: the endpoints' scheme decides */
 	ck_assert_int_eq(c.tls_min, 0);
 	ck_assert_uint_eq(c.store.max_keys, 1u << 20);
 }
