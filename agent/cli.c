@@ -213,7 +213,7 @@ static int rdzv_conf(struct cli *c, struct cli_ctx *x, bool auto_standalone)
 	if (cli_elastic(c->cfg.rdzv_backend) && !c->cfg.standalone) {
 		/* File keys first, so a --rdzv_conf key given as a flag wins. */
 		snprintf(all, sizeof(all), "%s%s%s", x->rk_conf, x->rk_conf[0] && *v ? "," : "", v);
-		if (rdzv_conf_check(c->cfg.rdzv_backend, all, c->err, sizeof(c->err)) < 0)
+		if (cli_rdzv_conf_check(c->cfg.rdzv_backend, all, c->err, sizeof(c->err)) < 0)
 			return CRUN_EINVAL;
 		c->cfg.rdzv_conf = cli_keep(c, all);
 		return 0;

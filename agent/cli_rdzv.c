@@ -276,7 +276,7 @@ int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap)
 	return 0;
 }
 
-int rdzv_conf_check(const char *backend, const char *conf, char *err, size_t cap)
+int cli_rdzv_conf_check(const char *backend, const char *conf, char *err, size_t cap)
 {
 	struct c10d_conf c;
 
@@ -284,4 +284,9 @@ int rdzv_conf_check(const char *backend, const char *conf, char *err, size_t cap
 		return CRUN_ENOTSUP;
 	cli_rdzv_conf_init(&c);
 	return cli_rdzv_conf_set(&c, backend, conf, err, cap);
+}
+
+int rdzv_conf_check(const char *backend, const char *conf, char *err, size_t cap)
+{
+	return cli_rdzv_conf_check(backend, conf, err, cap);
 }

@@ -31,9 +31,11 @@ int cli_rdzv_conf_static(const char *text, uint32_t *ret_join_ms, char *unknown,
  * elastic backend; for static, the defaults with cfg->join_timeout_ms as
  * join_ms): what crun_agent_new hands down. */
 int cli_rdzv_conf_of(const crun_agent_config_t *cfg, struct c10d_conf *ret, char *err, size_t cap);
+/* Whether text is a valid --rdzv_conf for `backend` (cli_rdzv_conf_set over
+ * the defaults, result dropped); CRUN_ENOTSUP for a backend with no keys. */
+int cli_rdzv_conf_check(const char *backend, const char *text, char *err, size_t cap);
 /* Earlier names the tests and benchmarks use: cli_rdzv_conf_set over the
- * defaults, for "c10d" (into *ret only on success), and for `backend`
- * without keeping the result (CRUN_ENOTSUP for a backend with no keys). */
+ * defaults for "c10d" (into *ret only on success); cli_rdzv_conf_check. */
 int c10d_parse_conf(const char *s, struct c10d_conf *ret, char *err, size_t cap);
 int rdzv_conf_check(const char *backend, const char *conf, char *err, size_t cap);
 

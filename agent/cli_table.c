@@ -563,7 +563,7 @@ static int ap_rk(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v
 	char one[128], err[256];
 
 	snprintf(one, sizeof(one), "%s=%s", key, v);
-	if (rdzv_conf_check("c10d", one, err, sizeof(err)) < 0)
+	if (cli_rdzv_conf_check("c10d", one, err, sizeof(err)) < 0)
 		return cli_fail(c, "%s: %s", x->who[id], err);
 	if (len + strlen(one) + 2 > sizeof(x->rk_conf))
 		return cli_fail(c, "%s: rendezvous settings too long", x->who[id]);
