@@ -112,7 +112,7 @@ TEST_HELPERS := $(patsubst tests/helpers/%.c,$(BUILD)/tests/helpers/%,$(wildcard
 # LD_PRELOAD shims for integration tests (clock steps and the like).
 TEST_HELPERS += $(patsubst tests/preload/%.c,$(BUILD)/tests/preload/%.so,$(wildcard tests/preload/*.c))
 
-.PHONY: all test unit integration fuzz fuzz-run lint check-layers demo bench clean \
+.PHONY: all test unit integration fuzz fuzz-run lint check-layers check-pure demo bench clean \
 	test-deps gpu-test gpu-check print-config install uninstall deb deb-check bench-scale flake-hunt
 all: $(PROGS) $(LIBA) $(LIBSO) $(EXAMPLES) $(BENCHES) $(BUILD)/crun.pc $(CUDA_TARGETS)
 	@echo "built crun (WITH_CUDA=$(WITH_CUDA), SAN=$(SAN)) under $(BUILD)/"
@@ -321,7 +321,7 @@ endif
 
 # ---- lint --------------------------------------------------------------------
 SRC_ALL := $(filter-out build%,$(wildcard */*.c */*.h include/crun/*.h tests/*/*.c))
-lint: check-layers
+lint: check-layers check-pure
 	$(Q)clang-format --dry-run --Werror $(filter-out tests/%,$(SRC_ALL))
 	$(Q)cppcheck --quiet --error-exitcode=1 --enable=warning,performance,portability \
 		--suppress=missingIncludeSystem --inline-suppr -I. -Iinclude \
@@ -329,6 +329,11 @@ lint: check-layers
 
 check-layers:
 	$(Q)sh scripts/check-layers.sh
+
+# The pure cores call nothing but libc (issue 24): round.c, the round algorithm.
+PURE_OBJS := $(BUILD)/obj/rendezvous/round.o
+check-pure: $(PURE_OBJS)
+	$(Q)CC="$(CC)" sh scripts/check-pure.sh $(PURE_OBJS)
 
 # ---- demo and benchmarks -----------------------------------------------------
 demo: all

@@ -21,6 +21,7 @@
 
 #include "agent/agent.h"
 #include "common/common.h"
+#include "rendezvous/c10d.h"
 #include "rendezvous/rdzv.h"
 #include "store/proxy.h"
 #include "store/server.h"
@@ -403,6 +404,7 @@ CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_a
 {
 	struct crun_agent *a;
 	struct rdzv_params rp = {0};
+	struct c10d_conf rconf; /* the typed --rdzv_conf, copied by rdzv_new */
 	int r;
 
 	if (!cfg || !ret_agent || cfg->struct_size < offsetof(crun_agent_config_t, on_state))
@@ -494,11 +496,15 @@ CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_a
 	rp.master_addr = a->cfg.master_addr ? a->cfg.master_addr : "127.0.0.1";
 	rp.master_port = a->cfg.master_port;
 	rp.local_addr = a->cfg.local_addr;
-	rp.join_timeout_ms = a->cfg.join_timeout_ms;
 	rp.barrier_timeout_ms = a->cfg.barrier_timeout_ms;
 	rp.min_nodes = a->cfg.min_nnodes > 0 ? a->cfg.min_nnodes : a->cfg.nnodes;
 	rp.max_nodes = a->cfg.max_nnodes > 0 ? a->cfg.max_nnodes : a->cfg.nnodes;
-	rp.conf = a->cfg.rdzv_conf;
+	r = cli_rdzv_conf_of(&a->cfg, &rconf, a->err, sizeof(a->err));
+	if (r < 0) {
+		r = CRUN_ECONFIG;
+		goto fail;
+	}
+	rp.conf = &rconf;
 	rp.auth_secret_file = a->cfg.auth_secret_file;
 	rp.hostname = a->host;
 	rp.base = a->base;

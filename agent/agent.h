@@ -33,6 +33,7 @@
 #include <time.h>
 
 #include "crun/agent.h"
+#include "agent/cli_rdzv_int.h"
 
 struct event_base;
 struct event;
@@ -522,6 +523,7 @@ void cli_free(struct cli *c);
 int cli_nproc(const char *v, int *ret);
 int cli_gpu_count(void);
 int cli_xpu_count(void);
+
 /* --help of `prog`, from the option table; malloc'd (NULL on OOM). */
 char *cli_help_new(enum cli_prog prog);
 /* A completion script for shell "bash", "zsh" or "tcsh"; malloc'd, NULL for

@@ -187,42 +187,19 @@ static int check_value(struct cli *c, struct cli_ctx *x, enum cli_id id, const c
  * crun warns once instead of failing (torchrun-parity issue 11, item 8). */
 static int static_conf(struct cli *c, struct cli_ctx *x, const char *v, const char *mode)
 {
-	char unknown[256] = "";
+	static const char prefix[] = "argument --rdzv_conf: ";
+	char unknown[256], err[sizeof(c->err)];
 
-	for (const char *p = v; *p;) {
-		size_t len = strcspn(p, ",");
-		char item[256], *eq;
-		const char *why;
-
-		if (len >= sizeof(item))
-			return cli_fail(c, "%s: item too long", x->who[OPT_RDZV_CONF]);
-		memcpy(item, p, len);
-		item[len] = '\0';
-		p += len;
-		if (*p == ',')
-			p++;
-		eq = strchr(item, '=');
-		if (!eq || eq == item || !eq[1])
-			return cli_fail(c,
-					"%s: '%s' is not key=value with a non-empty key and value",
-					x->who[OPT_RDZV_CONF], item);
-		*eq = '\0';
-		if (strcmp(item, "timeout") && strcmp(item, "join_timeout") &&
-		    strcmp(item, "read_timeout")) {
-			size_t ul = strlen(unknown);
-
-			snprintf(unknown + ul, sizeof(unknown) - ul, "%s'%.60s'", ul ? ", " : "",
-				 item);
-			continue;
-		}
-		if (parse_timeout_ms(eq + 1, &c->cfg.join_timeout_ms, &why) < 0)
-			return cli_fail(c, "%s: %s=%s %s", x->who[OPT_RDZV_CONF], item, eq + 1,
-					why);
-	}
+	if (cli_rdzv_conf_static(v, &c->cfg.join_timeout_ms, unknown, sizeof(unknown), err,
+				 sizeof(err)) < 0)
+		return cli_fail(
+		    c, "%s: %s", x->who[OPT_RDZV_CONF],
+		    strncmp(err, prefix, sizeof(prefix) - 1) == 0 ? err + sizeof(prefix) - 1 : err);
 	if (unknown[0])
-		snprintf(c->warn, sizeof(c->warn),
-			 "%s: ignoring %s: %s reads only timeout, join_timeout and read_timeout",
-			 x->who[OPT_RDZV_CONF], unknown, mode);
+		snprintf(
+		    c->warn, sizeof(c->warn),
+		    "%s: ignoring %.200s: %s reads only timeout, join_timeout and read_timeout",
+		    x->who[OPT_RDZV_CONF], unknown, mode);
 	return 0;
 }
 
@@ -236,7 +213,7 @@ static int rdzv_conf(struct cli *c, struct cli_ctx *x, bool auto_standalone)
 	if (cli_elastic(c->cfg.rdzv_backend) && !c->cfg.standalone) {
 		/* File keys first, so a --rdzv_conf key given as a flag wins. */
 		snprintf(all, sizeof(all), "%s%s%s", x->rk_conf, x->rk_conf[0] && *v ? "," : "", v);
-		if (rdzv_conf_check(c->cfg.rdzv_backend, all, c->err, sizeof(c->err)) < 0)
+		if (cli_rdzv_conf_check(c->cfg.rdzv_backend, all, c->err, sizeof(c->err)) < 0)
 			return CRUN_EINVAL;
 		c->cfg.rdzv_conf = cli_keep(c, all);
 		return 0;

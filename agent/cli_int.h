@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "agent/agent.h"
+#include "rendezvous/c10d.h"
 
 /* How a value is spelled on the command line and in JSON. */
 enum cli_type {
@@ -85,20 +86,11 @@ enum cli_id {
 	OPT_NO_SLURM,
 	OPT_INSECURE,
 	OPT_CONFIG,
-	/* rendezvous.<key> in JSON: the c10d --rdzv_conf keys */
-	OPT_RK_JOIN,
-	OPT_RK_LAST_CALL,
-	OPT_RK_CLOSE,
-	OPT_RK_READ,
-	OPT_RK_IS_HOST,
-	OPT_RK_HEARTBEAT,
-	OPT_RK_LEASE_TTL,
-	OPT_RK_AUTH_FILE,
-	OPT_RK_TLS_CERT,
-	OPT_RK_TLS_KEY,
-	OPT_RK_TLS_CA,
-	OPT_RK_TLS_MIN,
-	OPT_RK_WORKER_STORE,
+/* rendezvous.<key> in JSON: the c10d --rdzv_conf keys, one per row of
+ * RDZV_C10D_KEYS (rendezvous/c10d.h) */
+#define CLI_RK_ID_(id, ...) OPT_RK_##id,
+	RDZV_C10D_KEYS(CLI_RK_ID_)
+#undef CLI_RK_ID_
 	/* the job itself in JSON (positional on the command line) */
 	OPT_JOB_PROGRAM,
 	OPT_JOB_ARGS,

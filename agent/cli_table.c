@@ -168,37 +168,19 @@ const struct cli_opt cli_opts[OPT__MAX] = {
 	"otherwise: anyone who reaches the port could change or end the job)", NULL, 0},
 [OPT_CONFIG] = {"config", 0, CT_STR, CF_AGENT, NULL, NULL, NULL, "FILE.json", NULL, 0, 0,
 	"read settings from a JSON file (configs/crun-agent.schema.json); flags win", NULL, 0},
-[OPT_RK_JOIN] = {NULL, 0, CT_SECS, CF_RDZVKEY, "600", NULL, "rendezvous.join_timeout",
-	"SECONDS", NULL, 0, 0, "c10d: time for the first round to gather min nodes", ap_rk, 0},
-[OPT_RK_LAST_CALL] = {NULL, 0, CT_SECS, CF_RDZVKEY, "30", NULL, "rendezvous.last_call_timeout",
-	"SECONDS", NULL, 0, 0, "c10d: extra wait for more nodes once min joined", ap_rk, 0},
-[OPT_RK_CLOSE] = {NULL, 0, CT_SECS, CF_RDZVKEY, "30", NULL, "rendezvous.close_timeout",
-	"SECONDS", NULL, 0, 0, "c10d: wait for the others to read a closed job", ap_rk, 0},
-[OPT_RK_READ] = {NULL, 0, CT_SECS, CF_RDZVKEY, "60", NULL, "rendezvous.read_timeout",
-	"SECONDS", NULL, 0, 0, "c10d: store read timeout", ap_rk, 0},
-[OPT_RK_IS_HOST] = {NULL, 0, CT_FLAG, CF_RDZVKEY, NULL, NULL, "rendezvous.is_host", NULL, NULL,
-	0, 0, "c10d: this agent serves the rendezvous store [auto: its address]", ap_rk, 0},
-[OPT_RK_HEARTBEAT] = {NULL, 0, CT_SECS, CF_RDZVKEY, "1", NULL, "rendezvous.heartbeat_interval",
-	"SECONDS", NULL, 0, 0, "c10d: lease renewal period", ap_rk, 0},
-[OPT_RK_LEASE_TTL] = {NULL, 0, CT_SECS, CF_RDZVKEY, "3", NULL, "rendezvous.lease_ttl",
-	"SECONDS", NULL, 0, 0, "c10d: a node whose lease is this old is gone", ap_rk, 0},
-[OPT_RK_AUTH_FILE] = {NULL, 0, CT_STR, CF_RDZVKEY, NULL, NULL, "rendezvous.auth_secret_file",
-	"FILE", NULL, 0, 0, "c10d: the job's shared secret (mode 0600, 16+ bytes) "
-	"[--auth_secret_file]", ap_rk, 0},
-[OPT_RK_TLS_CERT] = {NULL, 0, CT_STR, CF_RDZVKEY, NULL, NULL, "rendezvous.tls_cert", "FILE",
-	NULL, 0, 0, "c10d: this node's PEM certificate chain (the store it serves, and its "
-	"client certificate)", ap_rk, 0},
-[OPT_RK_TLS_KEY] = {NULL, 0, CT_STR, CF_RDZVKEY, NULL, NULL, "rendezvous.tls_key", "FILE",
-	NULL, 0, 0, "c10d: its PEM private key [in tls_cert]", ap_rk, 0},
-[OPT_RK_TLS_CA] = {NULL, 0, CT_STR, CF_RDZVKEY, NULL, NULL, "rendezvous.tls_ca", "FILE", NULL,
-	0, 0, "c10d: TLS on every rendezvous connection, trusting this CA; the store served here "
-	"requires client certificates", ap_rk,
-	0},
-[OPT_RK_TLS_MIN] = {NULL, 0, CT_STR, CF_RDZVKEY, NULL, NULL, "rendezvous.tls_min_version",
-	"V", "1.2|1.3", 0, 0, "c10d: oldest TLS version [1.3]", ap_rk, 0},
-[OPT_RK_WORKER_STORE] = {NULL, 0, CT_STR, CF_RDZVKEY, NULL, NULL, "rendezvous.worker_store",
-	"MODE", "direct|proxy", 0, 0, "c10d: workers reach the round's store directly, or "
-	"through their own agent's proxy [direct]", ap_rk, 0},
+/* The rendezvous.<key> rows: one per row of rendezvous/c10d.h's table. */
+#define CLI_CT_RK_SECS CT_SECS
+#define CLI_CT_RK_BOOL CT_FLAG
+#define CLI_CT_RK_PATH CT_STR
+#define CLI_CT_RK_RPATH CT_STR
+#define CLI_CT_RK_STR CT_STR
+#define CLI_CT_RK_PICK CT_STR
+#define CLI_CT_RK_TLS CT_STR
+#define CLI_RK_ROW_(id, nm, al, kd, sc, field, df, mv, ch, hp) \
+	[OPT_RK_##id] = {NULL, 0, CLI_CT_##kd, CF_RDZVKEY, df, NULL, "rendezvous." #nm, mv, ch, \
+	0, 0, hp, ap_rk, 0},
+RDZV_C10D_KEYS(CLI_RK_ROW_)
+#undef CLI_RK_ROW_
 [OPT_JOB_PROGRAM] = {NULL, 0, CT_STR, 0, NULL, NULL, "job.program", "PROGRAM", NULL, 0, 0,
 	"the training script or program (the first positional argument)", NULL, 0},
 [OPT_JOB_ARGS] = {NULL, 0, CT_ARGV, 0, NULL, NULL, "job.args", "ARG", NULL, 0, 0,
@@ -566,7 +548,7 @@ static int ap_log_level(struct cli *c, struct cli_ctx *x, enum cli_id id, const 
 }
 
 /* rendezvous.<key> from the file: "key=value," into x->rk_conf, checked by
- * the c10d parser itself so the two cannot disagree on a key. */
+ * the same rows as --rdzv_conf (cli_rdzv.c) so the two cannot disagree. */
 static int ap_rk(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v)
 {
 	const char *key = strchr(cli_opts[id].json, '.') + 1;
@@ -574,7 +556,7 @@ static int ap_rk(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v
 	char one[128], err[256];
 
 	snprintf(one, sizeof(one), "%s=%s", key, v);
-	if (rdzv_conf_check("c10d", one, err, sizeof(err)) < 0)
+	if (cli_rdzv_conf_check("c10d", one, err, sizeof(err)) < 0)
 		return cli_fail(c, "%s: %s", x->who[id], err);
 	if (len + strlen(one) + 2 > sizeof(x->rk_conf))
 		return cli_fail(c, "%s: rendezvous settings too long", x->who[id]);

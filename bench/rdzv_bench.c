@@ -27,6 +27,7 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 
+#include "agent/cli_rdzv_int.h"
 #include "common/common.h"
 #include "rendezvous/c10d.h"
 #include "rendezvous/etcd_int.h"

@@ -55,6 +55,7 @@
 #include <ucontext.h>
 #include <unistd.h>
 
+#include "agent/cli_rdzv_int.h"
 #include "common/common.h"
 #include "rendezvous/c10d_int.h"
 #include "rendezvous/coord.h"

@@ -24,6 +24,7 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 
+#include "agent/cli_rdzv_int.h"
 #include "common/common.h"
 #include "crun/store.h"
 #include "rendezvous/c10d.h"

@@ -21,6 +21,7 @@
 #include "rendezvous/coord.h"
 #include "rendezvous/etcd_int.h"
 #include "rendezvous/progress_int.h"
+#include "rendezvous/rdzv_int.h"
 #include "store/auth.h"
 #include "store/server.h"
 #include "store/tls.h"
@@ -28,6 +29,7 @@
 #define C10D_GRACE_MS 100 /* host: after the last hang-up */
 
 struct c10d {
+	struct rdzv base; /* first: the front door's handle (rdzv_int.h) */
 	struct rdzv_params p;
 	struct c10d_conf conf;
 	char run_id[256];
@@ -589,30 +591,40 @@ static int load_auth(struct c10d *c, const char *from_agent)
 	return r;
 }
 
-/* Backend "etcd": master_addr is the endpoint list; the etcd keys of
- * rdzv_conf are taken out before the round's own keys are parsed. */
+/* Backend "etcd": master_addr is the endpoint list; rdzv_conf's etcd rows
+ * (c10d.h) say how to reach and use it. */
 static int etcd_setup(struct c10d *c, const struct rdzv_params *p)
 {
-	char rest[1024];
+	struct etcd_conf *e;
 
-	c->etcd = calloc(1, sizeof(*c->etcd));
-	if (!c->etcd)
+	e = c->etcd = calloc(1, sizeof(*c->etcd));
+	if (!e)
 		return CRUN_ENOMEM;
-	TRY(etcd_parse_endpoints(p->master_addr, c->etcd, c->err, sizeof(c->err)));
-	TRY(etcd_parse_conf(p->conf, c->etcd, rest, sizeof(rest), c->err, sizeof(c->err)));
-	TRY(c10d_parse_conf(rest, &c->conf, c->err, sizeof(c->err)));
-	TRY(etcd_prefix(c->etcd, c->run_id, c->prefix, sizeof(c->prefix)));
-	snprintf(c->ep_host, sizeof(c->ep_host), "%s", c->etcd->ep[0].host);
-	c->ep_port = c->etcd->ep[0].port;
+	TRY(etcd_parse_endpoints(p->master_addr, e, c->err, sizeof(c->err)));
+	/* An explicit protocol wins over the endpoints' scheme. */
+	if (c->conf.etcd_https >= 0)
+		e->https = c->conf.etcd_https;
+	snprintf(e->cacert, sizeof(e->cacert), "%s", c->conf.etcd_cacert);
+	snprintf(e->cert, sizeof(e->cert), "%s", c->conf.etcd_cert);
+	snprintf(e->key, sizeof(e->key), "%s", c->conf.etcd_key);
+	snprintf(e->prefix, sizeof(e->prefix), "%s", c->conf.etcd_prefix);
+	snprintf(e->username, sizeof(e->username), "%s", c->conf.etcd_username);
+	snprintf(e->password_file, sizeof(e->password_file), "%s", c->conf.etcd_password_file);
+	TRY(etcd_prefix(e, c->run_id, c->prefix, sizeof(c->prefix)));
+	snprintf(c->ep_host, sizeof(c->ep_host), "%s", e->ep[0].host);
+	c->ep_port = e->ep[0].port;
 	return 0;
 }
 
-int c10d_new(const struct rdzv_params *p, struct c10d **ret)
+static void c10d_free(struct rdzv *rz);
+
+static int c10d_new(const struct rdzv_params *p, struct rdzv **ret)
 {
 	struct c10d *c;
 	int r;
 
-	if (p->min_nodes < 1 || p->max_nodes < p->min_nodes || !p->master_addr || !p->master_port)
+	if (p->min_nodes < 1 || p->max_nodes < p->min_nodes || !p->master_addr || !p->master_port ||
+	    !p->conf)
 		return CRUN_ECONFIG;
 	c = calloc(1, sizeof(*c));
 	if (!c)
@@ -634,9 +646,11 @@ int c10d_new(const struct rdzv_params *p, struct c10d **ret)
 	c->ep_port = p->master_port;
 	snprintf(c->prefix, sizeof(c->prefix), "crun-c10d/%s", c->run_id);
 	/* "etcd": the same rounds, on an etcd cluster */
-	r = strcmp(p->backend, "etcd") == 0
-		? etcd_setup(c, p)
-		: c10d_parse_conf(p->conf, &c->conf, c->err, sizeof(c->err));
+	c->conf = *p->conf;
+	c->p.conf = &c->conf;
+	r = c10d_conf_check(&c->conf, c->err, sizeof(c->err));
+	if (r == 0 && strcmp(p->backend, "etcd") == 0)
+		r = etcd_setup(c, p);
 	if (r < 0) {
 		log_at(LL_ERROR, SUB_RDZV, "%s", c->err);
 		rdzv_prog_unref(c->prog);
@@ -668,7 +682,7 @@ int c10d_new(const struct rdzv_params *p, struct c10d **ret)
 	r = c10d_fence_init(&c->fence, p->base, c->etcd ? NULL : c->ep_host, c->ep_port, mon_kept,
 			    on_fence, c);
 	if (r < 0) {
-		c10d_free(c);
+		c10d_free(&c->base);
 		return r;
 	}
 	r = load_auth(c, p->auth_secret_file);
@@ -676,19 +690,19 @@ int c10d_new(const struct rdzv_params *p, struct c10d **ret)
 		r = load_tls(c);
 	if (r < 0) {
 		log_at(LL_ERROR, SUB_RDZV, "%s", c->err[0] ? c->err : crun_strerror(r));
-		c10d_free(c);
+		c10d_free(&c->base);
 		return CRUN_ECONFIG;
 	}
 	if (!c->etcd)
 		maybe_serve(c);
-	*ret = c;
+	*ret = &c->base;
 	return 0;
 }
 
-void c10d_free(struct c10d *c)
+static void c10d_free(struct rdzv *rz)
 {
-	if (!c)
-		return;
+	struct c10d *c = (struct c10d *)rz;
+
 	c10d_fence_release(&c->fence);
 	helper_fini(&c->mon);
 	helper_fini(&c->job);
@@ -704,13 +718,16 @@ void c10d_free(struct c10d *c)
 	free(c);
 }
 
-void c10d_get_progress(const struct c10d *c, struct rdzv_progress *ret)
+static void c10d_get_progress(const struct rdzv *rz, struct rdzv_progress *ret)
 {
+	const struct c10d *c = (const struct c10d *)rz;
+
 	rdzv_prog_copy(c->prog, ret);
 }
 
-int c10d_store_to_serve(const struct c10d *c, const char **ret_host, uint16_t *ret_port)
+static int c10d_store_to_serve(const struct rdzv *rz, const char **ret_host, uint16_t *ret_port)
 {
+	const struct c10d *c = (const struct c10d *)rz;
 	unsigned char ip[16];
 
 	/* Every agent serves a worker store on an ephemeral port; the round's
@@ -726,36 +743,42 @@ int c10d_store_to_serve(const struct c10d *c, const char **ret_host, uint16_t *r
 	return 1;
 }
 
-void c10d_set_served_port(struct c10d *c, uint16_t port)
+static void c10d_set_served_port(struct rdzv *rz, uint16_t port)
 {
-	c->wport = port;
+	((struct c10d *)rz)->wport = port;
 }
 
-int c10d_next_round(struct c10d *c)
+static int c10d_next_round(struct rdzv *rz)
 {
+	struct c10d *c = (struct c10d *)rz;
+
 	drop_mon(c);
 	/* A node woken in the exit barrier by a peer's restart leaves it. */
 	helper_drop(&c->job);
 	return start(c, JOB_ROUND, NULL);
 }
 
-const struct rdzv_info *c10d_info(const struct c10d *c)
+static const struct rdzv_info *c10d_info(const struct rdzv *rz)
 {
+	const struct c10d *c = (const struct c10d *)rz;
+
 	return c->have_info ? &c->info : NULL;
 }
 
-bool c10d_worker_store_proxy(const struct c10d *c)
+static bool c10d_worker_store_proxy(const struct rdzv *rz)
 {
-	return c->conf.worker_store_proxy;
+	return ((const struct c10d *)rz)->conf.worker_store_proxy;
 }
 
-const struct store_server *c10d_served_store(const struct c10d *c)
+static const struct store_server *c10d_served_store(const struct rdzv *rz)
 {
-	return c->rdzv_store;
+	return ((const struct c10d *)rz)->rdzv_store;
 }
 
-const char *c10d_peer_addrs(const struct c10d *c)
+static const char *c10d_peer_addrs(const struct rdzv *rz)
 {
+	const struct c10d *c = (const struct c10d *)rz;
+
 	if (!c->have_info)
 		return NULL;
 	/* Only group rank 0's worker store is published: the others' take
@@ -763,20 +786,24 @@ const char *c10d_peer_addrs(const struct c10d *c)
 	return c->info.group_rank == 0 && c->peers ? c->peers : "";
 }
 
-int c10d_exit_barrier(struct c10d *c)
+static int c10d_exit_barrier(struct rdzv *rz)
 {
+	struct c10d *c = (struct c10d *)rz;
+
 	if (!c->have_info)
 		return CRUN_EINVAL;
 	return start(c, JOB_BARRIER, NULL);
 }
 
-int c10d_barrier_result(const struct c10d *c)
+static int c10d_barrier_result(const struct rdzv *rz)
 {
-	return c->barrier_result;
+	return ((const struct c10d *)rz)->barrier_result;
 }
 
-int c10d_close_failed(struct c10d *c, const char *why)
+static int c10d_close_failed(struct rdzv *rz, const char *why)
 {
+	struct c10d *c = (struct c10d *)rz;
+
 	if (!c->have_info)
 		return CRUN_EINVAL;
 	/* Without its store the job cannot be closed: the agent just stops. */
@@ -797,17 +824,40 @@ int c10d_close_failed(struct c10d *c, const char *why)
 	return start(c, JOB_FAIL, why && *why ? why : NULL);
 }
 
-enum rdzv_change c10d_change_kind(const struct c10d *c)
+static enum rdzv_change c10d_change_kind(const struct rdzv *rz)
 {
-	return c->change;
+	return ((const struct c10d *)rz)->change;
 }
 
-const char *c10d_last_error(const struct c10d *c)
+static const char *c10d_last_error(const struct rdzv *rz)
 {
-	return c->err;
+	return ((const struct c10d *)rz)->err;
 }
 
-int c10d_failure(const struct c10d *c)
+static int c10d_failure(const struct rdzv *rz)
 {
+	const struct c10d *c = (const struct c10d *)rz;
+
 	return c->fail_code < 0 ? c->fail_code : CRUN_ERDZVCLOSED;
 }
+
+/* "c10d" and "etcd" (rdzv.c): the same rounds, on the crun store or etcd. */
+const struct rdzv_backend rdzv_c10d_backend = {
+    .name = "c10d",
+    .create = c10d_new,
+    .free = c10d_free,
+    .store_to_serve = c10d_store_to_serve,
+    .set_served_port = c10d_set_served_port,
+    .next_round = c10d_next_round,
+    .info = c10d_info,
+    .exit_barrier = c10d_exit_barrier,
+    .barrier_result = c10d_barrier_result,
+    .close_failed = c10d_close_failed,
+    .change_kind = c10d_change_kind,
+    .last_error = c10d_last_error,
+    .peer_addrs = c10d_peer_addrs,
+    .served_store = c10d_served_store,
+    .worker_store_proxy = c10d_worker_store_proxy,
+    .get_progress = c10d_get_progress,
+    .failure = c10d_failure,
+};

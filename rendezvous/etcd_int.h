@@ -36,7 +36,7 @@ struct etcd_endpoint {
 struct etcd_conf {
 	int n_ep;
 	struct etcd_endpoint ep[ETCD_MAX_ENDPOINTS];
-	bool https;			   /* rdzv_conf protocol=https */
+	bool https;			   /* rdzv_conf protocol=https (c10d.h's etcd rows) */
 	char cacert[ETCD_PATH_MAX];	   /* cacert / ca_cert: verify the members */
 	char cert[ETCD_PATH_MAX];	   /* cert / ssl_cert: client certificate */
 	char key[ETCD_PATH_MAX];	   /* key / ssl_cert_key */
@@ -49,13 +49,6 @@ struct etcd_conf {
  * http:// or https:// scheme in front of an entry is accepted and sets
  * https). 0, or CRUN_EINVAL with err naming the bad entry. */
 int etcd_parse_endpoints(const char *list, struct etcd_conf *conf, char *err, size_t cap);
-
-/* Takes the etcd keys out of torchrun's rdzv_conf ("k=v,..."): protocol,
- * cacert/ca_cert, cert/ssl_cert, key/ssl_cert_key, key_prefix, username,
- * password_file. What is left (the c10d keys) is copied to rest. 0, or
- * CRUN_EINVAL with err naming the key; files are checked for readability. */
-int etcd_parse_conf(const char *rdzv_conf, struct etcd_conf *conf, char *rest, size_t rest_cap,
-		    char *err, size_t cap);
 
 /* The key prefix for a run: conf->prefix, else "/crun/rdzv/<run_id>". */
 int etcd_prefix(const struct etcd_conf *conf, const char *run_id, char *buf, size_t cap);

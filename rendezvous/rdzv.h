@@ -7,10 +7,11 @@
  *
  * Backends: "static" (fixed node ranks, node 0's agent serves the store; also
  * --standalone, a one-node static job with a private store), "c10d"
- * (elastic membership, c10d.h; static.c forwards every call to it) and
+ * (elastic membership, c10d.h) and
  * "etcd" (the same rounds on an etcd v3 cluster through coord.h: master_addr
  * is then the member list "host:port,..."; the agent with group rank 0 still
- * serves the workers' store).
+ * serves the workers' store). rdzv.c picks one and drives it through its
+ * table (rdzv_int.h).
  */
 #ifndef CRUN_RENDEZVOUS_RDZV_H
 #define CRUN_RENDEZVOUS_RDZV_H
@@ -19,6 +20,7 @@
 #include <stdint.h>
 
 struct event_base;
+struct c10d_conf;
 struct rdzv;
 struct store_server;
 
@@ -74,11 +76,14 @@ struct rdzv_params {
 	const char *master_addr; /* static: where node 0 serves the store */
 	uint16_t master_port;
 	const char *local_addr; /* standalone: advertised address, or NULL */
-	uint32_t join_timeout_ms;
 	uint32_t barrier_timeout_ms;
 	/* c10d: master_addr/master_port are the rendezvous endpoint */
 	int min_nodes, max_nodes;
-	const char *conf;	      /* rdzv_conf "k=v,..." or NULL */
+	/* The typed --rdzv_conf (c10d.h; the CLI parsed the text), copied by
+	 * rdzv_new; the static backend reads its join_ms (the time to wait for
+	 * every agent). Required: the defaults are the CLI's rows, not known
+	 * here, so rdzv_new refuses NULL (CRUN_ECONFIG). */
+	const struct c10d_conf *conf;
 	const char *hostname;	      /* for records and messages */
 	const char *auth_secret_file; /* c10d: shared secret; NULL = CRUN_AUTH_SECRET_FILE */
 	struct event_base *base;      /* borrowed, the agent's loop */
@@ -149,8 +154,6 @@ enum rdzv_change rdzv_change_kind(const struct rdzv *r);
  * c10d store waits (bounded) for the others to read it. Ends with
  * RDZV_EV_BARRIER_DONE. CRUN_ENOTSUP for a one-node job. */
 int rdzv_close_failed(struct rdzv *r, const char *why);
-/* Checks a --rdzv_conf value for `backend`; 0 or CRUN_EINVAL with err. */
-int rdzv_conf_check(const char *backend, const char *conf, char *err, size_t cap);
 /* Checks an --rdzv_endpoint value for `backend` ("etcd": a comma-separated
  * member list); 0 or CRUN_EINVAL with err naming the bad entry. */
 int rdzv_endpoint_check(const char *backend, const char *endpoint, char *err, size_t cap);
@@ -165,7 +168,7 @@ int rdzv_run_id_of_key(const uint8_t *key, size_t len, char *ret, size_t cap);
  * detached and frees its own state when its call returns. NULL: no-op. */
 void rdzv_free(struct rdzv *r);
 
-/* Pure rank math (unit-tested): given every node's nproc in group-rank order,
+/* Pure rank math (round.c, unit-tested): given every node's nproc in group-rank order,
  * fill the fields of *ret for group rank `me`. Returns 0 or CRUN_EINVAL. */
 int rdzv_assign_ranks(const int *nprocs, int nnodes, int me, struct rdzv_info *ret);
 

@@ -72,10 +72,11 @@ int round_record_format(const struct round_node *n, char *buf, size_t cap);
 /* CRUN_EPROTO for a malformed record (bounded fields, nproc >= 1). */
 int round_record_parse(const char *s, int ticket, struct round_node *ret);
 
-/* *ret malloc'd JSON; m: full records (their addresses pick the worker
+/* round_json.c: *ret malloc'd JSON; m: full records (their addresses pick the worker
  * store and the store host). */
 int round_closed_format(int attempt, const struct round_node *m, int n, char **ret);
-/* At most max_members members; CRUN_EPROTO for anything malformed. */
+/* round_json.c: at most max_members members; CRUN_EPROTO for anything
+ * malformed. */
 int round_closed_parse(const char *s, int max_members, struct round_closed *ret);
 void round_closed_free(struct round_closed *rc);
 /* Index of ticket t among the members, or -1. */
@@ -114,6 +115,16 @@ int round_pick(const bool *live, int joined, int max, int *ret_idx);
  * is member i's group rank. 0, or CRUN_EINVAL / CRUN_ENOMEM. */
 int round_order(const struct round_member *m, int n, int *ret_grank);
 
+/* The assignment part of a node's record. */
+struct round_member round_member_of(const struct round_node *n);
+
+/* Group ranks (round_order) and the prefix sums of nproc in that order, for
+ * members m[0..n): ret_grank[i] is member i's group rank, ret_base[g] the
+ * base rank of group rank g, *ret_world their sum. The one place ranks are
+ * summed for a round (round_assign and round_plan_make both call it). 0,
+ * CRUN_EINVAL (nproc < 1), CRUN_ERANGE or CRUN_ENOMEM. */
+int round_ranks(const struct round_member *m, int n, int *ret_grank, int *ret_base, int *ret_world);
+
 /* Member `me`'s assignment: ranks (prefix sums in group rank order), the
  * worker store (group rank 0's addr:wport) and whether (and which) the store
  * host is a member. */
@@ -123,6 +134,9 @@ struct round_assignment {
 	int host_member;
 };
 int round_assign(const struct round_closed *rc, int me, struct round_assignment *ret);
+
+/* ---- round_json.c: the JSON values (the rest of this header is round.c,
+ * which calls only libc) ---- */
 
 /* The closed value (see the top). */
 struct round_head {

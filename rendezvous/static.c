@@ -31,19 +31,20 @@
 #include "common/common.h"
 #include "crun/store.h"
 #include "rendezvous/c10d.h"
-#include "rendezvous/etcd_int.h"
 #include "rendezvous/helper_int.h"
 #include "rendezvous/rdzv.h"
+#include "rendezvous/rdzv_int.h"
 #include "rendezvous/static_int.h"
 
 #define RDZV_MAX_NODES 65536
 
-struct rdzv {
-	struct c10d *c10d; /* the c10d backend, when chosen: every call goes there */
+struct rdzv_static {
+	struct rdzv base; /* first: the front door's handle (rdzv_int.h) */
 	struct rdzv_params p;
 	char run_id[256];
 	char master_addr[RDZV_HOST_MAX];
 	bool serve;
+	uint32_t join_ms; /* rdzv_conf join_timeout (c10d.h) */
 	uint16_t served_port;
 	bool have_info;
 	struct rdzv_info info;
@@ -64,31 +65,6 @@ static void job_release(struct helper_job *h)
 
 	free(j->nprocs);
 	free(j);
-}
-
-int rdzv_assign_ranks(const int *nprocs, int nnodes, int me, struct rdzv_info *ret)
-{
-	int64_t base = 0, total = 0;
-
-	if (!nprocs || nnodes < 1 || me < 0 || me >= nnodes)
-		return CRUN_EINVAL;
-	for (int i = 0; i < nnodes; i++) {
-		if (nprocs[i] < 1)
-			return CRUN_EINVAL;
-		if (i < me)
-			base += nprocs[i];
-		total += nprocs[i];
-	}
-	if (total > INT32_MAX)
-		return CRUN_ERANGE;
-	ret->group_rank = me;
-	ret->group_world_size = nnodes;
-	ret->base_rank = (int)base;
-	ret->world_size = (int)total;
-	/* One role per job (as torchrun's launcher), so role ranks equal ranks. */
-	ret->role_base_rank = (int)base;
-	ret->role_world_size = (int)total;
-	return 0;
 }
 
 static int job_run(struct helper_job *h)
@@ -134,11 +110,11 @@ static int job_run(struct helper_job *h)
 	return r;
 }
 
-static int start_job(struct rdzv *r, enum job_kind kind);
+static int start_job(struct rdzv_static *r, enum job_kind kind);
 
 /* A round (the first, or a coordinated restart) is done: workers may start;
  * a multi-node job watches for the next restart from now on. */
-static enum rdzv_event round_done(struct rdzv *r)
+static enum rdzv_event round_done(struct rdzv_static *r)
 {
 	r->info.attempt = r->multi ? r->attempt : -1;
 	r->change = RDZV_CHANGE_NONE;
@@ -149,7 +125,7 @@ static enum rdzv_event round_done(struct rdzv *r)
 
 static void on_job(struct helper *h, void *arg)
 {
-	struct rdzv *r = arg;
+	struct rdzv_static *r = arg;
 	struct rdzv_job *j = (struct rdzv_job *)helper_finish(h);
 	enum rdzv_event ev;
 
@@ -195,7 +171,7 @@ static void on_job(struct helper *h, void *arg)
 
 static void on_mon(struct helper *h, void *arg)
 {
-	struct rdzv *r = arg;
+	struct rdzv_static *r = arg;
 	struct rdzv_job *j = (struct rdzv_job *)h->job;
 
 	r->change = j->change;
@@ -206,14 +182,14 @@ static void on_mon(struct helper *h, void *arg)
 
 static void on_kick(evutil_socket_t fd, short what, void *arg)
 {
-	struct rdzv *r = arg;
+	struct rdzv_static *r = arg;
 
 	(void)fd;
 	(void)what;
 	r->p.on_event(r->kick_ev, r->p.arg);
 }
 
-static int start_job(struct rdzv *r, enum job_kind kind)
+static int start_job(struct rdzv_static *r, enum job_kind kind)
 {
 	struct helper *slot = kind == JOB_MONITOR ? &r->mon : &r->job;
 	struct rdzv_job *j;
@@ -237,52 +213,54 @@ static int start_job(struct rdzv *r, enum job_kind kind)
 	j->node_rank = r->p.node_rank;
 	j->nnodes = r->p.nnodes;
 	j->nproc = r->p.nproc;
-	j->join_timeout_ms = r->p.join_timeout_ms;
+	j->join_timeout_ms = r->join_ms;
 	j->barrier_timeout_ms = r->p.barrier_timeout_ms;
 	j->attempt = r->attempt;
 	snprintf(j->why, sizeof(j->why), "%s", r->why);
 	return helper_start(slot, &j->h);
 }
 
-int rdzv_new(const struct rdzv_params *p, struct rdzv **ret_rdzv)
+static struct rdzv_static *st(struct rdzv *r)
 {
-	struct rdzv *r;
+	return (struct rdzv_static *)r;
+}
 
-	if (!p->base || !p->on_event || p->nproc < 1)
-		return CRUN_EINVAL;
-	if ((strcmp(p->backend, "c10d") == 0 || strcmp(p->backend, "etcd") == 0) &&
-	    !p->standalone) {
-		struct c10d *c;
+static const struct rdzv_static *cst(const struct rdzv *r)
+{
+	return (const struct rdzv_static *)r;
+}
 
-		TRY(c10d_new(p, &c));
-		r = calloc(1, sizeof(*r));
-		if (!r) {
-			c10d_free(c);
-			return CRUN_ENOMEM;
-		}
-		r->c10d = c;
-		*ret_rdzv = r;
-		return 0;
-	}
-	if (strcmp(p->backend, "static") != 0 && !p->standalone)
-		return CRUN_ENOTSUP;
+static void st_free(struct rdzv *rz)
+{
+	struct rdzv_static *r = st(rz);
+
+	helper_fini(&r->mon);
+	helper_fini(&r->job);
+	if (r->kick)
+		event_free(r->kick);
+	free(r);
+}
+
+static int st_new(const struct rdzv_params *p, struct rdzv **ret)
+{
+	struct helper_runner hr = {p->run_blocking, p->run_blocking_arg};
+	struct rdzv_static *r;
+
 	if (p->standalone && p->nnodes != 1)
 		return CRUN_ECONFIG;
 	if (p->nnodes < 1 || p->nnodes > RDZV_MAX_NODES || p->node_rank < 0 ||
-	    p->node_rank >= p->nnodes)
+	    p->node_rank >= p->nnodes || !p->conf)
 		return CRUN_ECONFIG;
 	r = calloc(1, sizeof(*r));
 	if (!r)
 		return CRUN_ENOMEM;
 	r->p = *p;
+	r->p.conf = NULL; /* borrowed for the call: what static reads is copied */
+	r->join_ms = p->conf->join_ms;
 	helper_init(&r->job, p->base, on_job, r);
 	helper_init(&r->mon, p->base, on_mon, r);
-	{
-		struct helper_runner hr = {p->run_blocking, p->run_blocking_arg};
-
-		helper_use_runner(&r->job, &hr);
-		helper_use_runner(&r->mon, &hr);
-	}
+	helper_use_runner(&r->job, &hr);
+	helper_use_runner(&r->mon, &hr);
 	r->multi = !p->standalone && p->nnodes > 1;
 	snprintf(r->run_id, sizeof(r->run_id), "%s", p->run_id ? p->run_id : "none");
 	r->p.run_id = r->run_id;
@@ -294,17 +272,17 @@ int rdzv_new(const struct rdzv_params *p, struct rdzv **ret_rdzv)
 	r->serve = p->standalone || p->node_rank == 0;
 	r->kick = event_new(p->base, -1, 0, on_kick, r);
 	if (!r->kick) {
-		free(r);
+		st_free(&r->base);
 		return CRUN_ENOMEM;
 	}
-	*ret_rdzv = r;
+	*ret = &r->base;
 	return 0;
 }
 
-int rdzv_store_to_serve(const struct rdzv *r, const char **ret_host, uint16_t *ret_port)
+static int st_store_to_serve(const struct rdzv *rz, const char **ret_host, uint16_t *ret_port)
 {
-	if (r->c10d)
-		return c10d_store_to_serve(r->c10d, ret_host, ret_port);
+	const struct rdzv_static *r = cst(rz);
+
 	if (!r->serve)
 		return 0;
 	*ret_host = r->master_addr;
@@ -312,21 +290,19 @@ int rdzv_store_to_serve(const struct rdzv *r, const char **ret_host, uint16_t *r
 	return 1;
 }
 
-void rdzv_set_served_port(struct rdzv *r, uint16_t port)
+static void st_set_served_port(struct rdzv *rz, uint16_t port)
 {
-	if (r->c10d) {
-		c10d_set_served_port(r->c10d, port);
-		return;
-	}
+	struct rdzv_static *r = st(rz);
+
 	r->served_port = port;
 	if (r->p.standalone)
 		r->p.master_port = port;
 }
 
-int rdzv_next_round(struct rdzv *r)
+static int st_next_round(struct rdzv *rz)
 {
-	if (r->c10d)
-		return c10d_next_round(r->c10d);
+	struct rdzv_static *r = st(rz);
+
 	/* Static membership never changes: later rounds (restarts) reuse the
 	 * first round's answer. Several nodes restart together (file comment). */
 	if (r->multi && r->have_info) {
@@ -352,47 +328,22 @@ int rdzv_next_round(struct rdzv *r)
 	return start_job(r, JOB_JOIN);
 }
 
-bool rdzv_clears_store(const struct rdzv *r)
+static bool st_clears_store(const struct rdzv *rz)
 {
-	return !r->c10d && r->multi;
+	return cst(rz)->multi;
 }
 
-const struct rdzv_info *rdzv_info(const struct rdzv *r)
+static const struct rdzv_info *st_info(const struct rdzv *rz)
 {
-	if (r->c10d)
-		return c10d_info(r->c10d);
+	const struct rdzv_static *r = cst(rz);
+
 	return r->have_info ? &r->info : NULL;
 }
 
-void rdzv_get_progress(const struct rdzv *r, struct rdzv_progress *ret)
+static int st_exit_barrier(struct rdzv *rz)
 {
-	if (r->c10d) {
-		c10d_get_progress(r->c10d, ret);
-		return;
-	}
-	memset(ret, 0, sizeof(*ret));
-	ret->round = ret->last_call_s = ret->timeout_s = ret->nawait = -1;
-}
+	struct rdzv_static *r = st(rz);
 
-const char *rdzv_peer_addrs(const struct rdzv *r)
-{
-	return r->c10d ? c10d_peer_addrs(r->c10d) : NULL;
-}
-
-const struct store_server *rdzv_served_store(const struct rdzv *r)
-{
-	return r->c10d ? c10d_served_store(r->c10d) : NULL;
-}
-
-bool rdzv_worker_store_proxy(const struct rdzv *r)
-{
-	return r->c10d && c10d_worker_store_proxy(r->c10d);
-}
-
-int rdzv_exit_barrier(struct rdzv *r)
-{
-	if (r->c10d)
-		return c10d_exit_barrier(r->c10d);
 	if (r->p.nnodes == 1) {
 		r->kick_ev = RDZV_EV_BARRIER_DONE;
 		event_active(r->kick, 0, 0);
@@ -401,30 +352,25 @@ int rdzv_exit_barrier(struct rdzv *r)
 	return start_job(r, JOB_BARRIER);
 }
 
-int rdzv_barrier_result(const struct rdzv *r)
+static int st_barrier_result(const struct rdzv *rz)
 {
-	return r->c10d ? c10d_barrier_result(r->c10d) : r->barrier_result;
+	return cst(rz)->barrier_result;
 }
 
-const char *rdzv_last_error(const struct rdzv *r)
+static const char *st_last_error(const struct rdzv *rz)
 {
-	return r->c10d ? c10d_last_error(r->c10d) : r->err;
+	return cst(rz)->err;
 }
 
-int rdzv_failure(const struct rdzv *r)
+static enum rdzv_change st_change_kind(const struct rdzv *rz)
 {
-	return r->c10d ? c10d_failure(r->c10d) : CRUN_ERDZVCLOSED;
+	return cst(rz)->change;
 }
 
-enum rdzv_change rdzv_change_kind(const struct rdzv *r)
+static int st_close_failed(struct rdzv *rz, const char *why)
 {
-	return r->c10d ? c10d_change_kind(r->c10d) : r->change;
-}
+	struct rdzv_static *r = st(rz);
 
-int rdzv_close_failed(struct rdzv *r, const char *why)
-{
-	if (r->c10d)
-		return c10d_close_failed(r->c10d, why);
 	if (!r->multi || !r->have_info || r->change == RDZV_CHANGE_LOST)
 		return CRUN_ENOTSUP;
 	snprintf(r->why, sizeof(r->why), "%s", why ? why : "");
@@ -432,40 +378,20 @@ int rdzv_close_failed(struct rdzv *r, const char *why)
 	return start_job(r, JOB_FAIL);
 }
 
-int rdzv_conf_check(const char *backend, const char *conf, char *err, size_t cap)
-{
-	struct c10d_conf c;
-	struct etcd_conf e = {0};
-	char rest[1024];
-
-	if (strcmp(backend, "etcd") == 0) {
-		TRY(etcd_parse_conf(conf, &e, rest, sizeof(rest), err, cap));
-		return c10d_parse_conf(rest, &c, err, cap);
-	}
-	if (strcmp(backend, "c10d") != 0)
-		return CRUN_ENOTSUP;
-	return c10d_parse_conf(conf, &c, err, cap);
-}
-
-int rdzv_endpoint_check(const char *backend, const char *endpoint, char *err, size_t cap)
-{
-	struct etcd_conf e = {0};
-
-	if (strcmp(backend, "etcd") != 0)
-		return CRUN_ENOTSUP;
-	return etcd_parse_endpoints(endpoint, &e, err, cap);
-}
-
-void rdzv_free(struct rdzv *r)
-{
-	if (!r)
-		return;
-	c10d_free(r->c10d);
-	if (!r->c10d) {
-		helper_fini(&r->mon);
-		helper_fini(&r->job);
-	}
-	if (r->kick)
-		event_free(r->kick);
-	free(r);
-}
+/* No progress record, peer list, served rendezvous store or proxy: the
+ * front door answers those (rdzv_int.h). */
+const struct rdzv_backend rdzv_static_backend = {
+    .name = "static",
+    .create = st_new,
+    .free = st_free,
+    .store_to_serve = st_store_to_serve,
+    .set_served_port = st_set_served_port,
+    .next_round = st_next_round,
+    .info = st_info,
+    .exit_barrier = st_exit_barrier,
+    .barrier_result = st_barrier_result,
+    .close_failed = st_close_failed,
+    .change_kind = st_change_kind,
+    .last_error = st_last_error,
+    .clears_store = st_clears_store,
+};
