@@ -20,6 +20,7 @@
 #include <event2/event.h>
 
 #include "agent/agent.h"
+#include "agent/nodecheck_int.h"
 #include "common/common.h"
 #include "rendezvous/rdzv.h"
 #include "store/proxy.h"
@@ -612,6 +613,7 @@ CRUN_API void crun_agent_free(crun_agent_t *a)
 	}
 	for (int i = 0; a->workers && i < a->nworkers; i++)
 		supervise_unwatch_pid(&a->workers[i]);
+	nodecheck_free(a);    /* kills a check still running */
 	a->closing = true;    /* the loop is over: the console may be waited for */
 	agent_end_attempt(a); /* closes every worker's log streams */
 	/* The console may take a while to flush: keep the signal events (a

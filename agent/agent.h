@@ -16,6 +16,7 @@
  *   ctl.c        crunctl's client of the status pages
  *   heartbeat.c  --worker_heartbeat_timeout
  *   orphans.c    stopping what workers leave behind (when crun is the subreaper)
+ *   nodecheck.c  --node_check and --max_node_failures (nodecheck_int.h)
  * Everything runs on the agent's loop thread, except console.c's writer
  * thread (blocking mode) and the rendezvous helpers (rendezvous/helper.c).
  */
@@ -42,7 +43,17 @@ struct rdzv;
 
 /* ---- state machine (fsm.c) ------------------------------------------------ */
 
-enum agent_state { AS_INIT, AS_RENDEZVOUS, AS_RUNNING, AS_STOPPING, AS_BARRIER, AS_DONE, AS__MAX };
+/* AS_CHECKING: the node check between a round and its workers (nodecheck.c). */
+enum agent_state {
+	AS_INIT,
+	AS_RENDEZVOUS,
+	AS_RUNNING,
+	AS_STOPPING,
+	AS_BARRIER,
+	AS_DONE,
+	AS_CHECKING,
+	AS__MAX
+};
 enum agent_event {
 	AE_START,	  /* crun_agent_run() began */
 	AE_RDZV_COMPLETE, /* round result available */
@@ -54,6 +65,7 @@ enum agent_event {
 	AE_BARRIER_DONE,
 	AE_SPARE_DONE,	   /* c10d: the job ended while this node waited as a spare */
 	AE_FAILURE_WINDOW, /* monitor_interval_ms passed since the first failure */
+	AE_CHECK_DONE,	   /* the node check ended (nodecheck.c) */
 	AE__MAX,
 };
 
@@ -231,6 +243,9 @@ struct crun_agent {
 	/* numa.c: cpu lists per local rank, or NULL */
 	char **numa_cpus;
 	char err[512];
+	/* nodecheck.c: the node check and the node's failure count */
+	struct agent_nodecheck *nc;
+	int node_failures; /* attempts in which this node's workers failed */
 };
 
 /* Events for cfg.on_event (agent.c); no-ops without a callback. */
