@@ -524,21 +524,28 @@ static const char *const kept_text[] = {
     [NC_KEPT_PINNED] = " (kept: it serves the rendezvous store)",
     [NC_KEPT_MIN] = " (kept: fewer than MIN nodes would remain)"};
 
+/* At WARN (shown by default) with --node_check or when a node is named;
+ * the failure counts alone (--max_node_failures) at INFO. */
 static void log_table(const struct crun_agent *a, const struct nc_policy *p)
 {
 	const struct agent_nodecheck *nc = a->nc;
+	int lvl = a->cfg.node_check ? LL_WARN : LL_INFO;
 
-	log_at(LL_WARN, SUB_AGENT,
+	for (int i = 0; i < nc->n; i++)
+		if (nc->rows[i].why)
+			lvl = LL_WARN;
+
+	log_at(lvl, SUB_AGENT,
 	       "node check of round %d: %d nodes in %" PRIu64 " ms, median %.2f GFLOP/s, %.3f GB/s",
 	       nc->round, nc->n, nc->duration_ms, nc->med_gf, nc->med_bw);
-	log_at(LL_WARN, SUB_AGENT, "node check: %-5s %-40s %10s %9s %8s %s", "rank", "node",
-	       "GFLOP/s", "GB/s", "failures", "status");
+	log_at(lvl, SUB_AGENT, "node check: %-5s %-40s %10s %9s %8s %s", "rank", "node", "GFLOP/s",
+	       "GB/s", "failures", "status");
 	for (int i = 0; i < nc->n; i++) {
 		const struct nc_row *r = &nc->rows[i];
 		char why[512];
 
 		nodecheck_why_text(r, p, nc->med_gf, nc->med_bw, why, sizeof(why));
-		log_at(LL_WARN, SUB_AGENT, "node check: %-5d %-40s %10.2f %9.3f %8d %s%s%s%s%s", i,
+		log_at(lvl, SUB_AGENT, "node check: %-5d %-40s %10.2f %9.3f %8d %s%s%s%s%s", i,
 		       r->host[0] ? r->host : "?", r->gflops, r->gbps, r->failures,
 		       status_text[r->st],
 		       r->excluded ? " EXCLUDED: "
