@@ -900,6 +900,16 @@ static void route_worker_store(struct crun_agent *a, const struct rdzv_info *ri,
 	       wri->master_port, ri->master_addr, ri->master_port);
 }
 
+/* The worker store: loopback and this round's nodes only, unless
+ * worker_store_allow_any (NAT). PyTorch's client cannot authenticate. */
+void agent_allow_round_peers(struct crun_agent *a)
+{
+	if (a->store && !a->cfg.worker_store_allow_any && rdzv_peer_addrs(a->rdzv) &&
+	    store_server_set_allowlist(a->store, rdzv_peer_addrs(a->rdzv)) < 0)
+		log_at(LL_WARN, SUB_AGENT, "cannot narrow the worker store to '%s', ignoring",
+		       rdzv_peer_addrs(a->rdzv));
+}
+
 int agent_start_attempt(struct crun_agent *a)
 {
 	const struct rdzv_info *ri = rdzv_info(a->rdzv);
@@ -910,12 +920,7 @@ int agent_start_attempt(struct crun_agent *a)
 
 	if (!ri)
 		return CRUN_EINVAL;
-	/* The worker store: loopback and this round's nodes only, unless
-	 * worker_store_allow_any (NAT). PyTorch's client cannot authenticate. */
-	if (a->store && !a->cfg.worker_store_allow_any && rdzv_peer_addrs(a->rdzv) &&
-	    store_server_set_allowlist(a->store, rdzv_peer_addrs(a->rdzv)) < 0)
-		log_at(LL_WARN, SUB_AGENT, "cannot narrow the worker store to '%s', ignoring",
-		       rdzv_peer_addrs(a->rdzv));
+	agent_allow_round_peers(a);
 	a->group_rank = ri->group_rank;
 	route_worker_store(a, ri, &wri);
 	if (a->run_dir[0]) {

@@ -90,6 +90,9 @@ enum agent_decision agent_decide(int nfailed, int nrunning, int restart_count, i
 enum agent_state agent_after_stop(struct crun_agent *a);
 
 /* agent.c, used by the actions: */
+/* The worker store admits this round's nodes (and loopback) only; the node
+ * check reaches it before the workers do. */
+void agent_allow_round_peers(struct crun_agent *a);
 int agent_start_attempt(struct crun_agent *a);	  /* spawn every worker of the attempt */
 void agent_end_attempt(struct crun_agent *a);	  /* close logs, drop failure records */
 int agent_collect_failures(struct crun_agent *a); /* record new failures; returns the count */

@@ -459,6 +459,8 @@ int nodecheck_start(struct crun_agent *a)
 	if (!ri || !nc_get(a))
 		return ri ? CRUN_ENOMEM : CRUN_EINVAL;
 	nodecheck_stop(a);
+	/* A node new to this round (a spare) must reach the store now. */
+	agent_allow_round_peers(a);
 	TRY(fmt_args(a, ri, v));
 	path = program_path();
 	if (!path) {

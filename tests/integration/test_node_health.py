@@ -70,8 +70,8 @@ def crun(procs, out, args, cgroup=None, **extra):
     return Output(procs.spawn(argv, env=env(**extra)))
 
 
-def c10d(procs, out, port, job, addr, args, **kw):
-    return crun(procs, out, ["--nnodes=2:3", "--rdzv_backend=c10d",
+def c10d(procs, out, port, job, addr, args, nnodes="2:3", **kw):
+    return crun(procs, out, [f"--nnodes={nnodes}", "--rdzv_backend=c10d",
                         f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={job}", CONF,
                         f"--local_addr={addr}", *args], **kw)
 
@@ -156,6 +156,31 @@ def test_throttled_node_leaves_and_the_others_form_a_new_round(procs, out, throt
     # The excluded node's workers never ran; the other two's ran once, in
     # the 2-node round.
     assert {r["WORLD_SIZE"] for r in records(out)} == {"2"}
+
+
+def test_spare_takes_the_place_of_a_throttled_node(procs, out, throttle):
+    """MIN 1, MAX 2: the host and the throttled node form round 0; a spare
+    started once that round closed joins the host after the exclusion and
+    runs in the 2-node round the host opens."""
+    port = free_port()
+    host = c10d(procs, out, port, "spare", "127.0.0.1", ["--node_check"], nnodes="1:2",
+                NODE_HEALTH_NAME="host")
+    host.wait_for("joined rendezvous")
+    slow = c10d(procs, out, port, "spare", "127.0.0.3", ["--node_check"], nnodes="1:2",
+                cgroup=throttle, NODE_HEALTH_NAME="slow")
+    host.wait_for("round 0 complete: 2 nodes")
+    spare = c10d(procs, out, port, "spare", "127.0.0.2", ["--node_check"], nnodes="1:2",
+                 NODE_HEALTH_NAME="spare")
+    last = final_round(out, 2)
+    rc, _, err = slow.finish(120)
+    assert rc == 2, err[-3000:]
+    assert "leaves the job: GEMM at" in err, err[-3000:]
+    release_workers(out)
+    for rc, _, e in finish_all(host, spare):
+        assert rc == 0, e[-3000:]
+    two = [r for r in records(out) if r["WORLD_SIZE"] == "2"]
+    assert sorted(r["NODE_HEALTH_NAME"] for r in two) == ["host", "spare"], two
+    assert last
 
 
 def test_slow_node_is_named_but_kept_when_min_does_not_allow(procs, out, throttle):
