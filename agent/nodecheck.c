@@ -510,8 +510,10 @@ void nodecheck_free(struct crun_agent *a)
 
 static struct nc_policy policy_of(const struct crun_agent *a)
 {
+	/* 0: a config filled without CRUN_AGENT_CONFIG_INIT (the default). */
+	int pct = a->cfg.node_check_threshold > 0 ? a->cfg.node_check_threshold : 50;
 	struct nc_policy p = {
-	    .threshold_pct = a->cfg.node_check ? a->cfg.node_check_threshold : 0,
+	    .threshold_pct = a->cfg.node_check ? pct : 0,
 	    .max_failures = a->cfg.max_node_failures,
 	    .min_nodes = a->cfg.min_nnodes > 0 ? a->cfg.min_nnodes : a->cfg.nnodes,
 	};
