@@ -20,6 +20,7 @@ import pytest
 
 from conftest import (HELPERS, Output, bin_path, free_port, records, release_workers,
                       wait_records)
+from etcd_cluster import EtcdCluster
 
 TASK = os.path.join(HELPERS, "node_health_task.py")
 PY = "/usr/bin/python3"
@@ -54,6 +55,23 @@ def throttle(procs):
     os.rmdir(path)
 
 
+@pytest.fixture(scope="module")
+def _etcd():
+    c = EtcdCluster(1)
+    yield c
+    c.close()
+
+
+@pytest.fixture(params=["c10d", "etcd"])
+def elastic(request):
+    """The elastic backend and its endpoint for a job: c10d (the first agent
+    serves the rendezvous store: it is pinned, never excluded) or etcd (no
+    node serves it)."""
+    if request.param == "etcd":
+        return "etcd", request.getfixturevalue("_etcd").endpoints()
+    return "c10d", None
+
+
 def env(**extra):
     e = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}
     e.update({k: str(v) for k, v in extra.items()})
@@ -70,10 +88,12 @@ def crun(procs, out, args, cgroup=None, **extra):
     return Output(procs.spawn(argv, env=env(**extra)))
 
 
-def c10d(procs, out, port, job, addr, args, nnodes="2:3", **kw):
-    return crun(procs, out, [f"--nnodes={nnodes}", "--rdzv_backend=c10d",
-                        f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={job}", CONF,
-                        f"--local_addr={addr}", *args], **kw)
+def elastic_agent(procs, out, port, job, addr, args, nnodes="2:3", elastic=("c10d", None), **kw):
+    backend, ep = elastic
+    job = f"{job}-{port}"  # one etcd serves every test of the module
+    return crun(procs, out, [f"--nnodes={nnodes}", f"--rdzv_backend={backend}",
+                             f"--rdzv_endpoint={ep or f'127.0.0.1:{port}'}",
+                             f"--rdzv_id={job}", CONF, f"--local_addr={addr}", *args], **kw)
 
 
 def status_url(o):
@@ -121,13 +141,14 @@ def finish_all(*outs):
     return [o.finish(120) for o in outs]
 
 
-def test_throttled_node_leaves_and_the_others_form_a_new_round(procs, out, throttle):
+def test_throttled_node_leaves_and_the_others_form_a_new_round(procs, out, throttle, elastic):
     port = free_port()
-    host = c10d(procs, out, port, "thr", "127.0.0.1", ["--node_check"])
+    host = elastic_agent(procs, out, port, "thr", "127.0.0.1", ["--node_check"], elastic=elastic)
     host.wait_for("joined rendezvous")
     url = status_url(host)
-    peer = c10d(procs, out, port, "thr", "127.0.0.2", ["--node_check"])
-    slow = c10d(procs, out, port, "thr", "127.0.0.3", ["--node_check"], cgroup=throttle)
+    peer = elastic_agent(procs, out, port, "thr", "127.0.0.2", ["--node_check"], elastic=elastic)
+    slow = elastic_agent(procs, out, port, "thr", "127.0.0.3", ["--node_check"], cgroup=throttle,
+                elastic=elastic)
     final_round(out, 2)
     rc, _, err = slow.finish(120)
     assert rc == 2, err[-3000:]
@@ -163,13 +184,13 @@ def test_spare_takes_the_place_of_a_throttled_node(procs, out, throttle):
     started once that round closed joins the host after the exclusion and
     runs in the 2-node round the host opens."""
     port = free_port()
-    host = c10d(procs, out, port, "spare", "127.0.0.1", ["--node_check"], nnodes="1:2",
+    host = elastic_agent(procs, out, port, "spare", "127.0.0.1", ["--node_check"], nnodes="1:2",
                 NODE_HEALTH_NAME="host")
     host.wait_for("joined rendezvous")
-    slow = c10d(procs, out, port, "spare", "127.0.0.3", ["--node_check"], nnodes="1:2",
+    slow = elastic_agent(procs, out, port, "spare", "127.0.0.3", ["--node_check"], nnodes="1:2",
                 cgroup=throttle, NODE_HEALTH_NAME="slow")
     host.wait_for("round 0 complete: 2 nodes")
-    spare = c10d(procs, out, port, "spare", "127.0.0.2", ["--node_check"], nnodes="1:2",
+    spare = elastic_agent(procs, out, port, "spare", "127.0.0.2", ["--node_check"], nnodes="1:2",
                  NODE_HEALTH_NAME="spare")
     last = final_round(out, 2)
     rc, _, err = slow.finish(120)
@@ -206,14 +227,14 @@ def test_slow_node_is_named_but_kept_when_min_does_not_allow(procs, out, throttl
           f"{rows[2]['gflops'] / med:.3f} of the median")
 
 
-def test_node_whose_workers_keep_failing_is_retired(procs, out):
+def test_node_whose_workers_keep_failing_is_retired(procs, out, elastic):
     port = free_port()
     args = ["--max_node_failures=2", "--max_restarts=5"]
-    host = c10d(procs, out, port, "ret", "127.0.0.1", args)
+    host = elastic_agent(procs, out, port, "ret", "127.0.0.1", args, elastic=elastic)
     host.wait_for("joined rendezvous")
     url = status_url(host)
-    peer = c10d(procs, out, port, "ret", "127.0.0.2", args)
-    bad = c10d(procs, out, port, "ret", "127.0.0.3", args, NODE_HEALTH_BAD=1)
+    peer = elastic_agent(procs, out, port, "ret", "127.0.0.2", args, elastic=elastic)
+    bad = elastic_agent(procs, out, port, "ret", "127.0.0.3", args, elastic=elastic, NODE_HEALTH_BAD=1)
     final_round(out, 2)
     rc, _, err = bad.finish(120)
     assert rc == 2, err[-3000:]
