@@ -20,6 +20,7 @@
 #include <event2/event.h>
 
 #include "agent/agent.h"
+#include "agent/nodecheck_int.h"
 #include "common/common.h"
 #include "rendezvous/c10d.h"
 #include "rendezvous/rdzv.h"
@@ -618,6 +619,7 @@ CRUN_API void crun_agent_free(crun_agent_t *a)
 	}
 	for (int i = 0; a->workers && i < a->nworkers; i++)
 		supervise_unwatch_pid(&a->workers[i]);
+	nodecheck_free(a);    /* kills a check still running */
 	a->closing = true;    /* the loop is over: the console may be waited for */
 	agent_end_attempt(a); /* closes every worker's log streams */
 	/* The console may take a while to flush: keep the signal events (a
@@ -904,6 +906,16 @@ static void route_worker_store(struct crun_agent *a, const struct rdzv_info *ri,
 	       wri->master_port, ri->master_addr, ri->master_port);
 }
 
+/* The worker store: loopback and this round's nodes only, unless
+ * worker_store_allow_any (NAT). PyTorch's client cannot authenticate. */
+void agent_allow_round_peers(struct crun_agent *a)
+{
+	if (a->store && !a->cfg.worker_store_allow_any && rdzv_peer_addrs(a->rdzv) &&
+	    store_server_set_allowlist(a->store, rdzv_peer_addrs(a->rdzv)) < 0)
+		log_at(LL_WARN, SUB_AGENT, "cannot narrow the worker store to '%s', ignoring",
+		       rdzv_peer_addrs(a->rdzv));
+}
+
 int agent_start_attempt(struct crun_agent *a)
 {
 	const struct rdzv_info *ri = rdzv_info(a->rdzv);
@@ -914,12 +926,7 @@ int agent_start_attempt(struct crun_agent *a)
 
 	if (!ri)
 		return CRUN_EINVAL;
-	/* The worker store: loopback and this round's nodes only, unless
-	 * worker_store_allow_any (NAT). PyTorch's client cannot authenticate. */
-	if (a->store && !a->cfg.worker_store_allow_any && rdzv_peer_addrs(a->rdzv) &&
-	    store_server_set_allowlist(a->store, rdzv_peer_addrs(a->rdzv)) < 0)
-		log_at(LL_WARN, SUB_AGENT, "cannot narrow the worker store to '%s', ignoring",
-		       rdzv_peer_addrs(a->rdzv));
+	agent_allow_round_peers(a);
 	a->group_rank = ri->group_rank;
 	route_worker_store(a, ri, &wri);
 	if (a->run_dir[0]) {

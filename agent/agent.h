@@ -16,6 +16,7 @@
  *   ctl.c        crunctl's client of the status pages
  *   heartbeat.c  --worker_heartbeat_timeout
  *   orphans.c    stopping what workers leave behind (when crun is the subreaper)
+ *   nodecheck.c  --node_check and --max_node_failures (nodecheck_int.h)
  * Everything runs on the agent's loop thread, except console.c's writer
  * thread (blocking mode) and the rendezvous helpers (rendezvous/helper.c).
  */
@@ -43,7 +44,17 @@ struct rdzv;
 
 /* ---- state machine (fsm.c) ------------------------------------------------ */
 
-enum agent_state { AS_INIT, AS_RENDEZVOUS, AS_RUNNING, AS_STOPPING, AS_BARRIER, AS_DONE, AS__MAX };
+/* AS_CHECKING: the node check between a round and its workers (nodecheck.c). */
+enum agent_state {
+	AS_INIT,
+	AS_RENDEZVOUS,
+	AS_RUNNING,
+	AS_STOPPING,
+	AS_BARRIER,
+	AS_DONE,
+	AS_CHECKING,
+	AS__MAX
+};
 enum agent_event {
 	AE_START,	  /* crun_agent_run() began */
 	AE_RDZV_COMPLETE, /* round result available */
@@ -55,6 +66,7 @@ enum agent_event {
 	AE_BARRIER_DONE,
 	AE_SPARE_DONE,	   /* c10d: the job ended while this node waited as a spare */
 	AE_FAILURE_WINDOW, /* monitor_interval_ms passed since the first failure */
+	AE_CHECK_DONE,	   /* the node check ended (nodecheck.c) */
 	AE__MAX,
 };
 
@@ -79,6 +91,9 @@ enum agent_decision agent_decide(int nfailed, int nrunning, int restart_count, i
 enum agent_state agent_after_stop(struct crun_agent *a);
 
 /* agent.c, used by the actions: */
+/* The worker store admits this round's nodes (and loopback) only; the node
+ * check reaches it before the workers do. */
+void agent_allow_round_peers(struct crun_agent *a);
 int agent_start_attempt(struct crun_agent *a);	  /* spawn every worker of the attempt */
 void agent_end_attempt(struct crun_agent *a);	  /* close logs, drop failure records */
 int agent_collect_failures(struct crun_agent *a); /* record new failures; returns the count */
@@ -232,6 +247,9 @@ struct crun_agent {
 	/* numa.c: cpu lists per local rank, or NULL */
 	char **numa_cpus;
 	char err[512];
+	/* nodecheck.c: the node check and the node's failure count */
+	struct agent_nodecheck *nc;
+	int node_failures; /* attempts in which this node's workers failed */
 };
 
 /* Events for cfg.on_event (agent.c); no-ops without a callback. */

@@ -79,6 +79,9 @@ enum cli_id {
 	OPT_VIRTUAL_LOCAL_RANK,
 	/* crun's own settings (exact names only, no abbreviations) */
 	OPT_HEARTBEAT_TIMEOUT,
+	OPT_NODE_CHECK,
+	OPT_NODE_CHECK_THRESHOLD,
+	OPT_MAX_NODE_FAILURES,
 	OPT_STATUS,
 	OPT_LOG_LEVEL,
 	OPT_SECRET_FILE,

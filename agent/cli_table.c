@@ -145,6 +145,19 @@ const struct cli_opt cli_opts[OPT__MAX] = {
 	"PET_WORKER_HEARTBEAT_TIMEOUT", "restart.worker_heartbeat_timeout", "SECONDS", NULL, 0, 0,
 	"restart the workers when one stops beating (crun_heartbeat() or the mtime of "
 	"$CRUN_HEARTBEAT_FILE) for this long; 0: off", set_ms, CFG(worker_heartbeat_timeout_ms)},
+[OPT_NODE_CHECK] = {"node_check", 0, CT_FLAG, 0, NULL, "PET_NODE_CHECK", "health.node_check",
+	NULL, NULL, 0, 0,
+	"after each rendezvous, before the workers, check every node (GEMM GFLOP/s, ring "
+	"all_reduce GB/s); a slow or failing node leaves the job (exit 2) when MIN nodes remain",
+	set_bool, CFG(node_check)},
+[OPT_NODE_CHECK_THRESHOLD] = {"node_check_threshold", 0, CT_INT, 0, "50",
+	"PET_NODE_CHECK_THRESHOLD", "health.node_check_threshold", "PERCENT", NULL, 1, 100,
+	"--node_check: a node below this percentage of the median is slow", set_int,
+	CFG(node_check_threshold)},
+[OPT_MAX_NODE_FAILURES] = {"max_node_failures", 0, CT_INT, 0, "0", "PET_MAX_NODE_FAILURES",
+	"restart.max_node_failures", "K", NULL, 0, INT32_MAX,
+	"a node whose workers failed in K attempts of the job leaves it (exit 2) when MIN nodes "
+	"remain, for a spare to take its place; 0: never", set_int, CFG(max_node_failures)},
 [OPT_STATUS] = {"status", 0, CT_STR, 0, NULL, "PET_STATUS", "status.listen", "ADDR:PORT", NULL,
 	0, 0, "serve /healthz, /status, /jobs and /metrics over HTTP; 'off' for none [crun: off, "
 	"crun-agent: 127.0.0.1:0, a free port announced in STATUS= and the log]", ap_status, 0},

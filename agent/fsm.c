@@ -12,13 +12,15 @@
 #include <event2/event.h>
 
 #include "agent/agent.h"
+#include "agent/nodecheck_int.h"
 #include "common/common.h"
 #include "rendezvous/rdzv.h"
 #include "store/server.h"
 
 static const char *const state_names[AS__MAX] = {
-    [AS_INIT] = "init",		[AS_RENDEZVOUS] = "rendezvous", [AS_RUNNING] = "running",
-    [AS_STOPPING] = "stopping", [AS_BARRIER] = "barrier",	[AS_DONE] = "done",
+    [AS_INIT] = "init",		  [AS_RENDEZVOUS] = "rendezvous", [AS_RUNNING] = "running",
+    [AS_STOPPING] = "stopping",	  [AS_BARRIER] = "barrier",	  [AS_DONE] = "done",
+    [AS_CHECKING] = "node-check",
 };
 static const char *const event_names[AE__MAX] = {
     [AE_START] = "start",
@@ -31,6 +33,7 @@ static const char *const event_names[AE__MAX] = {
     [AE_BARRIER_DONE] = "barrier-done",
     [AE_SPARE_DONE] = "spare-done",
     [AE_FAILURE_WINDOW] = "failure-window",
+    [AE_CHECK_DONE] = "check-done",
 };
 
 const char *agent_state_name(enum agent_state s)
@@ -65,6 +68,8 @@ static enum agent_state finish(struct crun_agent *a, int code)
 	return AS_DONE;
 }
 
+static enum agent_state exit_on_signal(struct crun_agent *a);
+
 static enum agent_state open_round(struct crun_agent *a)
 {
 	int r = rdzv_next_round(a->rdzv);
@@ -87,7 +92,7 @@ static enum agent_state on_rdzv_failed(struct crun_agent *a)
 	return finish(a, 1);
 }
 
-static enum agent_state start_workers(struct crun_agent *a)
+static enum agent_state launch_workers(struct crun_agent *a)
 {
 	const struct rdzv_info *ri = rdzv_info(a->rdzv);
 	int r;
@@ -103,6 +108,73 @@ static enum agent_state start_workers(struct crun_agent *a)
 		return finish(a, 1);
 	}
 	return AS_RUNNING;
+}
+
+/* --node_check / --max_node_failures: the check runs between the round and
+ * its workers (nodecheck.c). */
+static enum agent_state start_workers(struct crun_agent *a)
+{
+	int r;
+
+	if (!nodecheck_wanted(a))
+		return launch_workers(a);
+	r = nodecheck_start(a);
+	if (r < 0) {
+		log_at(LL_ERROR, SUB_AGENT, "%s", a->err);
+		a->run_error = r;
+		return finish(a, 1);
+	}
+	return AS_CHECKING;
+}
+
+/* Excluded by the node check: exit 2, so a service manager does not start
+ * this node into the same job again. */
+static enum agent_state leave_job(struct crun_agent *a, const char *why)
+{
+	log_at(LL_ERROR, SUB_AGENT, "%s", why);
+	fprintf(stderr, "crun: error: %s\n", why);
+	fflush(stderr);
+	snprintf(a->err, sizeof(a->err), "%s", why);
+	return finish(a, 2);
+}
+
+static enum agent_state check_done(struct crun_agent *a)
+{
+	char why[1024];
+
+	switch (nodecheck_verdict(a, why, sizeof(why))) {
+	case NC_LEAVE:
+		return leave_job(a, why);
+	case NC_AGAIN:
+		log_at(LL_WARN, SUB_AGENT, "%s", why);
+		return open_round(a);
+	default:
+		return launch_workers(a);
+	}
+}
+
+/* The round changed during the check (a node that read the table opened the
+ * next round, or a node died): a node the table excludes still leaves; the
+ * others follow the change as from a stop. */
+static enum agent_state check_interrupted(struct crun_agent *a)
+{
+	enum rdzv_change ch = rdzv_change_kind(a->rdzv);
+	char why[1024];
+
+	if (ch != RDZV_CHANGE_FAILED && ch != RDZV_CHANGE_LOST && nodecheck_take_table(a) &&
+	    nodecheck_verdict(a, why, sizeof(why)) == NC_LEAVE)
+		return leave_job(a, why);
+	nodecheck_stop(a);
+	a->stop_reason = ch == RDZV_CHANGE_FAILED || ch == RDZV_CHANGE_LOST ? STOP_PEER_FAILED
+			 : ch == RDZV_CHANGE_RESTART			    ? STOP_RESTART
+									    : STOP_PEER;
+	return agent_after_stop(a);
+}
+
+static enum agent_state check_signalled(struct crun_agent *a)
+{
+	nodecheck_stop(a);
+	return exit_on_signal(a);
 }
 
 /* Stops every worker still running; the state after the stop depends on
@@ -198,9 +270,11 @@ static enum agent_state on_worker_exit(struct crun_agent *a)
 			return finish(a, 0);
 		return AS_BARRIER;
 	case DECIDE_RESTART:
+		nodecheck_count_failure(a);
 		return stop_after_window(a, STOP_RESTART);
 	case DECIDE_FAIL:
 	default:
+		nodecheck_count_failure(a);
 		return stop_after_window(a, STOP_FAILED);
 	}
 }
@@ -360,6 +434,9 @@ const agent_action agent_fsm[AS__MAX][AE__MAX] = {
     [AS_BARRIER] = {[AE_BARRIER_DONE] = barrier_done,
 		    [AE_PEER_CHANGED] = barrier_peer_changed,
 		    [AE_TERM_SIGNAL] = exit_on_signal},
+    [AS_CHECKING] = {[AE_CHECK_DONE] = check_done,
+		     [AE_PEER_CHANGED] = check_interrupted,
+		     [AE_TERM_SIGNAL] = check_signalled},
 };
 
 crun_agent_state_t agent_public_state(enum agent_state s)

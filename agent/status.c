@@ -21,6 +21,7 @@
 #include <event2/keyvalq_struct.h>
 
 #include "agent/agent.h"
+#include "agent/nodecheck_int.h"
 #include "rendezvous/rdzv.h"
 #include "agent/status_int.h"
 #include "store/server.h"
@@ -172,6 +173,7 @@ static cJSON *status_tree(const struct crun_agent *a, const struct store_server 
 		}
 		if (a->rdzv)
 			rdzv_json(root, a);
+		nodecheck_status_json(a, root);
 		ws = cJSON_AddArrayToObject(root, "workers");
 		for (int i = 0; ws && a->workers && i < a->nworkers; i++) {
 			const struct worker *w = &a->workers[i];
@@ -419,6 +421,8 @@ char *agent_status_metrics(const struct crun_agent *a, const struct store_server
 	}
 	if (a && a->rdzv)
 		rdzv_metrics(f, a->rdzv);
+	if (a)
+		nodecheck_metrics(f, a);
 	if (a && exits) {
 		gauge(f, "crun_agent_worker_exits_total",
 		      "workers of finished attempts by exit code (128+N: signal N)", "counter");

@@ -208,6 +208,15 @@ typedef struct crun_agent_config {
 	 * failure (torchrun lists what its next poll finds). 0: at once;
 	 * CRUN_AGENT_CONFIG_INIT: 100, torchrun's default. */
 	uint32_t monitor_interval_ms;
+	/* 1: after each round, before the workers, every node runs a GEMM and a
+	 * ring all_reduce between the nodes and the nodes share the table; a
+	 * node below node_check_threshold percent of the median (or failing)
+	 * leaves the job (exit 2) when MIN nodes remain. */
+	int node_check;
+	int node_check_threshold; /* percent of the median; CONFIG_INIT: 50 */
+	/* A node whose workers failed in this many attempts leaves the job
+	 * (exit 2) when MIN nodes remain; 0 = never. */
+	int max_node_failures;
 } crun_agent_config_t;
 
 #define CRUN_AGENT_CONFIG_INIT                                                                     \
@@ -215,7 +224,7 @@ typedef struct crun_agent_config {
 		sizeof(crun_agent_config_t), 1, 1, 0, 0, "static", NULL, "127.0.0.1", 29500, NULL, \
 		    900000, 300000, 0, 30000, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0,   \
 		    0, NULL, NULL, NULL, 0, 0, NULL, 0, NULL, NULL, NULL, 0, NULL, 0, NULL, NULL,  \
-		    NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 100                            \
+		    NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 100, 0, 50, 0                  \
 	}
 
 /* Sets one option of crun's option table by name: the long flag without

@@ -725,6 +725,9 @@ static const struct {
 	{ "signals.shutdown_timeout", NULL, "5", NULL },
 	{ "job.virtual_local_rank", "--virtual_local_rank", "true", NULL },
 	{ "restart.worker_heartbeat_timeout", NULL, "7", NULL },
+	{ "health.node_check", "--node_check", "true", NULL },
+	{ "health.node_check_threshold", NULL, "35", NULL },
+	{ "restart.max_node_failures", NULL, "3", NULL },
 	{ "status.listen", "--status=127.0.0.1:1", "\"127.0.0.1:1\"", NULL },
 	{ "daemon.log_level", NULL, "\"debug\"", NULL },
 	{ "security.secret_file", "--auth_secret_file=/s", "\"/s\"", NULL },
@@ -764,7 +767,7 @@ static void dump(const struct cli *p, char *buf, size_t cap)
 	n = (size_t)snprintf(
 		buf, cap,
 		"%d %d %d %d %s %s %s %u %s %u %d %u %s %s %d %d %s %" PRIu64 " %d %d %d %s %d %s "
-		"%s %s %u %s %d %d %s %s",
+		"%s %s %u %s %d %d %s %s %d %d %d",
 		g->nproc_per_node, g->nnodes, g->node_rank, g->standalone, S(g->rdzv_backend),
 		S(g->rdzv_id), S(g->master_addr), g->master_port, S(g->local_addr),
 		g->join_timeout_ms, g->max_restarts, g->shutdown_timeout_ms, S(g->role),
@@ -773,7 +776,8 @@ static void dump(const struct cli *p, char *buf, size_t cap)
 		g->min_nnodes, g->max_nnodes, S(g->rdzv_conf), g->run_path,
 		S(g->duplicate_stdout_filters), S(g->duplicate_stderr_filters), S(g->numa_binding),
 		g->worker_heartbeat_timeout_ms, S(g->auth_secret_file), g->worker_store_allow_any,
-		p->log_level, S(p->status_listen), S(p->event_log_handler));
+		p->log_level, S(p->status_listen), S(p->event_log_handler), g->node_check,
+		g->node_check_threshold, g->max_node_failures);
 #undef S
 	for (int i = 0; p->argv && p->argv[i] && n < cap; i++)
 		n += (size_t)snprintf(buf + n, cap - n, " [%s]", p->argv[i]);
