@@ -303,9 +303,11 @@ int orphans_parse_stat(const char *stat, pid_t *ret_ppid, pid_t *ret_pgrp, char 
 int orphans_signal(struct crun_agent *a, int sig);
 /* During a stop: the same for orphans adopted since (a worker just exited). */
 void orphans_rescan(struct crun_agent *a);
-/* Before the SIGKILL of what is left of exited worker w's process group
- * (its zombie still pins the pgid): one WARN line naming those pids, if any. */
-void orphans_log_group(const struct worker *w);
+/* At exited worker w's reap (its zombie still pins the pgid): one WARN line
+ * naming what is left of its group, if any, and what becomes of it: the
+ * SIGKILL that follows, or (succeeded) left running until the attempt or the
+ * job ends, when a subreaper stops it as an orphan. */
+void orphans_log_group(const struct crun_agent *a, const struct worker *w, bool succeeded);
 /* Reaps tracked orphans that exited (WNOHANG); true when one did. */
 bool orphans_reap(struct crun_agent *a);
 int orphans_alive(const struct crun_agent *a); /* tracked, not yet reaped */

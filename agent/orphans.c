@@ -8,6 +8,14 @@
  * and each is named in the log; the stop is over only once they are reaped.
  * At the agent's end (success included) the same, blocking: the loop is over.
  *
+ * What a worker that exited 0 leaves in its own process group (an upload, a
+ * notifier started with `cmd &`) is not killed at its exit, as under
+ * torchrun: it runs on while the attempt runs, and is stopped as an orphan
+ * (SIGTERM, grace, SIGKILL, named in the log) when the attempt or the job
+ * ends. A failed worker's group is SIGKILLed at its exit (supervise.c).
+ * Unlike torchrun, nothing outlives crun's own end, but for a SIGKILL of crun:
+ * the guard holds only the running workers' groups.
+ *
  * An adopted orphan is a child of this process that is neither a worker nor
  * the guard: a subreaper host's own other children would be taken for
  * orphans too, so only a program that owns every child of its process should
@@ -176,16 +184,22 @@ static bool group_one(const struct proc_entry *p, void *arg)
 	return true;
 }
 
-void orphans_log_group(const struct worker *w)
+void orphans_log_group(const struct crun_agent *a, const struct worker *w, bool succeeded)
 {
 	struct group_ctx c = {.pgid = w->pid};
+	const char *fate = "killing them (SIGKILL)";
 
+	if (succeeded && a->subreaper)
+		fate = "leaving them running until this attempt or the job ends "
+		       "(then SIGTERM, the --shutdown-timeout grace, SIGKILL)";
+	else if (succeeded) /* not adopted: nothing names them later */
+		fate = "leaving them running (this process is not a subreaper: never stopped)";
 	scan_proc(group_one, &c);
 	if (c.pids[0])
 		log_at(LL_WARN, SUB_AGENT,
-		       "worker %d (pid %d) exited leaving pids %s in its process group: "
-		       "killing them (SIGKILL)",
-		       w->local_rank, (int)w->pid, c.pids);
+		       "worker %d (pid %d) %s leaving pids %s in its process group: %s",
+		       w->local_rank, (int)w->pid, succeeded ? "exited with 0" : "failed", c.pids,
+		       fate);
 }
 
 /* The unreaped orphan pins its pid and, when it leads one, its process

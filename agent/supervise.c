@@ -1,6 +1,6 @@
 /* supervise.c: process supervision (STYLE §6). Signals are loop events; one
- * reap path (peek with WNOWAIT, kill what is left of the worker's group while
- * the zombie still pins its pgid, then reap); stopping with a grace timer.
+ * reap path (peek with WNOWAIT, kill what is left of a failed worker's group
+ * while the zombie still pins its pgid, then reap); stopping with a grace timer.
  * Only the agent's own children are waited for, each by pid (waitid(P_PID)):
  * a host that embeds the agent keeps the exit status of children it forked.
  * Whether the process adopts orphans (subreaper) and how it treats SIGPIPE
@@ -161,10 +161,16 @@ static bool reap_worker(struct crun_agent *a, struct worker *w)
 		return false;
 	}
 	/* The unreaped zombie still pins its pid and pgid, so killing
-	 * what is left of its group cannot hit an unrelated process. */
+	 * what is left of its group cannot hit an unrelated process. A
+	 * worker that succeeded keeps its group running, as under torchrun
+	 * (an upload, a notifier): crun, the subreaper, adopts it and
+	 * stops it with the attempt or at the job's end (orphans.c). */
 	if (w->own_group) {
-		orphans_log_group(w);
-		(void)kill(-w->pid, SIGKILL);
+		bool ok = si.si_code == CLD_EXITED && si.si_status == 0;
+
+		orphans_log_group(a, w, ok);
+		if (!ok)
+			(void)kill(-w->pid, SIGKILL);
 		supervise_guard_del(a, w->pid);
 	}
 	supervise_unwatch_pid(w);

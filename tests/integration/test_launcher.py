@@ -1178,3 +1178,132 @@ def test_a_static_job_mixing_torchrun_and_crun_fails_naming_torchrun(procs, torc
     assert ps[torchrun_node].returncode != 0, terr.decode(errors="replace")[-3000:]
     if torchrun_node == 0:
         assert b"KeyError: 'role'" in terr, terr.decode(errors="replace")[-3000:]
+
+
+# Item 6: a background child in the worker's own process group (subprocess
+# without a new session: an upload, a notifier), its output off the launcher's
+# pipes. "waits" writes its file only once its worker has been reaped (its
+# /proc entry gone): a group killed at the worker's exit never writes it.
+BG_CHILD = r"""
+import os, signal, sys, time
+d, mode, worker = sys.argv[1], sys.argv[2], sys.argv[3]
+def put(name):
+    with open(os.path.join(d, name + ".tmp"), "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(os.path.join(d, name + ".tmp"), os.path.join(d, name))
+def on_term(signum, frame):
+    put("term")
+    if mode == "term":
+        sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+put("child.pid")
+for _ in range(6000):  # 120 s hang guard
+    if mode == "waits" and not os.path.exists(f"/proc/{worker}"):
+        put("written")
+        sys.exit(0)
+    time.sleep(0.02)
+"""
+BG_WORKER = r"""
+import os, subprocess, sys, time
+d, mode = sys.argv[1], sys.argv[2]
+def wait_for(name):
+    for _ in range(6000):  # 120 s hang guard
+        if os.path.exists(os.path.join(d, name)):
+            return True
+        time.sleep(0.02)
+    return False
+if os.environ["RANK"] == "0":
+    subprocess.Popen([sys.executable, os.path.join(d, "bg_child.py"), d, mode, str(os.getpid())],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL)
+    sys.exit(0 if wait_for("child.pid") else 3)
+# rank 1 keeps the job running until the child wrote its file
+sys.exit(0 if wait_for("written") else 4)
+"""
+
+
+def _bg_job(procs, tmp_path, launcher, mode, nproc, flags=()):
+    (tmp_path / "bg_child.py").write_text(BG_CHILD)
+    (tmp_path / "bg.py").write_text(BG_WORKER)
+    rc, _, err = run_with(procs, launcher, ["--standalone", f"--nproc-per-node={nproc}",
+                                            *flags, str(tmp_path / "bg.py"), str(tmp_path),
+                                            mode])
+    child = int((tmp_path / "child.pid").read_text()) if (tmp_path / "child.pid").exists() else 0
+    return rc, err, child
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_succeeded_workers_background_child_runs_on_while_the_job_runs(procs, tmp_path,
+                                                                         launcher):
+    """Item 6: rank 0 exits 0 leaving a child in its process group that writes
+    a file once rank 0 is reaped; rank 1 waits for that file. torchrun leaves
+    the child alone; crun SIGKILLed the group at rank 0's exit, so the file
+    never came and rank 1 gave up (exit 4). crun names the pid it leaves."""
+    rc, err, child = _bg_job(procs, tmp_path, launcher, "waits", 2)
+    assert rc == 0, err[-3000:]
+    assert (tmp_path / "written").read_text() == str(child)
+    if launcher == "crun":
+        assert re.search(rf"worker 0 \(pid \d+\) exited with 0 leaving pids {child} in its "
+                         r"process group: leaving them running until this attempt or the job "
+                         r"ends", err), err[-3000:]
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("mode", ["term", "ignore"])
+def test_a_succeeded_workers_background_child_at_the_jobs_end(procs, tmp_path, launcher, mode):
+    """Item 6: what outlives the job. torchrun leaves the child running after
+    it exits. crun stops it as an orphan at the job's end: SIGTERM first (the
+    child records it), the --shutdown-timeout grace, then SIGKILL for one that
+    ignores SIGTERM, each step naming the pid; nothing is left when crun exits.
+    crun used to SIGKILL it at once at the worker's exit (no SIGTERM)."""
+    flags = ["--shutdown-timeout=1"] if launcher == "crun" else []
+    rc, err, child = _bg_job(procs, tmp_path, launcher, mode, 1, flags)
+    try:
+        assert rc == 0 and child, err[-3000:]
+        if launcher == "torchrun":
+            assert pid_alive(child) and not (tmp_path / "term").exists()
+            return
+        assert (tmp_path / "term").read_text() == str(child), err[-3000:]
+        assert not pid_alive(child)
+        assert re.search(r"stopping processes the workers left behind \(orphans adopted by "
+                         rf"crun\) with SIGTERM: pids {child}\b", err), err[-3000:]
+        killed = re.search(rf"orphaned worker descendants {child} did not exit within 1000 ms "
+                           "of SIGTERM: sending SIGKILL", err)
+        assert bool(killed) == (mode == "ignore"), err[-3000:]
+    finally:
+        if child and pid_alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("record", [False, True])
+def test_a_plain_scripts_exception_is_recorded_only_with_record(procs, tmp_path, launcher,
+                                                                record):
+    """Item 1 for a plain script: torchrun 2.x writes no error file for an
+    uncaught exception (the summary says error_file: <N/A> and 'To enable
+    traceback see ...'); a script that wraps its entry in @record gets
+    attempt_0/RANK/error.json and the traceback in the summary. crun does the
+    same: it never changes how a plain script runs."""
+    script = tmp_path / "w.py"
+    body = "import os\ndef main():\n    if os.environ['RANK'] == '1':\n" \
+           "        raise ValueError('plain boom')\n"
+    if record:
+        body = ("from torch.distributed.elastic.multiprocessing.errors import record\n"
+                + body.replace("def main", "@record\ndef main"))
+    script.write_text(body + "main()\n")
+    logs = tmp_path / "logs"
+    env = crun_env(PYTHON_EXEC=torch_python("2"))
+    rc, _, err = run_with(procs, launcher, ["--nproc-per-node=2", f"--log-dir={logs}",
+                                            str(script)], env)
+    assert rc == 1, err[-3000:]
+    files = list(logs.glob("*/attempt_*/*/error.json"))
+    block = err[err.index("Root Cause (first observed failure):"):]
+    assert "rank      : 1 (local_rank: 1)" in block
+    if not record:
+        assert files == [], files
+        assert "error_file: <N/A>" in block and "To enable traceback see" in block, block
+        return
+    assert [f.relative_to(logs).parts[1:] for f in files] == [("attempt_0", "1", "error.json")]
+    assert json.loads(files[0].read_text())["message"]["message"] == "ValueError: plain boom"
+    assert f"error_file: {files[0]}" in block, block
+    assert "ValueError: plain boom" in block and "To enable traceback" not in block, block
