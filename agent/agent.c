@@ -20,6 +20,7 @@
 #include <event2/event.h>
 
 #include "agent/agent.h"
+#include "agent/stacks_int.h"
 #include "common/common.h"
 #include "rendezvous/rdzv.h"
 #include "store/proxy.h"
@@ -619,6 +620,7 @@ CRUN_API void crun_agent_free(crun_agent_t *a)
 	logs_fini(a);
 	supervise_fini(a);
 	numa_free(a->numa_cpus, a->nworkers);
+	stacks_free(a);
 	rdzv_free(a->rdzv);
 	agent_status_stop(a->status);
 	store_server_free(a->store);
@@ -954,6 +956,9 @@ int agent_start_attempt(struct crun_agent *a)
 	}
 	if (heartbeat_arm(a) < 0)
 		log_at(LL_WARN, SUB_AGENT, "cannot watch worker heartbeats, ignoring");
+	stacks_reset(a);
+	if (hang_arm(a, attempt_dir) < 0)
+		log_at(LL_WARN, SUB_AGENT, "cannot watch for hangs, ignoring");
 	if (exec_failed)
 		event_active(a->kick, 0, 0);
 	return 0;
@@ -962,6 +967,7 @@ int agent_start_attempt(struct crun_agent *a)
 void agent_end_attempt(struct crun_agent *a)
 {
 	heartbeat_disarm(a);
+	hang_disarm(a);
 	if (a->proxy) {
 		struct store_proxy_stats st;
 

@@ -231,6 +231,8 @@ struct crun_agent {
 	/* numa.c: cpu lists per local rank, or NULL */
 	char **numa_cpus;
 	char err[512];
+	struct agent_stacks *stk; /* stacks.c: the last capture, or NULL */
+	struct agent_hang *hang;  /* hang.c: --hang_timeout's watch, or NULL */
 };
 
 /* Events for cfg.on_event (agent.c); no-ops without a callback. */

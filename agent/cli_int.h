@@ -77,6 +77,8 @@ enum cli_id {
 	OPT_VIRTUAL_LOCAL_RANK,
 	/* crun's own settings (exact names only, no abbreviations) */
 	OPT_HEARTBEAT_TIMEOUT,
+	OPT_HANG_TIMEOUT,
+	OPT_STACK_DUMP_ON_STOP,
 	OPT_STATUS,
 	OPT_LOG_LEVEL,
 	OPT_SECRET_FILE,

@@ -22,6 +22,7 @@ struct opts {
 	uint64_t interval_ms;
 	uint64_t count; /* watch: stop after this many changes; 0 = until the page goes away */
 	uint32_t timeout_ms;
+	int64_t rank; /* stacks: only this global rank; -1 = every one */
 };
 
 static int fetch(const struct opts *o, const char *path, char **ret_body)
@@ -91,6 +92,22 @@ static int cmd_status(const struct opts *o)
 static int cmd_jobs(const struct opts *o)
 {
 	return show(o, "/jobs", agent_ctl_print_jobs);
+}
+
+/* Every local rank's stack on the page's node, now (GET /stacks). */
+static int cmd_stacks(const struct opts *o)
+{
+	char path[64] = "/stacks", *body;
+	int rc;
+
+	if (o->rank >= 0)
+		snprintf(path, sizeof(path), "/stacks?rank=%lld", (long long)o->rank);
+	rc = fetch(o, path, &body);
+	if (rc)
+		return rc;
+	fputs(body, stdout);
+	free(body);
+	return 0;
 }
 
 /* How a watch that saw `last` ends when the page goes away or says "done":
@@ -183,6 +200,7 @@ static const struct command {
     {"status", cmd_status, "a job's state, ranks, restarts and workers (GET /status)"},
     {"jobs", cmd_jobs, "the jobs a page serves (GET /jobs)"},
     {"watch", cmd_watch, "print /status again whenever it changes"},
+    {"stacks", cmd_stacks, "every local rank's stack now (GET /stacks on an agent's page)"},
 };
 
 /* The one list of crunctl's options: getopt's table, --help and (through
@@ -199,6 +217,7 @@ static const struct ctl_opt {
     {"interval", 'i', "S", "watch: seconds between polls where a page cannot long-poll [1]"},
     {"count", 'c', "N", "watch: stop after N changes [0: at the job's end]"},
     {"timeout", 't', "S", "seconds to wait for each answer [5]"},
+    {"rank", 'r', "R", "stacks: only global rank R"},
     {"help", 'h', NULL, "show this help and exit"},
 };
 
@@ -237,7 +256,7 @@ static int seconds(const char *flag, const char *v, uint64_t *ret_ms)
 int main(int argc, char **argv)
 {
 	struct option longs[ARRAY_SIZE(ctl_opts) + 2] = {{"rdzv-id", required_argument, NULL, 'j'}};
-	struct opts o = {.interval_ms = 1000, .timeout_ms = 5000};
+	struct opts o = {.interval_ms = 1000, .timeout_ms = 5000, .rank = -1};
 	const struct command *cmd;
 	uint64_t ms;
 	int c;
@@ -286,6 +305,12 @@ int main(int argc, char **argv)
 		case 'c':
 			if (parse_u64(optarg, &o.count) < 0) {
 				fprintf(stderr, PROG ": --count: invalid number '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case 'r':
+			if (parse_i64(optarg, &o.rank) < 0 || o.rank < 0) {
+				fprintf(stderr, PROG ": --rank: invalid rank '%s'\n", optarg);
 				return 2;
 			}
 			break;
