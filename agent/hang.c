@@ -127,10 +127,10 @@ static void sample(const struct agent_hang *h, const struct worker *w, struct ha
 		return;
 	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++)
 		if (str_printf(path, sizeof(path), "%s/%d/%s", h->attempt_dir, w->local_rank,
-			       files[i]) == 0 &&
+			       files[i]) >= 0 &&
 		    stat(path, &st) == 0)
 			s->out_bytes += (uint64_t)st.st_size;
-	if (str_printf(path, sizeof(path), "%s/%d/heartbeat", h->attempt_dir, w->local_rank) == 0 &&
+	if (str_printf(path, sizeof(path), "%s/%d/heartbeat", h->attempt_dir, w->local_rank) >= 0 &&
 	    stat(path, &st) == 0)
 		s->beat_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
 }
