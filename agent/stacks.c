@@ -291,6 +291,9 @@ static void wait_tools(struct probe *p, int n, uint64_t deadline_ms)
 		while (waitpid(p[i].tool, NULL, 0) < 0 && errno == EINTR)
 			;
 		p[i].tool = 0;
+		/* A tracer killed mid-attach can leave its SIGSTOP pending in the
+		 * worker: a worker that goes on running must not stay stopped. */
+		(void)kill(p[i].w->pid, SIGCONT);
 	}
 }
 

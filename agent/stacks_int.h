@@ -19,7 +19,7 @@
 
 #include "agent/agent.h"
 
-#define STACKS_DEADLINE_MS 900u	       /* every tool of one capture, in total */
+#define STACKS_DEADLINE_MS 800u	       /* every tool of one capture, in total */
 #define STACKS_FRAME_MAX   192u	       /* one digest frame: "func (file:line)" */
 #define STACKS_FILE_MAX	   (64u << 10) /* bytes of one stack.txt read back */
 #define STACKS_MIN_GAP_MS  2000u       /* GET /stacks: one capture per this long */
