@@ -18,6 +18,7 @@
 
 #include "agent/stacks_int.h"
 #include "common/common.h"
+#include "rendezvous/rdzv.h"
 
 struct agent_stacks {
 	char frame[CRUN_AGENT_MAX_LOCAL][STACKS_FRAME_MAX]; /* per local rank, "" none */
@@ -441,8 +442,11 @@ static void stop_cause(const struct crun_agent *a, enum stop_reason reason, char
 			append(buf, cap, &len, "%s%d", i ? "," : "", a->failures[i].global_rank);
 		append(buf, cap, &len, " failed");
 		break;
-	case STOP_PEER_FAILED:
-		append(buf, cap, &len, "the job failed on another node");
+	case STOP_PEER_FAILED: /* as fsm.c words it: a lost store is no node's failure */
+		append(buf, cap, &len, "%s",
+		       rdzv_change_kind(a->rdzv) == RDZV_CHANGE_LOST
+			   ? "the rendezvous store was lost"
+			   : "the job failed on another node");
 		break;
 	case STOP_PEER:
 		append(buf, cap, &len, "the membership changed");
