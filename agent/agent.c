@@ -21,6 +21,7 @@
 
 #include "agent/agent.h"
 #include "agent/nodecheck_int.h"
+#include "agent/stacks_int.h"
 #include "common/common.h"
 #include "rendezvous/c10d.h"
 #include "rendezvous/rdzv.h"
@@ -627,6 +628,7 @@ CRUN_API void crun_agent_free(crun_agent_t *a)
 	logs_fini(a);
 	supervise_fini(a);
 	numa_free(a->numa_cpus, a->nworkers);
+	stacks_free(a);
 	rdzv_free(a->rdzv);
 	agent_status_stop(a->status);
 	store_server_free(a->store);
@@ -967,6 +969,9 @@ int agent_start_attempt(struct crun_agent *a)
 	}
 	if (heartbeat_arm(a) < 0)
 		log_at(LL_WARN, SUB_AGENT, "cannot watch worker heartbeats, ignoring");
+	stacks_reset(a);
+	if (hang_arm(a, attempt_dir) < 0)
+		log_at(LL_WARN, SUB_AGENT, "cannot watch for hangs, ignoring");
 	if (exec_failed)
 		event_active(a->kick, 0, 0);
 	return 0;
@@ -975,6 +980,7 @@ int agent_start_attempt(struct crun_agent *a)
 void agent_end_attempt(struct crun_agent *a)
 {
 	heartbeat_disarm(a);
+	hang_disarm(a);
 	if (a->proxy) {
 		struct store_proxy_stats st;
 

@@ -250,6 +250,8 @@ struct crun_agent {
 	/* nodecheck.c: the node check and the node's failure count */
 	struct agent_nodecheck *nc;
 	int node_failures; /* attempts in which this node's workers failed */
+	struct agent_stacks *stk; /* stacks.c: the last capture, or NULL */
+	struct agent_hang *hang;  /* hang.c: --hang_timeout's watch, or NULL */
 };
 
 /* Events for cfg.on_event (agent.c); no-ops without a callback. */
@@ -599,6 +601,7 @@ enum cli_ctl_opt {
 	CLI_CTL_INTERVAL,
 	CLI_CTL_COUNT,
 	CLI_CTL_TIMEOUT,
+	CLI_CTL_RANK,
 	CLI_CTL_HELP,
 	CLI_CTL_VERSION,
 	CLI_CTL_PRINT_MAN,

@@ -39,6 +39,7 @@ static int ap_status(struct cli *c, struct cli_ctx *x, enum cli_id id, const cha
 static int ap_log_level(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
 static int ap_rk(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
 static int set_bool(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
+static int ap_stack_dump(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
 static int set_int(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
 static int set_ms(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
 static int set_str(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
@@ -158,6 +159,15 @@ const struct cli_opt cli_opts[OPT__MAX] = {
 	"restart.max_node_failures", "K", NULL, 0, INT32_MAX,
 	"a node whose workers failed in K attempts of the job leaves it (exit 2) when MIN nodes "
 	"remain, for a spare to take its place; 0: never", set_int, CFG(max_node_failures)},
+[OPT_HANG_TIMEOUT] = {"hang_timeout", 0, CT_SECS, 0, "0", "PET_HANG_TIMEOUT",
+	"restart.hang_timeout", "SECONDS", NULL, 0, 0,
+	"no worker of this node progresses (CPU time of its process tree, its log files, its "
+	"heartbeat file) for this long: take every rank's stack, fail the straggler; 0: off",
+	set_ms, CFG(hang_timeout_ms)},
+[OPT_STACK_DUMP_ON_STOP] = {"stack_dump_on_stop", 0, CT_STR, 0, "failure",
+	"PET_STACK_DUMP_ON_STOP", "restart.stack_dump_on_stop", "WHEN", "failure|always|never",
+	0, 0, "write <attempt>/<rank>/stack.txt of each worker crun stops: when others failed, "
+	"also on a signal or membership change (always), or never", ap_stack_dump, 0},
 [OPT_STATUS] = {"status", 0, CT_STR, 0, NULL, "PET_STATUS", "status.listen", "ADDR:PORT", NULL,
 	0, 0, "serve /healthz, /status, /jobs and /metrics over HTTP; 'off' for none [crun: off, "
 	"crun-agent: 127.0.0.1:0, a free port announced in STATUS= and the log]", ap_status, 0},
@@ -660,5 +670,18 @@ int cli_nproc(const char *v, int *ret)
 	}
 	TRY(parse_uint_range(v, 1, CRUN_AGENT_MAX_LOCAL, &n));
 	*ret = (int)n;
+	return 0;
+}
+
+/* --stack_dump_on_stop: the choices (checked already) as the config's int. */
+static int ap_stack_dump(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v)
+{
+	(void)x;
+	(void)id;
+	c->cfg.stack_dump_on_stop = 0;
+	if (strcmp(v, "always") == 0)
+		c->cfg.stack_dump_on_stop = 1;
+	else if (strcmp(v, "never") == 0)
+		c->cfg.stack_dump_on_stop = -1;
 	return 0;
 }

@@ -13,6 +13,7 @@
 
 #include "agent/agent.h"
 #include "agent/nodecheck_int.h"
+#include "agent/stacks_int.h"
 #include "common/common.h"
 #include "rendezvous/rdzv.h"
 #include "store/server.h"
@@ -183,6 +184,7 @@ static enum agent_state begin_stop(struct crun_agent *a, enum stop_reason reason
 {
 	supervise_disarm_window(a);
 	a->stop_reason = reason;
+	stacks_before_stop(a, reason); /* the evidence, before the signal */
 	/* What the workers left behind (crun adopts it) stops with them. */
 	if (orphans_signal(a, SIGTERM) == 0 && count_running(a) == 0)
 		return agent_after_stop(a);
@@ -212,6 +214,7 @@ enum agent_state agent_after_stop(struct crun_agent *a)
 		char why[768] = "";
 
 		agent_report_failure(a);
+		stacks_report(a);
 		agent_root_cause_line(a, why, sizeof(why));
 		agent_end_attempt(a);
 		/* Shared job state (c10d): close the job so every node stops. */

@@ -22,6 +22,7 @@
 
 #include "agent/agent.h"
 #include "agent/nodecheck_int.h"
+#include "agent/stacks_int.h"
 #include "rendezvous/rdzv.h"
 #include "agent/status_int.h"
 #include "store/server.h"
@@ -668,6 +669,35 @@ static void get_store_job_path(struct agent_status *s, struct evhttp_request *re
 	free(id);
 }
 
+/* GET /stacks[?rank=R]: every local rank's stack now (stacks.c); bounded by
+ * its deadline, one capture per STACKS_MIN_GAP_MS (429 in between). */
+static void get_stacks(struct agent_status *s, struct evhttp_request *req, const char *query)
+{
+	struct evkeyvalq q = {0};
+	const char *rv = NULL;
+	char *body = NULL;
+	int64_t rank = -1;
+	int r;
+
+	if (query && evhttp_parse_query_str(query, &q) == 0)
+		rv = evhttp_find_header(&q, "rank");
+	if (rv && parse_i64(rv, &rank) < 0) {
+		evhttp_clear_headers(&q);
+		evhttp_send_error(req, HTTP_BADREQUEST, "rank: not a number");
+		return;
+	}
+	evhttp_clear_headers(&q);
+	r = stacks_on_demand(s->agent, rank < 0 || rank > INT32_MAX ? -1 : (int)rank, &body);
+	if (r == CRUN_EAGAIN) {
+		evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "2");
+		evhttp_send_error(req, 429, "one stack capture per 2 s");
+	} else if (r < 0) {
+		evhttp_send_error(req, HTTP_NOTFOUND, "no running worker");
+	} else {
+		reply(req, 200, "text/plain; charset=utf-8", body);
+	}
+}
+
 static void on_request(struct evhttp_request *req, void *arg)
 {
 	struct agent_status *s = arg;
@@ -686,6 +716,8 @@ static void on_request(struct evhttp_request *req, void *arg)
 		reply(req, 200, "application/json", agent_status_jobs_json(s->agent, s->store));
 	else if (strncmp(path, "/jobs/", 6) == 0 && path[6] && s->store && !s->agent)
 		get_store_job_path(s, req, path + 6);
+	else if (strcmp(path, "/stacks") == 0 && s->agent)
+		get_stacks(s, req, evhttp_uri_get_query(uri));
 	else if (strcmp(path, "/metrics") == 0)
 		reply(req, 200, "text/plain; version=0.0.4; charset=utf-8",
 		      agent_status_metrics(s->agent, s->store, s->exits,

@@ -22,6 +22,7 @@ struct opts {
 	uint64_t interval_ms;
 	uint64_t count; /* watch: stop after this many changes; 0 = until the page goes away */
 	uint32_t timeout_ms;
+	int64_t rank; /* stacks: only this global rank; -1 = every one */
 };
 
 static int fetch(const struct opts *o, const char *path, char **ret_body)
@@ -91,6 +92,22 @@ static int cmd_status(const struct opts *o)
 static int cmd_jobs(const struct opts *o)
 {
 	return show(o, "/jobs", agent_ctl_print_jobs);
+}
+
+/* Every local rank's stack on the page's node, now (GET /stacks). */
+static int cmd_stacks(const struct opts *o)
+{
+	char path[64] = "/stacks", *body;
+	int rc;
+
+	if (o->rank >= 0)
+		snprintf(path, sizeof(path), "/stacks?rank=%lld", (long long)o->rank);
+	rc = fetch(o, path, &body);
+	if (rc)
+		return rc;
+	fputs(body, stdout);
+	free(body);
+	return 0;
 }
 
 /* Whether a page's state is a job's end: an agent's "done" (with its exit
@@ -228,6 +245,7 @@ static const struct command {
     {"status", cmd_status, "a job's state, ranks, restarts and workers (GET /status)"},
     {"jobs", cmd_jobs, "the jobs a page serves (GET /jobs)"},
     {"watch", cmd_watch, "print /status again whenever it changes, until the job's end"},
+    {"stacks", cmd_stacks, "every local rank's stack now (GET /stacks on an agent's page)"},
 };
 
 /* Prints what crunctl's rows (agent/cli_daemons.c) and commands give for
@@ -296,6 +314,12 @@ static int apply_opt(struct opts *o, int id, const char *arg, int *ret_rc)
 			return *ret_rc = 2, -1;
 		}
 		break;
+	case CLI_CTL_RANK:
+		if (parse_i64(arg, &o->rank) < 0 || o->rank < 0) {
+			fprintf(stderr, PROG ": --rank: invalid rank '%s'\n", arg);
+			return *ret_rc = 2, -1;
+		}
+		break;
 	case CLI_CTL_HELP:
 		return *ret_rc = print_doc(stdout, "help"), -1;
 	case CLI_CTL_VERSION:
@@ -343,7 +367,7 @@ static int parse_opts(struct opts *o, int argc, char **argv, int from, int *ret_
 
 int main(int argc, char **argv)
 {
-	struct opts o = {.interval_ms = 1000, .timeout_ms = 5000};
+	struct opts o = {.interval_ms = 1000, .timeout_ms = 5000, .rank = -1};
 	const struct command *cmd;
 	int rc = 0;
 

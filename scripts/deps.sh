@@ -11,7 +11,7 @@ what=${1:-build}
 build_pkgs="build-essential pkg-config libevent-dev libcjson-dev libssl-dev check"
 test_pkgs="python3 python3-venv python3-pytest python3-torch etcd-server etcd-client \
 clang libclang-rt-14-dev iproute2 procps psmisc \
-python3-prometheus-client python3-jsonschema zsh tcsh groff-base man-db slurm-wlm munge"
+python3-prometheus-client python3-jsonschema zsh tcsh groff-base man-db slurm-wlm munge gdb"
 deb_pkgs="debhelper dpkg-dev fakeroot lintian devscripts"
 bench_pkgs="gnuplot-nox"
 pkgs=$build_pkgs
@@ -47,5 +47,10 @@ if [ "$what" = test ] || [ "$what" = bench ]; then
 		/usr/bin/python3 -m venv "$venv"
 		"$venv/bin/pip" install -q --disable-pip-version-check 'torch>=2.1' numpy ||
 			echo "deps: WARNING: PyTorch 2.x install failed; the v2 interop tests will fail"
+	fi
+	# py-spy (Python frames in stack captures, test_hang.py) in the same venv.
+	if [ ! -x "$venv/bin/py-spy" ]; then
+		"$venv/bin/pip" install -q --disable-pip-version-check py-spy ||
+			echo "deps: WARNING: py-spy install failed; the py-spy stack tests will fail"
 	fi
 fi

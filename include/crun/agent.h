@@ -217,6 +217,14 @@ typedef struct crun_agent_config {
 	/* A node whose workers failed in this many attempts leaves the job
 	 * (exit 2) when MIN nodes remain; 0 = never. */
 	int max_node_failures;
+	/* No progress from any local worker for this long (CPU time of its
+	 * process tree, its log files' sizes, its heartbeat file): the job is
+	 * hung; stacks are taken and the straggler is failed. 0 = off. */
+	uint32_t hang_timeout_ms;
+	/* Stacks of the workers crun stops: 0 when others failed (a rank, a
+	 * node, a restart, a hang), 1 also on a signal or membership change,
+	 * -1 never. */
+	int stack_dump_on_stop;
 } crun_agent_config_t;
 
 #define CRUN_AGENT_CONFIG_INIT                                                                     \
@@ -224,7 +232,7 @@ typedef struct crun_agent_config {
 		sizeof(crun_agent_config_t), 1, 1, 0, 0, "static", NULL, "127.0.0.1", 29500, NULL, \
 		    900000, 300000, 0, 30000, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0,   \
 		    0, NULL, NULL, NULL, 0, 0, NULL, 0, NULL, NULL, NULL, 0, NULL, 0, NULL, NULL,  \
-		    NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 100, 0, 50, 0                  \
+		    NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 100, 0, 50, 0, 0, 0            \
 	}
 
 /* Sets one option of crun's option table by name: the long flag without

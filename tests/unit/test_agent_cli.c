@@ -728,6 +728,8 @@ static const struct {
 	{ "health.node_check", "--node_check", "true", NULL },
 	{ "health.node_check_threshold", NULL, "35", NULL },
 	{ "restart.max_node_failures", NULL, "3", NULL },
+	{ "restart.hang_timeout", NULL, "7.5", NULL },
+	{ "restart.stack_dump_on_stop", NULL, "\"always\"", NULL },
 	{ "status.listen", "--status=127.0.0.1:1", "\"127.0.0.1:1\"", NULL },
 	{ "daemon.log_level", NULL, "\"debug\"", NULL },
 	{ "security.secret_file", "--auth_secret_file=/s", "\"/s\"", NULL },
@@ -778,6 +780,9 @@ static void dump(const struct cli *p, char *buf, size_t cap)
 		g->worker_heartbeat_timeout_ms, S(g->auth_secret_file), g->worker_store_allow_any,
 		p->log_level, S(p->status_listen), S(p->event_log_handler), g->node_check,
 		g->node_check_threshold, g->max_node_failures);
+	if (n < cap)
+		n += (size_t)snprintf(buf + n, cap - n, " hang=%u stacks=%d", g->hang_timeout_ms,
+				      g->stack_dump_on_stop);
 #undef S
 	for (int i = 0; p->argv && p->argv[i] && n < cap; i++)
 		n += (size_t)snprintf(buf + n, cap - n, " [%s]", p->argv[i]);
