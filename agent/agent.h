@@ -249,7 +249,7 @@ struct crun_agent {
 	char err[512];
 	/* nodecheck.c: the node check and the node's failure count */
 	struct agent_nodecheck *nc;
-	int node_failures; /* attempts in which this node's workers failed */
+	int node_failures;	  /* attempts in which this node's workers failed */
 	struct agent_stacks *stk; /* stacks.c: the last capture, or NULL */
 	struct agent_hang *hang;  /* hang.c: --hang_timeout's watch, or NULL */
 };
