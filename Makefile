@@ -429,7 +429,7 @@ uninstall:
 		$(foreach h,$(wildcard include/crun/*.h),$(DESTDIR)$(INCDIR)/crun/$(notdir $(h))) \
 		$(foreach u,$(UNITS),$(DESTDIR)$(UNITDIR)/$(notdir $(u))) \
 		$(DESTDIR)$(SYSUSERSDIR)/crun.conf $(DESTDIR)$(TMPFILESDIR)/crun.conf \
-		$(foreach p,crun crun-agent,$(DESTDIR)$(BASHCOMPDIR)/$(p) $(DESTDIR)$(ZSHCOMPDIR)/_$(p)) \
+		$(foreach p,$(COMPLETED),$(DESTDIR)$(BASHCOMPDIR)/$(p) $(DESTDIR)$(ZSHCOMPDIR)/_$(p)) \
 		$(foreach m,$(MANPAGES),$(DESTDIR)$(MANDIR)/man$(subst .,,$(suffix $(m)))/$(notdir $(m))) \
 		$(foreach f,$(DATA),$(DESTDIR)$(DATADIR)/$(notdir $(f)))
 	$(Q)rmdir $(DESTDIR)$(INCDIR)/crun $(DESTDIR)$(DATADIR) 2>/dev/null || true

@@ -154,8 +154,8 @@ static const struct cli_opt ctl_rows[CLI_CTL__MAX] = {
 		       "watch: stop after N changes (0: at the job's end)", NULL, 0, NULL},
     [CLI_CTL_TIMEOUT] = {"timeout", 0, CT_SECS, 0, "5", NULL, NULL, "S", NULL, 0, 0,
 			 "seconds to wait for each answer", NULL, 0, NULL},
-    [CLI_CTL_RANK] = {"rank", 0, CT_INT, 0, NULL, NULL, NULL, "R", NULL, 0, INT64_MAX,
-		      "stacks: only global rank R", NULL, 0, NULL},
+    [CLI_CTL_RANK] = {"rank", 0, CT_INT, 0, NULL, NULL, NULL, "RANK", NULL, 0, INT64_MAX,
+		      "stacks: only this global rank", NULL, 0, NULL},
     ACTION_ROWS(CLI_CTL),
 };
 

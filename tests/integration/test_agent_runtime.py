@@ -37,7 +37,14 @@ def finish(p, timeout):
 
 def shifted_env(shift_s):
     assert os.access(SHIFT, os.R_OK), f"{SHIFT} is not built"
-    return agent_env(LD_PRELOAD=SHIFT, CRUN_TEST_CLOCK_SHIFT_S=shift_s)
+    preload = SHIFT
+    if os.environ.get("CRUN_SAN") == "1":
+        # A sanitized crun refuses to start unless ASan's runtime is the
+        # first library loaded: put it before the shim.
+        asan = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        preload = f"{asan}:{SHIFT}"
+    return agent_env(LD_PRELOAD=preload, CRUN_TEST_CLOCK_SHIFT_S=shift_s)
 
 
 @pytest.mark.parametrize("shift_s", [3600, -3600])

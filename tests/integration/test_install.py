@@ -291,7 +291,7 @@ def spellings_in(lines):
 # A value each placeholder accepts, to show a flag is parsed (then --version ends the run).
 SAMPLE = {"ADDR": "127.0.0.1", "N": "1", "SECONDS": "1", "LEVEL": "info", "ADDR:PORT": "off",
           "FILE": "/nonexistent", "DIR": "/nonexistent", "V": "1.3", "SHELL": "bash",
-          "HOST:PORT": "127.0.0.1:1", "JOB": "j", "S": "1"}
+          "HOST:PORT": "127.0.0.1:1", "JOB": "j", "S": "1", "RANK": "0"}
 
 
 @pytest.mark.parametrize("prog,page", [("crun-rdzvd", "man8/crun-rdzvd.8"),
