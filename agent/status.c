@@ -325,6 +325,48 @@ static const struct {
 #undef ROW
 };
 
+/* Issue 26: what each job holds and how often its writes were refused, by
+ * budget; at most STORE_SHARE_MAX_JOBS + 1 jobs, so the series are bounded. */
+struct share_rows {
+	FILE *f;
+	const char *kind;
+	bool refused; /* the pass: refusals (jobs with any) or holdings */
+};
+
+static void share_row(const struct store_share_info *si, void *arg)
+{
+	const struct share_rows *sr = arg;
+	uint64_t any = 0;
+
+	for (int b = 0; b < STORE_B__MAX; b++)
+		any |= si->refused[b];
+	if (sr->refused && !any)
+		return;
+	for (int b = 0; b < STORE_B__MAX; b++) {
+		fprintf(sr->f, "%s{store=\"%s\",job=\"",
+			sr->refused ? "crun_store_refused_total" : "crun_store_job_used", sr->kind);
+		label(sr->f, si->job);
+		fprintf(sr->f, "\",budget=\"%s\"} %" PRIu64 "\n",
+			store_budget_name((enum store_budget)b),
+			sr->refused ? si->refused[b] : si->used[b]);
+	}
+}
+
+static void share_metrics(FILE *f, const struct store_server *srv, const char *kind)
+{
+	struct share_rows sr = {f, kind, false};
+
+	gauge(f, "crun_store_job_used",
+	      "what one job (run id; \"\" no known job) holds of each shared budget", "gauge");
+	store_server_each_share(srv, share_row, &sr);
+	sr.refused = true;
+	gauge(f, "crun_store_refused_total",
+	      "writes refused because a budget or the job's or connection's share was full, by job "
+	      "and budget",
+	      "counter");
+	store_server_each_share(srv, share_row, &sr);
+}
+
 /* kind: the store="..." label every sample carries: "rendezvous" for
  * crun-rdzvd's, "worker" for an agent's own (MASTER_ADDR), so one query does
  * not add the two up. */
@@ -351,6 +393,7 @@ static void store_metrics(FILE *f, const struct store_server *srv, const char *k
 		fprintf(f, "crun_store_events_total{store=\"%s\",event=\"%s\"} %" PRIu64 "\n", kind,
 			store_metric_name((enum store_metric)m),
 			store_server_metric(srv, (enum store_metric)m));
+	share_metrics(f, srv, kind);
 }
 
 /* The rendezvous's round and its counters (one table: RDZV_COUNTER_MAP). */

@@ -1,0 +1,156 @@
+"""Store fairness (issue 26): one client or one job filling crun-rdzvd's key
+space must not lock the other jobs out. Before, the budgets were global: once
+one client had filled max-total-key-bytes, a normal PyTorch client that
+connected afterwards and set one small key was reset, and so was every other
+job's rendezvous. Now a connection may add conn-share % of each budget, a job
+may hold job-share %, and the last reserve % is kept for crun's rendezvous
+keys; a refused client is closed (the torch protocol has no error reply), the
+daemon logs "store full: ..." naming the job and the budget and counts it
+per job in /metrics (crun_store_refused_total{job,budget}).
+
+The daemon, the canary and the raw-socket helpers are test_store_attack.py's.
+"""
+import os
+import re
+import subprocess
+import urllib.request
+
+import pytest
+
+from conftest import bin_path
+from test_store_attack import (MIB, Daemon, _torch_python, assert_rss_under, canary1,  # noqa: F401
+                               raw, send_until_closed, under_attack, v1_str)
+
+KEY_BYTES = 32 * MIB   # the daemon's max-total-key-bytes in these tests
+KEY_LEN = 64 * 1024    # each flood key; a connection's share is 128 of them
+
+# One TCPStore client of the job a key names: set, get, exit 0; an exception
+# (the daemon closed it) exits 1 with the traceback on stderr.
+CLIENT = """
+import sys
+from datetime import timedelta
+import torch.distributed as dist
+s = dist.TCPStore(sys.argv[1], int(sys.argv[2]), is_master=False, timeout=timedelta(seconds=20))
+s.set(sys.argv[3], "small")
+assert s.get(sys.argv[3]) == b"small"
+print("CLIENT OK", flush=True)
+"""
+
+
+def torch_client(version, port, key):
+    """Runs one PyTorch client to its end; True when its set and get worked."""
+    out = subprocess.run([_torch_python(version), "-c", CLIENT, "127.0.0.1", str(port), key],
+                         capture_output=True, text=True, timeout=120)
+    return out.returncode == 0 and "CLIENT OK" in out.stdout
+
+
+def flood_frames(job, start=0, n=4000):
+    """v1 SETs of 64 KiB keys of job `job` with empty values."""
+    for i in range(start, start + n):
+        head = b"/crun-c10d/%s/%06d" % (job.encode(), i)
+        yield b"\x00" + v1_str(head + b"k" * (KEY_LEN - len(head))) + v1_str(b"")
+
+
+def flood(port, job, start=0):
+    s = raw(port)
+    try:
+        return send_until_closed(s, flood_frames(job, start))
+    finally:
+        s.close()
+
+
+def metrics(d):
+    with urllib.request.urlopen(f"http://{d.status_addr}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def refused(text, job, budget):
+    m = re.search(r'crun_store_refused_total\{store="rendezvous",job="%s",budget="%s"\} (\d+)'
+                  % (re.escape(job), budget), text)
+    return int(m.group(1)) if m else 0
+
+
+@pytest.mark.parametrize("version", ["1", "2"])
+def test_one_flooding_connection_leaves_its_job_and_other_jobs_writing(procs, canary1, version):
+    """4,000 SETs of 64 KiB keys of job A from one client: it is closed after
+    its connection's 8 MiB (a quarter of 32 MiB), the canary (keys of no job)
+    keeps its latency, and afterwards a PyTorch client of job A and one of
+    job B each set and read a small key. Before: the flooder filled all 32 MiB
+    and both clients were reset."""
+    d = Daemon(procs, "--max-total-key-bytes", str(KEY_BYTES), "--status", "127.0.0.1:0")
+    rss0 = d.status("VmRSS")
+
+    def attack(started):
+        s = raw(d.port)
+        started.set()
+        try:
+            return send_until_closed(s, flood_frames("A"))
+        finally:
+            s.close()
+
+    base, hit, closed = under_attack(canary1, d, attack, f"torch {version}")
+    assert closed, "the key flooder was not closed"
+    assert torch_client(version, d.port, "/crun-c10d/A/after"), "job A's own client was reset"
+    assert torch_client(version, d.port, "/crun-c10d/B/after"), "job B's client was reset"
+    peak = assert_rss_under(d, rss0, KEY_BYTES)
+    text = metrics(d)
+    assert refused(text, "A", "key_bytes") == 1, text[-3000:]
+    assert refused(text, "B", "key_bytes") == 0
+    log, m = d.stop()
+    assert ("store full: this connection (job 'A') added 8 MiB of its 8 MiB key_bytes"
+            in log), log[-3000:]
+    assert m.get("drop_key_bytes") == 1, m
+    print(f"torch {version}: peak RSS {peak / MIB:.1f} MiB (from {rss0 / MIB:.1f}), "
+          f"refusals {m['drop_key_bytes']}, canary p99 {base['p99']} us before, "
+          f"{hit['p99']} us under the flood")
+
+
+def test_a_job_at_its_share_is_refused_another_job_is_not(procs):
+    """Job A floods from one connection after another until it holds its
+    16 MiB (half of 32 MiB): its next flooder and its next PyTorch client are
+    refused ("store full: job 'A' used 16 MiB of its 16 MiB key_bytes"),
+    counted for job A in /metrics; job B's client still writes, and reads,
+    deletes and waits of job A still work."""
+    d = Daemon(procs, "--max-total-key-bytes", str(KEY_BYTES), "--status", "127.0.0.1:0")
+    for i in range(3):  # 8 MiB, 8 MiB, then nothing left of A's 16 MiB
+        assert flood(d.port, "A", start=1000 * i)
+    assert not torch_client("2", d.port, "/crun-c10d/A/after"), "job A over its share wrote"
+    assert torch_client("2", d.port, "/crun-c10d/B/after"), "job B's client was reset"
+    assert torch_client("1", d.port, "/crun-c10d/B/v1"), "job B's v1 client was reset"
+    text = metrics(d)
+    assert refused(text, "A", "key_bytes") == 4, text[-3000:]
+    assert refused(text, "B", "key_bytes") == 0
+    log, m = d.stop()
+    assert "store full: job 'A' used 16 MiB of its 16 MiB key_bytes" in log, log[-3000:]
+    assert m.get("drop_key_bytes") == 4, m
+
+
+def test_reserve_keeps_room_for_a_rendezvous_after_user_keys_filled_the_store(procs, tmp_path):
+    """Plain keys (no job) from many connections fill what the reserve leaves;
+    a two-node c10d rendezvous through the same daemon still forms and its
+    job finishes, because crun's /crun-c10d/ keys may use the reserve."""
+    d = Daemon(procs, "--max-keys", "2000", "--job-share", "100", "--conn-share", "100",
+               "--reserve", "10")
+    s = raw(d.port)
+    frames = (b"\x00" + v1_str(b"user/%d" % i) + v1_str(b"") for i in range(4000))
+    assert send_until_closed(s, frames), "the user-key flooder was not closed"
+    s.close()
+    task = os.path.join(os.path.dirname(__file__), "helpers", "elastic_task.py")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "go").write_text("")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PET_") and k != "TORCHELASTIC_ERROR_FILE"}
+    agents = [procs.spawn([bin_path("crun"), "--nnodes=2", "--nproc_per_node=1",
+                           "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{d.port}",
+                           "--rdzv_id=fair", task, "run", str(out), "5"],
+                          stderr=subprocess.PIPE, env=env) for _ in range(2)]
+    for a in agents:
+        try:
+            rc = a.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the rendezvous did not finish")
+        assert rc == 0, a.stderr.read().decode(errors="replace")[-3000:]
+    log, m = d.stop()
+    assert "the last 200 keys are kept for crun's rendezvous keys" in log, log[-3000:]
+    assert m.get("drop_keys") == 1, m
