@@ -113,7 +113,7 @@ TEST_HELPERS := $(patsubst tests/helpers/%.c,$(BUILD)/tests/helpers/%,$(wildcard
 TEST_HELPERS += $(patsubst tests/preload/%.c,$(BUILD)/tests/preload/%.so,$(wildcard tests/preload/*.c))
 
 .PHONY: all test unit integration fuzz fuzz-run lint check-layers demo bench clean \
-	test-deps gpu-test gpu-check print-config install uninstall deb deb-check bench-scale
+	test-deps gpu-test gpu-check print-config install uninstall deb deb-check bench-scale flake-hunt
 all: $(PROGS) $(LIBA) $(LIBSO) $(EXAMPLES) $(BENCHES) $(BUILD)/crun.pc $(CUDA_TARGETS)
 	@echo "built crun (WITH_CUDA=$(WITH_CUDA), SAN=$(SAN)) under $(BUILD)/"
 
@@ -259,6 +259,20 @@ unit: $(UNIT_TESTS)
 integration: all $(TEST_HELPERS)
 	$(Q)CRUN_BUILD=$(abspath $(BUILD)) CRUN_SAN=$(SAN) /usr/bin/python3 -m pytest -q \
 		-p no:cacheprovider --durations=25 tests/integration $(PYTEST_ARGS)
+
+# Not part of `make test`: runs SUITES RUNS times with HOGS busy loops beside
+# them and prints each test's failure count (scripts/flake-hunt.py; issue 23).
+# SUITES: unit:<binary> and integration:<file>[::<-k names, commas for "or">] words;
+# SAN=1 hunts on the sanitizer build. FLAKE_LOG=file keeps the failures' lines.
+SUITES ?= unit:test_rdzv_c10d
+RUNS ?= 10
+HOGS ?= 2
+FLAKE_LOG ?=
+FLAKE_UNIT := $(patsubst unit:%,$(BUILD)/tests/%,$(filter unit:%,$(SUITES)))
+FLAKE_INTEG := $(if $(filter integration:%,$(SUITES)),all $(TEST_HELPERS))
+flake-hunt: $(FLAKE_UNIT) $(FLAKE_INTEG)
+	$(Q)/usr/bin/python3 scripts/flake-hunt.py --build $(BUILD) --runs $(RUNS) --hogs $(HOGS) \
+		--san $(if $(filter 1,$(SAN)),1,0) $(if $(FLAKE_LOG),--log $(FLAKE_LOG)) $(SUITES)
 
 # libFuzzer needs clang; the fuzz build is separate from $(BUILD).
 FUZZ_BUILD := build-fuzz

@@ -80,6 +80,14 @@ static int make_log_dirs(struct crun_agent *a)
 	if (log_to_null(a))
 		return 0;
 	if (a->cfg.log_dir && *a->cfg.log_dir) {
+		struct stat st;
+
+		/* torchrun's words ("log_dir: PATH is a file"): mkdir's ENOTDIR
+		 * alone does not say which path is wrong. */
+		if (stat(a->cfg.log_dir, &st) == 0 && !S_ISDIR(st.st_mode)) {
+			snprintf(a->err, sizeof(a->err), "log_dir: %s is a file", a->cfg.log_dir);
+			return CRUN_EINVAL;
+		}
 		TRY(str_printf(a->log_base, sizeof(a->log_base), "%s", a->cfg.log_dir));
 		TRY(logs_mkdirs(a->log_base));
 	} else {
@@ -149,16 +157,13 @@ static int serve_store(struct crun_agent *a)
 	return 0;
 }
 
-/* --run-path: the script runs through runpy.run_path in a fresh interpreter,
- * as torchrun's run_script_path does in its spawned worker; sys.argv is
- * [script, args...] and __name__ is "__main__" either way. */
-static const char runpy_snippet[] =
-    "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')";
-
+/* --run-path (API callers): errfile_runpy_src in a fresh interpreter, as
+ * torchrun's run_script_path under @record in its spawned worker. */
 static int prepare_program(struct crun_agent *a)
 {
 	char py[PATH_MAX];
-	const char *pre[4] = {env_python(a->envp_base, py, sizeof(py)), "-u", "-c", runpy_snippet};
+	const char *pre[4] = {env_python(a->envp_base, py, sizeof(py)), "-u", "-c",
+			      errfile_runpy_src};
 	size_t n = 0;
 	char **argv;
 
@@ -454,8 +459,11 @@ CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_a
 		goto fail;
 	r = make_log_dirs(a);
 	if (r < 0) {
-		snprintf(a->err, sizeof(a->err), "cannot create the log directory: %s",
-			 crun_strerror(r));
+		if (!a->err[0])
+			snprintf(a->err, sizeof(a->err),
+				 "cannot create the log directory in '%s': %s",
+				 a->cfg.log_dir && *a->cfg.log_dir ? a->cfg.log_dir : "$TMPDIR",
+				 crun_strerror(r));
 		goto fail;
 	}
 	if (cfg->event_base) {

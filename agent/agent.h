@@ -52,7 +52,8 @@ enum agent_event {
 	AE_TERM_SIGNAL,	  /* operator signal or crun_agent_stop() */
 	AE_GRACE_EXPIRED, /* shutdown timeout passed */
 	AE_BARRIER_DONE,
-	AE_SPARE_DONE, /* c10d: the job ended while this node waited as a spare */
+	AE_SPARE_DONE,	   /* c10d: the job ended while this node waited as a spare */
+	AE_FAILURE_WINDOW, /* monitor_interval_ms passed since the first failure */
 	AE__MAX,
 };
 
@@ -199,6 +200,8 @@ struct crun_agent {
 	struct rdzv *rdzv;
 	struct event *sig_ev[65];
 	struct event *grace_timer;
+	struct event *window_timer; /* fires AE_FAILURE_WINDOW */
+	bool window_armed, window_over;
 	struct event *kick;	    /* deferred AE_WORKER_EXIT for exec failures */
 	struct event *linger_timer; /* re-fires AE_BARRIER_DONE while lingering */
 	uint64_t linger_until_ms;
@@ -334,6 +337,10 @@ void supervise_guard_add(struct crun_agent *a, pid_t pgid);
 void supervise_guard_del(struct crun_agent *a, pid_t pgid);
 void supervise_arm_grace(struct crun_agent *a);
 void supervise_disarm_grace(struct crun_agent *a);
+/* The failure window (cfg.monitor_interval_ms): armed once per attempt at
+ * the first failure; disarming also forgets that it was armed. */
+void supervise_arm_window(struct crun_agent *a);
+void supervise_disarm_window(struct crun_agent *a);
 /* Parses "SIGTERM,SIGINT,..." (or numbers) into a mask. 0 or CRUN_EINVAL. */
 int supervise_parse_signals(const char *list, uint64_t *ret_mask);
 const char *supervise_signame(int sig); /* "SIGTERM"; static */
@@ -431,6 +438,10 @@ char *errfile_format_summary(const char *entrypoint, const char *host,
 			     const struct agent_failure *f, int n);
 /* Copies the root cause's error file to path, adding "errorCode". */
 int errfile_copy_root(const struct agent_failure *root, const char *path);
+/* The `python -c` program --run-path runs: torchrun's run_script_path
+ * (runpy.run_path of argv[1] as __main__, sys.argv = [script, args...])
+ * under torchrun's @record, so an exception lands in the error file. */
+extern const char errfile_runpy_src[];
 
 /* ---- env.c ---------------------------------------------------------------------- */
 
@@ -651,6 +662,9 @@ void agent_timers_stop(struct agent_timers *t); /* removes a FIFO it made; NULL:
  * a reply), CRUN_EHOSTUNREACH/CRUN_ENETUNREACH, CRUN_ETOOBIG or CRUN_ENOMEM. */
 int agent_ctl_get(const char *endpoint, const char *path, uint32_t timeout_ms, int *ret_status,
 		  char **ret_body);
+/* prefix then value percent-encoded (RFC 3986 unreserved bytes kept) into
+ * buf: 0, or CRUN_ETOOBIG when it does not fit. */
+int agent_ctl_query(char *buf, size_t cap, const char *prefix, const char *value);
 /* Whether a /status or /jobs JSON body is about job run_id (its run_id, or
  * one of its jobs'). */
 bool agent_ctl_serves_job(const char *json, const char *run_id);

@@ -344,10 +344,6 @@ static bool runs_directly(const char *prog)
 	return false;
 }
 
-/* torchrun's run_script_path(): runpy.run_path in the worker's interpreter. */
-static const char runpy_src[] = "import runpy, sys; sys.argv = sys.argv[1:]; "
-				"runpy.run_path(sys.argv[0], run_name='__main__')";
-
 /* The interpreter (issue 11, item 7): $PYTHON_EXEC as torchrun reads it,
  * else the python3 beside this program as it was invoked (a venv's bin/crun
  * finds the venv's bin/python3 even when the venv is not on PATH, as
@@ -394,7 +390,7 @@ static int build_argv(struct cli *c, const struct cli_ctx *x, const char *self, 
 		c->argv[n++] = str_dup("-u");
 		if (run_path) {
 			c->argv[n++] = str_dup("-c");
-			c->argv[n++] = str_dup(runpy_src);
+			c->argv[n++] = str_dup(errfile_runpy_src);
 		} else if (module) {
 			c->argv[n++] = str_dup("-m");
 		}

@@ -6,6 +6,7 @@
  * an apply function may read any other row's value through the context.
  */
 #include <errno.h>
+#include <sched.h>
 #include <glob.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -73,7 +74,8 @@ const struct cli_opt cli_opts[OPT__MAX] = {
 	"restarts of the worker group on failure", set_int, CFG(max_restarts)},
 [OPT_MONITOR_INTERVAL] = {"monitor_interval", 0, CT_SECS, TR, "0.1", "PET_MONITOR_INTERVAL",
 	"restart.monitor_interval", "SECONDS", NULL, 0, 0,
-	"accepted; crun reacts to worker exits at once", NULL, 0},
+	"after a worker fails, when the others are stopped: every worker failed by then is listed",
+	set_ms, CFG(monitor_interval_ms)},
 [OPT_START_METHOD] = {"start_method", 0, CT_STR, TR, "spawn", "PET_START_METHOD",
 	"job.start_method", "METHOD", "spawn|fork|forkserver", 0, 0,
 	"accepted; programs are always exec'd", NULL, 0},
@@ -87,7 +89,8 @@ const struct cli_opt cli_opts[OPT__MAX] = {
 [OPT_NO_PYTHON] = {"no_python", 0, CT_FLAG, TR, NULL, "PET_NO_PYTHON", "job.no_python", NULL,
 	NULL, 0, 0, "exec the program directly", NULL, 0},
 [OPT_RUN_PATH] = {"run_path", 0, CT_FLAG, TR, NULL, "PET_RUN_PATH", "job.run_path", NULL, NULL,
-	0, 0, "run the script with runpy.run_path (sys.path[0] is the working directory)",
+	0, 0, "run the script with runpy.run_path (sys.path[0] is the working directory); "
+	"an exception is written to the error file, as torchrun's @record does",
 	NULL, 0},
 [OPT_LOG_DIR] = {"log_dir", 0, CT_STR, TR, NULL, "PET_LOG_DIR", "logs.dir", "DIR", NULL, 0, 0,
 	"logs and error files [a new $TMPDIR/torchelastic_*]", set_str, CFG(log_dir)},
@@ -309,7 +312,12 @@ static int ap_nnodes(struct cli *c, struct cli_ctx *x, enum cli_id id, const cha
 				"%s: invalid value '%s' (expected N or MIN:MAX with 0 < MIN <= "
 				"MAX)",
 				x->who[id], v);
-	if (lo != hi && !cli_elastic(x->val[OPT_RDZV_BACKEND]))
+	/* --standalone is one node on a private store: MIN:MAX with a MIN of 1 is
+	 * accepted as torchrun does, and runs at once (torchrun waits out a 30 s
+	 * last call for nodes that cannot join). A MIN above 1 is refused later. */
+	if (cli_on(x, OPT_STANDALONE) && lo == 1)
+		hi = 1;
+	if (lo != hi && !cli_elastic(x->val[OPT_RDZV_BACKEND]) && !cli_on(x, OPT_STANDALONE))
 		return cli_fail(c, "%s=%s: elastic MIN:MAX needs --rdzv_backend=c10d or etcd",
 				x->who[id], v);
 	c->cfg.nnodes = (int)lo;
@@ -610,9 +618,33 @@ int cli_xpu_count(void)
 	       count_glob("/sys/class/drm/renderD*/device/driver/module/drivers/pci:xe");
 }
 
+/* The CPUs this process may run on, as torchrun's os.sched_getaffinity: under
+ * taskset, a cpuset cgroup or Slurm's --cpus-per-task the online count would
+ * oversubscribe. The mask grows for hosts past CPU_SETSIZE. */
+static long usable_cpus(void)
+{
+	for (int ncpu = CPU_SETSIZE; ncpu <= (1 << 20); ncpu *= 2) {
+		cpu_set_t *set = CPU_ALLOC(ncpu);
+		size_t size = CPU_ALLOC_SIZE(ncpu);
+		long n;
+
+		if (!set)
+			break;
+		if (sched_getaffinity(0, size, set) == 0) {
+			n = CPU_COUNT_S(size, set);
+			CPU_FREE(set);
+			return n;
+		}
+		CPU_FREE(set);
+		if (errno != EINVAL)
+			break;
+	}
+	return sysconf(_SC_NPROCESSORS_ONLN);
+}
+
 int cli_nproc(const char *v, int *ret)
 {
-	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	long cpus = usable_cpus();
 	uint64_t n;
 	int dev;
 

@@ -3,22 +3,14 @@
  * the /status and /jobs JSON. Nothing here reads crun's private state: what
  * an operator's tool sees is exactly what the page serves.
  */
-#include <errno.h>
-#include <netdb.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 
 #include <cjson/cJSON.h>
 #include <event2/buffer.h>
 #include <event2/event.h>
 #include <event2/http.h>
-#include <event2/util.h>
 
 #include "agent/agent.h"
 #include "common/common.h"
@@ -44,7 +36,7 @@ static void on_reply(struct evhttp_request *req, void *arg)
 	if (!req) /* on_error said why */
 		return;
 	f->status = evhttp_request_get_response_code(req);
-	if (!f->status) /* the connection failed: probe() told why first */
+	if (!f->status) /* the connection failed: tcp_probe() told why first */
 		return;
 	b = evhttp_request_get_input_buffer(req);
 	len = evbuffer_get_length(b);
@@ -71,46 +63,12 @@ static void on_error(enum evhttp_request_error e, void *arg)
 /* What an operator must be told apart, a name that does not resolve, a page
  * that is not there (refused) and one that does not answer (timed out):
  * evhttp reports all of them as a request without a reply, so one plain
- * connect to the endpoint's first address says which, within timeout_ms.
- * Writes the numeric address evhttp then uses into buf. */
-static int probe(const char *host, uint16_t port, uint32_t timeout_ms, char *buf, size_t cap)
-{
-	struct evutil_addrinfo hints = {
-	    .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = EVUTIL_AI_NUMERICSERV};
-	struct evutil_addrinfo *ai = NULL;
-	char service[8];
-	int fd, r = CRUN_ERESOLVE;
-
-	snprintf(service, sizeof(service), "%u", port);
-	if (evutil_getaddrinfo(host, service, &hints, &ai) != 0 || !ai)
-		return CRUN_ERESOLVE;
-	if (getnameinfo(ai->ai_addr, (socklen_t)ai->ai_addrlen, buf, (socklen_t)cap, NULL, 0,
-			NI_NUMERICHOST) != 0)
-		goto out;
-	fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	r = fd < 0 ? -errno : 0;
-	if (r < 0)
-		goto out;
-	if (connect(fd, ai->ai_addr, (socklen_t)ai->ai_addrlen) < 0) {
-		r = errno == EINPROGRESS ? fd_wait_until(fd, POLLOUT, clock_now_ms() + timeout_ms)
-					 : -errno;
-		if (r == 0) {
-			int e = 0;
-			socklen_t len = sizeof(e);
-
-			r = getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) < 0 ? -errno : -e;
-		}
-	}
-	fd_close(fd);
-out:
-	evutil_freeaddrinfo(ai);
-	return r;
-}
-
+ * connect (tcp_probe) says which first, and gives the numeric address evhttp
+ * then uses. */
 int agent_ctl_get(const char *endpoint, const char *path, uint32_t timeout_ms, int *ret_status,
 		  char **ret_body)
 {
-	struct fetch f = {.err = CRUN_ECONNREFUSED}; /* gone since probe() */
+	struct fetch f = {.err = CRUN_ECONNREFUSED}; /* gone since tcp_probe() */
 	struct evhttp_connection *conn = NULL;
 	struct evhttp_request *req;
 	struct timeval tv = {.tv_sec = (time_t)(timeout_ms / 1000),
@@ -121,7 +79,7 @@ int agent_ctl_get(const char *endpoint, const char *path, uint32_t timeout_ms, i
 
 	if (parse_host_port(endpoint, 0, host, sizeof(host), &port) < 0 || port == 0)
 		return CRUN_EINVAL;
-	TRY(probe(host, port, timeout_ms, addr, sizeof(addr)));
+	TRY(tcp_probe(host, port, timeout_ms, addr, sizeof(addr)));
 	f.base = event_base_new();
 	if (!f.base)
 		return CRUN_ENOMEM;
@@ -228,6 +186,28 @@ int agent_ctl_read_state(const char *json, struct agent_ctl_state *ret)
 	return 0;
 }
 
+int agent_ctl_query(char *buf, size_t cap, const char *prefix, const char *value)
+{
+	size_t o = strlen(prefix);
+
+	if (o >= cap)
+		return CRUN_ETOOBIG;
+	memcpy(buf, prefix, o);
+	for (const unsigned char *p = (const unsigned char *)value; *p; p++) {
+		bool keep = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+			    (*p >= '0' && *p <= '9') || strchr("-._~", *p);
+
+		if (o + (keep ? 1 : 3) >= cap)
+			return CRUN_ETOOBIG;
+		if (keep)
+			buf[o++] = (char)*p;
+		else
+			o += (size_t)snprintf(buf + o, cap - o, "%%%02X", *p);
+	}
+	buf[o] = '\0';
+	return 0;
+}
+
 bool agent_ctl_serves_job(const char *json, const char *run_id)
 {
 	cJSON *root = cJSON_Parse(json), *j;
@@ -255,6 +235,20 @@ int agent_ctl_print_status(FILE *out, const char *json)
 	num(grank, sizeof(grank), root, "group_rank");
 	num(gws, sizeof(gws), root, "group_world_size");
 	num(world, sizeof(world), root, "world_size");
+	if (!cJSON_GetObjectItemCaseSensitive(root, "run_id") &&
+	    cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(root, "jobs"))) {
+		/* crun-rdzvd's page: its jobs (one: --rdzv_id) */
+		cJSON_Delete(root);
+		return agent_ctl_print_jobs(out, json);
+	}
+	if (!cJSON_GetObjectItemCaseSensitive(root, "role")) {
+		/* a job as crun-rdzvd's store holds it: no agent's fields */
+		fprintf(out, "job %s  backend %s  state %s\n", str(root, "run_id"),
+			str(root, "rdzv_backend"), str(root, "state"));
+		print_rdzv(out, cJSON_GetObjectItemCaseSensitive(root, "rendezvous"));
+		cJSON_Delete(root);
+		return 0;
+	}
 	fprintf(out, "job %s  role %s  host %s  backend %s\n", str(root, "run_id"),
 		str(root, "role"), str(root, "host"), str(root, "rdzv_backend"));
 	fprintf(out, "state %s  restarts %s/%s  node %s of %s  world size %s\n", str(root, "state"),

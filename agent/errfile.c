@@ -290,6 +290,27 @@ char *errfile_format_summary(const char *entrypoint, const char *host,
 	return out.p;
 }
 
+/* torchrun runs --run-path's script in a function wrapped by @record
+ * (elastic/multiprocessing/errors): faulthandler on, and an Exception (not
+ * SystemExit) is written to $TORCHELASTIC_ERROR_FILE in the format above,
+ * then raised again, so the exit status and the printed traceback stay
+ * Python's own. A child python is the worker, so this is the same code as
+ * source text. */
+const char errfile_runpy_src[] =
+    "import faulthandler, json, os, runpy, sys, time, traceback\n"
+    "faulthandler.enable(all_threads=True)\n"
+    "sys.argv = sys.argv[1:]\n"
+    "try:\n"
+    "    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    "except Exception as e:\n"
+    "    f = os.environ.get('TORCHELASTIC_ERROR_FILE')\n"
+    "    if f:\n"
+    "        with open(f, 'w') as fp:\n"
+    "            json.dump({'message': {'message': '%s: %s' % (type(e).__name__, e),\n"
+    "                       'extraInfo': {'py_callstack': traceback.format_exc(),\n"
+    "                                     'timestamp': str(int(time.time()))}}}, fp)\n"
+    "    raise\n";
+
 int errfile_copy_root(const struct agent_failure *root, const char *path)
 {
 	char *text, *out;

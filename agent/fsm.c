@@ -30,6 +30,7 @@ static const char *const event_names[AE__MAX] = {
     [AE_GRACE_EXPIRED] = "grace-expired",
     [AE_BARRIER_DONE] = "barrier-done",
     [AE_SPARE_DONE] = "spare-done",
+    [AE_FAILURE_WINDOW] = "failure-window",
 };
 
 const char *agent_state_name(enum agent_state s)
@@ -108,6 +109,7 @@ static enum agent_state start_workers(struct crun_agent *a)
  * `reason`. With nothing left to stop, the stop is already over. */
 static enum agent_state begin_stop(struct crun_agent *a, enum stop_reason reason, int sig)
 {
+	supervise_disarm_window(a);
 	a->stop_reason = reason;
 	/* What the workers left behind (crun adopts it) stops with them. */
 	if (orphans_signal(a, SIGTERM) == 0 && count_running(a) == 0)
@@ -168,6 +170,21 @@ enum agent_state agent_after_stop(struct crun_agent *a)
 	}
 }
 
+/* torchrun looks at its workers every --monitor-interval and lists each one
+ * that failed by then. crun learns of an exit at once, and stopping the
+ * others at once would SIGTERM a worker in the middle of failing by itself
+ * (two pythons that cannot open a missing script: one failure listed, the
+ * other "stopped"). So the stop waits one interval after the first failure;
+ * what exits meanwhile is collected as it comes. */
+static enum agent_state stop_after_window(struct crun_agent *a, enum stop_reason reason)
+{
+	if (a->cfg.monitor_interval_ms && !a->window_over && count_running(a) > 0) {
+		supervise_arm_window(a);
+		return AS_RUNNING;
+	}
+	return begin_stop(a, reason, SIGTERM);
+}
+
 static enum agent_state on_worker_exit(struct crun_agent *a)
 {
 	int nfailed = agent_collect_failures(a);
@@ -181,10 +198,10 @@ static enum agent_state on_worker_exit(struct crun_agent *a)
 			return finish(a, 0);
 		return AS_BARRIER;
 	case DECIDE_RESTART:
-		return begin_stop(a, STOP_RESTART, SIGTERM);
+		return stop_after_window(a, STOP_RESTART);
 	case DECIDE_FAIL:
 	default:
-		return begin_stop(a, STOP_FAILED, SIGTERM);
+		return stop_after_window(a, STOP_FAILED);
 	}
 }
 
@@ -333,6 +350,7 @@ const agent_action agent_fsm[AS__MAX][AE__MAX] = {
 		       [AE_SPARE_DONE] = spare_done,
 		       [AE_TERM_SIGNAL] = exit_on_signal},
     [AS_RUNNING] = {[AE_WORKER_EXIT] = on_worker_exit,
+		    [AE_FAILURE_WINDOW] = on_worker_exit,
 		    [AE_PEER_CHANGED] = on_peer_changed,
 		    [AE_TERM_SIGNAL] = stop_for_exit},
     [AS_STOPPING] = {[AE_WORKER_EXIT] = after_exit_while_stopping,

@@ -69,22 +69,18 @@ static const char *worker_state(const struct worker *w)
 	return w->state == W_RUNNING ? "running" : w->state == W_EXITED ? "exited" : "init";
 }
 
-/* The rendezvous's progress (rdzv.h): the round waited in or the last one
- * completed, its nodes (group ranks and addresses once complete), the
- * nodes waited for, and the counters. */
-static void rdzv_json(cJSON *root, const struct crun_agent *a)
+/* The rendezvous's progress (rdzv.h) under root's "rendezvous": the round
+ * waited in or the last one completed, its nodes (group ranks and addresses
+ * once complete), the nodes waited for, and the counters. */
+static void progress_json(cJSON *root, const struct rdzv_progress *p, const char *run_id)
 {
-	struct rdzv_progress *p = malloc(sizeof(*p));
 	cJSON *o, *arr;
 	char line[1024];
 
-	if (!p)
-		return;
-	rdzv_get_progress(a->rdzv, p);
 	o = cJSON_AddObjectToObject(root, "rendezvous");
 	if (!o)
-		goto out;
-	(void)rdzv_progress_line(p, a->run_id, line, sizeof(line));
+		return;
+	(void)rdzv_progress_line(p, run_id, line, sizeof(line));
 	cJSON_AddStringToObject(o, "line", line);
 	cJSON_AddNumberToObject(o, "round", p->round);
 	cJSON_AddBoolToObject(o, "waiting", p->waiting);
@@ -119,29 +115,135 @@ static void rdzv_json(cJSON *root, const struct crun_agent *a)
 	for (int c = 0; c < RDZV_C__MAX; c++)
 		cJSON_AddNumberToObject(o, rdzv_counter_name((enum rdzv_counter)c),
 					(double)p->counters[c]);
-out:
+}
+
+static void rdzv_json(cJSON *root, const struct crun_agent *a)
+{
+	struct rdzv_progress *p = malloc(sizeof(*p));
+
+	if (!p)
+		return;
+	rdzv_get_progress(a->rdzv, p);
+	progress_json(root, p, a->run_id);
 	free(p);
+}
+
+/* A c10d job's key in crun-rdzvd's store: crun's and torch 2.x's clients
+ * send "/crun-c10d/<id>/<key>", the v1 dialect the same without the '/'. */
+struct job_keys {
+	const struct store_server *srv; /* borrowed */
+	const char *run_id;
+};
+
+static char *job_key_get(const char *key, void *arg)
+{
+	const struct job_keys *jk = arg;
+	char full[512];
+	const uint8_t *v;
+	size_t len;
+	char *out;
+	int n = snprintf(full, sizeof(full), "/" RDZV_C10D_PREFIX "%s/%s", jk->run_id, key);
+
+	if (n < 0 || (size_t)n >= sizeof(full))
+		return NULL;
+	if (store_server_peek(jk->srv, (const uint8_t *)full, (size_t)n, &v, &len) < 0 &&
+	    store_server_peek(jk->srv, (const uint8_t *)full + 1, (size_t)n - 1, &v, &len) < 0)
+		return NULL;
+	out = malloc(len + 1);
+	if (!out)
+		return NULL;
+	memcpy(out, v, len);
+	out[len] = '\0';
+	return out;
+}
+
+/* One job of crun-rdzvd's store (GET /jobs/ID, /status?rdzv_id=ID): its
+ * round, nodes, group ranks and the nodes waited for, as an agent's page
+ * shows them; NULL when the store holds no round of it. */
+static cJSON *store_job_tree(const struct store_server *srv, const char *run_id)
+{
+	struct job_keys jk = {srv, run_id};
+	struct rdzv_progress *p = malloc(sizeof(*p));
+	const char *state;
+	cJSON *root = NULL;
+
+	if (!p)
+		return NULL;
+	if (rdzv_c10d_view(job_key_get, &jk, p, &state) == 0 && (root = cJSON_CreateObject())) {
+		cJSON_AddBoolToObject(root, "ok", 1);
+		cJSON_AddStringToObject(root, "run_id", run_id);
+		cJSON_AddStringToObject(root, "rdzv_backend", "c10d");
+		cJSON_AddStringToObject(root, "state", state);
+		progress_json(root, p, run_id);
+	}
+	free(p);
+	return root;
+}
+
+static void store_jobs(cJSON *jobs, const struct store_server *srv);
+
+/* The store servers a page shows, by the store="..." label. */
+enum status_store { STATUS_STORE_RENDEZVOUS, STATUS_STORE_WORKER, STATUS_STORE__MAX };
+static const char *const status_store_kind[STATUS_STORE__MAX] = {"rendezvous", "worker"};
+
+/* srv: crun-rdzvd's server (its page has no agent); an agent's page has its
+ * worker store and, when it serves the c10d endpoint, the rendezvous store. */
+static const struct store_server *served_store(const struct crun_agent *a,
+					       const struct store_server *srv, enum status_store k)
+{
+	if (k == STATUS_STORE_RENDEZVOUS)
+		return srv ? srv : a && a->rdzv ? rdzv_served_store(a->rdzv) : NULL;
+	return srv || !a ? NULL : a->store;
+}
+
+static void store_json(cJSON *o, const struct store_server *srv)
+{
+	struct store_server_stats st;
+
+	if (!o)
+		return;
+	store_server_get_stats(srv, &st);
+	cJSON_AddNumberToObject(o, "port", store_server_port(srv));
+	cJSON_AddNumberToObject(o, "connections", (double)st.conns);
+	cJSON_AddNumberToObject(o, "keys", (double)st.keys);
+	cJSON_AddNumberToObject(o, "value_bytes", (double)st.value_bytes);
+	cJSON_AddNumberToObject(o, "waiters", (double)st.waiters);
+	cJSON_AddNumberToObject(o, "requests", (double)st.requests);
+	cJSON_AddNumberToObject(o, "dropped_connections", (double)st.dropped_conns);
+	cJSON_AddNumberToObject(o, "leases_expired",
+				(double)store_server_metric(srv, STORE_M_LEASE_EXPIRED));
+	cJSON_AddNumberToObject(o, "leases_released",
+				(double)store_server_metric(srv, STORE_M_LEASE_RELEASED));
 }
 
 static cJSON *status_tree(const struct crun_agent *a, const struct store_server *srv)
 {
-	cJSON *root = cJSON_CreateObject(), *ws;
+	cJSON *root = cJSON_CreateObject(), *ws, *stores;
 
 	if (!root)
 		return NULL;
 	cJSON_AddBoolToObject(root, "ok", 1);
-	if (srv || (a && a->store)) {
-		struct store_server_stats st;
-		cJSON *o = cJSON_AddObjectToObject(root, "store");
+	if (srv || (a && a->store))
+		store_json(cJSON_AddObjectToObject(root, "store"), srv ? srv : a->store);
+	/* Every store served here by its role: crun-rdzvd's, an agent's
+	 * worker store and, on a self-hosted c10d agent, the rendezvous store
+	 * it serves to its peers (their leases live there, not in "store"). */
+	stores = NULL;
+	for (int k = 0; k < STATUS_STORE__MAX; k++) {
+		const struct store_server *ss = served_store(a, srv, (enum status_store)k);
 
-		store_server_get_stats(srv ? srv : a->store, &st);
-		cJSON_AddNumberToObject(o, "port", store_server_port(srv ? srv : a->store));
-		cJSON_AddNumberToObject(o, "connections", (double)st.conns);
-		cJSON_AddNumberToObject(o, "keys", (double)st.keys);
-		cJSON_AddNumberToObject(o, "value_bytes", (double)st.value_bytes);
-		cJSON_AddNumberToObject(o, "waiters", (double)st.waiters);
-		cJSON_AddNumberToObject(o, "requests", (double)st.requests);
-		cJSON_AddNumberToObject(o, "dropped_connections", (double)st.dropped_conns);
+		if (ss && !stores)
+			stores = cJSON_AddObjectToObject(root, "stores");
+		if (ss && stores)
+			store_json(cJSON_AddObjectToObject(stores, status_store_kind[k]), ss);
+	}
+	/* crun-rdzvd's page: no job of its own, the jobs its store holds (one
+	 * of them: ?rdzv_id=ID or /jobs/ID). */
+	if (!a && srv) {
+		cJSON *jobs = cJSON_AddArrayToObject(root, "jobs");
+
+		if (jobs)
+			store_jobs(jobs, srv);
 	}
 	if (a) {
 		cJSON_AddStringToObject(root, "run_id", a->run_id);
@@ -254,6 +356,37 @@ static void count_key(const uint8_t *key, size_t len, void *arg)
 	jc->n++;
 }
 
+/* A /jobs row of crun-rdzvd's: the job's state, round and nodes from its
+ * keys (store_job_tree), beside its key count. */
+static void job_summary(cJSON *j, const struct store_server *srv)
+{
+	cJSON *t = store_job_tree(srv, cJSON_GetObjectItemCaseSensitive(j, "run_id")->valuestring);
+	const cJSON *rz = cJSON_GetObjectItemCaseSensitive(t, "rendezvous");
+	const cJSON *st = cJSON_GetObjectItemCaseSensitive(t, "state");
+	const cJSON *rd = cJSON_GetObjectItemCaseSensitive(rz, "round");
+	const cJSON *n = cJSON_GetObjectItemCaseSensitive(rz, "joined");
+
+	if (cJSON_IsString(st) && cJSON_IsNumber(rd) && cJSON_IsNumber(n)) {
+		cJSON_AddStringToObject(j, "state", st->valuestring);
+		cJSON_AddNumberToObject(j, "round", rd->valuedouble);
+		cJSON_AddNumberToObject(j, "nodes", n->valuedouble);
+	}
+	cJSON_Delete(t);
+}
+
+/* crun-rdzvd's jobs into the array jobs: one row per run id its keys hold. */
+static void store_jobs(cJSON *jobs, const struct store_server *srv)
+{
+	struct job_count jc = {jobs, 0};
+	cJSON *j;
+
+	store_server_each_key(srv, count_key, &jc);
+	cJSON_ArrayForEach(j, jobs)
+	{
+		job_summary(j, srv);
+	}
+}
+
 char *agent_status_jobs_json(const struct crun_agent *a, const struct store_server *srv)
 {
 	cJSON *root = cJSON_CreateObject(), *jobs, *j;
@@ -262,11 +395,8 @@ char *agent_status_jobs_json(const struct crun_agent *a, const struct store_serv
 	if (!root)
 		return NULL;
 	jobs = cJSON_AddArrayToObject(root, "jobs");
-	if (!a && srv && jobs) {
-		struct job_count jc = {jobs, 0};
-
-		store_server_each_key(srv, count_key, &jc);
-	}
+	if (!a && srv && jobs)
+		store_jobs(jobs, srv);
 	if (a && jobs && (j = cJSON_CreateObject())) {
 		cJSON_AddStringToObject(j, "run_id", a->run_id);
 		cJSON_AddStringToObject(j, "role", a->role);
@@ -352,48 +482,77 @@ static void share_row(const struct store_share_info *si, void *arg)
 	}
 }
 
-static void share_metrics(FILE *f, const struct store_server *srv, const char *kind)
+/* Both passes (holdings, then refusals) run over every served store (ss[k]
+ * NULL: not served here), so each family's HELP/TYPE comes once, before all
+ * its samples. */
+static void share_metrics(FILE *f, const struct store_server *const *ss)
 {
-	struct share_rows sr = {f, kind, false};
+	static const char *const help[2][3] = {
+	    {"crun_store_job_used",
+	     "what one job (run id; \"\" no known job) holds of each shared budget", "gauge"},
+	    {"crun_store_refused_total",
+	     "writes refused because a budget or the job's or connection's share was full, by "
+	     "job and budget",
+	     "counter"},
+	};
 
-	gauge(f, "crun_store_job_used",
-	      "what one job (run id; \"\" no known job) holds of each shared budget", "gauge");
-	store_server_each_share(srv, share_row, &sr);
-	sr.refused = true;
-	gauge(f, "crun_store_refused_total",
-	      "writes refused because a budget or the job's or connection's share was full, by job "
-	      "and budget",
-	      "counter");
-	store_server_each_share(srv, share_row, &sr);
+	for (int pass = 0; pass < 2; pass++) {
+		struct share_rows sr = {f, NULL, pass == 1};
+
+		gauge(f, help[pass][0], help[pass][1], help[pass][2]);
+		for (int k = 0; k < STATUS_STORE__MAX; k++) {
+			sr.kind = status_store_kind[k];
+			if (ss[k])
+				store_server_each_share(ss[k], share_row, &sr);
+		}
+	}
 }
 
-/* kind: the store="..." label every sample carries: "rendezvous" for
- * crun-rdzvd's, "worker" for an agent's own (MASTER_ADDR), so one query does
- * not add the two up. */
-static void store_metrics(FILE *f, const struct store_server *srv, const char *kind)
+/* Every store served here (served_store), each sample labelled store="..."
+ * by its role, so one query does not add the two up; a family's HELP/TYPE
+ * comes once, before all its samples (the exposition format wants that). */
+static void store_metrics(FILE *f, const struct crun_agent *a, const struct store_server *srv)
 {
-	struct store_server_stats st;
+	const struct store_server *ss[STATUS_STORE__MAX];
+	struct store_server_stats st[STATUS_STORE__MAX];
+	int k, n = 0;
 
-	store_server_get_stats(srv, &st);
+	for (k = 0; k < STATUS_STORE__MAX; k++) {
+		ss[k] = served_store(a, srv, (enum status_store)k);
+		if (!ss[k])
+			continue;
+		store_server_get_stats(ss[k], &st[k]);
+		n++;
+	}
+	if (!n)
+		return;
 	for (size_t i = 0; i < ARRAY_SIZE(store_rows); i++) {
 		gauge(f, store_rows[i].name, store_rows[i].help, store_rows[i].type);
-		fprintf(f, "%s{store=\"%s\"} %" PRIu64 "\n", store_rows[i].name, kind,
-			*(const uint64_t *)((const char *)&st + store_rows[i].off));
+		for (k = 0; k < STATUS_STORE__MAX; k++)
+			if (ss[k])
+				fprintf(
+				    f, "%s{store=\"%s\"} %" PRIu64 "\n", store_rows[i].name,
+				    status_store_kind[k],
+				    *(const uint64_t *)((const char *)&st[k] + store_rows[i].off));
 	}
 	gauge(f, "crun_store_ops_total", "requests served by operation", "counter");
-	for (int op = 0; op < STORE_OP__MAX; op++)
-		fprintf(f, "crun_store_ops_total{store=\"%s\",op=\"%s\"} %" PRIu64 "\n", kind,
-			store_proto_op_name((enum store_op)op),
-			store_server_op_count(srv, (enum store_op)op));
+	for (k = 0; k < STATUS_STORE__MAX; k++)
+		for (int op = 0; ss[k] && op < STORE_OP__MAX; op++)
+			fprintf(f, "crun_store_ops_total{store=\"%s\",op=\"%s\"} %" PRIu64 "\n",
+				status_store_kind[k], store_proto_op_name((enum store_op)op),
+				store_server_op_count(ss[k], (enum store_op)op));
 	/* The server's own table of refusals and limit hits, one label each. */
 	gauge(f, "crun_store_events_total",
-	      "connections accepted, refused or dropped, and backpressure pauses, by reason",
+	      "connections accepted, refused or dropped, backpressure pauses, and leases "
+	      "expired or released, by reason",
 	      "counter");
-	for (int m = 0; m < STORE_M__MAX; m++)
-		fprintf(f, "crun_store_events_total{store=\"%s\",event=\"%s\"} %" PRIu64 "\n", kind,
-			store_metric_name((enum store_metric)m),
-			store_server_metric(srv, (enum store_metric)m));
-	share_metrics(f, srv, kind);
+	for (k = 0; k < STATUS_STORE__MAX; k++)
+		for (int m = 0; ss[k] && m < STORE_M__MAX; m++)
+			fprintf(f,
+				"crun_store_events_total{store=\"%s\",event=\"%s\"} %" PRIu64 "\n",
+				status_store_kind[k], store_metric_name((enum store_metric)m),
+				store_server_metric(ss[k], (enum store_metric)m));
+	share_metrics(f, ss);
 }
 
 /* The rendezvous's round and its counters (one table: RDZV_COUNTER_MAP). */
@@ -488,10 +647,7 @@ char *agent_status_metrics(const struct crun_agent *a, const struct store_server
 					"crun_agent_worker_exits_total{code=\"%d\"} %" PRIu64 "\n",
 					code, exits[code]);
 	}
-	if (srv)
-		store_metrics(f, srv, "rendezvous");
-	else if (a && a->store)
-		store_metrics(f, a->store, "worker");
+	store_metrics(f, a, srv);
 	if (fclose(f) != 0) {
 		free(s);
 		return NULL;
@@ -592,6 +748,16 @@ static bool hold(struct agent_status *s, struct evhttp_request *req, uint64_t wa
 	return true;
 }
 
+static void get_store_job(struct agent_status *s, struct evhttp_request *req, const char *run_id)
+{
+	cJSON *root = store_job_tree(s->store, run_id);
+
+	if (root)
+		reply(req, 200, "application/json", print_tree(root));
+	else
+		evhttp_send_error(req, HTTP_NOTFOUND, "no such job in this store");
+}
+
 /* GET /status, or, from a watcher, ?after=VERSION&wait_ms=N: with VERSION
  * the current one it is parked until the next state change or N ms,
  * whichever is first (503 when every slot is taken: an answer now would
@@ -599,13 +765,20 @@ static bool hold(struct agent_status *s, struct evhttp_request *req, uint64_t wa
 static void get_status(struct agent_status *s, struct evhttp_request *req, const char *query)
 {
 	struct evkeyvalq q = {0};
-	const char *after = NULL, *wait = NULL;
+	const char *after = NULL, *wait = NULL, *job = NULL;
 	uint64_t version = 0, wait_ms = 0;
 	bool watcher;
 
 	if (query && evhttp_parse_query_str(query, &q) == 0) {
 		after = evhttp_find_header(&q, "after");
 		wait = evhttp_find_header(&q, "wait_ms");
+		job = evhttp_find_header(&q, "rdzv_id");
+	}
+	/* crun-rdzvd's page: one job of its store, as GET /jobs/ID. */
+	if (job && s->store && !s->agent) {
+		get_store_job(s, req, job);
+		evhttp_clear_headers(&q);
+		return;
 	}
 	watcher = after && parse_u64(after, &version) == 0 && wait &&
 		  parse_u64(wait, &wait_ms) == 0 && wait_ms;
@@ -620,6 +793,19 @@ static void get_status(struct agent_status *s, struct evhttp_request *req, const
 		answer_watcher(s, req, -1);
 	else if (!hold(s, req, wait_ms))
 		evhttp_send_error(req, 503, "too many watchers");
+}
+
+/* GET /jobs/ID: ID percent-decoded (a run id may hold any byte but '/'). */
+static void get_store_job_path(struct agent_status *s, struct evhttp_request *req, const char *raw)
+{
+	char *id = evhttp_uridecode(raw, 0, NULL);
+
+	if (!id) {
+		evhttp_send_error(req, HTTP_INTERNAL, "out of memory");
+		return;
+	}
+	get_store_job(s, req, id);
+	free(id);
 }
 
 static void on_request(struct evhttp_request *req, void *arg)
@@ -638,6 +824,8 @@ static void on_request(struct evhttp_request *req, void *arg)
 		get_status(s, req, evhttp_uri_get_query(uri));
 	else if (strcmp(path, "/jobs") == 0)
 		reply(req, 200, "application/json", agent_status_jobs_json(s->agent, s->store));
+	else if (strncmp(path, "/jobs/", 6) == 0 && path[6] && s->store && !s->agent)
+		get_store_job_path(s, req, path + 6);
 	else if (strcmp(path, "/metrics") == 0)
 		reply(req, 200, "text/plain; version=0.0.4; charset=utf-8",
 		      agent_status_metrics(s->agent, s->store, s->exits,

@@ -281,6 +281,34 @@ void supervise_arm_grace(struct crun_agent *a)
 	evtimer_add(a->grace_timer, &tv);
 }
 
+static void on_window(evutil_socket_t fd, short what, void *arg)
+{
+	struct crun_agent *a = arg;
+
+	(void)fd;
+	(void)what;
+	a->window_over = true;
+	agent_fire(a, AE_FAILURE_WINDOW);
+}
+
+void supervise_arm_window(struct crun_agent *a)
+{
+	struct timeval tv = {.tv_sec = a->cfg.monitor_interval_ms / 1000,
+			     .tv_usec = (a->cfg.monitor_interval_ms % 1000) * 1000};
+
+	if (a->window_armed)
+		return;
+	a->window_armed = true;
+	evtimer_add(a->window_timer, &tv);
+}
+
+void supervise_disarm_window(struct crun_agent *a)
+{
+	if (a->window_timer)
+		evtimer_del(a->window_timer);
+	a->window_armed = a->window_over = false;
+}
+
 void supervise_disarm_grace(struct crun_agent *a)
 {
 	if (a->grace_timer)
@@ -436,7 +464,8 @@ int supervise_init(struct crun_agent *a)
 	if (r < 0)
 		return log_fail(SUB_AGENT, r, "cannot start the guard process");
 	a->grace_timer = evtimer_new(a->base, on_grace, a);
-	if (!a->grace_timer)
+	a->window_timer = evtimer_new(a->base, on_window, a);
+	if (!a->grace_timer || !a->window_timer)
 		return CRUN_ENOMEM;
 	if (pipe2(a->stop_req_fd, O_CLOEXEC | O_NONBLOCK) < 0)
 		return -errno;
@@ -508,6 +537,9 @@ void supervise_fini(struct crun_agent *a)
 	if (a->grace_timer)
 		event_free(a->grace_timer);
 	a->grace_timer = NULL;
+	if (a->window_timer)
+		event_free(a->window_timer);
+	a->window_timer = NULL;
 	if (a->stop_req)
 		event_free(a->stop_req);
 	a->stop_req = NULL;

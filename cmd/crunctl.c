@@ -33,6 +33,12 @@ static int fetch(const struct opts *o, const char *path, char **ret_body)
 			crun_strerror(r));
 		return 1;
 	}
+	if (status == 404 && o->rdzv_id && strncmp(path, "/status?", 8) == 0) {
+		/* a page of many jobs holds no key of this one */
+		fprintf(stderr, PROG ": %s does not serve job '%s'\n", o->endpoint, o->rdzv_id);
+		free(*ret_body);
+		return 1;
+	}
 	if (status != 200) {
 		fprintf(stderr, PROG ": http://%s%s: HTTP %d\n", o->endpoint, path, status);
 		free(*ret_body);
@@ -71,7 +77,15 @@ static int show(const struct opts *o, const char *path, int (*print)(FILE *out, 
 
 static int cmd_status(const struct opts *o)
 {
-	return show(o, "/status", agent_ctl_print_status);
+	char path[600] = "/status";
+
+	/* A page of many jobs (crun-rdzvd's) answers for the one asked for;
+	 * an agent's ignores the query and check_job compares its run id. */
+	if (o->rdzv_id && agent_ctl_query(path, sizeof(path), "/status?rdzv_id=", o->rdzv_id) < 0) {
+		fprintf(stderr, PROG ": --rdzv_id: too long\n");
+		return 2;
+	}
+	return show(o, path, agent_ctl_print_status);
 }
 
 static int cmd_jobs(const struct opts *o)

@@ -119,6 +119,12 @@ void fd_close(int fd);
 /* Waits until fd is ready for `events` (POLLIN/POLLOUT) or the CLOCK_MONOTONIC
  * deadline (ms, clock_now_ms) passes: 0, CRUN_ETIMEDOUT or -errno. */
 int fd_wait_until(int fd, short events, uint64_t deadline_ms);
+/* One plain TCP connect to host:port's first address, closed at once, to tell
+ * an operator why a peer is not there: 0 (it accepted), CRUN_ERESOLVE, or
+ * what the connect met within timeout_ms (-ECONNREFUSED, CRUN_ETIMEDOUT, ...).
+ * With buf, writes the numeric address it tried there (CRUN_ERESOLVE when
+ * that cannot be had). */
+int tcp_probe(const char *host, uint16_t port, uint32_t timeout_ms, char *buf, size_t cap);
 
 /* ---- service manager notification (notify.c) ------------------------------ */
 

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <netdb.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 #include <strings.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/socket.h>
 
 #include "common.h"
 
@@ -302,4 +304,35 @@ int fd_wait_until(int fd, short events, uint64_t deadline_ms)
 		if (n < 0 && errno != EINTR)
 			return -errno;
 	}
+}
+
+int tcp_probe(const char *host, uint16_t port, uint32_t timeout_ms, char *buf, size_t cap)
+{
+	struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+	struct addrinfo *ai = NULL;
+	char service[8];
+	int fd, r = CRUN_ERESOLVE;
+
+	snprintf(service, sizeof(service), "%u", port);
+	if (getaddrinfo(host, service, &hints, &ai) != 0 || !ai)
+		return CRUN_ERESOLVE;
+	if (buf && getnameinfo(ai->ai_addr, ai->ai_addrlen, buf, (socklen_t)cap, NULL, 0,
+			       NI_NUMERICHOST) != 0)
+		goto out;
+	fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	r = fd < 0 ? -errno : 0;
+	if (fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) < 0) {
+		r = errno == EINPROGRESS ? fd_wait_until(fd, POLLOUT, clock_now_ms() + timeout_ms)
+					 : -errno;
+		if (r == 0) {
+			int e = 0;
+			socklen_t len = sizeof(e);
+
+			r = getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) < 0 ? -errno : -e;
+		}
+	}
+	fd_close(fd);
+out:
+	freeaddrinfo(ai);
+	return r;
 }

@@ -748,6 +748,11 @@ bool c10d_worker_store_proxy(const struct c10d *c)
 	return c->conf.worker_store_proxy;
 }
 
+const struct store_server *c10d_served_store(const struct c10d *c)
+{
+	return c->rdzv_store;
+}
+
 const char *c10d_peer_addrs(const struct c10d *c)
 {
 	if (!c->have_info)
@@ -782,6 +787,12 @@ int c10d_close_failed(struct c10d *c, const char *why)
 	if ((!why || !*why) && !c->rdzv_store)
 		return CRUN_ECLOSED;
 	helper_drop(&c->job); /* a barrier a peer's failure woke */
+	/* This node writes the reason: its own monitor must not wake on it
+	 * and acknowledge it as one of the others (issue 23: the host then
+	 * left at once, taking the store along before the others read why).
+	 * Dropped, it revokes its lease, which says nothing on the change key. */
+	if (why && *why)
+		helper_drop(&c->mon);
 	return start(c, JOB_FAIL, why && *why ? why : NULL);
 }
 

@@ -83,6 +83,8 @@ const struct rdzv_info *c10d_info(const struct c10d *c);
 /* Numeric addresses of the last round's nodes, space separated, when this
  * agent is group rank 0 (its worker store is the round's); NULL otherwise. */
 const char *c10d_peer_addrs(const struct c10d *c);
+/* The rendezvous store served in-process (is_host), or NULL; borrowed. */
+const struct store_server *c10d_served_store(const struct c10d *c);
 /* rdzv_conf worker_store=proxy was given. */
 bool c10d_worker_store_proxy(const struct c10d *c);
 void c10d_get_progress(const struct c10d *c, struct rdzv_progress *ret);

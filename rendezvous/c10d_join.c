@@ -890,12 +890,16 @@ static int put_back(struct c10d_job *j, struct coord *c, int64_t rd, int64_t *re
 	if (r < 0)
 		return c10d_jfail(j, c, r, "putting the round back");
 	now = strtoll(cur, &end, 10);
-	*ret_rd = end != cur && *end == '\0' && now >= 0 ? (int64_t)now : -1;
+	if (end == cur || *end != '\0' || now < 0)
+		now = -1;
 	crun_free(cur);
-	if (*ret_rd != rd || rd == 0 || j->next_attempt < 0)
-		return 0;
-	r = put_back_head(j, c, rd);
-	return r < 0 ? c10d_jfail(j, c, r, "putting the previous round back") : 0;
+	if (now == rd && rd != 0 && j->next_attempt >= 0) {
+		r = put_back_head(j, c, rd);
+		if (r < 0)
+			return c10d_jfail(j, c, r, "putting the previous round back");
+	}
+	*ret_rd = (int64_t)now;
+	return 0;
 }
 
 /* Joins rounds until one that counts this agent in completes. */

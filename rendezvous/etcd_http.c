@@ -7,8 +7,6 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <netdb.h>
-#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -451,39 +449,12 @@ static int attempt(struct etcd *e, const char *path, const char *body, uint64_t 
 
 enum verdict { V_OK, V_MOVE, V_AUTH, V_FAIL };
 
-/* Why a member gave no answer at the transport level: a plain connect to it
- * (bounded by PROBE_MS), so the message names the errno - "connection
+/* Why a member gave no answer at the transport level: tcp_probe to it,
+ * bounded by PROBE_MS, so the message names the errno - "connection
  * refused" - where evhttp only says the request failed. 0 when it connects
  * (then the member is up but did not answer in time). Used while opening
  * (etcd_open_report's say_retry). */
 #define PROBE_MS 1000
-static int probe(const struct etcd_endpoint *p)
-{
-	struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
-	struct addrinfo *res = NULL;
-	char port[8];
-	int r, fd;
-
-	TRY(str_printf(port, sizeof(port), "%u", p->port));
-	if (getaddrinfo(p->host, port, &hints, &res) != 0)
-		return CRUN_ERESOLVE;
-	fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-	r = fd < 0 ? -errno : 0;
-	if (r == 0 && connect(fd, res->ai_addr, res->ai_addrlen) < 0) {
-		r = errno == EINPROGRESS ? fd_wait_until(fd, POLLOUT, clock_now_ms() + PROBE_MS)
-					 : -errno;
-		if (r == 0) {
-			int soerr = 0;
-			socklen_t sl = sizeof(soerr);
-
-			r = getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) < 0 ? -errno : -soerr;
-		}
-	}
-	if (fd >= 0)
-		close(fd);
-	freeaddrinfo(res);
-	return r;
-}
 
 /* What an answer means. The gateway maps gRPC errors to
  * {"error": ..., "code": <gRPC code>, "message": ...}. */
@@ -497,10 +468,11 @@ static enum verdict judge(struct etcd *e, const struct reply *rp, cJSON **ret_js
 	if (rp->status == 0) {
 		/* Only while opening: a probe of a partitioned member costs up to
 		 * PROBE_MS, which a fail-over of a running job must not pay. */
-		int why = e->say_retry ? probe(&e->conf.ep[e->ep]) : 0;
+		const struct etcd_endpoint *ep = &e->conf.ep[e->ep];
+		int why = e->say_retry ? tcp_probe(ep->host, ep->port, PROBE_MS, NULL, 0) : 0;
 
-		etcd_fail(e, CRUN_ECONNREFUSED, "no answer from %s:%u%s%s", e->conf.ep[e->ep].host,
-			  e->conf.ep[e->ep].port, why ? ": " : "", why ? crun_strerror(why) : "");
+		etcd_fail(e, CRUN_ECONNREFUSED, "no answer from %s:%u%s%s", ep->host, ep->port,
+			  why ? ": " : "", why ? crun_strerror(why) : "");
 		*ret_err = CRUN_ECONNREFUSED;
 		cJSON_Delete(j);
 		return V_MOVE;

@@ -64,7 +64,7 @@ static void store_lost(struct c10d_job *j, struct coord *c, int r)
 static int read_change(struct c10d_job *j, struct coord *c, const char *chk, char *v, char *done)
 {
 	char k1[64], k2[64];
-	bool failed = false, woke = v || done;
+	bool failed = false, woke = v || done, have_why = false;
 	int r = woke ? 0 : coord_get_now(c, chk, &v);
 
 	if (r < 0) {
@@ -81,6 +81,12 @@ static int read_change(struct c10d_job *j, struct coord *c, const char *chk, cha
 		bool ended = strncmp(done, "done", 4) == 0;
 
 		failed = !ended;
+		/* The reason is what we hold: the node that wrote it may leave
+		 * (taking the store along) before another read (issue 23:
+		 * the peer printed "failed on another node:" with nothing). */
+		have_why = failed;
+		if (failed)
+			snprintf(j->err, sizeof(j->err), "%s", done);
 		crun_free(done);
 		if (ended) {
 			/* Every node passed the exit barrier: nodes leaving now
@@ -89,16 +95,24 @@ static int read_change(struct c10d_job *j, struct coord *c, const char *chk, cha
 			return 1;
 		}
 	}
-	if (failed) {
+	if (failed && !have_why) {
 		char *why = NULL;
 
-		/* The job is over either way: give the reason a few seconds
-		 * on a starved machine rather than print the failure without
-		 * its root cause. */
-		if (coord_get(c, "closed", MAX(j->conf.ttl_ms, C10D_REASON_MS), &why) == 0) {
+		/* Only the change ("failed") so far. The job is over either
+		 * way: give the reason a few seconds on a starved machine
+		 * rather than print the failure without its root cause. */
+		r = coord_get(c, "closed", MAX(j->conf.ttl_ms, C10D_REASON_MS), &why);
+		if (r == 0) {
 			snprintf(j->err, sizeof(j->err), "%s", why);
 			crun_free(why);
+		} else {
+			snprintf(j->err, sizeof(j->err),
+				 "failed (the reason could not be read from the rendezvous store: "
+				 "%.300s)",
+				 *coord_last_error(c) ? coord_last_error(c) : crun_strerror(r));
 		}
+	}
+	if (failed) {
 		KEY(k1, "r%d/failed_ack", j->round);
 		KEY(k2, "r%d/failed_acked", j->round);
 		/* Everyone but the failing agent acknowledges. */
@@ -235,7 +249,7 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 	 * state, so a lease not found there has expired (and said so). */
 	bool restartable = !hb && !j->host_member && !j->is_host && !j->etcd;
 	int r = 0, back_next = 0;
-	bool restored = false, moved_on;
+	bool restored = false, moved_on, ended;
 	/* The round kept the lease less than a heartbeat ago: the first
 	 * keep-alive is due a heartbeat after that, not now - one request
 	 * fewer per member when a whole round starts its monitors at once. A
@@ -323,6 +337,14 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 	 * fewer per member between the change and the next round. */
 	moved_on =
 	    r == 0 && (j->change == RDZV_CHANGE_RESTART || j->change == RDZV_CHANGE_MEMBERSHIP);
+	/* The job ended (every node passed the exit barrier): give the lease
+	 * back now, an orderly end the store counts as released, not as an
+	 * expiry (a node lost, what an alert is for), which the connection's
+	 * close at this process's exit would otherwise be. The connection
+	 * itself stays open until the agent exits: the host waits for it. */
+	ended = r == 1;
+	if (ended && lease && coord_lease_revoke(*cp, lease) == 0)
+		lease = 0;
 	/* Stay connected (lease held) until the agent moves on: closing now
 	 * would look like a failure of this node to the others. The next
 	 * keep-alive is due a heartbeat after the last one: the agent
@@ -335,6 +357,8 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 			continue;
 		}
 		kept_at = now;
+		if (!lease && ended) /* nothing left to fence: the workers are done */
+			atomic_store(&j->kept_ok_ms, now);
 		if (!lease)
 			continue;
 		if (coord_lease_keepalive(*cp, lease) < 0)

@@ -20,6 +20,7 @@
 
 struct event_base;
 struct rdzv;
+struct store_server;
 
 #define RDZV_HOST_MAX 256
 
@@ -101,6 +102,10 @@ int rdzv_new(const struct rdzv_params *p, struct rdzv **ret_rdzv);
 int rdzv_store_to_serve(const struct rdzv *r, const char **ret_host, uint16_t *ret_port);
 /* Tells the backend the port the agent's store actually bound. */
 void rdzv_set_served_port(struct rdzv *r, uint16_t port);
+
+/* The rendezvous store this agent serves in-process (c10d is_host), or
+ * NULL; borrowed, valid until rdzv_free. For the status page and metrics. */
+const struct store_server *rdzv_served_store(const struct rdzv *r);
 
 /* Whether the backend clears the served store itself between attempts
  * (static multi-node: only once every node stopped); else the agent does. */
@@ -216,5 +221,19 @@ int rdzv_progress_line(const struct rdzv_progress *p, const char *run_id, char *
 /* "rounds_completed"...; static text, "?" out of range. */
 const char *rdzv_counter_name(enum rdzv_counter c);
 const char *rdzv_counter_help(enum rdzv_counter c);
+
+/* Reads one key of a c10d job, named relative to the job's prefix ("round",
+ * "r0/closed"): a malloc'd NUL-terminated value, or NULL when absent. */
+typedef char *(*rdzv_key_get_fn)(const char *key, void *arg);
+/* A c10d job's rendezvous from what the store serving it holds (a store's
+ * status page: crun-rdzvd, which has no agent of the job): its current round,
+ * complete (members by group rank with hosts and addresses) or open (nodes
+ * joined so far, and the previous round's members not back: nawait/await);
+ * min and max from the job's settings. The agents' timers and counters are
+ * not in the store: -1 and 0. *ret_state (static text): "rendezvous" while
+ * the round is open, "running", or the job's end, "done" or "failed".
+ * Returns 0, or CRUN_ENOTFOUND when the store holds no round of the job. */
+int rdzv_c10d_view(rdzv_key_get_fn get, void *arg, struct rdzv_progress *ret,
+		   const char **ret_state);
 
 #endif /* CRUN_RENDEZVOUS_RDZV_H */

@@ -4,7 +4,9 @@
  * agents exchange their nproc under "<run_id>/crun/rdzv/" so that nodes with
  * different nproc get correct prefix-sum global ranks, then pass a barrier so
  * node 0 never starts (and possibly restarts and clears the store) before
- * every agent has read what it needs.
+ * every agent has read what it needs. A node's arrival is read from
+ * torchrun's own "torchelastic/role_info/<N>" key, so that a node running
+ * torchrun is named at once (static_jobs.c).
  *
  * Restarts of a multi-node job are coordinated through the same store, as
  * c10d does: a monitor on every node watches "crun/rdzv/restart/<A>"; the
@@ -375,6 +377,11 @@ void rdzv_get_progress(const struct rdzv *r, struct rdzv_progress *ret)
 const char *rdzv_peer_addrs(const struct rdzv *r)
 {
 	return r->c10d ? c10d_peer_addrs(r->c10d) : NULL;
+}
+
+const struct store_server *rdzv_served_store(const struct rdzv *r)
+{
+	return r->c10d ? c10d_served_store(r->c10d) : NULL;
 }
 
 bool rdzv_worker_store_proxy(const struct rdzv *r)

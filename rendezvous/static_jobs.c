@@ -25,10 +25,78 @@ int static_key(char *buf, size_t cap, const char *what, int v)
 	return str_printf(buf, cap, "crun/rdzv/%s/%d", what, v);
 }
 
+/* torchrun's static rendezvous (elastic/rendezvous/static_tcp_rendezvous.py)
+ * and its rank assignment (elastic/agent/server/api.py, _assign_worker_ranks)
+ * use other keys under the same PrefixStore(run_id): node N sets
+ * torchelastic/role_info/N, node 0 answers torchelastic/assigned_ranks/N, and
+ * node 0's TCPStore constructor first waits for every node's raw "init/"
+ * check-in. A job with torchrun on one node and crun on another waited for
+ * its own launcher's keys until the join timeout on both. So crun checks in
+ * as torchrun's clients do, publishes a role_info record of its own after
+ * its nproc record, and reads each node's arrival from role_info: a node
+ * whose role_info has no nproc beside it runs torchrun. crun's role_info is
+ * not torchrun's JSON (no "role"), so a torchrun node 0 fails at once on it
+ * (KeyError) instead of waiting; a torchrun node N gets the same in
+ * assigned_ranks/N from a crun node 0. Mixed jobs are refused, not run:
+ * torchrun does not take part in crun's barrier or coordinated restarts. */
+#define MIXED_NOTE "a static job needs the same launcher, crun or torchrun, on every node"
+
+static int role_key(char *buf, size_t cap, const char *what, int v)
+{
+	return str_printf(buf, cap, "torchelastic/%s/%d", what, v);
+}
+
+static int refuse_torchrun_node(struct rdzv_job *j, crun_store_t *s, int node)
+{
+	char key[128], val[256];
+
+	snprintf(j->err, sizeof(j->err), "node_rank %d runs torchrun, not crun: %s", node,
+		 MIXED_NOTE);
+	if (j->node_rank == 0 && role_key(key, sizeof(key), "assigned_ranks", node) == 0 &&
+	    str_printf(val, sizeof(val), "{\"crun\": \"node_rank 0 runs crun: %s\"}", MIXED_NOTE) ==
+		0)
+		(void)crun_store_set(s, key, val, strlen(val));
+	return CRUN_ECONFIG;
+}
+
+/* Waits for node i's arrival and reads its nproc into j->nprocs[i]. */
+static int read_node(struct rdzv_job *j, crun_store_t *s, int i)
+{
+	char key[128], nkey[128];
+	const char *keys[1] = {nkey};
+	void *v = NULL;
+	size_t len;
+	uint64_t np;
+	int ready = 0, r;
+
+	TRY(role_key(key, sizeof(key), "role_info", i));
+	TRY(static_key(nkey, sizeof(nkey), "nproc", i));
+	r = crun_store_wait(s, (const char *const[]){key}, 1, j->join_timeout_ms);
+	if (r < 0)
+		return static_job_fail(j, s, r,
+				       r == CRUN_ETIMEDOUT ? "timed out waiting for an agent to "
+							     "join (is every --node_rank started?)"
+							   : "waiting for an agent to join");
+	r = crun_store_check(s, keys, 1, &ready);
+	if (r < 0)
+		return static_job_fail(j, s, r, "reading an agent's nproc");
+	if (!ready)
+		return refuse_torchrun_node(j, s, i);
+	r = crun_store_get(s, nkey, j->join_timeout_ms, &v, &len);
+	if (r < 0)
+		return static_job_fail(j, s, r, "reading an agent's nproc");
+	r = parse_uint_range(v, 1, 1u << 20, &np);
+	crun_free(v);
+	if (r < 0)
+		return static_job_fail(j, NULL, CRUN_EPROTO, "bad nproc record in the store");
+	j->nprocs[i] = (int)np;
+	return 0;
+}
+
 /* The nproc exchange plus a barrier (see the file comment). */
 int static_job_join(struct rdzv_job *j, crun_store_t *s)
 {
-	char key[128], val[32];
+	char key[128], val[256];
 	int64_t n;
 	int r;
 
@@ -42,31 +110,23 @@ int static_job_join(struct rdzv_job *j, crun_store_t *s)
 			 j->node_rank);
 		return CRUN_ECONFIG;
 	}
+	r = crun_store_add_raw(s, "init/", 1, &n);
+	if (r < 0)
+		return static_job_fail(j, s, r, "checking in");
 	TRY(static_key(key, sizeof(key), "nproc", j->node_rank));
 	TRY(str_printf(val, sizeof(val), "%d", j->nproc));
 	r = crun_store_set(s, key, val, strlen(val));
 	if (r < 0)
 		return static_job_fail(j, s, r, "publishing nproc");
-	for (int i = 0; i < j->nnodes; i++) {
-		void *v = NULL;
-		size_t len;
-		uint64_t np;
-
-		TRY(static_key(key, sizeof(key), "nproc", i));
-		r = crun_store_get(s, key, j->join_timeout_ms, &v, &len);
-		if (r < 0)
-			return static_job_fail(j, s, r,
-					       r == CRUN_ETIMEDOUT
-						   ? "timed out waiting for an agent to "
-						     "join (is every --node_rank started?)"
-						   : "reading an agent's nproc");
-		r = parse_uint_range(v, 1, 1u << 20, &np);
-		crun_free(v);
-		if (r < 0)
-			return static_job_fail(j, NULL, CRUN_EPROTO,
-					       "bad nproc record in the store");
-		j->nprocs[i] = (int)np;
-	}
+	/* After nproc on the same connection: whoever sees this sees nproc. */
+	TRY(role_key(key, sizeof(key), "role_info", j->node_rank));
+	TRY(str_printf(val, sizeof(val), "{\"crun\": \"node_rank %d runs crun: %s\"}", j->node_rank,
+		       MIXED_NOTE));
+	r = crun_store_set(s, key, val, strlen(val));
+	if (r < 0)
+		return static_job_fail(j, s, r, "publishing the role record");
+	for (int i = 0; i < j->nnodes; i++)
+		TRY(read_node(j, s, i));
 	r = crun_store_add(s, "crun/rdzv/joined", 1, &n);
 	if (r < 0)
 		return static_job_fail(j, s, r, "joining the start barrier");

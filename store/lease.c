@@ -269,8 +269,10 @@ static void lease_end(struct store_lease *l, bool expired)
 			log_at(LL_WARN, SUB_STORE, "lease %016llx: cannot set its expiry key",
 			       (unsigned long long)l->id);
 	}
-	if (expired)
-		srv->metrics[STORE_M_LEASE_EXPIRED]++;
+	/* Two rows: an expiry means a holder was lost (what an alert is for), a
+	 * revoke is its holder saying it is done (crun's agents revoke when the
+	 * job ended and when they stop). */
+	srv->metrics[expired ? STORE_M_LEASE_EXPIRED : STORE_M_LEASE_RELEASED]++;
 	if (expired && l->holder && l->holder->peer_eof)
 		log_at(LL_INFO, SUB_STORE, "lease %016llx ended: its holder closed the connection",
 		       (unsigned long long)l->id);

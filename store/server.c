@@ -1400,6 +1400,18 @@ void store_server_each_key(const struct store_server *srv,
 	kv_foreach((struct kv_table *)&srv->kv, each_key_one, &k);
 }
 
+int store_server_peek(const struct store_server *srv, const uint8_t *key, size_t len,
+		      const uint8_t **ret_val, size_t *ret_len)
+{
+	struct kv_ent *e = kv_find(&srv->kv, key, len);
+
+	if (!e || !e->present)
+		return CRUN_ENOTFOUND;
+	*ret_val = e->val ? e->val : (const uint8_t *)"";
+	*ret_len = e->val_len;
+	return 0;
+}
+
 void store_server_get_stats(const struct store_server *srv, struct store_server_stats *ret)
 {
 	*ret = srv->st;

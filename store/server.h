@@ -181,6 +181,12 @@ uint64_t store_server_op_count(const struct store_server *srv, enum store_op op)
 void store_server_each_key(const struct store_server *srv,
 			   void (*fn)(const uint8_t *key, size_t len, void *arg), void *arg);
 
+/* The value of key without a request (a status page's view): 0 and a
+ * borrowed pointer, valid until the server's loop runs again, or
+ * CRUN_ENOTFOUND when the key has no value. */
+int store_server_peek(const struct store_server *srv, const uint8_t *key, size_t len,
+		      const uint8_t **ret_val, size_t *ret_len);
+
 /* Counters of refusals and limit hits, one table: X(ID, name, help). Every
  * closed or refused connection counts in exactly one DROP_ or REFUSED_ row
  * (their sum is store_server_stats.dropped_conns) and is logged once at WARN
@@ -232,8 +238,11 @@ void store_server_each_key(const struct store_server *srv,
 	  "reading paused: "                                                                \
 	  "max-total-output-bytes reached")                                                 \
 	X(LEASE_EXPIRED, "lease_expired",                                                   \
-	  "leases ended without a revoke (no keep-alive for a TTL, or the holder "          \
-	  "closed its connection)")
+	  "leases ended without a revoke: no keep-alive for a TTL, or the holder's "        \
+	  "connection closed (a node lost)")                                                \
+	X(LEASE_RELEASED, "lease_released",                                                 \
+	  "leases revoked by their holder (an orderly end: the job ended or the agent "     \
+	  "stopped)")
 
 enum store_metric {
 #define STORE_M_X_(id, name, help) STORE_M_##id,

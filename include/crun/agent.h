@@ -203,6 +203,11 @@ typedef struct crun_agent_config {
 	/* Owned by crun_agent_config_set(); release with
 	 * crun_agent_config_release(). Leave NULL otherwise. */
 	void *settings;
+	/* torchrun's --monitor-interval: after a worker fails, the others are
+	 * stopped this long later, and every worker that failed by then is a
+	 * failure (torchrun lists what its next poll finds). 0: at once;
+	 * CRUN_AGENT_CONFIG_INIT: 100, torchrun's default. */
+	uint32_t monitor_interval_ms;
 } crun_agent_config_t;
 
 #define CRUN_AGENT_CONFIG_INIT                                                                     \
@@ -210,7 +215,7 @@ typedef struct crun_agent_config {
 		sizeof(crun_agent_config_t), 1, 1, 0, 0, "static", NULL, "127.0.0.1", 29500, NULL, \
 		    900000, 300000, 0, 30000, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0,   \
 		    0, NULL, NULL, NULL, 0, 0, NULL, 0, NULL, NULL, NULL, 0, NULL, 0, NULL, NULL,  \
-		    NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL                                 \
+		    NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 100                            \
 	}
 
 /* Sets one option of crun's option table by name: the long flag without
@@ -229,8 +234,8 @@ typedef struct crun_agent_config {
  * field: set names first. Named values are not read from the environment
  * (PET_*) or Slurm, and get no defaults but the struct's own.
  * Settings of the program rather than the agent: log_level sets the
- * process-wide crun_set_log_level() at once; no_slurm, insecure,
- * monitor_interval and start_method are accepted and checked but change
+ * process-wide crun_set_log_level() at once; no_slurm, insecure
+ * and start_method are accepted and checked but change
  * nothing (the library never reads Slurm's variables nor refuses an
  * endpoint; workers are always exec'd); help, version and print_* are
  * actions, CRUN_EINVAL.

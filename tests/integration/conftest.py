@@ -12,6 +12,7 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 
 import pytest
@@ -141,6 +142,45 @@ def release_workers(d):
     open(os.path.join(d, "go"), "w").close()
 
 
+class Output:
+    """Collects a process's stdout and stderr from now on (reader threads), so
+    that a test can wait for a line - the event an order depends on, such as
+    the first agent serving the rendezvous store - and still read all of it
+    once the process ended."""
+
+    def __init__(self, p):
+        self.p, self.out, self.err = p, [], []
+        self.threads = [threading.Thread(target=self._read, args=(f, buf), daemon=True)
+                        for f, buf in ((p.stdout, self.out), (p.stderr, self.err)) if f]
+        for t in self.threads:
+            t.start()
+
+    @staticmethod
+    def _read(f, buf):
+        for line in iter(f.readline, b""):
+            buf.append(line.decode(errors="replace"))
+
+    def wait_for(self, pattern, timeout=60):
+        """Waits (bounded: a hang guard) until pattern is in stderr."""
+        deadline = time.monotonic() + timeout
+        while pattern not in "".join(self.err):
+            if time.monotonic() >= deadline or (self.p.poll() is not None and
+                                                not any(t.is_alive() for t in self.threads)):
+                pytest.fail(f"{pattern!r} not seen: {''.join(self.err)[-2000:]}")
+            time.sleep(0.02)
+        return self
+
+    def finish(self, timeout=90):
+        """Waits for the exit: (returncode, stdout, stderr)."""
+        try:
+            self.p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail("process did not finish in time")
+        for t in self.threads:
+            t.join(10)
+        return self.p.returncode, "".join(self.out), "".join(self.err)
+
+
 def start_rdzvd(procs, *extra):
     p = procs.spawn([bin_path("crun-rdzvd"), "--host", "127.0.0.1", "--port", "0", *extra])
     m = wait_line(p.stdout, r"crun-rdzvd listening on (\S+):(\d+)", 10)
@@ -160,14 +200,14 @@ def rdzvd(procs):
             pytest.fail("crun-rdzvd did not exit within 10s of SIGTERM")
 
 
-def wait_until(pred, what, timeout=60):
-    """Polls pred (bounded by timeout) until it returns something true, which
-    it returns; else fails naming what (a callable: called at the failure,
-    e.g. to show the logs as they are then)."""
+def wait_until(pred, what, timeout=60, interval=0.02):
+    """Polls pred every interval (bounded by timeout) until it returns
+    something true, which it returns; else fails naming what (a callable:
+    called at the failure, e.g. to show the logs as they are then)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         got = pred()
         if got:
             return got
-        time.sleep(0.02)
+        time.sleep(interval)
     pytest.fail(f"timed out waiting for {what() if callable(what) else what}")

@@ -22,8 +22,8 @@ import time
 
 import pytest
 
-from conftest import (HELPERS, bin_path, free_port, records, release_workers, start_rdzvd,
-                      torch_python, wait_records)
+from conftest import (HELPERS, Output, bin_path, free_port, records, release_workers,
+                      start_rdzvd, torch_python, wait_records)
 from etcd_cluster import EtcdCluster
 
 TASK = os.path.join(HELPERS, "elastic_task.py")
@@ -85,7 +85,11 @@ def agent(procs, port, job, nnodes, args, nproc=2, extra=(), env=None):
     return procs.spawn(argv, env=env or crun_env())
 
 
-def finish(p, timeout=90):
+def finish(p, timeout=90, followed=None):
+    """Waits for p's exit: (rc, stdout, stderr); followed: p's Output, when
+    the test has been reading p's output."""
+    if followed:
+        return followed.finish(timeout)
     try:
         o, e = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -112,6 +116,14 @@ def reader(p):
     t = threading.Thread(target=run, daemon=True)
     t.start()
     return buf, t
+
+
+def first_agent(procs, port, job, nnodes, args, **kw):
+    """An agent that has joined the job's first round before anyone else
+    starts (with c10d it then serves the rendezvous store, its endpoint
+    bound): (process, Output), for finish(followed=)."""
+    p = agent(procs, port, job, nnodes, args, **kw)
+    return p, Output(p).wait_for("joined rendezvous")
 
 
 def ranks_of(recs):
@@ -156,8 +168,7 @@ def test_heterogeneous_nproc_prefix_sums(procs, out):
 def test_store_node_exits_last(procs, out):
     c10d_only()
     port = free_port()
-    host = agent(procs, port, "last", 2, [TASK, "run", out, "0.2"])
-    time.sleep(0.3)  # the first agent binds the endpoint and serves the store
+    host, host_out = first_agent(procs, port, "last", 2, [TASK, "run", out, "0.2"])
     other = agent(procs, port, "last", 2, [TASK, "run", out, "0.2"])
     done = {}
 
@@ -170,7 +181,7 @@ def test_store_node_exits_last(procs, out):
         t.start()
     for t in ts:
         t.join(100)
-    rc_h, _, err_h = finish(host)
+    rc_h, _, err_h = finish(host, followed=host_out)
     rc_o, _, err_o = finish(other)
     assert rc_h == 0 and rc_o == 0, err_h[-2000:] + err_o[-2000:]
     assert "serving the rendezvous store" in err_h
@@ -209,6 +220,60 @@ def test_restarts_exhausted_every_agent_fails_with_root_cause(procs, out):
         assert "rank 3" in e or "rank: 3" in e, e[-3000:]
     # Two attempts (restart 0 and 1) ran, none after the budget was spent.
     assert {r["TORCHELASTIC_RESTART_COUNT"] for r in records(out)} == {"0", "1"}
+
+
+FAIL_ON_FILE = """import os, sys, time
+out = sys.argv[1]
+open(os.path.join(out, "failer.ready"), "w").close()
+end = time.monotonic() + 120  # a hang guard: the test writes out/fail
+while time.monotonic() < end and not os.path.exists(os.path.join(out, "fail")):
+    time.sleep(0.05)
+print("failer exits 3 on purpose", file=sys.stderr, flush=True)
+sys.exit(3)
+"""
+
+
+def test_peer_gets_the_reason_after_the_failed_host_left(procs, out):
+    # Issue 23: the surviving node printed "the job failed on another node: "
+    # with an empty reason. The node serving the store (B) fails its job
+    # while the other agent (A) is stopped, so that A reads the failure only
+    # once B has left with its store: A's parked monitor wait was answered
+    # with the reason (closed) before B left, and A must print that, not
+    # what a second read from the gone store leaves (nothing). B's own
+    # monitor must not acknowledge B's failure for A either: B waits for A
+    # (close_timeout) and says that nobody read it.
+    c10d_only()
+    port = free_port()
+    failer = os.path.join(out, "failer.py")
+    with open(failer, "w") as f:
+        f.write(FAIL_ON_FILE)
+    # A long heartbeat: A's monitor sits in one wait, so SIGSTOP finds it
+    # parked there; close_timeout=3 only bounds how long B waits for an ack.
+    conf = ("--rdzv_conf=last_call_timeout=1,heartbeat_interval=30,lease_ttl=90,"
+            "join_timeout=60,close_timeout=3")
+    b, b_out = first_agent(procs, port, "reason", 2, [failer, out], nproc=1,
+                           extra=[conf, "--max_restarts=0"])
+    a = agent(procs, port, "reason", 2, [TASK, "run", out, "60"], nproc=1, extra=[conf])
+    a_out = Output(a).wait_for("joined rendezvous")
+    wait_records(out, lambda r: True, "A's worker")
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(out, "failer.ready")):
+        assert time.monotonic() < deadline, "B's worker never started"
+        time.sleep(0.05)
+    os.kill(a.pid, signal.SIGSTOP)
+    try:
+        open(os.path.join(out, "fail"), "w").close()
+        rc_b, _, err_b = finish(b, followed=b_out)
+    finally:
+        os.kill(a.pid, signal.SIGCONT)
+    rc_a, _, err_a = finish(a, followed=a_out)
+    assert rc_b != 0 and rc_a != 0, err_b[-3000:] + err_a[-3000:]
+    assert "failer exits 3 on purpose" in err_b, err_b[-3000:]
+    lines = [ln for ln in err_a.splitlines() if "the job failed on another node:" in ln]
+    assert lines, err_a[-3000:]
+    for ln in lines:
+        assert "exitcode 3" in ln, err_a[-3000:]
+    assert "not every agent saw the failure" in err_b, err_b[-3000:]
 
 
 def test_elastic_late_joiner_scales_up(procs, out):
@@ -252,8 +317,7 @@ def test_spare_waits_when_max_reached(procs, out):
 
 def test_kill_agent_mid_job_survivors_finish(procs, out):
     port = free_port()
-    host = agent(procs, port, "kill", "2:3", [TASK, "run", out, "4"])
-    time.sleep(0.3)
+    host, host_out = first_agent(procs, port, "kill", "2:3", [TASK, "run", out, "4"])
     others = [agent(procs, port, "kill", "2:3", [TASK, "run", out, "4"]) for _ in range(2)]
     full = wait_records(out, lambda r: r["WORLD_SIZE"] == "6", "WORLD_SIZE=6")
     assert full
@@ -263,8 +327,8 @@ def test_kill_agent_mid_job_survivors_finish(procs, out):
     wait_records(out, lambda r: len([x for x in records(out) if x["WORLD_SIZE"] == "4"]) >= 4,
                  "4 workers of the survivors' round")
     release_workers(out)
-    for p in (host, others[0]):
-        rc, _, err = finish(p)
+    for p, followed in ((host, host_out), (others[0], None)):
+        rc, _, err = finish(p, followed=followed)
         assert rc == 0, err[-3000:]
         assert "re-rendezvous" in err or "dead" in err, err[-3000:]
     after = [r for r in records(out) if r["WORLD_SIZE"] == "4"]
@@ -275,14 +339,14 @@ def test_kill_agent_mid_job_survivors_finish(procs, out):
 
 def test_conflicting_max_is_an_error(procs, out):
     port = free_port()
-    a = agent(procs, port, "conflict", "2:2", [TASK, "run", out, "1"])
-    time.sleep(0.3)
+    # b comes once a has joined: the job's settings are a's.
+    a, a_out = first_agent(procs, port, "conflict", "2:2", [TASK, "run", out, "1"])
     b = agent(procs, port, "conflict", "2:3", [TASK, "run", out, "1"])
     rc, _, err = finish(b, timeout=60)
     assert rc != 0
     assert "conflicting settings" in err, err[-2000:]
     a.send_signal(signal.SIGTERM)
-    finish(a)
+    finish(a, followed=a_out)
 
 
 def test_run_id_reuse_after_close_is_an_error(procs, out):

@@ -360,22 +360,28 @@ def test_node_stopped_past_its_lease_rejoins_two_rounds_late(procs, tmp):
     round-0 group rank, which a survivor held in round 1: every agent exited
     1 within a second."""
     port = free_port()
-    ags = []
-    for n in "ABC":  # one after the other: group ranks 0, 1, 2
-        ags.append(Agent(procs, tmp, port, "late", "2:3", task(tmp, 6),
-                         extra=["--max_restarts=3"], name=n))
-        time.sleep(0.5)
+    # A serves the store (it joined before the others started); B and C
+    # join it: the first round of three (round 0, or round 1 when a last
+    # call closed round 0 before C came) gives group ranks 0, 1, 2.
+    ags = [Agent(procs, tmp, port, "late", "2:3", task(tmp, 60), extra=["--max_restarts=3"],
+                 name="A")]
+    ags[0].wait_for("joined rendezvous")
+    ags += [Agent(procs, tmp, port, "late", "2:3", task(tmp, 60), extra=["--max_restarts=3"],
+                  name=n) for n in "BC"]
     wait_recs(tmp, lambda r: r["GROUP_WORLD_SIZE"] == "3", 6, "3 nodes")
-    # The victim holds group rank 1: a survivor takes rank 1 in round 1, the
-    # rank the victim still carries when it comes back.
-    victim = next(a for a in ags if a.when(r"round 0 complete: 3 nodes, group_rank=1 "))
+    # The victim holds group rank 1: a survivor takes rank 1 in the next
+    # round, the rank the victim still carries when it comes back.
+    victim = next(a for a in ags if a.when(r"round \d+ complete: 3 nodes, group_rank=1 "))
     assert victim.when("serving the rendezvous store") is None, logs()
     t0 = time.time()
     victim.kill_tree(signal.SIGSTOP)
     detect = min(a.wait_for(r"round \d+ is over: dead", after=t0) for a in ags
                  if a is not victim)
-    wait_recs(tmp, lambda r: r["GROUP_WORLD_SIZE"] == "2", 4, "2 nodes")
-    time.sleep(TTL * 2)
+    # Stopped past its lease (the survivors saw it dead) and two rounds
+    # behind once the survivors' round runs.
+    wait_recs(tmp, lambda r: r["GROUP_WORLD_SIZE"] == "2" and
+              os.path.getmtime(os.path.join(tmp, "rec", f"{r['pid']}.json")) > t0, 4,
+              "the survivors' round of 2 nodes")
     victim.kill_tree(signal.SIGCONT)
     t1 = time.time()
     wait_recs(tmp, lambda r: r["GROUP_WORLD_SIZE"] == "3" and
@@ -404,7 +410,21 @@ with open(os.path.join(out, "%d.tmp" % os.getpid()), "w") as f:
     json.dump(rec, f)
 os.rename(os.path.join(out, "%d.tmp" % os.getpid()), os.path.join(out, "%d.json" % os.getpid()))
 if os.environ["GROUP_RANK"] == "1" and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
-    time.sleep(3)
+    # Fail once group rank 0's worker is reaped (its /proc entry, kept
+    # while it is a zombie, is gone): its agent is in the exit barrier.
+    end = time.monotonic() + 60  # a hang guard
+    peer = None
+    while time.monotonic() < end:
+        if peer is None:
+            for n in os.listdir(out):
+                if n.endswith(".json"):
+                    with open(os.path.join(out, n)) as f:
+                        r = json.load(f)
+                    if r["GROUP_RANK"] == "0" and r["TORCHELASTIC_RESTART_COUNT"] == "0":
+                        peer = r["pid"]
+        elif not os.path.exists("/proc/%d" % peer):
+            break
+        time.sleep(0.02)
     print("worker failing late in attempt 0", file=sys.stderr, flush=True)
     sys.exit(1)
 time.sleep(0.1)

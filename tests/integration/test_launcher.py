@@ -1069,3 +1069,112 @@ def test_torchelastic_file_timer_kills_an_expired_worker(procs, tmp_path, launch
         assert rc == 1 and "done 0" in out and "rank 1 hangs" in out, out
         assert "expiry timer 'timer.py" in err or "expiry timer" in err, err[-2000:]
         assert not list(tmp_path.glob("*.fifo"))
+
+
+# ---- torchrun parity, third round (issue 29): the same command under both launchers -------
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_run_path_records_the_exception_in_the_error_file(procs, tmp_path, launcher):
+    """Item 1: torchrun wraps --run-path's entry in @record, so a raise lands in
+    attempt_0/RANK/error.json and the summary shows the traceback (crun wrote
+    no error file and said 'To enable traceback see ...')."""
+    script = tmp_path / "w.py"
+    script.write_text("import os\nif os.environ['RANK'] == '1':\n"
+                      "    raise ValueError('w.py boom on ' + os.environ['RANK'])\n")
+    logs = tmp_path / "logs"
+    rc, _, err = run_with(procs, launcher, ["--nproc-per-node=2", f"--log-dir={logs}",
+                                            "--run-path", str(script)])
+    assert rc == 1, err[-3000:]
+    files = list(logs.glob("*/attempt_0/1/error.json"))
+    assert len(files) == 1, err[-3000:]
+    data = json.loads(files[0].read_text())
+    assert data["message"]["message"] == "ValueError: w.py boom on 1"
+    assert "w.py" in data["message"]["extraInfo"]["py_callstack"]
+    assert float(data["message"]["extraInfo"]["timestamp"]) > 0
+    block = err[err.index("Root Cause (first observed failure):"):]
+    assert f"error_file: {files[0]}" in block
+    assert "traceback : Traceback (most recent call last):" in block
+    assert "ValueError: w.py boom on 1" in block and "To enable traceback" not in block
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_nproc_cpu_counts_the_cpus_the_process_may_run_on(procs, tmp_path, launcher):
+    """Item 2: under taskset -c 0 torchrun (sched_getaffinity) starts one worker
+    per usable CPU; crun counted the online CPUs and oversubscribed."""
+    if len(os.sched_getaffinity(0)) < 2 or 0 not in os.sched_getaffinity(0):
+        pytest.skip("needs CPU 0 and at least one other usable CPU")
+    argv = ["taskset", "-c", "0", *launcher_argv(launcher), "--nproc-per-node=cpu",
+            TASK, "env", str(tmp_path)]
+    p = procs.spawn(argv, env=crun_env())
+    out, err = p.communicate(timeout=180)
+    assert p.returncode == 0, err.decode()[-3000:]
+    envs = load_envs(tmp_path, 1)
+    assert sorted(envs) == [0] and envs[0]["LOCAL_WORLD_SIZE"] == "1", envs.keys()
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_standalone_accepts_an_elastic_nnodes_with_min_1(procs, tmp_path, launcher):
+    """Item 3: torchrun runs --standalone --nnodes=1:2 (crun refused it, exit 2).
+    last_call_timeout=1 only spares torchrun its 30 s last call."""
+    rc, out, err = run_with(procs, launcher, ["--standalone", "--nnodes=1:2",
+                                              "--rdzv-conf=last_call_timeout=1",
+                                              "--nproc-per-node=2", TASK, "env", str(tmp_path)])
+    assert rc == 0, err[-3000:]
+    envs = load_envs(tmp_path, 2)
+    assert {e["WORLD_SIZE"] for e in envs.values()} == {"2"}
+    assert {e["GROUP_WORLD_SIZE"] for e in envs.values()} == {"1"}
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_log_dir_that_is_a_file_is_named(procs, tmp_path, launcher):
+    """Item 5: torchrun says 'log_dir: PATH is a file'; crun said only
+    'Not a directory'."""
+    f = tmp_path / "not-a-dir"
+    f.write_text("x")
+    rc, out, err = run_with(procs, launcher, [f"--log-dir={f}", TASK, "print"])
+    assert rc != 0 and "out-line" not in out
+    assert f"log_dir: {f} is a file" in err, err[-2000:]
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_workers_failing_together_are_all_listed(procs, tmp_path, launcher):
+    """Item 4: two workers that cannot open a missing script fail at the same
+    moment; torchrun (which looks every --monitor-interval) lists both, crun
+    SIGTERMed the second while it was failing and said <NO_OTHER_FAILURES>.
+    Five runs: the race went crun's way only now and then."""
+    for _ in range(5):
+        rc, _, err = run_with(procs, launcher, ["--standalone", "--nproc-per-node=2",
+                                                str(tmp_path / "missing.py")])
+        assert rc == 1
+        assert "<NO_OTHER_FAILURES>" not in err, err[-3000:]
+        for r in (0, 1):
+            assert f"rank      : {r} (local_rank: {r})" in err
+        assert err.count("exitcode  : 2 (pid: ") == 2, err[-3000:]
+
+
+@pytest.mark.parametrize("torchrun_node", [0, 1])
+def test_a_static_job_mixing_torchrun_and_crun_fails_naming_torchrun(procs, torchrun_node,
+                                                                     crun_launcher):
+    """Item 7: torchrun on one node, crun on the other hung silently on both
+    (each waited for its own launcher's keys until the 60 s join timeout
+    given here). crun now sees torchrun's torchelastic/role_info record
+    without its own beside it and fails at once naming torchrun; its own
+    record makes torchrun's rank assignment fail too instead of waiting."""
+    port = free_port()
+    common = ["--nnodes=2", f"--master-port={port}", "--master-addr=127.0.0.1",
+              "--rdzv-conf=timeout=60", "--nproc-per-node=1"]
+    node = {r: ("torchrun" if r == torchrun_node else "crun") for r in (0, 1)}
+    ps = {r: start(procs, [*common, f"--node-rank={r}", TASK, "print"], which=node[r])
+          for r in (0, 1)}
+    crun_rank = 1 - torchrun_node
+    _, err = ps[crun_rank].communicate(timeout=120)
+    err = err.decode(errors="replace")
+    assert ps[crun_rank].returncode == 1, err[-3000:]
+    assert f"node_rank {torchrun_node} runs torchrun" in err, err[-3000:]
+    # torchrun fails too, within the hang guard: a node 0 on crun's role_info
+    # record (KeyError: 'role'), a node 1 on crun's answer or on the store
+    # that left with crun's node 0.
+    _, terr = ps[torchrun_node].communicate(timeout=120)
+    assert ps[torchrun_node].returncode != 0, terr.decode(errors="replace")[-3000:]
+    if torchrun_node == 0:
+        assert b"KeyError: 'role'" in terr, terr.decode(errors="replace")[-3000:]

@@ -818,7 +818,8 @@ def metric(status, name):
     """The value of crun_store_events_total{event=name} on the daemon's /metrics."""
     url = status + "/metrics"
     for line in urllib.request.urlopen(url, timeout=10).read().decode().splitlines():
-        if line.startswith(f'crun_store_events_total{{event="{name}"}}'):
+        # labels in any order: store="rendezvous" sits beside event=
+        if line.startswith("crun_store_events_total{") and f'event="{name}"' in line:
             return int(line.split()[-1])
     return 0
 

@@ -19,7 +19,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import ROOT, bin_path, free_port, start_rdzvd
+from conftest import ROOT, Output, bin_path, free_port, start_rdzvd, wait_until
 
 PY = "/usr/bin/python3"
 
@@ -71,13 +71,14 @@ def base_config(d, **over):
 
 
 def wait_for(pred, timeout=60, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.02)
-    pytest.fail(f"timed out waiting for {what}")
+    return wait_until(pred, what, timeout)
+
+
+def outage_seen(logs):
+    """Waits until every agent logging to one of these files saw crun-rdzvd
+    stop answering (it rides the outage out): instead of sleeping past it."""
+    wait_for(lambda: all("does not answer" in lg.read_text(errors="replace") for lg in logs),
+             what="every agent to see the store outage")
 
 
 def pids(job, n):
@@ -583,13 +584,13 @@ def test_crunctl_status_jobs_watch_against_a_live_job(procs, job, notify):
     # watch follows the job to its end: running, then the page goes away.
     w = procs.spawn([bin_path("crunctl"), "watch", "--endpoint", addr, "--json",
                      "--interval", "0.05"])
-    wait_for(lambda: os.path.exists(f"/proc/{w.pid}"), what="watch")
-    time.sleep(0.3)
+    w_out = Output(w)
+    wait_for(lambda: w_out.out, what="watch's first page")  # it saw the job running
     (job / "out" / "stop").write_text("")
     assert p.wait(timeout=60) == 0
-    out, err = w.communicate(timeout=60)
-    assert w.returncode == 0, err
-    states = [json.loads(ln)["state"] for ln in out.decode().splitlines()]
+    rc, out, err = w_out.finish(60)
+    assert rc == 0, err
+    states = [json.loads(ln)["state"] for ln in out.splitlines()]
     assert states[0] == "running" and len(states) >= 1, states
 
 
@@ -768,16 +769,20 @@ def test_rdzvd_restart_costs_no_worker_restart(procs, job):
     assert "restart" in jobs and jobs["restart"]["keys"] > 0, res.stdout + res.stderr
     res = crunctl("jobs", "--endpoint", page)
     assert re.search(r"^restart\s", res.stdout, re.M), res.stdout
+    outs = [Output(a) for a in agents]
     rd.kill()
     rd.wait(timeout=10)
-    time.sleep(2)  # longer than the lease TTL: the agents see the outage
+    for o in outs:  # every agent saw the outage
+        o.wait_for("does not answer")
     rd2 = procs.spawn([bin_path("crun-rdzvd"), "--host", host, "--port", str(port)])
-    time.sleep(3)
+    for o in outs:  # ... and every one took its lease again, all three back
+        o.wait_for("all 3 nodes are back")
     assert all(a.poll() is None for a in agents)
     assert pids(job, 3) == before and len(list((job / "out").glob("*.pid"))) == 3
     (job / "out" / "stop").write_text("")
-    for a in agents:
-        assert a.wait(timeout=60) == 0, a.stderr.read().decode()
+    for o in outs:
+        rc, _, err = o.finish(60)
+        assert rc == 0, err
     rd2.send_signal(signal.SIGTERM)
     assert rd2.wait(timeout=10) == 0
 
@@ -807,12 +812,11 @@ def test_rdzvd_restart_notices_a_node_lost_meanwhile(procs, job, nnodes):
         for w in before.values()))
     rd.kill()
     rd.wait(timeout=10)
-    time.sleep(0.5)
+    outage_seen(logs)
     os.killpg(victim.pid, signal.SIGKILL)  # the agent and its worker
     victim.wait(timeout=10)
     for p_ in (job / "out").glob("*.pid"):
         p_.unlink()
-    time.sleep(1)
     t_back = time.monotonic()
     rd2 = procs.spawn([bin_path("crun-rdzvd"), "--host", host, "--port", str(port)])
     survivors = [(a, lg) for a, lg in zip(agents, logs) if a is not victim]
@@ -872,7 +876,7 @@ def test_rdzvd_restart_then_a_node_joins(procs, job):
     pids(job, 2)
     rd.kill()
     rd.wait(timeout=10)
-    time.sleep(1)
+    outage_seen(logs[:2])
     rd2 = procs.spawn([bin_path("crun-rdzvd"), "--host", host, "--port", str(port)])
     wait_for(lambda: all("all 2 nodes are back" in lg.read_text(errors="replace")
                          for lg in logs[:2]), what="both nodes back")
@@ -959,6 +963,109 @@ def test_round_progress_on_status_metrics_and_crunctl(procs, job):
     (job / "out" / "stop").write_text("")
     for p_, lg in ((a, logs[0]), (c, logs[2])):
         assert p_.wait(timeout=60) == 0, lg.read_text(errors="replace")
+
+
+def lease_event(event):
+    return ("crun_store_events_total", (("event", event), ("store", "rendezvous")))
+
+
+def test_a_clean_job_end_releases_its_leases_not_expires_them(procs, job):
+    """crun-rdzvd counts a lease's orderly end (the agent revokes it when
+    the job ended) as lease_released, never as lease_expired: an alert on
+    lease_expired means a node was lost. A 2-node job that ends cleanly
+    leaves lease_expired at 0."""
+    rd, host, port = start_rdzvd(procs)
+    rd_page = re.search(r"http://([^/]+)/status", rdzvd_lines(rd, 1)[0]).group(1)
+    args = ["--nnodes=2", "--rdzv_backend=c10d", f"--rdzv_endpoint={host}:{port}",
+            "--rdzv_id=clean", "--rdzv_conf=heartbeat_interval=0.3,lease_ttl=1.5",
+            f"--log_dir={job / 'logs'}", str(job / "w.py"), str(job / "out")]
+    ps = [procs.spawn([bin_path("crun"), *args], env=agent_env()) for _ in range(2)]
+    pids(job, 2)
+    (job / "out" / "stop").write_text("")
+    assert [p_.wait(timeout=60) for p_ in ps] == [0, 0]
+    m = wait_for(lambda: (lambda m: m if m[lease_event("lease_released")] +
+                          m[lease_event("lease_expired")] >= 2 else None)(
+        metric_samples(rd_page)), what="both leases ended")
+    assert (m[lease_event("lease_released")], m[lease_event("lease_expired")]) == (2, 0)
+
+
+def test_self_hosted_c10d_agent_shows_the_rendezvous_store_it_serves(procs, job):
+    """An agent serving the c10d rendezvous store (is_host=1) shows it on
+    /metrics (store="rendezvous", beside its worker store) and /status: the
+    peer killed -9 ends its lease there as lease_expired."""
+    port = free_port()
+    logs = [job / f"agent{i}.err" for i in range(2)]
+    args = ["--nnodes=2:3", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
+            "--rdzv_id=self", "--rdzv_conf=heartbeat_interval=0.3,lease_ttl=1.5,"
+            "last_call_timeout=1", f"--log_dir={job / 'logs'}", str(job / "w.py"),
+            str(job / "out")]
+    a = procs.spawn([bin_path("crun"), "--status=127.0.0.1:0", *args[:4],
+                     args[4] + ",is_host=1", *args[5:]], env=agent_env(),
+                    stderr=open(logs[0], "wb"))
+    page = wait_for(lambda: re.search(r"status page on http://(\S+)/status",
+                                      logs[0].read_text(errors="replace")), what="page").group(1)
+    b = procs.spawn([bin_path("crun"), *args], env=agent_env(), stderr=open(logs[1], "wb"))
+    pids(job, 2)
+    m = metric_samples(page)
+    assert m[lease_event("lease_expired")] == 0, m
+    assert m[("crun_store_connections", (("store", "rendezvous"),))] >= 1, m
+    assert ("crun_store_connections", (("store", "worker"),)) in m, m
+    st = json.loads(get(page, "/status")[2])
+    assert st["stores"]["rendezvous"]["port"] == port, st
+    assert st["stores"]["worker"]["port"] != port, st
+    os.killpg(b.pid, signal.SIGKILL)
+    b.wait(timeout=10)
+    wait_for(lambda: metric_samples(page)[lease_event("lease_expired")] >= 1,
+             what="the killed peer's lease expired on the agent's page")
+    a.send_signal(signal.SIGTERM)
+    a.wait(timeout=60)
+
+
+def test_crunctl_status_of_a_job_on_crun_rdzvd(procs, job):
+    """crun-rdzvd's page shows a job from what its store holds: crunctl
+    status --rdzv_id J (GET /status?rdzv_id=J, and /jobs/J) says the round,
+    the nodes joined while it waits, then the completed round's nodes with
+    group ranks and addresses; a node killed -9: the next round waits for
+    it by name. Without --rdzv_id, the page's jobs are listed, not dashes."""
+    rd, host, port = start_rdzvd(procs)
+    rd_page = re.search(r"http://([^/]+)/status", rdzvd_lines(rd, 1)[0]).group(1)
+    args = ["--nnodes=2:3", "--rdzv_backend=c10d", f"--rdzv_endpoint={host}:{port}",
+            "--rdzv_id=onrd", "--rdzv_conf=heartbeat_interval=0.3,lease_ttl=1.5,"
+            "last_call_timeout=1", f"--log_dir={job / 'logs'}", str(job / "w.py"),
+            str(job / "out")]
+    hostname = socket.gethostname()
+
+    def status():  # "" until the store holds a round of the job
+        res = crunctl("status", "--endpoint", rd_page, "--rdzv_id", "onrd")
+        assert res.returncode == 0 or "does not serve job 'onrd'" in res.stderr, res.stderr
+        return res.stdout
+
+    a = procs.spawn([bin_path("crun"), *args], env=agent_env())
+    out = wait_for(lambda: (lambda o: o if "round 0: 1/3 nodes joined (min 2, max 3)" in o
+                            else None)(status()), what="round 0 waiting on crun-rdzvd")
+    assert f"joined: {hostname}" in out, out
+    b = procs.spawn([bin_path("crun"), *args], env=agent_env())
+    pids(job, 2)
+    out = wait_for(lambda: (lambda o: o if "round 0 complete: 2 nodes" in o else None)(
+        status()), what="round 0 complete on crun-rdzvd")
+    assert "job onrd" in out and "backend c10d" in out, out
+    assert re.search(r"^0\s+\S+\s+127\.0\.0\.1$", out, re.M), out
+    assert re.search(r"^1\s+\S+\s+127\.0\.0\.1$", out, re.M), out
+    st = json.loads(get(rd_page, "/jobs/onrd")[2])
+    assert st["run_id"] == "onrd" and st["rendezvous"]["round"] == 0, st
+    assert sorted(n["group_rank"] for n in st["rendezvous"]["nodes"]) == [0, 1], st
+    assert st == json.loads(get(rd_page, "/status?rdzv_id=onrd")[2])
+    res = crunctl("status", "--endpoint", rd_page)
+    assert res.returncode == 0 and re.search(r"^onrd\s", res.stdout, re.M), res.stdout
+    res = crunctl("status", "--endpoint", rd_page, "--rdzv_id", "other")
+    assert res.returncode == 1 and "does not serve job 'other'" in res.stderr, res.stderr
+    os.killpg(b.pid, signal.SIGKILL)
+    b.wait(timeout=10)
+    out = wait_for(lambda: (lambda o: o if "round 1: 1/3 nodes joined" in o else None)(
+        status()), what="round 1 waiting on crun-rdzvd")
+    assert f"waiting for: {hostname}" in out, out
+    a.send_signal(signal.SIGTERM)
+    a.wait(timeout=60)
 
 
 def test_notify_status_says_the_round(procs, job, notify):
@@ -1071,6 +1178,12 @@ def test_rdzvd_notify_status_page_and_reload(procs, tmp_path, notify):
     store_used = {re.sub(r"_total$", "", n) for p_ in dash["panels"] for t in p_["targets"]
                   for n in re.findall(r"crun_store_[a-z_]+", t["expr"])}
     assert store_used and store_used <= set(fams), store_used - set(fams)
+    # and only event="..." labels the store's table has (lease_expired and
+    # lease_released apart: an alert on expiries means a node was lost)
+    events = {dict(k[1])["event"] for k in samples if k[0] == "crun_store_events_total"}
+    dash_events = {e for p_ in dash["panels"] for t in p_["targets"]
+                   for e in re.findall(r'event=\\?"([a-z_]+)', t["expr"])}
+    assert {"lease_expired", "lease_released"} <= dash_events <= events, dash_events - events
     st = json.loads(get(addr, "/status")[2])
     assert st["store"]["keys"] == 1 and st["store"]["port"] == port
     # SIGHUP: the log level and a limit apply (max-keys 2: one key more, the

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from conftest import HELPERS, bin_path, free_port, records, wait_records
+from conftest import HELPERS, Output, bin_path, free_port, records, release_workers, wait_records
 
 TASK = os.path.join(HELPERS, "elastic_task.py")
 PY = "/usr/bin/python3"
@@ -33,6 +33,19 @@ def ss_kill(port):
     ends); the kernel sends a RST to the server's end."""
     return subprocess.run(["ss", "-K", "dst", "127.0.0.1", "dport", "=", str(port)],
                           capture_output=True, timeout=10).returncode
+
+
+def clients_connected(port, timeout=60):
+    """Waits (bounded) until some client has a connection to 127.0.0.1:port
+    again: the store clients redialled after a reset."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = subprocess.run(["ss", "-Htn", "state", "established", "dst", "127.0.0.1",
+                              "dport", "=", str(port)], capture_output=True, timeout=10)
+        if out.stdout.strip():
+            return
+        time.sleep(0.05)
+    pytest.fail(f"no client reconnected to the store on port {port}")
 
 
 def ss_kill_works():
@@ -80,21 +93,26 @@ def test_resetting_the_store_connections_is_not_a_node_failure(procs, out):
     if not ss_kill_works():
         pytest.skip("ss -K cannot destroy sockets here")
     port = free_port()
-    host = agent(procs, port, "reset", 6, out)
-    time.sleep(0.3)  # the first agent binds the endpoint and serves the store
-    other = agent(procs, port, "reset", 6, out)
+    # The workers run until the resets are done (release_workers).
+    host = agent(procs, port, "reset", 60, out)
+    outs = [Output(host).wait_for("serving the rendezvous store")]
+    other = agent(procs, port, "reset", 60, out)
+    outs.append(Output(other))
     assert wait_records(out, lambda r: r["WORLD_SIZE"] == "4", "WORLD_SIZE=4")
     wait_records(out, lambda r: len(records(out)) >= 4, "4 workers")
     for _ in range(3):
+        clients_connected(port)  # each reset hits connections the clients redialled
         ss_kill(port)
+        # The stimulus, not an ordering wait: resets more than a heartbeat
+        # (0.3 s) apart hit different requests. Back to back, the three hit
+        # one parked WAIT, which the client sends at most 3 times: both
+        # agents then lost the store ("connection aborted (sent 3 times)").
         time.sleep(0.5)
-    for p in (host, other):
-        try:
-            _, err = p.communicate(timeout=90)
-        except subprocess.TimeoutExpired:
-            pytest.fail("crun agent did not finish in time")
-        err = err.decode(errors="replace")
-        assert p.returncode == 0, err[-3000:]
+    clients_connected(port)
+    release_workers(out)
+    for o in outs:
+        rc, _, err = o.finish()
+        assert rc == 0, err[-3000:]
         assert "re-rendezvous" not in err and "dead" not in err, err[-3000:]
     recs = records(out)
     assert sorted(int(r["RANK"]) for r in recs) == [0, 1, 2, 3]  # one world, never restarted
@@ -110,20 +128,18 @@ def test_a_store_host_stopped_past_the_ttl_evicts_no_one(procs, out):
     peer: every worker restarted."""
     port = free_port()
     host = agent(procs, port, "stop", 8, out)
-    time.sleep(0.3)
+    host_out = Output(host).wait_for("serving the rendezvous store")
     other = agent(procs, port, "stop", 8, out)
     assert wait_records(out, lambda r: r["WORLD_SIZE"] == "4", "WORLD_SIZE=4")
     wait_records(out, lambda r: len(records(out)) >= 4, "4 workers")
     os.kill(host.pid, signal.SIGSTOP)
-    time.sleep(6)  # lease_ttl=3
+    # The stimulus itself: a stop longer than the lease TTL (3 s), not an
+    # ordering wait.
+    time.sleep(6)
     os.kill(host.pid, signal.SIGCONT)
-    for p in (host, other):
-        try:
-            _, err = p.communicate(timeout=90)
-        except subprocess.TimeoutExpired:
-            pytest.fail("crun agent did not finish in time")
-        err = err.decode(errors="replace")
-        assert p.returncode == 0, err[-3000:]
+    for o in (host_out, Output(other)):
+        rc, _, err = o.finish()
+        assert rc == 0, err[-3000:]
         assert "re-rendezvous" not in err and "dead" not in err, err[-3000:]
     recs = records(out)
     assert sorted(int(r["RANK"]) for r in recs) == [0, 1, 2, 3]

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <event2/event.h>
+
 #include "unit/check_main.h"
 #include "agent/agent.h"
 #include "rendezvous/rdzv.h"
@@ -53,6 +55,37 @@ START_TEST(decide_follows_torchruns_restart_policy)
 }
 END_TEST
 
+/* Issue 29 item 4: the first failure arms the monitor-interval window and
+ * signals no one; the sibling that fails inside it is a failure too. */
+START_TEST(a_failure_stops_the_others_one_monitor_interval_later)
+{
+	struct crun_agent a = {0};
+	struct worker w[2] = {{.local_rank = 0, .state = W_EXITED, .exit_code = 2},
+			      {.local_rank = 1, .global_rank = 1, .state = W_RUNNING, .pid = -1}};
+
+	a.base = event_base_new();
+	ck_assert_ptr_nonnull(a.base);
+	a.window_timer = evtimer_new(a.base, NULL, NULL);
+	a.cfg.monitor_interval_ms = 100;
+	a.cfg.entrypoint = "w.py";
+	a.workers = w;
+	a.nworkers = 2;
+	a.state = AS_RUNNING;
+	ck_assert_int_eq(agent_fsm[AS_RUNNING][AE_WORKER_EXIT](&a), AS_RUNNING);
+	ck_assert(a.window_armed && !a.window_over);
+	ck_assert(!w[1].stopping);
+	ck_assert_int_eq(a.nfailures, 1);
+	w[1].state = W_EXITED;
+	w[1].exit_code = 2;
+	ck_assert_int_eq(agent_collect_failures(&a), 2);
+	for (int i = 0; i < a.nfailures; i++)
+		errfile_failure_free(&a.failures[i]);
+	free(a.failures);
+	event_free(a.window_timer);
+	event_base_free(a.base);
+}
+END_TEST
+
 START_TEST(fsm_table_has_the_documented_cells)
 {
 	ck_assert_ptr_nonnull(agent_fsm[AS_INIT][AE_START]);
@@ -61,6 +94,7 @@ START_TEST(fsm_table_has_the_documented_cells)
 	ck_assert_ptr_nonnull(agent_fsm[AS_RUNNING][AE_WORKER_EXIT]);
 	ck_assert_ptr_nonnull(agent_fsm[AS_RUNNING][AE_PEER_CHANGED]);
 	ck_assert_ptr_nonnull(agent_fsm[AS_RUNNING][AE_TERM_SIGNAL]);
+	ck_assert_ptr_nonnull(agent_fsm[AS_RUNNING][AE_FAILURE_WINDOW]);
 	ck_assert_ptr_nonnull(agent_fsm[AS_STOPPING][AE_WORKER_EXIT]);
 	ck_assert_ptr_nonnull(agent_fsm[AS_STOPPING][AE_GRACE_EXPIRED]);
 	ck_assert_ptr_nonnull(agent_fsm[AS_STOPPING][AE_TERM_SIGNAL]); /* 2nd ^C */
@@ -68,6 +102,7 @@ START_TEST(fsm_table_has_the_documented_cells)
 	/* Events that cannot matter are ignored, not acted on. */
 	ck_assert_ptr_null(agent_fsm[AS_RUNNING][AE_GRACE_EXPIRED]);
 	ck_assert_ptr_null(agent_fsm[AS_STOPPING][AE_RDZV_COMPLETE]);
+	ck_assert_ptr_null(agent_fsm[AS_STOPPING][AE_FAILURE_WINDOW]);
 	ck_assert_ptr_null(agent_fsm[AS_BARRIER][AE_WORKER_EXIT]);
 	for (int e = 0; e < AE__MAX; e++) {
 		ck_assert_ptr_null(agent_fsm[AS_DONE][e]);
@@ -429,6 +464,7 @@ static Suite *agent_core_suite(void)
 	tcase_add_test(tc, rank_math_rejects_bad_input);
 	tcase_add_test(tc, decide_follows_torchruns_restart_policy);
 	tcase_add_test(tc, fsm_table_has_the_documented_cells);
+	tcase_add_test(tc, a_failure_stops_the_others_one_monitor_interval_later);
 	tcase_add_test(tc, summary_matches_torchruns_layout);
 	tcase_add_test(tc, summary_with_one_failure_says_no_other_failures);
 	tcase_add_test(tc, prefix_templates_expand);

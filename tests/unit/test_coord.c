@@ -824,6 +824,8 @@ struct proxy {
 	int lfd;
 	uint16_t port;
 	atomic_int armed;
+	atomic_int go;	      /* the test: deliver the swallowed request now */
+	atomic_int delivered; /* etcd answered the swallowed request */
 	const char *match;
 };
 
@@ -846,6 +848,7 @@ static int to_etcd(void)
 }
 
 struct late {
+	struct proxy *px; /* borrowed: the test waits for delivered */
 	char *buf;
 	size_t len;
 };
@@ -856,12 +859,15 @@ static void *deliver_late(void *arg)
 	char sink[4096];
 	int fd;
 
-	usleep(1500000);
+	/* Late: once the client's retry was answered (the test says go). */
+	for (int i = 0; i < 6000 && !atomic_load(&l->px->go); i++)
+		usleep(10000);
 	fd = to_etcd();
 	if (fd >= 0 && write(fd, l->buf, l->len) == (ssize_t)l->len)
 		(void)read(fd, sink, sizeof(sink)); /* etcd's answer: nobody gets it */
 	if (fd >= 0)
 		close(fd);
+	atomic_store(&l->px->delivered, 1);
 	free(l->buf);
 	free(l);
 	return NULL;
@@ -888,6 +894,7 @@ static void *relay_main(void *arg)
 				struct late *l = calloc(1, sizeof(*l));
 				pthread_t t;
 
+				l->px = rl->px;
 				l->buf = mem_dup(buf, (size_t)n);
 				l->len = (size_t)n;
 				pthread_create(&t, NULL, deliver_late, l);
@@ -959,7 +966,11 @@ START_TEST(etcd_counts_once_when_an_answer_is_lost)
 	ck_assert_int_eq(coord_add(c, "n", 1, &v), 0);
 	ck_assert_int_eq(atomic_load(&px.armed), 0); /* the proxy did swallow one */
 	ck_assert_int_eq(v, 2);
-	usleep(2500000); /* the swallowed request reaches etcd now */
+	/* The swallowed request reaches etcd now, after the retry. */
+	atomic_store(&px.go, 1);
+	for (int i = 0; i < 6000 && !atomic_load(&px.delivered); i++)
+		usleep(10000);
+	ck_assert_int_eq(atomic_load(&px.delivered), 1);
 	ck_assert_int_eq(coord_add(c, "n", 0, &v), 0);
 	ck_assert_int_eq(v, 2);
 	ck_assert_int_eq(coord_add(c, "n", 1, &v), 0);

@@ -230,6 +230,24 @@ static void ag_rejoin(struct ag *g)
 	ag_start(g);
 }
 
+/* How a test's rounds close (issue 23: a 50 ms last call decided who was in
+ * a round when a thread started late, and the test lost the race, not the
+ * agents). LAST_CALL_AT_MAX: the last call outlasts any test (a hang guard),
+ * so a round closes when MAX nodes joined, or when the test ends its last
+ * call (end_last_call). LAST_CALL_ONCE_ALL_IN: a short last call, only for
+ * rounds the test runs exactly MIN agents for: it begins when the last of
+ * them joined, and no one else can come. */
+#define LAST_CALL_AT_MAX      "last_call_timeout=60"
+#define LAST_CALL_ONCE_ALL_IN "last_call_timeout=0.05"
+
+/* g's next rounds close as LAST_CALL_AT_MAX (at_max) or LAST_CALL_ONCE_ALL_IN. */
+static void ag_last_call(struct ag *g, bool at_max)
+{
+	ck_assert_int_eq(c10d_parse_conf(at_max ? LAST_CALL_AT_MAX : LAST_CALL_ONCE_ALL_IN,
+					 &g->a.conf, g->err, sizeof(g->err)),
+			 0);
+}
+
 static char *mem_val(struct coord_mem *m, const char *key)
 {
 	struct coord *c;
@@ -248,6 +266,21 @@ static void wait_key(struct coord_mem *m, const char *key)
 
 	ck_assert_int_eq(coord_open_mem(m, "crun-c10d/job", &c), 0);
 	ck_assert_int_eq(coord_wait(c, key, 10000), 0);
+	coord_close(c);
+}
+
+/* The test ends round rd's last call now, once everyone it expects there
+ * has joined: it writes the count marker a joiner reaching MAX writes
+ * (c10d_join.c mark_counts), so the members close the round with whoever
+ * joined, as when a last call runs out. */
+static void end_last_call(struct coord_mem *m, int rd)
+{
+	struct coord *c;
+	char key[64];
+
+	snprintf(key, sizeof(key), "r%d/clock_max", rd);
+	ck_assert_int_eq(coord_open_mem(m, "crun-c10d/job", &c), 0);
+	ck_assert_int_eq(coord_set(c, key, "0"), 0);
 	coord_close(c);
 }
 
@@ -300,8 +333,8 @@ START_TEST(round_closes_after_min_and_last_call)
 	char *closed;
 
 	ck_assert_int_eq(coord_mem_new(&m), 0);
-	for (int i = 0; i < 2; i++) {
-		ag_init(&g[i], m, i, 2, 8, 1, "last_call_timeout=0.05");
+	for (int i = 0; i < 2; i++) { /* MIN agents: the last call starts once both joined */
+		ag_init(&g[i], m, i, 2, 8, 1, LAST_CALL_ONCE_ALL_IN);
 		ag_start(&g[i]);
 	}
 	for (int i = 0; i < 2; i++) {
@@ -331,7 +364,8 @@ START_TEST(round_closes_after_min_and_last_call)
 END_TEST
 
 /* Requests (and value bytes read, into *ret_bytes) per member of one round
- * of k agents (MIN = k, MAX above it: the round closes by the last call). */
+ * of k agents (MIN = k, MAX above it: the round closes by the last call,
+ * which begins only once all k joined). */
 static double per_member(int k, const char *conf, double *ret_bytes)
 {
 	struct coord_mem *m;
@@ -521,11 +555,13 @@ START_TEST(store_round_trips_per_member)
 		first, rejoin, first4, rejoin4, first3, rejoin3);
 	ck_assert_msg(first <= 11.0 && rejoin <= 10.0,
 		      "requests per member: first round %.1f, rejoin %.1f", first, rejoin);
-	/* one more each, give or take the count markers' waits */
-	ck_assert_msg(first4 >= first + 0.5 && rejoin4 >= rejoin + 0.5,
-		      "version 4: %.1f, %.1f vs %.1f, %.1f", first4, rejoin4, first, rejoin);
-	ck_assert_msg(first3 >= first4 + 3.0 && rejoin3 >= rejoin4 + 3.0,
-		      "version 3: %.1f, %.1f vs %.1f, %.1f", first3, rejoin3, first4, rejoin4);
+	/* Version 4 costs one request more than version 5's floor (connect 3,
+	 * first round 6, rejoin 5 after a reconnect of 3), version 3 three more.
+	 * Each is checked against that floor, not against another timed run:
+	 * the count markers' second waits vary with scheduling (issue 23: under
+	 * two CPU hogs "10.1, 10.0 vs 9.8, 9.0" failed a comparison of runs). */
+	ck_assert_msg(first4 >= 10.0 && rejoin4 >= 9.0, "version 4: %.1f, %.1f", first4, rejoin4);
+	ck_assert_msg(first3 >= 13.0 && rejoin3 >= 12.0, "version 3: %.1f, %.1f", first3, rejoin3);
 }
 END_TEST
 
@@ -562,7 +598,12 @@ static uint64_t monitor_requests(uint32_t kept_ago_ms)
 	j->lease_kept_ms = kept_ago_ms ? clock_now_ms() - kept_ago_ms : 0;
 	r0 = rsrv_requests(&v);
 	ck_assert_int_eq(pthread_create(&thr, NULL, monitor_main, j), 0);
-	usleep(300000);
+	/* The change comes once the monitor waits for it: its wait (and the
+	 * keep-alive before it, for a lease not kept a heartbeat ago) reached
+	 * the store, which counts a request when it arrives. */
+	for (int i = 0;
+	     i < 2000 && rsrv_requests(&v) < r0 + (kept_ago_ms && kept_ago_ms < 30000 ? 1 : 2); i++)
+		usleep(10000);
 	ck_assert_int_eq(coord_set(other, "r0/change", "restart node1"), 0);
 	while (!atomic_load(&j->h.posted))
 		usleep(10000);
@@ -595,22 +636,24 @@ START_TEST(late_joiner_triggers_next_round_and_ranks_stay)
 	char *ch;
 
 	ck_assert_int_eq(coord_mem_new(&m), 0);
-	for (int i = 0; i < 2; i++) {
-		ag_init(&g[i], m, i, 2, 3, 2, "last_call_timeout=0.05");
+	for (int i = 0; i < 2; i++) { /* round 0: MIN agents */
+		ag_init(&g[i], m, i, 2, 3, 2, LAST_CALL_ONCE_ALL_IN);
 		ag_start(&g[i]);
 	}
 	for (int i = 0; i < 2; i++) {
 		ag_ok(&g[i]);
 	}
 	/* A third node: round 0 is closed with 2 < MAX, so it asks for more. */
-	ag_init(&g[2], m, 2, 2, 3, 2, "last_call_timeout=0.05");
+	ag_init(&g[2], m, 2, 2, 3, 2, LAST_CALL_AT_MAX);
 	ag_start(&g[2]);
 	wait_key(m, "r0/change");
 	ch = mem_val(m, "r0/change");
 	ck_assert_str_eq(ch, "join host2");
 	free(ch);
-	/* The members come back for round 1 with their old group ranks. */
+	/* The members come back for round 1 with their old group ranks; it
+	 * closes when the three are in (MAX), whoever comes last. */
 	for (int i = 0; i < 2; i++) {
+		ag_last_call(&g[i], true);
 		ag_rejoin(&g[i]);
 	}
 	for (int i = 0; i < 3; i++) {
@@ -663,7 +706,7 @@ START_TEST(spare_waits_then_job_ends)
 
 	ck_assert_int_eq(coord_mem_new(&m), 0);
 	for (int i = 0; i < 2; i++) {
-		ag_init(&g[i], m, i, 1, 2, 1, "last_call_timeout=5");
+		ag_init(&g[i], m, i, 1, 2, 1, LAST_CALL_AT_MAX); /* both in round 0 */
 		ag_start(&g[i]);
 	}
 	for (int i = 0; i < 2; i++) {
@@ -876,7 +919,8 @@ START_TEST(dead_ticket_1_before_its_record_is_dropped)
 	ck_assert_int_eq(coord_add(c, "r0/joined", 1, &t), 0);
 	ck_assert_int_eq(t, 1);
 	for (int i = 0; i < 2; i++) {
-		ag_init(&g[i], m, i + 1, 2, 3, 1, "last_call_timeout=0.05,join_timeout=5");
+		/* Tickets 2 and 3: the round closes at MAX (3), ticket 1 dropped. */
+		ag_init(&g[i], m, i + 1, 2, 3, 1, LAST_CALL_AT_MAX ",join_timeout=5");
 		ag_start(&g[i]);
 	}
 	for (int i = 0; i < 2; i++) {
@@ -909,13 +953,17 @@ START_TEST(ticket_1_dying_in_an_open_round_abandons_it)
 	ck_assert_int_eq(coord_lease_grant(c, 1000, "r0/change", "dead host9", &lease), 0);
 	ck_assert_int_eq(coord_put_leased(c, lease, "r0/alive/1", "host9"), 0);
 	for (int i = 0; i < 2; i++) {
-		ag_init(&g[i], m, i + 1, 2, 4, 1, "last_call_timeout=0.3,join_timeout=5");
+		/* No last call ends round 0 before ticket 1 dies. */
+		ag_init(&g[i], m, i + 1, 2, 4, 1, LAST_CALL_AT_MAX ",join_timeout=5");
 		g[i].a.lease_on_handle = true;
 		ag_start(&g[i]);
 	}
 	wait_key(m, "r0/alive/3");
 	ck_assert_int_eq(coord_mem_expire(m, lease), 0);
 	ck_assert_int_eq(coord_exists(c, "r0/alive/1"), 0);
+	/* Both in round 1 (2 < MAX): its last call ends now. */
+	wait_key(m, "r1/alive/2");
+	end_last_call(m, 1);
 	for (int i = 0; i < 2; i++) {
 		ag_ok(&g[i]);
 		ck_assert_int_eq(g[i].round, 1);
@@ -947,9 +995,14 @@ START_TEST(lease_lapsed_before_use_is_taken_again)
 	}
 	for (int i = 0; i < 2; i++) {
 		ag_ok(&g[i]);
-		ck_assert_int_eq(g[i].round, 1); /* round 0 ended by the lapse */
 		ck_assert_int_eq(g[i].info.group_world_size, 2);
 	}
+	/* One round for both. Which one is the joiners' race, and both are
+	 * right: a lease gone with its ticket record reads as a restarted
+	 * store (issue 28), so the agent rejoins the round the store has now,
+	 * round 0 if no one closed it yet, else round 1 (fresh-clone CI: 0). */
+	ck_assert_int_eq(g[0].round, g[1].round);
+	ck_assert_int_le(g[0].round, 1);
 	ck_assert_int_ne(g[0].info.group_rank, g[1].info.group_rank);
 	coord_mem_free(m);
 }
@@ -996,8 +1049,8 @@ START_TEST(closer_keeps_its_lease_while_looking_tickets_up)
 	coord_mem_slow(m, 100, 3000);
 	for (int i = 0; i < 2; i++) {
 		ag_init(&g[i], m, i + 1, 2, 6002, 1,
-			"last_call_timeout=0.05,heartbeat_interval=0.01,lease_ttl=1,"
-			"join_timeout=20");
+			/* Tickets 6001 and 6002 = MAX: it closes when both are in. */
+			LAST_CALL_AT_MAX ",heartbeat_interval=0.01,lease_ttl=1,join_timeout=20");
 		g[i].a.lease_on_handle = true;
 		ag_start(&g[i]);
 	}
@@ -1021,15 +1074,16 @@ START_TEST(node_back_from_an_older_round_gets_a_new_rank)
 	int seen[3] = {0};
 
 	ck_assert_int_eq(coord_mem_new(&m), 0);
-	for (int i = 0; i < 3; i++) {
-		ag_init(&g[i], m, i, 2, 3, 1, "last_call_timeout=0.05");
+	for (int i = 0; i < 3; i++) { /* round 0 closes when all three are in */
+		ag_init(&g[i], m, i, 2, 3, 1, LAST_CALL_AT_MAX);
 		ag_start(&g[i]);
 	}
 	for (int i = 0; i < 3; i++) {
 		ag_ok(&g[i]);
 	}
-	/* Round 1 without B (g[1]): A and C restart. */
+	/* Round 1 without B (g[1]): A and C restart (MIN agents). */
 	for (int i = 0; i < 3; i += 2) {
+		ag_last_call(&g[i], false);
 		ag_rejoin(&g[i]);
 	}
 	for (int i = 0; i < 3; i += 2) {
@@ -1037,10 +1091,11 @@ START_TEST(node_back_from_an_older_round_gets_a_new_rank)
 		ck_assert_int_eq(g[i].round, 1);
 	}
 	/* B comes back late (round 1 closed with 2 < MAX: it asks for room),
-	 * the others follow it into round 2. */
+	 * the others follow it into round 2, which closes at MAX. */
 	ag_rejoin(&g[1]);
 	wait_key(m, "r1/change");
 	for (int i = 0; i < 3; i += 2) {
+		ag_last_call(&g[i], true);
 		ag_rejoin(&g[i]);
 	}
 	for (int i = 0; i < 3; i++) {
@@ -1064,8 +1119,8 @@ START_TEST(late_node_gets_the_job_wide_attempt)
 	struct ag g[3];
 
 	ck_assert_int_eq(coord_mem_new(&m), 0);
-	for (int i = 0; i < 2; i++) {
-		ag_init(&g[i], m, i, 2, 3, 1, "last_call_timeout=0.05");
+	for (int i = 0; i < 2; i++) { /* rounds 0 and 1: MIN agents */
+		ag_init(&g[i], m, i, 2, 3, 1, LAST_CALL_ONCE_ALL_IN);
 		ag_start(&g[i]);
 	}
 	for (int i = 0; i < 2; i++)
@@ -1078,10 +1133,11 @@ START_TEST(late_node_gets_the_job_wide_attempt)
 		ag_ok(&g[i]);
 		ck_assert_int_eq(g[i].info.attempt, 1);
 	}
-	ag_init(&g[2], m, 2, 2, 3, 1, "last_call_timeout=0.05");
+	ag_init(&g[2], m, 2, 2, 3, 1, LAST_CALL_AT_MAX);
 	ag_start(&g[2]);
 	wait_key(m, "r1/change");
-	for (int i = 0; i < 2; i++) {
+	for (int i = 0; i < 2; i++) { /* round 2 closes when the three are in */
+		ag_last_call(&g[i], true);
 		ag_rejoin(&g[i]);
 	}
 	for (int i = 0; i < 3; i++) {
@@ -1343,7 +1399,6 @@ static Suite *c10d_suite(void)
 	tcase_add_test(tc, round_closes_after_min_and_last_call);
 	tcase_add_test(tc, requests_per_member_are_constant);
 	tcase_add_test(tc, bytes_per_member_are_constant);
-	tcase_add_test(tc, store_round_trips_per_member);
 	tcase_add_test(tc, monitor_keeps_a_fresh_lease_a_heartbeat_later);
 	tcase_add_test(tc, late_joiner_triggers_next_round_and_ranks_stay);
 	tcase_add_test(tc, restart_marks_the_round_and_bumps_it);
@@ -1363,6 +1418,12 @@ static Suite *c10d_suite(void)
 	tcase_add_test(tc, node_back_from_an_older_round_gets_a_new_rank);
 	tcase_add_test(tc, late_node_gets_the_job_wide_attempt);
 	tcase_set_timeout(tc, 30);
+	suite_add_tcase(s, tc);
+	/* 120 agents' rounds over real sockets: 10 s alone, past 30 s beside
+	 * two CPU hogs (make flake-hunt: 3 timeouts in 15 runs). A hang guard. */
+	tc = tcase_create("store");
+	tcase_add_test(tc, store_round_trips_per_member);
+	tcase_set_timeout(tc, 180);
 	suite_add_tcase(s, tc);
 	add_restart_tests(s);
 	return s;

@@ -73,6 +73,18 @@ static void srv_stop(void)
 	event_base_free(g_base);
 }
 
+/* Stops the server like srv_stop and returns how many leases it counted
+ * expired and released (read after its loop thread ended). */
+static void srv_stop_leases(uint64_t *ret_expired, uint64_t *ret_released)
+{
+	event_base_loopbreak(g_base);
+	pthread_join(g_thread, NULL);
+	*ret_expired = store_server_metric(g_srv, STORE_M_LEASE_EXPIRED);
+	*ret_released = store_server_metric(g_srv, STORE_M_LEASE_RELEASED);
+	store_server_free(g_srv);
+	event_base_free(g_base);
+}
+
 static crun_store_t *client_rc(uint16_t port, uint32_t timeout_ms, uint32_t reconnect_ms)
 {
 	crun_store_opts_t o = CRUN_STORE_OPTS_INIT;
@@ -610,7 +622,7 @@ END_TEST
 START_TEST(an_orderly_close_ends_its_leases_at_once)
 {
 	crun_store_t *a, *b;
-	uint64_t id;
+	uint64_t id, expired, released;
 
 	srv_start();
 	a = client();
@@ -623,7 +635,10 @@ START_TEST(an_orderly_close_ends_its_leases_at_once)
 	ck_assert_int_eq(exists(b, "member/a"), 0);
 	ck_assert_int_eq(crun_store_lease_attach(b, id), CRUN_ENOTFOUND);
 	crun_store_close(b);
-	srv_stop();
+	srv_stop_leases(&expired, &released);
+	/* counted as a holder lost: no revoke came */
+	ck_assert_uint_eq(expired, 1);
+	ck_assert_uint_eq(released, 0);
 }
 END_TEST
 
@@ -771,7 +786,7 @@ END_TEST
 START_TEST(revoke_deletes_keys_without_expiry)
 {
 	crun_store_t *a, *b;
-	uint64_t id;
+	uint64_t id, expired, released;
 
 	srv_start();
 	a = client();
@@ -787,7 +802,10 @@ START_TEST(revoke_deletes_keys_without_expiry)
 	usleep(100 * 1000);
 	ck_assert_int_eq(exists(b, "change"), 0);
 	crun_store_close(b);
-	srv_stop();
+	srv_stop_leases(&expired, &released);
+	/* an orderly end (lease_released), never a lost holder (lease_expired) */
+	ck_assert_uint_eq(expired, 0);
+	ck_assert_uint_eq(released, 1);
 }
 END_TEST
 
