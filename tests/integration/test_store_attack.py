@@ -52,11 +52,11 @@ class Daemon:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
         self.p = procs.spawn([bin_path("crun-rdzvd"), "--host", "127.0.0.1", "--port", "0",
                               *flags], preexec_fn=pre)
-        self.status_addr = None
-        if "--status" in flags:  # printed before the listening line
-            self.status_addr = wait_line(self.p.stdout, r"status on http://(\S+)/status", 10)[1]
         m = wait_line(self.p.stdout, r"crun-rdzvd listening on (\S+):(\d+)", 10)
         self.port = int(m.group(2))
+        self.status_addr = None
+        if "--status" in flags:  # printed after the listening line
+            self.status_addr = wait_line(self.p.stdout, r"status on http://(\S+)/status", 10)[1]
         self.err = b""
         self._drain = threading.Thread(target=self._read_err, daemon=True)
         self._drain.start()
