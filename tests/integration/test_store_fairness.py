@@ -39,11 +39,40 @@ print("CLIENT OK", flush=True)
 """
 
 
-def torch_client(version, port, key):
-    """Runs one PyTorch client to its end; True when its set and get worked."""
-    out = subprocess.run([_torch_python(version), "-c", CLIENT, "127.0.0.1", str(port), key],
+def torch_client(version, port, key, script=CLIENT):
+    """Runs one PyTorch client to its end; True when it printed CLIENT OK."""
+    out = subprocess.run([_torch_python(version), "-c", script, "127.0.0.1", str(port), key],
                          capture_output=True, text=True, timeout=120)
     return out.returncode == 0 and "CLIENT OK" in out.stdout
+
+
+def big_key(name):
+    """name padded to a flood key's size less the "/" TCPStore adds: on a
+    store with a global budget only, the room the canary's keys left after a
+    flood (under one flood key) cannot take it, so it fails there for sure."""
+    return name + "k" * (KEY_LEN - 1 - len(name))
+
+
+# A client of a job at its share: it reads one of the flooder's keys, checks,
+# waits for it (present), counts the keys and deletes one - none of which
+# adds to the key space, so none is refused (etcd's NOSPACE and Redis's
+# maxmemory keep reads and deletes working too).
+READER = """
+import sys
+from datetime import timedelta
+import torch.distributed as dist
+s = dist.TCPStore(sys.argv[1], int(sys.argv[2]), is_master=False, timeout=timedelta(seconds=20))
+k = sys.argv[3]
+assert s.get(k) == b""
+if hasattr(s, "check"):  # 2.x only
+    assert s.check([k])
+s.wait([k])
+n = s.num_keys()
+assert n >= 256, n
+assert s.delete_key(k)
+assert not s.delete_key(k)
+print("CLIENT OK", flush=True)
+"""
 
 
 def flood_frames(job, start=0, n=4000):
@@ -92,8 +121,10 @@ def test_one_flooding_connection_leaves_its_job_and_other_jobs_writing(procs, ca
 
     base, hit, closed = under_attack(canary1, d, attack, f"torch {version}")
     assert closed, "the key flooder was not closed"
-    assert torch_client(version, d.port, "crun-c10d/A/after"), "job A's own client was reset"
-    assert torch_client(version, d.port, "crun-c10d/B/after"), "job B's client was reset"
+    assert torch_client(version, d.port, big_key("crun-c10d/A/after")), \
+        "job A's own client was reset"
+    assert torch_client(version, d.port, big_key("crun-c10d/B/after")), \
+        "job B's client was reset"
     peak = assert_rss_under(d, rss0, KEY_BYTES)
     text = metrics(d)
     assert refused(text, "A", "key_bytes") == 1, text[-3000:]
@@ -119,12 +150,71 @@ def test_a_job_at_its_share_is_refused_another_job_is_not(procs):
     assert not torch_client("2", d.port, "crun-c10d/A/after"), "job A over its share wrote"
     assert torch_client("2", d.port, "crun-c10d/B/after"), "job B's client was reset"
     assert torch_client("1", d.port, "crun-c10d/B/v1"), "job B's v1 client was reset"
+    # The flooders' keys stay (they may be legitimate: crunctl drop frees
+    # them), and job A still reads, waits and deletes.
+    used = metrics(d)
+    assert re.search(r'crun_store_job_used\{store="rendezvous",job="A",budget="keys"\} 256\n',
+                     used), used[-3000:]
+    first = next(flood_frames("A"))[9:-8].decode()  # the op, u64 len, key, u64 0
+    for version in ("1", "2"):
+        assert torch_client(version, d.port, first[1:], READER), f"torch {version}: read failed"
+        assert torch_client("2", d.port, "crun-c10d/A/again"), "the deleted key left no room"
+        first = next(flood_frames("A", start=1))[9:-8].decode()
     text = metrics(d)
-    assert refused(text, "A", "key_bytes") == 4, text[-3000:]
+    assert refused(text, "A", "key_bytes") == 4, text[-3000:]  # 3 flooders, 1 client
     assert refused(text, "B", "key_bytes") == 0
     log, m = d.stop()
     assert "store full: job 'A' used 16 MiB of its 16 MiB key_bytes" in log, log[-3000:]
     assert m.get("drop_key_bytes") == 4, m
+
+
+def run_job(procs, port, tmp_path, rdzv_id, torch=None):
+    """A two-node c10d job of run id rdzv_id through the daemon at port: both
+    agents rendezvous and exit 0. torch "1"/"2": the workers train
+    (launch_worker.py: gloo all_reduce, all_gather, broadcast, checked) under
+    that PyTorch; else they run elastic_task.py to its end."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PET_") and k != "TORCHELASTIC_ERROR_FILE"}
+    if torch:
+        env.update(PYTHON_EXEC=_torch_python(torch), TMPDIR=str(tmp_path))
+        job = [os.path.join(os.path.dirname(__file__), "helpers", "launch_worker.py")]
+    else:
+        out = tmp_path / rdzv_id
+        out.mkdir()
+        (out / "go").write_text("")
+        job = [os.path.join(os.path.dirname(__file__), "helpers", "elastic_task.py"), "run",
+               str(out), "5"]
+    agents = [procs.spawn([bin_path("crun"), "--nnodes=2", "--nproc_per_node=1",
+                           "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
+                           f"--rdzv_id={rdzv_id}", *job], env=env) for _ in range(2)]
+    oks = []
+    for a in agents:
+        try:
+            out, err = a.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"job {rdzv_id} did not finish")
+        assert a.returncode == 0, err.decode(errors="replace")[-3000:]
+        oks += [ln for ln in out.decode(errors="replace").splitlines()
+                if ln.startswith("launch_worker ok")]
+    if torch:
+        assert sorted(oks) == [f"launch_worker ok rank={r} world=2 restart=0" for r in (0, 1)]
+
+
+@pytest.mark.parametrize("version", ["1", "2"])
+def test_two_jobs_on_one_daemon_one_floods_the_others_rendezvous_and_training_finish(
+        procs, tmp_path, version):
+    """Job A's flooders (one connection after another) take what they may of
+    the key space; job B's two-node rendezvous through the same daemon then
+    forms and its gloo training (PyTorch 1.13 or 2.x) finishes. Before: A's
+    first flooder filled the global budget and B's agents were reset
+    ("rendezvous failed: ... COMPARE_SET ... server closed the connection")."""
+    d = Daemon(procs, "--max-total-key-bytes", str(KEY_BYTES))
+    for i in range(3):
+        assert flood(d.port, "A", start=1000 * i)
+    run_job(procs, d.port, tmp_path, "B", torch=version)
+    log, m = d.stop()
+    assert "store full: job 'A' used 16 MiB of its 16 MiB key_bytes" in log, log[-3000:]
+    assert m.get("drop_key_bytes") == 3, m
 
 
 def test_reserve_keeps_room_for_a_rendezvous_after_user_keys_filled_the_store(procs, tmp_path):
@@ -137,22 +227,7 @@ def test_reserve_keeps_room_for_a_rendezvous_after_user_keys_filled_the_store(pr
     frames = (b"\x00" + v1_str(b"user/%d" % i) + v1_str(b"") for i in range(4000))
     assert send_until_closed(s, frames), "the user-key flooder was not closed"
     s.close()
-    task = os.path.join(os.path.dirname(__file__), "helpers", "elastic_task.py")
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "go").write_text("")
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("PET_") and k != "TORCHELASTIC_ERROR_FILE"}
-    agents = [procs.spawn([bin_path("crun"), "--nnodes=2", "--nproc_per_node=1",
-                           "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{d.port}",
-                           "--rdzv_id=fair", task, "run", str(out), "5"],
-                          stderr=subprocess.PIPE, env=env) for _ in range(2)]
-    for a in agents:
-        try:
-            rc = a.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            pytest.fail("the rendezvous did not finish")
-        assert rc == 0, a.stderr.read().decode(errors="replace")[-3000:]
+    run_job(procs, d.port, tmp_path, "fair")
     log, m = d.stop()
     assert "the last 200 keys are kept for crun's rendezvous keys" in log, log[-3000:]
     assert m.get("drop_keys") == 1, m
