@@ -44,6 +44,7 @@ enum {
 	OPT_TLS_CA,
 	OPT_TLS_MIN,
 	OPT_EXT_VERSION,
+	OPT_ADMIN_TOKEN,
 	OPT_LIMIT, /* OPT_LIMIT + i: tunable i of store_server_limits() */
 };
 
@@ -72,6 +73,7 @@ static const struct option fixed_opts[] = {
     {"tls-ca", required_argument, NULL, OPT_TLS_CA},
     {"tls-min-version", required_argument, NULL, OPT_TLS_MIN},
     {"ext-version", required_argument, NULL, OPT_EXT_VERSION},
+    {"admin-token-file", required_argument, NULL, OPT_ADMIN_TOKEN},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, OPT_VERSION},
 };
@@ -129,49 +131,53 @@ static void usage(FILE *f)
 	const struct store_server_limit *l;
 	size_t n;
 
-	fprintf(f,
-		"usage: " PROG " [--host ADDR] [--port N] [options]\n"
-		"\n"
-		"Serves a key-value store that speaks PyTorch's TCPStore protocol (torch 1.13\n"
-		"and 2.x clients, dialect detected per connection) in the foreground. Prints\n"
-		"'" PROG " listening on ADDR:PORT' once ready; exits 0 on SIGTERM or SIGINT.\n"
-		"\n"
-		"  -H, --host ADDR                   address or name to bind (default 127.0.0.1;\n"
-		"                                    \"\" or :: = every interface, dual stack)\n"
-		"  -p, --port N                      TCP port, 0 picks a free one (default 29400)\n"
-		"      --backlog N                   listen backlog (default: SOMAXCONN)\n"
-		"      --log-level LEVEL             error, warn, info (default), debug, trace\n"
-		"      --status ADDR:PORT            serve /healthz, /status and /metrics over\n"
-		"                                    HTTP; 'off' for none (default 127.0.0.1:0,\n"
-		"                                    a free port, printed once listening)\n"
-		"      --config FILE.json            settings as JSON: host, port, backlog,\n"
-		"                                    log-level, status and limits.NAME for the\n"
-		"                                    limits below; a flag wins over the file;\n"
-		"                                    SIGHUP reads it again: log-level and the\n"
-		"                                    limits apply at once, other changes are\n"
-		"                                    named as needing a restart\n"
-		"      --print-schema                print the JSON schema of --config and exit\n"
-		"      --ext-version N               serve crun's store extension as version N\n"
-		"                                    (default: the newest), as an older " PROG "\n"
-		"                                    would: for testing clients' fallbacks\n"
-		"\n"
-		"Security (without a secret or TLS only loopback addresses are served):\n"
-		"      --auth-secret-file FILE       every client must prove it knows this secret\n"
-		"                                    (mode 0600, 16+ bytes; env\n"
-		"                                    CRUN_AUTH_SECRET_FILE)\n"
-		"      --auth-secrets-dir DIR        one secret file per run id (the file name):\n"
-		"                                    a client of run id J sees only J's keys\n"
-		"      --insecure                    allow a non-loopback --host without a secret\n"
-		"                                    or TLS\n"
-		"      --tls-cert FILE               serve TLS with this PEM certificate chain\n"
-		"      --tls-key FILE                its PEM private key (default: in --tls-cert)\n"
-		"      --tls-ca FILE                 require client certificates signed by this\n"
-		"                                    CA (mutual TLS)\n"
-		"      --tls-min-version V           1.3 (default) or 1.2\n"
-		"  -h, --help                        show this help and exit\n"
-		"      --version                     print the version and exit\n"
-		"\n"
-		"Limits (every one is on by default; sizes in bytes, times in seconds):\n");
+	fprintf(
+	    f, "usage: " PROG " [--host ADDR] [--port N] [options]\n"
+	       "\n"
+	       "Serves a key-value store that speaks PyTorch's TCPStore protocol (torch 1.13\n"
+	       "and 2.x clients, dialect detected per connection) in the foreground. Prints\n"
+	       "'" PROG " listening on ADDR:PORT' once ready; exits 0 on SIGTERM or SIGINT.\n"
+	       "\n"
+	       "  -H, --host ADDR                   address or name to bind (default 127.0.0.1;\n"
+	       "                                    \"\" or :: = every interface, dual stack)\n"
+	       "  -p, --port N                      TCP port, 0 picks a free one (default 29400)\n"
+	       "      --backlog N                   listen backlog (default: SOMAXCONN)\n"
+	       "      --log-level LEVEL             error, warn, info (default), debug, trace\n"
+	       "      --status ADDR:PORT            serve /healthz, /status and /metrics over\n"
+	       "                                    HTTP; 'off' for none (default 127.0.0.1:0,\n"
+	       "                                    a free port, printed once listening)\n"
+	       "      --config FILE.json            settings as JSON: host, port, backlog,\n"
+	       "                                    log-level, status and limits.NAME for the\n"
+	       "                                    limits below; a flag wins over the file;\n"
+	       "                                    SIGHUP reads it again: log-level and the\n"
+	       "                                    limits apply at once, other changes are\n"
+	       "                                    named as needing a restart\n"
+	       "      --print-schema                print the JSON schema of --config and exit\n"
+	       "      --ext-version N               serve crun's store extension as version N\n"
+	       "                                    (default: the newest), as an older " PROG "\n"
+	       "                                    would: for testing clients' fallbacks\n"
+	       "\n"
+	       "Security (without a secret or TLS only loopback addresses are served):\n"
+	       "      --auth-secret-file FILE       every client must prove it knows this secret\n"
+	       "                                    (mode 0600, 16+ bytes; env\n"
+	       "                                    CRUN_AUTH_SECRET_FILE)\n"
+	       "      --auth-secrets-dir DIR        one secret file per run id (the file name):\n"
+	       "                                    a client of run id J sees only J's keys\n"
+	       "      --insecure                    allow a non-loopback --host without a secret\n"
+	       "                                    or TLS\n"
+	       "      --admin-token-file FILE       turn on the status page's POST /drop (crunctl\n"
+	       "                                    drop --job J: delete one job's keys) for\n"
+	       "                                    requests with this token (mode 0600, 16+\n"
+	       "                                    bytes)\n"
+	       "      --tls-cert FILE               serve TLS with this PEM certificate chain\n"
+	       "      --tls-key FILE                its PEM private key (default: in --tls-cert)\n"
+	       "      --tls-ca FILE                 require client certificates signed by this\n"
+	       "                                    CA (mutual TLS)\n"
+	       "      --tls-min-version V           1.3 (default) or 1.2\n"
+	       "  -h, --help                        show this help and exit\n"
+	       "      --version                     print the version and exit\n"
+	       "\n"
+	       "Limits (every one is on by default; sizes in bytes, times in seconds):\n");
 	l = store_server_limits(&n);
 	for (size_t i = 0; i < n; i++)
 		usage_limit(f, &l[i], store_server_limit_get(&d, i));
@@ -212,9 +218,11 @@ static int print_schema(void);
 
 /* What the daemon keeps beside the store's config. */
 struct daemon_opts {
-	const char *status; /* --status, NULL: off */
-	const char *config; /* --config, or NULL */
-	char **file_argv;   /* the file's settings as flags (owned) */
+	const char *status;		 /* --status, NULL: off */
+	const char *admin_token;	 /* --admin-token-file, NULL: POST /drop is off */
+	struct store_auth_secret *token; /* its bytes (owned), read before the loop */
+	const char *config;		 /* --config, or NULL */
+	char **file_argv;		 /* the file's settings as flags (owned) */
 	int file_argc;
 	char **cmd_argv; /* the command line (borrowed): its limits win on reload too */
 	int cmd_argc;
@@ -270,6 +278,9 @@ static void parse_args(int argc, char **argv, struct store_server_config *cfg, s
 			break;
 		case OPT_STATUS:
 			d->status = strcmp(optarg, "off") == 0 || !*optarg ? NULL : optarg;
+			break;
+		case OPT_ADMIN_TOKEN:
+			d->admin_token = optarg;
 			break;
 		case OPT_CONFIG:
 			break; /* read before the flags (read_config) */
@@ -646,6 +657,15 @@ static int daemon_start(struct daemon *d)
 		if (r < 0)
 			return r;
 		agent_status_attach_store(d->status, d->srv);
+		if (d->opts->token) {
+			r = agent_status_allow_drop(d->status, d->srv, d->opts->token);
+			if (r < 0) {
+				fprintf(stderr,
+					PROG ": --admin-token-file: a token must be printable "
+					     "text (it travels in an HTTP header)\n");
+				return r;
+			}
+		}
 		printf(PROG " status on http://%s/status\n", agent_status_addr(d->status));
 	}
 	(void)notify_send(d->svc.notify, "READY=1");
@@ -706,6 +726,23 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 	event_base_loopexit(arg, NULL);
 }
 
+/* --admin-token-file: read once, with the secret files' checks (mode 0600,
+ * 16..4096 bytes); exits 2 naming the flag. */
+static void read_admin_token(struct daemon_opts *d)
+{
+	char err[600];
+
+	if (!d->admin_token)
+		return;
+	if (!d->status)
+		bad_usage("--admin-token-file needs the status page (--status)");
+	d->token = malloc(sizeof(*d->token));
+	if (!d->token)
+		bad_usage("out of memory");
+	if (store_auth_secret_read(d->admin_token, d->token, err, sizeof(err)) < 0)
+		bad_usage("--admin-token-file: %s", err);
+}
+
 int main(int argc, char **argv)
 {
 	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
@@ -730,6 +767,7 @@ int main(int argc, char **argv)
 	argv = read_config(&argc, argv, &opts);
 	parse_args(argc, argv, &cfg, &sec, &opts);
 	keys = load_secrets(&sec, cfg.host);
+	read_admin_token(&opts);
 	cfg.auth = keys;
 	if ((sec.tls.key || sec.tls.ca || sec.tls.min_version) && !sec.tls.cert)
 		bad_usage("--tls-key, --tls-ca and --tls-min-version need --tls-cert");
@@ -787,6 +825,9 @@ out:
 	for (int i = 0; i < opts.file_argc; i++)
 		free(opts.file_argv[i]);
 	free(opts.file_argv);
+	if (opts.token)
+		explicit_bzero(opts.token, sizeof(*opts.token));
+	free(opts.token);
 	if (opts.file_argv)
 		free(argv); /* read_config's array; its strings belong to others */
 	store_auth_keys_free(keys);

@@ -10,6 +10,7 @@ per job in /metrics (crun_store_refused_total{job,budget}).
 
 The daemon, the canary and the raw-socket helpers are test_store_attack.py's.
 """
+import json
 import os
 import re
 import subprocess
@@ -231,3 +232,63 @@ def test_reserve_keeps_room_for_a_rendezvous_after_user_keys_filled_the_store(pr
     log, m = d.stop()
     assert "the last 200 keys are kept for crun's rendezvous keys" in log, log[-3000:]
     assert m.get("drop_keys") == 1, m
+
+
+def crunctl(d, *args, token=None):
+    argv = [bin_path("crunctl"), args[0], "--endpoint", d.status_addr, *args[1:]]
+    if token:
+        argv += ["--token-file", str(token)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30)
+
+
+def usage_of(d, job):
+    out = crunctl(d, "usage", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = [r for r in json.loads(out.stdout)["usage"] if r["job"] == job]
+    return rows[0] if rows else None
+
+
+def token_file(path, text):
+    path.write_text(text)
+    path.chmod(0o600)
+    return path
+
+
+def test_crunctl_usage_shows_who_holds_what_and_only_the_admin_token_drops_a_job(
+        procs, tmp_path):
+    """crunctl usage names job A's 256 flood keys (16 MiB) and its refusal;
+    crunctl drop --job A without the token, or with a wrong one, is refused
+    and A's keys stay; with crun-rdzvd's --admin-token-file it deletes them,
+    the store's accounting (key bytes, A's share) goes back to 0 and A writes
+    again. A daemon without --admin-token-file refuses every drop."""
+    tok = token_file(tmp_path / "admin", "s3cret-admin-token-0123456789")
+    bad = token_file(tmp_path / "bad", "not-the-admin-token-0123456789")
+    d = Daemon(procs, "--max-total-key-bytes", str(KEY_BYTES), "--status", "127.0.0.1:0",
+               "--admin-token-file", str(tok))
+    for i in range(3):
+        assert flood(d.port, "A", start=1000 * i)
+    a = usage_of(d, "A")
+    assert a["used"]["keys"] == 256 and a["used"]["key_bytes"] == 16 * MIB, a
+    assert a["limit"]["key_bytes"] == 16 * MIB and a["refused"]["key_bytes"] == 3, a
+    table = crunctl(d, "usage")
+    assert table.returncode == 0 and re.search(r"^A +256 +16777216 +0 +0 +3$", table.stdout,
+                                               re.M), table.stdout
+    out = crunctl(d, "drop", "--job", "A")
+    assert out.returncode == 2 and "--token-file" in out.stderr, out.stderr
+    out = crunctl(d, "drop", "--job", "A", token=bad)
+    assert out.returncode == 1 and "HTTP 401" in out.stderr, out.stderr
+    assert usage_of(d, "A")["used"]["keys"] == 256
+    out = crunctl(d, "drop", "--job", "A", token=tok)
+    assert out.returncode == 0 and '"dropped_keys":256' in out.stdout, (out.stdout, out.stderr)
+    a = usage_of(d, "A")
+    assert a is None or (a["used"]["keys"] == 0 and a["used"]["key_bytes"] == 0), a
+    assert re.search(r'crun_store_key_bytes\{store="rendezvous"\} 0\n', metrics(d))
+    out = crunctl(d, "drop", "--job", "A", token=tok)
+    assert out.returncode == 1 and "HTTP 404" in out.stderr, out.stderr
+    assert torch_client("2", d.port, big_key("crun-c10d/A/after")), "job A cannot write again"
+    log, _ = d.stop()
+    assert "refusing a drop from" in log and "dropped 256 keys of job 'A'" in log, log[-3000:]
+    off = Daemon(procs, "--status", "127.0.0.1:0")
+    out = crunctl(off, "drop", "--job", "A", token=tok)
+    assert out.returncode == 1 and "HTTP 403" in out.stderr, out.stderr
+    off.stop()
