@@ -210,6 +210,33 @@ static enum store_metric op_failure(struct store_conn *c, int r)
 	return r == CRUN_ETOOBIG ? STORE_M_DROP_REQUEST_LIMIT : STORE_M_DROP_OP_FAILED;
 }
 
+/* ERROR (store_ext.h, version 6) with text, to a crun client that takes it
+ * (HELLO 6 or more, not muxed), written out now, behind the replies still
+ * queued, because c closes next. Plaintext only: under TLS the bytes must
+ * go through the record layer, which a closing connection does not wait
+ * for. Best effort: what the socket cannot take at once is dropped. */
+static void send_error(struct store_conn *c, const char *text)
+{
+	struct evbuffer *out = store_conn_out(c);
+	uint8_t frame[STORE_EXT_ERROR_HEAD + STORE_EXT_ERROR_TEXT_MAX];
+	evutil_socket_t fd = bufferevent_getfd(c->bev);
+	size_t len;
+
+	if (!c->ext || c->mux || c->ext_peer < STORE_EXT_VERSION_ERROR || c->srv->cfg.tls ||
+	    fd < 0 ||
+	    (c->srv->cfg.ext_version && c->srv->cfg.ext_version < STORE_EXT_VERSION_ERROR))
+		return;
+	if (store_ext_error_encode(text, strlen(text), frame, sizeof(frame), &len) < 0 ||
+	    evbuffer_add(out, frame, len) < 0)
+		return;
+	/* As store_conn_flush: the socket bufferevent froze its output's start. */
+	evbuffer_unfreeze(out, 1);
+	for (int i = 0; i < 4 && evbuffer_get_length(out); i++)
+		if (evbuffer_write(out, fd) <= 0)
+			break;
+	evbuffer_freeze(out, 1);
+}
+
 /* Closes c after its op `op` failed with r: a refusal by a share names the
  * job and the budget ("store full: job 'J' used 64 MiB of its 64 MiB key
  * bytes"), the rest the op. The torch protocol has no error reply, so the
@@ -219,6 +246,8 @@ static void conn_drop_op(struct store_conn *c, int r, const char *op)
 	char text[STORE_AUTH_JOB_MAX + 160];
 
 	store_share_refusal_text(c, text, sizeof(text));
+	if (text[0])
+		send_error(c, text);
 	conn_drop(c, op_failure(c, r), text[0] ? text : op);
 }
 

@@ -199,6 +199,7 @@ struct store_conn {
 	bool peer_eof;		 /* closing because the peer closed in order (FIN), not reset */
 	struct dl leases;	 /* struct store_lease.conn_link (lease.c) */
 	bool mux;		 /* sent MUX: framed output, tagged waits (store_ext.h) */
+	uint32_t ext_peer;	 /* the version its HELLO named (ERROR from 6 on) */
 	bool mux_hold;		 /* an op runs: its own WAKE frames wait in `fired` */
 	uint32_t n_twaits;	 /* tagged waits pending or held */
 	struct dl twaits;	 /* struct store_twait.link; set up by MUX */
