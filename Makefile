@@ -287,7 +287,7 @@ flake-hunt: $(FLAKE_UNIT) $(FLAKE_INTEG)
 FUZZ_BUILD := build-fuzz
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZERS := $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/%,$(FUZZ_SRCS))
-FUZZ_LIB_SRCS := $(wildcard common/*.c) store/proto.c store/auth.c
+FUZZ_LIB_SRCS := $(wildcard common/*.c) store/proto.c store/proto_ext.c store/auth.c
 
 fuzz: $(FUZZERS)
 $(FUZZ_BUILD)/%: tests/fuzz/%.c $(FUZZ_LIB_SRCS) $(wildcard store/*.h common/*.h include/crun/*.h)

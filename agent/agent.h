@@ -587,6 +587,7 @@ enum cli_rd_opt {
 	CLI_RD_AUTH_FILE,
 	CLI_RD_AUTH_DIR,
 	CLI_RD_INSECURE,
+	CLI_RD_ADMIN_TOKEN,
 	CLI_RD_TLS_CERT,
 	CLI_RD_TLS_KEY,
 	CLI_RD_TLS_CA,
@@ -602,6 +603,8 @@ enum cli_ctl_opt {
 	CLI_CTL_COUNT,
 	CLI_CTL_TIMEOUT,
 	CLI_CTL_RANK,
+	CLI_CTL_JOB,
+	CLI_CTL_TOKEN_FILE,
 	CLI_CTL_HELP,
 	CLI_CTL_VERSION,
 	CLI_CTL_PRINT_MAN,
@@ -723,6 +726,21 @@ char *agent_status_metrics(const struct crun_agent *a, const struct store_server
 /* Call from the agent's state callback: counts the exit codes of each
  * attempt that ends (crun_agent_worker_exits_total). s NULL: no-op. */
 void agent_status_on_state(struct agent_status *s, crun_agent_state_t st);
+/* Issue 26. {"usage": [{"job", "used", "limit", "refused"}]}: what each job
+ * (run id; "" keys of no known job) holds of srv's key space, its share of
+ * each budget and its refused writes, each an object of the budgets
+ * ("keys", "key_bytes", "value_bytes", "waiters"); malloc'd, NULL on OOM.
+ * crun-rdzvd's GET /usage (status_usage.c). */
+char *agent_status_usage_json(const struct store_server *srv);
+/* Turns on POST /drop?job=J on s: it deletes job J's keys of srv
+ * (store_server_drop_job) for a request whose "Authorization" header is
+ * "Bearer " then token's bytes (compared in constant time); any other gets
+ * 401 and a WARN line. Without this call /drop answers 403. srv is borrowed
+ * (must outlive s), token copied. 0, CRUN_EINVAL (a token holding a byte a
+ * header cannot carry) or CRUN_ENOMEM. */
+struct store_auth_secret;
+int agent_status_allow_drop(struct agent_status *s, struct store_server *srv,
+			    const struct store_auth_secret *token);
 
 /* ---- timerfile.c: torchrun's expiry timers (TORCHELASTIC_TIMER_FILE) ---------- */
 
@@ -756,6 +774,10 @@ void agent_timers_stop(struct agent_timers *t); /* removes a FIFO it made; NULL:
  * a reply), CRUN_EHOSTUNREACH/CRUN_ENETUNREACH, CRUN_ETOOBIG or CRUN_ENOMEM. */
 int agent_ctl_get(const char *endpoint, const char *path, uint32_t timeout_ms, int *ret_status,
 		  char **ret_body);
+/* As agent_ctl_get, a POST with no body and, unless bearer is NULL, an
+ * "Authorization: Bearer <bearer>" header (crunctl drop). */
+int agent_ctl_post(const char *endpoint, const char *path, const char *bearer, uint32_t timeout_ms,
+		   int *ret_status, char **ret_body);
 /* prefix then value percent-encoded (RFC 3986 unreserved bytes kept) into
  * buf: 0, or CRUN_ETOOBIG when it does not fit. */
 int agent_ctl_query(char *buf, size_t cap, const char *prefix, const char *value);
@@ -773,6 +795,9 @@ int agent_ctl_read_state(const char *json, struct agent_ctl_state *ret);
 /* The /status and /jobs JSON as tables; CRUN_EPROTO for something else. */
 int agent_ctl_print_status(FILE *out, const char *json);
 int agent_ctl_print_jobs(FILE *out, const char *json);
+/* The /usage JSON as a table: JOB KEYS KEY_BYTES VALUE_BYTES WAITERS REFUSED
+ * (status_usage.c); CRUN_EPROTO for something else. */
+int agent_ctl_print_usage(FILE *out, const char *json);
 
 /* ---- slurm.c: defaults from a Slurm allocation --------------------------------- */
 

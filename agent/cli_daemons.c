@@ -86,6 +86,11 @@ static const struct cli_opt rd_rows[CLI_RD_LIMIT] = {
 			 "allow a non-loopback --host without a secret or TLS (command line "
 			 "only: never read from a file)",
 			 NULL, 0, NULL},
+    [CLI_RD_ADMIN_TOKEN] = {"admin-token-file", 0, CT_STR, 0, NULL, NULL, NULL, "FILE", NULL, 0,
+			    0,
+			    "turn on the status page's POST /drop (crunctl drop --job J: delete "
+			    "one job's keys) for requests with this token (mode 0600, 16+ bytes)",
+			    NULL, 0, NULL},
     [CLI_RD_TLS_CERT] = {"tls-cert", 0, CT_STR, 0, NULL, NULL, "tls-cert", "FILE", NULL, 0, 0,
 			 "serve TLS with this PEM certificate chain", NULL, 0, NULL},
     [CLI_RD_TLS_KEY] = {"tls-key", 0, CT_STR, 0, NULL, NULL, "tls-key", "FILE", NULL, 0, 0,
@@ -156,6 +161,11 @@ static const struct cli_opt ctl_rows[CLI_CTL__MAX] = {
 			 "seconds to wait for each answer", NULL, 0, NULL},
     [CLI_CTL_RANK] = {"rank", 0, CT_INT, 0, NULL, NULL, NULL, "RANK", NULL, 0, INT64_MAX,
 		      "stacks: only this global rank", NULL, 0, NULL},
+    [CLI_CTL_JOB] = {"job", 0, CT_STR, 0, NULL, NULL, NULL, "JOB", NULL, 0, 0,
+		     "drop: the job whose keys go (the same as --rdzv_id)", NULL, 0, NULL},
+    [CLI_CTL_TOKEN_FILE] = {"token-file", 0, CT_STR, 0, NULL, NULL, NULL, "FILE", NULL, 0, 0,
+			    "drop: crun-rdzvd's admin token (its --admin-token-file)", NULL, 0,
+			    NULL},
     ACTION_ROWS(CLI_CTL),
 };
 

@@ -15,7 +15,8 @@
 #include "agent/agent.h"
 #include "common/common.h"
 
-#define CTL_MAX_BODY_BYTES (4u << 20) /* a status page is a few KiB */
+#define CTL_MAX_BODY_BYTES   (4u << 20) /* a status page is a few KiB */
+#define CTL_MAX_BEARER_BYTES 4096	/* a token: a secret file's bytes (store/auth.h) */
 
 struct fetch {
 	struct event_base *base;
@@ -65,8 +66,8 @@ static void on_error(enum evhttp_request_error e, void *arg)
  * evhttp reports all of them as a request without a reply, so one plain
  * connect (tcp_probe) says which first, and gives the numeric address evhttp
  * then uses. */
-int agent_ctl_get(const char *endpoint, const char *path, uint32_t timeout_ms, int *ret_status,
-		  char **ret_body)
+static int ctl_request(const char *endpoint, enum evhttp_cmd_type cmd, const char *path,
+		       const char *bearer, uint32_t timeout_ms, int *ret_status, char **ret_body)
 {
 	struct fetch f = {.err = CRUN_ECONNREFUSED}; /* gone since tcp_probe() */
 	struct evhttp_connection *conn = NULL;
@@ -96,7 +97,19 @@ int agent_ctl_get(const char *endpoint, const char *path, uint32_t timeout_ms, i
 	evhttp_request_set_error_cb(req, on_error);
 	snprintf(hosthdr, sizeof(hosthdr), "%s", endpoint);
 	evhttp_add_header(evhttp_request_get_output_headers(req), "Host", hosthdr);
-	if (evhttp_make_request(conn, req, EVHTTP_REQ_GET, path) < 0)
+	if (bearer) {
+		char auth[CTL_MAX_BEARER_BYTES + 8];
+
+		r = CRUN_ETOOBIG;
+		if (str_printf(auth, sizeof(auth), "Bearer %s", bearer) < 0 ||
+		    evhttp_add_header(evhttp_request_get_output_headers(req), "Authorization",
+				      auth) < 0) {
+			evhttp_request_free(req);
+			goto out;
+		}
+		r = CRUN_ENOMEM;
+	}
+	if (evhttp_make_request(conn, req, cmd, path) < 0)
 		goto out; /* the request was freed by libevent */
 	/* The connection's own timeout ends the request; the loop only turns. */
 	(void)event_base_dispatch(f.base);
@@ -114,6 +127,19 @@ out:
 		evhttp_connection_free(conn);
 	event_base_free(f.base);
 	return r;
+}
+
+int agent_ctl_get(const char *endpoint, const char *path, uint32_t timeout_ms, int *ret_status,
+		  char **ret_body)
+{
+	return ctl_request(endpoint, EVHTTP_REQ_GET, path, NULL, timeout_ms, ret_status, ret_body);
+}
+
+int agent_ctl_post(const char *endpoint, const char *path, const char *bearer, uint32_t timeout_ms,
+		   int *ret_status, char **ret_body)
+{
+	return ctl_request(endpoint, EVHTTP_REQ_POST, path, bearer, timeout_ms, ret_status,
+			   ret_body);
 }
 
 static const char *str(const cJSON *o, const char *key)

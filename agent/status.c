@@ -25,6 +25,7 @@
 #include "agent/stacks_int.h"
 #include "rendezvous/rdzv.h"
 #include "agent/status_int.h"
+#include "store/auth.h"
 #include "store/server.h"
 #include "common/common.h"
 
@@ -71,6 +72,11 @@ struct agent_status {
 	crun_agent_state_t last;
 	struct crun_agent *agent;	  /* borrowed, NULL until attached */
 	const struct store_server *store; /* borrowed: crun-rdzvd's server, or NULL */
+	/* POST /drop (agent_status_allow_drop): the same server, writable, and
+	 * the token a request must carry; NULL: /drop is off. */
+	struct store_server *drop_store; /* borrowed */
+	char *token;			 /* owned, NUL-terminated */
+	size_t token_len;
 	uint64_t started_ms;
 	char addr[300];
 };
@@ -293,6 +299,59 @@ static const struct {
 #undef ROW
 };
 
+/* Issue 26: what each job holds and how often its writes were refused, by
+ * budget; at most STORE_SHARE_MAX_JOBS + 1 jobs, so the series are bounded. */
+struct share_rows {
+	FILE *f;
+	const char *kind;
+	bool refused; /* the pass: refusals (jobs with any) or holdings */
+};
+
+static void share_row(const struct store_share_info *si, void *arg)
+{
+	const struct share_rows *sr = arg;
+	uint64_t any = 0;
+
+	for (int b = 0; b < STORE_B__MAX; b++)
+		any |= si->refused[b];
+	if (sr->refused && !any)
+		return;
+	for (int b = 0; b < STORE_B__MAX; b++) {
+		fprintf(sr->f, "%s{store=\"%s\",job=\"",
+			sr->refused ? "crun_store_refused_total" : "crun_store_job_used", sr->kind);
+		label(sr->f, si->job);
+		fprintf(sr->f, "\",budget=\"%s\"} %" PRIu64 "\n",
+			store_budget_name((enum store_budget)b),
+			sr->refused ? si->refused[b] : si->used[b]);
+	}
+}
+
+/* Both passes (holdings, then refusals) run over every served store (ss[k]
+ * NULL: not served here), so each family's HELP/TYPE comes once, before all
+ * its samples. */
+static void share_metrics(FILE *f, const struct store_server *const *ss)
+{
+	static const char *const help[2][3] = {
+	    {"crun_store_job_used",
+	     "what one job (run id; \"\" no known job) holds of each shared budget", "gauge"},
+	    {"crun_store_refused_total",
+	     "writes refused because a budget or the job's or connection's share was full, by "
+	     "job and budget",
+	     "counter"},
+	};
+
+	for (int pass = 0; pass < 2; pass++) {
+		struct share_rows sr = {f, NULL, pass == 1};
+
+		gauge(f, help[pass][0], help[pass][1], help[pass][2]);
+		for (int k = 0; k < STATUS_STORE__MAX; k++) {
+			sr.kind = status_store_kind[k];
+			if (ss[k])
+				store_server_each_share(ss[k], share_row, &sr);
+		}
+	}
+}
+
 /* Every store served here (served_store), each sample labelled store="..."
  * by its role, so one query does not add the two up; a family's HELP/TYPE
  * comes once, before all its samples (the exposition format wants that). */
@@ -337,6 +396,7 @@ static void store_metrics(FILE *f, const struct crun_agent *a, const struct stor
 				"crun_store_events_total{store=\"%s\",event=\"%s\"} %" PRIu64 "\n",
 				status_store_kind[k], store_metric_name((enum store_metric)m),
 				store_server_metric(ss[k], (enum store_metric)m));
+	share_metrics(f, ss);
 }
 
 /* The rendezvous's round and its counters (one table: RDZV_COUNTER_MAP). */
@@ -698,14 +758,96 @@ static void get_stacks(struct agent_status *s, struct evhttp_request *req, const
 	}
 }
 
+/* Whether req carries "Authorization: Bearer <token>"; constant time in
+ * the token's bytes, so the answer's timing does not leak a prefix. */
+static bool bearer_ok(const struct agent_status *s, struct evhttp_request *req)
+{
+	const char *h = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
+	unsigned char diff = 0;
+	size_t n;
+
+	if (!h || strncmp(h, "Bearer ", 7) != 0)
+		return false;
+	h += 7;
+	n = strlen(h);
+	if (n != s->token_len)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		diff |= (unsigned char)(h[i] ^ s->token[i]);
+	return diff == 0;
+}
+
+/* {"job": J, "dropped_keys": n}, malloc'd; NULL on OOM. */
+static char *drop_body(const char *job, uint64_t n)
+{
+	cJSON *o = cJSON_CreateObject();
+	char *out = NULL;
+
+	if (o && cJSON_AddStringToObject(o, "job", job) &&
+	    cJSON_AddNumberToObject(o, "dropped_keys", (double)n))
+		out = cJSON_PrintUnformatted(o);
+	cJSON_Delete(o);
+	return out;
+}
+
+/* POST /drop?job=J (crunctl drop --job J): an operator's way out after a
+ * flood - job J's keys go, as DELETE_KEY would delete them. Off (403)
+ * unless crun-rdzvd was given --admin-token-file; a request without that
+ * token is refused (401) and logged. */
+static void post_drop(struct agent_status *s, struct evhttp_request *req, const char *query)
+{
+	struct evkeyvalq q = {0};
+	const char *job = NULL;
+	uint64_t n = 0;
+	int r;
+
+	if (!s->drop_store) {
+		evhttp_send_error(req, 403,
+				  "drop is off: crun-rdzvd --admin-token-file turns it on");
+		return;
+	}
+	if (!bearer_ok(s, req)) {
+		log_at(LL_WARN, SUB_AGENT, "refusing a drop from %s: no or wrong admin token",
+		       evhttp_request_get_host(req) ? evhttp_request_get_host(req) : "?");
+		evhttp_send_error(req, 401, "the admin token is missing or wrong");
+		return;
+	}
+	if (query && evhttp_parse_query_str(query, &q) == 0)
+		job = evhttp_find_header(&q, "job");
+	if (!job) {
+		evhttp_clear_headers(&q);
+		evhttp_send_error(req, HTTP_BADREQUEST, "drop needs ?job=RUN_ID");
+		return;
+	}
+	r = store_server_drop_job(s->drop_store, job, &n);
+	if (r == CRUN_ENOTFOUND) {
+		evhttp_clear_headers(&q);
+		evhttp_send_error(req, HTTP_NOTFOUND, "the job holds no keys");
+		return;
+	}
+	if (r == 0)
+		log_at(LL_WARN, SUB_AGENT,
+		       "dropped %" PRIu64 " keys of job '%s' (an operator's drop)", n, job);
+	if (r < 0)
+		evhttp_send_error(req, HTTP_INTERNAL, crun_strerror(r));
+	else
+		reply(req, 200, "application/json", drop_body(job, n));
+	evhttp_clear_headers(&q); /* job points into it */
+}
+
 static void on_request(struct evhttp_request *req, void *arg)
 {
 	struct agent_status *s = arg;
 	const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
 	const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
 
+	if (path && evhttp_request_get_command(req) == EVHTTP_REQ_POST &&
+	    strcmp(path, "/drop") == 0) {
+		post_drop(s, req, evhttp_uri_get_query(uri));
+		return;
+	}
 	if (evhttp_request_get_command(req) != EVHTTP_REQ_GET || !path) {
-		evhttp_send_error(req, 405, "only GET");
+		evhttp_send_error(req, 405, "only GET (and POST /drop)");
 		return;
 	}
 	if (strcmp(path, "/healthz") == 0)
@@ -718,6 +860,8 @@ static void on_request(struct evhttp_request *req, void *arg)
 		get_store_job_path(s, req, path + 6);
 	else if (strcmp(path, "/stacks") == 0 && s->agent)
 		get_stacks(s, req, evhttp_uri_get_query(uri));
+	else if (strcmp(path, "/usage") == 0 && s->store)
+		reply(req, 200, "application/json", agent_status_usage_json(s->store));
 	else if (strcmp(path, "/metrics") == 0)
 		reply(req, 200, "text/plain; version=0.0.4; charset=utf-8",
 		      agent_status_metrics(s->agent, s->store, s->exits,
@@ -848,5 +992,27 @@ void agent_status_stop(struct agent_status *s)
 	if (s->http)
 		evhttp_free(s->http);
 	free(s->final);
+	free(s->token);
 	free(s);
+}
+
+int agent_status_allow_drop(struct agent_status *s, struct store_server *srv,
+			    const struct store_auth_secret *token)
+{
+	char *t;
+
+	/* It travels in a header: no NUL, CR, LF or other control byte. */
+	for (size_t i = 0; i < token->len; i++)
+		if (token->bytes[i] < 0x20 || token->bytes[i] == 0x7f)
+			return CRUN_EINVAL;
+	t = malloc(token->len + 1);
+	if (!t)
+		return CRUN_ENOMEM;
+	memcpy(t, token->bytes, token->len);
+	t[token->len] = '\0';
+	free(s->token);
+	s->token = t;
+	s->token_len = token->len;
+	s->drop_store = srv;
+	return 0;
 }

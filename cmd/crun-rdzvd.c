@@ -58,9 +58,11 @@ static _Noreturn void bad_usage(const char *fmt, ...)
 
 /* What the daemon keeps beside the store's config. */
 struct daemon_opts {
-	const char *status; /* --status, NULL: off */
-	const char *config; /* --config, or NULL */
-	char **file_argv;   /* the file's settings as flags (owned) */
+	const char *status;		 /* --status, NULL: off */
+	const char *admin_token;	 /* --admin-token-file, NULL: POST /drop is off */
+	struct store_auth_secret *token; /* its bytes (owned), read before the loop */
+	const char *config;		 /* --config, or NULL */
+	char **file_argv;		 /* the file's settings as flags (owned) */
 	int file_argc;
 	char **cmd_argv; /* the command line (borrowed): its limits win on reload too */
 	int cmd_argc;
@@ -140,6 +142,9 @@ static void parse_one(int id, char *arg, struct store_server_config *cfg, struct
 		break;
 	case CLI_RD_INSECURE:
 		sec->insecure = true;
+		break;
+	case CLI_RD_ADMIN_TOKEN:
+		d->admin_token = arg;
 		break;
 	case CLI_RD_TLS_CERT:
 		sec->tls.cert = arg;
@@ -469,6 +474,15 @@ static int daemon_start(struct daemon *d)
 		if (r < 0)
 			return r;
 		agent_status_attach_store(d->status, d->srv);
+		if (d->opts->token) {
+			r = agent_status_allow_drop(d->status, d->srv, d->opts->token);
+			if (r < 0) {
+				fprintf(stderr,
+					PROG ": --admin-token-file: a token must be printable "
+					     "text (it travels in an HTTP header)\n");
+				return r;
+			}
+		}
 		printf(PROG " status on http://%s/status\n", agent_status_addr(d->status));
 	}
 	(void)notify_send(d->svc.notify, "READY=1");
@@ -529,6 +543,23 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 	event_base_loopexit(arg, NULL);
 }
 
+/* --admin-token-file: read once, with the secret files' checks (mode 0600,
+ * 16..4096 bytes); exits 2 naming the flag. */
+static void read_admin_token(struct daemon_opts *d)
+{
+	char err[600];
+
+	if (!d->admin_token)
+		return;
+	if (!d->status)
+		bad_usage("--admin-token-file needs the status page (--status)");
+	d->token = malloc(sizeof(*d->token));
+	if (!d->token)
+		bad_usage("out of memory");
+	if (store_auth_secret_read(d->admin_token, d->token, err, sizeof(err)) < 0)
+		bad_usage("--admin-token-file: %s", err);
+}
+
 int main(int argc, char **argv)
 {
 	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
@@ -553,6 +584,7 @@ int main(int argc, char **argv)
 	argv = read_config(&argc, argv, &opts);
 	parse_args(argc, argv, &cfg, &sec, &opts);
 	keys = load_secrets(&sec, cfg.host);
+	read_admin_token(&opts);
 	cfg.auth = keys;
 	if ((sec.tls.key || sec.tls.ca || sec.tls.min_version) && !sec.tls.cert)
 		bad_usage("--tls-key, --tls-ca and --tls-min-version need --tls-cert");
@@ -610,6 +642,9 @@ out:
 	for (int i = 0; i < opts.file_argc; i++)
 		free(opts.file_argv[i]);
 	free(opts.file_argv);
+	if (opts.token)
+		explicit_bzero(opts.token, sizeof(*opts.token));
+	free(opts.token);
 	if (opts.file_argv)
 		free(argv); /* read_config's array; its strings belong to others */
 	free(opts.longs);

@@ -12,6 +12,7 @@
 
 #include "agent/agent.h"
 #include "common/common.h"
+#include "store/auth.h"
 
 #define PROG "crunctl"
 
@@ -23,6 +24,7 @@ struct opts {
 	uint64_t count; /* watch: stop after this many changes; 0 = until the page goes away */
 	uint32_t timeout_ms;
 	int64_t rank; /* stacks: only this global rank; -1 = every one */
+	const char *token_file; /* drop: the admin token */
 };
 
 static int fetch(const struct opts *o, const char *path, char **ret_body)
@@ -237,6 +239,78 @@ static int cmd_watch(const struct opts *o)
 	return rc;
 }
 
+static int cmd_usage(const struct opts *o)
+{
+	return show(o, "/usage", agent_ctl_print_usage);
+}
+
+/* The admin token of --token-file as a header value: the file passes the
+ * secret files' checks (mode 0600, 16..4096 bytes) and holds printable text. */
+static int read_token(const struct opts *o, struct store_auth_secret *tok, char *out, size_t cap)
+{
+	char err[600];
+
+	if (!o->token_file) {
+		fprintf(stderr, PROG ": drop: --token-file FILE (crun-rdzvd's --admin-token-file) "
+				     "is required\n");
+		return 2;
+	}
+	if (store_auth_secret_read(o->token_file, tok, err, sizeof(err)) < 0) {
+		fprintf(stderr, PROG ": --token-file: %s\n", err);
+		return 2;
+	}
+	for (size_t i = 0; i < tok->len; i++)
+		if (tok->bytes[i] < 0x20 || tok->bytes[i] == 0x7f || i + 1 >= cap) {
+			fprintf(stderr, PROG ": --token-file: '%s' must be printable text\n",
+				o->token_file);
+			return 2;
+		}
+	memcpy(out, tok->bytes, tok->len);
+	out[tok->len] = '\0';
+	return 0;
+}
+
+/* POST /drop?job=J with the admin token: job J's keys are deleted. */
+static int cmd_drop(const struct opts *o)
+{
+	struct store_auth_secret *tok = malloc(sizeof(*tok));
+	char path[600], bearer[STORE_AUTH_SECRET_MAX + 1], *body = NULL;
+	int status = 0, rc = 2, r;
+
+	if (!tok)
+		return 1;
+	if (!o->rdzv_id) {
+		fprintf(stderr, PROG ": drop: --job JOB is required\n");
+		goto out;
+	}
+	if (agent_ctl_query(path, sizeof(path), "/drop?job=", o->rdzv_id) < 0) {
+		fprintf(stderr, PROG ": --job: too long\n");
+		goto out;
+	}
+	rc = read_token(o, tok, bearer, sizeof(bearer));
+	if (rc)
+		goto out;
+	r = agent_ctl_post(o->endpoint, path, bearer, o->timeout_ms, &status, &body);
+	rc = 1;
+	if (r < 0)
+		fprintf(stderr, PROG ": cannot post http://%s/drop: %s\n", o->endpoint,
+			crun_strerror(r));
+	else if (status != 200)
+		fprintf(stderr, PROG ": drop of job '%s' refused: HTTP %d%s%s\n", o->rdzv_id,
+			status, status == 401 ? " (wrong token)" : "",
+			status == 404 ? " (the job holds no keys)" : "");
+	else if (o->json)
+		rc = printf("%s\n", body) < 0;
+	else
+		rc = printf("dropped the keys of job '%s': %s\n", o->rdzv_id, body) < 0;
+out:
+	free(body);
+	explicit_bzero(bearer, sizeof(bearer));
+	explicit_bzero(tok, sizeof(*tok));
+	free(tok);
+	return rc;
+}
+
 static const struct command {
 	const char *name;
 	int (*fn)(const struct opts *o);
@@ -246,6 +320,8 @@ static const struct command {
     {"jobs", cmd_jobs, "the jobs a page serves (GET /jobs)"},
     {"watch", cmd_watch, "print /status again whenever it changes, until the job's end"},
     {"stacks", cmd_stacks, "every local rank's stack now (GET /stacks on an agent's page)"},
+    {"usage", cmd_usage, "which job holds what of crun-rdzvd's store (GET /usage)"},
+    {"drop", cmd_drop, "delete one job's keys (--job, --token-file; POST /drop)"},
 };
 
 /* Prints what crunctl's rows (agent/cli_daemons.c) and commands give for
@@ -293,6 +369,7 @@ static int apply_opt(struct opts *o, int id, const char *arg, int *ret_rc)
 		o->endpoint = arg;
 		break;
 	case CLI_CTL_RDZV_ID:
+	case CLI_CTL_JOB:
 		o->rdzv_id = arg;
 		break;
 	case CLI_CTL_JSON:
@@ -313,6 +390,9 @@ static int apply_opt(struct opts *o, int id, const char *arg, int *ret_rc)
 			fprintf(stderr, PROG ": --count: invalid number '%s'\n", arg);
 			return *ret_rc = 2, -1;
 		}
+		break;
+	case CLI_CTL_TOKEN_FILE:
+		o->token_file = arg;
 		break;
 	case CLI_CTL_RANK:
 		if (parse_i64(arg, &o->rank) < 0 || o->rank < 0) {

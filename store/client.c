@@ -74,7 +74,10 @@ struct client_conn {
 	char peer[300];	 /* "host:port" for messages */
 	char err[640];	 /* last_error of the base and of every view */
 	char broke[400]; /* the failure that broke the connection, for later calls */
-	int broke_r;	 /* and its code */
+	/* The text of the server's last ERROR reply (store_ext.h, version 6):
+	 * a write refused because a budget or a share of one was full. */
+	char full[STORE_EXT_ERROR_TEXT_MAX + 1];
+	int broke_r; /* and its code */
 	/* Buffered reader: bytes [rpos, rlen) of rbuf are received, unparsed. */
 	uint8_t *rbuf;
 	size_t rcap, rpos, rlen;
@@ -330,11 +333,41 @@ static void confirm(struct client_conn *c)
 	c->replayed = false;
 }
 
+/* Where a reply starts: the server's ERROR instead of it (store_ext.h; only
+ * a server of version 6 or more, which this client's HELLO named, sends
+ * one) is CRUN_ENOSPC with its text kept for last_error; 0 when the bytes
+ * are a reply, left unread; else the read's failure. */
+static int conn_error_reply(struct client_conn *c, uint64_t deadline)
+{
+	const char *text;
+	size_t n, used;
+	int r;
+
+	if (!c->ext || c->ext_version < STORE_EXT_VERSION_ERROR)
+		return 0;
+	for (;;) {
+		if (c->rlen > c->rpos) {
+			r = store_ext_error_decode(c->rbuf + c->rpos, c->rlen - c->rpos, &text, &n,
+						   &used);
+			if (r == CRUN_EPROTO)
+				return 0;
+			if (r == 0) {
+				memcpy(c->full, text, n);
+				c->full[n] = '\0';
+				c->rpos += used;
+				return CRUN_ENOSPC;
+			}
+		}
+		TRY(conn_fill(c, deadline));
+	}
+}
+
 /* Reads one reply to `op`. *out points into the read buffer and stays valid
  * until the next read on this connection. */
 static int conn_read_reply(struct client_conn *c, enum store_op op, uint64_t nitems,
 			   uint64_t deadline, struct store_reply *out)
 {
+	TRY(conn_error_reply(c, deadline));
 	for (;;) {
 		size_t used;
 		int r;
@@ -418,8 +451,10 @@ static int conn_send_req(struct client_conn *c, const struct store_req *req, uin
 	return r;
 }
 
-static const char *cause_text(int r)
+static const char *cause_text(const struct client_conn *c, int r)
 {
+	if (r == CRUN_ENOSPC && c->full[0])
+		return c->full; /* the server's ERROR (store_ext.h) */
 	switch (r) {
 	case CRUN_ETIMEDOUT:
 		return "timed out";
@@ -591,15 +626,15 @@ static int lost(struct client_conn *c, int r, enum store_op op, const struct sto
 
 	conn_break(c);
 	if (!c->reconnect_ms || !transient(r))
-		return set_err(c, r, name, kp, kl, "%s", cause_text(r));
+		return set_err(c, r, name, kp, kl, "%s", cause_text(c, r));
 	if (!retry_safe[op])
 		return set_err(c, r, name, kp, kl,
 			       "%s with the request in flight; not sent again (not idempotent: "
 			       "it may or may not have been applied)",
-			       cause_text(r));
+			       cause_text(c, r));
 	if (tries >= SEND_TRIES || poll_ms(deadline) == 0)
-		return set_err(c, r, name, kp, kl, "%s (sent %u times)", cause_text(r), tries);
-	(void)snprintf(c->broke, sizeof(c->broke), "%s: %s", name, cause_text(r));
+		return set_err(c, r, name, kp, kl, "%s (sent %u times)", cause_text(c, r), tries);
+	(void)snprintf(c->broke, sizeof(c->broke), "%s: %s", name, cause_text(c, r));
 	c->broke_r = r;
 	return conn_revive(c, name, deadline);
 }
@@ -617,7 +652,7 @@ static int call(struct client_conn *c, const struct store_req *req, uint64_t nit
 		r = conn_send_req(c, req, deadline);
 		if (r == CRUN_ENOMEM || r == CRUN_EDIALECT) /* nothing was sent */
 			return set_err(c, r, name, k ? k->p : NULL, k ? k->len : 0, "%s",
-				       cause_text(r));
+				       cause_text(c, r));
 		if (r == 0 && store_proto_reply_kind(req->op) != STORE_REPLY_NONE)
 			r = conn_read_reply(c, req->op, nitems, deadline, out);
 		if (r == 0)
@@ -650,7 +685,7 @@ static int await_wake(struct client_conn *c, enum store_op op, const struct stor
 	if (r != CRUN_ETIMEDOUT || c->dialect == STORE_V1) {
 		conn_break(c);
 		return set_err(
-		    c, r, name, key ? key->p : NULL, key ? key->len : 0, "%s%s", cause_text(r),
+		    c, r, name, key ? key->p : NULL, key ? key->len : 0, "%s%s", cause_text(c, r),
 		    r == CRUN_ETIMEDOUT ? "; v1 connection closed (no CANCEL_WAIT)" : "");
 	}
 	/* A peer that stopped answering must not hold a caller with a short
@@ -672,7 +707,7 @@ static int await_wake(struct client_conn *c, enum store_op op, const struct stor
 	}
 	conn_break(c);
 	return set_err(c, r, name, key ? key->p : NULL, key ? key->len : 0,
-		       "timed out, and CANCEL_WAIT failed: %s", cause_text(r));
+		       "timed out, and CANCEL_WAIT failed: %s", cause_text(c, r));
 }
 
 /* WAIT on c->kv[0..n): the first half of GET, MULTI_GET and blocking POP.
@@ -977,6 +1012,8 @@ static int ext_rpc_val(struct client_conn *c, const struct store_ext_req *q, uin
 		return r;
 	r = send_all(c, c->wbuf, len, deadline);
 	wbuf_trim(c);
+	if (r == 0 && want)
+		r = conn_error_reply(c, deadline);
 	while (r == 0 && c->rlen - c->rpos < want)
 		r = conn_fill(c, deadline);
 	if (r == 0) {
@@ -1109,7 +1146,7 @@ static int conn_revive(struct client_conn *c, const char *name, uint64_t deadlin
 	if (r < 0) {
 		conn_break(c);
 		return set_err(c, r, name, NULL, 0, "connection lost (%s); reconnecting failed: %s",
-			       why, cause_text(r));
+			       why, cause_text(c, r));
 	}
 	c->broken = false;
 	c->broke[0] = '\0';
@@ -1760,7 +1797,7 @@ static int ext_call_val(struct crun_store *s, const struct store_ext_req *q, uin
 		if (r == 0)
 			return 0;
 		if (!c->broken) /* nothing was sent */
-			return set_err(c, r, name, NULL, 0, "%s", cause_text(r));
+			return set_err(c, r, name, NULL, 0, "%s", cause_text(c, r));
 		if (hello && !c->ext_used && r == CRUN_ECLOSED)
 			/* A version-4 op has an older sequence to fall back to. */
 			return set_err(
@@ -1769,16 +1806,16 @@ static int ext_call_val(struct crun_store *s, const struct store_ext_req *q, uin
 										  : r,
 			    name, NULL, 0, "closed by the server (no crun extension support?)");
 		if (!c->reconnect_ms || !transient(r))
-			return set_err(c, r, name, NULL, 0, "%s", cause_text(r));
+			return set_err(c, r, name, NULL, 0, "%s", cause_text(c, r));
 		if (!again)
 			return set_err(c, r, name, NULL, 0,
 				       "%s with the request in flight; not sent again (a lease may "
 				       "have been granted; it expires on its own)",
-				       cause_text(r));
+				       cause_text(c, r));
 		if (tries >= SEND_TRIES || poll_ms(deadline) == 0)
-			return set_err(c, r, name, NULL, 0, "%s (sent %u times)", cause_text(r),
+			return set_err(c, r, name, NULL, 0, "%s (sent %u times)", cause_text(c, r),
 				       tries);
-		(void)snprintf(c->broke, sizeof(c->broke), "%s: %s", name, cause_text(r));
+		(void)snprintf(c->broke, sizeof(c->broke), "%s: %s", name, cause_text(c, r));
 		c->broke_r = r;
 	}
 }
@@ -2011,8 +2048,11 @@ static int await_any(struct client_conn *c, size_t n, uint64_t deadline, struct 
 {
 	struct store_req cancel = {.op = STORE_OP_CANCEL_WAIT};
 	uint8_t st;
-	int r = read_raw(c, &st, 1, deadline);
+	int r = conn_error_reply(c, deadline);
 	bool woke = false;
+
+	if (r == 0)
+		r = read_raw(c, &st, 1, deadline);
 
 	if (r == 0)
 		return st == STORE_WAIT_STOP_WAITING ? read_any_wake(c, n, deadline, o)

@@ -56,6 +56,7 @@ static void kv_free_queue(struct kv_table *t, struct kv_ent *e)
 		struct kv_item *next = it->next;
 
 		t->value_bytes -= it->len;
+		e->share->used[STORE_B_VALUE_BYTES] -= it->len;
 		free(it);
 		it = next;
 	}
@@ -119,7 +120,8 @@ static void kv_grow(struct kv_table *t)
 	t->mask = n - 1;
 }
 
-int kv_get_or_add(struct kv_table *t, const uint8_t *key, size_t len, struct kv_ent **ret_ent)
+int kv_get_or_add(struct kv_table *t, const uint8_t *key, size_t len, struct store_share *share,
+		  struct kv_ent **ret_ent)
 {
 	uint64_t h = kv_hash(key, len);
 	struct kv_ent *e = t->buckets[h & t->mask];
@@ -138,6 +140,9 @@ int kv_get_or_add(struct kv_table *t, const uint8_t *key, size_t len, struct kv_
 	if (!e)
 		return CRUN_ENOMEM;
 	e->hash = h;
+	e->share = share;
+	share->used[STORE_B_KEYS]++;
+	share->used[STORE_B_KEY_BYTES] += len;
 	e->key_len = (uint32_t)len;
 	if (len)
 		memcpy(e->key, key, len);
@@ -167,6 +172,8 @@ void kv_gc(struct kv_table *t, struct kv_ent *e)
 	}
 	t->n_ents--;
 	t->key_bytes -= e->key_len;
+	e->share->used[STORE_B_KEYS]--;
+	e->share->used[STORE_B_KEY_BYTES] -= e->key_len;
 	free(e->val);
 	free(e);
 }
@@ -193,6 +200,7 @@ int kv_put(struct kv_table *t, struct kv_ent *e, const uint8_t *v, size_t len, b
 		memcpy(e->val + (append ? old : 0), v, len);
 	e->val_len = need;
 	t->value_bytes = t->value_bytes - (e->present ? old : 0) + need;
+	e->share->used[STORE_B_VALUE_BYTES] += need - (e->present ? old : 0);
 	if (!e->present) {
 		e->present = true;
 		t->n_keys++;
@@ -205,6 +213,7 @@ void kv_drop_value(struct kv_table *t, struct kv_ent *e)
 	if (!e->present)
 		return;
 	t->value_bytes -= e->val_len;
+	e->share->used[STORE_B_VALUE_BYTES] -= e->val_len;
 	t->n_keys--;
 	e->present = false;
 	free(e->val);
@@ -229,6 +238,7 @@ int kv_queue_push(struct kv_table *t, struct kv_ent *e, const uint8_t *v, size_t
 	e->q_tail = it;
 	e->q_len++;
 	t->value_bytes += len;
+	e->share->used[STORE_B_VALUE_BYTES] += len;
 	return 0;
 }
 
@@ -243,6 +253,7 @@ struct kv_item *kv_queue_pop(struct kv_table *t, struct kv_ent *e)
 		e->q_tail = NULL;
 	e->q_len--;
 	t->value_bytes -= it->len;
+	e->share->used[STORE_B_VALUE_BYTES] -= it->len;
 	it->next = NULL;
 	return it;
 }

@@ -445,6 +445,7 @@ static int ext_run(struct store_conn *c, const struct store_ext_req *req, uint32
 		if (q.magic != STORE_EXT_MAGIC || q.version < 1)
 			return CRUN_EPROTO;
 		c->ext = true;
+		c->ext_peer = q.version;
 		store_put_u32(b, served);
 		return reply(c, b, 4);
 	}

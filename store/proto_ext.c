@@ -344,3 +344,40 @@ int store_ext_encode_req(const struct store_ext_req *q, uint8_t *buf, size_t cap
 	*ret_len = (size_t)(p - buf);
 	return 0;
 }
+
+/* ---- ERROR (version 6) ---------------------------------------------------------- */
+
+int store_ext_error_encode(const char *text, size_t len, uint8_t *buf, size_t cap, size_t *ret_len)
+{
+	len = MIN(len, (size_t)STORE_EXT_ERROR_TEXT_MAX);
+	if (cap < STORE_EXT_ERROR_HEAD + len)
+		return CRUN_ENOSPC;
+	memcpy(buf, STORE_EXT_ERROR_MAGIC, 8);
+	store_put_u32(buf + 8, (uint32_t)len);
+	if (len)
+		memcpy(buf + STORE_EXT_ERROR_HEAD, text, len);
+	*ret_len = STORE_EXT_ERROR_HEAD + len;
+	return 0;
+}
+
+int store_ext_error_decode(const uint8_t *buf, size_t len, const char **ret_text,
+			   size_t *ret_text_len, size_t *used)
+{
+	uint32_t n;
+
+	/* A prefix of the magic may be the start of a reply too: only the
+	 * whole magic tells (store_ext.h). */
+	if (memcmp(buf, STORE_EXT_ERROR_MAGIC, MIN(len, (size_t)8)) != 0)
+		return CRUN_EPROTO;
+	if (len < STORE_EXT_ERROR_HEAD)
+		return CRUN_EAGAIN;
+	n = store_get_u32(buf + 8);
+	if (n > STORE_EXT_ERROR_TEXT_MAX)
+		return CRUN_EPROTO;
+	if (len < STORE_EXT_ERROR_HEAD + n)
+		return CRUN_EAGAIN;
+	*ret_text = (const char *)buf + STORE_EXT_ERROR_HEAD;
+	*ret_text_len = n;
+	*used = STORE_EXT_ERROR_HEAD + n;
+	return 0;
+}

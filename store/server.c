@@ -210,6 +210,47 @@ static enum store_metric op_failure(struct store_conn *c, int r)
 	return r == CRUN_ETOOBIG ? STORE_M_DROP_REQUEST_LIMIT : STORE_M_DROP_OP_FAILED;
 }
 
+/* ERROR (store_ext.h, version 6) with text, to a crun client that takes it
+ * (HELLO 6 or more, not muxed), written out now, behind the replies still
+ * queued, because c closes next. Plaintext only: under TLS the bytes must
+ * go through the record layer, which a closing connection does not wait
+ * for. Best effort: what the socket cannot take at once is dropped. */
+static void send_error(struct store_conn *c, const char *text)
+{
+	struct evbuffer *out = store_conn_out(c);
+	uint8_t frame[STORE_EXT_ERROR_HEAD + STORE_EXT_ERROR_TEXT_MAX];
+	evutil_socket_t fd = bufferevent_getfd(c->bev);
+	size_t len;
+
+	if (!c->ext || c->mux || c->ext_peer < STORE_EXT_VERSION_ERROR || c->srv->cfg.tls ||
+	    fd < 0 ||
+	    (c->srv->cfg.ext_version && c->srv->cfg.ext_version < STORE_EXT_VERSION_ERROR))
+		return;
+	if (store_ext_error_encode(text, strlen(text), frame, sizeof(frame), &len) < 0 ||
+	    evbuffer_add(out, frame, len) < 0)
+		return;
+	/* As store_conn_flush: the socket bufferevent froze its output's start. */
+	evbuffer_unfreeze(out, 1);
+	for (int i = 0; i < 4 && evbuffer_get_length(out); i++)
+		if (evbuffer_write(out, fd) <= 0)
+			break;
+	evbuffer_freeze(out, 1);
+}
+
+/* Closes c after its op `op` failed with r: a refusal by a share names the
+ * job and the budget ("store full: job 'J' used 64 MiB of its 64 MiB key
+ * bytes"), the rest the op. The torch protocol has no error reply, so the
+ * close and this line are all a client and an operator get. */
+static void conn_drop_op(struct store_conn *c, int r, const char *op)
+{
+	char text[STORE_AUTH_JOB_MAX + 160];
+
+	store_share_refusal_text(c, text, sizeof(text));
+	if (text[0])
+		send_error(c, text);
+	conn_drop(c, op_failure(c, r), text[0] ? text : op);
+}
+
 /* ---- output ------------------------------------------------------------------ */
 
 /* Replies are written straight from the callback that made them: one
@@ -474,14 +515,17 @@ static bool conn_ext(struct store_conn *c, const uint8_t *p, size_t len, size_t 
 		return false;
 	}
 	c->why = 0;
+	c->ref_share = NULL;
 	r = store_ext_process(c, p, len, used);
 	if (r == CRUN_EAGAIN) {
 		*used = 0;
 		return conn_partial(c, len);
 	}
 	if (r < 0) {
-		conn_drop(c, r == CRUN_EPROTO ? STORE_M_DROP_MALFORMED : op_failure(c, r),
-			  store_ext_op_name(p[0]));
+		if (r == CRUN_EPROTO)
+			conn_drop(c, STORE_M_DROP_MALFORMED, store_ext_op_name(p[0]));
+		else
+			conn_drop_op(c, r, store_ext_op_name(p[0]));
 		return false;
 	}
 	return true;
@@ -595,11 +639,12 @@ static bool conn_process(struct store_conn *c)
 			return false;
 		}
 		c->why = 0;
+		c->ref_share = NULL;
 		r = store_conn_dispatch(c, &q);
 		evbuffer_drain(in, used);
 		c->dec = (struct store_dec_state){0};
 		if (r < 0) {
-			conn_drop(c, op_failure(c, r), store_proto_op_name(q.op));
+			conn_drop_op(c, r, store_proto_op_name(q.op));
 			return false;
 		}
 	}
@@ -1074,6 +1119,16 @@ static const struct store_server_limit limit_rows[] = {
     {"max-preauth-per-addr", "count",
      "with TLS or a secret: connections not authenticated yet from one source address", 1,
      UINT32_MAX, NULL, CFG_FIELD(max_preauth_per_addr)},
+    {"job-share", "percent",
+     "one job (run id) may hold this much of each of max-keys, max-total-key-bytes, "
+     "max-total-value-bytes and max-waiters",
+     1, 100, NULL, CFG_FIELD(job_share_pct)},
+    {"conn-share", "percent", "one connection may add this much of each of those budgets", 1, 100,
+     NULL, CFG_FIELD(conn_share_pct)},
+    {"reserve", "percent",
+     "the last part of each of those budgets that only crun's rendezvous keys (/crun-c10d/) may "
+     "use",
+     0, 99, "off", CFG_FIELD(reserve_pct)},
 };
 
 const struct store_server_limit *store_server_limits(size_t *ret_n)
@@ -1192,7 +1247,7 @@ static void cfg_fill(struct store_server_config *dst, const struct store_server_
 	/* 0 means "the default" for every size and count, and for the times
 	 * that cannot be off; for the others (zero "off") it means off. */
 	for (size_t i = 0; i < ARRAY_SIZE(limit_rows); i++)
-		if ((strcmp(limit_rows[i].unit, "seconds") || !limit_rows[i].zero) &&
+		if (!(limit_rows[i].zero && !strcmp(limit_rows[i].zero, "off")) &&
 		    !store_server_limit_get(dst, i))
 			limit_put(dst, i, store_server_limit_get(&def, i));
 	if (!dst->max_conns)
@@ -1224,6 +1279,9 @@ int store_server_new(struct event_base *base, const struct store_server_config *
 	DL_INIT(&srv->stalled);
 	DL_INIT(&srv->preauth);
 	store_preauth_set_timeout(srv);
+	r = store_share_init(srv);
+	if (r < 0)
+		goto fail;
 	r = kv_init(&srv->kv, srv->cfg.max_keys, srv->cfg.max_total_key_bytes);
 	if (r < 0)
 		goto fail;
@@ -1281,6 +1339,7 @@ void store_server_free(struct store_server *srv)
 		close(srv->reserve_fd);
 	if (srv->kv_ready)
 		kv_release(&srv->kv);
+	store_share_release(srv); /* after the entries that point at them */
 	free(srv->allow);
 	free(srv);
 }

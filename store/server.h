@@ -78,6 +78,16 @@ struct store_server_config {
 	uint32_t preauth_timeout_s;
 	uint32_t max_preauth_conns;
 	uint32_t max_preauth_per_addr;
+	/* Appended for issue 26 (fairness). Each global budget of the key
+	 * space (max_keys, max_total_key_bytes, max_total_value_bytes,
+	 * max_waiters) is shared: one job (run id, see share.c) may hold at
+	 * most job_share_pct percent of it and one connection may add at most
+	 * conn_share_pct percent, so a flooder is refused before it locks the
+	 * other jobs out. The last reserve_pct percent of each budget only
+	 * crun's own rendezvous keys (under STORE_AUTH_JOB_ROOT) may use. */
+	uint32_t job_share_pct;
+	uint32_t conn_share_pct;
+	uint32_t reserve_pct;
 };
 
 #define STORE_SERVER_CONFIG_DEFAULT                                                                \
@@ -89,7 +99,8 @@ struct store_server_config {
 		.max_total_input_bytes = 512u * 1024 * 1024, .max_conn_output_bytes = 1024 * 1024, \
 		.max_total_output_bytes = 512u * 1024 * 1024, .keepalive_s = 30,                   \
 		.stall_timeout_s = 60, .idle_timeout_s = 0, .preauth_timeout_s = 10,               \
-		.max_preauth_conns = 128, .max_preauth_per_addr = 16,                              \
+		.max_preauth_conns = 128, .max_preauth_per_addr = 16, .job_share_pct = 50,         \
+		.conn_share_pct = 25, .reserve_pct = 5,                                            \
 	}
 
 /* One tunable of struct store_server_config, for flag parsers and help
@@ -246,5 +257,49 @@ const char *store_metric_name(enum store_metric m);
 const char *store_metric_help(enum store_metric m);
 /* The counter's value since the server started. */
 uint64_t store_server_metric(const struct store_server *srv, enum store_metric m);
+
+/* ---- shares (issue 26): who holds what, and who was refused ---- */
+
+/* The budgets a job's and a connection's share apply to, one table:
+ * X(ID, name). */
+#define STORE_BUDGET_MAP(X)           \
+	X(KEYS, "keys")               \
+	X(KEY_BYTES, "key_bytes")     \
+	X(VALUE_BYTES, "value_bytes") \
+	X(WAITERS, "waiters")
+
+enum store_budget {
+#define STORE_B_X_(id, name) STORE_B_##id,
+	STORE_BUDGET_MAP(STORE_B_X_)
+#undef STORE_B_X_
+	    STORE_B__MAX,
+};
+
+/* "keys"...; static text, "?" out of range. */
+const char *store_budget_name(enum store_budget b);
+
+/* What one job holds. A job is a run id: the J of a key under
+ * STORE_AUTH_JOB_ROOT "J/", else the run id an authenticated client named,
+ * else "" (keys of no known job, e.g. a worker store's, share one entry).
+ * At most STORE_SHARE_MAX_JOBS jobs are told apart; keys of further jobs
+ * count under STORE_SHARE_OTHER, so the metric's cardinality is bounded. */
+#define STORE_SHARE_MAX_JOBS 256
+#define STORE_SHARE_OTHER    "~other"
+struct store_share_info {
+	const char *job;		/* valid during the callback only */
+	uint64_t used[STORE_B__MAX];	/* entries, key bytes, value bytes, registrations */
+	uint64_t limit[STORE_B__MAX];	/* the job's share of each global budget */
+	uint64_t refused[STORE_B__MAX]; /* writes of this job refused, by budget */
+};
+/* Calls fn for every job that holds something or was refused, in no order;
+ * fn must not touch the server. O(jobs). */
+void store_server_each_share(const struct store_server *srv,
+			     void (*fn)(const struct store_share_info *si, void *arg), void *arg);
+/* Deletes every key, value and queue of job `job` ("" for keys of no known
+ * job), as DELETE_KEY would (watchers told, waiters stay registered): an
+ * operator's way out after a flood (crunctl drop). Sets *ret_keys to the
+ * keys deleted (may be NULL). 0, or CRUN_ENOTFOUND for a job that holds
+ * nothing. Loop thread only. */
+int store_server_drop_job(struct store_server *srv, const char *job, uint64_t *ret_keys);
 
 #endif /* CRUN_STORE_SERVER_H */

@@ -126,6 +126,11 @@ bool store_conn_key_visible(const struct store_conn *c, const uint8_t *key, size
 	return !c->auth || store_auth_key_allowed(&c->auth->grant, key, len);
 }
 
+const char *store_conn_job(const struct store_conn *c)
+{
+	return c->auth && c->auth->done && c->auth->grant.job[0] ? c->auth->grant.job : NULL;
+}
+
 bool store_conn_scoped(const struct store_conn *c)
 {
 	return c->auth && c->auth->grant.scoped;

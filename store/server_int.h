@@ -29,8 +29,20 @@ struct kv_item {
 	uint8_t data[];
 };
 
+/* One job's part of the key space (share.c). Owned by the server's share
+ * list; entries point at it (borrowed) for as long as they exist. */
+struct store_share {
+	struct store_share *next;
+	uint64_t used[STORE_B__MAX];
+	uint64_t refused[STORE_B__MAX];
+	size_t job_len;
+	char job[]; /* NUL-terminated */
+};
+
 struct kv_ent {
-	struct kv_ent *next; /* hash chain */
+	struct kv_ent *next;	   /* hash chain */
+	struct store_share *share; /* whose budget the entry counts in (borrowed) */
+	bool rdzv;		   /* a crun rendezvous key: may use the reserve */
 	uint64_t hash;
 	uint8_t *val; /* owned; NULL while val_cap is 0 */
 	size_t val_len;
@@ -79,9 +91,11 @@ int kv_init(struct kv_table *t, size_t max_ents, size_t max_key_bytes);
 void kv_release(struct kv_table *t);
 /* The entry for key, or NULL. */
 struct kv_ent *kv_find(const struct kv_table *t, const uint8_t *key, size_t len);
-/* The entry for key, created empty if needed. 0, CRUN_ENOMEM, or
- * CRUN_ETOOBIG when creating it would go over max_ents or max_key_bytes. */
-int kv_get_or_add(struct kv_table *t, const uint8_t *key, size_t len, struct kv_ent **ret_ent);
+/* The entry for key, created empty if needed and counted in `share`
+ * (borrowed; must outlive the entry). 0, CRUN_ENOMEM, or CRUN_ETOOBIG when
+ * creating it would go over max_ents or max_key_bytes. */
+int kv_get_or_add(struct kv_table *t, const uint8_t *key, size_t len, struct store_share *share,
+		  struct kv_ent **ret_ent);
 /* Frees `e` if it holds nothing any more (no value, queue or registration). */
 void kv_gc(struct kv_table *t, struct kv_ent *e);
 /* Replaces (append = false) or extends the value; marks the key present.
@@ -132,6 +146,11 @@ struct store_server {
 	size_t stall_min;	    /* smallest reply a stalled connection waits to send */
 	uint64_t metrics[STORE_M__MAX];
 	struct lograte lr;
+	/* share.c: every job's share, most recently used first; `other` takes
+	 * the keys of jobs past STORE_SHARE_MAX_JOBS. */
+	struct store_share *shares;
+	struct store_share *share_other;
+	uint32_t n_shares;
 	struct in6_addr *allow; /* allow.c: allowed peers (v4 as v4-mapped) */
 	size_t n_allow;
 	bool allow_on; /* false: any peer */
@@ -155,9 +174,14 @@ struct store_conn {
 	uint64_t rx_seen, tx_seen;		  /* the totals at the last sweep */
 	uint32_t stall_s, idle_s;		  /* seconds without progress, by the sweep */
 	uint64_t pending;			  /* keys this connection still waits for */
-	uint32_t n_regs;	 /* waits + watches + leases, at most limits.max_items */
-	uint8_t dialect;	 /* 0 until sniffed, then enum store_dialect */
-	uint8_t why;		 /* enum store_metric of a refusal an op reported */
+	uint32_t n_regs; /* waits + watches + leases, at most limits.max_items */
+	uint8_t dialect; /* 0 until sniffed, then enum store_dialect */
+	uint8_t why;	 /* enum store_metric of a refusal an op reported */
+	/* share.c: what this connection added to the key space, net of what it
+	 * deleted (floored at 0), by budget; and its last refusal, for the log. */
+	uint64_t added[STORE_B__MAX];
+	struct store_share *ref_share; /* borrowed; valid until c's op returns */
+	uint8_t ref_kind, ref_budget;
 	bool parked;		 /* v2 WAIT/BARRIER outstanding: input stays buffered */
 	bool any;		 /* the outstanding wait is a WAIT_ANY (store_ext.h) */
 	bool any_get;		 /* ...a WAIT_ANY_GET: the wake carries the value */
@@ -175,6 +199,7 @@ struct store_conn {
 	bool peer_eof;		 /* closing because the peer closed in order (FIN), not reset */
 	struct dl leases;	 /* struct store_lease.conn_link (lease.c) */
 	bool mux;		 /* sent MUX: framed output, tagged waits (store_ext.h) */
+	uint32_t ext_peer;	 /* the version its HELLO named (ERROR from 6 on) */
 	bool mux_hold;		 /* an op runs: its own WAKE frames wait in `fired` */
 	uint32_t n_twaits;	 /* tagged waits pending or held */
 	struct dl twaits;	 /* struct store_twait.link; set up by MUX */
@@ -224,6 +249,33 @@ void store_conn_unregister(struct store_conn *c);
  * negative code (CRUN_ENOMEM, CRUN_ETOOBIG over the value budget). */
 int store_server_set_key(struct store_server *srv, const struct store_bytes *k,
 			 const struct store_bytes *v);
+
+/* ---- share.c: one job or one connection cannot take a whole budget ---- */
+
+/* The share that key `key` counts in when c (NULL: the server) creates it:
+ * its job's (see store_share_info), created on first use. Never NULL: with
+ * the table full or no memory it is share_other. *ret_rdzv tells whether the
+ * key is one of crun's rendezvous keys (under STORE_AUTH_JOB_ROOT). */
+struct store_share *store_share_for_key(struct store_server *srv, const struct store_conn *c,
+					const uint8_t *key, size_t len, bool *ret_rdzv);
+/* Whether c (NULL: the server's own write, which may use the reserve) may
+ * add d[b] of each budget b to share s: the global budget (less the reserve
+ * unless rdzv), s's job share and c's connection share. 0, or CRUN_ETOOBIG
+ * after counting the refusal for s and recording it in c (why, ref_*). */
+int store_share_admit(struct store_server *srv, struct store_conn *c, struct store_share *s,
+		      bool rdzv, const uint64_t d[STORE_B__MAX]);
+/* Connection c's own count of budget b moves by delta (a write or a delete
+ * it made); never below 0. NULL c: nothing. */
+void store_share_note(struct store_conn *c, enum store_budget b, int64_t delta);
+/* Writes c's last refusal as a sentence into buf ("store full: job 'J' used
+ * 64 MiB of its 64 MiB key bytes"); "" when there was none. */
+void store_share_refusal_text(const struct store_conn *c, char *buf, size_t cap);
+/* Makes share_other, so store_share_for_key never fails. 0 or CRUN_ENOMEM. */
+int store_share_init(struct store_server *srv);
+/* Frees every share (the key space must be released first). */
+void store_share_release(struct store_server *srv);
+/* The run id an authenticated client named, or NULL (server_auth.c). */
+const char *store_conn_job(const struct store_conn *c);
 
 /* allow.c: sa's address as IPv6 (IPv4 v4-mapped), one form to compare. */
 void store_addr_v6(const struct sockaddr *sa, struct in6_addr *ret);

@@ -25,6 +25,7 @@ static void reg_unlink(struct store_server *srv, struct kv_reg *reg, bool is_wai
 {
 	dl_del(&reg->key_link);
 	dl_del(&reg->conn_link);
+	reg->ent->share->used[STORE_B_WAITERS]--;
 	reg->conn->n_regs--;
 	srv->n_regs--;
 	if (is_wait)
@@ -50,17 +51,31 @@ static int refuse(struct store_server *srv, struct store_conn *c, enum store_met
 	return CRUN_ETOOBIG;
 }
 
-/* kv_get_or_add, with a refusal counted under the budget that was full. */
+/* kv_get_or_add, where a new key must fit its job's and c's shares (NULL
+ * c: the server's own key); a refusal counts under the budget that was full. */
 static int ent_get(struct store_server *srv, struct store_conn *c, const struct store_bytes *k,
 		   struct kv_ent **ret)
 {
 	struct kv_table *t = &srv->kv;
-	int r = kv_get_or_add(t, k->p, k->len, ret);
+	struct store_share *share;
+	bool rdzv;
+	int r;
 
+	*ret = kv_find(t, k->p, k->len);
+	if (*ret)
+		return 0;
+	share = store_share_for_key(srv, c, k->p, k->len, &rdzv);
+	TRY(store_share_admit(srv, c, share, rdzv, (uint64_t[STORE_B__MAX]){1, k->len, 0, 0}));
+	r = kv_get_or_add(t, k->p, k->len, share, ret);
 	if (r == CRUN_ETOOBIG)
 		return refuse(
 		    srv, c, t->n_ents >= t->max_ents ? STORE_M_DROP_KEYS : STORE_M_DROP_KEY_BYTES);
-	return r;
+	if (r < 0)
+		return r;
+	(*ret)->rdzv = rdzv;
+	store_share_note(c, STORE_B_KEYS, 1);
+	store_share_note(c, STORE_B_KEY_BYTES, (int64_t)k->len);
+	return 0;
 }
 
 static void conn_drop_waits(struct store_conn *c)
@@ -321,10 +336,13 @@ static int reg_budget(struct store_conn *c, uint64_t n)
 
 static int reg_add(struct store_conn *c, struct kv_ent *e, bool is_wait)
 {
-	struct kv_reg *reg = malloc(sizeof(*reg));
+	struct kv_reg *reg;
 
+	TRY(store_share_admit(c->srv, c, e->share, e->rdzv, (uint64_t[STORE_B__MAX]){0, 0, 0, 1}));
+	reg = malloc(sizeof(*reg));
 	if (!reg)
 		return CRUN_ENOMEM;
+	e->share->used[STORE_B_WAITERS]++;
 	reg->conn = c;
 	reg->ent = e;
 	reg->idx = 0;
@@ -392,14 +410,16 @@ static int put_value(struct store_server *srv, struct store_conn *c, struct kv_e
 		     const uint8_t *v, size_t len, bool append)
 {
 	size_t old_len = e->present ? e->val_len : 0;
-	size_t after = srv->kv.value_bytes - (append ? 0 : old_len) + len;
+	int64_t grow = append ? (int64_t)len : (int64_t)len - (int64_t)old_len;
 	bool created = !e->present;
 	uint8_t *old = NULL;
 	int r;
 
-	if (after > srv->cfg.max_total_value_bytes) {
-		r = refuse(srv, c, STORE_M_DROP_VALUE_BYTES);
-		goto fail;
+	if (grow > 0) {
+		r = store_share_admit(srv, c, e->share, e->rdzv,
+				      (uint64_t[STORE_B__MAX]){0, 0, (uint64_t)grow, 0});
+		if (r < 0)
+			goto fail;
 	}
 	if (!DL_EMPTY(&e->watchers) && old_len) {
 		old = mem_dup(e->val, old_len);
@@ -411,6 +431,7 @@ static int put_value(struct store_server *srv, struct store_conn *c, struct kv_e
 	r = kv_put(&srv->kv, e, v, len, append);
 	if (r < 0)
 		goto fail;
+	store_share_note(c, STORE_B_VALUE_BYTES, grow);
 	if (!DL_EMPTY(&e->watchers))
 		notify_watchers(srv, e, created ? STORE_WATCH_CREATED : STORE_WATCH_UPDATED, old,
 				old ? old_len : 0, e->val, e->val_len);
@@ -774,6 +795,15 @@ int store_conn_ext_kv(struct store_conn *c, const struct store_ext_req *q)
 	return e && e->present ? reply_bytes(c, e->val, e->val_len) : reply_bytes(c, NULL, 0);
 }
 
+/* Deletes e's value, as DELETE_KEY does; e may be freed. */
+static void del_value(struct store_server *srv, struct kv_ent *e)
+{
+	if (!DL_EMPTY(&e->watchers))
+		notify_watchers(srv, e, STORE_WATCH_DELETED, e->val, e->val_len, NULL, 0);
+	kv_drop_value(&srv->kv, e);
+	kv_gc(&srv->kv, e);
+}
+
 static int op_delete(struct store_conn *c, const struct store_req *q)
 {
 	struct store_server *srv = c->srv;
@@ -781,10 +811,13 @@ static int op_delete(struct store_conn *c, const struct store_req *q)
 
 	if (!e || !e->present)
 		return reply_i64(c, 0);
-	if (!DL_EMPTY(&e->watchers))
-		notify_watchers(srv, e, STORE_WATCH_DELETED, e->val, e->val_len, NULL, 0);
-	kv_drop_value(&srv->kv, e);
-	kv_gc(&srv->kv, e);
+	/* What c deletes it may add again (a round's keys come and go). */
+	store_share_note(c, STORE_B_VALUE_BYTES, -(int64_t)e->val_len);
+	if (!e->q_len && DL_EMPTY(&e->waiters) && DL_EMPTY(&e->watchers)) {
+		store_share_note(c, STORE_B_KEYS, -1);
+		store_share_note(c, STORE_B_KEY_BYTES, -(int64_t)e->key_len);
+	}
+	del_value(srv, e);
 	return reply_i64(c, 1);
 }
 
@@ -860,10 +893,18 @@ static int op_queue_push(struct store_conn *c, const struct store_req *q)
 	struct store_server *srv = c->srv;
 	struct kv_ent *e;
 
-	if (srv->kv.value_bytes + q->val.len > srv->cfg.max_total_value_bytes)
-		return store_conn_refuse(c, STORE_M_DROP_VALUE_BYTES);
+	int r;
+
 	TRY(ent_get(c->srv, c, &q->key, &e));
-	TRY(kv_queue_push(&srv->kv, e, q->val.p, q->val.len));
+	r = store_share_admit(srv, c, e->share, e->rdzv,
+			      (uint64_t[STORE_B__MAX]){0, 0, q->val.len, 0});
+	if (r == 0)
+		r = kv_queue_push(&srv->kv, e, q->val.p, q->val.len);
+	if (r < 0) {
+		kv_gc(&srv->kv, e);
+		return r;
+	}
+	store_share_note(c, STORE_B_VALUE_BYTES, (int64_t)q->val.len);
 	wake_one(srv, e);
 	return 0;
 }
@@ -879,6 +920,7 @@ static int op_queue_pop(struct store_conn *c, const struct store_req *q)
 		return reply_i64(c, 0);
 	TRY(reply_i64(c, (int64_t)e->q_len));
 	item = kv_queue_pop(&srv->kv, e);
+	store_share_note(c, STORE_B_VALUE_BYTES, -(int64_t)item->len);
 	r = reply_bytes(c, item->data, item->len);
 	free(item);
 	kv_gc(&srv->kv, e);
@@ -1053,4 +1095,40 @@ int store_conn_dispatch(struct store_conn *c, const struct store_req *q)
 	r = dispatch_op(c, q);
 	store_conn_mux_end(c);
 	return r;
+}
+
+/* ---- an operator's drop of one job's keys (server.h) ---- */
+
+struct drop_ctx {
+	struct store_server *srv;
+	const char *job;
+	size_t job_len;
+	uint64_t n;
+};
+
+static void drop_one(struct kv_ent *e, void *arg)
+{
+	struct drop_ctx *dc = arg;
+	struct kv_item *it;
+
+	if (e->share->job_len != dc->job_len || memcmp(e->share->job, dc->job, dc->job_len))
+		return;
+	if (e->present || e->q_len)
+		dc->n++;
+	while ((it = kv_queue_pop(&dc->srv->kv, e)))
+		free(it);
+	if (e->present)
+		del_value(dc->srv, e); /* frees e unless someone waits on it */
+	else
+		kv_gc(&dc->srv->kv, e);
+}
+
+int store_server_drop_job(struct store_server *srv, const char *job, uint64_t *ret_keys)
+{
+	struct drop_ctx dc = {.srv = srv, .job = job, .job_len = strlen(job)};
+
+	kv_foreach(&srv->kv, drop_one, &dc);
+	if (ret_keys)
+		*ret_keys = dc.n;
+	return dc.n ? 0 : CRUN_ENOTFOUND;
 }

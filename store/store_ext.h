@@ -34,6 +34,9 @@
  *   0x91  WAIT_TAG         u64 tag, u64 n, n x bytes key         later: frame WAKE tag
  *   0x92  WAIT_TAG_CANCEL  u64 tag                               none   (0x8b, 0x90..0x92:
  *                                                                version 5)
+ *   (reply) ERROR          -                                     8 bytes "\xee" "CRUNERR",
+ *                                                                u32 n, n bytes of text
+ *                                                                (version 6)
  *
  * status: 0 ok, 1 no such lease (ended, or held by another connection).
  * HELLO answers the server's version; a client sends LEASE_ATTACH only to a
@@ -87,6 +90,19 @@
  * A rendezvous member sleeps on its round's closed key and gets, with the
  * wake, its own assignment (written before the closed key): one request
  * fewer per member at the end of every round, when all of them wake at once.
+ *
+ * Version 6 adds the ERROR reply (issue 26): a server refuses a write
+ * because a budget, or the job's or the connection's share of one, is full
+ * ("store full: job 'J' used 64 MiB of its 64 MiB key_bytes", at most
+ * STORE_EXT_ERROR_TEXT_MAX bytes). To a client whose HELLO named version 6
+ * or more, on a connection that is not muxed, it sends ERROR where the
+ * refused request's reply would be (after a request without a reply, SET:
+ * where the next reply would be), then closes; a PyTorch client, or an
+ * older crun, is closed without it, as before. No reply of any op can be
+ * taken for it: a one-byte status or wait reply is never 0xee, and an
+ * eight-byte count or length is never the magic's value (above any limit).
+ * The client fails the call with CRUN_ENOSPC and the text as last_error,
+ * and does not send it again.
  *
  * WAIT_ANY is WAIT with "any" for "all": the reply (STOP_WAITING, then the
  * index in the request of a key that exists) goes out as soon as one of the
@@ -150,6 +166,7 @@
 #define STORE_EXT_VERSION_FOLD	 4u /* first with TRY_GET WAIT_ANY_GET TICKET GRANT_SET */
 #define STORE_EXT_VERSION_MUX	 5u /* first with MUX WAIT_TAG WAIT_TAG_CANCEL */
 #define STORE_EXT_VERSION_WITH	 5u /* first with WAIT_ANY_GET_WITH */
+#define STORE_EXT_VERSION_ERROR	 6u /* first whose clients take ERROR replies */
 
 /* Which fields of a request (struct store_ext_req below) name keys. The
  * server checks each of them against a job-scoped client's run id
@@ -195,7 +212,7 @@ enum { STORE_EXT_FRAME_REPLY = 0, STORE_EXT_FRAME_WAKE = 1 };
 #define STORE_EXT_MUX_MAX_WAITS 4096u
 
 #define STORE_EXT_MAGIC	  0x4352554eu
-#define STORE_EXT_VERSION 5u
+#define STORE_EXT_VERSION 6u
 #define STORE_EXT_TTL_MAX (3600u * 1000)
 
 enum { STORE_EXT_OK = 0, STORE_EXT_NO_LEASE = 1 };
@@ -233,6 +250,21 @@ int store_ext_encode_req(const struct store_ext_req *req, uint8_t *buf, size_t c
  * on a prefix, CRUN_EPROTO for an unknown kind. Pure. */
 int store_ext_frame_decode(const uint8_t *buf, size_t len, uint8_t *ret_kind, uint64_t *ret_tag,
 			   size_t *used);
+/* The ERROR reply (version 6, above): its magic and the longest text. */
+#define STORE_EXT_ERROR_MAGIC \
+	"\xee"                \
+	"CRUNERR"
+#define STORE_EXT_ERROR_HEAD	 12u /* the magic, u32 length */
+#define STORE_EXT_ERROR_TEXT_MAX 512u
+/* Writes ERROR with text (len bytes, at most STORE_EXT_ERROR_TEXT_MAX; longer
+ * is cut) into buf: 0 with *ret_len, or CRUN_ENOSPC when cap is too small. */
+int store_ext_error_encode(const char *text, size_t len, uint8_t *buf, size_t cap, size_t *ret_len);
+/* Whether buf starts an ERROR reply: 0 with the text (pointing into buf) and
+ * *used, CRUN_EAGAIN on a prefix of one (buf[0] is 0xee and what is there
+ * matches), CRUN_EPROTO for anything else (a reply, or a text over
+ * STORE_EXT_ERROR_TEXT_MAX). Pure. */
+int store_ext_error_decode(const uint8_t *buf, size_t len, const char **ret_text,
+			   size_t *ret_text_len, size_t *used);
 /* Writes a WAKE frame of tag to buf[0..STORE_EXT_FRAME_WAKE_LEN). */
 void store_ext_frame_wake(uint8_t *buf, uint64_t tag);
 /* Size of the reply to op (4, 8, 9 or 1), 0 for an op without a reply in

@@ -2,13 +2,15 @@
  * Arbitrary bytes go through sniffing and pipelined request decoding in both
  * dialects and through the reply decoder of every op; every frame the decoder
  * accepts must re-encode to exactly the bytes it consumed, and every strict
- * prefix of it must ask for more. Build: make fuzz; run:
+ * prefix of it must ask for more; the same for crun's ERROR reply
+ * (store_ext.h). Build: make fuzz; run:
  *   ./build-fuzz/fuzz_proto -max_total_time=30 tests/fuzz/seeds
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "store/store.h"
+#include "store/store_ext.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -120,6 +122,22 @@ static void decode_replies(const struct store_limits *lim, const uint8_t *buf, s
 	}
 }
 
+/* The ERROR reply (store_ext.h, version 6): what it accepts re-encodes to
+ * the bytes it consumed, and every strict prefix of that asks for more. */
+static void decode_error(const uint8_t *data, size_t size)
+{
+	const char *text;
+	size_t n, used, len;
+
+	if (!size || store_ext_error_decode(data, size, &text, &n, &used) != 0)
+		return;
+	check_ok(n <= STORE_EXT_ERROR_TEXT_MAX && used == STORE_EXT_ERROR_HEAD + n);
+	check_ok(store_ext_error_encode(text, n, out, sizeof(out), &len) == 0 && len == used &&
+		 memcmp(out, data, used) == 0);
+	for (size_t i = 1; i < used; i++)
+		check_ok(store_ext_error_decode(data, i, &text, &n, &len) == CRUN_EAGAIN);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	const struct store_limits *lim;
@@ -143,5 +161,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	decode_stream(STORE_V1, lim, data, size);
 	decode_stream(STORE_V2, lim, data, size);
 	decode_replies(lim, data, size);
+	decode_error(data, size);
 	return 0;
 }

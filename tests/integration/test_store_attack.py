@@ -54,6 +54,9 @@ class Daemon:
                               *flags], preexec_fn=pre)
         m = wait_line(self.p.stdout, r"crun-rdzvd listening on (\S+):(\d+)", 10)
         self.port = int(m.group(2))
+        self.status_addr = None
+        if "--status" in flags:  # printed after the listening line
+            self.status_addr = wait_line(self.p.stdout, r"status on http://(\S+)/status", 10)[1]
         self.err = b""
         self._drain = threading.Thread(target=self._read_err, daemon=True)
         self._drain.start()

@@ -43,12 +43,8 @@ static void *loop_main(void *arg)
 	return NULL;
 }
 
-/* A server of extension version v (0: the newest). */
-static void srv_start_version(uint32_t v)
+static void srv_start_cfg(struct store_server_config c)
 {
-	struct store_server_config c = STORE_SERVER_CONFIG_DEFAULT;
-
-	c.ext_version = v;
 	log_init("test_store_lease", LL_WARN);
 	signal(SIGPIPE, SIG_IGN);
 	ck_assert_int_eq(evthread_use_pthreads(), 0);
@@ -58,6 +54,15 @@ static void srv_start_version(uint32_t v)
 	ck_assert_int_eq(store_server_new(g_base, &c, &g_srv), 0);
 	g_port = store_server_port(g_srv);
 	ck_assert_int_eq(pthread_create(&g_thread, NULL, loop_main, NULL), 0);
+}
+
+/* A server of extension version v (0: the newest). */
+static void srv_start_version(uint32_t v)
+{
+	struct store_server_config c = STORE_SERVER_CONFIG_DEFAULT;
+
+	c.ext_version = v;
+	srv_start_cfg(c);
 }
 
 static void srv_start(void)
@@ -407,7 +412,7 @@ START_TEST(codec_wait_any_get_with)
 	ck_assert_mem_eq(d.key2.p, "/r1/a/7", 7);
 	ck_assert_uint_eq(store_ext_reply_size(STORE_EXT_WAIT_ANY_GET_WITH), 17);
 	ck_assert_uint_eq(store_ext_op_version(STORE_EXT_WAIT_ANY_GET_WITH), 5);
-	ck_assert_uint_eq(STORE_EXT_VERSION, 5);
+	ck_assert_uint_eq(STORE_EXT_VERSION, 6);
 	ck_assert(store_ext_is_op(0x8b));
 	ck_assert(!store_ext_is_op(0x8c));
 	ck_assert_str_eq(store_ext_op_name(0x8b), "WAIT_ANY_GET_WITH");
@@ -535,7 +540,8 @@ static void raw_ext(int fd, const struct store_ext_req *q, uint8_t *rep)
 static int raw_hello(uint32_t version, uint32_t *ret_served)
 {
 	struct sockaddr_in sa = {.sin_family = AF_INET};
-	struct store_ext_req q = {.op = STORE_EXT_HELLO, .magic = STORE_EXT_MAGIC, .version = version};
+	struct store_ext_req q = {
+	    .op = STORE_EXT_HELLO, .magic = STORE_EXT_MAGIC, .version = version};
 	uint8_t v[5] = {0}, rep[4];
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
@@ -941,8 +947,8 @@ static void expect_ping(int fd, uint32_t nonce)
  * two replies. */
 START_TEST(a_muxed_connection_waits_without_parking)
 {
-	const struct store_bytes ab[2] = {BYTES("/job/a"), BYTES("/job/b")}, c1[1] = {BYTES("/job/c")},
-				 t1[1] = {BYTES("/job/t1")};
+	const struct store_bytes ab[2] = {BYTES("/job/a"), BYTES("/job/b")},
+				 c1[1] = {BYTES("/job/c")}, t1[1] = {BYTES("/job/t1")};
 	struct store_ext_req q;
 	crun_store_t *b;
 	uint8_t f[9];
@@ -960,8 +966,10 @@ START_TEST(a_muxed_connection_waits_without_parking)
 	 * reply's frame, never inside it. */
 	q = (struct store_ext_req){.op = STORE_EXT_WAIT_TAG, .id = 9, .nitems = 1, .keys = t1};
 	send_ext(fd, &q);
-	q = (struct store_ext_req){
-	    .op = STORE_EXT_TICKET, .key = BYTES("/job/n"), .key2 = BYTES("/job/t"), .val = BYTES("x")};
+	q = (struct store_ext_req){.op = STORE_EXT_TICKET,
+				   .key = BYTES("/job/n"),
+				   .key2 = BYTES("/job/t"),
+				   .val = BYTES("x")};
 	send_ext(fd, &q);
 	read_exact(fd, f, 9);
 	ck_assert_uint_eq(f[0], STORE_EXT_FRAME_REPLY);
@@ -1061,7 +1069,8 @@ START_TEST(version4_ops_do_two_requests_in_one)
 	ck_assert_int_eq(exists(b, "chg"), 0);
 	/* WAIT_ANY_GET: a timeout (canceled, the handle usable), a parked
 	 * wait woken by another client's SET with the value, a present key */
-	ck_assert_int_eq(store_client_wait_any_get(a, ab, 2, 100, 0, &idx, &v, &len), CRUN_ETIMEDOUT);
+	ck_assert_int_eq(store_client_wait_any_get(a, ab, 2, 100, 0, &idx, &v, &len),
+			 CRUN_ETIMEDOUT);
 	ck_assert_int_eq(crun_store_set(a, "after", "x", 1), 0);
 	ck_assert_int_eq(crun_store_set(b, "wb", "bee", 3), 0);
 	ck_assert_int_eq(store_client_wait_any_get(a, ab, 2, 5000, 0, &idx, &v, &len), 0);
@@ -1131,8 +1140,8 @@ START_TEST(wait_any_get_with_wakes_with_both_values)
 	l = (struct later_set){client(), "y", "why"};
 	ck_assert_int_eq(crun_store_set(l.s, "mine", "0 0 8", 5), 0);
 	ck_assert_int_eq(pthread_create(&thr, NULL, set_after, &l), 0);
-	ck_assert_int_eq(
-	    store_client_wait_any_get_with(a, keys, 2, "mine", 10000, 0, &idx, &v, &w), 0);
+	ck_assert_int_eq(store_client_wait_any_get_with(a, keys, 2, "mine", 10000, 0, &idx, &v, &w),
+			 0);
 	pthread_join(thr, NULL);
 	ck_assert_uint_eq(idx, 1);
 	ck_assert_str_eq(v, "why");
@@ -1326,6 +1335,131 @@ START_TEST(a_dead_server_is_reported_after_a_short_grace)
 }
 END_TEST
 
+/* ---- ERROR (version 6, issue 26): a refusal that says so ---- */
+
+static const char full_text[] = "store full: job 'J' used 64 MiB of its 64 MiB key_bytes";
+
+START_TEST(codec_error_round_trips_and_every_prefix_asks_for_more)
+{
+	uint8_t buf[STORE_EXT_ERROR_HEAD + STORE_EXT_ERROR_TEXT_MAX];
+	const char *text;
+	size_t len, n, used;
+
+	ck_assert_int_eq(
+	    store_ext_error_encode(full_text, strlen(full_text), buf, sizeof(buf), &len), 0);
+	ck_assert_uint_eq(len, STORE_EXT_ERROR_HEAD + strlen(full_text));
+	ck_assert_int_eq(store_ext_error_decode(buf, len, &text, &n, &used), 0);
+	ck_assert_uint_eq(used, len);
+	ck_assert_uint_eq(n, strlen(full_text));
+	ck_assert_mem_eq(text, full_text, n);
+	for (size_t i = 1; i < len; i++)
+		ck_assert_int_eq(store_ext_error_decode(buf, i, &text, &n, &used), CRUN_EAGAIN);
+	/* Too small a buffer; a text over the maximum is cut to it. */
+	ck_assert_int_eq(store_ext_error_encode(full_text, strlen(full_text), buf, 20, &len),
+			 CRUN_ENOSPC);
+}
+END_TEST
+
+/* What no reply can be taken for an ERROR: any byte but 0xee first, an
+ * eight-byte field that is not the magic, or a text over the maximum. */
+START_TEST(codec_error_is_told_from_every_reply)
+{
+	static const uint8_t status0[1] = {0}, status1[1] = {1},
+			     ee_count[9] = {0xee, 0, 0, 0, 0, 0, 0, 0, 0};
+	uint8_t big[STORE_EXT_ERROR_HEAD] = "\xee"
+					    "CRUNERR";
+	const char *text;
+	size_t n, used;
+
+	ck_assert_int_eq(store_ext_error_decode(status0, 1, &text, &n, &used), CRUN_EPROTO);
+	ck_assert_int_eq(store_ext_error_decode(status1, 1, &text, &n, &used), CRUN_EPROTO);
+	/* ADD's answer 238, or a 238-byte value's length: 0xee then zeros. */
+	ck_assert_int_eq(store_ext_error_decode(ee_count, 9, &text, &n, &used), CRUN_EPROTO);
+	store_put_u32(big + 8, STORE_EXT_ERROR_TEXT_MAX + 1);
+	ck_assert_int_eq(store_ext_error_decode(big, sizeof(big), &text, &n, &used), CRUN_EPROTO);
+}
+END_TEST
+
+/* A server whose connections may add 2 keys each (max-keys 8, conn-share 25 %). */
+static void srv_start_small(void)
+{
+	struct store_server_config c = STORE_SERVER_CONFIG_DEFAULT;
+
+	c.max_keys = 8;
+	srv_start_cfg(c);
+}
+
+/* A raw client that said HELLO `version` sets 3 keys where it may add 2:
+ * version 6 reads the ERROR naming the budget, then the close; version 5
+ * (an older crun) only the close, as a PyTorch client. */
+START_TEST(a_refused_write_is_answered_with_error_only_to_a_client_that_takes_it)
+{
+	uint32_t version = _i ? STORE_EXT_VERSION_ERROR : STORE_EXT_VERSION_ERROR - 1, served;
+	uint8_t buf[1024];
+	size_t got = 0;
+	ssize_t n;
+	int fd;
+
+	srv_start_small();
+	fd = raw_hello(version, &served);
+	ck_assert_uint_eq(served, STORE_EXT_VERSION);
+	for (int i = 0; i < 3; i++) {
+		uint8_t set[64], *p = set;
+		char k[8];
+
+		snprintf(k, sizeof(k), "/k%d", i);
+		*p++ = (uint8_t)store_proto_opcode(STORE_V2, STORE_OP_SET);
+		p = store_put_u64(p, strlen(k));
+		memcpy(p, k, strlen(k));
+		p += strlen(k);
+		p = store_put_u64(p, 0);
+		ck_assert_int_eq(write(fd, set, (size_t)(p - set)), p - set);
+	}
+	while ((n = read(fd, buf + got, sizeof(buf) - got)) > 0)
+		got += (size_t)n;
+	if (version < STORE_EXT_VERSION_ERROR) {
+		ck_assert_uint_eq(got, 0);
+	} else {
+		const char *text;
+		size_t tl, used;
+
+		ck_assert_int_eq(store_ext_error_decode(buf, got, &text, &tl, &used), 0);
+		ck_assert_uint_eq(used, got);
+		ck_assert_msg(strncmp(text,
+				      "store full: this connection (job '-') added 2 of its 2 keys",
+				      tl) == 0,
+			      "%.*s", (int)tl, text);
+	}
+	close(fd);
+	srv_stop();
+}
+END_TEST
+
+/* crun's own client: a SET refused by the connection's share fails the call
+ * that reads the next reply with CRUN_ENOSPC, last_error naming the budget
+ * (before: "server closed the connection"); it is not sent again. */
+START_TEST(a_crun_client_is_told_which_budget_is_full)
+{
+	crun_store_t *a;
+	uint64_t id;
+	void *v = NULL;
+	size_t vl;
+
+	srv_start_small();
+	a = client();
+	ck_assert_int_eq(crun_store_lease_grant(a, 60000, NULL, NULL, 0, &id), 0); /* HELLO */
+	ck_assert_int_eq(crun_store_set(a, "k1", "1", 1), 0);
+	ck_assert_int_eq(crun_store_set(a, "k2", "2", 1), 0);
+	ck_assert_int_eq(crun_store_set(a, "k3", "3", 1), 0); /* no reply: refused unseen */
+	ck_assert_int_eq(crun_store_get(a, "k1", 0, &v, &vl), CRUN_ENOSPC);
+	ck_assert_msg(strstr(crun_store_last_error(a),
+			     "store full: this connection (job '-') added 2 of its 2 keys"),
+		      "%s", crun_store_last_error(a));
+	crun_store_close(a);
+	srv_stop();
+}
+END_TEST
+
 static Suite *lease_suite(void)
 {
 	Suite *s = suite_create("store_lease");
@@ -1336,9 +1470,14 @@ static Suite *lease_suite(void)
 	tcase_add_test(tc, codec_version4_ops);
 	tcase_add_test(tc, codec_wait_any_get_with);
 	tcase_add_test(tc, codec_version5_ops);
+	tcase_add_test(tc, codec_error_round_trips_and_every_prefix_asks_for_more);
+	tcase_add_test(tc, codec_error_is_told_from_every_reply);
 	tcase_set_timeout(tc, 10);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("server");
+	tcase_add_loop_test(
+	    tc, a_refused_write_is_answered_with_error_only_to_a_client_that_takes_it, 0, 2);
+	tcase_add_test(tc, a_crun_client_is_told_which_budget_is_full);
 	tcase_add_test(tc, ttl_expiry_sets_key_and_deletes_leased_keys);
 	tcase_add_test(tc, a_reset_connection_keeps_its_lease_for_the_ttl);
 	tcase_add_test(tc, an_orderly_close_ends_its_leases_at_once);

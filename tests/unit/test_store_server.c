@@ -1091,12 +1091,22 @@ START_TEST(over_limit_requests_close_the_connection)
 }
 END_TEST
 
+/* These tests are about the global budgets: no job or connection share
+ * and no reserve (issue 26's shares have tests of their own). */
+static void global_only(struct store_server_config *cfg)
+{
+	cfg->job_share_pct = 100;
+	cfg->conn_share_pct = 100;
+	cfg->reserve_pct = 0;
+}
+
 START_TEST(total_value_bytes_ceiling_closes_the_writer)
 {
 	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
 	int fd, good;
 
 	cfg.max_total_value_bytes = 10;
+	global_only(&cfg);
 	srv_start_cfg(&cfg);
 	good = cli2();
 	fd = cli2();
@@ -1504,6 +1514,7 @@ START_TEST(key_count_is_a_budget)
 	int fd, good;
 
 	cfg.max_keys = 3;
+	global_only(&cfg);
 	srv_start_cfg(&cfg);
 	good = cli2();
 	fd = cli2();
@@ -1545,6 +1556,7 @@ START_TEST(limits_change_on_a_running_server)
 	req(a, STORE_V2, STORE_OP_SET, "/a", "1");
 	req(a, STORE_V2, STORE_OP_SET, "/b", "2");
 	get_eq(a, STORE_V2, "/b", "2");
+	global_only(&cfg);
 	cfg.max_keys = 2;
 	cfg.max_conns = 2;
 	srv_call(do_set_limits, &cfg);
@@ -1580,6 +1592,7 @@ START_TEST(total_key_bytes_refuse_the_writer)
 	int fd;
 
 	cfg.max_total_key_bytes = 3000;
+	global_only(&cfg);
 	srv_start_cfg(&cfg);
 	fd = cli2();
 	memset(key, 'k', sizeof(key) - 1);
@@ -1601,6 +1614,299 @@ START_TEST(total_key_bytes_refuse_the_writer)
 }
 END_TEST
 
+/* Issue 26: before shares, one client filling max-total-key-bytes locked
+ * every other job out (its next small SET was closed). Now one connection
+ * may add a quarter of the budget and one job half: the flooder is closed
+ * after 2 KiB, a second flooder of the same job after its job's 4 KiB, and
+ * the job itself, another job and a key of no job still write. */
+static void flood_until_closed(const char *job, int keys_max)
+{
+	static char key[1025];
+	int fd = cli2();
+
+	memset(key, 'k', sizeof(key) - 1);
+	for (int i = 0; i < keys_max; i++) {
+		struct bb b = {.n = 0};
+		int n = snprintf(key, 40, "/crun-c10d/%s/%05d", job, i);
+
+		key[n] = 'k';
+		b_u8(&b, (uint8_t)store_proto_opcode(STORE_V2, STORE_OP_SET));
+		b_str(&b, key);
+		b_str(&b, "");
+		/* The server closes it part way: later sends may fail. */
+		if (send(fd, b.b, b.n, MSG_NOSIGNAL) != (ssize_t)b.n)
+			break;
+	}
+	rxclosed(fd);
+	close(fd);
+}
+
+START_TEST(one_flooding_job_leaves_room_for_the_others)
+{
+	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
+	int fd;
+
+	cfg.max_total_key_bytes = 8192;
+	srv_start_cfg(&cfg);
+	flood_until_closed("A", 9);
+	fd = cli2();
+	req(fd, STORE_V2, STORE_OP_SET, "/crun-c10d/A/ok", "1");
+	get_eq(fd, STORE_V2, "/crun-c10d/A/ok", "1");
+	close(fd);
+	flood_until_closed("A", 9);
+	fd = cli2();
+	req(fd, STORE_V2, STORE_OP_SET, "/crun-c10d/B/ok", "2");
+	get_eq(fd, STORE_V2, "/crun-c10d/B/ok", "2");
+	req(fd, STORE_V2, STORE_OP_SET, "/plain", "3");
+	get_eq(fd, STORE_V2, "/plain", "3");
+	close(fd);
+	srv_stop();
+}
+END_TEST
+
+struct share_q {
+	const char *job;
+	struct store_share_info si;
+	bool found;
+};
+
+static void share_one(const struct store_share_info *si, void *arg)
+{
+	struct share_q *q = arg;
+
+	if (strcmp(si->job, q->job) == 0) {
+		q->si = *si;
+		q->found = true;
+	}
+}
+
+static void do_share(void *arg)
+{
+	store_server_each_share(g_srv, share_one, arg);
+}
+
+/* The share of job (zeroed when it holds nothing and was never refused). */
+static struct store_share_info share_of(const char *job)
+{
+	struct share_q q = {.job = job};
+
+	srv_call(do_share, &q);
+	return q.si;
+}
+
+/* Refusals are counted for the job whose key was refused, under the budget
+ * that was full, and what each job holds is there for crunctl. */
+START_TEST(refusals_are_counted_per_job_and_budget)
+{
+	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
+	struct store_share_info a, b;
+	int fd;
+
+	cfg.max_total_key_bytes = 8192;
+	srv_start_cfg(&cfg);
+	flood_until_closed("A", 9);
+	flood_until_closed("A", 9);
+	fd = cli2();
+	req(fd, STORE_V2, STORE_OP_SET, "/crun-c10d/B/ok", "22");
+	get_eq(fd, STORE_V2, "/crun-c10d/B/ok", "22");
+	a = share_of("A");
+	b = share_of("B");
+	ck_assert_uint_eq(a.refused[STORE_B_KEY_BYTES], 2);
+	ck_assert_uint_eq(a.used[STORE_B_KEYS], 4);
+	ck_assert_uint_eq(a.used[STORE_B_KEY_BYTES], 4096);
+	ck_assert_uint_eq(a.limit[STORE_B_KEY_BYTES], 4096);
+	ck_assert_uint_eq(b.refused[STORE_B_KEY_BYTES], 0);
+	ck_assert_uint_eq(b.used[STORE_B_KEYS], 1);
+	ck_assert_uint_eq(b.used[STORE_B_VALUE_BYTES], 2);
+	ck_assert_uint_eq(metric(STORE_M_DROP_KEY_BYTES), 2);
+	close(fd);
+	srv_stop();
+}
+END_TEST
+
+/* User keys cannot eat the reserve; crun's rendezvous keys (round, lease,
+ * alive keys under /crun-c10d/J/) can, up to the global budget. */
+START_TEST(rendezvous_keys_may_use_the_reserve_user_keys_may_not)
+{
+	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
+	char k[32];
+	int user, rdzv;
+
+	cfg.max_keys = 20;
+	cfg.job_share_pct = 100;
+	cfg.conn_share_pct = 100;
+	cfg.reserve_pct = 10;
+	srv_start_cfg(&cfg);
+	user = cli2();
+	for (int i = 0; i < 18; i++) {
+		snprintf(k, sizeof(k), "/u%d", i);
+		req(user, STORE_V2, STORE_OP_SET, k, "");
+	}
+	ck_assert_int_eq(numkeys(user), 18);
+	req(user, STORE_V2, STORE_OP_SET, "/u18", "");
+	rxclosed(user);
+	close(user);
+	rdzv = cli2();
+	req(rdzv, STORE_V2, STORE_OP_SET, "/crun-c10d/A/rdzv/round", "1");
+	req_keys(rdzv, STORE_V2, STORE_OP_CHECK, 1, "/crun-c10d/A/rdzv/alive", NULL);
+	rxhex(rdzv, "01");
+	ck_assert_int_eq(numkeys(rdzv), 19);
+	req(rdzv, STORE_V2, STORE_OP_SET, "/crun-c10d/A/rdzv/lease", "1");
+	ck_assert_int_eq(numkeys(rdzv), 20);
+	req(rdzv, STORE_V2, STORE_OP_SET, "/crun-c10d/A/rdzv/over", "1");
+	rxclosed(rdzv); /* the global budget still holds */
+	close(rdzv);
+	ck_assert_uint_eq(share_of("").refused[STORE_B_KEYS], 1);
+	ck_assert_uint_eq(share_of("A").refused[STORE_B_KEYS], 1);
+	srv_stop();
+}
+END_TEST
+
+/* A full store still reads, deletes and waits (etcd's NOSPACE, Redis's
+ * maxmemory): only growth is refused. */
+START_TEST(reads_deletes_and_waits_work_when_full)
+{
+	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
+	int a, w;
+
+	cfg.max_keys = 2;
+	cfg.conn_share_pct = 100;
+	cfg.job_share_pct = 100;
+	srv_start_cfg(&cfg);
+	a = cli2();
+	w = cli2();
+	req(a, STORE_V2, STORE_OP_SET, "/crun-c10d/J/a", "1");
+	req(a, STORE_V2, STORE_OP_SET, "/crun-c10d/J/b", "2");
+	get_eq(a, STORE_V2, "/crun-c10d/J/a", "1");
+	req_keys(w, STORE_V2, STORE_OP_WAIT, 1, "/crun-c10d/J/b", NULL);
+	rxhex(w, "00");
+	req_keys(a, STORE_V2, STORE_OP_CHECK, 1, "/crun-c10d/J/zz", NULL);
+	rxhex(a, "01"); /* not ready, and nothing was created for it */
+	req(a, STORE_V2, STORE_OP_SET, "/crun-c10d/J/a", "3"); /* an overwrite: no growth */
+	get_eq(a, STORE_V2, "/crun-c10d/J/a", "3");
+	req(a, STORE_V2, STORE_OP_DELETE_KEY, "/crun-c10d/J/b", NULL);
+	ck_assert_int_eq(rxi64(a), 1);
+	req_keys(w, STORE_V2, STORE_OP_WAIT, 1, "/crun-c10d/J/c", NULL);
+	wait_for_waiters(1);
+	req(a, STORE_V2, STORE_OP_SET, "/crun-c10d/J/c", "4");
+	rxhex(w, "00");
+	close(a);
+	close(w);
+	srv_stop();
+}
+END_TEST
+
+/* A connection's share counts what it added net of what it deleted: a
+ * client that sets and deletes a round's keys forever is never refused. */
+START_TEST(a_connection_is_credited_for_what_it_deletes)
+{
+	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
+	int fd;
+
+	cfg.max_keys = 16; /* a connection's share: 4 keys */
+	srv_start_cfg(&cfg);
+	fd = cli2();
+	for (int i = 0; i < 20; i++) {
+		req(fd, STORE_V2, STORE_OP_SET, "/crun-c10d/J/x", "1");
+		req(fd, STORE_V2, STORE_OP_SET, "/crun-c10d/J/y", "1");
+		req(fd, STORE_V2, STORE_OP_DELETE_KEY, "/crun-c10d/J/x", NULL);
+		ck_assert_int_eq(rxi64(fd), 1);
+		req(fd, STORE_V2, STORE_OP_DELETE_KEY, "/crun-c10d/J/y", NULL);
+		ck_assert_int_eq(rxi64(fd), 1);
+	}
+	for (int i = 0; i < 4; i++) {
+		char k[32];
+
+		snprintf(k, sizeof(k), "/crun-c10d/J/%d", i);
+		req(fd, STORE_V2, STORE_OP_SET, k, "");
+	}
+	ck_assert_int_eq(numkeys(fd), 4);
+	req(fd, STORE_V2, STORE_OP_SET, "/crun-c10d/J/5", "");
+	rxclosed(fd);
+	close(fd);
+	srv_stop();
+}
+END_TEST
+
+/* Registrations are shared too: one job cannot hold every waiter slot. */
+START_TEST(one_job_cannot_take_every_waiter)
+{
+	struct store_server_config cfg = STORE_SERVER_CONFIG_DEFAULT;
+	int a1, a2, a3, b;
+
+	cfg.max_waiters = 4; /* a job's share: 2 */
+	cfg.conn_share_pct = 100;
+	srv_start_cfg(&cfg);
+	a1 = cli2();
+	a2 = cli2();
+	a3 = cli2();
+	b = cli2();
+	req_keys(a1, STORE_V2, STORE_OP_WAIT, 1, "/crun-c10d/A/1", NULL);
+	req_keys(a2, STORE_V2, STORE_OP_WAIT, 1, "/crun-c10d/A/2", NULL);
+	wait_for_waiters(2);
+	req_keys(a3, STORE_V2, STORE_OP_WAIT, 1, "/crun-c10d/A/3", NULL);
+	rxclosed(a3);
+	req_keys(b, STORE_V2, STORE_OP_WAIT, 1, "/crun-c10d/B/1", NULL);
+	wait_for_waiters(3);
+	ck_assert_uint_eq(share_of("A").refused[STORE_B_WAITERS], 1);
+	ck_assert_uint_eq(share_of("B").used[STORE_B_WAITERS], 1);
+	close(a1);
+	close(a2);
+	close(a3);
+	close(b);
+	srv_stop();
+}
+END_TEST
+
+struct drop_q {
+	const char *job;
+	int r;
+	uint64_t n;
+};
+
+static void do_drop(void *arg)
+{
+	struct drop_q *q = arg;
+
+	q->r = store_server_drop_job(g_srv, q->job, &q->n);
+}
+
+/* crunctl drop --job: an operator deletes what one job holds (values and
+ * queues); another job's keys stay, the job may write again, a waiter of the
+ * job stays registered. */
+START_TEST(an_operator_drops_one_jobs_keys)
+{
+	struct drop_q q = {.job = "A"};
+	int fd, w;
+
+	srv_start();
+	fd = cli2();
+	w = cli2();
+	req(fd, STORE_V2, STORE_OP_SET, "/crun-c10d/A/x", "1");
+	req(fd, STORE_V2, STORE_OP_SET, "/crun-c10d/A/y", "2");
+	req(fd, STORE_V2, STORE_OP_QUEUE_PUSH, "/crun-c10d/A/q", "3");
+	req(fd, STORE_V2, STORE_OP_SET, "/crun-c10d/B/x", "4");
+	req_keys(w, STORE_V2, STORE_OP_WAIT, 1, "/crun-c10d/A/z", NULL);
+	wait_for_waiters(1);
+	ck_assert_int_eq(numkeys(fd), 3);
+	srv_call(do_drop, &q);
+	ck_assert_int_eq(q.r, 0);
+	ck_assert_uint_eq(q.n, 3);
+	ck_assert_int_eq(numkeys(fd), 1);
+	get_eq(fd, STORE_V2, "/crun-c10d/B/x", "4");
+	ck_assert_uint_eq(share_of("A").used[STORE_B_VALUE_BYTES], 0);
+	ck_assert_uint_eq(share_of("A").used[STORE_B_WAITERS], 1);
+	req(fd, STORE_V2, STORE_OP_SET, "/crun-c10d/A/z", "5");
+	rxhex(w, "00");
+	q.job = "nobody";
+	srv_call(do_drop, &q);
+	ck_assert_int_eq(q.r, CRUN_ENOTFOUND);
+	close(fd);
+	close(w);
+	srv_stop();
+}
+END_TEST
+
 /* Registrations are a server-wide budget too, not only per connection. */
 START_TEST(waiters_are_a_total_budget)
 {
@@ -1608,6 +1914,7 @@ START_TEST(waiters_are_a_total_budget)
 	int a, b, c;
 
 	cfg.max_waiters = 2;
+	global_only(&cfg);
 	srv_start_cfg(&cfg);
 	a = cli2();
 	b = cli2();
@@ -1924,6 +2231,14 @@ START_TEST(config_set_parses_names_and_ranges)
 	ck_assert_int_eq(store_server_config_set(&cfg, "max_preauth_per_addr", "3", err,
 						 sizeof(err)), 0);
 	ck_assert_uint_eq(cfg.max_preauth_per_addr, 3);
+	/* Issue 26: a share of 0 % would refuse everything; the reserve may be off. */
+	ck_assert_int_eq(store_server_config_set(&cfg, "job-share", "0", err, sizeof(err)),
+			 CRUN_EINVAL);
+	ck_assert(strstr(err, "job-share") != NULL);
+	ck_assert_int_eq(store_server_config_set(&cfg, "conn_share", "101", err, sizeof(err)),
+			 CRUN_EINVAL);
+	ck_assert_int_eq(store_server_config_set(&cfg, "reserve", "0", err, sizeof(err)), 0);
+	ck_assert_uint_eq(cfg.reserve_pct, 0);
 	l = store_server_limits(&n);
 	ck_assert_uint_ge(n, 15);
 	for (size_t i = 0; i < n; i++) {
@@ -2015,6 +2330,13 @@ Suite *store_server_suite(void)
 	tcase_add_test(hostile, limits_change_on_a_running_server);
 	tcase_add_test(hostile, total_key_bytes_refuse_the_writer);
 	tcase_add_test(hostile, waiters_are_a_total_budget);
+	tcase_add_test(hostile, one_flooding_job_leaves_room_for_the_others);
+	tcase_add_test(hostile, refusals_are_counted_per_job_and_budget);
+	tcase_add_test(hostile, rendezvous_keys_may_use_the_reserve_user_keys_may_not);
+	tcase_add_test(hostile, reads_deletes_and_waits_work_when_full);
+	tcase_add_test(hostile, a_connection_is_credited_for_what_it_deletes);
+	tcase_add_test(hostile, one_job_cannot_take_every_waiter);
+	tcase_add_test(hostile, an_operator_drops_one_jobs_keys);
 	tcase_add_test(hostile, extension_op_before_hello_closes_at_its_first_byte);
 	tcase_add_test(hostile, total_output_budget_holds_back_large_replies);
 	tcase_add_test(hostile, total_input_budget_closes_the_largest_holder);
