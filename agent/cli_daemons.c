@@ -86,8 +86,7 @@ static const struct cli_opt rd_rows[CLI_RD_LIMIT] = {
 			 "allow a non-loopback --host without a secret or TLS (command line "
 			 "only: never read from a file)",
 			 NULL, 0, NULL},
-    [CLI_RD_ADMIN_TOKEN] = {"admin-token-file", 0, CT_STR, 0, NULL, NULL, NULL, "FILE", NULL, 0,
-			    0,
+    [CLI_RD_ADMIN_TOKEN] = {"admin-token-file", 0, CT_STR, 0, NULL, NULL, NULL, "FILE", NULL, 0, 0,
 			    "turn on the status page's POST /drop (crunctl drop --job J: delete "
 			    "one job's keys) for requests with this token (mode 0600, 16+ bytes)",
 			    NULL, 0, NULL},

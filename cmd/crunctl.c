@@ -23,7 +23,7 @@ struct opts {
 	uint64_t interval_ms;
 	uint64_t count; /* watch: stop after this many changes; 0 = until the page goes away */
 	uint32_t timeout_ms;
-	int64_t rank; /* stacks: only this global rank; -1 = every one */
+	int64_t rank;		/* stacks: only this global rank; -1 = every one */
 	const char *token_file; /* drop: the admin token */
 };
 
