@@ -363,17 +363,21 @@ static int store_forgot(struct c10d_job *j, struct coord *c, int64_t rd, int64_t
  * at least MIN, closes the round with them and their records (one
  * MULTI_GET: a record is written before its alive key). 0 whether or not
  * it closed; *ret_closed (malloc'd) is set when this call wrote or found
- * the closed value, else the caller waits for it. *last_keep: keep_lease's. */
+ * the closed value, else the caller waits for it. *ret_lag: below MIN, the
+ * first ticket drawn whose alive key is not there yet (a joiner between
+ * its ticket and its lease, or dead there), else 0. *last_keep:
+ * keep_lease's. */
 static int try_close(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t,
-		     uint64_t *last_keep, char **ret_closed)
+		     uint64_t *last_keep, char **ret_closed, int *ret_lag)
 {
 	struct round_node *m = NULL;
 	char **keys = NULL, **vals = NULL;
 	char key[96];
-	int r, n = 0, k = 0, good = 0, attempt;
+	int r, n = 0, k = 0, good = 0, attempt, lag = 0;
 	int64_t joined;
 	bool *live = NULL, each;
 
+	*ret_lag = 0;
 	KEY(key, "r%" PRId64 "/closed", rd);
 	r = coord_exists(c, key);
 	if (r != 0) /* closed already (1), or an error */
@@ -404,8 +408,10 @@ static int try_close(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t,
 			r = each ? coord_exists(c, key) : live[i];
 		if (r < 0)
 			goto out;
-		if (r == 0)
+		if (r == 0) {
+			lag = lag ? lag : i + 1;
 			continue; /* dead, or not there yet: not a member */
+		}
 		m[k].ticket = i + 1;
 		r = CRUN_ENOMEM;
 		keys[k] = malloc(64);
@@ -414,8 +420,10 @@ static int try_close(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t,
 		snprintf(keys[k++], 64, "r%" PRId64 "/node/%d", rd, i + 1);
 	}
 	r = 0;
-	if (k < j->min)
+	if (k < j->min) {
+		*ret_lag = lag;
 		goto out;
+	}
 	r = coord_multi_get(c, (const char *const *)keys, (size_t)k, j->conf.read_ms, vals);
 	if (r < 0)
 		goto out;
@@ -695,6 +703,48 @@ static int claim_close(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 	return r;
 }
 
+/* A member's turns at closing its round (wait_closed). */
+struct close_turn {
+	char claim[32];	   /* the closing claim seen last (claim_close) */
+	char lag[64];	   /* a lagging ticket's alive key to wake on, or "" */
+	uint64_t next_try; /* when to claim and look again */
+};
+
+/* This member's turn to close round rd: claims the close and, when the
+ * claim is its own, tries. 0 with *ret_closed set: closed. Else when to
+ * look again (ct): once the first lagging ticket takes its lease (a joiner
+ * between its ticket and its lease when the closer looked: under load,
+ * 14 of 40 at once), else after a TTL (such a joiner that died is dropped
+ * then); a member that lost the claim after two (a closer that died ended
+ * the round through its lease before then). Waiting the TTL for a lagging
+ * lease too held a full round (MAX joined) that long, and past the join
+ * timeout with a TTL longer than it (issue 23). */
+static int close_turn(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t,
+		      struct close_turn *ct, uint64_t *last_keep, char **ret_closed)
+{
+	uint64_t now = clock_now_ms();
+	int r, lag = 0;
+
+	ct->lag[0] = '\0';
+	r = claim_close(j, c, rd, t, ct->claim, sizeof(ct->claim));
+	if (r < 0)
+		return r;
+	if (r == 1) {
+		TRY(try_close(j, c, rd, t, last_keep, ret_closed, &lag));
+		if (*ret_closed)
+			return 0;
+	}
+	if (lag) {
+		KEY(ct->lag, "r%" PRId64 "/alive/%d", rd, lag);
+		log_at(LL_DEBUG, SUB_RDZV,
+		       "rendezvous '%s' round %" PRId64 ": below MIN live tickets; waiting for "
+		       "ticket %d's alive key",
+		       j->prefix, rd, lag);
+	}
+	ct->next_try = now + (r == 1 ? j->conf.ttl_ms : 2 * j->conf.ttl_ms);
+	return 0;
+}
+
 /* The round timed out: say how many joined (one read, at the end). */
 static int join_timed_out(struct c10d_job *j, struct coord *c, int64_t rd)
 {
@@ -722,11 +772,11 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 		       uint64_t deadline, char **ret_closed, struct pre_read *pre)
 {
 	char kb[EV_N][64], mine[64];
-	const char *keys[EV_N];
-	uint64_t now = clock_now_ms(), last_keep = now, next_try = 0;
+	const char *keys[EV_N + 1];
+	uint64_t now = clock_now_ms(), last_keep = now;
 	uint64_t min_seen = t >= j->min ? now : 0, max_seen = t >= j->max ? now : 0;
 	uint64_t every = C10D_PROGRESS_MS, next_log = now + every, outage = 0;
-	char claim[32] = "";
+	struct close_turn ct = {"", "", 0};
 	bool watch_counts = round_watches_counts((int)t);
 	bool fold_keep = j->lease && j->lease_c == c;
 	uint64_t keep;
@@ -737,13 +787,12 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 			KEY(kb[e], "%s", event_key[e]);
 		else
 			KEY(kb[e], "r%" PRId64 "/%s", rd, event_key[e]);
-		keys[e] = kb[e];
 	}
 	KEY(mine, "r%" PRId64 "/a/%" PRId64, rd, t);
 	for (int i = 0; i < 1 << 30; i++) {
 		/* Only the events not seen yet (a present key answers at once),
 		 * and the counts only for a member that may have to close. */
-		size_t n = max_seen || !watch_counts ? EV_MAX : min_seen ? EV_MIN : EV_N;
+		size_t n = max_seen || !watch_counts ? EV_MAX : min_seen ? EV_MIN : EV_N, nk = n;
 		char *ev = NULL;
 		uint64_t at =
 		    round_close_at((int)t, j->max, min_seen, max_seen, j->conf.last_call_ms);
@@ -762,31 +811,33 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 			if (r != 0)
 				return r;
 		}
-		if (at && now >= at && now >= next_try) {
-			r = claim_close(j, c, rd, t, claim, sizeof(claim));
-			if (r < 0)
-				return r;
-			if (r == 1) {
-				TRY(try_close(j, c, rd, t, &last_keep, ret_closed));
-				if (*ret_closed)
-					return 0;
-			}
-			/* Below MIN live tickets, or another member closing:
-			 * look again after a while (a closer that died ended
-			 * the round through its lease before then). */
-			next_try = now + (r == 1 ? j->conf.ttl_ms : 2 * j->conf.ttl_ms);
+		if (at && now >= at && now >= ct.next_try) {
+			TRY(close_turn(j, c, rd, t, &ct, &last_keep, ret_closed));
+			if (*ret_closed)
+				return 0;
 		}
 		if (at)
-			wake = MIN(wake, MAX(at, next_try));
+			wake = MIN(wake, MAX(at, ct.next_try));
 		if (j->lease)
 			wake = MIN(wake, last_keep + j->conf.hb_ms);
+		for (size_t e = 0; e < n; e++)
+			keys[e] = kb[e];
+		if (ct.lag[0]) /* after the events: they win over it */
+			keys[nk++] = ct.lag;
 		/* The wake carries the key's value and this ticket's
 		 * assignment: the closed head and the place need no reads. */
-		r = coord_wait_any_get_with(c, keys, n, mine,
+		r = coord_wait_any_get_with(c, keys, nk, mine,
 					    (uint32_t)(wake > now ? wake - now : 1), keep, &ev,
 					    &pre->val);
 		if (r >= 0 || r == CRUN_ETIMEDOUT)
 			outage = 0; /* the store answered */
+		if (ct.lag[0] && r == (int)n) {
+			/* The lagging ticket took its lease. */
+			crun_free(ev);
+			ct.lag[0] = '\0';
+			ct.next_try = 0; /* look again now */
+			continue;
+		}
 		if (r == EV_CLOSED) {
 			pre->read = true;
 			*ret_closed = ev;
