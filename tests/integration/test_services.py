@@ -1344,13 +1344,18 @@ def test_rdzvd_notify_status_page_and_reload(procs, tmp_path, notify):
     assert st["store"]["keys"] == 1 and st["store"]["port"] == port
     # SIGHUP: the log level and a limit apply (max-keys 2: one key more, the
     # next is refused), a changed listen address needs a restart
+    # (the shares at 100 % and no reserve: this is about the global budget,
+    # test_store_fairness about the shares)
     cfg.write_text(json.dumps({"host": "127.0.0.2", "port": 0, "log-level": "debug",
-                               "status": "127.0.0.1:0", "limits": {"max-keys": 2}}))
+                               "status": "127.0.0.1:0",
+                               "limits": {"max-keys": 2, "job-share": 100, "conn-share": 100,
+                                          "reserve": 0}}))
     p.send_signal(signal.SIGHUP)
     notify.wait("RELOADING=1")
     notify.wait("reloaded")
     line = [m for _, m in notify.msgs if "reloaded" in m][-1]
-    assert "applied log-level, max-keys" in line and "needs a restart: host" in line, line
+    assert re.search(r"applied log-level, [a-z, -]*\bmax-keys\b", line) and \
+        "needs a restart: host" in line, line
     assert c.cmd("get k") == "VAL \"v\""  # still serving, keys kept
     c2 = StoreCli(procs, cli_path(), "127.0.0.1", port, 2)
     assert c2.cmd("set k2 v") == "OK"
@@ -1370,7 +1375,8 @@ def test_rdzvd_notify_status_page_and_reload(procs, tmp_path, notify):
     cfg.write_text(json.dumps({"host": "127.0.0.1", "port": 0, "log-level": "info",
                                "status": "127.0.0.1:0"}))
     p.send_signal(signal.SIGHUP)
-    notify.wait("applied log-level, max-keys; needs a restart: nothing")
+    notify.wait("applied log-level, max-keys, job-share, conn-share, reserve; "
+                "needs a restart: nothing")
     c3 = StoreCli(procs, cli_path(), "127.0.0.1", port, 2)
     assert c3.cmd("set k3 v") == "OK" and c3.cmd("get k3") == "VAL \"v\""
     c3.close()
