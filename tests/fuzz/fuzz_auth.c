@@ -4,7 +4,8 @@
  * secret), the client's challenge and proof parsers, and the job-scope key
  * check. Invariants: no read past the input (ASan), an accepted answer is a
  * prefix of the input and every strict prefix of it asks for more, and a
- * random answer is never accepted. A real answer built from the input's
+ * random answer is never accepted (it is refused as malformed, as a wrong
+ * MAC or as an unknown run id). A real answer built from the input's
  * first bytes as nonce is checked to verify, so the accept path is reached.
  * Build: make fuzz; run: ./build-fuzz/fuzz_auth -max_total_time=30
  */
@@ -51,7 +52,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	memcpy(nonce, data, size < sizeof(nonce) ? size : sizeof(nonce));
 
 	r = store_auth_verify(STORE_AUTH_STORE, table(), nonce, copy, size, &used, &g);
-	check_ok(r == 0 || r == CRUN_EAGAIN || r == CRUN_EPROTO || r == CRUN_EACCES);
+	/* ENOENT: a run id that no table entry can match (a NUL or '/' in it). */
+	check_ok(r == 0 || r == CRUN_EAGAIN || r == CRUN_EPROTO || r == CRUN_EACCES ||
+		 r == CRUN_ENOENT);
 	/* Random bytes never carry a valid MAC. */
 	check_ok(r != 0);
 	(void)store_auth_decode_challenge(copy, size, nonce);
