@@ -363,11 +363,14 @@ static int store_forgot(struct c10d_job *j, struct coord *c, int64_t rd, int64_t
  * at least MIN, closes the round with them and their records (one
  * MULTI_GET: a record is written before its alive key). 0 whether or not
  * it closed; *ret_closed (malloc'd) is set when this call wrote or found
- * the closed value, else the caller waits for it. *ret_lag: below MIN, the
- * first ticket drawn whose alive key is not there yet (a joiner between
- * its ticket and its lease, or dead there), else 0. *last_keep:
- * keep_lease's. */
-static int try_close(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t,
+ * the closed value, else the caller waits for it. *ret_lag: the first
+ * ticket drawn whose alive key is not there yet (a joiner between its
+ * ticket and its lease, or dead there) when the round stays open for it:
+ * below MIN always, below MAX too while hold_lag (a ticket drawn in time
+ * is a member, not a spare: closing without it made a node that had just
+ * taken ticket 3 of MAX 3 wait alone for the next round, issue 23), else
+ * 0. *last_keep: keep_lease's. */
+static int try_close(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t, bool hold_lag,
 		     uint64_t *last_keep, char **ret_closed, int *ret_lag)
 {
 	struct round_node *m = NULL;
@@ -420,7 +423,7 @@ static int try_close(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t,
 		snprintf(keys[k++], 64, "r%" PRId64 "/node/%d", rd, i + 1);
 	}
 	r = 0;
-	if (k < j->min) {
+	if (k < j->min || (hold_lag && lag && k < j->max)) {
 		*ret_lag = lag;
 		goto out;
 	}
@@ -708,6 +711,7 @@ struct close_turn {
 	char claim[32];	   /* the closing claim seen last (claim_close) */
 	char lag[64];	   /* a lagging ticket's alive key to wake on, or "" */
 	uint64_t next_try; /* when to claim and look again */
+	uint64_t held_at;  /* when the close was first held for a lagging ticket */
 };
 
 /* This member's turn to close round rd: claims the close and, when the
@@ -718,7 +722,9 @@ struct close_turn {
  * then); a member that lost the claim after two (a closer that died ended
  * the round through its lease before then). Waiting the TTL for a lagging
  * lease too held a full round (MAX joined) that long, and past the join
- * timeout with a TTL longer than it (issue 23). */
+ * timeout with a TTL longer than it (issue 23). With MIN alive the close
+ * is held for a lagging ticket for one TTL at most (ct->held_at): then it
+ * is taken as dead and the round closes without it. */
 static int close_turn(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t,
 		      struct close_turn *ct, uint64_t *last_keep, char **ret_closed)
 {
@@ -730,16 +736,19 @@ static int close_turn(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t
 	if (r < 0)
 		return r;
 	if (r == 1) {
-		TRY(try_close(j, c, rd, t, last_keep, ret_closed, &lag));
+		bool hold = !ct->held_at || now - ct->held_at < j->conf.ttl_ms;
+
+		TRY(try_close(j, c, rd, t, hold, last_keep, ret_closed, &lag));
 		if (*ret_closed)
 			return 0;
 	}
 	if (lag) {
+		ct->held_at = ct->held_at ? ct->held_at : now;
 		KEY(ct->lag, "r%" PRId64 "/alive/%d", rd, lag);
 		log_at(LL_DEBUG, SUB_RDZV,
-		       "rendezvous '%s' round %" PRId64 ": below MIN live tickets; waiting for "
-		       "ticket %d's alive key",
-		       j->prefix, rd, lag);
+		       "rendezvous '%s' round %" PRId64 ": ticket %d drawn but not alive yet "
+		       "(between its ticket and its lease); waiting for ticket %d's alive key",
+		       j->prefix, rd, lag, lag);
 	}
 	ct->next_try = now + (r == 1 ? j->conf.ttl_ms : 2 * j->conf.ttl_ms);
 	return 0;
@@ -776,7 +785,7 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 	uint64_t now = clock_now_ms(), last_keep = now;
 	uint64_t min_seen = t >= j->min ? now : 0, max_seen = t >= j->max ? now : 0;
 	uint64_t every = C10D_PROGRESS_MS, next_log = now + every, outage = 0;
-	struct close_turn ct = {"", "", 0};
+	struct close_turn ct = {"", "", 0, 0};
 	bool watch_counts = round_watches_counts((int)t);
 	bool fold_keep = j->lease && j->lease_c == c;
 	uint64_t keep;
@@ -836,6 +845,7 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 			crun_free(ev);
 			ct.lag[0] = '\0';
 			ct.next_try = 0; /* look again now */
+			ct.held_at = 0;	 /* a next lagging ticket gets its own TTL */
 			continue;
 		}
 		if (r == EV_CLOSED) {
