@@ -119,6 +119,27 @@ struct c10d_job *c10d_job_new(enum c10d_job_kind kind);
 int c10d_job_round(struct c10d_job *j, struct coord *c);
 int c10d_job_barrier(struct c10d_job *j, struct coord *c);
 int c10d_job_fail(struct c10d_job *j, struct coord *c);
+/* c10d_join.c, for c10d_close.c: the attempt of round rd (what its
+ * predecessor's closed value and change key say) and the lease kept alive
+ * while waiting (*last: when last kept; CRUN_ENOTFOUND: the lease is gone). */
+int c10d_attempt_of(struct c10d_job *j, struct coord *c, int64_t rd, int *ret);
+int c10d_keep_lease(struct c10d_job *j, uint64_t now, uint64_t *last);
+/* c10d_close.c: closing an open round - a member's turn claims the close
+ * (r<n>/closing), looks which tickets are alive and, with MIN of them,
+ * writes the closed value and the assignments (one closer: r<n>/closer). */
+/* A member's turns at closing its round (wait_closed). */
+struct c10d_close_turn {
+	char claim[32];	   /* the closing claim seen last (c10d_close.c) */
+	char lag[64];	   /* a lagging ticket's alive key to wake on, or "" */
+	uint64_t next_try; /* when to claim and look again */
+	uint64_t held_at;  /* when the close was first held for a lagging ticket */
+};
+
+/* A member's turn to close round rd (wait_closed calls it when its turn
+ * came): 0 with *ret_closed set when closed, else ct says when to look
+ * again and which lagging ticket's alive key to wake on. */
+int c10d_close_turn(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t,
+		    struct c10d_close_turn *ct, uint64_t *last_keep, char **ret_closed);
 /* monitor.c: holds the lease, watches r<n>/change, posts one change. */
 int c10d_job_monitor(struct c10d_job *j, struct coord **cp);
 /* A store no member serves did not answer (r): true once the outage that

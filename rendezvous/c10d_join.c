@@ -6,7 +6,8 @@
  * timer fired or MAX tickets were drawn, dropping tickets whose alive key is
  * gone, and every member computes the assignment from the closed value
  * (round.c). A death while the round is open abandons it (closed with no
- * members) and everyone joins the next one.
+ * members) and everyone joins the next one. Closing is c10d_close.c's, the
+ * job's end (exit barrier, failure) c10d_exit.c's.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -134,7 +135,7 @@ static int check_job(struct c10d_job *j, struct coord *c)
 
 /* The attempt round rd carries: round rd-1 is closed (or abandoned) before
  * anyone can join rd, so its value and why it ended decide. */
-static int attempt_of(struct c10d_job *j, struct coord *c, int64_t rd, int *ret)
+int c10d_attempt_of(struct c10d_job *j, struct coord *c, int64_t rd, int *ret)
 {
 	struct round_head prev;
 	char key[64], *v = NULL, *chg = NULL;
@@ -169,7 +170,7 @@ static int abandon(struct c10d_job *j, struct coord *c, int64_t rd, char **ret_c
 	char key[64], *val = NULL;
 	int r;
 
-	TRY(attempt_of(j, c, rd, &h.attempt));
+	TRY(c10d_attempt_of(j, c, rd, &h.attempt));
 	r = round_head_format(&h, &val);
 	if (r < 0)
 		return c10d_jfail(j, NULL, r, "abandoning the round");
@@ -212,117 +213,10 @@ static int open_next(struct c10d_job *j, struct coord *c, int64_t rd, const char
 	return r < 0 ? c10d_jfail(j, c, r, "opening the next round") : 0;
 }
 
-/* Which of tickets 1..n have their alive key, into live[0..n): 0, or 1 when
- * the store cannot say in bulk (the caller asks ticket by ticket). First
- * whether the first `max` all exist, in one round trip that never waits (a
- * CHECK of them): the common case. Else which ones, in one more (a MULTI_GET
- * without a WAIT on a crun store). A MULTI_GET with a 1 ms timeout did the
- * first before: on a busy store its WAIT outlived the millisecond, the
- * closer fell back to n lookups without keeping its lease alive, the lease
- * lapsed and the round was abandoned (6 rounds in a row at 8,192 simulated
- * agents); and the n lookups, one round trip each, were still the fallback
- * whenever a joiner had its ticket but not yet its lease (12,288 CHECKs by
- * one closer at 12,288 simulated agents: 1.0 request per member). */
-static int alive_look(struct coord *c, int64_t rd, int n, int max, bool *live)
-{
-	char **keys = calloc((size_t)n, sizeof(char *));
-	int r = keys && n > 0 ? 0 : CRUN_ENOMEM, first = MIN(n, max);
-
-	for (int i = 0; r >= 0 && i < n; i++) {
-		keys[i] = malloc(64);
-		r = keys[i] ? str_printf(keys[i], 64, "r%" PRId64 "/alive/%d", rd, i + 1)
-			    : CRUN_ENOMEM;
-	}
-	if (r >= 0)
-		r = coord_exists_all(c, (const char *const *)keys, (size_t)first);
-	if (r == 1) {
-		for (int i = 0; i < first; i++)
-			live[i] = true;
-		r = 0;
-	} else if (r == 0) {
-		r = coord_exists_each(c, (const char *const *)keys, (size_t)n, live);
-		r = r == CRUN_ENOTSUP ? 1 : r;
-	}
-	for (int i = 0; keys && i < n; i++)
-		free(keys[i]);
-	free(keys);
-	return r;
-}
-
-/* Whether ticket t is the one closer of round rd: the first to compare-set
- * r<rd>/closer (a slow closer and the member that took its claim over must
- * not both write the assignments, which are under no closer's name). 1:
- * it is, 0: another closer is. */
-static int win_closer(struct coord *c, int64_t rd, int64_t t)
-{
-	char key[64], me[32], *cur = NULL;
-	int r;
-
-	KEY(key, "r%" PRId64 "/closer", rd);
-	KEY(me, "%" PRId64, t);
-	TRY(coord_compare_set(c, key, "", me, &cur));
-	r = strcmp(cur, me) == 0;
-	crun_free(cur);
-	return r;
-}
-
-/* Closes round rd as ticket t with members m[0..n): first every member's
- * assignment (r<rd>/a/<ticket>: a member's wait reads its own with the
- * closed key, so the key cannot depend on the closer; win_closer makes it
- * one writer) and the member list under this closer's name (one
- * MULTI_SET), then the head by COMPARE_SET. Whoever won, *ret_closed gets
- * the head now stored: no need to wait for it (the store may be busy
- * serving it to everyone). Nothing when another member is the closer. */
-static int write_close(struct coord *c, int64_t rd, int64_t t, int attempt,
-		       const struct round_node *m, int n, char **ret_closed)
-{
-	struct round_plan p;
-	char **keys = calloc((size_t)n + 1, sizeof(char *)), *head = NULL, key[64];
-	const char **vals = calloc((size_t)n + 1, sizeof(char *));
-	int r = keys && vals ? round_plan_make(attempt, (int)t, m, n, &p) : CRUN_ENOMEM;
-
-	if (r < 0) {
-		free(keys);
-		free(vals);
-		return r;
-	}
-	r = win_closer(c, rd, t);
-	if (r <= 0) {
-		free(keys);
-		free(vals);
-		round_plan_free(&p);
-		return r;
-	}
-	r = 0;
-	for (int i = 0; i < n && r == 0; i++) {
-		r = asprintf(&keys[i], "r%" PRId64 "/a/%d", rd, p.ticket[i]) < 0 ? CRUN_ENOMEM : 0;
-		vals[i] = p.val[i];
-	}
-	if (r == 0)
-		r = asprintf(&keys[n], "r%" PRId64 "/members/%" PRId64, rd, t) < 0 ? CRUN_ENOMEM
-										   : 0;
-	vals[n] = p.members;
-	if (r == 0)
-		r = coord_multi_set(c, (const char *const *)keys, vals, (size_t)n + 1);
-	if (r == 0)
-		r = round_head_format(&p.head, &head);
-	if (r == 0)
-		r = str_printf(key, sizeof(key), "r%" PRId64 "/closed", rd);
-	if (r >= 0)
-		r = coord_compare_set(c, key, "", head, ret_closed);
-	crun_free(head);
-	for (int i = 0; i <= n; i++)
-		free(keys[i]);
-	free(keys);
-	free(vals);
-	round_plan_free(&p);
-	return r;
-}
-
 /* Keeps this agent's lease alive while it waits in an open round (the
  * monitor does it once the round completes): the keep-alive's result, 0
  * when none was due. CRUN_ENOTFOUND: the lease is gone (store_forgot). */
-static int keep_lease(struct c10d_job *j, uint64_t now, uint64_t *last)
+int c10d_keep_lease(struct c10d_job *j, uint64_t now, uint64_t *last)
 {
 	struct coord *lc = j->lease_c ? j->lease_c : j->mon_c;
 
@@ -357,101 +251,6 @@ static int store_forgot(struct c10d_job *j, struct coord *c, int64_t rd, int64_t
 	r = r == 0 && strcmp(v, j->record) == 0 ? 0 : WAIT_FORGOT;
 	crun_free(v);
 	return r;
-}
-
-/* Reads which of tickets 1..joined are alive (until MAX of them) and, with
- * at least MIN, closes the round with them and their records (one
- * MULTI_GET: a record is written before its alive key). 0 whether or not
- * it closed; *ret_closed (malloc'd) is set when this call wrote or found
- * the closed value, else the caller waits for it. *ret_lag: the first
- * ticket drawn whose alive key is not there yet (a joiner between its
- * ticket and its lease, or dead there) when the round stays open for it:
- * below MIN always, below MAX too while hold_lag (a ticket drawn in time
- * is a member, not a spare: closing without it made a node that had just
- * taken ticket 3 of MAX 3 wait alone for the next round, issue 23), else
- * 0. *last_keep: keep_lease's. */
-static int try_close(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t, bool hold_lag,
-		     uint64_t *last_keep, char **ret_closed, int *ret_lag)
-{
-	struct round_node *m = NULL;
-	char **keys = NULL, **vals = NULL;
-	char key[96];
-	int r, n = 0, k = 0, good = 0, attempt, lag = 0;
-	int64_t joined;
-	bool *live = NULL, each;
-
-	*ret_lag = 0;
-	KEY(key, "r%" PRId64 "/closed", rd);
-	r = coord_exists(c, key);
-	if (r != 0) /* closed already (1), or an error */
-		goto out;
-	KEY(key, "r%" PRId64 "/joined", rd);
-	r = coord_add(c, key, 0, &joined);
-	if (r < 0)
-		goto out;
-	n = (int)MIN(joined, (int64_t)j->max + 4096); /* bounded read */
-	m = calloc((size_t)n, sizeof(*m));
-	keys = calloc((size_t)n, sizeof(char *));
-	vals = calloc((size_t)n, sizeof(char *));
-	live = calloc((size_t)n, sizeof(bool));
-	r = CRUN_ENOMEM;
-	if (!m || !keys || !vals || !live)
-		goto out;
-	r = n > 0 ? alive_look(c, rd, n, j->max, live) : 0;
-	if (r < 0)
-		goto out;
-	each = r == 1;
-	for (int i = 0; i < n && k < j->max; i++) {
-		r = str_printf(key, sizeof(key), "r%" PRId64 "/alive/%d", rd, i + 1);
-		/* One lookup per ticket may outlast the TTL (thousands of
-		 * tickets on a busy store): keep the lease meanwhile. */
-		if (r >= 0 && each)
-			(void)keep_lease(j, clock_now_ms(), last_keep); /* the wait looks */
-		if (r >= 0)
-			r = each ? coord_exists(c, key) : live[i];
-		if (r < 0)
-			goto out;
-		if (r == 0) {
-			lag = lag ? lag : i + 1;
-			continue; /* dead, or not there yet: not a member */
-		}
-		m[k].ticket = i + 1;
-		r = CRUN_ENOMEM;
-		keys[k] = malloc(64);
-		if (!keys[k])
-			goto out;
-		snprintf(keys[k++], 64, "r%" PRId64 "/node/%d", rd, i + 1);
-	}
-	r = 0;
-	if (k < j->min || (hold_lag && lag && k < j->max)) {
-		*ret_lag = lag;
-		goto out;
-	}
-	r = coord_multi_get(c, (const char *const *)keys, (size_t)k, j->conf.read_ms, vals);
-	if (r < 0)
-		goto out;
-	for (int i = 0; i < k; i++) {
-		if (round_record_parse(vals[i], m[i].ticket, &m[good]) == 0)
-			good++;
-		else
-			log_at(LL_WARN, SUB_RDZV, "ignoring a bad node record of ticket %d: %.200s",
-			       m[i].ticket, vals[i]);
-	}
-	if (good < j->min)
-		goto out;
-	r = attempt_of(j, c, rd, &attempt);
-	if (r == 0)
-		r = write_close(c, rd, t, attempt, m, good, ret_closed);
-out:
-	for (int i = 0; keys && vals && i < n; i++) {
-		free(keys[i]);
-		crun_free(vals[i]);
-	}
-	free(keys);
-	free(vals);
-	free(live);
-	free(m);
-	return r < 0 ? c10d_jfail(j, c, r, "closing the round") : 0;
 }
 
 /* Waits for round rd+1 to open (a spare): asleep until its first ticket
@@ -680,80 +479,6 @@ static int mark_counts(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 	return r < 0 ? c10d_jfail(j, c, r, "marking the node count") : 0;
 }
 
-/* One closer at a time: reading every record and writing every member's
- * assignment costs O(K), so the members whose close timers fire together
- * (past the stagger, or when the closer is slow) must not all do it. A
- * member closes only when it takes r<n>/closing - free, or still held by
- * the claimant it saw last time (given a while and no round, which a dead
- * claimant's lease would have ended). 1: closing is ours, 0: another
- * member's (claim: its value, for the next try). */
-static int claim_close(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t, char *claim,
-		       size_t cap)
-{
-	char key[64], me[32], *cur = NULL;
-	int r;
-
-	KEY(key, "r%" PRId64 "/closing", rd);
-	KEY(me, "%" PRId64, t);
-	if (strcmp(claim, me) == 0)
-		return 1; /* ours already: try again (below MIN live tickets) */
-	r = coord_compare_set(c, key, claim, me, &cur);
-	if (r < 0)
-		return c10d_jfail(j, c, r, "claiming the close");
-	r = strcmp(cur, me) == 0;
-	snprintf(claim, cap, "%s", cur);
-	crun_free(cur);
-	return r;
-}
-
-/* A member's turns at closing its round (wait_closed). */
-struct close_turn {
-	char claim[32];	   /* the closing claim seen last (claim_close) */
-	char lag[64];	   /* a lagging ticket's alive key to wake on, or "" */
-	uint64_t next_try; /* when to claim and look again */
-	uint64_t held_at;  /* when the close was first held for a lagging ticket */
-};
-
-/* This member's turn to close round rd: claims the close and, when the
- * claim is its own, tries. 0 with *ret_closed set: closed. Else when to
- * look again (ct): once the first lagging ticket takes its lease (a joiner
- * between its ticket and its lease when the closer looked: under load,
- * 14 of 40 at once), else after a TTL (such a joiner that died is dropped
- * then); a member that lost the claim after two (a closer that died ended
- * the round through its lease before then). Waiting the TTL for a lagging
- * lease too held a full round (MAX joined) that long, and past the join
- * timeout with a TTL longer than it (issue 23). With MIN alive the close
- * is held for a lagging ticket for one TTL at most (ct->held_at): then it
- * is taken as dead and the round closes without it. */
-static int close_turn(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t,
-		      struct close_turn *ct, uint64_t *last_keep, char **ret_closed)
-{
-	uint64_t now = clock_now_ms();
-	int r, lag = 0;
-
-	ct->lag[0] = '\0';
-	r = claim_close(j, c, rd, t, ct->claim, sizeof(ct->claim));
-	if (r < 0)
-		return r;
-	if (r == 1) {
-		bool hold = !ct->held_at || now - ct->held_at < j->conf.ttl_ms;
-
-		TRY(try_close(j, c, rd, t, hold, last_keep, ret_closed, &lag));
-		if (*ret_closed)
-			return 0;
-	}
-	if (lag) {
-		ct->held_at = ct->held_at ? ct->held_at : now;
-		KEY(ct->lag, "r%" PRId64 "/alive/%d", rd, lag);
-		log_at(LL_DEBUG, SUB_RDZV,
-		       "rendezvous '%s' round %" PRId64 ": ticket %d drawn but not alive yet "
-		       "(between its ticket and its lease); waiting for ticket %d's alive key",
-		       j->prefix, rd, lag, lag);
-	}
-	ct->next_try = now + (r == 1 ? j->conf.ttl_ms : 2 * j->conf.ttl_ms);
-	return 0;
-}
-
 /* The round timed out: say how many joined (one read, at the end). */
 static int join_timed_out(struct c10d_job *j, struct coord *c, int64_t rd)
 {
@@ -767,6 +492,43 @@ static int join_timed_out(struct c10d_job *j, struct coord *c, int64_t rd)
 		 " (%" PRId64 " joined)",
 		 j->conf.join_ms / 1000, j->min, j->prefix, rd, joined);
 	return CRUN_ETIMEDOUT;
+}
+
+/* The round's change key (a ticket holder died - its lease set it - before
+ * the round closed: nobody can tell whether it would have been counted, so
+ * start over) or the job's closed key (ended) woke the wait; ev: its value,
+ * freed here. */
+static int round_ended(struct c10d_job *j, struct coord *c, int64_t rd, bool ended, char *ev,
+		       char **ret_closed)
+{
+	if (ended) {
+		snprintf(j->err, sizeof(j->err),
+			 "the rendezvous '%s' was closed while this node joined round %" PRId64
+			 " (%s)",
+			 j->prefix, rd, ev);
+		crun_free(ev);
+		return CRUN_ERDZVCLOSED;
+	}
+	log_at(LL_WARN, SUB_RDZV,
+	       "rendezvous '%s' round %" PRId64 " ended before it closed (%.200s); starting over",
+	       j->prefix, rd, ev);
+	crun_free(ev);
+	return abandon(j, c, rd, ret_closed);
+}
+
+/* The waiting line, rarer as the wait goes on (a line costs a read). */
+static int log_waiting(struct c10d_job *j, struct coord *c, int64_t rd, uint64_t min_seen,
+		       uint64_t deadline, uint64_t *every, uint64_t *next_log)
+{
+	char jk[64];
+	int64_t joined = 0;
+
+	*every = MIN(*every * 2, C10D_PROGRESS_MAX_MS);
+	*next_log = clock_now_ms() + *every;
+	KEY(jk, "r%" PRId64 "/joined", rd);
+	if (coord_add(c, jk, 0, &joined) == 0)
+		c10d_progress(j, c, rd, joined, min_seen, deadline - clock_now_ms());
+	return 0;
 }
 
 /* Sleeps in round rd (open) until it is closed: wakes on its events
@@ -785,7 +547,7 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 	uint64_t now = clock_now_ms(), last_keep = now;
 	uint64_t min_seen = t >= j->min ? now : 0, max_seen = t >= j->max ? now : 0;
 	uint64_t every = C10D_PROGRESS_MS, next_log = now + every, outage = 0;
-	struct close_turn ct = {"", "", 0, 0};
+	struct c10d_close_turn ct = {"", "", 0, 0};
 	bool watch_counts = round_watches_counts((int)t);
 	bool fold_keep = j->lease && j->lease_c == c;
 	uint64_t keep;
@@ -815,13 +577,13 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 		if (keep) {
 			last_keep = j->lease_kept_ms = now;
 		} else if (!fold_keep) {
-			r = keep_lease(j, now, &last_keep);
+			r = c10d_keep_lease(j, now, &last_keep);
 			r = r == CRUN_ENOTFOUND ? store_forgot(j, c, rd, t) : 0;
 			if (r != 0)
 				return r;
 		}
 		if (at && now >= at && now >= ct.next_try) {
-			TRY(close_turn(j, c, rd, t, &ct, &last_keep, ret_closed));
+			TRY(c10d_close_turn(j, c, rd, t, &ct, &last_keep, ret_closed));
 			if (*ret_closed)
 				return 0;
 		}
@@ -853,25 +615,8 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 			*ret_closed = ev;
 			return 0;
 		}
-		if (r == EV_CHANGE) {
-			/* A ticket holder died (its lease set the change key)
-			 * before the round closed: nobody can tell whether it
-			 * would have been counted, so start over. */
-			log_at(LL_WARN, SUB_RDZV,
-			       "rendezvous '%s' round %" PRId64 " ended before it closed "
-			       "(%.200s); starting over",
-			       j->prefix, rd, ev);
-			crun_free(ev);
-			return abandon(j, c, rd, ret_closed);
-		}
-		if (r == EV_ENDED) {
-			snprintf(j->err, sizeof(j->err),
-				 "the rendezvous '%s' was closed while this node joined round "
-				 "%" PRId64 " (%s)",
-				 j->prefix, rd, ev);
-			crun_free(ev);
-			return CRUN_ERDZVCLOSED;
-		}
+		if (r == EV_CHANGE || r == EV_ENDED)
+			return round_ended(j, c, rd, r == EV_ENDED, ev, ret_closed);
 		crun_free(ev);
 		if (r == EV_MAX || r == EV_MIN) {
 			now = clock_now_ms();
@@ -887,23 +632,13 @@ static int wait_closed(struct c10d_job *j, struct coord *c, int64_t rd, int64_t 
 			continue;
 		if (r != CRUN_ETIMEDOUT)
 			return c10d_jfail(j, c, r, "waiting for the round to close");
-		if (clock_now_ms() >= next_log) {
-			char jk[64];
-			int64_t joined = 0;
-
-			/* Rarer as the wait goes on: a log line costs reads. */
-			every = MIN(every * 2, C10D_PROGRESS_MAX_MS);
-			next_log = clock_now_ms() + every;
-			KEY(jk, "r%" PRId64 "/joined", rd);
-			if (coord_add(c, jk, 0, &joined) == 0)
-				c10d_progress(j, c, rd, joined, min_seen,
-					      deadline - clock_now_ms());
-		}
+		if (clock_now_ms() >= next_log)
+			TRY(log_waiting(j, c, rd, min_seen, deadline, &every, &next_log));
 	}
 	return CRUN_ETIMEDOUT;
 }
 
-/* Round rd-1's closed value with no members, for attempt_of(rd): the
+/* Round rd-1's closed value with no members, for c10d_attempt_of(rd): the
  * attempt of round rd as this agent knows it, less what a restart reason on
  * r<rd-1>/change adds (a returning agent may have just written one there). */
 static int put_back_head(struct c10d_job *j, struct coord *c, int64_t rd)
@@ -963,34 +698,33 @@ static int put_back(struct c10d_job *j, struct coord *c, int64_t rd, int64_t *re
 	return 0;
 }
 
-/* Joins rounds until one that counts this agent in completes. */
-int c10d_job_round(struct c10d_job *j, struct coord *c)
+/* An agent of round prev_round comes back (a restart, a fence): whoever
+ * comes first moves the job to the next round; the round's change key says
+ * why, if nobody said it yet (an agent whose monitor read it knows it is
+ * there). *ret_rd: the round to join. */
+static int come_back(struct c10d_job *j, struct coord *c, int64_t *ret_rd)
 {
-	uint64_t deadline = clock_now_ms() + j->conf.join_ms;
+	bool restart = j->prev_restart;
+	char val[ROUND_RECORD_MAX];
+
+	if (j->fenced)
+		KEY(val, "dead %s (fenced: its lease went unrenewed for %u ms)", j->hostname,
+		    j->conf.ttl_ms);
+	else
+		KEY(val, "restart %s", j->hostname);
+	TRY(open_next(j, c, j->prev_round, j->change_seen ? NULL : val, ret_rd, &restart));
+	j->next_attempt = j->info.attempt + (restart ? 1 : 0);
+	/* No round counter to move on: the store restarted meanwhile. */
+	if (*ret_rd < 0)
+		TRY(put_back(j, c, j->prev_round + 1, ret_rd));
+	return 0;
+}
+
+/* This agent's record (j->record), written under each ticket it draws. */
+static int format_record(struct c10d_job *j)
+{
 	struct round_node me = {0};
-	char key[128], val[ROUND_RECORD_MAX];
-	int64_t rd = -1, t;
-	int r;
 
-	TRY(check_job(j, c));
-	j->next_attempt = -1;
-	if (j->prev_round >= 0) {
-		bool restart = j->prev_restart;
-
-		/* Whoever comes back first moves the job to the next round; the
-		 * round's change key says why, if nobody said it yet (an agent
-		 * whose monitor read it knows it is there). */
-		if (j->fenced)
-			KEY(val, "dead %s (fenced: its lease went unrenewed for %u ms)",
-			    j->hostname, j->conf.ttl_ms);
-		else
-			KEY(val, "restart %s", j->hostname);
-		TRY(open_next(j, c, j->prev_round, j->change_seen ? NULL : val, &rd, &restart));
-		j->next_attempt = j->info.attempt + (restart ? 1 : 0);
-		/* No round counter to move on: the store restarted meanwhile. */
-		if (rd < 0)
-			TRY(put_back(j, c, j->prev_round + 1, &rd));
-	}
 	me.prev_round = j->prev_round;
 	me.prev_grank = j->prev_grank;
 	me.nproc = j->nproc;
@@ -998,7 +732,22 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 	me.wport = j->wport;
 	snprintf(me.addr, sizeof(me.addr), "%s", j->addr);
 	snprintf(me.host, sizeof(me.host), "%s", j->hostname);
-	TRY(round_record_format(&me, j->record, sizeof(j->record)));
+	return round_record_format(&me, j->record, sizeof(j->record));
+}
+
+/* Joins rounds until one that counts this agent in completes. */
+int c10d_job_round(struct c10d_job *j, struct coord *c)
+{
+	uint64_t deadline = clock_now_ms() + j->conf.join_ms;
+	char key[128];
+	int64_t rd = -1, t;
+	int r;
+
+	TRY(check_job(j, c));
+	j->next_attempt = -1;
+	if (j->prev_round >= 0)
+		TRY(come_back(j, c, &rd));
+	TRY(format_record(j));
 	for (int attempt = 0; attempt < 1 << 20; attempt++) {
 		struct round_head h;
 		struct pre_read pre = {false, NULL};
@@ -1065,153 +814,4 @@ int c10d_job_round(struct c10d_job *j, struct coord *c)
 			return r;
 	}
 	return CRUN_ETIMEDOUT;
-}
-
-/* closed is "done <this job's round>": every node of this round passed. */
-static bool barrier_done_here(const struct c10d_job *j, const char *closed)
-{
-	char want[32];
-
-	snprintf(want, sizeof(want), "done %d", j->round);
-	return strcmp(closed, want) == 0;
-}
-
-/* Waits for the job's end. A peer that restarts instead wakes this node
- * through its monitor (the agent then leaves the barrier for the next round);
- * a peer that fails sets "closed" to the failure. */
-static int barrier_wait(struct c10d_job *j, struct coord *c)
-{
-	char *v = NULL;
-	int r = coord_wait(c, "closed", j->conf.join_ms);
-
-	if (r == CRUN_ETIMEDOUT) {
-		j->barrier = BO_TIMED_OUT;
-		snprintf(j->err, sizeof(j->err),
-			 "exit barrier: timed out after %u s waiting for the other nodes of "
-			 "rendezvous '%s' round %d to finish",
-			 j->conf.join_ms / 1000, j->prefix, j->round);
-		return r;
-	}
-	if (r == 0)
-		r = coord_get(c, "closed", j->conf.read_ms, &v);
-	if (r < 0)
-		return c10d_jfail(j, c, r, "exit barrier");
-	if (strncmp(v, "failed", 6) == 0) {
-		j->barrier = BO_FAILED;
-		snprintf(j->err, sizeof(j->err), "the job failed on another node: %s", v);
-	} else if (!barrier_done_here(j, v) || helper_stopping(&j->h)) {
-		/* A later round ended the job: this barrier's agent left it for
-		 * that round (the loop dropped this job). Waiting for this
-		 * round's departures would hold a connection, and the host's
-		 * exit, for C10D_DEPART_MS. */
-		j->barrier = BO_FAILED;
-		snprintf(j->err, sizeof(j->err),
-			 "exit barrier of round %d: left for a later round (closed: %.200s)",
-			 j->round, v);
-	}
-	crun_free(v);
-	return 0;
-}
-
-/* The host gives up on the barrier, and its exit takes the store along:
- * close the job as failed, so that the nodes still running learn it now
- * (their monitors watch "closed" and r<n>/change), stop and hang up, instead
- * of finding the store gone after the host's linger (C10D_DEPART_MS). A node
- * that arrived meanwhile may have passed the barrier: then it passed here. */
-static int barrier_give_up(struct c10d_job *j, struct coord *c)
-{
-	char val[700], key[64], *cur = NULL;
-	int r;
-
-	snprintf(val, sizeof(val), "failed: %.400s (on %.200s, which serves the rendezvous store)",
-		 j->err, j->hostname);
-	r = coord_compare_set(c, "closed", "", val, &cur);
-	if (r == 0 && strcmp(cur, val) != 0) {
-		if (barrier_done_here(j, cur)) {
-			j->barrier = BO_PASSED;
-			j->err[0] = '\0';
-		} else {
-			j->barrier = BO_FAILED;
-			snprintf(j->err, sizeof(j->err), "the job failed on another node: %s", cur);
-		}
-		crun_free(cur);
-		return j->barrier == BO_PASSED ? 0 : CRUN_ERDZVCLOSED;
-	}
-	crun_free(cur);
-	if (r == 0 && str_printf(key, sizeof(key), "r%d/change", j->round) >= 0)
-		r = coord_set(c, key, "failed");
-	if (r < 0)
-		log_at(LL_WARN, SUB_RDZV,
-		       "cannot tell the other nodes that the exit barrier failed: %s",
-		       crun_strerror(r));
-	return CRUN_ETIMEDOUT;
-}
-
-int c10d_job_barrier(struct c10d_job *j, struct coord *c)
-{
-	char k1[64], k2[64], val[64];
-	int64_t n;
-	int r;
-
-	j->barrier = BO_PASSED;
-	KEY(k1, "r%d/exit", j->round);
-	r = coord_add(c, k1, 1, &n);
-	if (r < 0)
-		return c10d_jfail(j, c, r, "exit barrier");
-	if (n == j->nnodes) {
-		KEY(val, "done %d", j->round);
-		r = coord_compare_set(c, "closed", "", val, NULL);
-		if (r < 0)
-			return c10d_jfail(j, c, r, "exit barrier");
-	}
-	r = barrier_wait(j, c);
-	/* Not a dropped job: the barrier a restart left may time out in the
-	 * middle of a later round, which it must not end. */
-	if (r == CRUN_ETIMEDOUT && j->barrier == BO_TIMED_OUT && j->is_host &&
-	    !helper_stopping(&j->h))
-		r = barrier_give_up(j, c);
-	if (r < 0 && j->barrier == BO_PASSED)
-		j->barrier = BO_FAILED;
-	if (r < 0 || j->barrier != BO_PASSED)
-		return r;
-	KEY(k1, "r%d/departed", j->round);
-	KEY(k2, "r%d/departed_all", j->round);
-	if (!j->is_host)
-		return c10d_count_in(c, k1, k2, j->nnodes - j->host_member);
-	if (j->nnodes - j->host_member > 0) {
-		r = coord_wait(c, k2, C10D_DEPART_MS);
-		if (r < 0)
-			log_at(LL_WARN, SUB_RDZV,
-			       "not every agent left within %u s; leaving anyway",
-			       C10D_DEPART_MS / 1000);
-	}
-	return 0;
-}
-
-int c10d_job_fail(struct c10d_job *j, struct coord *c)
-{
-	char key[64], val[600];
-	int r;
-
-	if (j->why[0]) {
-		KEY(val, "failed: %s", j->why);
-		r = coord_compare_set(c, "closed", "", val, NULL);
-		if (r == 0) {
-			/* Overwrites any earlier reason: members still watching
-			 * must learn that this is the end. */
-			KEY(key, "r%d/change", j->round);
-			r = coord_set(c, key, "failed");
-		}
-		if (r < 0)
-			return c10d_jfail(j, c, r, "closing the rendezvous as failed");
-	}
-	/* The agent serving the store waits for the others to have read it. */
-	if (j->is_host && j->nnodes > 1) {
-		KEY(key, "r%d/failed_acked", j->round);
-		r = coord_wait(c, key, j->conf.close_ms);
-		if (r < 0)
-			log_at(LL_WARN, SUB_RDZV, "not every agent saw the failure within %u s",
-			       j->conf.close_ms / 1000);
-	}
-	return 0;
 }
