@@ -274,3 +274,33 @@ def test_hang_names_the_straggler_job_wide(procs, tmp_path, elastic):
           f"digest: {', '.join(took)} ms")
     assert re.search(r"rank\s+: 3 \(local_rank: 1\)", err), err  # the root cause
     assert glob.glob(str(tmp_path / "logs*" / "*" / "attempt_0" / "job_stacks.txt")), err
+
+
+def test_crunctl_stacks_all_gathers_every_node(procs, tmp_path, elastic):
+    """While the 2x2 job waits for rank 3: crunctl stacks --all on either
+    agent prints all 4 ranks with the job-wide digest; on crun-rdzvd's page
+    --job J does the same, and an unknown job is told so."""
+    env = job_env(tmp_path, SLOW_RANK=3)
+    agents = elastic_agents(procs, tmp_path, elastic, env)
+    wait_until(lambda: all((tmp_path / "ready" / str(r)).exists() for r in range(4)),
+               "every rank where it waits")
+    res = crunctl("stacks", "--all", "--endpoint", agents[1][1])
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert re.search(r"job 'hangjob' \(ask \d+\): 4 ranks on 2 of 2 nodes", out), out
+    assert re.search(r"digest: rank 3 is in late_for_the_all_reduce \(hang_worker\.py:\d+\) "
+                     r"while ranks 0,1,2 are in", out), out
+    for r in range(4):
+        assert re.search(rf"=== rank {r} \(node \d \S+, local rank {r % 2}, pid \d+\): \S+", out), out
+    rdzvd = elastic[2]
+    if rdzvd:
+        res = crunctl("stacks", "--endpoint", rdzvd, "--job", "hangjob")
+        assert res.returncode == 0, res.stderr
+        assert "4 ranks on 2 of 2 nodes" in res.stdout and "rank 3 is in late_for" in res.stdout
+        bad = crunctl("stacks", "--endpoint", rdzvd, "--job", "nosuch")
+        assert bad.returncode == 1, bad.stdout
+        assert "HTTP 404: no job 'nosuch' in this store" in bad.stderr, bad.stderr
+    for o, _ in agents:
+        o.p.send_signal(signal.SIGTERM)
+    for o, _ in agents:
+        o.finish(60)
