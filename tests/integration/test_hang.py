@@ -255,24 +255,30 @@ def elastic_agents(procs, tmp_path, elastic, env, *flags, nnodes=2, nproc=2, job
 
 
 def test_hang_names_the_straggler_job_wide(procs, tmp_path, elastic):
-    """2 agents x 2 gloo ranks: global rank 3 sleeps before the all_reduce the
-    others wait in. The job-wide digest (from every node's stacks, through the
-    job board) names rank 3 and its function on the node that kills it, and
-    the time from the hang's declaration to the digest is printed."""
-    env = job_env(tmp_path, SLOW_RANK=3)
-    agents = elastic_agents(procs, tmp_path, elastic, env, "--hang_timeout=3")
+    """2 agents x 2 gloo ranks (CRUN_HANG_NPROC=4: x 4, the bench's other
+    shape): the last global rank sleeps before the all_reduce the others wait
+    in. The job-wide digest (from every node's stacks, through the job board)
+    names it and its function on the node that kills it, and the time from
+    the hang's declaration to the digest is printed."""
+    nproc = int(os.environ.get("CRUN_HANG_NPROC", "2"))
+    slow, world = 2 * nproc - 1, 2 * nproc
+    env = job_env(tmp_path, SLOW_RANK=slow)
+    agents = elastic_agents(procs, tmp_path, elastic, env, "--hang_timeout=3", nproc=nproc)
     results = [o.finish(300) for o, _ in agents]
     err = "".join(e for _, _, e in results)
     assert all(rc == 1 for rc, _, _ in results), err
-    m = re.search(r"crun: hung: rank 3 is in (late_for_the_all_reduce \(hang_worker\.py:\d+\)) "
-                  r"while ranks 0,1,2 are in (\S+ \(\S+\)) when no worker made progress", err)
+    others = ",".join(str(r) for r in range(slow))
+    m = re.search(rf"crun: hung: rank {slow} is in (late_for_the_all_reduce "
+                  rf"\(hang_worker\.py:\d+\)) while ranks {others} are in (\S+ \(\S+\)) when "
+                  r"no worker made progress", err)
     assert m, err
     assert "all_reduce" in m.group(2), m.group(2)
-    took = re.findall(r"job-wide stacks: 4 ranks on 2 of 2 nodes \(ask \d+\) in (\d+) ms", err)
+    took = re.findall(rf"job-wide stacks: {world} ranks on 2 of 2 nodes \(ask \d+\) in (\d+) ms",
+                      err)
     assert took, err
-    print(f"\n[{elastic[0]}{'/rdzvd' if elastic[2] else ''}] hang declared -> job-wide "
-          f"digest: {', '.join(took)} ms")
-    assert re.search(r"rank\s+: 3 \(local_rank: 1\)", err), err  # the root cause
+    print(f"\n[{elastic[0]}{'/rdzvd' if elastic[2] else ''} 2x{nproc}] hang declared -> "
+          f"job-wide digest: {', '.join(took)} ms")
+    assert re.search(rf"rank\s+: {slow} \(local_rank: {nproc - 1}\)", err), err  # the root cause
     assert glob.glob(str(tmp_path / "logs*" / "*" / "attempt_0" / "job_stacks.txt")), err
 
 
