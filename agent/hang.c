@@ -237,12 +237,12 @@ static void declare_hung(struct agent_hang *h, uint64_t silent_ms)
 	int idx;
 
 	event_del(h->timer); /* once per attempt: the stop follows */
-	if (h->deferred) { /* the job-wide digest named another node's rank */
+	if (h->deferred) {   /* the job-wide digest named another node's rank */
 		blame(h, -1, h->when);
 		return;
 	}
-	snprintf(h->when, sizeof(h->when),
-		 "no worker made progress for %.1f s (--hang_timeout)", silent_ms / 1000.0);
+	snprintf(h->when, sizeof(h->when), "no worker made progress for %.1f s (--hang_timeout)",
+		 silent_ms / 1000.0);
 	snprintf(ask, sizeof(ask), "hang on %s: %s", a->host, h->when);
 	h->asked_ms = clock_now_ms();
 	if (rdzv_stacks_gather(a->rdzv, ask, on_gathered, a) == 0) {

@@ -188,7 +188,7 @@ void stacks_digest(const int *ranks, const char *const *frames, const bool *odd,
 			break;
 		}
 		stacks_append(buf, cap, &len, "%srank %d %s in %s", k++ ? ", " : "", ranks[i],
-		       odd ? "is" : "was", frames[i]);
+			      odd ? "is" : "was", frames[i]);
 	}
 	if (odd && k)
 		majority_part(ranks, frames, odd, n, buf, cap, &len);
@@ -429,14 +429,15 @@ static void stop_cause(const struct crun_agent *a, enum stop_reason reason, char
 			break;
 		stacks_append(buf, cap, &len, "rank%s ", a->nfailures > 1 ? "s" : "");
 		for (int i = 0; i < a->nfailures && i < 8; i++)
-			stacks_append(buf, cap, &len, "%s%d", i ? "," : "", a->failures[i].global_rank);
+			stacks_append(buf, cap, &len, "%s%d", i ? "," : "",
+				      a->failures[i].global_rank);
 		stacks_append(buf, cap, &len, " failed");
 		break;
 	case STOP_PEER_FAILED: /* as fsm.c words it: a lost store is no node's failure */
 		stacks_append(buf, cap, &len, "%s",
-		       rdzv_change_kind(a->rdzv) == RDZV_CHANGE_LOST
-			   ? "the rendezvous store was lost"
-			   : "the job failed on another node");
+			      rdzv_change_kind(a->rdzv) == RDZV_CHANGE_LOST
+				  ? "the rendezvous store was lost"
+				  : "the job failed on another node");
 		break;
 	case STOP_PEER:
 		stacks_append(buf, cap, &len, "the membership changed");

@@ -94,10 +94,10 @@ const char *stacks_last_digest(const struct crun_agent *a); /* "" when none */
 #define STACKS_ANSWER_REUSE_MS 1000u /* asks this close share a capture */
 
 struct stacks_merged {
-	int nranks;	 /* ranks in the answers */
-	int nodes;	 /* answers that held a rank list */
-	int nodd;	 /* stragglers (0: no strict majority, or none odd) */
-	int blame_rank;	 /* the first straggler's global rank, -1: none */
+	int nranks;	/* ranks in the answers */
+	int nodes;	/* answers that held a rank list */
+	int nodd;	/* stragglers (0: no strict majority, or none odd) */
+	int blame_rank; /* the first straggler's global rank, -1: none */
 	char blame_frame[STACKS_FRAME_MAX];
 	char digest[STACKS_DIGEST_MAX]; /* stacks_digest over every rank */
 };
@@ -121,8 +121,8 @@ char *stacks_board_answer(int64_t ask, void *arg);
  * straggler when it is here, else the first running one; -1 with
  * *ret_remote when the straggler is on another node. No answer with ranks:
  * stacks_on_hang's result. */
-int stacks_on_hang_job(struct crun_agent *a, const char *when, int64_t ask,
-		       char *const *answers, int n, uint64_t t0_ms, bool *ret_remote);
+int stacks_on_hang_job(struct crun_agent *a, const char *when, int64_t ask, char *const *answers,
+		       int n, uint64_t t0_ms, bool *ret_remote);
 
 /* GET /stacks: captures (at most once per STACKS_MIN_GAP_MS, else
  * CRUN_EAGAIN) and returns in *ret_body (malloc'd) every local rank's stack,

@@ -144,7 +144,9 @@ char *stacks_job_text(const char *job, int64_t ask, char *const *answers, int n)
 	fprintf(f, "job '%s' (ask %lld): %d ranks on %d of %d nodes\n", job, (long long)ask,
 		mg.nranks, mg.nodes, n);
 	fprintf(f, "digest: %s\n\n",
-		mg.nodd ? mg.digest : mg.nranks ? "every rank is in the same frame" : "no rank");
+		mg.nodd	    ? mg.digest
+		: mg.nranks ? "every rank is in the same frame"
+			    : "no rank");
 	for (int g = 0; g < n; g++) {
 		cJSON *t = answers[g] ? cJSON_Parse(answers[g]) : NULL;
 
@@ -210,9 +212,10 @@ char *stacks_board_answer(int64_t ask, void *arg)
 	if (stacks_ensure(a) < 0)
 		return NULL;
 	if (a->stk->answer && now - a->stk->answer_ms < STACKS_ANSWER_REUSE_MS) {
-		log_at(LL_INFO, SUB_AGENT, "answering ask %lld of the job board with the stacks "
-		       "taken %llu ms ago", (long long)ask,
-		       (unsigned long long)(now - a->stk->answer_ms));
+		log_at(LL_INFO, SUB_AGENT,
+		       "answering ask %lld of the job board with the stacks "
+		       "taken %llu ms ago",
+		       (long long)ask, (unsigned long long)(now - a->stk->answer_ms));
 		return str_dup(a->stk->answer);
 	}
 	for (int i = 0; i < CRUN_AGENT_MAX_LOCAL; i++)
@@ -249,8 +252,8 @@ static void write_job_file(struct crun_agent *a, int64_t ask, char *const *answe
 	int fd;
 
 	path[0] = '\0';
-	if (!text || str_printf(path, cap, "%s/attempt_%d/job_stacks.txt", a->run_dir,
-				a->restart_count) < 0)
+	if (!text ||
+	    str_printf(path, cap, "%s/attempt_%d/job_stacks.txt", a->run_dir, a->restart_count) < 0)
 		goto out;
 	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0 || fd_write_all(fd, text, strlen(text)) < 0) {
@@ -263,8 +266,8 @@ out:
 	free(text);
 }
 
-int stacks_on_hang_job(struct crun_agent *a, const char *when, int64_t ask,
-		       char *const *answers, int n, uint64_t t0_ms, bool *ret_remote)
+int stacks_on_hang_job(struct crun_agent *a, const char *when, int64_t ask, char *const *answers,
+		       int n, uint64_t t0_ms, bool *ret_remote)
 {
 	struct stacks_merged mg;
 	char path[PATH_MAX];
@@ -277,9 +280,8 @@ int stacks_on_hang_job(struct crun_agent *a, const char *when, int64_t ask,
 	log_at(LL_WARN, SUB_AGENT,
 	       "job-wide stacks: %d ranks on %d of %d nodes (ask %lld) in %llu ms after the hang "
 	       "was declared%s%s",
-	       mg.nranks, mg.nodes, n, (long long)ask,
-	       (unsigned long long)(clock_now_ms() - t0_ms), path[0] ? "; every stack in " : "",
-	       path);
+	       mg.nranks, mg.nodes, n, (long long)ask, (unsigned long long)(clock_now_ms() - t0_ms),
+	       path[0] ? "; every stack in " : "", path);
 	snprintf(a->stk->digest, sizeof(a->stk->digest), "%s", mg.digest);
 	a->stk->held = true;
 	for (int i = 0; i < a->nworkers && i < CRUN_AGENT_MAX_LOCAL; i++)

@@ -828,7 +828,8 @@ static void on_request(struct evhttp_request *req, void *arg)
 	else if (strcmp(path, "/status") == 0)
 		get_status(s, req, evhttp_uri_get_query(uri));
 	else if (strcmp(path, "/jobs") == 0)
-		status_reply(req, 200, "application/json", agent_status_jobs_json(s->agent, s->store));
+		status_reply(req, 200, "application/json",
+			     agent_status_jobs_json(s->agent, s->store));
 	else if (strncmp(path, "/jobs/", 6) == 0 && path[6] && s->store && !s->agent)
 		get_store_job_path(s, req, path + 6);
 	else if (strcmp(path, "/stacks") == 0 && (s->agent || s->board_store))
@@ -837,8 +838,8 @@ static void on_request(struct evhttp_request *req, void *arg)
 		status_reply(req, 200, "application/json", agent_status_usage_json(s->store));
 	else if (strcmp(path, "/metrics") == 0)
 		status_reply(req, 200, "text/plain; version=0.0.4; charset=utf-8",
-		      agent_status_metrics(s->agent, s->store, s->exits,
-					   clock_now_ms() - s->started_ms));
+			     agent_status_metrics(s->agent, s->store, s->exits,
+						  clock_now_ms() - s->started_ms));
 	else
 		evhttp_send_error(req, HTTP_NOTFOUND, "try /healthz, /status, /jobs or /metrics");
 }
@@ -921,8 +922,7 @@ void agent_status_attach(struct agent_status *s, struct crun_agent *a)
 {
 	if (!s)
 		return;
-	if (s->agent != a)
-		status_stacks_detach(s->stk);
+	status_stacks_attach(s->stk, a);
 	s->agent = a;
 }
 

@@ -53,8 +53,9 @@ struct status_stacks;
 int status_stacks_new(struct event_base *base, struct status_stacks **ret);
 void status_stacks_get(struct status_stacks *ss, struct evhttp_request *req, const char *query,
 		       struct crun_agent *a, struct store_server *srv);
-/* The page's agent changes: its gather in flight is answered 503. */
-void status_stacks_detach(struct status_stacks *ss);
+/* The page's agent is a (NULL: none): a gather in flight for another
+ * agent is answered 503. */
+void status_stacks_attach(struct status_stacks *ss, struct crun_agent *a);
 /* Answers a pending request 503, then frees; NULL: no-op. */
 void status_stacks_free(struct status_stacks *ss);
 #endif

@@ -107,8 +107,9 @@ int status_store_job_round(const struct store_server *srv, const char *run_id, c
 		return CRUN_ENOMEM;
 	r = rdzv_c10d_view(job_key_get, &jk, p, ret_state);
 	if (r == 0)
-		r = str_printf(prefix, cap, "/" RDZV_C10D_PREFIX "%s/round", run_id) < 0 ? CRUN_ERANGE
-											  : 0;
+		r = str_printf(prefix, cap, "/" RDZV_C10D_PREFIX "%s/round", run_id) < 0
+			? CRUN_ERANGE
+			: 0;
 	if (r == 0) {
 		/* The dialect of the job's own keys: "round" is always there. */
 		size_t n = strlen(prefix);

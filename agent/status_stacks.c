@@ -28,12 +28,12 @@
 #define STACKS_POLL_MS 20
 
 struct status_stacks {
-	struct event_base *base;     /* borrowed */
-	struct evhttp_request *req;  /* the gather's request, NULL: none */
-	struct crun_agent *agent;    /* borrowed: an agent's gather, else NULL */
-	struct store_server *srv;    /* borrowed: crun-rdzvd's gather, else NULL */
-	struct event *timer;	     /* crun-rdzvd: looks for the answers */
-	char job[RDZV_HOST_MAX];     /* the job gathered */
+	struct event_base *base;	 /* borrowed */
+	struct evhttp_request *req;	 /* the gather's request, NULL: none */
+	struct crun_agent *agent;	 /* borrowed: an agent's gather, else NULL */
+	struct store_server *srv;	 /* borrowed: crun-rdzvd's gather, else NULL */
+	struct event *timer;		 /* crun-rdzvd: looks for the answers */
+	char job[RDZV_HOST_MAX];	 /* the job gathered */
 	char prefix[RDZV_HOST_MAX + 32]; /* its keys, as its agents spell them */
 	int nodes;
 	int64_t ask;
@@ -231,8 +231,8 @@ static int post_ask(struct status_stacks *ss, char *err, size_t cap)
 				strlen("crunctl stacks --job via crun-rdzvd"));
 }
 
-static void get_job(struct status_stacks *ss, struct evhttp_request *req,
-		    struct store_server *srv, const char *job)
+static void get_job(struct status_stacks *ss, struct evhttp_request *req, struct store_server *srv,
+		    const char *job)
 {
 	static const struct timeval now = {0, 0};
 	const char *state = "";
@@ -333,9 +333,9 @@ int status_stacks_new(struct event_base *base, struct status_stacks **ret)
 	return 0;
 }
 
-void status_stacks_detach(struct status_stacks *ss)
+void status_stacks_attach(struct status_stacks *ss, struct crun_agent *a)
 {
-	struct evhttp_request *req = ss && ss->agent ? take_req(ss) : NULL;
+	struct evhttp_request *req = ss && ss->agent && ss->agent != a ? take_req(ss) : NULL;
 
 	if (req)
 		fail(req, 503, "Service Unavailable", "the agent went away");

@@ -112,7 +112,7 @@ static int cmd_stacks(const struct opts *o)
 
 	if (o->rdzv_id && (o->all || o->rank >= 0)) {
 		fprintf(stderr, PROG ": stacks: --job is for crun-rdzvd's page, without "
-				"--all or --rank\n");
+				     "--all or --rank\n");
 		return 2;
 	}
 	if (o->rdzv_id && agent_ctl_query(path, sizeof(path), "/stacks?rdzv_id=", o->rdzv_id) < 0) {

@@ -27,8 +27,7 @@ int rdzv_board_ask_key(char *buf, size_t cap, int64_t ask)
 
 int rdzv_board_answer_key(char *buf, size_t cap, int64_t ask, int group_rank)
 {
-	return str_printf(buf, cap, "stacks/%" PRId64 "/%d", ask, group_rank) < 0 ? CRUN_ERANGE
-										   : 0;
+	return str_printf(buf, cap, "stacks/%" PRId64 "/%d", ask, group_rank) < 0 ? CRUN_ERANGE : 0;
 }
 
 int c10d_job_gather(struct c10d_job *j, struct coord *c)

@@ -50,10 +50,10 @@ struct c10d {
 	enum rdzv_change change;
 	int barrier_result; /* 0, or why the exit barrier did not pass */
 	struct helper job, mon;
-	struct helper board;	 /* the job board's gather (board.c) */
+	struct helper board;	  /* the job board's gather (board.c) */
 	rdzv_gather_fn gather_fn; /* its caller, told once it ends */
 	void *gather_arg;
-	int64_t ask_seen; /* the last ask answered (-1: not known) */
+	int64_t ask_seen;     /* the last ask answered (-1: not known) */
 	struct coord *pend_c; /* lease connection handed from the round job */
 	uint64_t pend_lease, pend_kept_ms;
 	bool pend_hb;

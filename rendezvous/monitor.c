@@ -294,9 +294,9 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 			r = board ? c10d_board_next(j, *cp, ask, sizeof(ask)) : 0;
 			if (r == 0)
 				r = hb ? coord_watch(*cp, chk, j->conf.hb_ms)
-				       : coord_wait_any_get(*cp,
-							    (const char *const[]){"closed", chk, ask},
-							    board ? 3 : 2, (uint32_t)left, 0, &why_v);
+				       : coord_wait_any_get(
+					     *cp, (const char *const[]){"closed", chk, ask},
+					     board ? 3 : 2, (uint32_t)left, 0, &why_v);
 			if (r == 2) { /* an ask: answered, then back to the watch */
 				crun_free(why_v);
 				why_v = NULL;

@@ -460,8 +460,8 @@ int store_server_set_key(struct store_server *srv, const struct store_bytes *k,
 	return set_key(srv, NULL, k, v, false);
 }
 
-int store_server_put(struct store_server *srv, const uint8_t *key, size_t klen,
-		     const uint8_t *val, size_t vlen)
+int store_server_put(struct store_server *srv, const uint8_t *key, size_t klen, const uint8_t *val,
+		     size_t vlen)
 {
 	struct store_bytes k = {key, klen}, v = {val, vlen};
 

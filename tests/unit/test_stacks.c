@@ -163,11 +163,13 @@ END_TEST
 static const char node0[] =
     "{\"node\":0,\"host\":\"a\",\"ranks\":["
     "{\"rank\":1,\"local_rank\":1,\"pid\":11,\"frame\":\"allreduce (gloo.py:5)\",\"stack\":\"s1\"},"
-    "{\"rank\":0,\"local_rank\":0,\"pid\":10,\"frame\":\"allreduce (gloo.py:5)\",\"stack\":\"s0\"}]}";
+    "{\"rank\":0,\"local_rank\":0,\"pid\":10,\"frame\":\"allreduce "
+    "(gloo.py:5)\",\"stack\":\"s0\"}]}";
 static const char node1[] =
     "{\"node\":1,\"host\":\"b\",\"ranks\":["
     "{\"rank\":3,\"local_rank\":1,\"pid\":21,\"frame\":\"late (w.py:9)\",\"stack\":\"s3\"},"
-    "{\"rank\":2,\"local_rank\":0,\"pid\":20,\"frame\":\"allreduce (gloo.py:5)\",\"stack\":\"s2\"}]}";
+    "{\"rank\":2,\"local_rank\":0,\"pid\":20,\"frame\":\"allreduce "
+    "(gloo.py:5)\",\"stack\":\"s2\"}]}";
 
 START_TEST(merge_names_the_straggler_of_another_node)
 {
@@ -180,9 +182,9 @@ START_TEST(merge_names_the_straggler_of_another_node)
 	ck_assert_int_eq(m.nodd, 1);
 	ck_assert_int_eq(m.blame_rank, 3);
 	ck_assert_str_eq(m.blame_frame, "late (w.py:9)");
-	ck_assert_str_eq(m.digest,
-			 "rank 3 is in late (w.py:9) while ranks 0,1,2 are in allreduce (gloo.py:5) "
-			 "when hung");
+	ck_assert_str_eq(
+	    m.digest, "rank 3 is in late (w.py:9) while ranks 0,1,2 are in allreduce (gloo.py:5) "
+		      "when hung");
 }
 END_TEST
 
@@ -197,7 +199,8 @@ START_TEST(merge_skips_missing_and_bad_answers)
 	ck_assert_int_eq(m.nodes, 1);
 	ck_assert_int_eq(m.nodd, 0); /* one against one: a tie names nobody */
 	ck_assert_int_eq(m.blame_rank, -1);
-	ck_assert_str_eq(m.digest, "rank 2 was in allreduce (gloo.py:5), rank 3 was in late (w.py:9)");
+	ck_assert_str_eq(m.digest,
+			 "rank 2 was in allreduce (gloo.py:5), rank 3 was in late (w.py:9)");
 	ck_assert_int_eq(stacks_merge(none, 2, NULL, &m), CRUN_ENOENT);
 }
 END_TEST
