@@ -215,7 +215,7 @@ START_TEST(job_text_lists_every_node_and_rank)
 	ck_assert_ptr_nonnull(strstr(t, "digest: rank 3 is in late (w.py:9) while"));
 	ck_assert_ptr_nonnull(
 	    strstr(t, "=== rank 3 (node 2 b, local rank 1, pid 21): late (w.py:9)\ns3\n"));
-	ck_assert_ptr_nonnull(strstr(t, "=== node 1: no answer within 1800 ms\n"));
+	ck_assert_ptr_nonnull(strstr(t, "=== node 1: no answer within 2500 ms\n"));
 	ck_assert(strstr(t, "=== rank 1 ") < strstr(t, "=== node 1:"));
 	free(t);
 }
