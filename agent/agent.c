@@ -515,6 +515,7 @@ CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_a
 	rp.clear_store = clear_store;
 	rp.run_blocking = a->cfg.run_blocking;
 	rp.run_blocking_arg = a->cfg.run_blocking_arg;
+	rp.stacks_answer = stacks_board_answer;
 	r = rdzv_new(&rp, &a->rdzv);
 	if (r < 0) {
 		snprintf(a->err, sizeof(a->err), "rendezvous backend '%s': %s", rp.backend,

@@ -605,6 +605,7 @@ enum cli_ctl_opt {
 	CLI_CTL_RANK,
 	CLI_CTL_JOB,
 	CLI_CTL_TOKEN_FILE,
+	CLI_CTL_ALL,
 	CLI_CTL_HELP,
 	CLI_CTL_VERSION,
 	CLI_CTL_PRINT_MAN,
@@ -710,8 +711,9 @@ struct agent_status;
 int agent_status_start(struct event_base *base, const char *listen, struct agent_status **ret);
 void agent_status_attach(struct agent_status *s, struct crun_agent *a); /* s NULL: no-op */
 /* A store server whose counters /metrics adds (crun-rdzvd's; an agent's own
- * store is added by itself). Borrowed; s NULL: no-op. */
-void agent_status_attach_store(struct agent_status *s, const struct store_server *srv);
+ * store is added by itself), and into which GET /stacks?rdzv_id=J posts an
+ * ask of job J's board (rdzv.h). Borrowed; s NULL: no-op. */
+void agent_status_attach_store(struct agent_status *s, struct store_server *srv);
 const char *agent_status_addr(const struct agent_status *s); /* "127.0.0.1:8123" */
 void agent_status_stop(struct agent_status *s);		     /* NULL: no-op */
 /* The bodies, malloc'd (NULL on OOM); a NULL agent gives the bare page. */

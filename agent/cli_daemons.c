@@ -161,10 +161,15 @@ static const struct cli_opt ctl_rows[CLI_CTL__MAX] = {
     [CLI_CTL_RANK] = {"rank", 0, CT_INT, 0, NULL, NULL, NULL, "RANK", NULL, 0, INT64_MAX,
 		      "stacks: only this global rank", NULL, 0, NULL},
     [CLI_CTL_JOB] = {"job", 0, CT_STR, 0, NULL, NULL, NULL, "JOB", NULL, 0, 0,
-		     "drop: the job whose keys go (the same as --rdzv_id)", NULL, 0, NULL},
+		     "drop: the job whose keys go; stacks on crun-rdzvd's page: the job whose "
+		     "ranks print (the same as --rdzv_id)",
+		     NULL, 0, NULL},
     [CLI_CTL_TOKEN_FILE] = {"token-file", 0, CT_STR, 0, NULL, NULL, NULL, "FILE", NULL, 0, 0,
 			    "drop: crun-rdzvd's admin token (its --admin-token-file)", NULL, 0,
 			    NULL},
+    [CLI_CTL_ALL] = {"all", 0, CT_FLAG, 0, NULL, NULL, NULL, NULL, NULL, 0, 0,
+		     "stacks: every rank of every node of the agent's job (c10d, etcd)", NULL, 0,
+		     NULL},
     ACTION_ROWS(CLI_CTL),
 };
 

@@ -7,10 +7,12 @@
  * an idle interpreter's housekeeping threads are not progress. A rank that
  * busy-waits (an NCCL kernel spinning) burns CPU and so counts as
  * progressing: comparing successive stack samples is not done here.
- * On a hang: the stacks of every local rank (stacks.c), a digest naming the
- * ranks whose innermost frame differs from the majority's, an error file for
- * the straggler (so the failure summary names it as the root cause) and
- * SIGKILL for it; the usual failure path then restarts or fails the job.
+ * On a hang: the stacks of every rank of every node through the job board
+ * (rdzv.h; c10d and etcd), else of every local rank (stacks.c), a digest
+ * naming the ranks whose innermost frame differs from the majority's, an
+ * error file for the straggler (so the failure summary names it as the root
+ * cause) and SIGKILL for it; the usual failure path then restarts or fails
+ * the job.
  * One look costs a few /proc reads per worker, every HANG_CHECK_MAX_MS at
  * most.
  */
@@ -28,6 +30,7 @@
 
 #include "agent/stacks_int.h"
 #include "common/common.h"
+#include "rendezvous/rdzv.h"
 
 #define HANG_CHECK_MIN_MS 100
 #define HANG_CHECK_MAX_MS 2000
@@ -44,6 +47,12 @@ struct agent_hang {
 	char attempt_dir[PATH_MAX];
 	uint64_t progress_ms; /* monotonic: the last progress of any worker */
 	long tick_ms;
+	uint32_t every_ms;
+	/* A hang declared: its words, and the job board's gather (asked_ms:
+	 * when it was declared); deferred: the straggler is another node's */
+	char when[160];
+	uint64_t asked_ms;
+	bool gathering, deferred;
 	struct hang_rank rank[CRUN_AGENT_MAX_LOCAL];
 };
 
@@ -160,20 +169,20 @@ out:
 	cJSON_Delete(root);
 }
 
-static void declare_hung(struct agent_hang *h, uint64_t silent_ms)
+/* Kills local rank idx (the straggler, else the first running rank) with
+ * the digest as its reason; the usual failure path follows. */
+static void blame(struct agent_hang *h, int idx, const char *when)
 {
 	struct crun_agent *a = h->a;
-	char when[128], why[STACKS_DIGEST_MAX + 256];
+	char why[STACKS_DIGEST_MAX + 256];
 	struct worker *w;
-	int blame;
 
-	snprintf(when, sizeof(when), "no worker made progress for %.1f s (--hang_timeout)",
-		 silent_ms / 1000.0);
-	log_at(LL_WARN, SUB_AGENT, "%s: taking every local rank's stack", when);
-	blame = stacks_on_hang(a, when);
-	if (blame < 0)
-		blame = 0;
-	w = &a->workers[blame];
+	for (int i = 0; idx < 0 && i < a->nworkers && i < CRUN_AGENT_MAX_LOCAL; i++)
+		if (a->workers[i].state == W_RUNNING)
+			idx = i;
+	if (idx < 0)
+		return;
+	w = &a->workers[idx];
 	snprintf(why, sizeof(why), "crun: hung: %s",
 		 stacks_last_digest(a)[0] ? stacks_last_digest(a) : when);
 	log_at(LL_WARN, SUB_AGENT, "%s; killing rank %d (pid %d)", why, w->global_rank,
@@ -183,7 +192,68 @@ static void declare_hung(struct agent_hang *h, uint64_t silent_ms)
 	if (kill(-w->pid, SIGKILL) < 0 && errno != ESRCH)
 		log_at(LL_WARN, SUB_AGENT, "kill(-%d, SIGKILL): %s, ignoring", (int)w->pid,
 		       strerror(errno));
+}
+
+/* The job board's answers (rdzv_gather_fn): the job-wide digest. A
+ * straggler on another node is that node's to kill (its own watch sees
+ * the hang too); this node kills its own first rank only when it is still
+ * hung after another --hang_timeout (a straggler that burns CPU keeps its
+ * node from ever seeing the hang). */
+static void on_gathered(int r, int64_t ask, char *const *answers, int n, void *arg)
+{
+	struct crun_agent *a = arg;
+	struct agent_hang *h = a->hang;
+	struct timeval tv = {.tv_sec = 0, .tv_usec = 0};
+	bool remote = false;
+	int idx;
+
+	if (!h || !h->gathering)
+		return; /* a new attempt meanwhile: this answer is stale */
+	h->gathering = false;
+	if (a->state != AS_RUNNING)
+		return;
+	idx = r < 0 ? stacks_on_hang(a, h->when)
+		    : stacks_on_hang_job(a, h->when, ask, answers, n, h->asked_ms, &remote);
+	if (!remote) {
+		blame(h, idx, h->when);
+		return;
+	}
+	h->deferred = true;
+	h->progress_ms = clock_now_ms();
+	tv.tv_sec = h->every_ms / 1000;
+	tv.tv_usec = (h->every_ms % 1000) * 1000;
+	log_at(LL_WARN, SUB_AGENT,
+	       "crun: hung: %s; the straggler is on another node: this node kills its own "
+	       "first rank if still hung after another --hang_timeout",
+	       stacks_last_digest(a));
+	if (event_add(h->timer, &tv) < 0)
+		blame(h, -1, h->when);
+}
+
+static void declare_hung(struct agent_hang *h, uint64_t silent_ms)
+{
+	struct crun_agent *a = h->a;
+	char ask[512];
+	int idx;
+
 	event_del(h->timer); /* once per attempt: the stop follows */
+	if (h->deferred) {   /* the job-wide digest named another node's rank */
+		blame(h, -1, h->when);
+		return;
+	}
+	snprintf(h->when, sizeof(h->when), "no worker made progress for %.1f s (--hang_timeout)",
+		 silent_ms / 1000.0);
+	snprintf(ask, sizeof(ask), "hang on %s: %s", a->host, h->when);
+	h->asked_ms = clock_now_ms();
+	if (rdzv_stacks_gather(a->rdzv, ask, on_gathered, a) == 0) {
+		log_at(LL_WARN, SUB_AGENT, "%s: asking every node of the job for its ranks' stacks",
+		       h->when);
+		h->gathering = true;
+		return;
+	}
+	log_at(LL_WARN, SUB_AGENT, "%s: taking every local rank's stack", h->when);
+	idx = stacks_on_hang(a, h->when);
+	blame(h, idx, h->when);
 }
 
 static void on_check(evutil_socket_t fd, short what, void *arg)
@@ -230,6 +300,7 @@ int hang_arm(struct crun_agent *a, const char *attempt_dir)
 		return CRUN_ENOMEM;
 	h->a = a;
 	h->tick_ms = 1000 / MAX(sysconf(_SC_CLK_TCK), 1);
+	h->every_ms = every;
 	h->progress_ms = clock_now_ms();
 	snprintf(h->attempt_dir, sizeof(h->attempt_dir), "%s", attempt_dir);
 	for (int i = 0; i < a->nworkers && i < CRUN_AGENT_MAX_LOCAL; i++) {

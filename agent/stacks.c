@@ -20,14 +20,6 @@
 #include "common/common.h"
 #include "rendezvous/rdzv.h"
 
-struct agent_stacks {
-	char frame[CRUN_AGENT_MAX_LOCAL][STACKS_FRAME_MAX]; /* per local rank, "" none */
-	bool taken[CRUN_AGENT_MAX_LOCAL];		    /* captured this attempt */
-	bool held; /* a hang's capture: the stop that follows keeps it */
-	char digest[STACKS_DIGEST_MAX];
-	uint64_t last_demand_ms;
-};
-
 /* ---- pure: parsing and the digest -------------------------------------------- */
 
 static const char *base_name(const char *p, const char *end)
@@ -147,9 +139,7 @@ int stacks_stragglers(const char *const *frames, int n, bool *odd)
 	return nodd;
 }
 
-static void append(char *buf, size_t cap, size_t *len, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static void append(char *buf, size_t cap, size_t *len, const char *fmt, ...)
+void stacks_append(char *buf, size_t cap, size_t *len, const char *fmt, ...)
 {
 	va_list ap;
 	int w;
@@ -176,11 +166,11 @@ static void majority_part(const int *ranks, const char *const *frames, const boo
 		return;
 	for (int i = 0; i < n; i++)
 		count += !odd[i] && strcmp(frames[i], frames[first]) == 0;
-	append(buf, cap, len, " while rank%s ", count > 1 ? "s" : "");
+	stacks_append(buf, cap, len, " while rank%s ", count > 1 ? "s" : "");
 	for (int i = 0, k = 0; i < n; i++)
 		if (!odd[i] && strcmp(frames[i], frames[first]) == 0)
-			append(buf, cap, len, "%s%d", k++ ? "," : "", ranks[i]);
-	append(buf, cap, len, " %s in %s", count > 1 ? "are" : "is", frames[first]);
+			stacks_append(buf, cap, len, "%s%d", k++ ? "," : "", ranks[i]);
+	stacks_append(buf, cap, len, " %s in %s", count > 1 ? "are" : "is", frames[first]);
 }
 
 void stacks_digest(const int *ranks, const char *const *frames, const bool *odd, int n,
@@ -194,16 +184,16 @@ void stacks_digest(const int *ranks, const char *const *frames, const bool *odd,
 		if (!frames[i][0] || (odd && !odd[i]))
 			continue;
 		if (k == 8) {
-			append(buf, cap, &len, ", ...");
+			stacks_append(buf, cap, &len, ", ...");
 			break;
 		}
-		append(buf, cap, &len, "%srank %d %s in %s", k++ ? ", " : "", ranks[i],
-		       odd ? "is" : "was", frames[i]);
+		stacks_append(buf, cap, &len, "%srank %d %s in %s", k++ ? ", " : "", ranks[i],
+			      odd ? "is" : "was", frames[i]);
 	}
 	if (odd && k)
 		majority_part(ranks, frames, odd, n, buf, cap, &len);
 	if (k && when && when[0])
-		append(buf, cap, &len, " when %s", when);
+		stacks_append(buf, cap, &len, " when %s", when);
 }
 
 /* ---- capture ---------------------------------------------------------------- */
@@ -335,7 +325,7 @@ static void proc_fallback(const struct probe *p)
 	fclose(out);
 }
 
-static char *read_text(const char *path)
+char *stacks_read_text(const char *path)
 {
 	char *buf = malloc(STACKS_FILE_MAX + 1);
 	ssize_t n;
@@ -351,7 +341,7 @@ static char *read_text(const char *path)
 	return buf;
 }
 
-static int ensure(struct crun_agent *a)
+int stacks_ensure(struct crun_agent *a)
 {
 	if (!a->stk)
 		a->stk = calloc(1, sizeof(*a->stk));
@@ -365,7 +355,7 @@ int stacks_capture(struct crun_agent *a)
 	uint64_t t0 = clock_now_ms();
 	int n = 0;
 
-	if (!a->run_dir[0] || ensure(a) < 0)
+	if (!a->run_dir[0] || stacks_ensure(a) < 0)
 		goto out;
 	for (int i = 0; i < a->nworkers && i < CRUN_AGENT_MAX_LOCAL; i++) {
 		struct worker *w = &a->workers[i];
@@ -388,7 +378,7 @@ int stacks_capture(struct crun_agent *a)
 
 		if (!p[i].ok)
 			proc_fallback(&p[i]);
-		text = read_text(p[i].path);
+		text = stacks_read_text(p[i].path);
 		if (text &&
 		    stacks_top_frame(text, a->stk->frame[p[i].w->local_rank], STACKS_FRAME_MAX) < 0)
 			a->stk->frame[p[i].w->local_rank][0] = '\0';
@@ -437,22 +427,23 @@ static void stop_cause(const struct crun_agent *a, enum stop_reason reason, char
 	case STOP_RESTART:
 		if (a->nfailures == 0)
 			break;
-		append(buf, cap, &len, "rank%s ", a->nfailures > 1 ? "s" : "");
+		stacks_append(buf, cap, &len, "rank%s ", a->nfailures > 1 ? "s" : "");
 		for (int i = 0; i < a->nfailures && i < 8; i++)
-			append(buf, cap, &len, "%s%d", i ? "," : "", a->failures[i].global_rank);
-		append(buf, cap, &len, " failed");
+			stacks_append(buf, cap, &len, "%s%d", i ? "," : "",
+				      a->failures[i].global_rank);
+		stacks_append(buf, cap, &len, " failed");
 		break;
 	case STOP_PEER_FAILED: /* as fsm.c words it: a lost store is no node's failure */
-		append(buf, cap, &len, "%s",
-		       rdzv_change_kind(a->rdzv) == RDZV_CHANGE_LOST
-			   ? "the rendezvous store was lost"
-			   : "the job failed on another node");
+		stacks_append(buf, cap, &len, "%s",
+			      rdzv_change_kind(a->rdzv) == RDZV_CHANGE_LOST
+				  ? "the rendezvous store was lost"
+				  : "the job failed on another node");
 		break;
 	case STOP_PEER:
-		append(buf, cap, &len, "the membership changed");
+		stacks_append(buf, cap, &len, "the membership changed");
 		break;
 	case STOP_SIGNAL:
-		append(buf, cap, &len, "crun got signal %d", a->stop_signal);
+		stacks_append(buf, cap, &len, "crun got signal %d", a->stop_signal);
 		break;
 	default:
 		break;
@@ -494,12 +485,15 @@ void stacks_reset(struct crun_agent *a)
 	if (!a->stk)
 		return;
 	last = a->stk->last_demand_ms;
+	free(a->stk->answer);
 	memset(a->stk, 0, sizeof(*a->stk));
 	a->stk->last_demand_ms = last;
 }
 
 void stacks_free(struct crun_agent *a)
 {
+	if (a->stk)
+		free(a->stk->answer);
 	free(a->stk);
 	a->stk = NULL;
 }
@@ -544,7 +538,7 @@ int stacks_on_demand(struct crun_agent *a, int rank, char **ret_body)
 	uint64_t now = clock_now_ms();
 	int n;
 
-	TRY(ensure(a));
+	TRY(stacks_ensure(a));
 	if (a->stk->last_demand_ms && now - a->stk->last_demand_ms < STACKS_MIN_GAP_MS)
 		return CRUN_EAGAIN;
 	a->stk->last_demand_ms = now;
@@ -565,7 +559,7 @@ int stacks_on_demand(struct crun_agent *a, int rank, char **ret_body)
 		if (str_printf(path, sizeof(path), "%s/attempt_%d/%d/stack.txt", a->run_dir,
 			       a->restart_count, i) < 0)
 			continue;
-		text = read_text(path);
+		text = stacks_read_text(path);
 		fprintf(f, "=== rank %d (local rank %d, pid %d): %s\n%s\n", w->global_rank, i,
 			(int)w->pid, a->stk->frame[i][0] ? a->stk->frame[i] : "?",
 			text ? text : "");

@@ -25,6 +25,27 @@
 #define STACKS_MIN_GAP_MS  2000u       /* GET /stacks: one capture per this long */
 #define STACKS_DIGEST_MAX  1024u
 
+/* The last capture of this attempt (a->stk); stacks.c and stacks_job.c. */
+struct agent_stacks {
+	char frame[CRUN_AGENT_MAX_LOCAL][STACKS_FRAME_MAX]; /* per local rank, "" none */
+	bool taken[CRUN_AGENT_MAX_LOCAL];		    /* captured this attempt */
+	bool held; /* a hang's capture: the stop that follows keeps it */
+	char digest[STACKS_DIGEST_MAX];
+	uint64_t last_demand_ms;
+	/* The last answer to the job board (malloc'd JSON) and when it was
+	 * made: asks of several nodes that come together share one capture. */
+	char *answer;
+	uint64_t answer_ms;
+};
+
+/* Helpers stacks_job.c shares: bounded append to buf (len: bytes so far,
+ * kept below cap); the first STACKS_FILE_MAX bytes of a file (malloc'd,
+ * "" when unreadable; NULL on OOM); a->stk allocated (0 or CRUN_ENOMEM). */
+void stacks_append(char *buf, size_t cap, size_t *len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+char *stacks_read_text(const char *path);
+int stacks_ensure(struct crun_agent *a);
+
 /* cfg.stack_dump_on_stop */
 enum { STACKS_ON_FAILURE = 0, STACKS_ALWAYS = 1, STACKS_NEVER = -1 };
 
@@ -67,12 +88,41 @@ void stacks_free(struct crun_agent *a); /* NULL a->stk: no-op */
 int stacks_on_hang(struct crun_agent *a, const char *when);
 const char *stacks_last_digest(const struct crun_agent *a); /* "" when none */
 
-/* hang.c: capture, digest naming the ranks whose stacks differ from the
- * majority ("... when WHEN"), kept for the stop that follows. Returns the
- * local rank to blame (the first straggler, else the first captured), or -1
- * when nothing was captured. */
-int stacks_on_hang(struct crun_agent *a, const char *when);
-const char *stacks_last_digest(const struct crun_agent *a); /* "" when none */
+/* ---- stacks_job.c: the whole job's stacks through the job board --------------- */
+
+#define STACKS_MERGE_MAX       4096u /* ranks of one job-wide digest */
+#define STACKS_ANSWER_REUSE_MS 1000u /* asks this close share a capture */
+
+struct stacks_merged {
+	int nranks;	/* ranks in the answers */
+	int nodes;	/* answers that held a rank list */
+	int nodd;	/* stragglers (0: no strict majority, or none odd) */
+	int blame_rank; /* the first straggler's global rank, -1: none */
+	char blame_frame[STACKS_FRAME_MAX];
+	char digest[STACKS_DIGEST_MAX]; /* stacks_digest over every rank */
+};
+/* Pure: the digest over every rank of answers[0..n) (each an answer's JSON
+ * or NULL), ranks in global order, stragglers named as stacks_digest does
+ * ("rank 3 is in f (x.py:3) while ranks 0,1,2 are in g (y.py:9) when
+ * WHEN"). 0, CRUN_ENOENT when no answer held a rank, CRUN_ENOMEM. */
+int stacks_merge(char *const *answers, int n, const char *when, struct stacks_merged *ret);
+/* Pure: what crunctl stacks --all prints: a head line, the digest, then
+ * every rank of every node ("=== rank R (node G HOST, local rank L, pid
+ * P): FRAME" and its stack), or a node's missing answer. malloc'd; NULL on
+ * OOM. */
+char *stacks_job_text(const char *job, int64_t ask, char *const *answers, int n);
+/* rdzv_params.stacks_answer (arg: the agent): captures this node's stacks
+ * (or reuses a capture under STACKS_ANSWER_REUSE_MS old) and returns the
+ * answer's JSON (malloc'd), NULL on OOM. Blocks as stacks_capture does. */
+char *stacks_board_answer(int64_t ask, void *arg);
+/* hang.c, with the answers of a gather: the job-wide digest (kept for the
+ * stop, as stacks_on_hang's), every stack into <attempt>/job_stacks.txt and
+ * a log line timing it from t0_ms. Returns the local rank to blame: the
+ * straggler when it is here, else the first running one; -1 with
+ * *ret_remote when the straggler is on another node. No answer with ranks:
+ * stacks_on_hang's result. */
+int stacks_on_hang_job(struct crun_agent *a, const char *when, int64_t ask, char *const *answers,
+		       int n, uint64_t t0_ms, bool *ret_remote);
 
 /* GET /stacks: captures (at most once per STACKS_MIN_GAP_MS, else
  * CRUN_EAGAIN) and returns in *ret_body (malloc'd) every local rank's stack,

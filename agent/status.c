@@ -72,6 +72,8 @@ struct agent_status {
 	crun_agent_state_t last;
 	struct crun_agent *agent;	  /* borrowed, NULL until attached */
 	const struct store_server *store; /* borrowed: crun-rdzvd's server, or NULL */
+	struct store_server *board_store; /* the same, writable: GET /stacks?rdzv_id= */
+	struct status_stacks *stk;	  /* GET /stacks: its gathers (status_stacks.c) */
 	/* POST /drop (agent_status_allow_drop): the same server, writable, and
 	 * the token a request must carry; NULL: /drop is off. */
 	struct store_server *drop_store; /* borrowed */
@@ -501,7 +503,7 @@ char *agent_status_metrics(const struct crun_agent *a, const struct store_server
 	return s;
 }
 
-static void reply(struct evhttp_request *req, int code, const char *type, char *body)
+void status_reply(struct evhttp_request *req, int code, const char *type, char *body)
 {
 	struct evbuffer *b = evhttp_request_get_output_buffer(req);
 
@@ -524,7 +526,7 @@ static void answer_watcher(struct agent_status *s, struct evhttp_request *req, i
 	struct evhttp_connection *conn = evhttp_request_get_connection(req);
 	struct bufferevent *bev = evhttp_connection_get_bufferevent(conn);
 
-	reply(req, 200, "application/json", status_body(s, st));
+	status_reply(req, 200, "application/json", status_body(s, st));
 	if (s->agent && !s->final && st != CRUN_AGENT_DONE) {
 		s->owed++;
 		s->owed_until_ms = clock_now_ms() + STATUS_LINGER_MS;
@@ -540,7 +542,7 @@ static void answer_job(struct agent_status *s, struct evhttp_request *req, const
 	char *body = status_store_job_body(s->store, run_id, &v);
 
 	if (body)
-		reply(req, 200, "application/json", body);
+		status_reply(req, 200, "application/json", body);
 	else
 		evhttp_send_error(req, HTTP_NOTFOUND, "no such job in this store");
 }
@@ -676,7 +678,7 @@ static void get_store_job(struct agent_status *s, struct evhttp_request *req, co
 			evhttp_send_error(req, 503, "too many watchers");
 		return;
 	}
-	reply(req, 200, "application/json", body);
+	status_reply(req, 200, "application/json", body);
 }
 
 /* GET /status, or, from a watcher, ?after=VERSION&wait_ms=N: with VERSION
@@ -705,7 +707,7 @@ static void get_status(struct agent_status *s, struct evhttp_request *req, const
 	}
 	evhttp_clear_headers(&q);
 	if (!watcher) {
-		reply(req, 200, "application/json", status_body(s, -1));
+		status_reply(req, 200, "application/json", status_body(s, -1));
 		return;
 	}
 	if (s->owed)
@@ -727,35 +729,6 @@ static void get_store_job_path(struct agent_status *s, struct evhttp_request *re
 	}
 	get_store_job(s, req, id, 0, 0);
 	free(id);
-}
-
-/* GET /stacks[?rank=R]: every local rank's stack now (stacks.c); bounded by
- * its deadline, one capture per STACKS_MIN_GAP_MS (429 in between). */
-static void get_stacks(struct agent_status *s, struct evhttp_request *req, const char *query)
-{
-	struct evkeyvalq q = {0};
-	const char *rv = NULL;
-	char *body = NULL;
-	int64_t rank = -1;
-	int r;
-
-	if (query && evhttp_parse_query_str(query, &q) == 0)
-		rv = evhttp_find_header(&q, "rank");
-	if (rv && parse_i64(rv, &rank) < 0) {
-		evhttp_clear_headers(&q);
-		evhttp_send_error(req, HTTP_BADREQUEST, "rank: not a number");
-		return;
-	}
-	evhttp_clear_headers(&q);
-	r = stacks_on_demand(s->agent, rank < 0 || rank > INT32_MAX ? -1 : (int)rank, &body);
-	if (r == CRUN_EAGAIN) {
-		evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "2");
-		evhttp_send_error(req, 429, "one stack capture per 2 s");
-	} else if (r < 0) {
-		evhttp_send_error(req, HTTP_NOTFOUND, "no running worker");
-	} else {
-		reply(req, 200, "text/plain; charset=utf-8", body);
-	}
 }
 
 /* Whether req carries "Authorization: Bearer <token>"; constant time in
@@ -831,7 +804,7 @@ static void post_drop(struct agent_status *s, struct evhttp_request *req, const 
 	if (r < 0)
 		evhttp_send_error(req, HTTP_INTERNAL, crun_strerror(r));
 	else
-		reply(req, 200, "application/json", drop_body(job, n));
+		status_reply(req, 200, "application/json", drop_body(job, n));
 	evhttp_clear_headers(&q); /* job points into it */
 }
 
@@ -851,21 +824,22 @@ static void on_request(struct evhttp_request *req, void *arg)
 		return;
 	}
 	if (strcmp(path, "/healthz") == 0)
-		reply(req, 200, "text/plain; charset=utf-8", str_dup("ok\n"));
+		status_reply(req, 200, "text/plain; charset=utf-8", str_dup("ok\n"));
 	else if (strcmp(path, "/status") == 0)
 		get_status(s, req, evhttp_uri_get_query(uri));
 	else if (strcmp(path, "/jobs") == 0)
-		reply(req, 200, "application/json", agent_status_jobs_json(s->agent, s->store));
+		status_reply(req, 200, "application/json",
+			     agent_status_jobs_json(s->agent, s->store));
 	else if (strncmp(path, "/jobs/", 6) == 0 && path[6] && s->store && !s->agent)
 		get_store_job_path(s, req, path + 6);
-	else if (strcmp(path, "/stacks") == 0 && s->agent)
-		get_stacks(s, req, evhttp_uri_get_query(uri));
+	else if (strcmp(path, "/stacks") == 0 && (s->agent || s->board_store))
+		status_stacks_get(s->stk, req, evhttp_uri_get_query(uri), s->agent, s->board_store);
 	else if (strcmp(path, "/usage") == 0 && s->store)
-		reply(req, 200, "application/json", agent_status_usage_json(s->store));
+		status_reply(req, 200, "application/json", agent_status_usage_json(s->store));
 	else if (strcmp(path, "/metrics") == 0)
-		reply(req, 200, "text/plain; version=0.0.4; charset=utf-8",
-		      agent_status_metrics(s->agent, s->store, s->exits,
-					   clock_now_ms() - s->started_ms));
+		status_reply(req, 200, "text/plain; version=0.0.4; charset=utf-8",
+			     agent_status_metrics(s->agent, s->store, s->exits,
+						  clock_now_ms() - s->started_ms));
 	else
 		evhttp_send_error(req, HTTP_NOTFOUND, "try /healthz, /status, /jobs or /metrics");
 }
@@ -910,6 +884,9 @@ int agent_status_start(struct event_base *base, const char *listen, struct agent
 		snprintf(s->addr, sizeof(s->addr), ss.ss_family == AF_INET6 ? "[%s]:%u" : "%s:%u",
 			 ip, port);
 	}
+	r = status_stacks_new(base, &s->stk);
+	if (r < 0)
+		goto fail;
 	s->started_ms = clock_now_ms();
 	log_at(LL_INFO, SUB_AGENT, "status page on http://%s/status", s->addr);
 	*ret = s;
@@ -943,14 +920,18 @@ void agent_status_on_state(struct agent_status *s, crun_agent_state_t st)
 
 void agent_status_attach(struct agent_status *s, struct crun_agent *a)
 {
-	if (s)
-		s->agent = a;
+	if (!s)
+		return;
+	status_stacks_attach(s->stk, a);
+	s->agent = a;
 }
 
-void agent_status_attach_store(struct agent_status *s, const struct store_server *srv)
+void agent_status_attach_store(struct agent_status *s, struct store_server *srv)
 {
-	if (s)
+	if (s) {
 		s->store = srv;
+		s->board_store = srv;
+	}
 }
 
 const char *agent_status_addr(const struct agent_status *s)
@@ -987,6 +968,7 @@ void agent_status_stop(struct agent_status *s)
 		return;
 	wake_all(s, -1);
 	linger(s);
+	status_stacks_free(s->stk); /* answers its pending requests first */
 	if (s->job_poll)
 		event_free(s->job_poll);
 	if (s->http)

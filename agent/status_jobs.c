@@ -94,6 +94,36 @@ static char *job_key_get(const char *key, void *arg)
 	return out;
 }
 
+int status_store_job_round(const struct store_server *srv, const char *run_id, char *prefix,
+			   size_t cap, int *ret_nodes, const char **ret_state)
+{
+	struct job_keys jk = {srv, run_id};
+	struct rdzv_progress *p = malloc(sizeof(*p));
+	const uint8_t *v;
+	size_t len;
+	int r;
+
+	if (!p)
+		return CRUN_ENOMEM;
+	r = rdzv_c10d_view(job_key_get, &jk, p, ret_state);
+	if (r == 0)
+		r = str_printf(prefix, cap, "/" RDZV_C10D_PREFIX "%s/round", run_id) < 0
+			? CRUN_ERANGE
+			: 0;
+	if (r == 0) {
+		/* The dialect of the job's own keys: "round" is always there. */
+		size_t n = strlen(prefix);
+		bool slash = store_server_peek(srv, (const uint8_t *)prefix, n, &v, &len) == 0;
+
+		prefix[n - strlen("round")] = '\0';
+		if (!slash)
+			memmove(prefix, prefix + 1, strlen(prefix));
+		*ret_nodes = p->waiting ? 0 : p->joined;
+	}
+	free(p);
+	return r;
+}
+
 char *status_print_tree(cJSON *root)
 {
 	char *out = root ? cJSON_PrintUnformatted(root) : NULL;

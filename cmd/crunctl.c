@@ -24,6 +24,7 @@ struct opts {
 	uint64_t count; /* watch: stop after this many changes; 0 = until the page goes away */
 	uint32_t timeout_ms;
 	int64_t rank;		/* stacks: only this global rank; -1 = every one */
+	bool all;		/* stacks: every node's ranks (the job board) */
 	const char *token_file; /* drop: the admin token */
 };
 
@@ -43,7 +44,12 @@ static int fetch(const struct opts *o, const char *path, char **ret_body)
 		return 1;
 	}
 	if (status != 200) {
-		fprintf(stderr, PROG ": http://%s%s: HTTP %d\n", o->endpoint, path, status);
+		const char *b = *ret_body ? *ret_body : "";
+		/* A plain-text error says what to do (GET /stacks); HTML does not. */
+		bool text = b[0] && b[0] != '<';
+
+		fprintf(stderr, PROG ": http://%s%s: HTTP %d%s%.*s\n", o->endpoint, path, status,
+			text ? ": " : "", text ? (int)strcspn(b, "\n") : 0, b);
 		free(*ret_body);
 		return 1;
 	}
@@ -96,13 +102,26 @@ static int cmd_jobs(const struct opts *o)
 	return show(o, "/jobs", agent_ctl_print_jobs);
 }
 
-/* Every local rank's stack on the page's node, now (GET /stacks). */
+/* Every local rank's stack on the page's node, now (GET /stacks); with
+ * --all every node's of the agent's job, with --job (crun-rdzvd's page)
+ * every node's of that job of its store. */
 static int cmd_stacks(const struct opts *o)
 {
-	char path[64] = "/stacks", *body;
+	char path[600] = "/stacks", *body;
 	int rc;
 
-	if (o->rank >= 0)
+	if (o->rdzv_id && (o->all || o->rank >= 0)) {
+		fprintf(stderr, PROG ": stacks: --job is for crun-rdzvd's page, without "
+				     "--all or --rank\n");
+		return 2;
+	}
+	if (o->rdzv_id && agent_ctl_query(path, sizeof(path), "/stacks?rdzv_id=", o->rdzv_id) < 0) {
+		fprintf(stderr, PROG ": --job: the run id is too long\n");
+		return 2;
+	}
+	if (o->all)
+		snprintf(path, sizeof(path), "/stacks?all=1");
+	else if (o->rank >= 0)
 		snprintf(path, sizeof(path), "/stacks?rank=%lld", (long long)o->rank);
 	rc = fetch(o, path, &body);
 	if (rc)
@@ -319,7 +338,9 @@ static const struct command {
     {"status", cmd_status, "a job's state, ranks, restarts and workers (GET /status)"},
     {"jobs", cmd_jobs, "the jobs a page serves (GET /jobs)"},
     {"watch", cmd_watch, "print /status again whenever it changes, until the job's end"},
-    {"stacks", cmd_stacks, "every local rank's stack now (GET /stacks on an agent's page)"},
+    {"stacks", cmd_stacks,
+     "every local rank's stack now (GET /stacks on an agent's page); --all: every node's "
+     "of its job; --job J on crun-rdzvd's page: every node's of job J"},
     {"usage", cmd_usage, "which job holds what of crun-rdzvd's store (GET /usage)"},
     {"drop", cmd_drop, "delete one job's keys (--job, --token-file; POST /drop)"},
 };
@@ -393,6 +414,9 @@ static int apply_opt(struct opts *o, int id, const char *arg, int *ret_rc)
 		break;
 	case CLI_CTL_TOKEN_FILE:
 		o->token_file = arg;
+		break;
+	case CLI_CTL_ALL:
+		o->all = true;
 		break;
 	case CLI_CTL_RANK:
 		if (parse_i64(arg, &o->rank) < 0 || o->rank < 0) {

@@ -50,6 +50,10 @@ struct c10d {
 	enum rdzv_change change;
 	int barrier_result; /* 0, or why the exit barrier did not pass */
 	struct helper job, mon;
+	struct helper board;	  /* the job board's gather (board.c) */
+	rdzv_gather_fn gather_fn; /* its caller, told once it ends */
+	void *gather_arg;
+	int64_t ask_seen;     /* the last ask answered (-1: not known) */
 	struct coord *pend_c; /* lease connection handed from the round job */
 	uint64_t pend_lease, pend_kept_ms;
 	bool pend_hb;
@@ -79,6 +83,8 @@ static int job_run(struct helper_job *h)
 	if (j->kind == JOB_ROUND && j->fenced)
 		connect_ms = MIN(connect_ms, C10D_OUTAGE_MS);
 
+	if (j->kind == JOB_GATHER)
+		connect_ms = MIN(connect_ms, RDZV_BOARD_GATHER_MS);
 	if (j->kind == JOB_MONITOR) {
 		c = j->mon_c; /* the round's lease connection */
 		j->mon_c = NULL;
@@ -122,6 +128,9 @@ static int job_run(struct helper_job *h)
 		break;
 	case JOB_BARRIER:
 		r = c10d_job_barrier(j, c);
+		break;
+	case JOB_GATHER:
+		r = c10d_job_gather(j, c);
 		break;
 	default:
 		r = c10d_job_fail(j, c);
@@ -215,7 +224,11 @@ static int start(struct c10d *c, enum c10d_job_kind kind, const char *why)
 {
 	struct c10d_job *j;
 
-	if (kind != JOB_MONITOR && c->job.job)
+	struct helper *slot = kind == JOB_MONITOR  ? &c->mon
+			      : kind == JOB_GATHER ? &c->board
+						   : &c->job;
+
+	if (slot->job)
 		return CRUN_EBUSY;
 	j = c10d_job_new(kind);
 	if (!j)
@@ -257,8 +270,10 @@ static int start(struct c10d *c, enum c10d_job_kind kind, const char *why)
 		j->hb = c->pend_hb;
 		atomic_store(&j->kept_ok_ms, c->pend_kept_ms ? c->pend_kept_ms : clock_now_ms());
 		c->pend_c = NULL;
+		j->board = c->p.stacks_answer != NULL;
+		atomic_store(&j->ask_seen, c->ask_seen);
 	}
-	return helper_start(kind == JOB_MONITOR ? &c->mon : &c->job, &j->h);
+	return helper_start(slot, &j->h);
 }
 
 /* The fence's view of the running monitor: its last renewal. */
@@ -288,6 +303,10 @@ static void on_fence(void *arg)
 /* The monitor is no longer wanted (the agent moves on or leaves). */
 static void drop_mon(struct c10d *c)
 {
+	struct c10d_job *j = (struct c10d_job *)c->mon.job;
+
+	if (j) /* the next round's monitor watches for the ask after it */
+		c->ask_seen = atomic_load(&j->ask_seen);
 	c10d_fence_stop(&c->fence);
 	helper_drop(&c->mon);
 }
@@ -412,12 +431,51 @@ static void on_mon(struct helper *h, void *arg)
 	struct c10d *c = arg;
 	struct c10d_job *j = (struct c10d_job *)h->job;
 
+	/* A nudge (an ask of the job board) or the post of the change, or
+	 * both: the change was written before the post (posted). */
+	c10d_board_on_nudge(j, c->p.stacks_answer, c->p.arg);
+	if (!atomic_load(&j->h.posted))
+		return;
+	c->ask_seen = atomic_load(&j->ask_seen);
 	c10d_fence_stop(&c->fence); /* the monitor spoke: the agent acts on that */
 	c->change = j->change;
 	snprintf(c->err, sizeof(c->err), "%s", j->err);
 	log_at(c->change == RDZV_CHANGE_LOST ? LL_ERROR : LL_WARN, SUB_RDZV,
 	       "rendezvous '%s' round %d is over: %s", c->run_id, c->round, j->err);
 	c->p.on_event(RDZV_EV_PEER_CHANGED, c->p.arg);
+}
+
+/* The job board's gather ended: its caller has the answers. */
+static void on_board(struct helper *h, void *arg)
+{
+	struct c10d *c = arg;
+	struct c10d_job *j = (struct c10d_job *)helper_finish(h);
+	rdzv_gather_fn fn = c->gather_fn;
+
+	if (!j)
+		return;
+	c->gather_fn = NULL;
+	if (j->h.result < 0)
+		log_at(LL_WARN, SUB_RDZV, "rendezvous '%s': %s", c->run_id, j->err);
+	if (fn)
+		fn(j->h.result, j->ask, j->answers, j->answers ? j->nnodes : 0, c->gather_arg);
+	helper_job_put(&j->h);
+}
+
+/* rdzv_stacks_gather: only in a round whose monitor answers asks (a store
+ * with WAIT_ANY), or no node would answer. */
+static int c10d_stacks_gather(struct rdzv *rz, const char *why, rdzv_gather_fn fn, void *arg)
+{
+	struct c10d *c = (struct c10d *)rz;
+
+	if (!c->have_info || c->pend_hb || !c->mon.job || !c->p.stacks_answer)
+		return CRUN_ENOTSUP;
+	if (c->board.job)
+		return CRUN_EBUSY;
+	TRY(start(c, JOB_GATHER, why));
+	c->gather_fn = fn;
+	c->gather_arg = arg;
+	return 0;
 }
 
 /* The local address this host uses to reach host:port (a UDP connect sends
@@ -634,11 +692,14 @@ static int c10d_new(const struct rdzv_params *p, struct rdzv **ret)
 	c->prog = rdzv_prog_new(p->min_nodes, p->max_nodes);
 	helper_init(&c->job, p->base, on_job, c);
 	helper_init(&c->mon, p->base, on_mon, c);
+	helper_init(&c->board, p->base, on_board, c);
+	c->ask_seen = -1;
 	{
 		struct helper_runner hr = {p->run_blocking, p->run_blocking_arg};
 
 		helper_use_runner(&c->job, &hr);
 		helper_use_runner(&c->mon, &hr);
+		helper_use_runner(&c->board, &hr);
 	}
 	snprintf(c->run_id, sizeof(c->run_id), "%s", p->run_id ? p->run_id : "none");
 	c->p.run_id = c->run_id;
@@ -704,6 +765,7 @@ static void c10d_free(struct rdzv *rz)
 	struct c10d *c = (struct c10d *)rz;
 
 	c10d_fence_release(&c->fence);
+	helper_fini(&c->board);
 	helper_fini(&c->mon);
 	helper_fini(&c->job);
 	coord_close(c->pend_c);
@@ -860,4 +922,5 @@ const struct rdzv_backend rdzv_c10d_backend = {
     .worker_store_proxy = c10d_worker_store_proxy,
     .get_progress = c10d_get_progress,
     .failure = c10d_failure,
+    .stacks_gather = c10d_stacks_gather,
 };

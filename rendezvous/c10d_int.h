@@ -31,10 +31,12 @@
  *                     "dead ...", "failed"); every lease's expiry key
  *   r<n>/lease/<g>/hb heartbeat fallback of group rank g (see coord.h)
  *   r<n>/exit, departed, departed_all, failed_ack, failed_acked: barriers
+ *   stacks/...        the job board (rdzv.h, board.c)
  */
 #ifndef CRUN_RENDEZVOUS_C10D_INT_H
 #define CRUN_RENDEZVOUS_C10D_INT_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -53,7 +55,7 @@
  * a live member may try that much later than another once the store is back. */
 #define C10D_REDIAL_MS 2000u
 
-enum c10d_job_kind { JOB_ROUND, JOB_BARRIER, JOB_FAIL, JOB_MONITOR };
+enum c10d_job_kind { JOB_ROUND, JOB_BARRIER, JOB_FAIL, JOB_MONITOR, JOB_GATHER };
 
 enum round_outcome { RO_OK, RO_SPARE_DONE };
 
@@ -111,6 +113,22 @@ struct c10d_job {
 	char *peers;		/* ROUND, group rank 0: the nodes' addresses (c10d_peers.c) */
 	struct etcd_conf *etcd; /* owned copy; NULL: the crun store */
 	struct rdzv_prog *prog; /* a reference (progress_int.h), or NULL */
+	/* MONITOR with board: answers the job board's asks (board.c). The
+	 * last ask handled (-1: not known yet, read from the counter first);
+	 * the one the loop is asked to answer (0: none), and its answer
+	 * handed back under mu (answered: the ask it answers; answer:
+	 * malloc'd or NULL). */
+	bool board;
+	_Atomic int64_t ask_seen;
+	_Atomic int64_t ask_pending;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int64_t answered;
+	char *answer;
+	/* GATHER: the ask posted (why: its record) and the nnodes answers
+	 * gathered (each malloc'd or NULL) */
+	int64_t ask;
+	char **answers;
 	char err[512];
 };
 
@@ -140,6 +158,17 @@ struct c10d_close_turn {
  * again and which lagging ticket's alive key to wake on. */
 int c10d_close_turn(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t,
 		    struct c10d_close_turn *ct, uint64_t *last_keep, char **ret_closed);
+/* board.c, GATHER: posts an ask and gathers the answers of group ranks
+ * 0..nnodes-1 (RDZV_BOARD_GATHER_MS at most). */
+int c10d_job_gather(struct c10d_job *j, struct coord *c);
+/* board.c, MONITOR side: the key of the next ask to watch into buf (reads
+ * the ask counter once when ask_seen is not known). */
+int c10d_board_next(struct c10d_job *j, struct coord *c, char *buf, size_t cap);
+/* The watched ask arrived: has the loop answer it (helper_nudge, then a
+ * bounded wait for the answer) and posts the answer. */
+int c10d_board_answer(struct c10d_job *j, struct coord *c);
+/* Loop side, on the monitor's nudge: answers a pending ask through fn. */
+void c10d_board_on_nudge(struct c10d_job *j, char *(*fn)(int64_t ask, void *arg), void *arg);
 /* monitor.c: holds the lease, watches r<n>/change, posts one change. */
 int c10d_job_monitor(struct c10d_job *j, struct coord **cp);
 /* A store no member serves did not answer (r): true once the outage that

@@ -27,6 +27,12 @@ static void job_release(struct helper_job *h)
 
 	coord_close(j->mon_c);
 	rdzv_prog_unref(j->prog);
+	for (int g = 0; j->answers && g < j->nnodes; g++)
+		free(j->answers[g]);
+	free(j->answers);
+	free(j->answer);
+	pthread_cond_destroy(&j->cv);
+	pthread_mutex_destroy(&j->mu);
 	free(j->peers);
 	free(j->etcd);
 	free(j);
@@ -40,6 +46,10 @@ struct c10d_job *c10d_job_new(enum c10d_job_kind kind)
 		return NULL;
 	j->kind = kind;
 	j->h.notify_fd = -1;
+	atomic_init(&j->ask_seen, -1);
+	atomic_init(&j->ask_pending, 0);
+	pthread_mutex_init(&j->mu, NULL);
+	pthread_cond_init(&j->cv, NULL);
 	j->h.release = job_release;
 	return j;
 }

@@ -18,15 +18,20 @@ void helper_job_put(struct helper_job *j)
 	j->release(j);
 }
 
-void helper_post(struct helper_job *j)
+void helper_nudge(struct helper_job *j)
 {
 	char one = 1;
 	ssize_t n;
 
-	atomic_store(&j->posted, 1);
 	do
 		n = write(j->notify_fd, &one, 1);
 	while (n < 0 && errno == EINTR);
+}
+
+void helper_post(struct helper_job *j)
+{
+	atomic_store(&j->posted, 1);
+	helper_nudge(j);
 }
 
 /* Our own thread frees OpenSSL's per-thread state (its error queue) as soon

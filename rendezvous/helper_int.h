@@ -61,6 +61,9 @@ void helper_use_runner(struct helper *h, const struct helper_runner *runner);
 int helper_start(struct helper *h, struct helper_job *j);
 /* Thread side: wakes the loop; the results written before it are visible. */
 void helper_post(struct helper_job *j);
+/* Thread side: wakes the loop without counting as the job's post (a long
+ * job asking the loop something while it runs on). */
+void helper_nudge(struct helper_job *j);
 /* Loop side, for a job that ended after posting: joins its thread and hands
  * the loop's reference to the caller (helper_job_put when done). */
 struct helper_job *helper_finish(struct helper *h);

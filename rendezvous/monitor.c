@@ -241,7 +241,7 @@ static int check_back(struct c10d_job *j, struct coord *c, const char *chk, uint
 
 int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 {
-	char me[64], nbr[64], chk[64], why[512], *why_v = NULL, *done_v = NULL;
+	char me[64], nbr[64], chk[64], ask[64] = "", why[512], *why_v = NULL, *done_v = NULL;
 	int64_t cnt, last = -1;
 	uint64_t last_move = clock_now_ms(), lease = j->lease, outage = 0, back_by = 0, kept_at = 0;
 	bool hb = j->hb || !lease;
@@ -257,6 +257,10 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 	 * any other. */
 	bool fresh = !hb && j->lease_kept_ms && clock_now_ms() - j->lease_kept_ms < j->conf.hb_ms;
 
+	/* The job board: the next ask is a third key of the same wait. A
+	 * heartbeat store (no WAIT_ANY) answers no ask: the asker times out. */
+	bool board = j->board && !hb;
+
 	KEY(me, "r%d/lease/%d", j->round, j->info.group_rank);
 	KEY(nbr, "r%d/lease/%d", j->round, (j->info.group_rank + 1) % j->nnodes);
 	KEY(chk, "r%d/change", j->round);
@@ -271,6 +275,7 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 		if (r == CRUN_ENOTFOUND && restartable && !back_by) {
 			r = reestablish(j, *cp, chk, &lease, &back_by);
 			back_next = 0;
+			atomic_store(&j->ask_seen, -1); /* the restarted store's asks start at 1 */
 			restored = restored || r == 0;
 		} else if (r == CRUN_ENOTFOUND) {
 			r = 0; /* our lease lapsed: its expiry set the change key */
@@ -286,9 +291,19 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 			 * until the next keep-alive is due. */
 			left = kept_at + j->conf.hb_ms -
 			       MIN(clock_now_ms(), kept_at + j->conf.hb_ms - 1);
-			r = hb ? coord_watch(*cp, chk, j->conf.hb_ms)
-			       : coord_wait_any_get(*cp, (const char *const[]){"closed", chk}, 2,
-						    (uint32_t)left, 0, &why_v);
+			r = board ? c10d_board_next(j, *cp, ask, sizeof(ask)) : 0;
+			if (r == 0)
+				r = hb ? coord_watch(*cp, chk, j->conf.hb_ms)
+				       : coord_wait_any_get(
+					     *cp, (const char *const[]){"closed", chk, ask},
+					     board ? 3 : 2, (uint32_t)left, 0, &why_v);
+			if (r == 2) { /* an ask: answered, then back to the watch */
+				crun_free(why_v);
+				why_v = NULL;
+				r = c10d_board_answer(j, *cp);
+				if (r == 0)
+					continue;
+			}
 			if (r >= 0) {
 				done_v = r == 0 && !hb ? why_v : NULL;
 				why_v = done_v ? NULL : why_v;

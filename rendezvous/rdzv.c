@@ -132,6 +132,11 @@ int rdzv_failure(const struct rdzv *r)
 	return r->ops->failure ? r->ops->failure(r) : CRUN_ERDZVCLOSED;
 }
 
+int rdzv_stacks_gather(struct rdzv *r, const char *why, rdzv_gather_fn fn, void *arg)
+{
+	return r->ops->stacks_gather ? r->ops->stacks_gather(r, why, fn, arg) : CRUN_ENOTSUP;
+}
+
 int rdzv_endpoint_check(const char *backend, const char *endpoint, char *err, size_t cap)
 {
 	struct etcd_conf e = {0};

@@ -17,6 +17,7 @@
 #define CRUN_RENDEZVOUS_RDZV_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 struct event_base;
@@ -92,6 +93,11 @@ struct rdzv_params {
 	/* Static multi-node: clears the store this agent serves (node 0), on
 	 * the loop, once every node stopped its workers for a restart. */
 	void (*clear_store)(void *arg);
+	/* c10d, etcd: another node asked for this node's stacks (ask number
+	 * ask, the job board above): the answer, malloc'd JSON of at most
+	 * RDZV_BOARD_ANSWER_MAX bytes, or NULL (none is posted). On the loop;
+	 * NULL: this node answers no ask. */
+	char *(*stacks_answer)(int64_t ask, void *arg);
 	/* Where blocking store/etcd calls run; NULL fn: a pthread per call. */
 	int (*run_blocking)(void (*fn)(void *job), void *job, void *arg);
 	void *run_blocking_arg;
@@ -115,6 +121,40 @@ const struct store_server *rdzv_served_store(const struct rdzv *r);
 /* Whether the backend clears the served store itself between attempts
  * (static multi-node: only once every node stopped); else the agent does. */
 bool rdzv_clears_store(const struct rdzv *r);
+
+/* The job board (board.c): how a node asks every node of its job for
+ * something (today: its ranks' stacks) and gathers the answers, through the
+ * rendezvous store (c10d, etcd). Keys, relative to the job's prefix:
+ *   stacks/asks    counter: the number of the last ask (1, 2, ...)
+ *   stacks/ask/N   ask N's record: who asked and why
+ *   stacks/N/G     group rank G's answer to ask N (JSON, see stacks_int.h)
+ * Each member's lease monitor (monitor.c) watches for the next ask in the
+ * same store request that watches its round, and answers it through
+ * rdzv_params.stacks_answer. The keys are never deleted while the job runs:
+ * at most RDZV_BOARD_ASKS_MAX asks per job, answers of at most
+ * RDZV_BOARD_ANSWER_MAX bytes each. */
+#define RDZV_BOARD_ASKS	      "stacks/asks"
+#define RDZV_BOARD_ASKS_MAX   256
+#define RDZV_BOARD_ANSWER_MAX (16u << 10)
+/* How long an asker waits for every answer: the answerers' capture
+ * (STACKS_DEADLINE_MS, 800 ms), a second for the store round trips, and a
+ * margin for a second ask captured just before (an ASan build on etcd
+ * missed 1.8 s). */
+#define RDZV_BOARD_GATHER_MS 2500u
+/* Pure: "stacks/ask/N" and "stacks/N/G" into buf. 0 or CRUN_ERANGE. */
+int rdzv_board_ask_key(char *buf, size_t cap, int64_t ask);
+int rdzv_board_answer_key(char *buf, size_t cap, int64_t ask, int group_rank);
+
+/* Called with a gather's answers: r 0 or why nothing was gathered (no ask
+ * was posted); answers[g] is group rank g's answer (NULL: none came within
+ * RDZV_BOARD_GATHER_MS), n the round's nodes, ask the ask's number. The
+ * array and strings are borrowed for the call. On the loop. */
+typedef void (*rdzv_gather_fn)(int r, int64_t ask, char *const *answers, int n, void *arg);
+/* Posts an ask (why: a short text for the record) and gathers every node's
+ * answer of the current round; fn is called once, on the loop, unless the
+ * backend is freed first. CRUN_ENOTSUP: no board (static backend, no round
+ * yet, a store without leases); CRUN_EBUSY: a gather is running. */
+int rdzv_stacks_gather(struct rdzv *r, const char *why, rdzv_gather_fn fn, void *arg);
 
 /* Starts the next round; completion arrives as RDZV_EV_COMPLETE or
  * RDZV_EV_FAILED. Returns 0 or a negative code if it could not start. */

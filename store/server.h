@@ -187,6 +187,12 @@ void store_server_each_key(const struct store_server *srv,
 int store_server_peek(const struct store_server *srv, const uint8_t *key, size_t len,
 		      const uint8_t **ret_val, size_t *ret_len);
 
+/* SET on the server's own behalf (crun-rdzvd's status page posting an ask
+ * into a job's keys): waiters and watchers are told as for a client's SET.
+ * Loop thread only. 0, CRUN_ENOMEM, or CRUN_ETOOBIG over the value budget. */
+int store_server_put(struct store_server *srv, const uint8_t *key, size_t klen, const uint8_t *val,
+		     size_t vlen);
+
 /* Counters of refusals and limit hits, one table: X(ID, name, help). Every
  * closed or refused connection counts in exactly one DROP_ or REFUSED_ row
  * (their sum is store_server_stats.dropped_conns) and is logged once at WARN

@@ -460,6 +460,14 @@ int store_server_set_key(struct store_server *srv, const struct store_bytes *k,
 	return set_key(srv, NULL, k, v, false);
 }
 
+int store_server_put(struct store_server *srv, const uint8_t *key, size_t klen, const uint8_t *val,
+		     size_t vlen)
+{
+	struct store_bytes k = {key, klen}, v = {val, vlen};
+
+	return store_server_set_key(srv, &k, &v);
+}
+
 /* std::stoll as torch's ADD applies it to the stored text: leading
  * whitespace, an optional sign, at least one digit, trailing junk ignored;
  * no digits or overflow is an error (torch closes the connection). */

@@ -10,7 +10,9 @@ import subprocess
 
 import pytest
 
-from conftest import HELPERS, TORCH2_VENV, bin_path, free_port, torch_python, wait_until
+from conftest import (HELPERS, TORCH2_VENV, Output, bin_path, free_port, torch_python,
+                      wait_line, wait_until)
+from etcd_cluster import EtcdCluster
 
 PY = "/usr/bin/python3"
 STACK_WORKER = os.path.join(HELPERS, "stack_worker.py")
@@ -208,3 +210,103 @@ def test_a_working_job_is_not_hung(procs, tmp_path, progress):
     assert rc == (0 if progress == "BURN" else 1), (out, err)
     if progress != "BURN":
         assert re.search(r"exitcode\s+: 3 \(pid", err), err  # rank 1's own failure
+
+
+# ---- the whole job: the job board of the elastic backends -------------------------------
+
+ELASTIC_CONF = ("--rdzv_conf=last_call_timeout=1,heartbeat_interval=0.3,lease_ttl=3,"
+                "join_timeout=60")
+
+
+@pytest.fixture(params=["c10d", "rdzvd", "etcd"])
+def elastic(request, procs):
+    """(backend, endpoint, rdzvd endpoint or None): c10d with the store an
+    agent serves, c10d on a crun-rdzvd, or etcd (one real member)."""
+    if request.param == "etcd":
+        cluster = EtcdCluster(1)
+        try:
+            yield "etcd", cluster.endpoints(), None
+        finally:
+            cluster.close()
+    elif request.param == "rdzvd":
+        port = free_port()
+        d = procs.spawn([bin_path("crun-rdzvd"), "--host", "127.0.0.1", "--port", "0",
+                         f"--status=127.0.0.1:{port}"])
+        m = wait_line(d.stdout, r"crun-rdzvd listening on (\S+):(\d+)", 10)
+        yield "c10d", f"{m.group(1)}:{m.group(2)}", f"127.0.0.1:{port}"
+    else:
+        yield "c10d", f"127.0.0.1:{free_port()}", None
+
+
+def elastic_agents(procs, tmp_path, elastic, env, *flags, nnodes=2, nproc=2, job="hangjob"):
+    """nnodes crun agents of one job, each with its own log dir, status page
+    (returned) and Output reader."""
+    backend, ep, _ = elastic
+    agents = []
+    for i in range(nnodes):
+        port = free_port()
+        p = procs.spawn([bin_path("crun"), f"--nnodes={nnodes}", f"--nproc_per_node={nproc}",
+                         f"--rdzv_backend={backend}", f"--rdzv_endpoint={ep}",
+                         f"--rdzv_id={job}", ELASTIC_CONF, f"--log_dir={tmp_path / f'logs{i}'}",
+                         f"--status=127.0.0.1:{port}", *flags, torch_python("1"), HANG_WORKER],
+                        env=env)
+        agents.append((Output(p), f"127.0.0.1:{port}"))
+    return agents
+
+
+def test_hang_names_the_straggler_job_wide(procs, tmp_path, elastic):
+    """2 agents x 2 gloo ranks (CRUN_HANG_NPROC=4: x 4, the bench's other
+    shape): the last global rank sleeps before the all_reduce the others wait
+    in. The job-wide digest (from every node's stacks, through the job board)
+    names it and its function on the node that kills it, and the time from
+    the hang's declaration to the digest is printed."""
+    nproc = int(os.environ.get("CRUN_HANG_NPROC", "2"))
+    slow, world = 2 * nproc - 1, 2 * nproc
+    env = job_env(tmp_path, SLOW_RANK=slow)
+    agents = elastic_agents(procs, tmp_path, elastic, env, "--hang_timeout=3", nproc=nproc)
+    results = [o.finish(300) for o, _ in agents]
+    err = "".join(e for _, _, e in results)
+    assert all(rc == 1 for rc, _, _ in results), err
+    others = ",".join(str(r) for r in range(slow))
+    m = re.search(rf"crun: hung: rank {slow} is in (late_for_the_all_reduce "
+                  rf"\(hang_worker\.py:\d+\)) while ranks {others} are in (\S+ \(\S+\)) when "
+                  r"no worker made progress", err)
+    assert m, err
+    assert "all_reduce" in m.group(2), m.group(2)
+    took = re.findall(rf"job-wide stacks: {world} ranks on 2 of 2 nodes \(ask \d+\) in (\d+) ms",
+                      err)
+    assert took, err
+    print(f"\n[{elastic[0]}{'/rdzvd' if elastic[2] else ''} 2x{nproc}] hang declared -> "
+          f"job-wide digest: {', '.join(took)} ms")
+    assert re.search(rf"rank\s+: {slow} \(local_rank: {nproc - 1}\)", err), err  # the root cause
+    assert glob.glob(str(tmp_path / "logs*" / "*" / "attempt_0" / "job_stacks.txt")), err
+
+
+def test_crunctl_stacks_all_gathers_every_node(procs, tmp_path, elastic):
+    """While the 2x2 job waits for rank 3: crunctl stacks --all on either
+    agent prints all 4 ranks with the job-wide digest; on crun-rdzvd's page
+    --job J does the same, and an unknown job is told so."""
+    env = job_env(tmp_path, SLOW_RANK=3)
+    agents = elastic_agents(procs, tmp_path, elastic, env)
+    wait_until(lambda: all((tmp_path / "ready" / str(r)).exists() for r in range(4)),
+               "every rank where it waits")
+    res = crunctl("stacks", "--all", "--endpoint", agents[1][1])
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert re.search(r"job 'hangjob' \(ask \d+\): 4 ranks on 2 of 2 nodes", out), out
+    assert re.search(r"digest: rank 3 is in late_for_the_all_reduce \(hang_worker\.py:\d+\) "
+                     r"while ranks 0,1,2 are in", out), out
+    for r in range(4):
+        assert re.search(rf"=== rank {r} \(node \d \S+, local rank {r % 2}, pid \d+\): \S+", out), out
+    rdzvd = elastic[2]
+    if rdzvd:
+        res = crunctl("stacks", "--endpoint", rdzvd, "--job", "hangjob")
+        assert res.returncode == 0, res.stderr
+        assert "4 ranks on 2 of 2 nodes" in res.stdout and "rank 3 is in late_for" in res.stdout
+        bad = crunctl("stacks", "--endpoint", rdzvd, "--job", "nosuch")
+        assert bad.returncode == 1, bad.stdout
+        assert "HTTP 404: no job 'nosuch' in this store" in bad.stderr, bad.stderr
+    for o, _ in agents:
+        o.p.send_signal(signal.SIGTERM)
+    for o, _ in agents:
+        o.finish(60)

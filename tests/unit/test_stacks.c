@@ -2,10 +2,12 @@
  * innermost frame of py-spy, gdb and /proc texts, the straggler rule, the
  * digest line and what counts as a worker's progress. */
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "unit/check_main.h"
 #include "agent/stacks_int.h"
+#include "rendezvous/rdzv.h"
 
 static const char pyspy[] = "Process 4639: /usr/bin/python3 /tmp/fx/w.py\n"
 			    "Python v3.11.2 (/usr/bin/python3.11)\n\n"
@@ -156,6 +158,81 @@ START_TEST(progress_is_cpu_output_or_a_beat)
 }
 END_TEST
 
+/* ---- the job-wide digest over the job board's answers ---- */
+
+static const char node0[] =
+    "{\"node\":0,\"host\":\"a\",\"ranks\":["
+    "{\"rank\":1,\"local_rank\":1,\"pid\":11,\"frame\":\"allreduce (gloo.py:5)\",\"stack\":\"s1\"},"
+    "{\"rank\":0,\"local_rank\":0,\"pid\":10,\"frame\":\"allreduce "
+    "(gloo.py:5)\",\"stack\":\"s0\"}]}";
+static const char node1[] =
+    "{\"node\":1,\"host\":\"b\",\"ranks\":["
+    "{\"rank\":3,\"local_rank\":1,\"pid\":21,\"frame\":\"late (w.py:9)\",\"stack\":\"s3\"},"
+    "{\"rank\":2,\"local_rank\":0,\"pid\":20,\"frame\":\"allreduce "
+    "(gloo.py:5)\",\"stack\":\"s2\"}]}";
+
+START_TEST(merge_names_the_straggler_of_another_node)
+{
+	char *answers[] = {(char *)node1, (char *)node0}; /* any order of nodes */
+	struct stacks_merged m;
+
+	ck_assert_int_eq(stacks_merge(answers, 2, "hung", &m), 0);
+	ck_assert_int_eq(m.nranks, 4);
+	ck_assert_int_eq(m.nodes, 2);
+	ck_assert_int_eq(m.nodd, 1);
+	ck_assert_int_eq(m.blame_rank, 3);
+	ck_assert_str_eq(m.blame_frame, "late (w.py:9)");
+	ck_assert_str_eq(
+	    m.digest, "rank 3 is in late (w.py:9) while ranks 0,1,2 are in allreduce (gloo.py:5) "
+		      "when hung");
+}
+END_TEST
+
+START_TEST(merge_skips_missing_and_bad_answers)
+{
+	char *answers[] = {NULL, (char *)"not json", (char *)"{\"ranks\":7}", (char *)node1};
+	char *none[] = {NULL, (char *)"{}"};
+	struct stacks_merged m;
+
+	ck_assert_int_eq(stacks_merge(answers, 4, NULL, &m), 0);
+	ck_assert_int_eq(m.nranks, 2);
+	ck_assert_int_eq(m.nodes, 1);
+	ck_assert_int_eq(m.nodd, 0); /* one against one: a tie names nobody */
+	ck_assert_int_eq(m.blame_rank, -1);
+	ck_assert_str_eq(m.digest,
+			 "rank 2 was in allreduce (gloo.py:5), rank 3 was in late (w.py:9)");
+	ck_assert_int_eq(stacks_merge(none, 2, NULL, &m), CRUN_ENOENT);
+}
+END_TEST
+
+START_TEST(job_text_lists_every_node_and_rank)
+{
+	char *answers[] = {(char *)node0, NULL, (char *)node1};
+	char *t = stacks_job_text("j1", 7, answers, 3);
+
+	ck_assert_ptr_nonnull(t);
+	ck_assert_ptr_nonnull(strstr(t, "job 'j1' (ask 7): 4 ranks on 2 of 3 nodes\n"));
+	ck_assert_ptr_nonnull(strstr(t, "digest: rank 3 is in late (w.py:9) while"));
+	ck_assert_ptr_nonnull(
+	    strstr(t, "=== rank 3 (node 2 b, local rank 1, pid 21): late (w.py:9)\ns3\n"));
+	ck_assert_ptr_nonnull(strstr(t, "=== node 1: no answer within 2500 ms\n"));
+	ck_assert(strstr(t, "=== rank 1 ") < strstr(t, "=== node 1:"));
+	free(t);
+}
+END_TEST
+
+START_TEST(board_keys)
+{
+	char buf[32];
+
+	ck_assert_int_eq(rdzv_board_ask_key(buf, sizeof(buf), 12), 0);
+	ck_assert_str_eq(buf, "stacks/ask/12");
+	ck_assert_int_eq(rdzv_board_answer_key(buf, sizeof(buf), 12, 3), 0);
+	ck_assert_str_eq(buf, "stacks/12/3");
+	ck_assert_int_eq(rdzv_board_answer_key(buf, 8, 12, 3), CRUN_ERANGE);
+}
+END_TEST
+
 static Suite *stacks_suite(void)
 {
 	Suite *s = suite_create("stacks");
@@ -171,6 +248,10 @@ static Suite *stacks_suite(void)
 	tcase_add_test(tc, digest_of_a_hang_names_the_straggler_first);
 	tcase_add_test(tc, digest_is_bounded);
 	tcase_add_test(tc, progress_is_cpu_output_or_a_beat);
+	tcase_add_test(tc, merge_names_the_straggler_of_another_node);
+	tcase_add_test(tc, merge_skips_missing_and_bad_answers);
+	tcase_add_test(tc, job_text_lists_every_node_and_rank);
+	tcase_add_test(tc, board_keys);
 	suite_add_tcase(s, tc);
 	return s;
 }
