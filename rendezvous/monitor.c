@@ -239,17 +239,88 @@ static int check_back(struct c10d_job *j, struct coord *c, const char *chk, uint
 	return coord_expire(c, chk, why);
 }
 
+/* The watch woke with a change or the job's end (why_v, done_v: owned,
+ * given to read_change): reads it into j, gives the lease back at the job's
+ * end, and holds the lease until the agent moves on. */
+static int monitor_tail(struct c10d_job *j, struct coord *c, const char *chk, char *why_v,
+			char *done_v, uint64_t lease, uint64_t kept_at)
+{
+	bool moved_on, ended;
+	int r;
+
+	r = read_change(j, c, chk, why_v, done_v);
+	if (r < 0)
+		return r;
+	/* The round changed (the key its lease would set on expiry is set):
+	 * its end writes nothing, so moving on needs no revoke - one request
+	 * fewer per member between the change and the next round. */
+	moved_on =
+	    r == 0 && (j->change == RDZV_CHANGE_RESTART || j->change == RDZV_CHANGE_MEMBERSHIP);
+	/* The job ended (every node passed the exit barrier): give the lease
+	 * back now, an orderly end the store counts as released, not as an
+	 * expiry (a node lost, what an alert is for), which the connection's
+	 * close at this process's exit would otherwise be. The connection
+	 * itself stays open until the agent exits: the host waits for it. */
+	ended = r == 1;
+	if (ended && lease && coord_lease_revoke(c, lease) == 0)
+		lease = 0;
+	/* Stay connected (lease held) until the agent moves on: closing now
+	 * would look like a failure of this node to the others. The next
+	 * keep-alive is due a heartbeat after the last one: the agent
+	 * usually moves on before (no request on the way to the next round). */
+	for (int i = 0; i < 1 << 30 && !helper_stopping(&j->h); i++) {
+		uint64_t now = clock_now_ms(), due = kept_at + j->conf.hb_ms;
+
+		if (now < due) {
+			usleep((useconds_t)MIN((due - now) * 1000u, 999999u));
+			continue;
+		}
+		kept_at = now;
+		if (!lease && ended) /* nothing left to fence: the workers are done */
+			atomic_store(&j->kept_ok_ms, now);
+		if (!lease)
+			continue;
+		if (coord_lease_keepalive(c, lease) < 0)
+			break;
+		atomic_store(&j->kept_ok_ms, now);
+	}
+	if (lease && helper_stopping(&j->h) && !moved_on)
+		(void)coord_lease_revoke(c, lease);
+	return 0;
+}
+
+/* Heartbeat stores (no leases): the next group rank's counter has not
+ * moved for a TTL - say it is dead on the round's change key. */
+static void peek_neighbour(struct c10d_job *j, struct coord *c, const char *nbr, const char *chk,
+			   int64_t *last, uint64_t *last_move)
+{
+	char why[512];
+	int64_t cnt;
+
+	if (coord_heartbeat_peek(c, nbr, &cnt) < 0)
+		return;
+	if (cnt != *last) {
+		*last = cnt;
+		*last_move = clock_now_ms();
+	} else if (clock_now_ms() - *last_move > j->conf.ttl_ms &&
+		   str_printf(why, sizeof(why),
+			      "dead node of group rank %d (no heartbeat for %u ms)",
+			      (j->info.group_rank + 1) % j->nnodes, j->conf.ttl_ms) >= 0) {
+		(void)coord_expire(c, chk, why);
+	}
+}
+
 int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 {
-	char me[64], nbr[64], chk[64], ask[64] = "", why[512], *why_v = NULL, *done_v = NULL;
-	int64_t cnt, last = -1;
+	char me[64], nbr[64], chk[64], ask[64] = "", *why_v = NULL, *done_v = NULL;
+	int64_t last = -1;
 	uint64_t last_move = clock_now_ms(), lease = j->lease, outage = 0, back_by = 0, kept_at = 0;
 	bool hb = j->hb || !lease;
 	/* Only a store no member serves can restart under us; etcd keeps its
 	 * state, so a lease not found there has expired (and said so). */
 	bool restartable = !hb && !j->host_member && !j->is_host && !j->etcd;
 	int r = 0, back_next = 0;
-	bool restored = false, moved_on, ended;
+	bool restored = false;
 	/* The round kept the lease less than a heartbeat ago: the first
 	 * keep-alive is due a heartbeat after that, not now - one request
 	 * fewer per member when a whole round starts its monitors at once. A
@@ -320,16 +391,8 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 		if (r < 0)
 			break; /* a timeout here: the store did not answer within a TTL */
 		outage = 0;
-		if (!hb || j->nnodes < 2 || coord_heartbeat_peek(*cp, nbr, &cnt) < 0)
-			continue;
-		if (cnt != last) {
-			last = cnt;
-			last_move = clock_now_ms();
-		} else if (clock_now_ms() - last_move > j->conf.ttl_ms) {
-			KEY(why, "dead node of group rank %d (no heartbeat for %u ms)",
-			    (j->info.group_rank + 1) % j->nnodes, j->conf.ttl_ms);
-			(void)coord_expire(*cp, chk, why);
-		}
+		if (hb && j->nnodes >= 2)
+			peek_neighbour(j, *cp, nbr, chk, &last, &last_move);
 	}
 	if (helper_stopping(&j->h)) {
 		crun_free(why_v);
@@ -344,43 +407,5 @@ int c10d_job_monitor(struct c10d_job *j, struct coord **cp)
 		store_lost(j, *cp, r);
 		return r;
 	}
-	r = read_change(j, *cp, chk, why_v, done_v);
-	if (r < 0)
-		return r;
-	/* The round changed (the key its lease would set on expiry is set):
-	 * its end writes nothing, so moving on needs no revoke - one request
-	 * fewer per member between the change and the next round. */
-	moved_on =
-	    r == 0 && (j->change == RDZV_CHANGE_RESTART || j->change == RDZV_CHANGE_MEMBERSHIP);
-	/* The job ended (every node passed the exit barrier): give the lease
-	 * back now, an orderly end the store counts as released, not as an
-	 * expiry (a node lost, what an alert is for), which the connection's
-	 * close at this process's exit would otherwise be. The connection
-	 * itself stays open until the agent exits: the host waits for it. */
-	ended = r == 1;
-	if (ended && lease && coord_lease_revoke(*cp, lease) == 0)
-		lease = 0;
-	/* Stay connected (lease held) until the agent moves on: closing now
-	 * would look like a failure of this node to the others. The next
-	 * keep-alive is due a heartbeat after the last one: the agent
-	 * usually moves on before (no request on the way to the next round). */
-	for (int i = 0; i < 1 << 30 && !helper_stopping(&j->h); i++) {
-		uint64_t now = clock_now_ms(), due = kept_at + j->conf.hb_ms;
-
-		if (now < due) {
-			usleep((useconds_t)MIN((due - now) * 1000u, 999999u));
-			continue;
-		}
-		kept_at = now;
-		if (!lease && ended) /* nothing left to fence: the workers are done */
-			atomic_store(&j->kept_ok_ms, now);
-		if (!lease)
-			continue;
-		if (coord_lease_keepalive(*cp, lease) < 0)
-			break;
-		atomic_store(&j->kept_ok_ms, now);
-	}
-	if (lease && helper_stopping(&j->h) && !moved_on)
-		(void)coord_lease_revoke(*cp, lease);
-	return 0;
+	return monitor_tail(j, *cp, chk, why_v, done_v, lease, kept_at);
 }
