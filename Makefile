@@ -68,9 +68,11 @@ LIBS = $(DEP_LIBS) -lm -ldl
 # libcrun never links CUDA or NCCL (STYLE §7): the .cu kernels and the NCCL
 # backend (worker_sdk/nccl*.c) go into libcrun-cuda.so.0, which links them
 # itself and which the SDK dlopens (kernels/cuda_load.c).
+# A module may keep its parts in subfolders (store/client/, store/server/ ...):
+# one level deep, picked up here, by lint and by check-layers.sh.
 MODULES := common store rendezvous agent worker_sdk kernels
 GPU_C_SRCS := $(wildcard worker_sdk/nccl*.c)
-LIB_SRCS := $(filter-out $(GPU_C_SRCS),$(foreach m,$(MODULES),$(wildcard $(m)/*.c)))
+LIB_SRCS := $(filter-out $(GPU_C_SRCS),$(foreach m,$(MODULES),$(wildcard $(m)/*.c $(m)/*/*.c)))
 CU_SRCS := $(wildcard kernels/*.cu)
 LIB_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRCS))
 LIBA := $(BUILD)/lib/libcrun.a
@@ -287,10 +289,11 @@ flake-hunt: $(FLAKE_UNIT) $(FLAKE_INTEG)
 FUZZ_BUILD := build-fuzz
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZERS := $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/%,$(FUZZ_SRCS))
-FUZZ_LIB_SRCS := $(wildcard common/*.c) store/proto.c store/proto_ext.c store/auth.c
+FUZZ_LIB_SRCS := $(wildcard common/*.c) store/proto/proto.c store/proto/proto_ext.c store/auth.c
 
 fuzz: $(FUZZERS)
-$(FUZZ_BUILD)/%: tests/fuzz/%.c $(FUZZ_LIB_SRCS) $(wildcard store/*.h common/*.h include/crun/*.h)
+$(FUZZ_BUILD)/%: tests/fuzz/%.c $(FUZZ_LIB_SRCS) $(wildcard store/*.h store/*/*.h common/*.h \
+	include/crun/*.h)
 	@mkdir -p $(@D)
 	$(Q)clang -std=gnu11 -D_GNU_SOURCE -g -O1 -I. -Iinclude \
 		-fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_LIB_SRCS) -lcrypto
@@ -320,7 +323,8 @@ else
 endif
 
 # ---- lint --------------------------------------------------------------------
-SRC_ALL := $(filter-out build%,$(wildcard */*.c */*.h include/crun/*.h tests/*/*.c))
+SRC_ALL := $(filter-out build%,$(wildcard */*.c */*.h include/crun/*.h tests/*/*.c \
+	$(foreach m,$(MODULES),$(m)/*/*.c $(m)/*/*.h)))
 lint: check-layers check-pure
 	$(Q)clang-format --dry-run --Werror $(filter-out tests/%,$(SRC_ALL))
 	$(Q)cppcheck --quiet --error-exitcode=1 --enable=warning,performance,portability \

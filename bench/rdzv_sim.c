@@ -1,6 +1,6 @@
 /* rdzv_sim.c: the 12k-node rendezvous, simulated on one machine. K agents run
  * crun's real c10d round logic -- c10d_job_round (rendezvous/c10d_join.c) over
- * coord_store.c over the blocking store client (store/client.c), then the
+ * coord_store.c over the blocking store client (store/client/), then the
  * liveness monitor c10d_job_monitor (monitor.c), exactly the job bodies an
  * agent's helper thread runs -- against a real store on loopback (crun-rdzvd,
  * a separate process), with ONE connection per agent (its lease on that same

@@ -3,7 +3,7 @@
  * and one epoll drive every connection; each load connection keeps exactly one
  * request with a reply in flight, as a real client does. It speaks the wire
  * protocol from raw bytes (torch-compat.md §1.1-1.3), independently of
- * store/proto.c, so it also cross-checks crun's codec. Prints one JSON line.
+ * store/proto/proto.c, so it also cross-checks crun's codec. Prints one JSON line.
  */
 #include <errno.h>
 #include <netdb.h>

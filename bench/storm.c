@@ -12,7 +12,7 @@
  * shared/tools/torch-capture (bench/README.md), with NCCL's unique-id
  * exchange in place of gloo's all-to-all address exchange (O(N) keys per rank,
  * which no NCCL job does);
- * requests are encoded with crun's codec (store/proto.c, checked against
+ * requests are encoded with crun's codec (store/proto/proto.c, checked against
  * captured PyTorch frames). One thread and one epoll drive every connection.
  * Connects are paced (at most --inflight outstanding) so the server's accept
  * backlog is never overrun, and spread over --sources loopback addresses

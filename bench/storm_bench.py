@@ -138,7 +138,7 @@ GEN_START_DELAY_S = 1.0  # the generators' common start, after they are all up
 
 
 class ProxyFarms:
-    """The crun-proxy cell: ceil(N / 8) node-local proxies (store/proxy.c) in
+    """The crun-proxy cell: ceil(N / 8) node-local proxies (store/proxy/proxy.c) in
     store_proxy_farm processes, each proxy with its own listener and its own
     upstream connections to the root store (crun-rdzvd)."""
 

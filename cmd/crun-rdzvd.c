@@ -1,4 +1,4 @@
-/* crun-rdzvd: serves crun's TCPStore-compatible store (store/server.c) in the
+/* crun-rdzvd: serves crun's TCPStore-compatible store (store/server/server.c) in the
  * foreground. Argument parsing (flags, or --config FILE.json read as flags),
  * limits, signals, systemd's notify protocol (common/notify.c) and the status
  * page (agent/status.c) only; the store itself lives in store/. Exit codes: 0

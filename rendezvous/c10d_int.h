@@ -51,7 +51,7 @@
 #define C10D_PROGRESS_MAX_MS 60000u /* progress lines double their interval up to this */
 #define C10D_REASON_MS	     5000u  /* reading why the job failed, once it did */
 #define C10D_OUTAGE_MS	     60000u /* a store no member serves may be down this long */
-/* The store client's longest pause between dials (client.c BACKOFF_CAP_MS):
+/* The store client's longest pause between dials (store/client/client_int.h BACKOFF_CAP_MS):
  * a live member may try that much later than another once the store is back. */
 #define C10D_REDIAL_MS 2000u
 

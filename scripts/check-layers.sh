@@ -15,7 +15,7 @@ allowed() {
 bad=0
 for m in common kernels store rendezvous worker_sdk agent; do
 	ok=$(allowed $m)
-	for f in $(ls $m/*.c $m/*.h $m/*.cu 2>/dev/null); do
+	for f in $(ls $m/*.c $m/*.h $m/*.cu $m/*/*.c $m/*/*.h 2>/dev/null); do
 		for inc in $(grep -hoE '^#include "[a-z_]+/' "$f" | sed -E 's/#include "([a-z_]+)\//\1/'); do
 			[ "$inc" = crun ] && continue
 			case " $ok " in
@@ -41,6 +41,20 @@ for f in $(grep -lE '^#include "store/server(_int)?\.h"' rendezvous/*.[ch] worke
 $f "*) ;;
 	*) echo "check-layers: $f includes store/server.h (only agent/, cmd/, tests/, bench/ and the hosts listed in $0 start a store server)"; bad=1 ;;
 	esac
+done
+# A module's subfolders are its private parts (store/client/, store/server/,
+# ...): a header of one (client_int.h) is included by its own folder's files
+# only; the module's interface is the headers at its root. tests/ and bench/
+# may look inside.
+for f in $(ls common/*.[ch] kernels/*.[ch] store/*.[ch] store/*/*.[ch] rendezvous/*.[ch] \
+	rendezvous/*/*.[ch] worker_sdk/*.[ch] worker_sdk/*/*.[ch] agent/*.[ch] agent/*/*.[ch] \
+	cmd/*.c 2>/dev/null); do
+	for inc in $(grep -hoE '^#include "[a-z_]+/[a-z_]+/' "$f" | sed -E 's/#include "//'); do
+		case "$f" in
+		"$inc"*) ;;
+		*) echo "check-layers: $f includes ${inc}... (private to that folder)"; bad=1 ;;
+		esac
+	done
 done
 [ $bad -eq 0 ] && echo "check-layers: ok"
 exit $bad

@@ -1,6 +1,6 @@
 /* auth.c: the HMAC-SHA256 challenge/response of auth.h - frames, MACs,
  * the server's table of secrets and secret files. No sockets here: the
- * server glue is server_auth.c, the blocking client side auth_io.c.
+ * server glue is server/server_auth.c, the blocking client side auth_io.c.
  */
 #include <dirent.h>
 #include <errno.h>

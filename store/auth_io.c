@@ -1,14 +1,13 @@
 /* auth_io.c: the blocking halves of the auth.h exchange on a connected
- * socket, for the store client (client.c) and the worker SDK's data mesh
- * (worker_sdk/tcp.c), each in its own domain (auth.h). Every read is exact-sized: nothing past the
- * exchange is consumed, so the caller's own protocol starts on a clean stream.
+ * socket, for the store client (client/session.c) and the worker SDK's data
+ * mesh (worker_sdk/tcp.c), each in its own domain (auth.h), over the
+ * client's transport (tls.h's store_io_*). Every read is exact-sized:
+ * nothing past the exchange is consumed, so the caller's own protocol starts
+ * on a clean stream.
  */
-#include <errno.h>
-#include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
-#include <poll.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -21,36 +20,6 @@
 
 #define CHALLENGE_WAIT_MS 10000
 
-static int send_exact(int fd, struct store_tls_conn *tls, const uint8_t *p, size_t len,
-		      uint64_t deadline_ms)
-{
-	while (len) {
-		short ev = POLLOUT;
-		ssize_t n;
-
-		if (tls) {
-			n = store_tls_write(tls, p, len, &ev);
-			if (n == CRUN_EAGAIN) {
-				TRY(fd_wait_until(fd, ev, deadline_ms));
-				continue;
-			}
-			if (n < 0)
-				return (int)n;
-		} else {
-			n = send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-		}
-		if (n > 0) {
-			p += n;
-			len -= (size_t)n;
-			continue;
-		}
-		if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-			return -errno;
-		TRY(fd_wait_until(fd, POLLOUT, deadline_ms));
-	}
-	return 0;
-}
-
 /* Reads exactly len bytes: CRUN_ECLOSED on EOF. *ret_got (NULL: not
  * wanted) counts what arrived, also on failure. */
 static int recv_exact_got(int fd, struct store_tls_conn *tls, uint8_t *p, size_t len,
@@ -60,33 +29,13 @@ static int recv_exact_got(int fd, struct store_tls_conn *tls, uint8_t *p, size_t
 
 	*got = 0;
 	while (len) {
-		short ev = POLLIN;
-		ssize_t n;
+		long n = store_io_recv(fd, tls, p, len, deadline_ms);
 
-		if (tls) {
-			/* Read first: TLS may hold decrypted bytes the socket no
-			 * longer shows as readable. */
-			n = store_tls_read(tls, p, len, &ev);
-			if (n == CRUN_EAGAIN) {
-				TRY(fd_wait_until(fd, ev, deadline_ms));
-				continue;
-			}
-			if (n < 0)
-				return (int)n;
-		} else {
-			TRY(fd_wait_until(fd, POLLIN, deadline_ms));
-			n = recv(fd, p, len, MSG_DONTWAIT);
-		}
-		if (n > 0) {
-			p += n;
-			len -= (size_t)n;
-			*got += (size_t)n;
-			continue;
-		}
-		if (n == 0)
-			return CRUN_ECLOSED;
-		if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-			return -errno;
+		if (n < 0)
+			return (int)n;
+		p += n;
+		len -= (size_t)n;
+		*got += (size_t)n;
 	}
 	return 0;
 }
@@ -119,7 +68,7 @@ static int client_run(enum store_auth_domain dom, int fd, struct store_tls_conn 
 	memcpy(ans, "CRA1", 4);
 	ans[4] = (uint8_t)jl;
 	memcpy(ans + 5, job, jl);
-	r = send_exact(fd, tls, ans, head, deadline_ms);
+	r = store_io_send(fd, tls, ans, head, deadline_ms);
 	/* A server that authenticates sends its challenge on accept; one that
 	 * does not waits for us forever, so this wait has its own bound. */
 	if (r == 0)
@@ -151,7 +100,7 @@ static int client_run(enum store_auth_domain dom, int fd, struct store_tls_conn 
 		snprintf(err, cap, "cannot build the authentication answer: %s", crun_strerror(r));
 		return r;
 	}
-	r = send_exact(fd, tls, ans + head, alen - head, deadline_ms);
+	r = store_io_send(fd, tls, ans + head, alen - head, deadline_ms);
 	if (r == 0)
 		r = recv_exact(fd, tls, proof, sizeof(proof), deadline_ms);
 	if (r == CRUN_ECLOSED || r == CRUN_ECONNRESET) {
@@ -206,7 +155,7 @@ int store_auth_mesh_server_run(int fd, const struct store_auth_secret *s, uint64
 	if (r < 0)
 		goto out;
 	store_auth_encode_challenge(nonce_s, ch);
-	r = send_exact(fd, NULL, ch, sizeof(ch), deadline_ms);
+	r = store_io_send(fd, NULL, ch, sizeof(ch), deadline_ms);
 	/* The answer's length is in its 5th byte: read the head, then the rest. */
 	if (r == 0)
 		r = recv_exact(fd, NULL, ans, 5, deadline_ms);
@@ -223,7 +172,7 @@ int store_auth_mesh_server_run(int fd, const struct store_auth_secret *s, uint64
 			r = store_auth_verify(STORE_AUTH_MESH, keys, nonce_s, ans, need, &used, &g);
 	}
 	if (r == 0)
-		r = send_exact(fd, NULL, g.proof, sizeof(g.proof), deadline_ms);
+		r = store_io_send(fd, NULL, g.proof, sizeof(g.proof), deadline_ms);
 	if (r < 0)
 		snprintf(err, cap, "peer failed authentication: %s",
 			 r == CRUN_EACCES   ? "wrong secret"

@@ -1,10 +1,10 @@
-/* proxy.h: a node-local TCPStore proxy (store/proxy.c). The workers of one
+/* proxy.h: a node-local TCPStore proxy (store/proxy/proxy.c). The workers of one
  * node connect to it as to any TCPStore (PyTorch 1.13 v1 and 2.x v2
  * dialects); it carries their requests to the real store ("upstream", a
  * crun store server speaking v2) over a few shared connections, so the
  * upstream store sees one connection and one waiter per node instead of one
  * per rank. How requests are routed, and what is not multiplexed, is in the
- * header comment of proxy.c; store_proxy_route() is that table.
+ * header comment of proxy/proxy.c; store_proxy_route() is that table.
  *
  * Single-threaded: everything runs on the event_base given to
  * store_proxy_new(); several proxies may share one loop (bench).

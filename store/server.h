@@ -1,5 +1,5 @@
 /* server.h: the store module's server: the libevent TCPStore-compatible
- * server (server.c, server_ops.c, kv.c, lease.c) and its configuration.
+ * server (server/: server.c, server_ops.c, kv.c, lease.c) and its configuration.
  * Separate from store/store.h (the pure wire codec, which the blocking
  * client is built on) so that scripts/check-layers.sh can see who starts a
  * store server: agent/, cmd/, tests/ and bench/, plus the two hosts listed
@@ -80,7 +80,7 @@ struct store_server_config {
 	uint32_t max_preauth_per_addr;
 	/* Appended for issue 26 (fairness). Each global budget of the key
 	 * space (max_keys, max_total_key_bytes, max_total_value_bytes,
-	 * max_waiters) is shared: one job (run id, see share.c) may hold at
+	 * max_waiters) is shared: one job (run id, see server/share.c) may hold at
 	 * most job_share_pct percent of it and one connection may add at most
 	 * conn_share_pct percent, so a flooder is refused before it locks the
 	 * other jobs out. The last reserve_pct percent of each budget only

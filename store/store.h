@@ -1,6 +1,6 @@
 /* store.h: the store module's interface inside crun: the pure TCPStore wire
- * codec (proto.c) that the blocking public client (include/crun/store.h,
- * client.c) and the server are built on. The server's API is store/server.h:
+ * codec (proto/proto.c) that the blocking public client (include/crun/store.h,
+ * client/) and the server are built on. The server's API is store/server.h:
  * include that only where a store server is started (check-layers.sh).
  *
  * Wire facts come from ../shared/reference/torch-compat.md §1: two opcode
@@ -159,7 +159,7 @@ int store_proto_decode_req_from(enum store_dialect d, const struct store_limits 
 void store_items_next(const uint8_t **it, struct store_bytes *ret_item);
 
 /* Calls fn(arg, key, len) for every key a decoded request names (its op's
- * request layout in the table of proto.c); stops at and returns the first
+ * request layout in the table of proto/proto.c); stops at and returns the first
  * nonzero return of fn, else 0. Pure. */
 int store_proto_req_each_key(const struct store_req *q,
 			     int (*fn)(void *arg, const uint8_t *key, size_t len), void *arg);

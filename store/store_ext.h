@@ -65,7 +65,7 @@
  *     (a lease never lapses between its grant and its first key).
  *
  * Version 5 lets one connection carry many waits without parking (the
- * node-local store proxy, proxy.c, needs then one upstream connection):
+ * node-local store proxy, proxy/proxy.c, needs then one upstream connection):
  *   - MUX (only on a v2 connection with no wait pending, once) switches the
  *     server's side of the connection to frames: every reply in request
  *     order goes out as STORE_EXT_FRAME_REPLY (u8 0) then the reply, and a
@@ -170,7 +170,7 @@
 
 /* Which fields of a request (struct store_ext_req below) name keys. The
  * server checks each of them against a job-scoped client's run id
- * (server_auth.c), so every row must say what its op's keys are. */
+ * (server/server_auth.c), so every row must say what its op's keys are. */
 enum store_ext_keys {
 	STORE_EXT_K_KEY = 1u << 0,    /* key */
 	STORE_EXT_K_EXPIRY = 1u << 1, /* key, the expiry key: empty means none */
@@ -279,7 +279,7 @@ uint32_t store_ext_op_version(uint8_t op);
 int store_ext_req_each_key(const struct store_ext_req *q,
 			   int (*fn)(void *arg, const uint8_t *key, size_t len), void *arg);
 
-/* ---- server side (lease.c) ---- */
+/* ---- server side (server/lease.c) ---- */
 
 struct store_server;
 struct store_conn;
@@ -291,9 +291,9 @@ int store_ext_process(struct store_conn *c, const uint8_t *buf, size_t len, size
 /* c is closing: its leases stay, held by nobody, for the rest of their TTL
  * (a client may re-attach them from a new connection). */
 void store_ext_conn_closed(struct store_conn *c);
-/* WAIT_ANY and WAIT_ANY_GET on c (server_ops.c). */
+/* WAIT_ANY and WAIT_ANY_GET on c (server/server_ops.c). */
 int store_conn_wait_any(struct store_conn *c, const struct store_ext_req *q);
-/* MUX, WAIT_TAG and WAIT_TAG_CANCEL on c (server_ops.c). */
+/* MUX, WAIT_TAG and WAIT_TAG_CANCEL on c (server/server_ops.c). */
 int store_conn_mux_op(struct store_conn *c, const struct store_ext_req *q);
 /* Before an op runs on a muxed connection: refuses one that would park it,
  * marks the reply frame of one that has a reply in order, and holds c's own
@@ -301,13 +301,13 @@ int store_conn_mux_op(struct store_conn *c, const struct store_ext_req *q);
  * TICKET). has_reply: whether the op answers in order. */
 int store_conn_mux_begin(struct store_conn *c, bool parks, bool has_reply);
 void store_conn_mux_end(struct store_conn *c);
-/* TRY_GET and TICKET on c (server_ops.c). */
+/* TRY_GET and TICKET on c (server/server_ops.c). */
 int store_conn_ext_kv(struct store_conn *c, const struct store_ext_req *q);
 /* The server is being freed (after every connection closed): its leases go
  * without setting expiry keys. */
 void store_ext_server_free(struct store_server *srv);
 
-/* ---- client side (client.c; not exported) ---- */
+/* ---- client side (client/; not exported) ---- */
 
 /* What a caller that reports its own progress (the rendezvous) wants from
  * crun_store_open's dialing. */

@@ -1,9 +1,10 @@
 /* tls.h: TLS for crun-to-crun store connections (OpenSSL), private to the
  * store module and the programs and modules above it that configure it.
  * Server side: an accepted socket becomes a libevent OpenSSL bufferevent, so
- * server.c only swaps the bufferevent constructor. Client side: a handshake
+ * server/server.c only swaps the bufferevent constructor. Client side: a handshake
  * and read/write calls on the client's own non-blocking socket, driven with
- * poll() deadlines by client.c and auth_io.c.
+ * poll() deadlines by store_io_* below (client/conn.c), which the store
+ * client and auth_io.c share.
  *
  * Policy: TLS 1.3 unless min_version is 12; peers are verified against `ca`
  * (the client checks the server's name or IP address against its
@@ -78,5 +79,22 @@ long store_tls_read(struct store_tls_conn *c, void *p, size_t cap, short *ret_wa
 /* OpenSSL's reason for the last CRUN_EPROTO of read/write ("" if none; NULL
  * c: ""). Valid until the next call on c. */
 const char *store_tls_conn_error(const struct store_tls_conn *c);
+
+/* ---- blocking I/O on a client's non-blocking socket, plain or TLS ------- */
+/* (store/client/conn.c) tls: the socket's TLS connection, NULL for
+ * plaintext. deadline_ms: clock_now_ms() time, UINT64_MAX for none; a
+ * deadline already past still polls once without blocking, so bytes that
+ * are already there are taken. Not thread-safe on one socket. */
+
+/* Waits for events (POLLIN, POLLOUT) on fd: 0 (ready, or an error the
+ * next call reports), CRUN_ETIMEDOUT, -errno. */
+int store_io_wait(int fd, short events, uint64_t deadline_ms);
+/* Sends all len bytes: 0, CRUN_ETIMEDOUT, CRUN_EPROTO (TLS), CRUN_EPIPE,
+ * -errno. Bytes may have been sent on any failure. */
+int store_io_send(int fd, struct store_tls_conn *tls, const void *p, size_t len,
+		  uint64_t deadline_ms);
+/* Receives what has arrived, at least 1 and at most cap bytes: the count;
+ * CRUN_ECLOSED when the peer closed, CRUN_ETIMEDOUT, CRUN_EPROTO, -errno. */
+long store_io_recv(int fd, struct store_tls_conn *tls, void *p, size_t cap, uint64_t deadline_ms);
 
 #endif /* CRUN_STORE_TLS_H */

@@ -1,4 +1,4 @@
-/* fuzz_proto.c: libFuzzer target for the TCPStore wire codec (store/proto.c).
+/* fuzz_proto.c: libFuzzer target for the TCPStore wire codec (store/proto/proto.c).
  * Arbitrary bytes go through sniffing and pipelined request decoding in both
  * dialects and through the reply decoder of every op; every frame the decoder
  * accepts must re-encode to exactly the bytes it consumed, and every strict

@@ -167,7 +167,7 @@ SOURCE_DIRS = ("agent", "bench", "cmd", "common", "configs", "debian", "examples
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: os.path.relpath(p, ROOT))
 def test_every_source_path_the_docs_name_exists(page):
-    """A file the pages name in code (`store/proxy.c`, `tests/integration/
+    """A file the pages name in code (`store/proxy/proxy.c`, `tests/integration/
     test_faults.py`, `bench/storm` for bench/storm.c) is still there: a file
     moved or renamed fails here until the page follows it."""
     bad = set()

@@ -1,4 +1,4 @@
-"""The node-local store proxy (store/proxy.c) with real clients: PyTorch 2.x
+"""The node-local store proxy (store/proxy/proxy.c) with real clients: PyTorch 2.x
 (v2) and 1.13 (v1) TCPStore clients reach a crun store (crun-rdzvd) through
 one proxy of bench/store_proxy_farm; every operation, coalesced waits, a
 client killed mid-wait, a malformed frame, and the store dying. The end-to-end

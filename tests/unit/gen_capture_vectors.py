@@ -10,7 +10,7 @@ Input: <results>/<scenario>/proxy.jsonl, written by the logging TCP proxy of
 torch-compat.md §9: one JSON object per line, {"conn", "dir": "c2s"|"s2c"|...,
 "hex"}. For each connection the client->server segments are joined into one
 stream and split into v1 frames with this script's own small parser (written
-from torch-compat.md §1.3, independent of store/proto.c); the server->client
+from torch-compat.md §1.3, independent of store/proto/proto.c); the server->client
 stream is split into the replies of those requests, in request order, which is
 how the single-threaded 1.13 server answers. Connections that used WATCH_KEY
 (asynchronous notifications interleave) get no reply vectors.

@@ -1,5 +1,5 @@
 /* test_store_auth.c: Check tests for the store's HMAC challenge/response
- * (store/auth.c, store/auth_io.c, store/server_auth.c): the pure core without
+ * (store/auth.c, store/auth_io.c, store/server/server_auth.c): the pure core without
  * sockets (frames, MACs, replay, prefixes, job scopes, secret files), then a
  * real server with secrets in a loop thread: the public client with the
  * right, a wrong and no secret; a raw socket that sends a store frame before
@@ -26,7 +26,7 @@
 #include "common/common.h"
 #include "crun/store.h"
 #include "store/auth.h"
-#include "store/server_int.h"
+#include "store/server/server_int.h"
 #include "store/server.h"
 #include "store/store_ext.h"
 #include "unit/check_main.h"

@@ -1,5 +1,5 @@
 /* test_store_client.c: Check tests for the blocking store client
- * (store/client.c). A scripted peer on a thread checks the exact bytes the
+ * (store/client/). A scripted peer on a thread checks the exact bytes the
  * client sends (key mangling, nested views, the v2 greeting, WAIT before GET,
  * CANCEL_WAIT on timeout) and feeds it exact replies, including broken ones;
  * then end-to-end tests run every call of include/crun/store.h against crun's

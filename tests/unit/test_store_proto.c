@@ -1,4 +1,4 @@
-/* test_store_proto.c: Check tests for the TCPStore wire codec (store/proto.c):
+/* test_store_proto.c: Check tests for the TCPStore wire codec (store/proto/proto.c):
  * opcode tables, round trips of every op in both dialects, incremental decoding
  * (every strict prefix asks for more), limits, sniffing, replies, the hex
  * vectors of torch-compat §1.9 and frames captured from real PyTorch 1.13.

@@ -1,5 +1,5 @@
 /* test_store_proxy.c: Check tests for the node-local store proxy
- * (store/proxy.c). The routing table is pure and checked against the codec's
+ * (store/proxy/proxy.c). The routing table is pure and checked against the codec's
  * reply shapes; then a crun store server and a proxy to it share one
  * libevent thread and crun's own blocking client (both dialects) talks to
  * the proxy: every answer as direct, K waiters on one key sharing one

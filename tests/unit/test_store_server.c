@@ -1,5 +1,5 @@
-/* test_store_server.c: Check tests for the store server (store/server.c,
- * store/kv.c). Each test runs a real server on 127.0.0.1 in a loop thread of
+/* test_store_server.c: Check tests for the store server (store/server/server.c,
+ * store/server/kv.c). Each test runs a real server on 127.0.0.1 in a loop thread of
  * its forked Check child and talks raw TCPStore bytes to it over blocking
  * loopback sockets: exact reply bytes of every op in both dialects (the §1.9
  * vectors), WAIT/CANCEL_WAIT/WATCH_KEY, segmentation, limits and closes.

@@ -17,7 +17,7 @@
 
 #include "common/common.h"
 #include "store/auth.h"
-#include "store/server_int.h"
+#include "store/server/server_int.h"
 #include "store/store_ext.h"
 
 struct conn_auth {

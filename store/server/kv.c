@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "common/common.h"
-#include "store/server_int.h"
+#include "store/server/server_int.h"
 
 #define KV_MIN_BUCKETS 64
 

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "common/common.h"
-#include "store/server_int.h"
+#include "store/server/server_int.h"
 
 #define ALLOW_MAX 65536 /* addresses in one list */
 

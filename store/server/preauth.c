@@ -11,7 +11,7 @@
 #include <event2/event.h>
 
 #include "common/common.h"
-#include "store/server_int.h"
+#include "store/server/server_int.h"
 
 bool store_server_gated(const struct store_server *srv)
 {

@@ -103,7 +103,7 @@
 #include <event2/listener.h>
 
 #include "common/common.h"
-#include "store/proxy_int.h"
+#include "store/proxy/proxy_int.h"
 
 /* ---- the routing table ------------------------------------------------------ */
 

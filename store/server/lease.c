@@ -23,7 +23,7 @@
 #include <event2/event.h>
 
 #include "common/common.h"
-#include "store/server_int.h"
+#include "store/server/server_int.h"
 #include "store/store_ext.h"
 
 /* The tick that measures the loop's lag while leases exist. A gap between

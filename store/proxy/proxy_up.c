@@ -16,7 +16,7 @@
 #include <event2/listener.h>
 
 #include "common/common.h"
-#include "store/proxy_int.h"
+#include "store/proxy/proxy_int.h"
 #include "store/store_ext.h"
 
 /* ---- small helpers ---------------------------------------------------------- */

@@ -33,7 +33,7 @@
 
 #include "common/common.h"
 #include "store/auth.h"
-#include "store/server_int.h"
+#include "store/server/server_int.h"
 
 enum ref_kind {
 	REF_GLOBAL,  /* the global budget itself is full */

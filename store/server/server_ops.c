@@ -11,7 +11,7 @@
 #include <event2/event.h>
 
 #include "common/common.h"
-#include "store/server_int.h"
+#include "store/server/server_int.h"
 #include "store/store_ext.h"
 
 int store_conn_refuse(struct store_conn *c, enum store_metric why)
