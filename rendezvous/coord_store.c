@@ -1,7 +1,10 @@
 /* coord_store.c: the coordination interface (coord.h) over crun's blocking
  * store client, talking to a crun store (an agent or crun-rdzvd) in the v2
  * dialect so that a timed-out WAIT is canceled and the connection stays
- * usable.
+ * usable; or over etcd (coord_etcd.c) or an in-memory store for unit tests.
+ * This file: opening and closing a handle and the plain key operations
+ * (with the in-memory store's key list); waits on several keys, tickets,
+ * leases and heartbeats are coord_lease.c's.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -15,55 +18,11 @@
 #include "common/common.h"
 #include "crun/store.h"
 #include "rendezvous/coord.h"
+#include "rendezvous/coord_int.h"
 #include "rendezvous/etcd_int.h"
 #include "store/store_ext.h"
 
-/* In-memory coordination (coord_mem_*): a key list under one lock, WAIT as a
- * condition variable. No sockets: lets the round algorithm run in unit tests
- * with many "agents" as threads of one process. */
-struct mkv {
-	struct mkv *next;
-	char *key, *val;
-	uint64_t lease; /* 0: a plain key */
-};
-
-/* An in-memory lease: its expiry key (full, prefixed) and value. */
-struct mlease {
-	struct mlease *next;
-	uint64_t id;
-	uint64_t owner, kept; /* granting handle; its ops when granted or kept */
-	char *expiry_key, *why;
-};
-
-struct coord_mem {
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
-	struct mkv *head;
-	struct mlease *leases;
-	uint64_t ops, next_lease, next_handle;
-	uint64_t read_bytes; /* value bytes handed to callers */
-	int lapse_grants;    /* coord_mem_lapse_grants: leases still to lapse */
-	uint32_t op_us;	     /* coord_mem_slow: each operation's least duration */
-	uint64_t lease_ops;  /* coord_mem_slow: a lease's TTL, in operations */
-	bool old_store;	     /* coord_mem_old_store: no coord_exists_each */
-	bool leases_on;
-};
-
-static void mem_tick(struct coord *c);
-
-struct coord {
-	crun_store_t *s;
-	struct coord_mem *mem;	  /* instead of s */
-	struct etcd *etcd;	  /* instead of s: coord_etcd.c does the work */
-	bool no_any;		  /* the store lacks WAIT_ANY: coord_wait_any polls */
-	bool no_fold;		  /* the store's extension predates version 4: two requests */
-	bool no_with;		  /* ...predates version 5: a wait, then a read */
-	uint64_t mem_id, mem_ops; /* coord_mem: this handle, its operations */
-	char prefix[320];
-	char err[512];
-};
-
-static int fail(struct coord *c, int r, const char *what, const char *key)
+int coord_fail(struct coord *c, int r, const char *what, const char *key)
 {
 	snprintf(c->err, sizeof(c->err), "%s '%.200s': %s - %.240s", what, key, crun_strerror(r),
 		 crun_store_last_error(c->s));
@@ -154,7 +113,7 @@ int coord_open_mem(struct coord_mem *m, const char *prefix, struct coord **ret_c
 }
 
 /* Locked: the entry of the prefixed key, or NULL. */
-static struct mkv *mfind(struct coord *c, const char *key)
+struct mkv *coord_mfind(struct coord *c, const char *key)
 {
 	size_t pl = strlen(c->prefix);
 
@@ -165,9 +124,9 @@ static struct mkv *mfind(struct coord *c, const char *key)
 }
 
 /* Locked: stores val under key; 0 or CRUN_ENOMEM. */
-static int mput(struct coord *c, const char *key, const char *val)
+int coord_mput(struct coord *c, const char *key, const char *val)
 {
-	struct mkv *e = mfind(c, key);
+	struct mkv *e = coord_mfind(c, key);
 	char *v = str_dup(val);
 
 	if (!v)
@@ -198,9 +157,9 @@ static int mwait(struct coord *c, const char *key, uint32_t timeout_ms)
 {
 	struct timespec ts = clock_monotonic_in(timeout_ms);
 
-	while (!mfind(c, key))
+	while (!coord_mfind(c, key))
 		if (pthread_cond_timedwait(&c->mem->cv, &c->mem->mu, &ts) == ETIMEDOUT &&
-		    !mfind(c, key))
+		    !coord_mfind(c, key))
 			return CRUN_ETIMEDOUT;
 	return 0;
 }
@@ -213,13 +172,13 @@ static int mem_add(struct coord *c, const char *key, int64_t delta, int64_t *ret
 	int r;
 
 	pthread_mutex_lock(&c->mem->mu);
-	mem_tick(c);
-	e = mfind(c, key);
+	coord_mem_tick(c);
+	e = coord_mfind(c, key);
 	if (e && sscanf(e->val, "%" SCNd64, &v) != 1)
 		v = 0;
 	v += delta;
 	snprintf(buf, sizeof(buf), "%" PRId64, v);
-	r = mput(c, key, buf);
+	r = coord_mput(c, key, buf);
 	pthread_mutex_unlock(&c->mem->mu);
 	if (r == 0 && ret)
 		*ret = v;
@@ -231,10 +190,10 @@ static int mem_get(struct coord *c, const char *key, uint32_t timeout_ms, char *
 	int r;
 
 	pthread_mutex_lock(&c->mem->mu);
-	mem_tick(c);
+	coord_mem_tick(c);
 	r = mwait(c, key, timeout_ms ? timeout_ms : 60000);
 	if (r == 0) {
-		*ret = str_dup(mfind(c, key)->val);
+		*ret = str_dup(coord_mfind(c, key)->val);
 		r = *ret ? 0 : CRUN_ENOMEM;
 		c->mem->read_bytes += *ret ? strlen(*ret) : 0;
 	}
@@ -252,11 +211,11 @@ static int mem_cas(struct coord *c, const char *key, const char *expected, const
 	int r = 0;
 
 	pthread_mutex_lock(&c->mem->mu);
-	mem_tick(c);
-	e = mfind(c, key);
+	coord_mem_tick(c);
+	e = coord_mfind(c, key);
 	if ((!e && !*expected) || (e && strcmp(e->val, expected) == 0))
-		r = mput(c, key, desired);
-	e = mfind(c, key);
+		r = coord_mput(c, key, desired);
+	e = coord_mfind(c, key);
 	cur = e ? e->val : expected;
 	if (r == 0 && ret_cur) {
 		c->mem->read_bytes += strlen(cur);
@@ -265,184 +224,6 @@ static int mem_cas(struct coord *c, const char *key, const char *expected, const
 			r = CRUN_ENOMEM;
 	}
 	pthread_mutex_unlock(&c->mem->mu);
-	return r;
-}
-
-void coord_mem_leases(struct coord_mem *m, bool on)
-{
-	pthread_mutex_lock(&m->mu);
-	m->leases_on = on;
-	pthread_mutex_unlock(&m->mu);
-}
-
-/* Locked: the live lease id, or NULL. */
-static struct mlease **mlease_find(struct coord_mem *m, uint64_t id)
-{
-	for (struct mlease **l = &m->leases; *l; l = &(*l)->next)
-		if ((*l)->id == id)
-			return l;
-	return NULL;
-}
-
-/* Locked: ends lease id; its keys go, its expiry key is set when `expire`. */
-static int mlease_end(struct coord_mem *m, uint64_t id, bool expire)
-{
-	struct mlease **lp = mlease_find(m, id), *l;
-
-	if (!lp)
-		return CRUN_ENOTFOUND;
-	l = *lp;
-	*lp = l->next;
-	for (struct mkv **e = &m->head; *e;) {
-		struct mkv *x = *e;
-
-		if (x->lease != id) {
-			e = &x->next;
-			continue;
-		}
-		*e = x->next;
-		free(x->key);
-		free(x->val);
-		free(x);
-	}
-	if (expire && l->expiry_key[0]) {
-		struct coord raw = {.mem = m}; /* empty prefix: the key is full */
-
-		if (!mfind(&raw, l->expiry_key))
-			(void)mput(&raw, l->expiry_key, l->why);
-	}
-	pthread_cond_broadcast(&m->cv);
-	free(l->expiry_key);
-	free(l->why);
-	free(l);
-	return 0;
-}
-
-/* Locked: counts one operation of handle c; under coord_mem_slow it lasts
- * op_us and lapses c's leases not kept alive within lease_ops of c's
- * operations (a holder busy that long, whatever the others do). */
-static void mem_tick(struct coord *c)
-{
-	struct coord_mem *m = c->mem;
-
-	m->ops++;
-	c->mem_ops++;
-	if (m->op_us)
-		usleep(m->op_us);
-	for (struct mlease *l = m->leases; m->lease_ops && l;) {
-		struct mlease *next = l->next;
-
-		if (l->owner == c->mem_id && c->mem_ops - l->kept > m->lease_ops)
-			(void)mlease_end(m, l->id, true);
-		l = next;
-	}
-}
-
-void coord_mem_slow(struct coord_mem *m, uint32_t op_us, uint64_t lease_ops)
-{
-	pthread_mutex_lock(&m->mu);
-	m->op_us = op_us;
-	m->lease_ops = lease_ops;
-	pthread_mutex_unlock(&m->mu);
-}
-
-int coord_mem_expire(struct coord_mem *m, uint64_t id)
-{
-	int r;
-
-	pthread_mutex_lock(&m->mu);
-	r = mlease_end(m, id, true);
-	pthread_mutex_unlock(&m->mu);
-	return r;
-}
-
-void coord_mem_old_store(struct coord_mem *m)
-{
-	pthread_mutex_lock(&m->mu);
-	m->old_store = true;
-	pthread_mutex_unlock(&m->mu);
-}
-
-void coord_mem_lapse_grants(struct coord_mem *m, int n)
-{
-	pthread_mutex_lock(&m->mu);
-	m->lapse_grants = n;
-	pthread_mutex_unlock(&m->mu);
-}
-
-static int mem_grant(struct coord *c, const char *expiry_key, const char *why, uint64_t *ret)
-{
-	struct coord_mem *m = c->mem;
-	struct mlease *l;
-	size_t kl = strlen(c->prefix) + strlen(expiry_key) + 1;
-	int r = CRUN_ENOMEM;
-
-	pthread_mutex_lock(&m->mu);
-	mem_tick(c);
-	if (!m->leases_on) {
-		pthread_mutex_unlock(&m->mu);
-		return CRUN_ENOTSUP;
-	}
-	l = calloc(1, sizeof(*l));
-	if (l)
-		l->expiry_key = malloc(kl);
-	if (l && l->expiry_key && (l->why = str_dup(why)) != NULL) {
-		snprintf(l->expiry_key, kl, "%s%s", expiry_key[0] ? c->prefix : "", expiry_key);
-		l->id = ++m->next_lease;
-		l->owner = c->mem_id;
-		l->kept = c->mem_ops;
-		l->next = m->leases;
-		m->leases = l;
-		*ret = l->id;
-		r = 0;
-		if (m->lapse_grants > 0) { /* its holder stalled past the TTL */
-			m->lapse_grants--;
-			(void)mlease_end(m, l->id, true);
-		}
-	} else if (l) {
-		free(l->expiry_key);
-		free(l);
-	}
-	pthread_mutex_unlock(&m->mu);
-	return r;
-}
-
-static int mem_put_leased(struct coord *c, uint64_t id, const char *key, const char *val)
-{
-	struct coord_mem *m = c->mem;
-	int r;
-
-	pthread_mutex_lock(&m->mu);
-	mem_tick(c);
-	if (!m->leases_on)
-		r = CRUN_ENOTSUP;
-	else if (!mlease_find(m, id))
-		r = CRUN_ENOTFOUND;
-	else
-		r = mput(c, key, val);
-	if (r == 0)
-		mfind(c, key)->lease = id;
-	pthread_mutex_unlock(&m->mu);
-	return r;
-}
-
-/* keepalive (expire = false, nothing to do but check) or revoke. */
-static int mem_lease_op(struct coord *c, uint64_t id, bool revoke)
-{
-	struct coord_mem *m = c->mem;
-	int r = 0;
-
-	pthread_mutex_lock(&m->mu);
-	mem_tick(c);
-	if (!m->leases_on)
-		r = CRUN_ENOTSUP;
-	else if (revoke)
-		r = mlease_end(m, id, false);
-	else if (mlease_find(m, id))
-		(*mlease_find(m, id))->kept = c->mem_ops;
-	else
-		r = CRUN_ENOTFOUND;
-	pthread_mutex_unlock(&m->mu);
 	return r;
 }
 
@@ -532,7 +313,7 @@ int coord_add(struct coord *c, const char *key, int64_t delta, int64_t *ret_valu
 		return mem_add(c, key, delta, ret_value);
 	r = crun_store_add(c->s, key, delta, ret_value);
 
-	return r < 0 ? fail(c, r, "add", key) : 0;
+	return r < 0 ? coord_fail(c, r, "add", key) : 0;
 }
 
 int coord_set(struct coord *c, const char *key, const char *val)
@@ -543,13 +324,13 @@ int coord_set(struct coord *c, const char *key, const char *val)
 		return etcd_set(c->etcd, key, val);
 	if (c->mem) {
 		pthread_mutex_lock(&c->mem->mu);
-		mem_tick(c);
-		r = mput(c, key, val);
+		coord_mem_tick(c);
+		r = coord_mput(c, key, val);
 		pthread_mutex_unlock(&c->mem->mu);
 		return r;
 	}
 	r = crun_store_set(c->s, key, val, strlen(val));
-	return r < 0 ? fail(c, r, "set", key) : 0;
+	return r < 0 ? coord_fail(c, r, "set", key) : 0;
 }
 
 int coord_get(struct coord *c, const char *key, uint32_t timeout_ms, char **ret_val)
@@ -565,7 +346,7 @@ int coord_get(struct coord *c, const char *key, uint32_t timeout_ms, char **ret_
 	r = crun_store_get(c->s, key, timeout_ms, &v, &len);
 
 	if (r < 0)
-		return fail(c, r, "get", key);
+		return coord_fail(c, r, "get", key);
 	*ret_val = v; /* the client NUL-terminates values */
 	return 0;
 }
@@ -597,7 +378,7 @@ int coord_exists_all(struct coord *c, const char *const *keys, size_t n)
 	}
 	r = crun_store_check(c->s, keys, n, &ready);
 	if (r < 0)
-		return fail(c, r, "check", n ? keys[0] : "");
+		return coord_fail(c, r, "check", n ? keys[0] : "");
 	return ready ? 1 : 0;
 }
 
@@ -608,9 +389,9 @@ int coord_multi_get_now(struct coord *c, const char *const *keys, size_t n, char
 
 	if (c->mem && !c->mem->old_store) {
 		pthread_mutex_lock(&c->mem->mu);
-		mem_tick(c);
+		coord_mem_tick(c);
 		for (size_t i = 0; i < n; i++) {
-			struct mkv *e = mfind(c, keys[i]);
+			struct mkv *e = coord_mfind(c, keys[i]);
 
 			ret_vals[i] = strdup(e ? e->val : "");
 			c->mem->read_bytes += e ? strlen(e->val) : 0;
@@ -631,7 +412,7 @@ int coord_multi_get_now(struct coord *c, const char *const *keys, size_t n, char
 		return CRUN_ENOMEM;
 	r = store_client_multi_get_now(c->s, keys, n, (void **)ret_vals, lens);
 	free(lens);
-	return r < 0 && r != CRUN_ENOTSUP ? fail(c, r, "multi_get", n ? keys[0] : "") : r;
+	return r < 0 && r != CRUN_ENOTSUP ? coord_fail(c, r, "multi_get", n ? keys[0] : "") : r;
 }
 
 int coord_exists_each(struct coord *c, const char *const *keys, size_t n, bool *ret)
@@ -656,15 +437,15 @@ int coord_exists(struct coord *c, const char *key)
 		return etcd_exists(c->etcd, key);
 	if (c->mem) {
 		pthread_mutex_lock(&c->mem->mu);
-		mem_tick(c);
-		r = mfind(c, key) ? 1 : 0;
+		coord_mem_tick(c);
+		r = coord_mfind(c, key) ? 1 : 0;
 		pthread_mutex_unlock(&c->mem->mu);
 		return r;
 	}
 	r = crun_store_check(c->s, (const char *const[]){key}, 1, &ready);
 
 	if (r < 0)
-		return fail(c, r, "check", key);
+		return coord_fail(c, r, "check", key);
 	return ready ? 1 : 0;
 }
 
@@ -680,14 +461,14 @@ int coord_get_now(struct coord *c, const char *key, char **ret_val)
 		return mem_get(c, key, 0, ret_val);
 	r = store_client_get_now(c->s, key, &v, &len);
 	if (r < 0)
-		return fail(c, r, "get", key);
+		return coord_fail(c, r, "get", key);
 	*ret_val = v; /* the client NUL-terminates values */
 	return 0;
 }
 
 /* A version-4 op answered r: true when the store predates it (remembered:
  * the caller uses the two older requests from then on). */
-static bool fold_missing(struct coord *c, int r)
+bool coord_fold_missing(struct coord *c, int r)
 {
 	if (r == CRUN_ENOTSUP)
 		c->no_fold = true;
@@ -704,8 +485,8 @@ int coord_try_get(struct coord *c, const char *key, char **ret_val)
 
 		if (r == 0)
 			*ret_val = v;
-		if (!fold_missing(c, r))
-			return r < 0 && r != CRUN_ENOTFOUND ? fail(c, r, "try_get", key) : r;
+		if (!coord_fold_missing(c, r))
+			return r < 0 && r != CRUN_ENOTFOUND ? coord_fail(c, r, "try_get", key) : r;
 	}
 	int r = coord_exists(c, key);
 
@@ -741,7 +522,7 @@ int coord_multi_get(struct coord *c, const char *const *keys, size_t n, uint32_t
 		return CRUN_ENOMEM;
 	r = crun_store_multi_get(c->s, keys, n, timeout_ms, (void **)ret_vals, lens);
 	free(lens);
-	return r < 0 ? fail(c, r, "multi_get", n ? keys[0] : "") : 0;
+	return r < 0 ? coord_fail(c, r, "multi_get", n ? keys[0] : "") : 0;
 }
 
 int coord_multi_set(struct coord *c, const char *const *keys, const char *const *vals, size_t n)
@@ -753,9 +534,9 @@ int coord_multi_set(struct coord *c, const char *const *keys, const char *const 
 		return etcd_multi_set(c->etcd, keys, vals, n);
 	if (c->mem) {
 		pthread_mutex_lock(&c->mem->mu);
-		mem_tick(c);
+		coord_mem_tick(c);
 		for (size_t i = 0; i < n && r == 0; i++)
-			r = mput(c, keys[i], vals[i]);
+			r = coord_mput(c, keys[i], vals[i]);
 		pthread_mutex_unlock(&c->mem->mu);
 		return r;
 	}
@@ -766,7 +547,7 @@ int coord_multi_set(struct coord *c, const char *const *keys, const char *const 
 		lens[i] = strlen(vals[i]);
 	r = crun_store_multi_set(c->s, keys, (const void *const *)vals, lens, n);
 	free(lens);
-	return r < 0 ? fail(c, r, "multi_set", n ? keys[0] : "") : 0;
+	return r < 0 ? coord_fail(c, r, "multi_set", n ? keys[0] : "") : 0;
 }
 
 int coord_compare_set(struct coord *c, const char *key, const char *expected, const char *desired,
@@ -784,7 +565,7 @@ int coord_compare_set(struct coord *c, const char *key, const char *expected, co
 				   &v, &len);
 
 	if (r < 0)
-		return fail(c, r, "compare_set", key);
+		return coord_fail(c, r, "compare_set", key);
 	if (ret_cur)
 		*ret_cur = v;
 	else
@@ -800,7 +581,7 @@ int coord_wait(struct coord *c, const char *key, uint32_t timeout_ms)
 		return etcd_wait(c->etcd, key, timeout_ms);
 	if (c->mem) {
 		pthread_mutex_lock(&c->mem->mu);
-		mem_tick(c);
+		coord_mem_tick(c);
 		r = mwait(c, key, timeout_ms ? timeout_ms : 1);
 		pthread_mutex_unlock(&c->mem->mu);
 		return r;
@@ -809,270 +590,5 @@ int coord_wait(struct coord *c, const char *key, uint32_t timeout_ms)
 
 	if (r == CRUN_ETIMEDOUT)
 		return r;
-	return r < 0 ? fail(c, r, "wait", key) : 0;
-}
-
-/* Locked: the index of the first of keys that exists, or -1. */
-static int mfind_any(struct coord *c, const char *const *keys, size_t n)
-{
-	for (size_t i = 0; i < n; i++)
-		if (mfind(c, keys[i]))
-			return (int)i;
-	return -1;
-}
-
-static int mem_wait_any(struct coord *c, const char *const *keys, size_t n, uint32_t timeout_ms)
-{
-	struct timespec ts = clock_monotonic_in(timeout_ms);
-	int r;
-
-	pthread_mutex_lock(&c->mem->mu);
-	mem_tick(c);
-	while ((r = mfind_any(c, keys, n)) < 0)
-		if (pthread_cond_timedwait(&c->mem->cv, &c->mem->mu, &ts) == ETIMEDOUT &&
-		    (r = mfind_any(c, keys, n)) < 0) {
-			r = CRUN_ETIMEDOUT;
-			break;
-		}
-	pthread_mutex_unlock(&c->mem->mu);
-	return r;
-}
-
-/* A store without WAIT_ANY: look at each key, wait on the first a while. */
-static int poll_any(struct coord *c, const char *const *keys, size_t n, uint32_t timeout_ms)
-{
-	uint64_t deadline = clock_now_ms() + timeout_ms;
-
-	for (int i = 0; i < 1 << 30; i++) {
-		uint64_t now = clock_now_ms();
-		int r;
-
-		for (size_t k = 0; k < n; k++) {
-			r = coord_exists(c, keys[k]);
-			if (r != 0)
-				return r < 0 ? r : (int)k;
-		}
-		if (now >= deadline)
-			return CRUN_ETIMEDOUT;
-		r = coord_wait(c, keys[0], (uint32_t)MIN(COORD_ANY_POLL_MS, deadline - now));
-		if (r != CRUN_ETIMEDOUT)
-			return r < 0 ? r : 0;
-	}
-	return CRUN_ETIMEDOUT;
-}
-
-int coord_wait_any(struct coord *c, const char *const *keys, size_t n, uint32_t timeout_ms)
-{
-	size_t idx;
-	int r;
-
-	if (!keys || n == 0 || n > COORD_ANY_MAX)
-		return CRUN_EINVAL;
-	timeout_ms = timeout_ms ? timeout_ms : 1;
-	if (c->etcd)
-		return etcd_wait_any(c->etcd, keys, n, timeout_ms);
-	if (c->mem)
-		return mem_wait_any(c, keys, n, timeout_ms);
-	if (!c->no_any) {
-		r = store_client_wait_any(c->s, keys, n, timeout_ms, &idx);
-		if (r == 0)
-			return (int)idx;
-		if (r == CRUN_ETIMEDOUT)
-			return r;
-		if (r != CRUN_ENOTSUP)
-			return fail(c, r, "wait_any", keys[0]);
-		c->no_any = true;
-	}
-	return poll_any(c, keys, n, timeout_ms);
-}
-
-int coord_wait_any_get(struct coord *c, const char *const *keys, size_t n, uint32_t timeout_ms,
-		       uint64_t keep, char **ret_val)
-{
-	void *v = NULL;
-	size_t idx;
-	int r;
-
-	if (!c->etcd && !c->mem && !c->no_any && !c->no_fold) {
-		if (!keys || n == 0 || n > COORD_ANY_MAX)
-			return CRUN_EINVAL;
-		r = store_client_wait_any_get(c->s, keys, n, timeout_ms ? timeout_ms : 1, keep,
-					      &idx, &v, NULL);
-		if (r == 0) {
-			*ret_val = v;
-			return (int)idx;
-		}
-		if (r == CRUN_ETIMEDOUT)
-			return r;
-		if (!fold_missing(c, r))
-			return fail(c, r, "wait_any_get", keys[0]);
-	}
-	if (keep)
-		(void)coord_lease_keepalive(c, keep); /* as the folded one: result unseen */
-	r = coord_wait_any(c, keys, n, timeout_ms);
-	if (r >= 0 && coord_get_now(c, keys[r], ret_val) < 0)
-		return CRUN_EPROTO;
-	return r;
-}
-
-int coord_wait_any_get_with(struct coord *c, const char *const *keys, size_t n,
-			    const char *with_key, uint32_t timeout_ms, uint64_t keep,
-			    char **ret_val, char **ret_with)
-{
-	void *v = NULL, *w = NULL;
-	char *val = NULL, *with = NULL;
-	size_t idx;
-	int r;
-
-	if (!c->etcd && !c->mem && !c->no_any && !c->no_fold && !c->no_with) {
-		if (!keys || !with_key || n == 0 || n > COORD_ANY_MAX)
-			return CRUN_EINVAL;
-		r = store_client_wait_any_get_with(c->s, keys, n, with_key,
-						   timeout_ms ? timeout_ms : 1, keep, &idx, &v, &w);
-		if (r == 0) {
-			if (idx != 0) { /* another key woke it: with_key was not read for it */
-				free(w);
-				w = NULL;
-			}
-			*ret_val = v;
-			*ret_with = w;
-			return (int)idx;
-		}
-		if (r == CRUN_ETIMEDOUT)
-			return r;
-		if (r != CRUN_ENOTSUP)
-			return fail(c, r, "wait_any_get_with", keys[0]);
-		c->no_with = true; /* a version-4 store: its WAIT_ANY_GET, then a read */
-	}
-	r = coord_wait_any_get(c, keys, n, timeout_ms, keep, &val);
-	if (r < 0)
-		return r;
-	if (r == 0) {
-		int t = coord_try_get(c, with_key, &with);
-
-		if (t < 0 && t != CRUN_ENOTFOUND) {
-			crun_free(val);
-			return t;
-		}
-	}
-	*ret_val = val;
-	*ret_with = with;
-	return r;
-}
-
-int coord_ticket(struct coord *c, const char *counter, const char *prefix, const char *val,
-		 int64_t *ret_t)
-{
-	char key[512];
-	int r;
-
-	if (!c->etcd && !c->mem && !c->no_fold) {
-		r = store_client_ticket(c->s, counter, prefix, val, strlen(val), ret_t);
-		if (!fold_missing(c, r))
-			return r < 0 ? fail(c, r, "ticket", counter) : 0;
-	}
-	TRY(coord_add(c, counter, 1, ret_t));
-	TRY(str_printf(key, sizeof(key), "%s%" PRId64, prefix, *ret_t));
-	return coord_set(c, key, val);
-}
-
-int coord_lease_grant_put(struct coord *c, uint32_t ttl_ms, const char *expiry_key, const char *why,
-			  const char *key, const char *val, uint64_t *ret_id)
-{
-	int r;
-
-	if (!c->etcd && !c->mem && !c->no_fold) {
-		r = store_client_grant_set(c->s, ttl_ms, expiry_key, why, strlen(why), key, val,
-					   strlen(val), ret_id);
-		if (r == CRUN_ECLOSED || r == CRUN_EPROTO) {
-			fail(c, r, "grant_set", expiry_key);
-			return CRUN_ENOTSUP; /* no extension at all, as coord_lease_grant */
-		}
-		if (!fold_missing(c, r))
-			return r < 0 ? fail(c, r, "grant_set", key) : 0;
-	}
-	TRY(coord_lease_grant(c, ttl_ms, expiry_key, why, ret_id));
-	return coord_put_leased(c, *ret_id, key, val);
-}
-
-int coord_watch(struct coord *c, const char *key, uint32_t timeout_ms)
-{
-	return coord_wait(c, key, timeout_ms);
-}
-
-int coord_lease_grant(struct coord *c, uint32_t ttl_ms, const char *expiry_key, const char *why,
-		      uint64_t *ret_id)
-{
-	int r;
-
-	if (c->etcd)
-		return etcd_lease_grant(c->etcd, ttl_ms, expiry_key, why, ret_id);
-	if (c->mem)
-		return mem_grant(c, expiry_key, why, ret_id);
-	r = crun_store_lease_grant(c->s, ttl_ms, expiry_key, why, strlen(why), ret_id);
-
-	if (r == CRUN_ECLOSED || r == CRUN_EPROTO) {
-		fail(c, r, "lease_grant", expiry_key);
-		return CRUN_ENOTSUP;
-	}
-	return r < 0 ? fail(c, r, "lease_grant", expiry_key) : 0;
-}
-
-int coord_lease_keepalive(struct coord *c, uint64_t id)
-{
-	int r;
-
-	if (c->etcd)
-		return etcd_lease_keepalive(c->etcd, id);
-	if (c->mem)
-		return mem_lease_op(c, id, false);
-	r = crun_store_lease_keepalive(c->s, id);
-
-	return r < 0 && r != CRUN_ENOTFOUND ? fail(c, r, "lease_keepalive", "") : r;
-}
-
-int coord_lease_revoke(struct coord *c, uint64_t id)
-{
-	int r;
-
-	if (c->etcd)
-		return etcd_lease_revoke(c->etcd, id);
-	if (c->mem)
-		return mem_lease_op(c, id, true);
-	r = crun_store_lease_revoke(c->s, id);
-
-	return r < 0 && r != CRUN_ENOTFOUND ? fail(c, r, "lease_revoke", "") : r;
-}
-
-int coord_put_leased(struct coord *c, uint64_t id, const char *key, const char *val)
-{
-	int r;
-
-	if (c->etcd)
-		return etcd_put_leased(c->etcd, id, key, val);
-	if (c->mem)
-		return mem_put_leased(c, id, key, val);
-	r = crun_store_set_leased(c->s, id, key, val, strlen(val));
-	return r < 0 && r != CRUN_ENOTFOUND ? fail(c, r, "set_leased", key) : r;
-}
-
-int coord_heartbeat(struct coord *c, const char *name)
-{
-	char key[512];
-
-	TRY(str_printf(key, sizeof(key), "%s/hb", name));
-	return coord_add(c, key, 1, NULL);
-}
-
-int coord_heartbeat_peek(struct coord *c, const char *name, int64_t *ret_counter)
-{
-	char key[512];
-
-	TRY(str_printf(key, sizeof(key), "%s/hb", name));
-	return coord_add(c, key, 0, ret_counter);
-}
-
-int coord_expire(struct coord *c, const char *expiry_key, const char *why)
-{
-	return coord_compare_set(c, expiry_key, "", why, NULL);
+	return r < 0 ? coord_fail(c, r, "wait", key) : 0;
 }

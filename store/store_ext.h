@@ -291,9 +291,9 @@ int store_ext_process(struct store_conn *c, const uint8_t *buf, size_t len, size
 /* c is closing: its leases stay, held by nobody, for the rest of their TTL
  * (a client may re-attach them from a new connection). */
 void store_ext_conn_closed(struct store_conn *c);
-/* WAIT_ANY and WAIT_ANY_GET on c (server/server_ops.c). */
+/* WAIT_ANY and WAIT_ANY_GET on c (server/waits.c). */
 int store_conn_wait_any(struct store_conn *c, const struct store_ext_req *q);
-/* MUX, WAIT_TAG and WAIT_TAG_CANCEL on c (server/server_ops.c). */
+/* MUX, WAIT_TAG and WAIT_TAG_CANCEL on c (server/waits.c). */
 int store_conn_mux_op(struct store_conn *c, const struct store_ext_req *q);
 /* Before an op runs on a muxed connection: refuses one that would park it,
  * marks the reply frame of one that has a reply in order, and holds c's own

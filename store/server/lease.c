@@ -71,11 +71,6 @@ static int reply(struct store_conn *c, const void *p, size_t len)
 	return evbuffer_add(store_conn_out(c), p, len) < 0 ? CRUN_ENOMEM : 0;
 }
 
-static int reply_u8(struct store_conn *c, uint8_t v)
-{
-	return reply(c, &v, 1);
-}
-
 /* ---- the table ------------------------------------------------------------------ */
 
 static void on_tick(evutil_socket_t fd, short what, void *arg);

@@ -1,5 +1,6 @@
-/* server_int.h: private to the store server: server.c (connections, I/O),
- * server_ops.c (operations) and kv.c (key space). The key space is one
+/* server_int.h: private to the store server: server.c (create, configure,
+ * free), listen.c, conn.c and flow.c (connections, I/O), server_ops.c and
+ * waits.c (operations), kv.c (key space). The key space is one
  * chained hash table of byte-string keys. An entry exists while it holds
  * anything: a value, a FIFO queue (QUEUE_* ops), or a registration tying a
  * connection to the key (a pending WAIT, a v1 WATCH_KEY).
@@ -14,7 +15,9 @@
 
 #include <netinet/in.h>
 
+#include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/event.h>
 
 #include "store/dlist.h"
 #include "store/server.h"
@@ -217,23 +220,107 @@ static inline struct evbuffer *store_conn_out(struct store_conn *c)
 	return bufferevent_get_output(c->bev);
 }
 
-/* server.c: writes c's pending output now (what the socket refuses is left
- * to the bufferevent). */
+/* Replies: a byte, an integer, a u64 length and the bytes. 0 or CRUN_ENOMEM. */
+static inline int reply_u8(struct store_conn *c, uint8_t v)
+{
+	return evbuffer_add(store_conn_out(c), &v, 1) < 0 ? CRUN_ENOMEM : 0;
+}
+
+static inline int reply_i64(struct store_conn *c, int64_t v)
+{
+	uint8_t b[8];
+
+	store_put_u64(b, (uint64_t)v);
+	return evbuffer_add(store_conn_out(c), b, sizeof(b)) < 0 ? CRUN_ENOMEM : 0;
+}
+
+/* A u64 length and the bytes; small values go out in one evbuffer_add. */
+static inline int reply_bytes(struct store_conn *c, const uint8_t *p, size_t len)
+{
+	uint8_t b[8 + 248];
+
+	if (len <= sizeof(b) - 8) {
+		store_put_bytes(b, p, len);
+		return evbuffer_add(store_conn_out(c), b, 8 + len) < 0 ? CRUN_ENOMEM : 0;
+	}
+	store_put_u64(b, len);
+	if (evbuffer_add(store_conn_out(c), b, 8) < 0 ||
+	    evbuffer_add(store_conn_out(c), p, len) < 0)
+		return CRUN_ENOMEM;
+	return 0;
+}
+
+/* Whether a WAIT or CHECK finds the key there. */
+static inline bool key_exists(const struct kv_ent *e)
+{
+	/* Newest torch counts a non-empty queue as present for CHECK/WAIT, so a
+	 * blocking QUEUE_POP (WAIT, then POP) wakes on a push. */
+	return e && (e->present || e->q_len);
+}
+
+/* A reply this small is never held back by the total output budget while
+ * the connection has nothing else unsent: one per connection at a time, so a
+ * client filling the budget cannot stall everyone's small requests. */
+#define SMALL_REPLY 4096
+
+/* ---- flow.c: output and flow control ---- */
+
+/* Writes c's pending output now (what the socket refuses is left to the
+ * bufferevent). */
 void store_conn_flush(struct store_conn *c);
-/* server.c: a parked connection resumes reading (from a deferred callback). */
+/* A parked connection resumes reading (from a deferred callback). */
 void store_conn_unpark(struct store_conn *c);
-/* server.c: closes c later, from its own callback, if output pushed to it by
- * other connections' ops has piled up past the ceiling. */
+/* Closes c later, from its own callback, if output pushed to it by other
+ * connections' ops has piled up past the ceiling. */
 void store_conn_check_pushed(struct store_conn *c);
-
-/* server.c: the budget check of an op that is about to push `bytes` to c
- * (a watch notification): false, and c doomed, when it would go over c's
- * ceiling or the total output budget. */
+/* The budget check of an op that is about to push `bytes` to c (a watch
+ * notification): false, and c doomed, when it would go over c's ceiling or
+ * the total output budget. */
 bool store_conn_may_push(struct store_conn *c, size_t bytes);
+/* Reading on or off for flow control (throttled, stalled). */
+void store_conn_read(struct store_conn *c, bool on);
+/* The input fell below its ceiling (the bufferevent's read high watermark). */
+void store_conn_read_unfull(struct store_conn *c);
+/* Pauses (on) or resumes reading while the peer does not read its replies. */
+void store_conn_throttle(struct store_conn *c, bool on);
+/* c's bufferevent write callback: the output drained to the low watermark. */
+void store_conn_on_write(struct bufferevent *bev, void *arg);
+/* srv->unstall's callback: resumes the connections paused on the total
+ * output budget. */
+void store_server_on_unstall(evutil_socket_t fd, short what, void *arg);
 
-/* server_ops.c: records which budget refused an op and returns CRUN_ETOOBIG,
- * so the close is logged and counted under that reason. */
-int store_conn_refuse(struct store_conn *c, enum store_metric why);
+/* ---- conn.c: a connection's life ---- */
+
+/* Takes ownership of fd. Sets up the connection with reading still off: see
+ * store_conn_start. NULL when out of memory (fd closed). */
+struct store_conn *store_conn_new(struct store_server *srv, int fd);
+/* The connection is let in: requests are read from now on. */
+void store_conn_start(struct store_conn *c);
+/* The one close path: unregisters every wait and watch, frees the
+ * bufferevent (closing the socket) and c. Callers return at once. */
+void store_conn_close(struct store_conn *c);
+/* Whether one more WARN line fits this second's budget. */
+bool store_server_log_budget(struct store_server *srv);
+/* fd's peer as "host:port" ("?:0" when unknown). */
+void store_peer_name(int fd, char *buf, size_t cap);
+
+/* ---- listen.c and limits.c ---- */
+
+/* Binds cfg's host:port and starts accepting. 0 or a negative code. */
+int store_server_listen(struct store_server *srv, const struct store_server_config *cfg);
+/* srv->accept_retry's callback: accepting resumes after a pause. */
+void store_server_on_accept_retry(evutil_socket_t fd, short what, void *arg);
+/* TCP keepalive on fd after idle_s of silence (0: nothing). */
+void store_sock_keepalive(int fd, uint32_t idle_s);
+/* dst = src with every 0 that means "the default" filled in, max_conns 0
+ * as auto_conns. */
+void store_server_cfg_fill(struct store_server_config *dst, const struct store_server_config *src,
+			   uint32_t auto_conns);
+/* What max_conns 0 means now (the fd limit; `preauth` more held back). */
+uint32_t store_server_auto_conns(uint64_t preauth);
+/* Sets row i of store_server_limits() in cfg to v. */
+void store_server_limit_put(struct store_server_config *cfg, size_t i, uint64_t v);
+
 /* server_ops.c: an upper bound of the bytes q's reply adds to c's output,
  * for the total output budget (0 for small fixed-size replies). */
 size_t store_conn_reply_cost(struct store_conn *c, const struct store_req *q);
@@ -242,15 +329,40 @@ size_t store_conn_reply_cost(struct store_conn *c, const struct store_req *q);
  * buffer, so whatever is kept is copied. 0, or a negative crun code after
  * which the caller closes c. */
 int store_conn_dispatch(struct store_conn *c, const struct store_req *q);
-/* server_ops.c: drops every wait and watch registration of c (close path). */
-void store_conn_unregister(struct store_conn *c);
 /* server_ops.c: SET on the server's own behalf (a lease's expiry key, which
  * may outlive every connection): waiters wake as for a client's SET. 0 or a
  * negative code (CRUN_ENOMEM, CRUN_ETOOBIG over the value budget). */
 int store_server_set_key(struct store_server *srv, const struct store_bytes *k,
 			 const struct store_bytes *v);
 
+/* ---- waits.c: registrations and wake-ups ---- */
+
+/* Drops every wait and watch registration of c (close path). */
+void store_conn_unregister(struct store_conn *c);
+/* Drops c's pending WAIT/BARRIER/WAIT_ANY registrations and its counts
+ * (CANCEL_WAIT; a WAIT_ANY that completed or failed). */
+void store_conn_drop_waits(struct store_conn *c);
+/* Wakes every waiter of e (a key was created or written). */
+void store_wake_all(struct store_server *srv, struct kv_ent *e);
+/* QUEUE_PUSH's wake: the first waiter of e whose count reaches 0. */
+void store_wake_one(struct store_server *srv, struct kv_ent *e);
+/* 0, or CRUN_ETOOBIG (refused) when c may not add n registrations: its own
+ * ceiling (max_items, which leases share) and the server's (max_waiters). */
+int store_reg_budget(struct store_conn *c, uint64_t n);
+/* Registers c on e: as a waiter (is_wait) or a v1 watcher. 0 or a negative
+ * code (a share's refusal, CRUN_ENOMEM); e is not collected on failure. */
+int store_reg_add(struct store_conn *c, struct kv_ent *e, bool is_wait);
+
 /* ---- share.c: one job or one connection cannot take a whole budget ---- */
+
+/* Records which budget refused an op and returns CRUN_ETOOBIG, so the close
+ * is logged and counted under that reason. */
+int store_conn_refuse(struct store_conn *c, enum store_metric why);
+/* The entry of key k, created if needed where a new key fits the global
+ * budgets, its job's and c's shares (NULL c: the server's own key). 0, or
+ * CRUN_ETOOBIG counted under the budget that was full, or CRUN_ENOMEM. */
+int store_share_ent_get(struct store_server *srv, struct store_conn *c, const struct store_bytes *k,
+			struct kv_ent **ret);
 
 /* The share that key `key` counts in when c (NULL: the server) creates it:
  * its job's (see store_share_info), created on first use. Never NULL: with
@@ -282,7 +394,7 @@ void store_addr_v6(const struct sockaddr *sa, struct in6_addr *ret);
 /* allow.c: whether a connection from sa passes the allowlist. */
 bool store_server_peer_allowed(const struct store_server *srv, const struct sockaddr *sa);
 
-/* server.c: closes c for bad or over-limit input, counted under `why` and
+/* conn.c: closes c for bad or over-limit input, counted under `why` and
  * logged (rate-limited); `what` adds detail or is NULL. Frees c. */
 void store_conn_drop(struct store_conn *c, enum store_metric why, const char *what);
 

@@ -183,6 +183,12 @@ struct store_share *store_share_for_key(struct store_server *srv, const struct s
 	return share_get(srv, named ? named : "", named ? strlen(named) : 0);
 }
 
+int store_conn_refuse(struct store_conn *c, enum store_metric why)
+{
+	c->why = (uint8_t)why;
+	return CRUN_ETOOBIG;
+}
+
 /* Records why c was refused, for its close's log line. */
 static int refused(struct store_server *srv, struct store_conn *c, struct store_share *s,
 		   enum store_budget b, enum ref_kind kind)
@@ -231,6 +237,43 @@ void store_share_note(struct store_conn *c, enum store_budget b, int64_t delta)
 		c->added[b] = 0;
 	else
 		c->added[b] += (uint64_t)delta;
+}
+
+/* A write over a budget: counted, and refused to the client when there is
+ * one (c is NULL for the server's own writes, a lease's expiry key). */
+static int refuse(struct store_server *srv, struct store_conn *c, enum store_metric m)
+{
+	if (c)
+		return store_conn_refuse(c, m);
+	srv->metrics[m]++;
+	return CRUN_ETOOBIG;
+}
+
+/* kv_get_or_add, where a new key must fit its job's and c's shares (NULL
+ * c: the server's own key); a refusal counts under the budget that was full. */
+int store_share_ent_get(struct store_server *srv, struct store_conn *c, const struct store_bytes *k,
+			struct kv_ent **ret)
+{
+	struct kv_table *t = &srv->kv;
+	struct store_share *share;
+	bool rdzv;
+	int r;
+
+	*ret = kv_find(t, k->p, k->len);
+	if (*ret)
+		return 0;
+	share = store_share_for_key(srv, c, k->p, k->len, &rdzv);
+	TRY(store_share_admit(srv, c, share, rdzv, (uint64_t[STORE_B__MAX]){1, k->len, 0, 0}));
+	r = kv_get_or_add(t, k->p, k->len, share, ret);
+	if (r == CRUN_ETOOBIG)
+		return refuse(
+		    srv, c, t->n_ents >= t->max_ents ? STORE_M_DROP_KEYS : STORE_M_DROP_KEY_BYTES);
+	if (r < 0)
+		return r;
+	(*ret)->rdzv = rdzv;
+	store_share_note(c, STORE_B_KEYS, 1);
+	store_share_note(c, STORE_B_KEY_BYTES, (int64_t)k->len);
+	return 0;
 }
 
 /* "64 MiB", "3 KiB", "100 bytes" or "5": exact amounts round down. */
