@@ -49,16 +49,6 @@ struct crun_work {
 	void *token; /* deferred work: the backend's mark (a CUDA event) */
 };
 
-size_t crun_dtype_size(int dtype)
-{
-	static const size_t sizes[CRUN_DTYPE__MAX] = {
-	    [CRUN_F32] = 4, [CRUN_F64] = 8, [CRUN_F16] = 2, [CRUN_BF16] = 2,
-	    [CRUN_I8] = 1,  [CRUN_U8] = 1,  [CRUN_I32] = 4, [CRUN_I64] = 8,
-	};
-
-	return dtype >= 0 && dtype < CRUN_DTYPE__MAX ? sizes[dtype] : 0;
-}
-
 /* ---- creation ------------------------------------------------------------------ */
 
 /* Ranks with the same boot id, hostname and network namespace are on one
