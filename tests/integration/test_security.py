@@ -696,7 +696,7 @@ def test_a_bad_secret_path_is_refused_at_once(tmp, prog, case):
 def test_reset_connections_reconnect_with_tls_and_auth(procs, certs, tmp):
     """The store client's redial (after `ss -K` resets every rendezvous
     connection) redoes TLS and the HMAC exchange: no re-rendezvous, exit 0."""
-    from test_store_reconnect import ss_kill, ss_kill_works
+    from test_store_reconnect import clients_connected, ss_kill, ss_kill_works
     if not ss_kill_works():
         pytest.skip("ss -K cannot destroy sockets here")
     sec = secret_file(os.path.join(tmp, "s"))
@@ -709,8 +709,10 @@ def test_reset_connections_reconnect_with_tls_and_auth(procs, certs, tmp):
           for _ in range(2)]
     wait_records(out, lambda r: len(records(out)) >= 2, "both workers")
     for _ in range(3):
+        clients_connected(port)  # each reset hits connections the clients redialled
         ss_kill(port)
-        time.sleep(0.5)
+        time.sleep(0.5)  # a stimulus (test_store_reconnect says why), not an ordering wait
+    clients_connected(port)
     for p in ps:
         rc, _, err = finish(p)
         assert rc == 0, err[-3000:]
