@@ -11,6 +11,7 @@
 
 #include "unit/check_main.h"
 #include "agent/agent.h"
+#include "agent/nodecheck_int.h"
 #include "rendezvous/rdzv.h"
 #include "common/common.h"
 
@@ -81,6 +82,7 @@ START_TEST(a_failure_stops_the_others_one_monitor_interval_later)
 	for (int i = 0; i < a.nfailures; i++)
 		errfile_failure_free(&a.failures[i]);
 	free(a.failures);
+	nodecheck_free(&a); /* the failure was counted for --max_node_failures */
 	event_free(a.window_timer);
 	event_base_free(a.base);
 }

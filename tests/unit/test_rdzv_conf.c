@@ -166,7 +166,7 @@ START_TEST(every_c10d_row_is_a_json_row)
 
 #define CHECK_(id, nm, al, kd, sc, field, df, mv, ch, hp)                                        \
 	ck_assert_str_eq(cli_opts[OPT_RK_##id].json, "rendezvous." #nm);                         \
-	ck_assert_ptr_eq(cli_opts[OPT_RK_##id].help, hp);                                        \
+	ck_assert_str_eq(cli_opts[OPT_RK_##id].help, hp);                                        \
 	n++;
 	RDZV_C10D_KEYS(CHECK_)
 #undef CHECK_
