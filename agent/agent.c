@@ -402,6 +402,25 @@ static int start_status(struct crun_agent *a)
 	return 0;
 }
 
+/* Worker output: its config points at the agent's own copies. */
+static int start_outputs(struct crun_agent *a)
+{
+	const struct outputs_config oc = {
+	    .base = a->base,
+	    .nworkers = a->nworkers,
+	    .redirects = a->cfg.redirects,
+	    .tee = a->cfg.tee,
+	    .console_ranks = a->cfg.console_ranks,
+	    .stdout_filters = a->cfg.duplicate_stdout_filters,
+	    .stderr_filters = a->cfg.duplicate_stderr_filters,
+	    .line_prefix_template = a->cfg.line_prefix_template,
+	    .role = a->role,
+	    .host = a->short_host,
+	};
+
+	return outputs_new(&oc, &a->out);
+}
+
 CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_agent)
 {
 	struct crun_agent *a;
@@ -415,7 +434,6 @@ CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_a
 	if (!a)
 		return CRUN_ENOMEM;
 	a->guard_fd = -1;
-	a->filt_fd[0] = a->filt_fd[1] = -1;
 	a->stop_req_fd[0] = a->stop_req_fd[1] = -1;
 	r = copy_config(a, cfg);
 	if (r < 0)
@@ -451,10 +469,8 @@ CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_a
 	r = CRUN_ENOMEM;
 	if (!a->workers)
 		goto fail;
-	for (int i = 0; i < a->nworkers; i++) {
-		logs_reset_worker(&a->workers[i]);
+	for (int i = 0; i < a->nworkers; i++)
 		a->workers[i].pidfd = -1;
-	}
 	r = check_visible_devices(a);
 	if (r < 0)
 		goto fail;
@@ -478,7 +494,7 @@ CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_a
 		if (!a->base)
 			goto fail;
 	}
-	r = logs_init(a);
+	r = start_outputs(a);
 	if (r < 0) {
 		snprintf(a->err, sizeof(a->err), "cannot set up worker output: %s",
 			 crun_strerror(r));
@@ -550,7 +566,7 @@ CRUN_API int crun_agent_run(crun_agent_t *a, int *ret_exit_code)
 	a->started = true;
 	r = supervise_watch_signals(a);
 	if (r == 0)
-		r = logs_start_console(a, false);
+		r = outputs_start_console(a->out, false);
 	if (r < 0) {
 		snprintf(a->err, sizeof(a->err), "cannot start: %s", crun_strerror(r));
 		return r;
@@ -621,11 +637,10 @@ CRUN_API void crun_agent_free(crun_agent_t *a)
 	for (int i = 0; a->workers && i < a->nworkers; i++)
 		supervise_unwatch_pid(&a->workers[i]);
 	nodecheck_free(a);    /* kills a check still running */
-	a->closing = true;    /* the loop is over: the console may be waited for */
 	agent_end_attempt(a); /* closes every worker's log streams */
 	/* The console may take a while to flush: keep the signal events (a
 	 * SIGTERM now is only recorded) until it is done. */
-	logs_fini(a);
+	outputs_free(a->out);
 	supervise_fini(a);
 	numa_free(a->numa_cpus, a->nworkers);
 	stacks_free(a);
@@ -783,6 +798,7 @@ static int start_one(struct crun_agent *a, struct worker *w, const struct rdzv_i
 	char wdir[PATH_MAX];
 	char **envp = NULL, **argv = NULL;
 	cpu_set_t cpus;
+	int out_fd = -1, err_fd = -1;
 	int r;
 
 	w->errfile[0] = '\0';
@@ -791,7 +807,7 @@ static int start_one(struct crun_agent *a, struct worker *w, const struct rdzv_i
 		TRY(logs_mkdirs(wdir));
 		TRY(str_printf(w->errfile, sizeof(w->errfile), "%s/error.json", wdir));
 	}
-	r = logs_open_worker(a, w, attempt_dir);
+	r = outputs_open_worker(a->out, w->local_rank, w->global_rank, &out_fd, &err_fd);
 	if (r < 0)
 		goto out;
 	v.local_rank = w->local_rank;
@@ -826,8 +842,8 @@ static int start_one(struct crun_agent *a, struct worker *w, const struct rdzv_i
 		req.path = a->exe;
 		req.argv = argv;
 		req.envp = envp;
-		req.stdout_fd = w->out.child_fd;
-		req.stderr_fd = w->err.child_fd;
+		req.stdout_fd = out_fd;
+		req.stderr_fd = err_fd;
 		req.deathsig = SIGKILL;
 		req.nofile = a->nofile_orig.rlim_cur ? &a->nofile_orig : NULL;
 		if (a->numa_cpus && numa_parse_cpulist(a->numa_cpus[w->local_rank], &cpus) == 0)
@@ -856,7 +872,7 @@ static int start_one(struct crun_agent *a, struct worker *w, const struct rdzv_i
 		r = 0;
 	}
 out:
-	logs_after_spawn(w);
+	outputs_after_spawn(a->out, w->local_rank);
 	env_free(envp);
 	env_free(argv);
 	return r;
@@ -937,7 +953,7 @@ int agent_start_attempt(struct crun_agent *a)
 		(void)logs_rmtree(attempt_dir);
 		TRY(logs_mkdirs(attempt_dir));
 	}
-	r = logs_open_attempt(a, attempt_dir);
+	r = outputs_open_attempt(a->out, attempt_dir, a->group_rank);
 	if (r < 0)
 		return r;
 	emit_rendezvous(a, ri);
@@ -951,7 +967,6 @@ int agent_start_attempt(struct crun_agent *a)
 
 		supervise_unwatch_pid(w);
 		memset(w, 0, sizeof(*w));
-		logs_reset_worker(w);
 		w->pidfd = -1;
 		w->local_rank = i;
 		w->global_rank = ri->base_rank + i;
@@ -993,10 +1008,7 @@ void agent_end_attempt(struct crun_agent *a)
 	}
 	store_proxy_free(a->proxy); /* its workers are gone */
 	a->proxy = NULL;
-	if (a->workers)
-		for (int i = 0; i < a->nworkers; i++)
-			logs_close_worker(a, &a->workers[i]);
-	logs_close_attempt(a);
+	outputs_close_attempt(a->out);
 	for (int i = 0; i < a->nfailures; i++)
 		errfile_failure_free(&a->failures[i]);
 	a->nfailures = 0;
@@ -1056,7 +1068,7 @@ void agent_report_failure(struct crun_agent *a)
 	msg = errfile_format_summary(entry_name(a), a->host, a->failures, a->nfailures);
 	/* After the workers' last teed lines, not in the middle of them. The
 	 * job is over here; a stuck console holds it 2 s at most. */
-	logs_flush_console(a, 2000);
+	outputs_flush(a->out, 2000);
 	if (msg) {
 		fputs(msg, stderr);
 		fflush(stderr);

@@ -4,7 +4,7 @@
  *   fsm.c        the state table and its actions (restart policy lives here)
  *   spawn.c      fork/exec of one worker (STYLE §6 protocol)
  *   supervise.c  signals as loop events, the one reap path, stopping, guard
- *   logs.c       where worker output goes, tailing teed files, prefixes
+ *   logs.c       where worker output goes, tailing teed files, prefixes (outputs.h)
  *   console.c    the agent's console writer (a thread, or the loop in poll mode)
  *   poll.c       poll mode: the loop's fds mirrored into one epoll fd
  *   numa.c       --numa-binding: a GPU's NUMA node/socket/cores from sysfs
@@ -35,6 +35,7 @@
 
 #include "crun/agent.h"
 #include "agent/cli_rdzv_int.h"
+#include "agent/outputs.h"
 
 struct event_base;
 struct event;
@@ -103,45 +104,9 @@ void agent_root_cause_line(struct crun_agent *a, char *buf, size_t cap);
 
 /* ---- workers ---------------------------------------------------------------- */
 
-#define AGENT_RING_LINES       8	  /* stderr lines shown per worker in the summary */
-#define AGENT_RING_LINE	       256	  /* bytes per shown line */
-#define AGENT_LINE_MAX	       16384	  /* duplicate filters decide on this much of a line */
-#define AGENT_LINGER_MS	       5000	  /* node 0 waits this long for the others to leave */
-#define AGENT_CONSOLE_BYTES    (4u << 20) /* console queue per stream */
-#define AGENT_CONSOLE_STALL_MS 1000	  /* no progress this long: drop, not wait */
-#define AGENT_CONSOLE_FLUSH_MS 10000	  /* at exit, wait this long for a slow reader */
+#define AGENT_LINGER_MS 5000 /* node 0 waits this long for the others to leave */
 
 enum worker_state { W_INIT, W_RUNNING, W_EXITED };
-
-/* Where one worker stream goes (logs.c has the torchrun rules). */
-enum stream_mode {
-	SM_DIRECT, /* the caller's own fd */
-	SM_NULL,   /* /dev/null (--local-ranks-filter) */
-	SM_FILE,   /* <attempt>/<rank>/std{out,err}.log, written by the worker */
-	SM_TEE,	   /* a pipe the agent copies to that file, tailed to its console */
-};
-
-struct worker;
-
-/* One of a worker's two output streams. */
-struct agent_stream {
-	struct crun_agent *a;
-	struct worker *w;
-	int which; /* CRUN_STD_OUT or CRUN_STD_ERR */
-	enum stream_mode mode;
-	int child_fd; /* the worker's fd until spawned; owned when > 2 */
-	int tail_fd;  /* SM_TEE: read side of the log file, or -1 */
-	int pipe_fd;  /* SM_TEE: read end of the worker's pipe (nonblocking), or -1 */
-	int file_fd;  /* SM_TEE: the log file the agent appends to, or -1 (failed) */
-	struct event *pipe_ev;
-	bool direct;	 /* the file failed: the console copy comes from the pipe */
-	char *path;	 /* SM_TEE: the file tailed (malloc'd), or NULL */
-	bool console;	 /* SM_TEE: copied to the agent's console */
-	bool line_start; /* the next console byte starts a line */
-	char *fline;	 /* duplicate filter: the current line (AGENT_LINE_MAX) */
-	size_t flen;
-	int fmatch; /* -1 undecided; else whether the rest of the line matches */
-};
 
 struct worker {
 	int local_rank;
@@ -159,9 +124,7 @@ struct worker {
 	bool reported; /* its exit went through on_worker_exit */
 	bool sigkilled_by_us;
 	double exit_time; /* wall seconds */
-	char prefix[128];
 	char errfile[PATH_MAX];
-	struct agent_stream out, err;
 };
 
 /* A worker failure as the summary reports it (torchrun's ProcessFailure). */
@@ -236,14 +199,7 @@ struct crun_agent {
 	struct rlimit nofile_orig;  /* restored in the workers */
 	bool subreaper;		    /* the process adopts orphans: sweep worker groups */
 	struct agent_orphans *orph; /* orphans.c: adopted orphans being stopped */
-	/* logs.c */
-	struct agent_console *console;
-	struct event *tail_more; /* a timer: the console was slow */
-	bool log_write_warned;	 /* a log file could not be written: told once */
-	bool closing;		 /* crun_agent_free: the loop is over */
-	char *filters[2];	 /* duplicate filters, stdout/stderr, or NULL */
-	int nfilters[2];
-	int filt_fd[2]; /* <attempt>/filtered_std{out,err}.log, or -1 */
+	struct agent_outputs *out;  /* outputs.h: logs, console, filters */
 	/* numa.c: cpu lists per local rank, or NULL */
 	char **numa_cpus;
 	char err[512];
@@ -367,72 +323,6 @@ void supervise_disarm_window(struct crun_agent *a);
 /* Parses "SIGTERM,SIGINT,..." (or numbers) into a mask. 0 or CRUN_EINVAL. */
 int supervise_parse_signals(const char *list, uint64_t *ret_mask);
 const char *supervise_signame(int sig); /* "SIGTERM"; static */
-
-/* ---- logs.c ------------------------------------------------------------------- */
-
-/* Sets up inotify and the duplicate filters; logs_fini undoes it and frees
- * the console (flushing it for at most AGENT_CONSOLE_FLUSH_MS). */
-int logs_init(struct crun_agent *a);
-/* Creates the console when the agent starts: a writer thread, or (loop)
- * writes from the loop only. */
-int logs_start_console(struct crun_agent *a, bool loop);
-void logs_fini(struct crun_agent *a);
-/* Opens / closes an attempt's filtered_std{out,err}.log (when filtered). */
-int logs_open_attempt(struct crun_agent *a, const char *attempt_dir);
-void logs_close_attempt(struct crun_agent *a);
-/* Marks w's streams as holding nothing (fds -1), for a zeroed worker. */
-void logs_reset_worker(struct worker *w);
-/* Decides where w's streams go for this attempt and opens their files; the
- * fds for the child are w->out.child_fd and w->err.child_fd. */
-int logs_open_worker(struct crun_agent *a, struct worker *w, const char *attempt_dir);
-/* Closes the agent's copies of the child fds (after the spawn). */
-void logs_after_spawn(struct worker *w);
-/* Copies more of w's teed files (called at reap time; the rest follows). */
-void logs_drain_worker(struct crun_agent *a, struct worker *w);
-/* Copies the rest of w's teed files and closes its streams. On the loop a
- * full console queue drops (counted); once a->closing is set it waits for
- * room, AGENT_CONSOLE_FLUSH_MS in all. */
-void logs_close_worker(struct crun_agent *a, struct worker *w);
-/* Copies every teed file to its end and waits until the console wrote it:
- * at most timeout_ms in all. Blocks: for the end of a job only. */
-void logs_flush_console(struct crun_agent *a, uint32_t timeout_ms);
-/* Expands $role_name $rank $local_rank $group_rank $hostname (and ${...}). */
-int logs_render_prefix(const char *tmpl, const char *role, const char *host, int rank,
-		       int local_rank, int group_rank, char *buf, size_t cap);
-/* The last stderr lines of w (at most AGENT_RING_LINES), read back from its
- * stderr.log; malloc'd; NULL when its stderr went to no file. */
-char *logs_stderr_tail(const struct worker *w);
-/* mkdir -p and rm -rf helpers for the log layout. */
-int logs_mkdirs(const char *path);
-int logs_rmtree(const char *path);
-
-/* ---- console.c ------------------------------------------------------------------ */
-
-struct agent_console;
-/* A console over out_fd/err_fd (borrowed) with a queue of cap_bytes per
- * stream: with base NULL a writer thread does the writes; with a base (poll
- * mode) there is no thread and the loop writes what the fds take without
- * blocking (the waits below then poll, bounded). 0 or a negative code. */
-int console_new(struct event_base *base, int out_fd, int err_fd, size_t cap_bytes,
-		struct agent_console **ret);
-/* Queues n bytes for stream `which` (CRUN_STD_OUT/ERR); never blocks. When
- * the queue is full the chunk is dropped and the lines it begins counted
- * (starts_line: p[0] begins a line); the count is shown as
- * "[crun: N lines dropped]" before the next chunk that fits. */
-void console_put(struct agent_console *c, int which, const char *p, size_t n, bool starts_line);
-/* Free bytes in the queue of `which` (SIZE_MAX when nothing is written any
- * more); *ret_stalled_ms (may be NULL) gets how long bytes have waited
- * without the writer making progress (0 when the queue is empty). */
-size_t console_room(struct agent_console *c, int which, uint64_t *ret_stalled_ms);
-/* Waits until `need` bytes are free or clock_now_ms() reaches until_ms; true
- * when they are. Blocks: not for the loop while it serves. */
-bool console_wait_room(struct agent_console *c, int which, size_t need, uint64_t until_ms);
-/* Lines dropped on `which` so far. */
-uint64_t console_dropped(struct agent_console *c, int which);
-/* Waits at most timeout_ms for both queues to be written; true if they were. */
-bool console_flush(struct agent_console *c, uint32_t timeout_ms);
-/* Flushes (bounded), stops the thread and frees. NULL: no-op. */
-void console_free(struct agent_console *c, uint32_t flush_timeout_ms);
 
 /* ---- numa.c ---------------------------------------------------------------------- */
 

@@ -122,7 +122,7 @@ int errfile_record_failure(struct crun_agent *a, const struct worker *w, struct 
 		else
 			snprintf(buf, sizeof(buf), "%s", NO_TRACEBACK);
 		f.message = str_dup(buf);
-		f.stderr_tail = logs_stderr_tail(w);
+		f.stderr_tail = outputs_stderr_tail(a->out, w->local_rank, w->errfile);
 	}
 	if (!f.message) {
 		errfile_failure_free(&f);

@@ -116,7 +116,7 @@ static void note_exit(struct crun_agent *a, struct worker *w, int status)
 	} else {
 		w->exit_code = WEXITSTATUS(status);
 	}
-	logs_drain_worker(a, w);
+	outputs_drain_worker(a->out, w->local_rank);
 	log_at(LL_INFO, SUB_AGENT, "worker %d (pid %d) exited with %d", w->local_rank, (int)w->pid,
 	       w->exit_code);
 	agent_emit_worker(a, w, true);
