@@ -1,14 +1,15 @@
 /* agent.h: the agent module's interface inside crun. The public face is
  * include/crun/agent.h (crun_agent_*); this header joins the agent's files:
  *   agent.c      life cycle, store server, rendezvous glue
+ *   attempt.c    one attempt: its workers' start, on_event, its end and failures
  *   fsm.c        the state table and its actions (restart policy lives here)
  *   spawn.c      fork/exec of one worker (STYLE §6 protocol)
  *   supervise.c  signals as loop events, the one reap path, stopping, guard
  *   logs.c       where worker output goes, tailing teed files, prefixes (outputs.h)
- *   console.c    the agent's console writer (a thread, or the loop in poll mode)
+ *   console.c    the console writer, a thread or the loop in poll mode (console.h)
  *   poll.c       poll mode: the loop's fds mirrored into one epoll fd
  *   numa.c       --numa-binding: a GPU's NUMA node/socket/cores from sysfs
- *   errfile.c    error files, failure records, the root-cause summary
+ *   errfile.c    error files, failure records, the root-cause summary (failures.h)
  *   env.c        worker environment and argv
  *   cli*.c       the option table: command line, JSON config, env -> config
  *   daemon.c     crun-agent as a service (notify protocol, SIGHUP reload)
@@ -35,6 +36,7 @@
 
 #include "crun/agent.h"
 #include "agent/cli_rdzv_int.h"
+#include "agent/failures.h"
 #include "agent/outputs.h"
 
 struct event_base;
@@ -95,10 +97,12 @@ enum agent_state agent_after_stop(struct crun_agent *a);
 /* The worker store admits this round's nodes (and loopback) only; the node
  * check reaches it before the workers do. */
 void agent_allow_round_peers(struct crun_agent *a);
-int agent_start_attempt(struct crun_agent *a);	  /* spawn every worker of the attempt */
-void agent_end_attempt(struct crun_agent *a);	  /* close logs, drop failure records */
-int agent_collect_failures(struct crun_agent *a); /* record new failures; returns the count */
-void agent_report_failure(struct crun_agent *a);  /* root-cause summary on stderr */
+int agent_start_attempt(struct crun_agent *a); /* spawn every worker of the attempt */
+void agent_end_attempt(struct crun_agent *a);  /* close logs, drop failure records */
+/* Records the new failures of reaped workers (failures.h; which exits count
+ * is the restart policy); returns the count of the attempt. */
+int agent_collect_failures(struct crun_agent *a);
+void agent_report_failure(struct crun_agent *a); /* root-cause summary on stderr */
 /* One line naming the root cause's node, rank and exit code ("" if none). */
 void agent_root_cause_line(struct crun_agent *a, char *buf, size_t cap);
 
@@ -125,20 +129,6 @@ struct worker {
 	bool sigkilled_by_us;
 	double exit_time; /* wall seconds */
 	char errfile[PATH_MAX];
-};
-
-/* A worker failure as the summary reports it (torchrun's ProcessFailure). */
-struct agent_failure {
-	int global_rank, local_rank;
-	pid_t pid;
-	int exitcode; /* torchrun convention: -signal for signals */
-	int exec_err;
-	bool maybe_oom;		/* SIGKILL that crun did not send */
-	double timestamp;	/* error file's, else the exit time */
-	char errfile[PATH_MAX]; /* "" when absent */
-	char *message;		/* owned: error-file message or synthesized text */
-	char *traceback;	/* owned: py_callstack, or NULL */
-	char *stderr_tail;	/* owned: last stderr lines, or NULL */
 };
 
 /* ---- the agent --------------------------------------------------------------- */
@@ -170,9 +160,16 @@ struct crun_agent {
 	char **envp_base; /* owned copy of the agent's environment */
 	int nworkers;
 	struct worker *workers;
-	/* failures of the current attempt, in exit order */
-	int nfailures;
-	struct agent_failure *failures;
+	/* failures.h: the current attempt's failures. Its members also read as
+	 * the agent's own (a->nfailures, a->failures), as the unit tests and
+	 * the status pages address them. */
+	union {
+		struct agent_failures fail;
+		struct {
+			int nfailures;
+			struct agent_failure *failures;
+		};
+	};
 	struct store_server *store;
 	struct store_proxy *proxy; /* worker_store=proxy, not group rank 0: this
 				    * attempt's proxy to the round's store */
@@ -338,23 +335,6 @@ int numa_cpus_for_gpus(const char *root, const char *mode, int n, char ***ret);
 void numa_free(char **cpus, int n);
 /* "0-3,8" -> mask; 0 or CRUN_EINVAL. */
 int numa_parse_cpulist(const char *list, cpu_set_t *ret);
-
-/* ---- errfile.c ------------------------------------------------------------------ */
-
-/* Builds a failure record from a reaped worker (reads its error file). */
-int errfile_record_failure(struct crun_agent *a, const struct worker *w, struct agent_failure *ret);
-void errfile_failure_free(struct agent_failure *f);
-/* Index of the root cause: the smallest timestamp; -1 when n == 0. */
-int errfile_root_cause(const struct agent_failure *f, int n);
-/* torchrun's ChildFailedError text; malloc'd. */
-char *errfile_format_summary(const char *entrypoint, const char *host,
-			     const struct agent_failure *f, int n);
-/* Copies the root cause's error file to path, adding "errorCode". */
-int errfile_copy_root(const struct agent_failure *root, const char *path);
-/* The `python -c` program --run-path runs: torchrun's run_script_path
- * (runpy.run_path of argv[1] as __main__, sys.argv = [script, args...])
- * under torchrun's @record, so an exception lands in the error file. */
-extern const char errfile_runpy_src[];
 
 /* ---- env.c ---------------------------------------------------------------------- */
 
