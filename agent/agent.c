@@ -29,13 +29,17 @@
 
 extern char **environ;
 
-/* struct crun_agent's anonymous view of its failures (agent.h) is the same
- * memory as a->fail. */
+/* struct crun_agent's anonymous views of its failures and workers (agent.h)
+ * are the same memory as a->fail and a->wk. */
 _Static_assert(offsetof(struct crun_agent, nfailures) ==
 		   offsetof(struct crun_agent, fail.nfailures),
 	       "failures: nfailures");
 _Static_assert(offsetof(struct crun_agent, failures) == offsetof(struct crun_agent, fail.failures),
 	       "failures: failures");
+_Static_assert(offsetof(struct crun_agent, nworkers) == offsetof(struct crun_agent, wk.nworkers),
+	       "workers: nworkers");
+_Static_assert(offsetof(struct crun_agent, workers) == offsetof(struct crun_agent, wk.workers),
+	       "workers: workers");
 
 static void make_uuid4(char *buf, size_t cap)
 {
@@ -553,13 +557,9 @@ CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_a
 	r = prepare_command(a);
 	if (r < 0)
 		goto fail;
-	a->nworkers = a->cfg.nproc_per_node;
-	a->workers = calloc((size_t)a->nworkers, sizeof(*a->workers));
-	r = CRUN_ENOMEM;
-	if (!a->workers)
+	r = workers_init(&a->wk, a->cfg.nproc_per_node);
+	if (r < 0)
 		goto fail;
-	for (int i = 0; i < a->nworkers; i++)
-		a->workers[i].pidfd = -1;
 	r = check_visible_devices(a);
 	if (r < 0)
 		goto fail;
@@ -706,7 +706,7 @@ CRUN_API void crun_agent_free(crun_agent_t *a)
 		free(a->owned[i]);
 	free(a->exe);
 	env_free(a->envp_base);
-	free(a->workers);
+	workers_release(&a->wk);
 	failures_release(&a->fail);
 	free(a);
 }

@@ -3,8 +3,8 @@
  *   agent.c      life cycle, store server, rendezvous glue
  *   attempt.c    one attempt: its workers' start, on_event, its end and failures
  *   fsm.c        the state table and its actions (restart policy lives here)
- *   spawn.c      fork/exec of one worker (STYLE §6 protocol)
- *   supervise.c  signals as loop events, the one reap path, stopping, guard
+ *   spawn.c      fork/exec of one worker (STYLE §6 protocol) (workers.h)
+ *   supervise.c  signals as loop events, the one reap path, stopping, guard (workers.h)
  *   logs.c       where worker output goes, tailing teed files, prefixes (outputs.h)
  *   console.c    the console writer, a thread or the loop in poll mode (console.h)
  *   poll.c       poll mode: the loop's fds mirrored into one epoll fd
@@ -38,6 +38,7 @@
 #include "agent/cli_rdzv_int.h"
 #include "agent/failures.h"
 #include "agent/outputs.h"
+#include "agent/workers.h"
 
 struct event_base;
 struct event;
@@ -110,27 +111,6 @@ void agent_root_cause_line(struct crun_agent *a, char *buf, size_t cap);
 
 #define AGENT_LINGER_MS 5000 /* node 0 waits this long for the others to leave */
 
-enum worker_state { W_INIT, W_RUNNING, W_EXITED };
-
-struct worker {
-	int local_rank;
-	int global_rank;
-	pid_t pid;	/* also the process group and session id (own_group) */
-	bool own_group; /* pid leads its group: signal -pid (a spawn hook's may not) */
-	int pidfd;	/* poll mode: readable when pid exits, or -1 */
-	struct event *pid_ev;
-	enum worker_state state;
-	int exit_code; /* shell convention: 128+sig, 127 exec failure */
-	int term_sig;  /* signal that ended it, or 0 */
-	int exec_err;  /* errno of a failed exec, or 0 */
-	bool stopping; /* crun sent it a signal */
-	bool stopped;  /* job control: stopped (SIGSTOP, SIGTSTP, ...) */
-	bool reported; /* its exit went through on_worker_exit */
-	bool sigkilled_by_us;
-	double exit_time; /* wall seconds */
-	char errfile[PATH_MAX];
-};
-
 /* ---- the agent --------------------------------------------------------------- */
 
 struct crun_agent {
@@ -158,8 +138,16 @@ struct crun_agent {
 	char *exe;	  /* resolved argv[0], or NULL */
 	int exe_errno;	  /* why it did not resolve */
 	char **envp_base; /* owned copy of the agent's environment */
-	int nworkers;
-	struct worker *workers;
+	/* workers.h: the local workers. Its members also read as the agent's
+	 * own (a->nworkers, a->workers), as the unit tests and the status pages
+	 * address them. */
+	union {
+		struct agent_workers wk;
+		struct {
+			int nworkers;
+			struct worker *workers;
+		};
+	};
 	/* failures.h: the current attempt's failures. Its members also read as
 	 * the agent's own (a->nfailures, a->failures), as the unit tests and
 	 * the status pages address them. */
@@ -270,56 +258,6 @@ void orphans_stop_over(struct crun_agent *a);  /* the stop is over: no rescans *
 /* The agent's end (blocking; the loop is over): SIGTERM to every orphan,
  * grace_ms, SIGKILL to the rest, reaped; frees the tracking. */
 void orphans_end(struct crun_agent *a, uint32_t grace_ms);
-
-/* ---- spawn.c ------------------------------------------------------------------ */
-
-struct spawn_req {
-	const char *path;
-	char *const *argv;
-	char *const *envp;
-	int stdout_fd, stderr_fd; /* may be 1 and 2 themselves */
-	int deathsig;
-	const struct rlimit *nofile; /* RLIMIT_NOFILE for the worker, or NULL */
-	const cpu_set_t *cpus;	     /* sched_setaffinity mask, or NULL */
-};
-
-/* Starts one worker in a new session (torchrun's start_new_session: reading
- * a terminal never stops it with SIGTTIN), so pid == pgid == sid. Returns 0 and *ret_pid once the
- * child has exec'd, or -errno from fork, child setup or exec (the failed child
- * has been reaped). Loop thread only: PDEATHSIG follows the creating thread. */
-int spawn_worker(const struct spawn_req *req, const sigset_t *orig_mask, pid_t *ret_pid);
-
-/* Resolves `name` through $PATH as execvp would (a name with a slash is taken
- * as is). Returns a malloc'd path, or NULL with errno set. */
-char *spawn_resolve(const char *name);
-
-/* ---- supervise.c -------------------------------------------------------------- */
-
-int supervise_init(struct crun_agent *a); /* subreaper, guard, stop requests */
-/* Blocking mode: TERM/INT/... (cfg.signals_to_handle) and CHLD as loop
- * events. Poll mode takes none: the caller owns the process's signals. */
-int supervise_watch_signals(struct crun_agent *a);
-/* Poll mode: watches w's exit through a pidfd (w->pid must be our child). */
-int supervise_watch_pid(struct crun_agent *a, struct worker *w);
-void supervise_unwatch_pid(struct worker *w);
-/* Reaps every worker that exited (the one reap path). */
-void supervise_reap(struct crun_agent *a);
-void supervise_fini(struct crun_agent *a);
-/* kill(-pgid, sig) for every worker not yet reaped. */
-void supervise_signal_workers(struct crun_agent *a, int sig);
-/* Registers/unregisters a worker's process group with the guard process,
- * which SIGKILLs the registered groups if the agent dies. */
-void supervise_guard_add(struct crun_agent *a, pid_t pgid);
-void supervise_guard_del(struct crun_agent *a, pid_t pgid);
-void supervise_arm_grace(struct crun_agent *a);
-void supervise_disarm_grace(struct crun_agent *a);
-/* The failure window (cfg.monitor_interval_ms): armed once per attempt at
- * the first failure; disarming also forgets that it was armed. */
-void supervise_arm_window(struct crun_agent *a);
-void supervise_disarm_window(struct crun_agent *a);
-/* Parses "SIGTERM,SIGINT,..." (or numbers) into a mask. 0 or CRUN_EINVAL. */
-int supervise_parse_signals(const char *list, uint64_t *ret_mask);
-const char *supervise_signame(int sig); /* "SIGTERM"; static */
 
 /* ---- numa.c ---------------------------------------------------------------------- */
 

@@ -17,9 +17,9 @@
 
 #include <cJSON.h>
 
-#include "agent/agent.h" /* struct worker, supervise_signame */
 #include "agent/failures.h"
 #include "agent/outputs.h"
+#include "agent/workers.h"
 #include "common/common.h"
 #include "crun/agent.h" /* CRUN_AGENT_MAX_LOCAL */
 
