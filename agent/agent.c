@@ -494,9 +494,9 @@ static int start_outputs(struct crun_agent *a)
 /* The FSM's own timers: the deferred exit of failed execs, the linger. */
 static int make_timers(struct crun_agent *a)
 {
-	a->kick = event_new(a->base, -1, 0, on_kick, a);
+	a->wk.kick = event_new(a->base, -1, 0, on_kick, a);
 	a->linger_timer = evtimer_new(a->base, on_linger, a);
-	return a->kick && a->linger_timer ? 0 : CRUN_ENOMEM;
+	return a->wk.kick && a->linger_timer ? 0 : CRUN_ENOMEM;
 }
 
 static int start_rdzv(struct crun_agent *a)
@@ -547,7 +547,7 @@ CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_a
 	a = calloc(1, sizeof(*a));
 	if (!a)
 		return CRUN_ENOMEM;
-	a->guard_fd = -1;
+	a->wk.guard_fd = -1; /* supervise_fini closes one >= 0 */
 	a->stop_req_fd[0] = a->stop_req_fd[1] = -1;
 	r = copy_config(a, cfg);
 	if (r < 0)
@@ -692,8 +692,8 @@ CRUN_API void crun_agent_free(crun_agent_t *a)
 	agent_status_stop(a->status);
 	store_server_free(a->store);
 	agent_poll_free(a->poll);
-	if (a->kick)
-		event_free(a->kick);
+	if (a->wk.kick)
+		event_free(a->wk.kick);
 	if (a->linger_timer)
 		event_free(a->linger_timer);
 	if (a->own_base && a->base)

@@ -166,7 +166,6 @@ struct crun_agent {
 	struct event *grace_timer;
 	struct event *window_timer; /* fires AE_FAILURE_WINDOW */
 	bool window_armed, window_over;
-	struct event *kick;	    /* deferred AE_WORKER_EXIT for exec failures */
 	struct event *linger_timer; /* re-fires AE_BARRIER_DONE while lingering */
 	uint64_t linger_until_ms;
 	struct event *stop_req; /* crun_agent_stop() from another thread */
@@ -178,8 +177,6 @@ struct crun_agent {
 	bool poll_mode;
 	struct agent_poll *poll;
 	struct agent_status *status; /* cfg.status_listen's page, or NULL */
-	int guard_fd;		     /* write end to the guard process */
-	pid_t guard_pid;
 	sigset_t orig_mask;
 	struct rlimit nofile_orig;  /* restored in the workers */
 	bool subreaper;		    /* the process adopts orphans: sweep worker groups */

@@ -341,7 +341,7 @@ int agent_start_attempt(struct crun_agent *a)
 	if (hang_arm(a, attempt_dir) < 0)
 		log_at(LL_WARN, SUB_AGENT, "cannot watch for hangs, ignoring");
 	if (exec_failed)
-		event_active(a->kick, 0, 0);
+		event_active(a->wk.kick, 0, 0);
 	return 0;
 }
 

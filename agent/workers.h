@@ -38,11 +38,15 @@ struct worker {
 	char errfile[PATH_MAX];
 };
 
-/* The workers of the agent: nworkers of them, by local rank. Embedded in
- * its owner, zeroed; workers_init and workers_release pair. */
+/* The workers of the agent: nworkers of them, by local rank, and what
+ * watches over them. Embedded in its owner, zeroed, guard_fd -1 before
+ * anything can fail; workers_init and workers_release pair. */
 struct agent_workers {
 	int nworkers;
 	struct worker *workers;
+	struct event *kick; /* deferred AE_WORKER_EXIT for exec failures (the owner's) */
+	int guard_fd;	    /* write end to the guard process (supervise.c) */
+	pid_t guard_pid;
 };
 
 /* n workers holding nothing (no pid, no pidfd). 0 or CRUN_ENOMEM. */
