@@ -138,9 +138,9 @@ struct crun_agent {
 	char *exe;	  /* resolved argv[0], or NULL */
 	int exe_errno;	  /* why it did not resolve */
 	char **envp_base; /* owned copy of the agent's environment */
-	/* workers.h: the local workers. Its members also read as the agent's
-	 * own (a->nworkers, a->workers), as the unit tests and the status pages
-	 * address them. */
+	/* workers.h: the local workers and their guard. The table also reads
+	 * as the agent's own a->nworkers and a->workers, as the unit tests,
+	 * hang.c, stacks.c and status.c address it. */
 	union {
 		struct agent_workers wk;
 		struct {
@@ -148,9 +148,9 @@ struct crun_agent {
 			struct worker *workers;
 		};
 	};
-	/* failures.h: the current attempt's failures. Its members also read as
-	 * the agent's own (a->nfailures, a->failures), as the unit tests and
-	 * the status pages address them. */
+	/* failures.h: the current attempt's failures. They also read as the
+	 * agent's own a->nfailures and a->failures, as the unit tests and
+	 * stacks.c address them. */
 	union {
 		struct agent_failures fail;
 		struct {
