@@ -1,6 +1,6 @@
-/* agent.c: the agent's life cycle (crun_agent_*), the worker store it serves,
- * the rendezvous glue and one attempt's spawn of every local worker. The
- * state machine that drives all of it is in fsm.c.
+/* agent.c: the agent's life cycle (crun_agent_*), the worker store it serves
+ * and the rendezvous glue; one attempt is attempt.c. The state machine that
+ * drives all of it is in fsm.c.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -25,10 +25,21 @@
 #include "common/common.h"
 #include "rendezvous/c10d.h"
 #include "rendezvous/rdzv.h"
-#include "store/proxy.h"
 #include "store/server.h"
 
 extern char **environ;
+
+/* struct crun_agent's anonymous views of its failures and workers (agent.h)
+ * are the same memory as a->fail and a->wk. */
+_Static_assert(offsetof(struct crun_agent, nfailures) ==
+		   offsetof(struct crun_agent, fail.nfailures),
+	       "failures: nfailures");
+_Static_assert(offsetof(struct crun_agent, failures) == offsetof(struct crun_agent, fail.failures),
+	       "failures: failures");
+_Static_assert(offsetof(struct crun_agent, nworkers) == offsetof(struct crun_agent, wk.nworkers),
+	       "workers: nworkers");
+_Static_assert(offsetof(struct crun_agent, workers) == offsetof(struct crun_agent, wk.workers),
+	       "workers: workers");
 
 static void make_uuid4(char *buf, size_t cap)
 {
@@ -402,93 +413,98 @@ static int start_status(struct crun_agent *a)
 	return 0;
 }
 
-CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_agent)
+/* The node's names (${hostname}: up to the first dot) and
+ * TORCHELASTIC_SIGNALS_TO_HANDLE's list. */
+static void name_node(struct crun_agent *a)
 {
-	struct crun_agent *a;
+	uint64_t m = a->cfg.signals_to_handle;
+	size_t o = 0;
+
+	if (gethostname(a->host, sizeof(a->host) - 1) < 0)
+		snprintf(a->host, sizeof(a->host), "localhost");
+	snprintf(a->short_host, sizeof(a->short_host), "%.*s", (int)strcspn(a->host, "."), a->host);
+	if (!m)
+		m = 1ull << SIGTERM | 1ull << SIGINT | 1ull << SIGHUP | 1ull << SIGQUIT;
+	for (int s = 1; s < 64; s++)
+		if (m & (1ull << s) && o + 16 < sizeof(a->signals_str))
+			o += (size_t)snprintf(a->signals_str + o, sizeof(a->signals_str) - o,
+					      "%s%s", o ? "," : "", supervise_signame(s));
+}
+
+/* What every worker runs: the environment, --run-path's program and the
+ * executable (a failed lookup is each worker's exec failure). */
+static int prepare_command(struct crun_agent *a)
+{
+	a->envp_base = env_copy(environ);
+	if (!a->envp_base || add_worker_env(a) < 0)
+		return CRUN_ENOMEM;
+	TRY(prepare_program(a));
+	a->exe = spawn_resolve(a->argv[0]);
+	if (!a->exe)
+		a->exe_errno = errno;
+	return 0;
+}
+
+static int prepare_log_dirs(struct crun_agent *a)
+{
+	int r = make_log_dirs(a);
+
+	if (r < 0 && !a->err[0])
+		snprintf(a->err, sizeof(a->err), "cannot create the log directory in '%s': %s",
+			 a->cfg.log_dir && *a->cfg.log_dir ? a->cfg.log_dir : "$TMPDIR",
+			 crun_strerror(r));
+	return r;
+}
+
+/* The loop: the caller's, or one of our own. */
+static int use_base(struct crun_agent *a, struct event_base *caller)
+{
+	if (caller) {
+		a->base = caller;
+		return 0;
+	}
+	a->base = event_base_new();
+	a->own_base = true;
+	return a->base ? 0 : CRUN_ENOMEM;
+}
+
+/* Worker output: its config points at the agent's own copies. */
+static int start_outputs(struct crun_agent *a)
+{
+	const struct outputs_config oc = {
+	    .base = a->base,
+	    .nworkers = a->nworkers,
+	    .redirects = a->cfg.redirects,
+	    .tee = a->cfg.tee,
+	    .console_ranks = a->cfg.console_ranks,
+	    .stdout_filters = a->cfg.duplicate_stdout_filters,
+	    .stderr_filters = a->cfg.duplicate_stderr_filters,
+	    .line_prefix_template = a->cfg.line_prefix_template,
+	    .role = a->role,
+	    .host = a->short_host,
+	};
+	int r = outputs_new(&oc, &a->out);
+
+	if (r < 0)
+		snprintf(a->err, sizeof(a->err), "cannot set up worker output: %s",
+			 crun_strerror(r));
+	return r;
+}
+
+/* The FSM's own timers: the deferred exit of failed execs, the linger. */
+static int make_timers(struct crun_agent *a)
+{
+	a->wk.kick = event_new(a->base, -1, 0, on_kick, a);
+	a->linger_timer = evtimer_new(a->base, on_linger, a);
+	return a->wk.kick && a->linger_timer ? 0 : CRUN_ENOMEM;
+}
+
+static int start_rdzv(struct crun_agent *a)
+{
 	struct rdzv_params rp = {0};
 	struct c10d_conf rconf; /* the typed --rdzv_conf, copied by rdzv_new */
 	int r;
 
-	if (!cfg || !ret_agent || cfg->struct_size < offsetof(crun_agent_config_t, on_state))
-		return CRUN_EINVAL;
-	a = calloc(1, sizeof(*a));
-	if (!a)
-		return CRUN_ENOMEM;
-	a->guard_fd = -1;
-	a->filt_fd[0] = a->filt_fd[1] = -1;
-	a->stop_req_fd[0] = a->stop_req_fd[1] = -1;
-	r = copy_config(a, cfg);
-	if (r < 0)
-		goto fail;
-	raise_nofile(a);
-	if (gethostname(a->host, sizeof(a->host) - 1) < 0)
-		snprintf(a->host, sizeof(a->host), "localhost");
-	snprintf(a->short_host, sizeof(a->short_host), "%.*s", (int)strcspn(a->host, "."), a->host);
-	{
-		uint64_t m = a->cfg.signals_to_handle;
-		size_t o = 0;
-
-		if (!m)
-			m = 1ull << SIGTERM | 1ull << SIGINT | 1ull << SIGHUP | 1ull << SIGQUIT;
-		for (int s = 1; s < 64; s++)
-			if (m & (1ull << s) && o + 16 < sizeof(a->signals_str))
-				o +=
-				    (size_t)snprintf(a->signals_str + o, sizeof(a->signals_str) - o,
-						     "%s%s", o ? "," : "", supervise_signame(s));
-	}
-	a->envp_base = env_copy(environ);
-	r = CRUN_ENOMEM;
-	if (!a->envp_base || add_worker_env(a) < 0)
-		goto fail;
-	r = prepare_program(a);
-	if (r < 0)
-		goto fail;
-	a->exe = spawn_resolve(a->argv[0]);
-	if (!a->exe)
-		a->exe_errno = errno;
-	a->nworkers = a->cfg.nproc_per_node;
-	a->workers = calloc((size_t)a->nworkers, sizeof(*a->workers));
-	r = CRUN_ENOMEM;
-	if (!a->workers)
-		goto fail;
-	for (int i = 0; i < a->nworkers; i++) {
-		logs_reset_worker(&a->workers[i]);
-		a->workers[i].pidfd = -1;
-	}
-	r = check_visible_devices(a);
-	if (r < 0)
-		goto fail;
-	r = prepare_numa(a);
-	if (r < 0)
-		goto fail;
-	r = make_log_dirs(a);
-	if (r < 0) {
-		if (!a->err[0])
-			snprintf(a->err, sizeof(a->err),
-				 "cannot create the log directory in '%s': %s",
-				 a->cfg.log_dir && *a->cfg.log_dir ? a->cfg.log_dir : "$TMPDIR",
-				 crun_strerror(r));
-		goto fail;
-	}
-	if (cfg->event_base) {
-		a->base = cfg->event_base;
-	} else {
-		a->base = event_base_new();
-		a->own_base = true;
-		if (!a->base)
-			goto fail;
-	}
-	r = logs_init(a);
-	if (r < 0) {
-		snprintf(a->err, sizeof(a->err), "cannot set up worker output: %s",
-			 crun_strerror(r));
-		goto fail;
-	}
-	r = CRUN_ENOMEM;
-	a->kick = event_new(a->base, -1, 0, on_kick, a);
-	a->linger_timer = evtimer_new(a->base, on_linger, a);
-	if (!a->kick || !a->linger_timer)
-		goto fail;
 	rp.backend = a->cfg.rdzv_backend ? a->cfg.rdzv_backend : "static";
 	rp.standalone = a->cfg.standalone;
 	rp.run_id = a->run_id;
@@ -501,11 +517,8 @@ CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_a
 	rp.barrier_timeout_ms = a->cfg.barrier_timeout_ms;
 	rp.min_nodes = a->cfg.min_nnodes > 0 ? a->cfg.min_nnodes : a->cfg.nnodes;
 	rp.max_nodes = a->cfg.max_nnodes > 0 ? a->cfg.max_nnodes : a->cfg.nnodes;
-	r = cli_rdzv_conf_of(&a->cfg, &rconf, a->err, sizeof(a->err));
-	if (r < 0) {
-		r = CRUN_ECONFIG;
-		goto fail;
-	}
+	if (cli_rdzv_conf_of(&a->cfg, &rconf, a->err, sizeof(a->err)) < 0)
+		return CRUN_ECONFIG;
 	rp.conf = &rconf;
 	rp.auth_secret_file = a->cfg.auth_secret_file;
 	rp.hostname = a->host;
@@ -517,11 +530,58 @@ CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_a
 	rp.run_blocking_arg = a->cfg.run_blocking_arg;
 	rp.stacks_answer = stacks_board_answer;
 	r = rdzv_new(&rp, &a->rdzv);
-	if (r < 0) {
+	if (r < 0)
 		snprintf(a->err, sizeof(a->err), "rendezvous backend '%s': %s", rp.backend,
 			 crun_strerror(r));
+	return r;
+}
+
+/* Each step sets itself up and says what failed in a->err; crun_agent_free
+ * undoes a half-built agent. */
+CRUN_API int crun_agent_new(const crun_agent_config_t *cfg, crun_agent_t **ret_agent)
+{
+	struct crun_agent *a;
+	int r;
+
+	if (!cfg || !ret_agent || cfg->struct_size < offsetof(crun_agent_config_t, on_state))
+		return CRUN_EINVAL;
+	a = calloc(1, sizeof(*a));
+	if (!a)
+		return CRUN_ENOMEM;
+	a->wk.guard_fd = -1; /* supervise_fini closes one >= 0 */
+	a->stop_req_fd[0] = a->stop_req_fd[1] = -1;
+	r = copy_config(a, cfg);
+	if (r < 0)
 		goto fail;
-	}
+	raise_nofile(a);
+	name_node(a);
+	r = prepare_command(a);
+	if (r < 0)
+		goto fail;
+	r = workers_init(&a->wk, a->cfg.nproc_per_node);
+	if (r < 0)
+		goto fail;
+	r = check_visible_devices(a);
+	if (r < 0)
+		goto fail;
+	r = prepare_numa(a);
+	if (r < 0)
+		goto fail;
+	r = prepare_log_dirs(a);
+	if (r < 0)
+		goto fail;
+	r = use_base(a, cfg->event_base);
+	if (r < 0)
+		goto fail;
+	r = start_outputs(a);
+	if (r < 0)
+		goto fail;
+	r = make_timers(a);
+	if (r < 0)
+		goto fail;
+	r = start_rdzv(a);
+	if (r < 0)
+		goto fail;
 	r = supervise_init(a);
 	if (r < 0)
 		goto fail;
@@ -551,7 +611,7 @@ CRUN_API int crun_agent_run(crun_agent_t *a, int *ret_exit_code)
 	a->started = true;
 	r = supervise_watch_signals(a);
 	if (r == 0)
-		r = logs_start_console(a, false);
+		r = outputs_start_console(a->out, false);
 	if (r < 0) {
 		snprintf(a->err, sizeof(a->err), "cannot start: %s", crun_strerror(r));
 		return r;
@@ -622,11 +682,10 @@ CRUN_API void crun_agent_free(crun_agent_t *a)
 	for (int i = 0; a->workers && i < a->nworkers; i++)
 		supervise_unwatch_pid(&a->workers[i]);
 	nodecheck_free(a);    /* kills a check still running */
-	a->closing = true;    /* the loop is over: the console may be waited for */
 	agent_end_attempt(a); /* closes every worker's log streams */
 	/* The console may take a while to flush: keep the signal events (a
 	 * SIGTERM now is only recorded) until it is done. */
-	logs_fini(a);
+	outputs_free(a->out);
 	supervise_fini(a);
 	numa_free(a->numa_cpus, a->nworkers);
 	stacks_free(a);
@@ -634,8 +693,8 @@ CRUN_API void crun_agent_free(crun_agent_t *a)
 	agent_status_stop(a->status);
 	store_server_free(a->store);
 	agent_poll_free(a->poll);
-	if (a->kick)
-		event_free(a->kick);
+	if (a->wk.kick)
+		event_free(a->wk.kick);
 	if (a->linger_timer)
 		event_free(a->linger_timer);
 	if (a->own_base && a->base)
@@ -648,439 +707,7 @@ CRUN_API void crun_agent_free(crun_agent_t *a)
 		free(a->owned[i]);
 	free(a->exe);
 	env_free(a->envp_base);
-	free(a->workers);
-	free(a->failures);
+	workers_release(&a->wk);
+	failures_release(&a->fail);
 	free(a);
-}
-
-/* ---- events ----------------------------------------------------------------- */
-
-static void event_init(struct crun_agent *a, crun_agent_event_t *ev, crun_agent_event_type_t type)
-{
-	memset(ev, 0, sizeof(*ev));
-	ev->struct_size = sizeof(*ev);
-	ev->type = type;
-	ev->state = agent_public_state(a->state);
-	ev->restart_count = a->restart_count;
-	ev->group_rank = ev->group_world_size = ev->base_rank = -1;
-	ev->pid = ev->local_rank = ev->global_rank = -1;
-}
-
-void agent_emit_state(struct crun_agent *a, crun_agent_state_t st)
-{
-	crun_agent_event_t ev;
-
-	if (a->cfg.event_log_handler && strcmp(a->cfg.event_log_handler, "console") == 0)
-		agent_event_print(stderr, st, a->restart_count, a->role);
-	agent_status_on_state(a->status, st);
-	if (!a->cfg.on_event)
-		return;
-	event_init(a, &ev, CRUN_AGENT_EV_STATE);
-	ev.state = st;
-	a->cfg.on_event(&ev, a->cfg.on_event_arg);
-}
-
-static void emit_rendezvous(struct crun_agent *a, const struct rdzv_info *ri)
-{
-	crun_agent_event_t ev;
-
-	if (!a->cfg.on_event)
-		return;
-	event_init(a, &ev, CRUN_AGENT_EV_RENDEZVOUS);
-	ev.group_rank = ri->group_rank;
-	ev.group_world_size = ri->group_world_size;
-	ev.world_size = ri->world_size;
-	ev.base_rank = ri->base_rank;
-	ev.local_world_size = a->nworkers;
-	ev.attempt = a->restart_count;
-	ev.master_addr = ri->master_addr;
-	ev.master_port = ri->master_port;
-	a->cfg.on_event(&ev, a->cfg.on_event_arg);
-}
-
-void agent_emit_worker(struct crun_agent *a, const struct worker *w, bool exited)
-{
-	crun_agent_event_t ev;
-
-	if (!a->cfg.on_event)
-		return;
-	event_init(a, &ev, exited ? CRUN_AGENT_EV_WORKER_EXIT : CRUN_AGENT_EV_WORKER_START);
-	ev.group_rank = a->group_rank;
-	ev.pid = (int)w->pid;
-	ev.local_rank = w->local_rank;
-	ev.global_rank = w->global_rank;
-	if (exited) {
-		ev.exit_code = w->exit_code;
-		ev.term_sig = w->term_sig;
-	}
-	a->cfg.on_event(&ev, a->cfg.on_event_arg);
-}
-
-/* ---- one attempt ------------------------------------------------------------ */
-
-static int exec_exit_code(int err)
-{
-	/* Shell convention: found but not runnable is 126, not found 127. */
-	return err == EACCES || err == ENOEXEC || err == EISDIR ? 126 : 127;
-}
-
-/* cfg.spawn: the caller starts the worker; it must be our child, the one
- * kind of pid the reap path may wait for. */
-static int spawn_hooked(struct crun_agent *a, struct worker *w, const struct spawn_req *req)
-{
-	crun_agent_spawn_req_t hr = {
-	    .struct_size = sizeof(hr),
-	    .path = req->path ? req->path : req->argv[0],
-	    .argv = req->argv,
-	    .envp = req->envp,
-	    .local_rank = w->local_rank,
-	    .global_rank = w->global_rank,
-	    .stdout_fd = req->stdout_fd,
-	    .stderr_fd = req->stderr_fd,
-	};
-	siginfo_t si;
-	int pid = 0;
-	int r;
-
-	r = a->cfg.spawn(&hr, a->cfg.spawn_arg, &pid);
-	if (r < 0) {
-		log_at(LL_ERROR, SUB_AGENT, "spawn hook failed for worker %d: %s", w->local_rank,
-		       crun_strerror(r));
-		return r < -4095 ? CRUN_ENOENT : r; /* a crun code: exec-like 127 */
-	}
-	memset(&si, 0, sizeof(si));
-	if (pid <= 0 || waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT) < 0) {
-		log_at(LL_ERROR, SUB_AGENT,
-		       "spawn hook returned pid %d for worker %d, which is not a child of this "
-		       "process",
-		       pid, w->local_rank);
-		return CRUN_ECHILD;
-	}
-	w->pid = pid;
-	return 0;
-}
-
-/* Poll mode: without a pidfd the exit would never be seen; do not leave an
- * unwatched worker behind. */
-static int watch_or_kill(struct crun_agent *a, struct worker *w)
-{
-	int r = supervise_watch_pid(a, w);
-
-	if (r == 0)
-		return 0;
-	log_at(LL_ERROR, SUB_AGENT, "cannot watch worker %d (pid %d): %s", w->local_rank,
-	       (int)w->pid, crun_strerror(r));
-	(void)kill(w->own_group ? -w->pid : w->pid, SIGKILL);
-	while (waitpid(w->pid, NULL, 0) < 0 && errno == EINTR)
-		;
-	return r == CRUN_ENOMEM ? CRUN_ENOMEM : CRUN_EIO;
-}
-
-static int start_one(struct crun_agent *a, struct worker *w, const struct rdzv_info *ri,
-		     const char *attempt_dir)
-{
-	struct env_vars v = {0};
-	struct spawn_req req = {0};
-	char wdir[PATH_MAX];
-	char **envp = NULL, **argv = NULL;
-	cpu_set_t cpus;
-	int r;
-
-	w->errfile[0] = '\0';
-	if (attempt_dir[0]) {
-		TRY(str_printf(wdir, sizeof(wdir), "%s/%d", attempt_dir, w->local_rank));
-		TRY(logs_mkdirs(wdir));
-		TRY(str_printf(w->errfile, sizeof(w->errfile), "%s/error.json", wdir));
-	}
-	r = logs_open_worker(a, w, attempt_dir);
-	if (r < 0)
-		goto out;
-	v.local_rank = w->local_rank;
-	v.rank = w->global_rank;
-	v.group_rank = ri->group_rank;
-	v.role_rank = ri->role_base_rank + w->local_rank;
-	v.role = a->role;
-	v.local_world_size = a->nworkers;
-	v.world_size = ri->world_size;
-	v.group_world_size = ri->group_world_size;
-	v.role_world_size = ri->role_world_size;
-	v.master_addr = ri->master_addr;
-	v.master_port = ri->master_port;
-	v.restart_count = a->restart_count;
-	v.max_restarts = a->cfg.max_restarts;
-	v.run_id = a->run_id;
-	v.error_file = w->errfile;
-	v.signals = a->signals_str;
-	v.virtual_local_rank = a->cfg.virtual_local_rank;
-	v.auth_secret_file = a->cfg.auth_secret_file;
-	envp = env_build(a->envp_base, &v);
-	argv = env_argv_subst(a->argv, w->local_rank);
-	r = CRUN_ENOMEM;
-	if (!envp || !argv)
-		goto out;
-	r = heartbeat_prepare(a, w, attempt_dir, &envp); /* CRUN_HEARTBEAT_FILE */
-	if (r < 0)
-		goto out;
-	if (!a->exe && !a->cfg.spawn) {
-		r = -a->exe_errno;
-	} else { /* a hook may start it elsewhere (a container): its call */
-		req.path = a->exe;
-		req.argv = argv;
-		req.envp = envp;
-		req.stdout_fd = w->out.child_fd;
-		req.stderr_fd = w->err.child_fd;
-		req.deathsig = SIGKILL;
-		req.nofile = a->nofile_orig.rlim_cur ? &a->nofile_orig : NULL;
-		if (a->numa_cpus && numa_parse_cpulist(a->numa_cpus[w->local_rank], &cpus) == 0)
-			req.cpus = &cpus;
-		r = a->cfg.spawn ? spawn_hooked(a, w, &req)
-				 : spawn_worker(&req, &a->orig_mask, &w->pid);
-		w->own_group = r == 0 && (!a->cfg.spawn || getpgid(w->pid) == w->pid);
-	}
-	if (r == 0 && a->poll_mode)
-		r = watch_or_kill(a, w);
-	if (r == 0) {
-		w->state = W_RUNNING;
-		if (w->own_group)
-			supervise_guard_add(a, w->pid);
-		log_at(LL_INFO, SUB_AGENT, "worker %d (rank %d) started as pid %d", w->local_rank,
-		       w->global_rank, (int)w->pid);
-		agent_emit_worker(a, w, false);
-	} else if (r != CRUN_ENOMEM) {
-		/* Exec failed: report it like a worker that exited 127. */
-		w->state = W_EXITED;
-		w->pid = 0;
-		w->exec_err = -r;
-		w->exit_code = exec_exit_code(-r);
-		w->exit_time = clock_wall_s();
-		agent_emit_worker(a, w, true);
-		r = 0;
-	}
-out:
-	logs_after_spawn(w);
-	env_free(envp);
-	env_free(argv);
-	return r;
-}
-
-static void on_proxy_fail(void *arg)
-{
-	(void)arg;
-	log_at(LL_WARN, SUB_AGENT,
-	       "the worker store proxy lost group rank 0's store: its workers' connections "
-	       "are closed");
-}
-
-/* rdzv_conf worker_store=proxy on a node that does not serve the round's
- * worker store: *wri (what the workers are told) names this agent's proxy
- * to it, on the address the agent's own store listens on (the workers are
- * local). A proxy that cannot start leaves the workers on the real store,
- * which is correct, only not fanned in. */
-static void route_worker_store(struct crun_agent *a, const struct rdzv_info *ri,
-			       struct rdzv_info *wri)
-{
-	struct store_proxy_config pc = STORE_PROXY_CONFIG_DEFAULT;
-	const char *host = NULL;
-	uint16_t port = 0;
-	int r;
-
-	*wri = *ri;
-	store_proxy_free(a->proxy);
-	a->proxy = NULL;
-	if (!rdzv_worker_store_proxy(a->rdzv) || ri->group_rank == 0)
-		return;
-	(void)rdzv_store_to_serve(a->rdzv, &host, &port);
-	pc.listen_host = host && *host ? host : "127.0.0.1";
-	pc.upstream_host = ri->master_addr;
-	pc.upstream_port = ri->master_port;
-	pc.on_fail = on_proxy_fail;
-	pc.arg = a;
-	r = store_proxy_new(a->base, &pc, &a->proxy);
-	if (r < 0) {
-		log_at(LL_WARN, SUB_AGENT,
-		       "cannot start the worker store proxy on %s to %s:%u: %s; the workers use "
-		       "the store directly",
-		       pc.listen_host, ri->master_addr, ri->master_port, crun_strerror(r));
-		return;
-	}
-	snprintf(wri->master_addr, sizeof(wri->master_addr), "%s", pc.listen_host);
-	wri->master_port = store_proxy_port(a->proxy);
-	log_at(LL_INFO, SUB_AGENT, "worker store proxy on %s:%u to %s:%u", wri->master_addr,
-	       wri->master_port, ri->master_addr, ri->master_port);
-}
-
-/* The worker store: loopback and this round's nodes only, unless
- * worker_store_allow_any (NAT). PyTorch's client cannot authenticate. */
-void agent_allow_round_peers(struct crun_agent *a)
-{
-	if (a->store && !a->cfg.worker_store_allow_any && rdzv_peer_addrs(a->rdzv) &&
-	    store_server_set_allowlist(a->store, rdzv_peer_addrs(a->rdzv)) < 0)
-		log_at(LL_WARN, SUB_AGENT, "cannot narrow the worker store to '%s', ignoring",
-		       rdzv_peer_addrs(a->rdzv));
-}
-
-int agent_start_attempt(struct crun_agent *a)
-{
-	const struct rdzv_info *ri = rdzv_info(a->rdzv);
-	struct rdzv_info wri; /* ri as the workers see it (route_worker_store) */
-	char attempt_dir[PATH_MAX] = "";
-	bool exec_failed = false;
-	int r;
-
-	if (!ri)
-		return CRUN_EINVAL;
-	agent_allow_round_peers(a);
-	a->group_rank = ri->group_rank;
-	route_worker_store(a, ri, &wri);
-	if (a->run_dir[0]) {
-		TRY(str_printf(attempt_dir, sizeof(attempt_dir), "%s/attempt_%d", a->run_dir,
-			       a->restart_count));
-		(void)logs_rmtree(attempt_dir);
-		TRY(logs_mkdirs(attempt_dir));
-	}
-	r = logs_open_attempt(a, attempt_dir);
-	if (r < 0)
-		return r;
-	emit_rendezvous(a, ri);
-	log_at(LL_INFO, SUB_AGENT,
-	       "starting %d workers: group_rank=%d group_world_size=%d base_rank=%d "
-	       "world_size=%d master=%s:%u restart_count=%d",
-	       a->nworkers, ri->group_rank, ri->group_world_size, ri->base_rank, ri->world_size,
-	       ri->master_addr, ri->master_port, a->restart_count);
-	for (int i = 0; i < a->nworkers; i++) {
-		struct worker *w = &a->workers[i];
-
-		supervise_unwatch_pid(w);
-		memset(w, 0, sizeof(*w));
-		logs_reset_worker(w);
-		w->pidfd = -1;
-		w->local_rank = i;
-		w->global_rank = ri->base_rank + i;
-		r = start_one(a, w, &wri, attempt_dir);
-		if (r < 0) {
-			snprintf(a->err, sizeof(a->err), "cannot start worker %d: %s", i,
-				 crun_strerror(r));
-			log_at(LL_ERROR, SUB_AGENT, "%s", a->err);
-			w->state = W_EXITED;
-			w->exit_code = 1;
-			w->exit_time = clock_wall_s();
-		}
-		if (w->state == W_EXITED)
-			exec_failed = true;
-	}
-	if (heartbeat_arm(a) < 0)
-		log_at(LL_WARN, SUB_AGENT, "cannot watch worker heartbeats, ignoring");
-	stacks_reset(a);
-	if (hang_arm(a, attempt_dir) < 0)
-		log_at(LL_WARN, SUB_AGENT, "cannot watch for hangs, ignoring");
-	if (exec_failed)
-		event_active(a->kick, 0, 0);
-	return 0;
-}
-
-void agent_end_attempt(struct crun_agent *a)
-{
-	heartbeat_disarm(a);
-	hang_disarm(a);
-	if (a->proxy) {
-		struct store_proxy_stats st;
-
-		store_proxy_get_stats(a->proxy, &st);
-		log_at(LL_INFO, SUB_AGENT,
-		       "worker store proxy: %llu connections, %llu requests on the shared "
-		       "connection, %llu waits of which %llu went upstream",
-		       (unsigned long long)st.accepted, (unsigned long long)st.requests,
-		       (unsigned long long)st.waits, (unsigned long long)st.upstream_waits);
-	}
-	store_proxy_free(a->proxy); /* its workers are gone */
-	a->proxy = NULL;
-	if (a->workers)
-		for (int i = 0; i < a->nworkers; i++)
-			logs_close_worker(a, &a->workers[i]);
-	logs_close_attempt(a);
-	for (int i = 0; i < a->nfailures; i++)
-		errfile_failure_free(&a->failures[i]);
-	a->nfailures = 0;
-}
-
-static const char *entry_name(const struct crun_agent *a)
-{
-	if (a->cfg.entrypoint)
-		return a->cfg.entrypoint;
-	return a->argv[0];
-}
-
-/* A worker crun stopped is not a failure, unless the stop was for another
- * worker's failure and it ended by itself with an error before our signal
- * could act (torchrun lists every rank that failed by the time it looks). */
-static bool counts_as_failure(const struct crun_agent *a, const struct worker *w)
-{
-	if (!w->stopping)
-		return true;
-	return (a->stop_reason == STOP_FAILED || a->stop_reason == STOP_RESTART) &&
-	       w->term_sig == 0 && w->exit_code != 0;
-}
-
-int agent_collect_failures(struct crun_agent *a)
-{
-	for (int i = 0; i < a->nworkers; i++) {
-		struct worker *w = &a->workers[i];
-		struct agent_failure *f;
-
-		if (w->state != W_EXITED || w->reported)
-			continue;
-		w->reported = true;
-		if (w->exit_code == 0 || !counts_as_failure(a, w))
-			continue;
-		f = realloc(a->failures, (size_t)(a->nfailures + 1) * sizeof(*f));
-		if (!f)
-			continue;
-		a->failures = f;
-		if (errfile_record_failure(a, w, &f[a->nfailures]) < 0)
-			continue;
-		a->nfailures++;
-		log_at(LL_ERROR, SUB_AGENT,
-		       "failed (exitcode: %d) local_rank: %d (pid: %d) of binary: %s",
-		       f[a->nfailures - 1].exitcode, w->local_rank, (int)w->pid, entry_name(a));
-	}
-	return a->nfailures;
-}
-
-void agent_report_failure(struct crun_agent *a)
-{
-	const char *own = env_get(a->envp_base, "TORCHELASTIC_ERROR_FILE");
-	int root = errfile_root_cause(a->failures, a->nfailures);
-	char *msg;
-
-	if (root < 0)
-		return;
-	msg = errfile_format_summary(entry_name(a), a->host, a->failures, a->nfailures);
-	/* After the workers' last teed lines, not in the middle of them. The
-	 * job is over here; a stuck console holds it 2 s at most. */
-	logs_flush_console(a, 2000);
-	if (msg) {
-		fputs(msg, stderr);
-		fflush(stderr);
-		free(msg);
-	}
-	if (own && *own && errfile_copy_root(&a->failures[root], own) < 0)
-		log_at(LL_WARN, SUB_AGENT, "cannot copy the root cause to %s", own);
-}
-
-void agent_root_cause_line(struct crun_agent *a, char *buf, size_t cap)
-{
-	int root = errfile_root_cause(a->failures, a->nfailures);
-	const struct agent_failure *f;
-
-	buf[0] = '\0';
-	if (root < 0)
-		return;
-	f = &a->failures[root];
-	snprintf(buf, cap,
-		 "node %s (group_rank %d): rank %d (local_rank %d, pid %d) exitcode %d: %s",
-		 a->host, a->group_rank, f->global_rank, f->local_rank, (int)f->pid, f->exitcode,
-		 f->message ? f->message : "");
-	for (char *p = buf; *p; p++)
-		if (*p == '\n')
-			*p = ' ';
 }

@@ -1,14 +1,15 @@
 /* agent.h: the agent module's interface inside crun. The public face is
  * include/crun/agent.h (crun_agent_*); this header joins the agent's files:
  *   agent.c      life cycle, store server, rendezvous glue
+ *   attempt.c    one attempt: its workers' start, on_event, its end and failures
  *   fsm.c        the state table and its actions (restart policy lives here)
- *   spawn.c      fork/exec of one worker (STYLE §6 protocol)
- *   supervise.c  signals as loop events, the one reap path, stopping, guard
- *   logs.c       where worker output goes, tailing teed files, prefixes
- *   console.c    the agent's console writer (a thread, or the loop in poll mode)
+ *   spawn.c      fork/exec of one worker (STYLE §6 protocol) (workers.h)
+ *   supervise.c  signals as loop events, the one reap path, stopping, guard (workers.h)
+ *   logs.c       where worker output goes, tailing teed files, prefixes (outputs.h)
+ *   console.c    the console writer, a thread or the loop in poll mode (console.h)
  *   poll.c       poll mode: the loop's fds mirrored into one epoll fd
  *   numa.c       --numa-binding: a GPU's NUMA node/socket/cores from sysfs
- *   errfile.c    error files, failure records, the root-cause summary
+ *   errfile.c    error files, failure records, the root-cause summary (failures.h)
  *   env.c        worker environment and argv
  *   cli*.c       the option table: command line, JSON config, env -> config
  *   daemon.c     crun-agent as a service (notify protocol, SIGHUP reload)
@@ -35,6 +36,9 @@
 
 #include "crun/agent.h"
 #include "agent/cli_rdzv_int.h"
+#include "agent/failures.h"
+#include "agent/outputs.h"
+#include "agent/workers.h"
 
 struct event_base;
 struct event;
@@ -94,89 +98,18 @@ enum agent_state agent_after_stop(struct crun_agent *a);
 /* The worker store admits this round's nodes (and loopback) only; the node
  * check reaches it before the workers do. */
 void agent_allow_round_peers(struct crun_agent *a);
-int agent_start_attempt(struct crun_agent *a);	  /* spawn every worker of the attempt */
-void agent_end_attempt(struct crun_agent *a);	  /* close logs, drop failure records */
-int agent_collect_failures(struct crun_agent *a); /* record new failures; returns the count */
-void agent_report_failure(struct crun_agent *a);  /* root-cause summary on stderr */
+int agent_start_attempt(struct crun_agent *a); /* spawn every worker of the attempt */
+void agent_end_attempt(struct crun_agent *a);  /* close logs, drop failure records */
+/* Records the new failures of reaped workers (failures.h; which exits count
+ * is the restart policy); returns the count of the attempt. */
+int agent_collect_failures(struct crun_agent *a);
+void agent_report_failure(struct crun_agent *a); /* root-cause summary on stderr */
 /* One line naming the root cause's node, rank and exit code ("" if none). */
 void agent_root_cause_line(struct crun_agent *a, char *buf, size_t cap);
 
 /* ---- workers ---------------------------------------------------------------- */
 
-#define AGENT_RING_LINES       8	  /* stderr lines shown per worker in the summary */
-#define AGENT_RING_LINE	       256	  /* bytes per shown line */
-#define AGENT_LINE_MAX	       16384	  /* duplicate filters decide on this much of a line */
-#define AGENT_LINGER_MS	       5000	  /* node 0 waits this long for the others to leave */
-#define AGENT_CONSOLE_BYTES    (4u << 20) /* console queue per stream */
-#define AGENT_CONSOLE_STALL_MS 1000	  /* no progress this long: drop, not wait */
-#define AGENT_CONSOLE_FLUSH_MS 10000	  /* at exit, wait this long for a slow reader */
-
-enum worker_state { W_INIT, W_RUNNING, W_EXITED };
-
-/* Where one worker stream goes (logs.c has the torchrun rules). */
-enum stream_mode {
-	SM_DIRECT, /* the caller's own fd */
-	SM_NULL,   /* /dev/null (--local-ranks-filter) */
-	SM_FILE,   /* <attempt>/<rank>/std{out,err}.log, written by the worker */
-	SM_TEE,	   /* a pipe the agent copies to that file, tailed to its console */
-};
-
-struct worker;
-
-/* One of a worker's two output streams. */
-struct agent_stream {
-	struct crun_agent *a;
-	struct worker *w;
-	int which; /* CRUN_STD_OUT or CRUN_STD_ERR */
-	enum stream_mode mode;
-	int child_fd; /* the worker's fd until spawned; owned when > 2 */
-	int tail_fd;  /* SM_TEE: read side of the log file, or -1 */
-	int pipe_fd;  /* SM_TEE: read end of the worker's pipe (nonblocking), or -1 */
-	int file_fd;  /* SM_TEE: the log file the agent appends to, or -1 (failed) */
-	struct event *pipe_ev;
-	bool direct;	 /* the file failed: the console copy comes from the pipe */
-	char *path;	 /* SM_TEE: the file tailed (malloc'd), or NULL */
-	bool console;	 /* SM_TEE: copied to the agent's console */
-	bool line_start; /* the next console byte starts a line */
-	char *fline;	 /* duplicate filter: the current line (AGENT_LINE_MAX) */
-	size_t flen;
-	int fmatch; /* -1 undecided; else whether the rest of the line matches */
-};
-
-struct worker {
-	int local_rank;
-	int global_rank;
-	pid_t pid;	/* also the process group and session id (own_group) */
-	bool own_group; /* pid leads its group: signal -pid (a spawn hook's may not) */
-	int pidfd;	/* poll mode: readable when pid exits, or -1 */
-	struct event *pid_ev;
-	enum worker_state state;
-	int exit_code; /* shell convention: 128+sig, 127 exec failure */
-	int term_sig;  /* signal that ended it, or 0 */
-	int exec_err;  /* errno of a failed exec, or 0 */
-	bool stopping; /* crun sent it a signal */
-	bool stopped;  /* job control: stopped (SIGSTOP, SIGTSTP, ...) */
-	bool reported; /* its exit went through on_worker_exit */
-	bool sigkilled_by_us;
-	double exit_time; /* wall seconds */
-	char prefix[128];
-	char errfile[PATH_MAX];
-	struct agent_stream out, err;
-};
-
-/* A worker failure as the summary reports it (torchrun's ProcessFailure). */
-struct agent_failure {
-	int global_rank, local_rank;
-	pid_t pid;
-	int exitcode; /* torchrun convention: -signal for signals */
-	int exec_err;
-	bool maybe_oom;		/* SIGKILL that crun did not send */
-	double timestamp;	/* error file's, else the exit time */
-	char errfile[PATH_MAX]; /* "" when absent */
-	char *message;		/* owned: error-file message or synthesized text */
-	char *traceback;	/* owned: py_callstack, or NULL */
-	char *stderr_tail;	/* owned: last stderr lines, or NULL */
-};
+#define AGENT_LINGER_MS 5000 /* node 0 waits this long for the others to leave */
 
 /* ---- the agent --------------------------------------------------------------- */
 
@@ -205,11 +138,26 @@ struct crun_agent {
 	char *exe;	  /* resolved argv[0], or NULL */
 	int exe_errno;	  /* why it did not resolve */
 	char **envp_base; /* owned copy of the agent's environment */
-	int nworkers;
-	struct worker *workers;
-	/* failures of the current attempt, in exit order */
-	int nfailures;
-	struct agent_failure *failures;
+	/* workers.h: the local workers and their guard. The table also reads
+	 * as the agent's own a->nworkers and a->workers, as the unit tests,
+	 * hang.c, stacks.c and status.c address it. */
+	union {
+		struct agent_workers wk;
+		struct {
+			int nworkers;
+			struct worker *workers;
+		};
+	};
+	/* failures.h: the current attempt's failures. They also read as the
+	 * agent's own a->nfailures and a->failures, as the unit tests and
+	 * stacks.c address them. */
+	union {
+		struct agent_failures fail;
+		struct {
+			int nfailures;
+			struct agent_failure *failures;
+		};
+	};
 	struct store_server *store;
 	struct store_proxy *proxy; /* worker_store=proxy, not group rank 0: this
 				    * attempt's proxy to the round's store */
@@ -218,7 +166,6 @@ struct crun_agent {
 	struct event *grace_timer;
 	struct event *window_timer; /* fires AE_FAILURE_WINDOW */
 	bool window_armed, window_over;
-	struct event *kick;	    /* deferred AE_WORKER_EXIT for exec failures */
 	struct event *linger_timer; /* re-fires AE_BARRIER_DONE while lingering */
 	uint64_t linger_until_ms;
 	struct event *stop_req; /* crun_agent_stop() from another thread */
@@ -230,20 +177,11 @@ struct crun_agent {
 	bool poll_mode;
 	struct agent_poll *poll;
 	struct agent_status *status; /* cfg.status_listen's page, or NULL */
-	int guard_fd;		     /* write end to the guard process */
-	pid_t guard_pid;
 	sigset_t orig_mask;
 	struct rlimit nofile_orig;  /* restored in the workers */
 	bool subreaper;		    /* the process adopts orphans: sweep worker groups */
 	struct agent_orphans *orph; /* orphans.c: adopted orphans being stopped */
-	/* logs.c */
-	struct agent_console *console;
-	struct event *tail_more; /* a timer: the console was slow */
-	bool log_write_warned;	 /* a log file could not be written: told once */
-	bool closing;		 /* crun_agent_free: the loop is over */
-	char *filters[2];	 /* duplicate filters, stdout/stderr, or NULL */
-	int nfilters[2];
-	int filt_fd[2]; /* <attempt>/filtered_std{out,err}.log, or -1 */
+	struct agent_outputs *out;  /* outputs.h: logs, console, filters */
 	/* numa.c: cpu lists per local rank, or NULL */
 	char **numa_cpus;
 	char err[512];
@@ -318,122 +256,6 @@ void orphans_stop_over(struct crun_agent *a);  /* the stop is over: no rescans *
  * grace_ms, SIGKILL to the rest, reaped; frees the tracking. */
 void orphans_end(struct crun_agent *a, uint32_t grace_ms);
 
-/* ---- spawn.c ------------------------------------------------------------------ */
-
-struct spawn_req {
-	const char *path;
-	char *const *argv;
-	char *const *envp;
-	int stdout_fd, stderr_fd; /* may be 1 and 2 themselves */
-	int deathsig;
-	const struct rlimit *nofile; /* RLIMIT_NOFILE for the worker, or NULL */
-	const cpu_set_t *cpus;	     /* sched_setaffinity mask, or NULL */
-};
-
-/* Starts one worker in a new session (torchrun's start_new_session: reading
- * a terminal never stops it with SIGTTIN), so pid == pgid == sid. Returns 0 and *ret_pid once the
- * child has exec'd, or -errno from fork, child setup or exec (the failed child
- * has been reaped). Loop thread only: PDEATHSIG follows the creating thread. */
-int spawn_worker(const struct spawn_req *req, const sigset_t *orig_mask, pid_t *ret_pid);
-
-/* Resolves `name` through $PATH as execvp would (a name with a slash is taken
- * as is). Returns a malloc'd path, or NULL with errno set. */
-char *spawn_resolve(const char *name);
-
-/* ---- supervise.c -------------------------------------------------------------- */
-
-int supervise_init(struct crun_agent *a); /* subreaper, guard, stop requests */
-/* Blocking mode: TERM/INT/... (cfg.signals_to_handle) and CHLD as loop
- * events. Poll mode takes none: the caller owns the process's signals. */
-int supervise_watch_signals(struct crun_agent *a);
-/* Poll mode: watches w's exit through a pidfd (w->pid must be our child). */
-int supervise_watch_pid(struct crun_agent *a, struct worker *w);
-void supervise_unwatch_pid(struct worker *w);
-/* Reaps every worker that exited (the one reap path). */
-void supervise_reap(struct crun_agent *a);
-void supervise_fini(struct crun_agent *a);
-/* kill(-pgid, sig) for every worker not yet reaped. */
-void supervise_signal_workers(struct crun_agent *a, int sig);
-/* Registers/unregisters a worker's process group with the guard process,
- * which SIGKILLs the registered groups if the agent dies. */
-void supervise_guard_add(struct crun_agent *a, pid_t pgid);
-void supervise_guard_del(struct crun_agent *a, pid_t pgid);
-void supervise_arm_grace(struct crun_agent *a);
-void supervise_disarm_grace(struct crun_agent *a);
-/* The failure window (cfg.monitor_interval_ms): armed once per attempt at
- * the first failure; disarming also forgets that it was armed. */
-void supervise_arm_window(struct crun_agent *a);
-void supervise_disarm_window(struct crun_agent *a);
-/* Parses "SIGTERM,SIGINT,..." (or numbers) into a mask. 0 or CRUN_EINVAL. */
-int supervise_parse_signals(const char *list, uint64_t *ret_mask);
-const char *supervise_signame(int sig); /* "SIGTERM"; static */
-
-/* ---- logs.c ------------------------------------------------------------------- */
-
-/* Sets up inotify and the duplicate filters; logs_fini undoes it and frees
- * the console (flushing it for at most AGENT_CONSOLE_FLUSH_MS). */
-int logs_init(struct crun_agent *a);
-/* Creates the console when the agent starts: a writer thread, or (loop)
- * writes from the loop only. */
-int logs_start_console(struct crun_agent *a, bool loop);
-void logs_fini(struct crun_agent *a);
-/* Opens / closes an attempt's filtered_std{out,err}.log (when filtered). */
-int logs_open_attempt(struct crun_agent *a, const char *attempt_dir);
-void logs_close_attempt(struct crun_agent *a);
-/* Marks w's streams as holding nothing (fds -1), for a zeroed worker. */
-void logs_reset_worker(struct worker *w);
-/* Decides where w's streams go for this attempt and opens their files; the
- * fds for the child are w->out.child_fd and w->err.child_fd. */
-int logs_open_worker(struct crun_agent *a, struct worker *w, const char *attempt_dir);
-/* Closes the agent's copies of the child fds (after the spawn). */
-void logs_after_spawn(struct worker *w);
-/* Copies more of w's teed files (called at reap time; the rest follows). */
-void logs_drain_worker(struct crun_agent *a, struct worker *w);
-/* Copies the rest of w's teed files and closes its streams. On the loop a
- * full console queue drops (counted); once a->closing is set it waits for
- * room, AGENT_CONSOLE_FLUSH_MS in all. */
-void logs_close_worker(struct crun_agent *a, struct worker *w);
-/* Copies every teed file to its end and waits until the console wrote it:
- * at most timeout_ms in all. Blocks: for the end of a job only. */
-void logs_flush_console(struct crun_agent *a, uint32_t timeout_ms);
-/* Expands $role_name $rank $local_rank $group_rank $hostname (and ${...}). */
-int logs_render_prefix(const char *tmpl, const char *role, const char *host, int rank,
-		       int local_rank, int group_rank, char *buf, size_t cap);
-/* The last stderr lines of w (at most AGENT_RING_LINES), read back from its
- * stderr.log; malloc'd; NULL when its stderr went to no file. */
-char *logs_stderr_tail(const struct worker *w);
-/* mkdir -p and rm -rf helpers for the log layout. */
-int logs_mkdirs(const char *path);
-int logs_rmtree(const char *path);
-
-/* ---- console.c ------------------------------------------------------------------ */
-
-struct agent_console;
-/* A console over out_fd/err_fd (borrowed) with a queue of cap_bytes per
- * stream: with base NULL a writer thread does the writes; with a base (poll
- * mode) there is no thread and the loop writes what the fds take without
- * blocking (the waits below then poll, bounded). 0 or a negative code. */
-int console_new(struct event_base *base, int out_fd, int err_fd, size_t cap_bytes,
-		struct agent_console **ret);
-/* Queues n bytes for stream `which` (CRUN_STD_OUT/ERR); never blocks. When
- * the queue is full the chunk is dropped and the lines it begins counted
- * (starts_line: p[0] begins a line); the count is shown as
- * "[crun: N lines dropped]" before the next chunk that fits. */
-void console_put(struct agent_console *c, int which, const char *p, size_t n, bool starts_line);
-/* Free bytes in the queue of `which` (SIZE_MAX when nothing is written any
- * more); *ret_stalled_ms (may be NULL) gets how long bytes have waited
- * without the writer making progress (0 when the queue is empty). */
-size_t console_room(struct agent_console *c, int which, uint64_t *ret_stalled_ms);
-/* Waits until `need` bytes are free or clock_now_ms() reaches until_ms; true
- * when they are. Blocks: not for the loop while it serves. */
-bool console_wait_room(struct agent_console *c, int which, size_t need, uint64_t until_ms);
-/* Lines dropped on `which` so far. */
-uint64_t console_dropped(struct agent_console *c, int which);
-/* Waits at most timeout_ms for both queues to be written; true if they were. */
-bool console_flush(struct agent_console *c, uint32_t timeout_ms);
-/* Flushes (bounded), stops the thread and frees. NULL: no-op. */
-void console_free(struct agent_console *c, uint32_t flush_timeout_ms);
-
 /* ---- numa.c ---------------------------------------------------------------------- */
 
 /* For --numa-binding: the cpu list (as in sysfs, "0-3,8-11") each of the
@@ -448,23 +270,6 @@ int numa_cpus_for_gpus(const char *root, const char *mode, int n, char ***ret);
 void numa_free(char **cpus, int n);
 /* "0-3,8" -> mask; 0 or CRUN_EINVAL. */
 int numa_parse_cpulist(const char *list, cpu_set_t *ret);
-
-/* ---- errfile.c ------------------------------------------------------------------ */
-
-/* Builds a failure record from a reaped worker (reads its error file). */
-int errfile_record_failure(struct crun_agent *a, const struct worker *w, struct agent_failure *ret);
-void errfile_failure_free(struct agent_failure *f);
-/* Index of the root cause: the smallest timestamp; -1 when n == 0. */
-int errfile_root_cause(const struct agent_failure *f, int n);
-/* torchrun's ChildFailedError text; malloc'd. */
-char *errfile_format_summary(const char *entrypoint, const char *host,
-			     const struct agent_failure *f, int n);
-/* Copies the root cause's error file to path, adding "errorCode". */
-int errfile_copy_root(const struct agent_failure *root, const char *path);
-/* The `python -c` program --run-path runs: torchrun's run_script_path
- * (runpy.run_path of argv[1] as __main__, sys.argv = [script, args...])
- * under torchrun's @record, so an exception lands in the error file. */
-extern const char errfile_runpy_src[];
 
 /* ---- env.c ---------------------------------------------------------------------- */
 

@@ -32,8 +32,9 @@
 
 #include <event2/event.h>
 
-#include "agent/agent.h"
+#include "agent/console.h"
 #include "common/common.h"
+#include "crun/agent.h" /* CRUN_STD_ERR */
 
 struct console_q {
 	int fd;

@@ -17,8 +17,11 @@
 
 #include <cJSON.h>
 
-#include "agent/agent.h"
+#include "agent/failures.h"
+#include "agent/outputs.h"
+#include "agent/workers.h"
 #include "common/common.h"
+#include "crun/agent.h" /* CRUN_AGENT_MAX_LOCAL */
 
 #define ERRFILE_MAX  (4u << 20)
 #define NO_TRACEBACK "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
@@ -91,7 +94,8 @@ static int parse_errfile(const char *text, struct agent_failure *f)
 	return r;
 }
 
-int errfile_record_failure(struct crun_agent *a, const struct worker *w, struct agent_failure *ret)
+int errfile_record_failure(const struct worker *w, const struct failures_ctx *ctx,
+			   struct agent_failure *ret)
 {
 	struct agent_failure f = {0};
 	char buf[512];
@@ -109,7 +113,7 @@ int errfile_record_failure(struct crun_agent *a, const struct worker *w, struct 
 	free(text);
 	if (!f.message) {
 		if (w->exec_err)
-			snprintf(buf, sizeof(buf), "exec %s failed: %s", a->argv[0],
+			snprintf(buf, sizeof(buf), "exec %s failed: %s", ctx->argv0,
 				 strerror(w->exec_err));
 		else if (w->term_sig == SIGKILL && f.maybe_oom)
 			snprintf(buf, sizeof(buf),
@@ -122,7 +126,7 @@ int errfile_record_failure(struct crun_agent *a, const struct worker *w, struct 
 		else
 			snprintf(buf, sizeof(buf), "%s", NO_TRACEBACK);
 		f.message = str_dup(buf);
-		f.stderr_tail = logs_stderr_tail(w);
+		f.stderr_tail = outputs_stderr_tail(ctx->out, w->local_rank, w->errfile);
 	}
 	if (!f.message) {
 		errfile_failure_free(&f);
@@ -345,4 +349,75 @@ int errfile_copy_root(const struct agent_failure *root, const char *path)
 	fd_close(fd);
 	cJSON_free(out);
 	return r;
+}
+
+/* ---- the attempt's failures ---------------------------------------------------- */
+
+int failures_add(struct agent_failures *fl, const struct worker *w, const struct failures_ctx *ctx)
+{
+	struct agent_failure *f = realloc(fl->failures, (size_t)(fl->nfailures + 1) * sizeof(*f));
+
+	if (!f)
+		return CRUN_ENOMEM;
+	fl->failures = f;
+	TRY(errfile_record_failure(w, ctx, &f[fl->nfailures]));
+	fl->nfailures++;
+	log_at(LL_ERROR, SUB_AGENT, "failed (exitcode: %d) local_rank: %d (pid: %d) of binary: %s",
+	       f[fl->nfailures - 1].exitcode, w->local_rank, (int)w->pid, ctx->entrypoint);
+	return 0;
+}
+
+void failures_report(const struct agent_failures *fl, const struct failures_ctx *ctx,
+		     const char *own_errfile)
+{
+	int root = errfile_root_cause(fl->failures, fl->nfailures);
+	char *msg;
+
+	if (root < 0)
+		return;
+	msg = errfile_format_summary(ctx->entrypoint, ctx->host, fl->failures, fl->nfailures);
+	/* After the workers' last teed lines, not in the middle of them. The
+	 * job is over here; a stuck console holds it 2 s at most. */
+	if (ctx->out)
+		outputs_flush(ctx->out, 2000);
+	if (msg) {
+		fputs(msg, stderr);
+		fflush(stderr);
+		free(msg);
+	}
+	if (own_errfile && *own_errfile && errfile_copy_root(&fl->failures[root], own_errfile) < 0)
+		log_at(LL_WARN, SUB_AGENT, "cannot copy the root cause to %s", own_errfile);
+}
+
+void failures_root_cause_line(const struct agent_failures *fl, const struct failures_ctx *ctx,
+			      char *buf, size_t cap)
+{
+	int root = errfile_root_cause(fl->failures, fl->nfailures);
+	const struct agent_failure *f;
+
+	buf[0] = '\0';
+	if (root < 0)
+		return;
+	f = &fl->failures[root];
+	snprintf(buf, cap,
+		 "node %s (group_rank %d): rank %d (local_rank %d, pid %d) exitcode %d: %s",
+		 ctx->host, ctx->group_rank, f->global_rank, f->local_rank, (int)f->pid,
+		 f->exitcode, f->message ? f->message : "");
+	for (char *p = buf; *p; p++)
+		if (*p == '\n')
+			*p = ' ';
+}
+
+void failures_clear(struct agent_failures *fl)
+{
+	for (int i = 0; i < fl->nfailures; i++)
+		errfile_failure_free(&fl->failures[i]);
+	fl->nfailures = 0;
+}
+
+void failures_release(struct agent_failures *fl)
+{
+	failures_clear(fl);
+	free(fl->failures);
+	fl->failures = NULL;
 }

@@ -54,15 +54,6 @@ enum agent_decision agent_decide(int nfailed, int nrunning, int restart_count, i
 	return nrunning > 0 ? DECIDE_WAIT : DECIDE_SUCCESS;
 }
 
-static int count_running(const struct crun_agent *a)
-{
-	int n = 0;
-
-	for (int i = 0; i < a->nworkers; i++)
-		n += a->workers[i].state == W_RUNNING;
-	return n;
-}
-
 static enum agent_state finish(struct crun_agent *a, int code)
 {
 	a->exit_code = code;
@@ -186,7 +177,7 @@ static enum agent_state begin_stop(struct crun_agent *a, enum stop_reason reason
 	a->stop_reason = reason;
 	stacks_before_stop(a, reason); /* the evidence, before the signal */
 	/* What the workers left behind (crun adopts it) stops with them. */
-	if (orphans_signal(a, SIGTERM) == 0 && count_running(a) == 0)
+	if (orphans_signal(a, SIGTERM) == 0 && workers_running(&a->wk) == 0)
 		return agent_after_stop(a);
 	supervise_signal_workers(a, sig);
 	supervise_arm_grace(a);
@@ -253,7 +244,7 @@ enum agent_state agent_after_stop(struct crun_agent *a)
  * what exits meanwhile is collected as it comes. */
 static enum agent_state stop_after_window(struct crun_agent *a, enum stop_reason reason)
 {
-	if (a->cfg.monitor_interval_ms && !a->window_over && count_running(a) > 0) {
+	if (a->cfg.monitor_interval_ms && !a->window_over && workers_running(&a->wk) > 0) {
 		supervise_arm_window(a);
 		return AS_RUNNING;
 	}
@@ -264,7 +255,8 @@ static enum agent_state on_worker_exit(struct crun_agent *a)
 {
 	int nfailed = agent_collect_failures(a);
 
-	switch (agent_decide(nfailed, count_running(a), a->restart_count, a->cfg.max_restarts)) {
+	switch (
+	    agent_decide(nfailed, workers_running(&a->wk), a->restart_count, a->cfg.max_restarts)) {
 	case DECIDE_WAIT:
 		return AS_RUNNING;
 	case DECIDE_SUCCESS:
@@ -339,7 +331,7 @@ static enum agent_state after_exit_while_stopping(struct crun_agent *a)
 	/* A worker that failed on its own while the others were being
 	 * stopped is a failure too (torchrun lists every failed rank). */
 	(void)agent_collect_failures(a);
-	if (count_running(a) > 0 || orphans_alive(a) > 0)
+	if (workers_running(&a->wk) > 0 || orphans_alive(a) > 0)
 		return AS_STOPPING;
 	return agent_after_stop(a);
 }

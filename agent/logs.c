@@ -30,8 +30,60 @@
 
 #include <event2/event.h>
 
-#include "agent/agent.h"
+#include "agent/console.h"
+#include "agent/outputs.h"
 #include "common/common.h"
+#include "crun/agent.h" /* CRUN_STD_OUT, CRUN_STD_ERR */
+
+/* Where one worker stream goes (the torchrun rules above). */
+enum stream_mode {
+	SM_DIRECT, /* the caller's own fd */
+	SM_NULL,   /* /dev/null (--local-ranks-filter) */
+	SM_FILE,   /* <attempt>/<rank>/std{out,err}.log, written by the worker */
+	SM_TEE,	   /* a pipe the agent copies to that file, tailed to its console */
+};
+
+struct out_worker;
+
+/* One of a worker's two output streams. */
+struct agent_stream {
+	struct agent_outputs *o; /* borrowed: the owner */
+	struct out_worker *w;	 /* borrowed: the worker it is one of */
+	int which;		 /* CRUN_STD_OUT or CRUN_STD_ERR */
+	enum stream_mode mode;
+	int child_fd; /* the worker's fd until spawned; owned when > 2 */
+	int tail_fd;  /* SM_TEE: read side of the log file, or -1 */
+	int pipe_fd;  /* SM_TEE: read end of the worker's pipe (nonblocking), or -1 */
+	int file_fd;  /* SM_TEE: the log file the agent appends to, or -1 (failed) */
+	struct event *pipe_ev;
+	bool direct;	 /* the file failed: the console copy comes from the pipe */
+	char *path;	 /* SM_TEE: the file tailed (malloc'd), or NULL */
+	bool console;	 /* SM_TEE: copied to the agent's console */
+	bool line_start; /* the next console byte starts a line */
+	char *fline;	 /* duplicate filter: the current line (AGENT_LINE_MAX) */
+	size_t flen;
+	int fmatch; /* -1 undecided; else whether the rest of the line matches */
+};
+
+/* What one local rank's output holds for the current attempt. */
+struct out_worker {
+	int local_rank, global_rank;
+	char prefix[128];
+	struct agent_stream out, err;
+};
+
+struct agent_outputs {
+	struct outputs_config cfg;  /* its pointers borrowed */
+	struct out_worker *workers; /* cfg.nworkers */
+	char attempt_dir[PATH_MAX]; /* "": no files */
+	int group_rank;		    /* of the current attempt */
+	struct agent_console *console;
+	struct event *tail_more; /* a timer: the console was slow */
+	bool log_write_warned;	 /* a log file could not be written: told once */
+	char *filters[2];	 /* duplicate filters, stdout/stderr, or NULL */
+	int nfilters[2];
+	int filt_fd[2]; /* <attempt>/filtered_std{out,err}.log, or -1 */
+};
 
 int logs_render_prefix(const char *tmpl, const char *role, const char *host, int rank,
 		       int local_rank, int group_rank, char *buf, size_t cap)
@@ -101,21 +153,24 @@ int logs_render_prefix(const char *tmpl, const char *role, const char *host, int
 
 /* ---- the failure summary's stderr lines ---------------------------------------- */
 
-char *logs_stderr_tail(const struct worker *w)
+char *outputs_stderr_tail(const struct agent_outputs *o, int local_rank, const char *errfile)
 {
 	enum { TAIL_BYTES = AGENT_RING_LINES * AGENT_RING_LINE };
 	char path[PATH_MAX], *buf, *start;
-	const char *slash = strrchr(w->errfile, '/');
+	const char *slash = strrchr(errfile, '/');
+	const struct agent_stream *err;
 	struct stat st;
 	ssize_t n;
 	int fd, lines = 0;
 
+	if (!o || local_rank < 0 || local_rank >= o->cfg.nworkers)
+		return NULL;
+	err = &o->workers[local_rank].err;
 	/* Only a stream the worker wrote to a file can be read back; one that
 	 * went to the caller's terminal is already on the user's screen. */
-	if (!slash || !(w->err.mode == SM_FILE || w->err.mode == SM_TEE))
+	if (!slash || !(err->mode == SM_FILE || err->mode == SM_TEE))
 		return NULL;
-	if (str_printf(path, sizeof(path), "%.*s/stderr.log", (int)(slash - w->errfile),
-		       w->errfile) < 0)
+	if (str_printf(path, sizeof(path), "%.*s/stderr.log", (int)(slash - errfile), errfile) < 0)
 		return NULL;
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
@@ -186,11 +241,11 @@ static const char *const filt_names[2] = {"filtered_stdout.log", "filtered_stder
 
 /* A log file the agent writes failed (ENOSPC, EROFS, EDQUOT, ...): said once
  * per agent, naming the file; the caller stops writing that file. */
-static void write_failed(struct crun_agent *a, const char *path, int r)
+static void write_failed(struct agent_outputs *o, const char *path, int r)
 {
-	if (a->log_write_warned)
+	if (o->log_write_warned)
 		return;
-	a->log_write_warned = true;
+	o->log_write_warned = true;
 	log_at(LL_WARN, SUB_AGENT,
 	       "cannot write '%s': %s; log files stop growing here, teed output still "
 	       "goes to the console",
@@ -199,14 +254,14 @@ static void write_failed(struct crun_agent *a, const char *path, int r)
 
 static void filter_write(struct agent_stream *s, const char *p, size_t n)
 {
-	int *fd = &s->a->filt_fd[s->which == CRUN_STD_ERR];
+	int *fd = &s->o->filt_fd[s->which == CRUN_STD_ERR];
 	int r;
 
 	if (*fd < 0)
 		return;
 	r = fd_write_all(*fd, p, n);
 	if (r < 0) {
-		write_failed(s->a, filt_names[s->which == CRUN_STD_ERR], r);
+		write_failed(s->o, filt_names[s->which == CRUN_STD_ERR], r);
 		fd_close(*fd);
 		*fd = -1;
 	}
@@ -217,8 +272,8 @@ static void filter_write(struct agent_stream *s, const char *p, size_t n)
  * whole, prefixed, whatever its length. */
 static void filter_feed(struct agent_stream *s, const char *p, size_t n, bool eof)
 {
-	const char *needles = s->a->filters[s->which == CRUN_STD_ERR];
-	int nn = s->a->nfilters[s->which == CRUN_STD_ERR];
+	const char *needles = s->o->filters[s->which == CRUN_STD_ERR];
+	int nn = s->o->nfilters[s->which == CRUN_STD_ERR];
 
 	if (!needles || !s->fline)
 		return;
@@ -267,7 +322,7 @@ static void filter_feed(struct agent_stream *s, const char *p, size_t n, bool eo
 static void console_feed(struct agent_stream *s, const char *p, size_t n)
 {
 	enum { OUT_CAP = TAIL_CHUNK + 4096 };
-	struct agent_console *c = s->a->console;
+	struct agent_console *c = s->o->console;
 	size_t plen = strlen(s->w->prefix), o = 0;
 	bool out_starts = s->line_start;
 	char *out;
@@ -316,11 +371,11 @@ enum pump_mode {
 
 /* Whether the console of `which` took no byte for AGENT_CONSOLE_STALL_MS
  * while it had some queued: then lines are dropped, not waited for. */
-static bool console_stalled(struct crun_agent *a, int which)
+static bool console_stalled(struct agent_outputs *o, int which)
 {
 	uint64_t stalled_ms = 0;
 
-	(void)console_room(a->console, which, &stalled_ms);
+	(void)console_room(o->console, which, &stalled_ms);
 	return stalled_ms >= AGENT_CONSOLE_STALL_MS;
 }
 
@@ -346,16 +401,16 @@ static bool tail_pump(struct agent_stream *s, int rounds, enum pump_mode mode, u
 		/* Wait while the reader makes progress; a stalled one (or the
 		 * deadline) turns waiting into dropping. */
 		while (mode == PUMP_BLOCK && s->console &&
-		       console_room(s->a->console, s->which, NULL) < NEED) {
-			if (console_stalled(s->a, s->which) || clock_now_ms() >= until_ms)
+		       console_room(s->o->console, s->which, NULL) < NEED) {
+			if (console_stalled(s->o, s->which) || clock_now_ms() >= until_ms)
 				mode = PUMP_FORCE;
 			else
-				(void)console_wait_room(s->a->console, s->which, NEED,
+				(void)console_wait_room(s->o->console, s->which, NEED,
 							MIN(until_ms, clock_now_ms() + 100));
 		}
 		if (mode == PUMP_LIVE && s->console &&
-		    console_room(s->a->console, s->which, NULL) < NEED &&
-		    !console_stalled(s->a, s->which)) {
+		    console_room(s->o->console, s->which, NULL) < NEED &&
+		    !console_stalled(s->o, s->which)) {
 			*ret_waiting = more = true;
 			break;
 		}
@@ -381,26 +436,26 @@ static bool tail_pump(struct agent_stream *s, int rounds, enum pump_mode mode, u
 				 s->line_start ? "" : "\n", s->path);
 
 		/* Closing with more than the bound left: say where it is. */
-		console_put(s->a->console, s->which, note, (size_t)MIN(n, (int)sizeof(note) - 1),
+		console_put(s->o->console, s->which, note, (size_t)MIN(n, (int)sizeof(note) - 1),
 			    false);
 	}
 	return more;
 }
 
-static void pump_all(struct crun_agent *a)
+static void pump_all(struct agent_outputs *o)
 {
 	bool more = false, waiting = false;
 
-	for (int i = 0; a->workers && i < a->nworkers; i++) {
-		more |= tail_pump(&a->workers[i].out, TAIL_ROUNDS, PUMP_LIVE, 0, &waiting);
-		more |= tail_pump(&a->workers[i].err, TAIL_ROUNDS, PUMP_LIVE, 0, &waiting);
+	for (int i = 0; i < o->cfg.nworkers; i++) {
+		more |= tail_pump(&o->workers[i].out, TAIL_ROUNDS, PUMP_LIVE, 0, &waiting);
+		more |= tail_pump(&o->workers[i].err, TAIL_ROUNDS, PUMP_LIVE, 0, &waiting);
 	}
 	/* Bounded work per callback: come back on the next loop iteration, or
 	 * a little later when a slow console is what holds us. */
 	if (more) {
 		struct timeval tv = {0, waiting ? 20 * 1000 : 0};
 
-		evtimer_add(a->tail_more, &tv);
+		evtimer_add(o->tail_more, &tv);
 	}
 }
 
@@ -421,7 +476,7 @@ static size_t file_put(struct agent_stream *s, const char *p, size_t n)
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w <= 0) {
-			write_failed(s->a, s->path, w < 0 ? -errno : CRUN_ENOSPC);
+			write_failed(s->o, s->path, w < 0 ? -errno : CRUN_ENOSPC);
 			fd_close(s->file_fd);
 			s->file_fd = -1;
 			break;
@@ -487,30 +542,22 @@ static void on_pipe(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	/* Level-triggered: what is left comes on the next loop iteration. */
 	(void)pipe_pump(s, TAIL_ROUNDS);
-	pump_all(s->a);
+	pump_all(s->o);
 }
 
 /* ---- per worker stream ---------------------------------------------------------- */
 
+/* A stream holding nothing (closed or never opened). */
 static void stream_reset(struct agent_stream *s)
 {
+	memset(s, 0, sizeof(*s));
 	s->child_fd = s->tail_fd = s->pipe_fd = s->file_fd = -1;
-	s->pipe_ev = NULL;
-	s->direct = false;
 	s->mode = SM_DIRECT;
-	s->fline = NULL;
-	s->path = NULL;
-}
-
-void logs_reset_worker(struct worker *w)
-{
-	stream_reset(&w->out);
-	stream_reset(&w->err);
 }
 
 /* A teed stream: the worker's pipe, read on the loop into s->file_fd
  * (open), and the file's tail for the console. */
-static int open_tee(struct crun_agent *a, struct agent_stream *s, const char *path)
+static int open_tee(struct agent_outputs *o, struct agent_stream *s, const char *path)
 {
 	int p[2];
 
@@ -527,10 +574,10 @@ static int open_tee(struct crun_agent *a, struct agent_stream *s, const char *pa
 	/* A bigger pipe: a chatty worker waits less while the loop is busy. */
 	(void)fcntl(p[0], F_SETPIPE_SZ, 1 << 20);
 	TRY(fd_set_nonblock(p[0], true));
-	s->pipe_ev = event_new(a->base, p[0], EV_READ | EV_PERSIST, on_pipe, s);
+	s->pipe_ev = event_new(o->cfg.base, p[0], EV_READ | EV_PERSIST, on_pipe, s);
 	if (!s->pipe_ev || event_add(s->pipe_ev, NULL) < 0)
 		return CRUN_ENOMEM;
-	if (a->filters[s->which == CRUN_STD_ERR]) {
+	if (o->filters[s->which == CRUN_STD_ERR]) {
 		s->fline = malloc(AGENT_LINE_MAX);
 		if (!s->fline)
 			return CRUN_ENOMEM;
@@ -538,15 +585,16 @@ static int open_tee(struct crun_agent *a, struct agent_stream *s, const char *pa
 	return 0;
 }
 
-static int open_stream(struct crun_agent *a, struct worker *w, struct agent_stream *s, int which,
-		       const char *attempt_dir)
+static int open_stream(struct agent_outputs *o, struct out_worker *w, struct agent_stream *s,
+		       int which)
 {
-	int r_mask = a->cfg.redirects ? a->cfg.redirects[w->local_rank] : 0;
-	int t_mask = a->cfg.tee ? a->cfg.tee[w->local_rank] : 0;
-	bool shown = !a->cfg.console_ranks || a->cfg.console_ranks[w->local_rank];
+	const char *attempt_dir = o->attempt_dir;
+	int r_mask = o->cfg.redirects ? o->cfg.redirects[w->local_rank] : 0;
+	int t_mask = o->cfg.tee ? o->cfg.tee[w->local_rank] : 0;
+	bool shown = !o->cfg.console_ranks || o->cfg.console_ranks[w->local_rank];
 	char path[PATH_MAX];
 
-	s->a = a;
+	s->o = o;
 	s->w = w;
 	s->which = which;
 	s->line_start = true;
@@ -575,26 +623,34 @@ static int open_stream(struct crun_agent *a, struct worker *w, struct agent_stre
 	}
 	/* Redirected only, or a teed rank left out by the filter with no
 	 * duplicate filter: file only, written by the worker (torchrun). */
-	if (!(t_mask & which) || (!shown && !a->filters[which == CRUN_STD_ERR])) {
+	if (!(t_mask & which) || (!shown && !o->filters[which == CRUN_STD_ERR])) {
 		s->child_fd = s->file_fd;
 		s->file_fd = -1;
 		return 0;
 	}
-	return open_tee(a, s, path);
+	return open_tee(o, s, path);
 }
 
-int logs_open_worker(struct crun_agent *a, struct worker *w, const char *attempt_dir)
+int outputs_open_worker(struct agent_outputs *o, int local_rank, int global_rank, int *ret_out_fd,
+			int *ret_err_fd)
 {
-	const char *tmpl = a->cfg.line_prefix_template;
+	const char *tmpl = o->cfg.line_prefix_template;
+	struct out_worker *w = &o->workers[local_rank];
 
 	if (!tmpl || !*tmpl)
 		tmpl = "[${role_name}${local_rank}]:";
-	if (logs_render_prefix(tmpl, a->role, a->short_host, w->global_rank, w->local_rank,
-			       a->group_rank, w->prefix, sizeof(w->prefix)) < 0)
+	w->local_rank = local_rank;
+	w->global_rank = global_rank;
+	if (logs_render_prefix(tmpl, o->cfg.role, o->cfg.host, global_rank, local_rank,
+			       o->group_rank, w->prefix, sizeof(w->prefix)) < 0)
 		w->prefix[0] = '\0';
-	logs_reset_worker(w);
-	TRY(open_stream(a, w, &w->out, CRUN_STD_OUT, attempt_dir));
-	return open_stream(a, w, &w->err, CRUN_STD_ERR, attempt_dir);
+	stream_reset(&w->out);
+	stream_reset(&w->err);
+	TRY(open_stream(o, w, &w->out, CRUN_STD_OUT));
+	TRY(open_stream(o, w, &w->err, CRUN_STD_ERR));
+	*ret_out_fd = w->out.child_fd;
+	*ret_err_fd = w->err.child_fd;
+	return 0;
 }
 
 static void drop_child_fd(struct agent_stream *s)
@@ -604,21 +660,21 @@ static void drop_child_fd(struct agent_stream *s)
 	s->child_fd = -1;
 }
 
-void logs_after_spawn(struct worker *w)
+void outputs_after_spawn(struct agent_outputs *o, int local_rank)
 {
-	drop_child_fd(&w->out);
-	drop_child_fd(&w->err);
+	drop_child_fd(&o->workers[local_rank].out);
+	drop_child_fd(&o->workers[local_rank].err);
 }
 
-void logs_drain_worker(struct crun_agent *a, struct worker *w)
+void outputs_drain_worker(struct agent_outputs *o, int local_rank)
 {
 	/* The file is whole before the failure summary reads it back. */
-	pipe_drain(&w->out);
-	pipe_drain(&w->err);
-	pump_all(a); /* what is left follows on the timer until the close */
+	pipe_drain(&o->workers[local_rank].out);
+	pipe_drain(&o->workers[local_rank].err);
+	pump_all(o); /* what is left follows on the timer until the close */
 }
 
-static void close_stream(struct crun_agent *a, struct agent_stream *s)
+static void close_stream(struct agent_stream *s)
 {
 	bool waiting = false;
 
@@ -626,7 +682,6 @@ static void close_stream(struct crun_agent *a, struct agent_stream *s)
 	 * wait for a reader that keeps reading, for AGENT_CONSOLE_FLUSH_MS at
 	 * most (on the loop too: a stalled reader costs it
 	 * AGENT_CONSOLE_STALL_MS once); then drop, 64 MiB of reads at most. */
-	(void)a;
 	pipe_drain(s);
 	(void)tail_pump(s, INT_MAX, PUMP_BLOCK, clock_now_ms() + AGENT_CONSOLE_FLUSH_MS, &waiting);
 	drop_child_fd(s);
@@ -643,86 +698,119 @@ static void close_stream(struct crun_agent *a, struct agent_stream *s)
 	s->path = NULL;
 }
 
-void logs_close_worker(struct crun_agent *a, struct worker *w)
+/* ---- the outputs object --------------------------------------------------------- */
+
+static void close_filtered(struct agent_outputs *o)
 {
-	close_stream(a, &w->out);
-	close_stream(a, &w->err);
+	for (int i = 0; i < 2; i++) {
+		fd_close(o->filt_fd[i]);
+		o->filt_fd[i] = -1;
+	}
 }
 
-/* ---- the agent's share ---------------------------------------------------------- */
-
-int logs_open_attempt(struct crun_agent *a, const char *attempt_dir)
+int outputs_open_attempt(struct agent_outputs *o, const char *attempt_dir, int group_rank)
 {
+	TRY(str_printf(o->attempt_dir, sizeof(o->attempt_dir), "%s", attempt_dir));
+	o->group_rank = group_rank;
 	for (int i = 0; i < 2; i++) {
 		char path[PATH_MAX];
 
-		if (!a->filters[i] || !attempt_dir[0])
+		if (!o->filters[i] || !attempt_dir[0])
 			continue;
 		TRY(str_printf(path, sizeof(path), "%s/%s", attempt_dir, filt_names[i]));
-		a->filt_fd[i] =
+		o->filt_fd[i] =
 		    open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
-		if (a->filt_fd[i] < 0)
+		if (o->filt_fd[i] < 0)
 			return -errno;
 	}
+	/* Last attempt's streams were closed by outputs_close_attempt. */
+	for (int i = 0; i < o->cfg.nworkers; i++) {
+		stream_reset(&o->workers[i].out);
+		stream_reset(&o->workers[i].err);
+	}
 	return 0;
 }
 
-void logs_close_attempt(struct crun_agent *a)
+void outputs_close_attempt(struct agent_outputs *o)
 {
-	for (int i = 0; i < 2; i++) {
-		fd_close(a->filt_fd[i]);
-		a->filt_fd[i] = -1;
+	if (!o)
+		return;
+	for (int i = 0; i < o->cfg.nworkers; i++) {
+		close_stream(&o->workers[i].out);
+		close_stream(&o->workers[i].err);
 	}
+	close_filtered(o);
 }
 
-int logs_init(struct crun_agent *a)
+int outputs_new(const struct outputs_config *cfg, struct agent_outputs **ret)
 {
-	const char *spec[2] = {a->cfg.duplicate_stdout_filters, a->cfg.duplicate_stderr_filters};
+	const char *spec[2] = {cfg->stdout_filters, cfg->stderr_filters};
+	struct agent_outputs *o = calloc(1, sizeof(*o));
 
-	a->filt_fd[0] = a->filt_fd[1] = -1;
+	if (!o)
+		return CRUN_ENOMEM;
+	o->cfg = *cfg;
+	o->filt_fd[0] = o->filt_fd[1] = -1;
+	o->workers = calloc((size_t)MAX(cfg->nworkers, 1), sizeof(*o->workers));
+	if (!o->workers)
+		goto fail;
+	for (int i = 0; i < cfg->nworkers; i++) {
+		stream_reset(&o->workers[i].out);
+		stream_reset(&o->workers[i].err);
+	}
 	for (int i = 0; i < 2; i++)
 		if (spec[i] && *spec[i] &&
-		    !(a->filters[i] = parse_filters(spec[i], &a->nfilters[i])))
-			return CRUN_ENOMEM;
-	a->tail_more = evtimer_new(a->base, on_tail_more, a);
-	if (!a->tail_more)
-		return CRUN_ENOMEM;
+		    !(o->filters[i] = parse_filters(spec[i], &o->nfilters[i])))
+			goto fail;
+	o->tail_more = evtimer_new(cfg->base, on_tail_more, o);
+	if (!o->tail_more)
+		goto fail;
+	*ret = o;
 	return 0;
+fail:
+	outputs_free(o);
+	return CRUN_ENOMEM;
 }
 
-int logs_start_console(struct crun_agent *a, bool loop)
+int outputs_start_console(struct agent_outputs *o, bool loop)
 {
-	return console_new(loop ? a->base : NULL, STDOUT_FILENO, STDERR_FILENO, AGENT_CONSOLE_BYTES,
-			   &a->console);
+	return console_new(loop ? o->cfg.base : NULL, STDOUT_FILENO, STDERR_FILENO,
+			   AGENT_CONSOLE_BYTES, &o->console);
 }
 
-void logs_flush_console(struct crun_agent *a, uint32_t timeout_ms)
+void outputs_flush(struct agent_outputs *o, uint32_t timeout_ms)
 {
 	uint64_t until = clock_now_ms() + timeout_ms;
 	bool waiting = false;
 
-	for (int i = 0; a->workers && i < a->nworkers; i++) {
-		pipe_drain(&a->workers[i].out);
-		pipe_drain(&a->workers[i].err);
-		(void)tail_pump(&a->workers[i].out, INT_MAX, PUMP_BLOCK, until, &waiting);
-		(void)tail_pump(&a->workers[i].err, INT_MAX, PUMP_BLOCK, until, &waiting);
+	for (int i = 0; i < o->cfg.nworkers; i++) {
+		pipe_drain(&o->workers[i].out);
+		pipe_drain(&o->workers[i].err);
+		(void)tail_pump(&o->workers[i].out, INT_MAX, PUMP_BLOCK, until, &waiting);
+		(void)tail_pump(&o->workers[i].err, INT_MAX, PUMP_BLOCK, until, &waiting);
 	}
-	(void)console_flush(a->console,
+	(void)console_flush(o->console,
 			    (uint32_t)(until > clock_now_ms() ? until - clock_now_ms() : 0));
 }
 
-void logs_fini(struct crun_agent *a)
+void outputs_free(struct agent_outputs *o)
 {
-	if (a->tail_more)
-		event_free(a->tail_more);
-	a->tail_more = NULL;
-	logs_close_attempt(a);
-	console_free(a->console, AGENT_CONSOLE_FLUSH_MS);
-	a->console = NULL;
-	for (int i = 0; i < 2; i++) {
-		free(a->filters[i]);
-		a->filters[i] = NULL;
-	}
+	if (!o)
+		return;
+	if (o->tail_more)
+		event_free(o->tail_more);
+	o->tail_more = NULL;
+	/* Streams still open (an agent freed mid-attempt) close first: their
+	 * rest goes to the console before it is flushed. */
+	if (o->workers)
+		outputs_close_attempt(o);
+	else
+		close_filtered(o);
+	console_free(o->console, AGENT_CONSOLE_FLUSH_MS);
+	for (int i = 0; i < 2; i++)
+		free(o->filters[i]);
+	free(o->workers);
+	free(o);
 }
 
 int logs_mkdirs(const char *path)

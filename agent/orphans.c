@@ -85,7 +85,7 @@ static int read_stat(const char *name, pid_t *ret_ppid, pid_t *ret_pgrp, char *r
 
 static bool is_known_child(const struct crun_agent *a, pid_t pid)
 {
-	if (pid == a->guard_pid)
+	if (pid == a->wk.guard_pid)
 		return true;
 	for (int i = 0; a->workers && i < a->nworkers; i++)
 		if (a->workers[i].pid == pid && a->workers[i].state == W_RUNNING)

@@ -224,7 +224,7 @@ CRUN_API int crun_agent_start(crun_agent_t *a)
 	a->poll_mode = true;
 	r = agent_poll_new(a->base, &a->poll);
 	if (r == 0)
-		r = logs_start_console(a, true);
+		r = outputs_start_console(a->out, true);
 	if (r < 0) {
 		snprintf(a->err, sizeof(a->err), "cannot start: %s", crun_strerror(r));
 		return r;

@@ -4,7 +4,7 @@
  * a close-on-exec pipe as an errno; EOF on that pipe means the exec worked.
  * The worker leads a new session (torchrun's start_new_session=True): a
  * worker reading the terminal is never stopped by SIGTTIN, and kill(-pid)
- * still reaches its whole group.
+ * still reaches its whole group. The worker table (workers_*) is here too.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -18,7 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "agent/agent.h"
+#include "agent/workers.h"
 #include "common/common.h"
 
 /* Child side: send errno through the status pipe and die. A 4-byte pipe
@@ -140,4 +140,35 @@ char *spawn_resolve(const char *name)
 	}
 	errno = err;
 	return NULL;
+}
+
+/* ---- the worker table -------------------------------------------------------- */
+
+int workers_init(struct agent_workers *wk, int n)
+{
+	struct worker *w = calloc((size_t)n, sizeof(*w));
+
+	if (!w)
+		return CRUN_ENOMEM;
+	for (int i = 0; i < n; i++)
+		w[i].pidfd = -1;
+	wk->workers = w;
+	wk->nworkers = n;
+	return 0;
+}
+
+void workers_release(struct agent_workers *wk)
+{
+	free(wk->workers);
+	wk->workers = NULL;
+	wk->nworkers = 0;
+}
+
+int workers_running(const struct agent_workers *wk)
+{
+	int n = 0;
+
+	for (int i = 0; i < wk->nworkers; i++)
+		n += wk->workers[i].state == W_RUNNING;
+	return n;
 }

@@ -116,7 +116,7 @@ static void note_exit(struct crun_agent *a, struct worker *w, int status)
 	} else {
 		w->exit_code = WEXITSTATUS(status);
 	}
-	logs_drain_worker(a, w);
+	outputs_drain_worker(a->out, w->local_rank);
 	log_at(LL_INFO, SUB_AGENT, "worker %d (pid %d) exited with %d", w->local_rank, (int)w->pid,
 	       w->exit_code);
 	agent_emit_worker(a, w, true);
@@ -211,11 +211,11 @@ void supervise_reap(struct crun_agent *a)
 	if (any)
 		orphans_rescan(a);
 	any |= orphans_reap(a);
-	if (a->guard_pid > 0 && waitpid(a->guard_pid, NULL, WNOHANG) == a->guard_pid) {
+	if (a->wk.guard_pid > 0 && waitpid(a->wk.guard_pid, NULL, WNOHANG) == a->wk.guard_pid) {
 		log_at(LL_WARN, SUB_AGENT, "the guard process exited");
-		a->guard_pid = 0;
-		fd_close(a->guard_fd);
-		a->guard_fd = -1;
+		a->wk.guard_pid = 0;
+		fd_close(a->wk.guard_fd);
+		a->wk.guard_fd = -1;
 	}
 	if (any)
 		agent_fire(a, AE_WORKER_EXIT);
@@ -334,7 +334,7 @@ static void guard_send(struct crun_agent *a, char op, pid_t pgid)
 	struct guard_rec rec;
 	ssize_t n;
 
-	if (a->guard_fd < 0)
+	if (a->wk.guard_fd < 0)
 		return;
 	memset(&rec, 0, sizeof(rec)); /* no uninitialised padding on the wire */
 	rec.op = op;
@@ -342,7 +342,7 @@ static void guard_send(struct crun_agent *a, char op, pid_t pgid)
 	/* 8 bytes on a stream socket the guard drains at once. MSG_NOSIGNAL: a
 	 * dead guard must not raise SIGPIPE in a host that did not ignore it. */
 	do
-		n = send(a->guard_fd, &rec, sizeof(rec), MSG_NOSIGNAL);
+		n = send(a->wk.guard_fd, &rec, sizeof(rec), MSG_NOSIGNAL);
 	while (n < 0 && errno == EINTR);
 }
 
@@ -449,8 +449,8 @@ static int start_guard(struct crun_agent *a)
 		close(p[1]);
 		return r;
 	}
-	a->guard_pid = pid;
-	a->guard_fd = p[1];
+	a->wk.guard_pid = pid;
+	a->wk.guard_fd = p[1];
 	return 0;
 }
 
@@ -552,13 +552,13 @@ void supervise_fini(struct crun_agent *a)
 	fd_close(a->stop_req_fd[0]);
 	fd_close(a->stop_req_fd[1]);
 	a->stop_req_fd[0] = a->stop_req_fd[1] = -1;
-	if (a->guard_fd >= 0) {
-		fd_close(a->guard_fd); /* EOF: the guard kills what is left, exits */
-		a->guard_fd = -1;
+	if (a->wk.guard_fd >= 0) {
+		fd_close(a->wk.guard_fd); /* EOF: the guard kills what is left, exits */
+		a->wk.guard_fd = -1;
 	}
-	if (a->guard_pid > 0) {
-		while (waitpid(a->guard_pid, NULL, 0) < 0 && errno == EINTR)
+	if (a->wk.guard_pid > 0) {
+		while (waitpid(a->wk.guard_pid, NULL, 0) < 0 && errno == EINTR)
 			;
-		a->guard_pid = 0;
+		a->wk.guard_pid = 0;
 	}
 }
