@@ -340,10 +340,10 @@ check-pure: $(PURE_OBJS)
 	$(Q)CC="$(CC)" sh scripts/check-pure.sh $(PURE_OBJS)
 
 # No loop of more than 4 source files calling each other (issue 24). agent/'s
-# loop (its files call back into agent.c and fsm.c) is the one known larger
+# loop (its files call back into attempt.c and fsm.c) is the one known larger
 # one: allowed at its size today, so it may only shrink.
 check-cycles: $(LIB_OBJS)
-	$(Q)/usr/bin/python3 scripts/check-cycles.py --max 4 --allow agent=14 \
+	$(Q)/usr/bin/python3 scripts/check-cycles.py --max 4 --allow agent=13 \
 		--root $(BUILD)/obj $(LIB_OBJS)
 
 # ---- demo and benchmarks -----------------------------------------------------
