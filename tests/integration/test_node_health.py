@@ -88,12 +88,13 @@ def crun(procs, out, args, cgroup=None, **extra):
     return Output(procs.spawn(argv, env=env(**extra)))
 
 
-def elastic_agent(procs, out, port, job, addr, args, nnodes="2:3", elastic=("c10d", None), **kw):
+def elastic_agent(procs, out, port, job, addr, args, nnodes="2:3", elastic=("c10d", None),
+                  conf=CONF, **kw):
     backend, ep = elastic
     job = f"{job}-{port}"  # one etcd serves every test of the module
     return crun(procs, out, [f"--nnodes={nnodes}", f"--rdzv_backend={backend}",
                              f"--rdzv_endpoint={ep or f'127.0.0.1:{port}'}",
-                             f"--rdzv_id={job}", CONF, f"--local_addr={addr}", *args], **kw)
+                             f"--rdzv_id={job}", conf, f"--local_addr={addr}", *args], **kw)
 
 
 def status_url(o):
@@ -182,16 +183,19 @@ def test_throttled_node_leaves_and_the_others_form_a_new_round(procs, out, throt
 def test_spare_takes_the_place_of_a_throttled_node(procs, out, throttle):
     """MIN 1, MAX 2: the host and the throttled node form round 0; a spare
     started once that round closed joins the host after the exclusion and
-    runs in the 2-node round the host opens."""
+    runs in the 2-node round the host opens. Rounds close at MAX only (a
+    last call that outlasts the test): with a 1 s one, the host under SAN
+    closed round 0 alone before the throttled node had joined."""
     port = free_port()
+    at_max = CONF.replace("last_call_timeout=1,", "last_call_timeout=120,")
     host = elastic_agent(procs, out, port, "spare", "127.0.0.1", ["--node_check"], nnodes="1:2",
-                NODE_HEALTH_NAME="host")
+                         conf=at_max, NODE_HEALTH_NAME="host")
     host.wait_for("joined rendezvous")
     slow = elastic_agent(procs, out, port, "spare", "127.0.0.3", ["--node_check"], nnodes="1:2",
-                cgroup=throttle, NODE_HEALTH_NAME="slow")
+                         conf=at_max, cgroup=throttle, NODE_HEALTH_NAME="slow")
     host.wait_for("round 0 complete: 2 nodes")
     spare = elastic_agent(procs, out, port, "spare", "127.0.0.2", ["--node_check"], nnodes="1:2",
-                 NODE_HEALTH_NAME="spare")
+                          conf=at_max, NODE_HEALTH_NAME="spare")
     last = final_round(out, 2)
     rc, _, err = slow.finish(120)
     assert rc == 2, err[-3000:]

@@ -137,11 +137,15 @@ elif mode == "flood":
         time.sleep(0.05)
 elif mode == "tty":
     out = sys.argv[2]
-    with open(os.path.join(out, f"{rank}.tty"), "w") as f:
+    # Written then renamed: the test reads the file as soon as it exists
+    # (SAN run: it read an empty one).
+    with open(os.path.join(out, f"{rank}.tty.tmp"), "w") as f:
         f.write(f"{sys.stdin.isatty()} {sys.stdout.isatty()}")
+    os.rename(os.path.join(out, f"{rank}.tty.tmp"), os.path.join(out, f"{rank}.tty"))
     line = input()
-    with open(os.path.join(out, f"{rank}.input"), "w") as f:
+    with open(os.path.join(out, f"{rank}.input.tmp"), "w") as f:
         f.write(line)
+    os.rename(os.path.join(out, f"{rank}.input.tmp"), os.path.join(out, f"{rank}.input"))
 elif mode == "fail_together":
     out, code = sys.argv[2], int(sys.argv[3])
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
