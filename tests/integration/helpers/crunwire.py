@@ -36,6 +36,15 @@ class Wire:
     def close(self):
         self.s.close()
 
+    def send(self, data):
+        """Sends data; a server that closed (a reset, a broken pipe) is Closed,
+        as when a read finds it gone (SAN run: a SET that ended the job took
+        its server down before the PING behind it was sent)."""
+        try:
+            self.s.sendall(data)
+        except (BrokenPipeError, ConnectionResetError) as e:
+            raise Closed(f"closed while sending: {e}") from e
+
     def recv_exact(self, n):
         buf = b""
         while len(buf) < n:
@@ -64,43 +73,43 @@ class Wire:
         """Full exchange; checks the server's proof. Raises Closed if refused."""
         nonce_s = self.challenge()
         frame, nonce_c = self.answer(secret, job, nonce_s)
-        self.s.sendall(frame)
+        self.send(frame)
         proof = self.recv_exact(36)
         want = mac(secret, b"crun-auth-v1 server", nonce_s, nonce_c, job.encode())
         assert proof == MAGIC + want, "server proof is wrong"
         return frame
 
     def hello(self):
-        self.s.sendall(VALIDATE)
+        self.send(VALIDATE)
 
     def set(self, key, val):
-        self.s.sendall(bytes([OP["SET"]]) + b(key) + b(val))
+        self.send(bytes([OP["SET"]]) + b(key) + b(val))
         self.ping()  # SET has no reply: a PING proves it was taken
 
     def ping(self):
-        self.s.sendall(bytes([OP["PING"]]) + struct.pack("<I", 7))
+        self.send(bytes([OP["PING"]]) + struct.pack("<I", 7))
         assert struct.unpack("<I", self.recv_exact(4))[0] == 7
 
     def get(self, key):
-        self.s.sendall(bytes([OP["GET"]]) + b(key))
+        self.send(bytes([OP["GET"]]) + b(key))
         n = struct.unpack("<Q", self.recv_exact(8))[0]
         return self.recv_exact(n)
 
     def add(self, key, delta):
-        self.s.sendall(bytes([OP["ADD"]]) + b(key) + struct.pack("<q", delta))
+        self.send(bytes([OP["ADD"]]) + b(key) + struct.pack("<q", delta))
         return struct.unpack("<q", self.recv_exact(8))[0]
 
     def cas(self, key, expected, desired):
-        self.s.sendall(bytes([OP["CAS"]]) + b(key) + b(expected) + b(desired))
+        self.send(bytes([OP["CAS"]]) + b(key) + b(expected) + b(desired))
         n = struct.unpack("<Q", self.recv_exact(8))[0]
         return self.recv_exact(n)
 
     def num_keys(self):
-        self.s.sendall(bytes([OP["NUMKEYS"]]))
+        self.send(bytes([OP["NUMKEYS"]]))
         return struct.unpack("<q", self.recv_exact(8))[0]
 
     def list_keys(self):
-        self.s.sendall(bytes([OP["LIST"]]))
+        self.send(bytes([OP["LIST"]]))
         n = struct.unpack("<q", self.recv_exact(8))[0]
         out = []
         for _ in range(n):
@@ -110,7 +119,7 @@ class Wire:
 
     # crun's store extension (store/store_ext.h), after hello().
     def ext_hello(self, version=5):
-        self.s.sendall(bytes([0x80]) + struct.pack("<II", 0x4352554E, version))
+        self.send(bytes([0x80]) + struct.pack("<II", 0x4352554E, version))
         return struct.unpack("<I", self.recv_exact(4))[0]
 
     def _bytes(self):
@@ -118,17 +127,17 @@ class Wire:
         return self.recv_exact(n)
 
     def try_get(self, key):
-        self.s.sendall(bytes([0x87]) + b(key))
+        self.send(bytes([0x87]) + b(key))
         found = self.recv_exact(1)[0]
         return self._bytes() if found else None
 
     def wait_any(self, keys):
-        self.s.sendall(bytes([0x86]) + struct.pack("<Q", len(keys)) + b"".join(map(b, keys)))
+        self.send(bytes([0x86]) + struct.pack("<Q", len(keys)) + b"".join(map(b, keys)))
         self.recv_exact(1)
         return struct.unpack("<Q", self.recv_exact(8))[0]
 
     def wait_any_get_with(self, keys, with_key, wait_ms=1000):
-        self.s.sendall(bytes([0x8B]) + struct.pack("<QQQ", 0, wait_ms, len(keys)) +
+        self.send(bytes([0x8B]) + struct.pack("<QQQ", 0, wait_ms, len(keys)) +
                        b"".join(map(b, keys)) + b(with_key))
         self.recv_exact(1)
         idx = struct.unpack("<Q", self.recv_exact(8))[0]
@@ -137,11 +146,11 @@ class Wire:
         return idx, val, self._bytes() if found else None
 
     def ticket(self, counter, prefix, val):
-        self.s.sendall(bytes([0x89]) + b(counter) + b(prefix) + b(val))
+        self.send(bytes([0x89]) + b(counter) + b(prefix) + b(val))
         return struct.unpack("<q", self.recv_exact(8))[0]
 
     def grant_set(self, ttl_ms, expiry_key, expiry_val, key, val):
-        self.s.sendall(bytes([0x8A]) + struct.pack("<Q", ttl_ms) + b(expiry_key) +
+        self.send(bytes([0x8A]) + struct.pack("<Q", ttl_ms) + b(expiry_key) +
                        b(expiry_val) + b(key) + b(val))
         return struct.unpack("<Q", self.recv_exact(8))[0]
 
