@@ -9,6 +9,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -498,9 +499,15 @@ static void conn_on_event(struct bufferevent *bev, short what, void *arg)
 		if (*store_tls_bev_error(bev, why, sizeof(why), &plain)) {
 			/* A plaintext client waits for a challenge or a reply that
 			 * will not come: tell it, in a way it can read, why. */
+			struct store_server *srv = c->srv;
+			int keep;
+
 			if (plain)
 				store_tls_tell_plaintext_peer(bufferevent_getfd(bev));
+			/* The socket outlives the bufferevent's close: linger.c. */
+			keep = fcntl(bufferevent_getfd(bev), F_DUPFD_CLOEXEC, 0);
 			conn_drop(c, STORE_M_DROP_TLS, why);
+			store_linger_close(srv, keep);
 			return;
 		}
 	}

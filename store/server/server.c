@@ -117,6 +117,7 @@ int store_server_new(struct event_base *base, const struct store_server_config *
 	DL_INIT(&srv->conns);
 	DL_INIT(&srv->stalled);
 	DL_INIT(&srv->preauth);
+	DL_INIT(&srv->lingering);
 	store_preauth_set_timeout(srv);
 	r = store_share_init(srv);
 	if (r < 0)
@@ -149,6 +150,7 @@ void store_server_free(struct store_server *srv)
 		return;
 	while (!DL_EMPTY(&srv->conns))
 		store_conn_close(DL_ENTRY(srv->conns.next, struct store_conn, link));
+	store_linger_free_all(srv);
 	store_ext_server_free(srv); /* leases outlive connections, not the server */
 	if (srv->lsn)
 		evconnlistener_free(srv->lsn);

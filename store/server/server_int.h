@@ -161,6 +161,10 @@ struct store_server {
 	struct dl preauth;	   /* struct store_conn.preauth_link */
 	uint32_t n_preauth;	   /* its length: they do not count in max_conns */
 	struct timeval preauth_tv; /* preauth_timeout_s, as a common timeout of base */
+	/* linger.c: sockets of clients refused in the TLS handshake, kept
+	 * open a moment so the alert is read, not reset away. */
+	struct dl lingering;
+	uint32_t n_lingering;
 };
 
 struct store_conn {
@@ -418,6 +422,12 @@ bool store_preauth_end(struct store_conn *c);
 void store_preauth_forget(struct store_conn *c);
 /* The deadline's common timeout, after store_server_new or a limit change. */
 void store_preauth_set_timeout(struct store_server *srv);
+
+/* linger.c: closes fd (a duplicate of a dropped TLS connection's socket,
+ * owned from here on) once its client has read what was sent, within a
+ * bound; store_linger_free_all closes every such socket at once. */
+void store_linger_close(struct store_server *srv, int fd);
+void store_linger_free_all(struct store_server *srv);
 
 /* ---- server_auth.c: the pre-auth gate (auth.h) ---- */
 

@@ -451,6 +451,28 @@ def test_tls_good_handshake_and_mutual_tls(procs, certs):
     assert not ok and "TLS" in err, err
 
 
+def test_mutual_tls_refusal_reaches_a_client_that_speaks_after_the_drop(procs, certs):
+    """TLS 1.3 ends the client's handshake before the server checks its
+    certificate, so a client without one speaks first and hears of the
+    refusal after. The server must close so that its alert stays readable:
+    a close with the client's records unread resets the connection, and the
+    client's next send then fails with ECONNRESET instead of naming the
+    cause (seen under load as "the server closed every connection")."""
+    p, _, port = tls_rdzvd(procs, certs, "server", "--tls-ca", certs["ca"])
+    ctx = ssl.create_default_context(cafile=certs["ca"])
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    raw = crunwire.Wire(port)
+    s = ctx.wrap_socket(raw.s, server_hostname="127.0.0.1")
+    try:
+        # The event the race needs, on purpose: the server has dropped us.
+        wait_line(p.stderr, r"dropping client .*TLS", 30)
+        s.sendall(b"\x00" * 16)  # must not meet a reset
+        with pytest.raises(ssl.SSLError, match="CERTIFICATE_REQUIRED"):
+            s.recv(1)
+    finally:
+        s.close()
+
+
 @pytest.mark.parametrize("leaf,trust,why", [
     ("server", "other_ca", "not trusted"),          # wrong CA
     ("foreign", "ca", "not trusted"),               # server cert from another CA
