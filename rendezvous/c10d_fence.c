@@ -14,6 +14,7 @@
  * no answer within a heartbeat) leaves it at the TTL.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <netdb.h>
 #include <stdio.h>
 #include <string.h>
@@ -50,6 +51,8 @@ static void probe_end(struct c10d_fence *f, int err)
 	f->probe_fd = -1;
 	if (err == ECONNREFUSED)
 		f->down_ms = clock_now_ms();
+	log_at(LL_DEBUG, SUB_RDZV, "fence: the renewal is overdue; a connect to the store: %s",
+	       err ? strerror(err) : "accepted");
 	f->probed = true;
 	check(f);
 }
@@ -103,11 +106,21 @@ static void check(struct c10d_fence *f)
 		return;
 	}
 	if (now >= due) {
+		log_at(LL_DEBUG, SUB_RDZV,
+		       "fence: last renewal %" PRIu64 " ms ago, last refusal %" PRIu64 " ms ago",
+		       now - kept, f->down_ms ? now - f->down_ms : 0);
 		f->on = false;
 		f->on_fence(f->arg);
 		return;
 	}
-	arm(f, MIN(due - now, now >= kept + 2ull * f->hb_ms ? f->hb_ms : due - now));
+	/* Overdue: the next probe a heartbeat on. Not yet: wake when it
+	 * becomes overdue, not only at the deadline - a store that is down
+	 * for a moment and back by then was never seen refusing, and the
+	 * fence would fire at the TTL although that store ended no lease. */
+	if (now >= kept + 2ull * f->hb_ms)
+		arm(f, MIN(due - now, f->hb_ms));
+	else
+		arm(f, MIN(due, kept + 2ull * f->hb_ms) - now);
 }
 
 static void fence_on_timer(evutil_socket_t fd, short what, void *arg)

@@ -51,7 +51,8 @@ struct client_conn {
 	/* The text of the server's last ERROR reply (store_ext.h, version 6):
 	 * a write refused because a budget or a share of one was full. */
 	char full[STORE_EXT_ERROR_TEXT_MAX + 1];
-	int broke_r; /* and its code */
+	int broke_r;	   /* and its code */
+	uint64_t broke_ms; /* and when (clock_now_ms), for GONE_MS */
 	/* Buffered reader: bytes [rpos, rlen) of rbuf are received, unparsed. */
 	uint8_t *rbuf;
 	size_t rcap, rpos, rlen;

@@ -74,6 +74,7 @@ int client_set_err(struct client_conn *c, int r, const char *op, const void *key
 	if (c->broken && !c->broke[0]) {
 		memcpy(c->broke, c->err, sizeof(c->broke) - 1);
 		c->broke_r = r;
+		c->broke_ms = clock_now_ms();
 	}
 	log_at(LL_DEBUG, SUB_STORE, "%s", c->err);
 	return r;

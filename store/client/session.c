@@ -76,6 +76,7 @@ int client_lost(struct client_conn *c, int r, const char *name, const struct sto
 				      tries);
 	(void)snprintf(c->broke, sizeof(c->broke), "%s: %s", name, client_cause(c, r));
 	c->broke_r = r;
+	c->broke_ms = clock_now_ms();
 	return client_revive(c, name, deadline);
 }
 
@@ -464,7 +465,11 @@ int client_revive(struct client_conn *c, const char *name, uint64_t deadline)
 	/* its PING reply clears ulen: restored below */
 	r = conn_dial(c, d, false,
 		      c->broke_r == CRUN_ECLOSED || c->broke_r == CRUN_EPIPE
-			  ? client_deadline(GONE_MS) /* the server closed in order */
+			  /* The server closed in order: it has GONE_MS from the
+			   * loss, not from each call, to take dials again; a
+			   * caller whose calls are shorter than that (a waiter
+			   * between heartbeats) hears of the refusal too. */
+			  ? c->broke_ms + GONE_MS
 			  : NO_DEADLINE);
 	if (r == 0 && c->ext_used)
 		r = ext_reopen(c, d);

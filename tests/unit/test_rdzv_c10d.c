@@ -1421,6 +1421,8 @@ struct fence_t {
 	struct event_base *base;
 	uint64_t kept; /* the last renewal the fence is told about */
 	int checks, fenced;
+	uint64_t fenced_ms; /* when it fired */
+	int listen_fd;	    /* fence_t_back: starts listening on it */
 };
 
 static uint64_t fence_t_kept(void *arg)
@@ -1437,7 +1439,20 @@ static void fence_t_on(void *arg)
 	struct fence_t *t = arg;
 
 	t->fenced++;
+	t->fenced_ms = clock_now_ms();
 	event_base_loopbreak(t->base);
+}
+
+/* A fence on its own loop, TTL 200 ms, heartbeat 20 ms, renewed just now,
+ * probing 127.0.0.1:port. */
+static void fence_t_begin(struct fence_t *t, struct c10d_fence *f, uint16_t port)
+{
+	t->base = event_base_new();
+	ck_assert_ptr_nonnull(t->base);
+	t->kept = clock_now_ms();
+	ck_assert_int_eq(
+	    c10d_fence_init(f, t->base, "127.0.0.1", port, fence_t_kept, fence_t_on, t), 0);
+	c10d_fence_start(f, 200, 20);
 }
 
 /* A lease unrenewed for a TTL: with the store's address answering (_i 0:
@@ -1460,13 +1475,7 @@ START_TEST(fence_fires_unless_the_store_refuses)
 		ck_assert_int_eq(listen(fd, 4), 0);
 	else
 		close(fd); /* a port nobody listens on: refused */
-	t.base = event_base_new();
-	ck_assert_ptr_nonnull(t.base);
-	t.kept = clock_now_ms();
-	ck_assert_int_eq(c10d_fence_init(&f, t.base, "127.0.0.1", ntohs(sa.sin_port), fence_t_kept,
-					 fence_t_on, &t),
-			 0);
-	c10d_fence_start(&f, 200, 20);
+	fence_t_begin(&t, &f, ntohs(sa.sin_port));
 	ck_assert_int_eq(event_base_dispatch(t.base), 0);
 	ck_assert_int_eq(t.fenced, _i == 0 ? 1 : 0);
 	if (_i == 1)
@@ -1478,6 +1487,51 @@ START_TEST(fence_fires_unless_the_store_refuses)
 }
 END_TEST
 
+static void fence_t_back(evutil_socket_t fd, short what, void *arg)
+{
+	struct fence_t *t = arg;
+
+	(void)fd;
+	(void)what;
+	ck_assert_int_eq(listen(t->listen_fd, 4), 0);
+}
+
+/* The store refuses (down) from the last renewal until shortly before the
+ * TTL, then answers again (crun-rdzvd restarted quickly) while the lease is
+ * not renewed yet: the fence must have seen the refusal, and gives the
+ * members the time they wait for each other from it. Failed before: the
+ * first probe came at the TTL, found the store back, and fenced at once. */
+START_TEST(fence_sees_a_store_that_was_down_before_the_ttl)
+{
+	struct fence_t t = {0};
+	struct c10d_fence f;
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	socklen_t len = sizeof(sa);
+	struct timeval back = {0, 150 * 1000}; /* the TTL is 200 ms */
+	struct event *ev;
+
+	/* Bound, not listening: connects are refused, then listen() is the
+	 * restart, on the same port. */
+	t.listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	ck_assert_int_ge(t.listen_fd, 0);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	ck_assert_int_eq(bind(t.listen_fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(getsockname(t.listen_fd, (struct sockaddr *)&sa, &len), 0);
+	fence_t_begin(&t, &f, ntohs(sa.sin_port));
+	ev = evtimer_new(t.base, fence_t_back, &t);
+	ck_assert_ptr_nonnull(ev);
+	ck_assert_int_eq(evtimer_add(ev, &back), 0);
+	ck_assert_int_eq(event_base_dispatch(t.base), 0);
+	ck_assert_msg(f.down_ms > 0, "the fence never saw the store refuse (fenced: %d)", t.fenced);
+	if (t.fenced) /* only once the members' wait after the refusal passed */
+		ck_assert_uint_ge(t.fenced_ms, c10d_fence_deadline(t.kept, f.down_ms, 200, 20));
+	event_free(ev);
+	c10d_fence_release(&f);
+	event_base_free(t.base);
+	close(t.listen_fd);
+}
+END_TEST
+
 static void add_restart_tests(Suite *s)
 {
 	TCase *tc = tcase_create("store_restart");
@@ -1485,6 +1539,7 @@ static void add_restart_tests(Suite *s)
 	tcase_add_loop_test(tc, round_forms_after_the_store_restarts, 0, 2);
 	tcase_add_test(tc, fence_deadline_is_a_ttl_after_the_last_renewal);
 	tcase_add_loop_test(tc, fence_fires_unless_the_store_refuses, 0, 2);
+	tcase_add_test(tc, fence_sees_a_store_that_was_down_before_the_ttl);
 	tcase_set_timeout(tc, 30);
 	suite_add_tcase(s, tc);
 }

@@ -523,6 +523,35 @@ START_TEST(a_closed_port_times_out_after_retrying)
 }
 END_TEST
 
+/* A server that closed in order (crun-rdzvd killed: its kernel sends FIN)
+ * and then refuses dials has GONE_MS from the loss to come back; after that
+ * a call hears "refused" even if each call is shorter than GONE_MS (an agent
+ * waiting between 300 ms heartbeats). Failed before: the grace restarted at
+ * each call, so every call ended CRUN_ETIMEDOUT, which a waiter reads as
+ * "nothing happened yet", and the outage was never noticed. */
+START_TEST(a_server_gone_in_order_is_refused_a_grace_after_the_loss)
+{
+	struct peer p = {0};
+	crun_store_t *s;
+	void *val = NULL;
+	size_t len = 0;
+	int fd, r = CRUN_ETIMEDOUT, calls = 0;
+
+	peer_listen(&p);
+	s = open_rc(p.port, CRUN_STORE_V1, NULL, 5000, 200, 10000);
+	fd = accept4(p.lfd, NULL, NULL, SOCK_CLOEXEC);
+	ck_assert_int_ge(fd, 0);
+	close(fd);    /* FIN: gone in order */
+	close(p.lfd); /* and refusing from now on */
+	/* Bounded: 40 calls of 200 ms are 8 s, GONE_MS is 1 s. */
+	for (; calls < 40 && r == CRUN_ETIMEDOUT; calls++)
+		r = crun_store_get(s, "k", 200, &val, &len);
+	ck_assert_msg(r == CRUN_ECONNREFUSED, "after %d calls: %s (%s)", calls, crun_err_name(r),
+		      crun_store_last_error(s));
+	crun_store_close(s);
+}
+END_TEST
+
 START_TEST(a_listener_that_never_answers_ping_times_out)
 {
 	struct peer p = {0};
@@ -685,6 +714,7 @@ Suite *store_client_wire_suite(void)
 	suite_add_tcase(s, tt);
 	tcase_set_timeout(tn, 20);
 	tcase_add_loop_test(tn, a_closed_port_times_out_after_retrying, 0, 2);
+	tcase_add_test(tn, a_server_gone_in_order_is_refused_a_grace_after_the_loss);
 	tcase_add_test(tn, a_listener_that_never_answers_ping_times_out);
 	tcase_add_test(tn, open_retries_until_the_server_appears);
 	suite_add_tcase(s, tn);
@@ -1385,8 +1415,8 @@ Suite *store_client_e2e_suite(void)
 	tcase_add_test(tc, v1_wait_timeout_closes_the_connection_and_the_next_call_redials);
 	tcase_add_test(tc, large_values_round_trip);
 	tcase_add_loop_test(tc, a_reset_connection_is_redialed_and_idempotent_ops_go_on, 0, 2);
-	tcase_add_loop_test(tc, a_non_idempotent_op_in_flight_fails_clearly_and_is_not_applied_twice,
-			    0, 2);
+	tcase_add_loop_test(
+	    tc, a_non_idempotent_op_in_flight_fails_clearly_and_is_not_applied_twice, 0, 2);
 	tcase_add_test(tc, without_reconnect_ms_a_lost_connection_stays_lost);
 	tcase_add_loop_test(tc, a_wait_in_flight_during_a_reset_is_registered_again, 0, 2);
 	tcase_add_test(tc, a_lease_survives_a_reset_and_is_reattached);
