@@ -70,7 +70,7 @@ LIBS = $(DEP_LIBS) -lm -ldl
 # itself and which the SDK dlopens (kernels/cuda_load.c).
 # A module may keep its parts in subfolders (store/client/, store/server/ ...):
 # one level deep, picked up here, by lint and by check-layers.sh.
-MODULES := common store rendezvous agent worker_sdk kernels
+MODULES := common store rendezvous service agent worker_sdk kernels
 GPU_C_SRCS := $(wildcard worker_sdk/nccl*.c)
 LIB_SRCS := $(filter-out $(GPU_C_SRCS),$(foreach m,$(MODULES),$(wildcard $(m)/*.c $(m)/*/*.c)))
 CU_SRCS := $(wildcard kernels/*.cu)

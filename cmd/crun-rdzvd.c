@@ -305,7 +305,7 @@ struct daemon {
 	struct event_base *base;
 	struct store_server *srv;
 	struct daemon_opts *opts;
-	struct agent_service svc; /* notify socket, watchdog, SIGHUP */
+	struct service svc; /* notify socket, watchdog, SIGHUP */
 	struct agent_status *status;
 };
 
@@ -466,7 +466,7 @@ static int daemon_start(struct daemon *d)
 {
 	int r;
 
-	r = agent_service_start(&d->svc, d->base, environ, on_reload, on_tick, d);
+	r = service_start(&d->svc, d->base, environ, on_reload, on_tick, d);
 	if (r < 0)
 		return r;
 	if (d->opts->status) {
@@ -493,7 +493,7 @@ static int daemon_start(struct daemon *d)
 static void daemon_stop(struct daemon *d)
 {
 	agent_status_stop(d->status);
-	agent_service_stop(&d->svc);
+	service_stop(&d->svc);
 }
 
 /* Loads the secrets the flags name into a table (NULL: none) and enforces
