@@ -12,8 +12,8 @@
  *   errfile.c    error files, failure records, the root-cause summary (failures.h)
  *   env.c        worker environment and argv
  *   cli*.c       the option table: command line, JSON config, env -> config
- *   daemon.c     crun-agent as a service (notify protocol, SIGHUP reload)
- *   status.c     the status page (/healthz, /status, /jobs, /metrics)
+ *   daemon.c     crun-agent as a service (STATUS= lines, SIGHUP reload; service/)
+ *   status.c     the agent's part of the status page (service/status.c)
  *   ctl.c        crunctl's client of the status pages
  *   heartbeat.c  --worker_heartbeat_timeout
  *   orphans.c    stopping what workers leave behind (when crun is the subreaper)
@@ -404,46 +404,31 @@ int agent_daemon_stop_signal(const struct crun_agent *a);
  * err; for --print-config, which must not say yes to a config that cannot run. */
 int agent_daemon_check(const struct cli *c, char *const *env, char *err, size_t cap);
 
-/* ---- status.c: GET /healthz, /status, /jobs (JSON), /metrics (Prometheus) ------ */
+/* ---- status.c: the agent's status page (service/'s page, this agent's job) ------- */
 
+/* The page itself (routes, watchers, store counters) is service/status.c's;
+ * agent/status.c feeds it the agent's job through struct status_source and
+ * counts the workers' exit codes. */
 struct agent_status;
 /* Serves the page on `listen` ("ADDR:PORT", port 0: any free one) on base.
  * CRUN_EINVAL (bad address), CRUN_EADDRINUSE (cannot bind), CRUN_ENOMEM. */
 int agent_status_start(struct event_base *base, const char *listen, struct agent_status **ret);
 void agent_status_attach(struct agent_status *s, struct crun_agent *a); /* s NULL: no-op */
-/* A store server whose counters /metrics adds (crun-rdzvd's; an agent's own
- * store is added by itself), and into which GET /stacks?rdzv_id=J posts an
- * ask of job J's board (rdzv.h). Borrowed; s NULL: no-op. */
-void agent_status_attach_store(struct agent_status *s, struct store_server *srv);
-const char *agent_status_addr(const struct agent_status *s); /* "127.0.0.1:8123" */
-void agent_status_stop(struct agent_status *s);		     /* NULL: no-op */
+const char *agent_status_addr(const struct agent_status *s);		/* "127.0.0.1:8123" */
+void agent_status_stop(struct agent_status *s);				/* NULL: no-op */
 /* The bodies, malloc'd (NULL on OOM); a NULL agent gives the bare page. */
 char *agent_status_json(const struct crun_agent *a, const struct store_server *srv);
 /* {"jobs": [...]}: the agent's job, or the c10d jobs whose keys srv holds. */
 char *agent_status_jobs_json(const struct crun_agent *a, const struct store_server *srv);
-/* exits: STATUS_EXIT_CODES counters of worker exit codes, or NULL. With srv
- * (crun-rdzvd's page) crun_rdzvd_up and its store's crun_store_* labelled
+/* exits: 256 counters of worker exit codes, or NULL. With srv (crun-rdzvd's
+ * page) crun_rdzvd_up and its store's crun_store_* labelled
  * store="rendezvous"; else crun_agent_up and a's store as store="worker". */
 char *agent_status_metrics(const struct crun_agent *a, const struct store_server *srv,
 			   const uint64_t *exits, uint64_t uptime_ms);
 /* Call from the agent's state callback: counts the exit codes of each
- * attempt that ends (crun_agent_worker_exits_total). s NULL: no-op. */
+ * attempt that ends (crun_agent_worker_exits_total) and moves the page's
+ * version on. s NULL: no-op. */
 void agent_status_on_state(struct agent_status *s, crun_agent_state_t st);
-/* Issue 26. {"usage": [{"job", "used", "limit", "refused"}]}: what each job
- * (run id; "" keys of no known job) holds of srv's key space, its share of
- * each budget and its refused writes, each an object of the budgets
- * ("keys", "key_bytes", "value_bytes", "waiters"); malloc'd, NULL on OOM.
- * crun-rdzvd's GET /usage (status_usage.c). */
-char *agent_status_usage_json(const struct store_server *srv);
-/* Turns on POST /drop?job=J on s: it deletes job J's keys of srv
- * (store_server_drop_job) for a request whose "Authorization" header is
- * "Bearer " then token's bytes (compared in constant time); any other gets
- * 401 and a WARN line. Without this call /drop answers 403. srv is borrowed
- * (must outlive s), token copied. 0, CRUN_EINVAL (a token holding a byte a
- * header cannot carry) or CRUN_ENOMEM. */
-struct store_auth_secret;
-int agent_status_allow_drop(struct agent_status *s, struct store_server *srv,
-			    const struct store_auth_secret *token);
 
 /* ---- timerfile.c: torchrun's expiry timers (TORCHELASTIC_TIMER_FILE) ---------- */
 
@@ -499,7 +484,7 @@ int agent_ctl_read_state(const char *json, struct agent_ctl_state *ret);
 int agent_ctl_print_status(FILE *out, const char *json);
 int agent_ctl_print_jobs(FILE *out, const char *json);
 /* The /usage JSON as a table: JOB KEYS KEY_BYTES VALUE_BYTES WAITERS REFUSED
- * (status_usage.c); CRUN_EPROTO for something else. */
+ * (ctl_usage.c); CRUN_EPROTO for something else. */
 int agent_ctl_print_usage(FILE *out, const char *json);
 
 /* ---- slurm.c: defaults from a Slurm allocation --------------------------------- */
