@@ -1,7 +1,10 @@
-/* cli_text.c: what the option table prints: --help, shell completion scripts
- * (bash, zsh, tcsh, as torchrun's --print-completion) and the JSON schema of
- * crun-agent's config. Everything is derived from cli_opts[], so a new row
- * shows up in all of them at once.
+/* cli_text.c: what the option table prints: --help, the man page, shell
+ * completion scripts (bash, zsh, tcsh, as torchrun's --print-completion) and
+ * the JSON schema of crun-agent's config. Everything is derived from
+ * cli_opts[], so a new row shows up in all of them at once; the row printers
+ * are service/'s (cli_print.c ...), which crun-rdzvd's and crunctl's rows
+ * share. What is crun's own stays here: the sections, the environment and
+ * the texts no row holds.
  */
 #include <stdio.h>
 #include <stdlib.h>
