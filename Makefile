@@ -70,7 +70,7 @@ LIBS = $(DEP_LIBS) -lm -ldl
 # itself and which the SDK dlopens (kernels/cuda_load.c).
 # A module may keep its parts in subfolders (store/client/, store/server/ ...):
 # one level deep, picked up here, by lint and by check-layers.sh.
-MODULES := common store rendezvous agent worker_sdk kernels
+MODULES := common store rendezvous service agent worker_sdk kernels
 GPU_C_SRCS := $(wildcard worker_sdk/nccl*.c)
 LIB_SRCS := $(filter-out $(GPU_C_SRCS),$(foreach m,$(MODULES),$(wildcard $(m)/*.c $(m)/*/*.c)))
 CU_SRCS := $(wildcard kernels/*.cu)
@@ -114,7 +114,8 @@ TEST_HELPERS := $(patsubst tests/helpers/%.c,$(BUILD)/tests/helpers/%,$(wildcard
 # LD_PRELOAD shims for integration tests (clock steps and the like).
 TEST_HELPERS += $(patsubst tests/preload/%.c,$(BUILD)/tests/preload/%.so,$(wildcard tests/preload/*.c))
 
-.PHONY: all test unit integration fuzz fuzz-run lint check-layers check-pure check-cycles demo bench clean \
+.PHONY: all test unit integration fuzz fuzz-run lint check-layers check-pure check-cycles \
+	check-rdzvd-deps demo bench clean \
 	test-deps gpu-test gpu-check print-config install uninstall deb deb-check bench-scale flake-hunt
 all: $(PROGS) $(LIBA) $(LIBSO) $(EXAMPLES) $(BENCHES) $(BUILD)/crun.pc $(CUDA_TARGETS)
 	@echo "built crun (WITH_CUDA=$(WITH_CUDA), SAN=$(SAN)) under $(BUILD)/"
@@ -325,7 +326,7 @@ endif
 # ---- lint --------------------------------------------------------------------
 SRC_ALL := $(filter-out build%,$(wildcard */*.c */*.h include/crun/*.h tests/*/*.c \
 	$(foreach m,$(MODULES),$(m)/*/*.c $(m)/*/*.h)))
-lint: check-layers check-pure check-cycles
+lint: check-layers check-pure check-cycles check-rdzvd-deps
 	$(Q)clang-format --dry-run --Werror $(filter-out tests/%,$(SRC_ALL))
 	$(Q)cppcheck --quiet --error-exitcode=1 --enable=warning,performance,portability \
 		--suppress=missingIncludeSystem --inline-suppr -I. -Iinclude \
@@ -343,8 +344,14 @@ check-pure: $(PURE_OBJS)
 # loop (its files call back into attempt.c and fsm.c) is the one known larger
 # one: allowed at its size today, so it may only shrink.
 check-cycles: $(LIB_OBJS)
-	$(Q)/usr/bin/python3 scripts/check-cycles.py --max 4 --allow agent=13 \
+	$(Q)/usr/bin/python3 scripts/check-cycles.py --max 4 --allow agent=12 \
 		--root $(BUILD)/obj $(LIB_OBJS)
+
+# crun-rdzvd links nothing from agent/ (issue 24): what its object calls,
+# and what that calls in turn, is found in the library's objects as the
+# linker would; an object under agent/ reached so fails, with the call.
+check-rdzvd-deps: $(BUILD)/obj/cmd/crun-rdzvd.o $(LIB_OBJS)
+	$(Q)/usr/bin/python3 scripts/check-links.py --forbid agent --root $(BUILD)/obj $^
 
 # ---- demo and benchmarks -----------------------------------------------------
 demo: all

@@ -12,8 +12,8 @@
  *   errfile.c    error files, failure records, the root-cause summary (failures.h)
  *   env.c        worker environment and argv
  *   cli*.c       the option table: command line, JSON config, env -> config
- *   daemon.c     crun-agent as a service (notify protocol, SIGHUP reload)
- *   status.c     the status page (/healthz, /status, /jobs, /metrics)
+ *   daemon.c     crun-agent as a service (STATUS= lines, SIGHUP reload; service/)
+ *   status.c     the agent's part of the status page (service/status.c)
  *   ctl.c        crunctl's client of the status pages
  *   heartbeat.c  --worker_heartbeat_timeout
  *   orphans.c    stopping what workers leave behind (when crun is the subreaper)
@@ -39,6 +39,7 @@
 #include "agent/failures.h"
 #include "agent/outputs.h"
 #include "agent/workers.h"
+#include "service/service.h"
 
 struct event_base;
 struct event;
@@ -306,10 +307,6 @@ char **env_argv_subst(char *const *argv, int local_rank);
 
 /* The parsed command line (and JSON config); owns every string the config
  * points to. The option table is agent/cli_int.h. */
-/* crun, crun-agent (--config): cli_opts; crun-rdzvd, crunctl: their own rows
- * (cli_daemons.c), printed by the same code (cli_text.c, cli_doc.c). */
-enum cli_prog { CLI_CRUN, CLI_AGENT, CLI_RDZVD, CLI_CTL };
-
 struct cli {
 	crun_agent_config_t cfg;
 	char **argv; /* worker command */
@@ -356,89 +353,9 @@ char *cli_help_new(enum cli_prog prog);
 /* A completion script for shell "bash", "zsh" or "tcsh"; malloc'd, NULL for
  * another shell or OOM. */
 char *cli_completion_new(enum cli_prog prog, const char *shell);
-/* A JSON config read as flags, for programs whose options are a getopt
- * table (crun-rdzvd): each leaf at a known dotted path becomes "--flag=value"
- * in *ret_argv (NULL-terminated, *ret_argc entries; free each and the array),
- * to be parsed before the command line's flags so that those win. Unknown
- * keys, wrong types and unreadable files are CRUN_EINVAL with err naming the
- * file and the path; "$comment" keys are skipped. */
-struct cli_json_flag {
-	const char *json; /* "limits.max-keys" */
-	const char *flag; /* "max-keys" */
-	bool number;	  /* a whole number, else a string */
-};
-int cli_json_flags(const char *path, const struct cli_json_flag *table, size_t n, char ***ret_argv,
-		   int *ret_argc, char *err, size_t err_cap);
 /* The man page of `prog` (roff, section 1) from the option table; malloc'd. */
 char *cli_man_new(enum cli_prog prog);
 
-/* ---- cli_doc.c: crun-rdzvd's and crunctl's rows (cli_daemons.c) ------------------ */
-
-/* crun-rdzvd's rows, in --help order; CLI_RD_LIMIT + i is the store's tunable i
- * (store_server_limits()), named as its flag. */
-enum cli_rd_opt {
-	CLI_RD_HOST,
-	CLI_RD_PORT,
-	CLI_RD_BACKLOG,
-	CLI_RD_LOG_LEVEL,
-	CLI_RD_STATUS,
-	CLI_RD_CONFIG,
-	CLI_RD_PRINT_SCHEMA,
-	CLI_RD_EXT_VERSION,
-	CLI_RD_HELP,
-	CLI_RD_VERSION,
-	CLI_RD_PRINT_MAN,
-	CLI_RD_PRINT_COMPLETION,
-	CLI_RD_AUTH_FILE,
-	CLI_RD_AUTH_DIR,
-	CLI_RD_INSECURE,
-	CLI_RD_ADMIN_TOKEN,
-	CLI_RD_TLS_CERT,
-	CLI_RD_TLS_KEY,
-	CLI_RD_TLS_CA,
-	CLI_RD_TLS_MIN,
-	CLI_RD_LIMIT,
-};
-/* crunctl's rows, in --help order. */
-enum cli_ctl_opt {
-	CLI_CTL_ENDPOINT,
-	CLI_CTL_RDZV_ID,
-	CLI_CTL_JSON,
-	CLI_CTL_INTERVAL,
-	CLI_CTL_COUNT,
-	CLI_CTL_TIMEOUT,
-	CLI_CTL_RANK,
-	CLI_CTL_JOB,
-	CLI_CTL_TOKEN_FILE,
-	CLI_CTL_ALL,
-	CLI_CTL_HELP,
-	CLI_CTL_VERSION,
-	CLI_CTL_PRINT_MAN,
-	CLI_CTL_PRINT_COMPLETION,
-	CLI_CTL__MAX,
-};
-/* A crunctl command, for its --help, man page and completion. */
-struct cli_command {
-	const char *name;
-	const char *help;
-};
-/* getopt_long's value for row id (short names are their own characters). */
-#define CLI_GETOPT_VAL(id) (0x100 + (id))
-struct option;
-/* getopt_long's tables for prog's rows (CLI_RDZVD or CLI_CTL): *ret_longs with
- * every spelling (a name with '_' also with '-'), .val CLI_GETOPT_VAL(id), and
- * *ret_shorts ("H:p:h"); both malloc'd (free them). 0 or CRUN_ENOMEM. */
-int cli_getopt_new(enum cli_prog prog, struct option **ret_longs, char **ret_shorts);
-/* The row id getopt_long returned c for, or -1 (':' and '?'). */
-int cli_getopt_id(enum cli_prog prog, int c);
-/* --config's keys: every row of prog with a JSON path, for cli_json_flags
- * (malloc'd, *ret_n rows; its strings are static). 0 or CRUN_ENOMEM. */
-int cli_config_flags_new(enum cli_prog prog, struct cli_json_flag **ret, size_t *ret_n);
-/* What the rows print, for CLI_RDZVD and CLI_CTL (cmds: crunctl's commands,
- * or NULL): kind "help", "man", "schema" or a shell ("bash", "zsh", "tcsh").
- * malloc'd; NULL for an unknown kind or OOM. */
-char *cli_doc_new(enum cli_prog prog, const char *kind, const struct cli_command *cmds,
-		  size_t ncmds);
 /* The JSON schema (draft 2020-12) of crun-agent's config; malloc'd. */
 char *cli_schema_new(void);
 /* Every resolved setting of a parse as a JSON object keyed by JSON path
@@ -451,27 +368,6 @@ void cli_changes(const struct cli *was, const struct cli *now, char *live, size_
 		 char *restart, size_t restart_cap);
 
 /* ---- daemon.c: crun-agent as a service ---------------------------------------- */
-
-/* The service half both daemons share: systemd's notify socket, the watchdog
- * ping at half $WATCHDOG_USEC (then on_tick, e.g. a fresh STATUS=, may be
- * NULL), and SIGHUP, which sends RELOADING=1 and calls on_reload (which ends
- * with READY=1). Embedded by its owner; everything on `base`'s loop. */
-struct notify;
-struct agent_service {
-	struct notify *notify;		 /* NULL when not under systemd: sends are no-ops */
-	struct event *watchdog, *sighup; /* watchdog: also STATUS= ticks */
-	bool wd;			 /* WATCHDOG_USEC is set: ping */
-	bool stopping;			 /* STOPPING=1 sent: nothing follows it */
-	void (*on_reload)(void *arg);
-	void (*on_tick)(void *arg);
-	void *arg;
-};
-int agent_service_start(struct agent_service *s, struct event_base *base, char *const *env,
-			void (*on_reload)(void *arg), void (*on_tick)(void *arg), void *arg);
-/* Sends STOPPING=1 once: the service's last word (a STATUS= after it would
- * contradict the stop systemd shows). */
-void agent_service_stopping(struct agent_service *s);
-void agent_service_stop(struct agent_service *s); /* STOPPING=1 unless sent */
 
 struct agent_daemon;
 /* Speaks systemd's notify protocol ($NOTIFY_SOCKET: READY=1 once workers run,
@@ -508,46 +404,31 @@ int agent_daemon_stop_signal(const struct crun_agent *a);
  * err; for --print-config, which must not say yes to a config that cannot run. */
 int agent_daemon_check(const struct cli *c, char *const *env, char *err, size_t cap);
 
-/* ---- status.c: GET /healthz, /status, /jobs (JSON), /metrics (Prometheus) ------ */
+/* ---- status.c: the agent's status page (service/'s page, this agent's job) ------- */
 
+/* The page itself (routes, watchers, store counters) is service/status.c's;
+ * agent/status.c feeds it the agent's job through struct status_source and
+ * counts the workers' exit codes. */
 struct agent_status;
 /* Serves the page on `listen` ("ADDR:PORT", port 0: any free one) on base.
  * CRUN_EINVAL (bad address), CRUN_EADDRINUSE (cannot bind), CRUN_ENOMEM. */
 int agent_status_start(struct event_base *base, const char *listen, struct agent_status **ret);
 void agent_status_attach(struct agent_status *s, struct crun_agent *a); /* s NULL: no-op */
-/* A store server whose counters /metrics adds (crun-rdzvd's; an agent's own
- * store is added by itself), and into which GET /stacks?rdzv_id=J posts an
- * ask of job J's board (rdzv.h). Borrowed; s NULL: no-op. */
-void agent_status_attach_store(struct agent_status *s, struct store_server *srv);
-const char *agent_status_addr(const struct agent_status *s); /* "127.0.0.1:8123" */
-void agent_status_stop(struct agent_status *s);		     /* NULL: no-op */
+const char *agent_status_addr(const struct agent_status *s);		/* "127.0.0.1:8123" */
+void agent_status_stop(struct agent_status *s);				/* NULL: no-op */
 /* The bodies, malloc'd (NULL on OOM); a NULL agent gives the bare page. */
 char *agent_status_json(const struct crun_agent *a, const struct store_server *srv);
 /* {"jobs": [...]}: the agent's job, or the c10d jobs whose keys srv holds. */
 char *agent_status_jobs_json(const struct crun_agent *a, const struct store_server *srv);
-/* exits: STATUS_EXIT_CODES counters of worker exit codes, or NULL. With srv
- * (crun-rdzvd's page) crun_rdzvd_up and its store's crun_store_* labelled
+/* exits: 256 counters of worker exit codes, or NULL. With srv (crun-rdzvd's
+ * page) crun_rdzvd_up and its store's crun_store_* labelled
  * store="rendezvous"; else crun_agent_up and a's store as store="worker". */
 char *agent_status_metrics(const struct crun_agent *a, const struct store_server *srv,
 			   const uint64_t *exits, uint64_t uptime_ms);
 /* Call from the agent's state callback: counts the exit codes of each
- * attempt that ends (crun_agent_worker_exits_total). s NULL: no-op. */
+ * attempt that ends (crun_agent_worker_exits_total) and moves the page's
+ * version on. s NULL: no-op. */
 void agent_status_on_state(struct agent_status *s, crun_agent_state_t st);
-/* Issue 26. {"usage": [{"job", "used", "limit", "refused"}]}: what each job
- * (run id; "" keys of no known job) holds of srv's key space, its share of
- * each budget and its refused writes, each an object of the budgets
- * ("keys", "key_bytes", "value_bytes", "waiters"); malloc'd, NULL on OOM.
- * crun-rdzvd's GET /usage (status_usage.c). */
-char *agent_status_usage_json(const struct store_server *srv);
-/* Turns on POST /drop?job=J on s: it deletes job J's keys of srv
- * (store_server_drop_job) for a request whose "Authorization" header is
- * "Bearer " then token's bytes (compared in constant time); any other gets
- * 401 and a WARN line. Without this call /drop answers 403. srv is borrowed
- * (must outlive s), token copied. 0, CRUN_EINVAL (a token holding a byte a
- * header cannot carry) or CRUN_ENOMEM. */
-struct store_auth_secret;
-int agent_status_allow_drop(struct agent_status *s, struct store_server *srv,
-			    const struct store_auth_secret *token);
 
 /* ---- timerfile.c: torchrun's expiry timers (TORCHELASTIC_TIMER_FILE) ---------- */
 
@@ -603,7 +484,7 @@ int agent_ctl_read_state(const char *json, struct agent_ctl_state *ret);
 int agent_ctl_print_status(FILE *out, const char *json);
 int agent_ctl_print_jobs(FILE *out, const char *json);
 /* The /usage JSON as a table: JOB KEYS KEY_BYTES VALUE_BYTES WAITERS REFUSED
- * (status_usage.c); CRUN_EPROTO for something else. */
+ * (ctl_usage.c); CRUN_EPROTO for something else. */
 int agent_ctl_print_usage(FILE *out, const char *json);
 
 /* ---- slurm.c: defaults from a Slurm allocation --------------------------------- */

@@ -482,7 +482,7 @@ static int apply_rows(struct cli *c, struct cli_ctx *x, enum cli_src min_src)
 			continue;
 		TRY(check_value(c, x, (enum cli_id)k, v));
 		if (cli_opts[k].apply)
-			TRY(cli_opts[k].apply(c, x, (enum cli_id)k, v));
+			TRY(cli_opts[k].apply(c, x, k, v));
 	}
 	return 0;
 }

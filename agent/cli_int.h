@@ -1,8 +1,10 @@
 /* cli_int.h: crun's one option table, shared by the files that read it
  * (agent/ only): cli_table.c declares the table and what each row does,
  * cli.c runs the loop that resolves and applies values, cli_text.c prints
- * --help, man pages, shell completions and the JSON schema from it, and
- * cli_json.c reads a JSON config file into it. Nothing else lists options:
+ * --help, man pages, shell completions and the JSON schema from it (with
+ * service/'s row printers, which crun-rdzvd's and crunctl's rows share), and
+ * cli_json.c reads a JSON config file into it. The row type is
+ * service/service.h's struct cli_opt. Nothing else lists options:
  * a setting added here is a flag (both spellings), an environment alias, a
  * JSON key, a --help line and a completion at once.
  */
@@ -17,28 +19,7 @@
 
 #include "agent/agent.h"
 #include "rendezvous/c10d.h"
-
-/* How a value is spelled on the command line and in JSON. */
-enum cli_type {
-	CT_FLAG,   /* store_true: no value on the command line; JSON true/false */
-	CT_INT,	   /* integer in [min, max]; JSON number */
-	CT_SECS,   /* seconds, fractions allowed; JSON number */
-	CT_STR,	   /* string; JSON string (a number too with CF_NUMOK) */
-	CT_LIST,   /* comma-separated; JSON string or array of strings */
-	CT_ARGV,   /* JSON only: array of strings (the program's arguments) */
-	CT_ENV,	   /* JSON only: object of strings (the workers' environment) */
-	CT_ACTION, /* command line only: --help, --version, --print-completion */
-	CT__MAX,
-};
-
-enum cli_flags {
-	CF_TORCHRUN = 1u << 0, /* torchrun's flag: argparse prefix abbreviations apply */
-	CF_NUMOK = 1u << 1,    /* CT_STR that JSON may give as a number ("nproc": 8) */
-	CF_AGENT = 1u << 2,    /* crun-agent only (--config) */
-	CF_RDZVKEY = 1u << 3,  /* a --rdzv_conf key: JSON rendezvous.<key>, no flag */
-	CF_HIDDEN = 1u << 4,   /* left out of --help (still completed and parsed) */
-	CF_LIVE = 1u << 5,     /* crun-agent applies a change on SIGHUP without a restart */
-};
+#include "service/service.h"
 
 /* Where a value came from; a higher source wins (flag > file > env > default). */
 enum cli_src { SRC_NONE, SRC_DEFAULT, SRC_ENV, SRC_FILE, SRC_FLAG };
@@ -118,69 +99,6 @@ struct cli_ctx {
 	char *const *env;	    /* borrowed */
 	char rk_conf[512];	    /* "k=v,..." built from the rendezvous.<key> rows */
 };
-
-struct cli_opt;
-typedef int (*cli_apply_fn)(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
-
-struct cli_opt {
-	const char *name; /* underscore spelling (argparse dest); NULL: JSON only */
-	char short_name;
-	enum cli_type type;
-	unsigned flags;	     /* enum cli_flags */
-	const char *def;     /* default, applied when nothing else set it; NULL none */
-	const char *env;     /* environment aliases, space-separated, first set wins */
-	const char *json;    /* dotted JSON path; NULL: command line only */
-	const char *metavar; /* value placeholder in --help */
-	const char *choices; /* "a|b|c": checked before apply; NULL any */
-	int64_t min, max;    /* CT_INT range */
-	const char *help;    /* one line; "[default]" is added from def */
-	cli_apply_fn apply;  /* NULL: validated only (accepted, no effect) */
-	size_t off;	     /* field of crun_agent_config_t for the generic appliers */
-	const char *section; /* crun-rdzvd, crunctl: a --help heading this row starts */
-};
-
-/* A program's rows and what its completion adds after them. */
-struct cli_rowset {
-	enum cli_prog prog;
-	const char *cmd;	    /* "crun-rdzvd" */
-	const struct cli_opt *rows; /* borrowed */
-	size_t n;
-	const char *zsh_tail; /* zsh _arguments specs after the options ("" none) */
-};
-
-/* cli_daemons.c: crun-rdzvd's rows (its own, then one per store limit, whose
- * default and JSON path texts go to buf) or crunctl's, into out (cap rows);
- * returns the count, row id = index. A program's text (usage line,
- * description, man page sections) comes with them in *ret_doc. */
-#define CLI_DAEMON_ROWS_MAX 64
-struct cli_daemon_buf {
-	char def[CLI_DAEMON_ROWS_MAX][32];
-	char json[CLI_DAEMON_ROWS_MAX][80];
-};
-struct cli_doc {
-	int man_section;
-	const char *what;	 /* NAME's line */
-	const char *usage;	 /* --help's first line, after "usage: " */
-	const char *synopsis;	 /* roff */
-	const char *description; /* plain text, wrapped */
-	const char *help_tail;	 /* plain text after the options */
-	const char *man_tail;	 /* roff: EXIT STATUS ... EXAMPLES */
-};
-size_t cli_daemon_rows(enum cli_prog prog, struct cli_opt *out, size_t cap,
-		       struct cli_daemon_buf *buf, const struct cli_doc **ret_doc);
-
-/* cli_text.c's printers, shared with cli_doc.c. */
-void cli_wrap(FILE *f, const char *text, int indent);
-void cli_roff(FILE *f, const char *s);
-void cli_help_row(FILE *f, const struct cli_opt *o);
-void cli_man_row(FILE *f, const struct cli_opt *o);
-/* A completion script of set's rows for shell; NULL for another or OOM. */
-char *cli_rows_completion_new(const struct cli_rowset *set, const char *shell);
-/* The JSON schema of the rows with a JSON path; malloc'd. */
-char *cli_rows_schema_new(const struct cli_rowset *set);
-#define CLI_MAN_SEE_ALSO                                                                    \
-	".SH SEE ALSO\n\\fBcrun\\fR(1), \\fBcrun\\-agent\\fR(8), \\fBcrun\\-rdzvd\\fR(8), " \
-	"\\fBcrunctl\\fR(1), \\fBlibcrun\\fR(3), \\fBsystemd.service\\fR(5)\n"
 
 extern const struct cli_opt cli_opts[OPT__MAX];
 

@@ -22,27 +22,27 @@
 
 #define CFG(field) offsetof(crun_agent_config_t, field)
 
-static int ap_nnodes(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
-static int ap_nproc(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
-static int ap_backend(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
-static int ap_endpoint(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
-static int ap_rdzv_id(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
-static int ap_role(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
-static int ap_std(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
-static int ap_filter(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
-static int ap_master_addr(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
-static int ap_master_port(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
-static int ap_logs_specs(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
-static int ap_signals(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
-static int ap_event(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
-static int ap_status(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
-static int ap_log_level(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
-static int ap_rk(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
-static int set_bool(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
-static int ap_stack_dump(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
-static int set_int(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
-static int set_ms(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
-static int set_str(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v);
+static int ap_nnodes(struct cli *c, struct cli_ctx *x, int id, const char *v);
+static int ap_nproc(struct cli *c, struct cli_ctx *x, int id, const char *v);
+static int ap_backend(struct cli *c, struct cli_ctx *x, int id, const char *v);
+static int ap_endpoint(struct cli *c, struct cli_ctx *x, int id, const char *v);
+static int ap_rdzv_id(struct cli *c, struct cli_ctx *x, int id, const char *v);
+static int ap_role(struct cli *c, struct cli_ctx *x, int id, const char *v);
+static int ap_std(struct cli *c, struct cli_ctx *x, int id, const char *v);
+static int ap_filter(struct cli *c, struct cli_ctx *x, int id, const char *v);
+static int ap_master_addr(struct cli *c, struct cli_ctx *x, int id, const char *v);
+static int ap_master_port(struct cli *c, struct cli_ctx *x, int id, const char *v);
+static int ap_logs_specs(struct cli *c, struct cli_ctx *x, int id, const char *v);
+static int ap_signals(struct cli *c, struct cli_ctx *x, int id, const char *v);
+static int ap_event(struct cli *c, struct cli_ctx *x, int id, const char *v);
+static int ap_status(struct cli *c, struct cli_ctx *x, int id, const char *v);
+static int ap_log_level(struct cli *c, struct cli_ctx *x, int id, const char *v);
+static int ap_rk(struct cli *c, struct cli_ctx *x, int id, const char *v);
+static int set_bool(struct cli *c, struct cli_ctx *x, int id, const char *v);
+static int ap_stack_dump(struct cli *c, struct cli_ctx *x, int id, const char *v);
+static int set_int(struct cli *c, struct cli_ctx *x, int id, const char *v);
+static int set_ms(struct cli *c, struct cli_ctx *x, int id, const char *v);
+static int set_str(struct cli *c, struct cli_ctx *x, int id, const char *v);
 
 #define TR CF_TORCHRUN
 /* clang-format off */
@@ -262,13 +262,13 @@ static int keep_field(struct cli *c, enum cli_id id, const char *v)
 
 /* ---- generic appliers (the value was checked against the row's type) ---- */
 
-static int set_bool(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v)
+static int set_bool(struct cli *c, struct cli_ctx *x, int id, const char *v)
 {
 	*(int *)((char *)&c->cfg + cli_opts[id].off) = cli_on(x, id);
 	return 0;
 }
 
-static int set_int(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v)
+static int set_int(struct cli *c, struct cli_ctx *x, int id, const char *v)
 {
 	uint64_t u;
 
@@ -278,7 +278,7 @@ static int set_int(struct cli *c, struct cli_ctx *x, enum cli_id id, const char 
 	return 0;
 }
 
-static int set_ms(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v)
+static int set_ms(struct cli *c, struct cli_ctx *x, int id, const char *v)
 {
 	uint64_t ms;
 
@@ -288,14 +288,14 @@ static int set_ms(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *
 	return 0;
 }
 
-static int set_str(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v)
+static int set_str(struct cli *c, struct cli_ctx *x, int id, const char *v)
 {
 	return keep_field(c, id, v);
 }
 
 /* ---- torchrun's rows ------------------------------------------------------ */
 
-static int ap_nnodes(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v)
+static int ap_nnodes(struct cli *c, struct cli_ctx *x, int id, const char *v)
 {
 	const char *colon = strchr(v, ':');
 	uint64_t lo, hi;
@@ -332,7 +332,7 @@ static int ap_nnodes(struct cli *c, struct cli_ctx *x, enum cli_id id, const cha
 	return 0;
 }
 
-static int ap_nproc(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v)
+static int ap_nproc(struct cli *c, struct cli_ctx *x, int id, const char *v)
 {
 	int r = cli_nproc(v, &c->cfg.nproc_per_node);
 
@@ -347,7 +347,7 @@ static int ap_nproc(struct cli *c, struct cli_ctx *x, enum cli_id id, const char
 	return 0;
 }
 
-static int ap_backend(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v)
+static int ap_backend(struct cli *c, struct cli_ctx *x, int id, const char *v)
 {
 	bool standalone = cli_on(x, OPT_STANDALONE);
 
@@ -369,7 +369,7 @@ static bool endpoint_used(const struct cli_ctx *x)
 	return cli_given(x, OPT_RDZV_ENDPOINT) && !cli_on(x, OPT_STANDALONE);
 }
 
-static int ap_endpoint(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v)
+static int ap_endpoint(struct cli *c, struct cli_ctx *x, int id, const char *v)
 {
 	bool c10d = strcmp(c->cfg.rdzv_backend, "c10d") == 0;
 	char host[256];
@@ -395,7 +395,7 @@ static int ap_endpoint(struct cli *c, struct cli_ctx *x, enum cli_id id, const c
 	return c->cfg.master_addr ? 0 : cli_fail(c, "out of memory");
 }
 
-static int ap_rdzv_id(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v)
+static int ap_rdzv_id(struct cli *c, struct cli_ctx *x, int id, const char *v)
 {
 	if (cli_on(x, OPT_STANDALONE))
 		return 0; /* torchrun: a fresh uuid */
@@ -405,7 +405,7 @@ static int ap_rdzv_id(struct cli *c, struct cli_ctx *x, enum cli_id id, const ch
 	return 0;
 }
 
-static int ap_role(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v)
+static int ap_role(struct cli *c, struct cli_ctx *x, int id, const char *v)
 {
 	if (!*v || strlen(v) >= 64)
 		return cli_fail(c, "%s: invalid value '%s'", x->who[id], v);
@@ -414,7 +414,7 @@ static int ap_role(struct cli *c, struct cli_ctx *x, enum cli_id id, const char 
 }
 
 /* "0".."3" for every rank, or "0:1,1:2" per local rank (others 0). */
-static int ap_std(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v)
+static int ap_std(struct cli *c, struct cli_ctx *x, int id, const char *v)
 {
 	int nproc = c->cfg.nproc_per_node;
 	int **dst = id == OPT_TEE ? &c->tee : &c->redirects;
@@ -463,7 +463,7 @@ static int ap_std(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *
 	return 0;
 }
 
-static int ap_filter(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v)
+static int ap_filter(struct cli *c, struct cli_ctx *x, int id, const char *v)
 {
 	int nproc = c->cfg.nproc_per_node;
 	uint64_t u;
@@ -494,7 +494,7 @@ static int ap_filter(struct cli *c, struct cli_ctx *x, enum cli_id id, const cha
 	return 0;
 }
 
-static int ap_master_addr(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v)
+static int ap_master_addr(struct cli *c, struct cli_ctx *x, int id, const char *v)
 {
 	if (endpoint_used(x))
 		return 0;
@@ -504,7 +504,7 @@ static int ap_master_addr(struct cli *c, struct cli_ctx *x, enum cli_id id, cons
 	return 0;
 }
 
-static int ap_master_port(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v)
+static int ap_master_port(struct cli *c, struct cli_ctx *x, int id, const char *v)
 {
 	uint64_t u;
 
@@ -514,7 +514,7 @@ static int ap_master_port(struct cli *c, struct cli_ctx *x, enum cli_id id, cons
 	return 0;
 }
 
-static int ap_logs_specs(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v)
+static int ap_logs_specs(struct cli *c, struct cli_ctx *x, int id, const char *v)
 {
 	/* torchrun loads entry point torchrun.logs_specs[v]; its own "default"
 	 * is DefaultLogsSpecs, the layout crun writes. Any other name is a Python
@@ -528,20 +528,20 @@ static int ap_logs_specs(struct cli *c, struct cli_ctx *x, enum cli_id id, const
 	return 0;
 }
 
-static int ap_signals(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v)
+static int ap_signals(struct cli *c, struct cli_ctx *x, int id, const char *v)
 {
 	if (supervise_parse_signals(v, &c->cfg.signals_to_handle) < 0)
 		return cli_fail(c, "%s: invalid signal list '%s'", x->who[id], v);
 	return 0;
 }
 
-static int ap_event(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v)
+static int ap_event(struct cli *c, struct cli_ctx *x, int id, const char *v)
 {
 	c->event_log_handler = strcmp(v, "console") == 0 ? "console" : "null";
 	return 0;
 }
 
-static int ap_status(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v)
+static int ap_status(struct cli *c, struct cli_ctx *x, int id, const char *v)
 {
 	char host[256];
 	uint16_t port;
@@ -557,7 +557,7 @@ static int ap_status(struct cli *c, struct cli_ctx *x, enum cli_id id, const cha
 	return 0;
 }
 
-static int ap_log_level(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v)
+static int ap_log_level(struct cli *c, struct cli_ctx *x, int id, const char *v)
 {
 	/* Python's logging names (LOGLEVEL is torchrun's), plus notice and trace. */
 	int l = log_level_from_name(v);
@@ -572,7 +572,7 @@ static int ap_log_level(struct cli *c, struct cli_ctx *x, enum cli_id id, const 
 
 /* rendezvous.<key> from the file: "key=value," into x->rk_conf, checked by
  * the same rows as --rdzv_conf (cli_rdzv.c) so the two cannot disagree. */
-static int ap_rk(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v)
+static int ap_rk(struct cli *c, struct cli_ctx *x, int id, const char *v)
 {
 	const char *key = strchr(cli_opts[id].json, '.') + 1;
 	size_t len = strlen(x->rk_conf);
@@ -674,7 +674,7 @@ int cli_nproc(const char *v, int *ret)
 }
 
 /* --stack_dump_on_stop: the choices (checked already) as the config's int. */
-static int ap_stack_dump(struct cli *c, struct cli_ctx *x, enum cli_id id, const char *v)
+static int ap_stack_dump(struct cli *c, struct cli_ctx *x, int id, const char *v)
 {
 	(void)x;
 	(void)id;

@@ -1,7 +1,10 @@
-/* cli_text.c: what the option table prints: --help, shell completion scripts
- * (bash, zsh, tcsh, as torchrun's --print-completion) and the JSON schema of
- * crun-agent's config. Everything is derived from cli_opts[], so a new row
- * shows up in all of them at once.
+/* cli_text.c: what the option table prints: --help, the man page, shell
+ * completion scripts (bash, zsh, tcsh, as torchrun's --print-completion) and
+ * the JSON schema of crun-agent's config. Everything is derived from
+ * cli_opts[], so a new row shows up in all of them at once; the row printers
+ * are service/'s (cli_print.c ...), which crun-rdzvd's and crunctl's rows
+ * share. What is crun's own stays here: the sections, the environment and
+ * the texts no row holds.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,74 +17,6 @@
 #include "common/common.h"
 #include "store/server.h"
 
-static bool shown(const struct cli_opt *o, enum cli_prog prog)
-{
-	return o->name && (!(o->flags & CF_AGENT) || prog == CLI_AGENT);
-}
-
-/* "--nproc-per-node, --nproc_per_node" (one spelling when they agree). */
-static void spellings(const struct cli_opt *o, char *buf, size_t cap)
-{
-	char dash[64];
-	size_t n = 0;
-
-	snprintf(dash, sizeof(dash), "%s", o->name);
-	for (char *s = dash; *s; s++)
-		if (*s == '_')
-			*s = '-';
-	if (o->short_name)
-		n = (size_t)snprintf(buf, cap, "-%c, ", o->short_name);
-	if (strcmp(dash, o->name) != 0)
-		snprintf(buf + n, cap - n, "--%s, --%s", dash, o->name);
-	else
-		snprintf(buf + n, cap - n, "--%s", o->name);
-}
-
-/* Words of text, wrapped at 78 columns with `indent` spaces. */
-void cli_wrap(FILE *f, const char *text, int indent)
-{
-	int col = indent;
-
-	fprintf(f, "%*s", indent, "");
-	for (const char *p = text; *p;) {
-		size_t w = strcspn(p, " ");
-
-		if (col > indent && col + 1 + (int)w > 78) {
-			fprintf(f, "\n%*s", indent, "");
-			col = indent;
-		} else if (col > indent) {
-			fputc(' ', f);
-			col++;
-		}
-		fprintf(f, "%.*s", (int)w, p);
-		col += (int)w;
-		p += w;
-		while (*p == ' ')
-			p++;
-	}
-	fputc('\n', f);
-}
-
-void cli_help_row(FILE *f, const struct cli_opt *o)
-{
-	char head[160], text[512];
-	size_t n;
-
-	if (o->name)
-		spellings(o, head, sizeof(head));
-	else
-		snprintf(head, sizeof(head), "%s", o->json);
-	fprintf(f, "  %s%s%s\n", head, o->metavar ? " " : "", o->metavar ? o->metavar : "");
-	n = (size_t)snprintf(text, sizeof(text), "%s", o->help);
-	if (o->def && n < sizeof(text))
-		n += (size_t)snprintf(text + n, sizeof(text) - n, " [%s]", o->def);
-	if (o->name && (o->env || o->json) && n < sizeof(text))
-		snprintf(text + n, sizeof(text) - n, " (%s%s%s%s)", o->env ? "env " : "",
-			 o->env ? o->env : "", o->env && o->json ? "; " : "",
-			 o->json ? o->json : "");
-	cli_wrap(f, text, 8);
-}
-
 static void help_section(FILE *f, enum cli_prog prog, const char *title,
 			 bool (*pick)(const struct cli_opt *o, enum cli_prog prog))
 {
@@ -93,12 +28,12 @@ static void help_section(FILE *f, enum cli_prog prog, const char *title,
 
 static bool pick_torchrun(const struct cli_opt *o, enum cli_prog prog)
 {
-	return shown(o, prog) && (o->flags & CF_TORCHRUN);
+	return cli_row_shown(o, prog) && (o->flags & CF_TORCHRUN);
 }
 
 static bool pick_crun(const struct cli_opt *o, enum cli_prog prog)
 {
-	return shown(o, prog) && !(o->flags & CF_TORCHRUN);
+	return cli_row_shown(o, prog) && !(o->flags & CF_TORCHRUN);
 }
 
 static bool pick_rdzv_key(const struct cli_opt *o, enum cli_prog prog)
@@ -186,66 +121,6 @@ char *cli_help_new(enum cli_prog prog)
 	return s;
 }
 
-/* ---- man page ------------------------------------------------------------------ */
-
-/* roff text: a leading '.' or '\'' would be a request, '\' an escape, '-' a
- * hyphen (options want the minus sign \-). */
-void cli_roff(FILE *f, const char *s)
-{
-	if (*s == '.' || *s == '\'')
-		fputs("\\&", f);
-	for (; *s; s++) {
-		if (*s == '\\')
-			fputs("\\e", f);
-		else if (*s == '-')
-			fputs("\\-", f);
-		else
-			fputc(*s, f);
-	}
-}
-
-/* One option as a tagged paragraph: its spellings and placeholder, its help
- * with the default, and where else it may be set. */
-void cli_man_row(FILE *f, const struct cli_opt *o)
-{
-	char head[160];
-
-	if (o->name)
-		spellings(o, head, sizeof(head));
-	else
-		snprintf(head, sizeof(head), "%s", o->json);
-	fputs(".TP\n\\fB", f);
-	cli_roff(f, head);
-	fputs("\\fR", f);
-	if (o->metavar) {
-		fputs(" \\fI", f);
-		cli_roff(f, o->metavar);
-		fputs("\\fR", f);
-	}
-	fputc('\n', f);
-	cli_roff(f, o->help);
-	if (o->def) {
-		fputs(" [", f);
-		cli_roff(f, o->def);
-		fputc(']', f);
-	}
-	fputc('\n', f);
-	if (o->name && (o->env || o->json)) {
-		fputs(".br\n", f);
-		if (o->env) {
-			fputs("Environment: ", f);
-			cli_roff(f, o->env);
-			fputs(". ", f);
-		}
-		if (o->json) {
-			fputs("JSON: ", f);
-			cli_roff(f, o->json);
-			fputc('.', f);
-		}
-		fputc('\n', f);
-	}
-}
-
 static void man_section(FILE *f, enum cli_prog prog, const char *title,
 			bool (*pick)(const struct cli_opt *o, enum cli_prog prog))
 {
@@ -282,7 +157,7 @@ static void man_environment(FILE *f, enum cli_prog prog)
 		if (!o->env || !o->name || (o->flags & CF_HIDDEN) ||
 		    (prog != CLI_AGENT && (o->flags & CF_AGENT)))
 			continue;
-		spellings(o, head, sizeof(head));
+		cli_spellings(o, head, sizeof(head));
 		fputs(".TP\n.B ", f);
 		cli_roff(f, o->env);
 		fputs("\n", f);
@@ -370,188 +245,6 @@ char *cli_man_new(enum cli_prog prog)
 	}
 	return s;
 }
-
-/* ---- completion ----------------------------------------------------------------- */
-
-static void each_spelling(const struct cli_opt *o, void (*fn)(FILE *, const char *, void *),
-			  FILE *f, void *arg)
-{
-	char dash[64], und[64];
-
-	snprintf(und, sizeof(und), "--%s", o->name);
-	snprintf(dash, sizeof(dash), "%s", und);
-	for (char *s = dash + 2; *s; s++)
-		if (*s == '_')
-			*s = '-';
-	fn(f, dash, arg);
-	if (strcmp(dash, und) != 0)
-		fn(f, und, arg);
-	if (o->short_name) {
-		char sh[3] = {'-', o->short_name, '\0'};
-
-		fn(f, sh, arg);
-	}
-}
-
-static void put_word(FILE *f, const char *w, void *arg)
-{
-	fprintf(f, "%s%s", *(bool *)arg ? " " : "", w);
-	*(bool *)arg = true;
-}
-
-static void put_bash_case(FILE *f, const char *w, void *arg)
-{
-	fprintf(f, "%s%s", *(bool *)arg ? "|" : "\t\t", w);
-	*(bool *)arg = true;
-}
-
-static bool is_dir(const struct cli_opt *o)
-{
-	return o->metavar && strcmp(o->metavar, "DIR") == 0;
-}
-
-static bool is_file(const struct cli_opt *o)
-{
-	return o->metavar && strncmp(o->metavar, "FILE", 4) == 0;
-}
-
-static void choices_words(FILE *f, const char *choices)
-{
-	for (const char *p = choices; *p; p++)
-		fputc(*p == '|' ? ' ' : *p, f);
-}
-
-/* The shell function's name: the command with '_' for '-'. */
-static void fn_name(char *buf, size_t cap, const char *cmd)
-{
-	snprintf(buf, cap, "%s", cmd);
-	for (char *p = buf; *p; p++)
-		if (*p == '-')
-			*p = '_';
-}
-
-static void bash(FILE *f, const struct cli_rowset *set)
-{
-	const char *cmd = set->cmd;
-	char fn[64];
-	bool any;
-
-	fn_name(fn, sizeof(fn), cmd);
-	fprintf(f,
-		"# bash completion for %s (generated by %s --print-completion bash)\n"
-		"_%s_complete() {\n"
-		"\tlocal cur=\"${COMP_WORDS[COMP_CWORD]}\" prev=\"${COMP_WORDS[COMP_CWORD-1]}\"\n"
-		"\tcase \"$prev\" in\n",
-		cmd, cmd, fn);
-	for (const struct cli_opt *o = set->rows; o < set->rows + set->n; o++) {
-		if (!shown(o, set->prog) || !(o->choices || is_dir(o) || is_file(o)))
-			continue;
-		any = false;
-		each_spelling(o, put_bash_case, f, &any);
-		if (o->choices) {
-			fputs(") COMPREPLY=($(compgen -W \"", f);
-			choices_words(f, o->choices);
-			fputs("\" -- \"$cur\")); return ;;\n", f);
-		} else {
-			fprintf(f, ") COMPREPLY=($(compgen -%c -- \"$cur\")); return ;;\n",
-				is_dir(o) ? 'd' : 'f');
-		}
-	}
-	fputs("\tesac\n\tif [[ \"$cur\" == -* ]]; then\n\t\tCOMPREPLY=($(compgen -W \"", f);
-	any = false;
-	for (const struct cli_opt *o = set->rows; o < set->rows + set->n; o++)
-		if (shown(o, set->prog))
-			each_spelling(o, put_word, f, &any);
-	fprintf(f,
-		"\" -- \"$cur\"))\n\t\treturn\n\tfi\n"
-		"\tCOMPREPLY=($(compgen -f -- \"$cur\"))\n}\n"
-		"complete -o filenames -F _%s_complete %s\n",
-		fn, cmd);
-}
-
-/* zsh's _arguments specs: [, ], : and ' are syntax inside them. */
-static void zsh_text(FILE *f, const char *s)
-{
-	for (; *s; s++)
-		fputc(*s == '[' ? '(' : *s == ']' ? ')' : (*s == ':' || *s == '\'') ? ' ' : *s, f);
-}
-
-static void put_zsh(FILE *f, const char *w, void *arg)
-{
-	const struct cli_opt *o = arg;
-	bool val = o->type != CT_FLAG && !(o->type == CT_ACTION && !o->metavar);
-
-	fprintf(f, " \\\n\t'%s%s[", w, val && w[1] == '-' ? "=" : "");
-	zsh_text(f, o->help);
-	fputs("]", f);
-	if (val) {
-		fputc(':', f);
-		zsh_text(f, o->metavar);
-		fputc(':', f);
-		if (o->choices) {
-			fputc('(', f);
-			choices_words(f, o->choices);
-			fputc(')', f);
-		} else if (is_dir(o)) {
-			fputs("_files -/", f);
-		} else if (is_file(o)) {
-			fputs("_files", f);
-		} else {
-			fputc(' ', f);
-		}
-	}
-	fputc('\'', f);
-}
-
-static void zsh(FILE *f, const struct cli_rowset *set)
-{
-	fprintf(f,
-		"#compdef %s\n# zsh completion for %s (generated by %s --print-completion zsh)\n"
-		"_arguments -S",
-		set->cmd, set->cmd, set->cmd);
-	for (const struct cli_opt *o = set->rows; o < set->rows + set->n; o++)
-		if (shown(o, set->prog))
-			each_spelling(o, put_zsh, f, (void *)o);
-	fprintf(f, "%s\n", set->zsh_tail);
-}
-
-static void put_tcsh_next(FILE *f, const char *w, void *arg)
-{
-	const struct cli_opt *o = arg;
-
-	if (o->choices) {
-		fprintf(f, " \\\n\t'n/%s/(", w);
-		choices_words(f, o->choices);
-		fputs(")/'", f);
-	} else {
-		fprintf(f, " \\\n\t'n/%s/%c/'", w, is_dir(o) ? 'd' : 'f');
-	}
-}
-
-static void put_tcsh_word(FILE *f, const char *w, void *arg)
-{
-	if (w[1] == '-')
-		put_word(f, w + 2, arg);
-}
-
-static void tcsh(FILE *f, const struct cli_rowset *set)
-{
-	bool any = false;
-
-	fprintf(f,
-		"# tcsh completion for %s (generated by %s --print-completion tcsh)\n"
-		"complete %s 'c/--/(",
-		set->cmd, set->cmd, set->cmd);
-	for (const struct cli_opt *o = set->rows; o < set->rows + set->n; o++)
-		if (shown(o, set->prog))
-			each_spelling(o, put_tcsh_word, f, &any);
-	fputs(")/'", f);
-	for (const struct cli_opt *o = set->rows; o < set->rows + set->n; o++)
-		if (shown(o, set->prog) && (o->choices || is_dir(o) || is_file(o)))
-			each_spelling(o, put_tcsh_next, f, (void *)o);
-	fputs(" \\\n\t'p/*/f/'\n", f);
-}
-
 /* crun's and crun-agent's rows: the option table. */
 static struct cli_rowset table_rows(enum cli_prog prog)
 {
@@ -572,172 +265,13 @@ char *cli_completion_new(enum cli_prog prog, const char *shell)
 	return cli_rows_completion_new(&set, shell);
 }
 
-char *cli_rows_completion_new(const struct cli_rowset *set, const char *shell)
-{
-	static const struct {
-		const char *name;
-		void (*fn)(FILE *f, const struct cli_rowset *set);
-	} shells[] = {{"bash", bash}, {"zsh", zsh}, {"tcsh", tcsh}};
-	char *s = NULL;
-	size_t len = 0;
-	FILE *f;
-
-	for (size_t i = 0; i < ARRAY_SIZE(shells); i++) {
-		if (strcmp(shell, shells[i].name) != 0)
-			continue;
-		f = open_memstream(&s, &len);
-		if (!f)
-			return NULL;
-		shells[i].fn(f, set);
-		if (fclose(f) != 0) {
-			free(s);
-			return NULL;
-		}
-		return s;
-	}
-	return NULL;
-}
-
 /* ---- JSON schema ------------------------------------------------------------------ */
-
-static cJSON *leaf_schema(const struct cli_opt *o)
-{
-	cJSON *s = cJSON_CreateObject(), *t;
-
-	if (!s)
-		return NULL;
-	switch (o->type) {
-	case CT_FLAG:
-		cJSON_AddStringToObject(s, "type", "boolean");
-		break;
-	case CT_INT:
-		cJSON_AddStringToObject(s, "type", "integer");
-		cJSON_AddNumberToObject(s, "minimum", (double)o->min);
-		cJSON_AddNumberToObject(s, "maximum", (double)o->max);
-		break;
-	case CT_SECS:
-		cJSON_AddStringToObject(s, "type", "number");
-		cJSON_AddNumberToObject(s, "minimum", 0);
-		break;
-	case CT_LIST:
-		t = cJSON_AddArrayToObject(s, "type");
-		cJSON_AddItemToArray(t, cJSON_CreateString("string"));
-		cJSON_AddItemToArray(t, cJSON_CreateString("array"));
-		cJSON_AddItemToObject(s, "items", cJSON_Parse("{\"type\": \"string\"}"));
-		break;
-	case CT_ARGV:
-		cJSON_AddStringToObject(s, "type", "array");
-		cJSON_AddItemToObject(s, "items", cJSON_Parse("{\"type\": \"string\"}"));
-		break;
-	case CT_ENV:
-		cJSON_AddStringToObject(s, "type", "object");
-		cJSON_AddItemToObject(s, "additionalProperties",
-				      cJSON_Parse("{\"type\": \"string\"}"));
-		break;
-	default:
-		if (o->flags & CF_NUMOK) {
-			t = cJSON_AddArrayToObject(s, "type");
-			cJSON_AddItemToArray(t, cJSON_CreateString("string"));
-			cJSON_AddItemToArray(t, cJSON_CreateString("integer"));
-		} else {
-			cJSON_AddStringToObject(s, "type", "string");
-		}
-		break;
-	}
-	if (o->choices) {
-		t = cJSON_AddArrayToObject(s, "enum");
-		for (const char *p = o->choices; *p;) {
-			size_t n = strcspn(p, "|");
-			char w[64];
-
-			snprintf(w, sizeof(w), "%.*s", (int)n, p);
-			cJSON_AddItemToArray(t, cJSON_CreateString(w));
-			p += n;
-			if (*p == '|')
-				p++;
-		}
-	}
-	cJSON_AddStringToObject(s, "description", o->help);
-	if (o->name) {
-		char flag[72];
-
-		snprintf(flag, sizeof(flag), "--%s", o->name);
-		cJSON_AddStringToObject(s, "x-crun-flag", flag);
-	}
-	if (o->def)
-		cJSON_AddStringToObject(s, "x-crun-default", o->def);
-	return s;
-}
-
-static cJSON *new_object_schema(void)
-{
-	cJSON *s = cJSON_CreateObject();
-
-	cJSON_AddStringToObject(s, "type", "object");
-	cJSON_AddBoolToObject(s, "additionalProperties", 0);
-	/* "$comment" keys (ignored by crun-agent) let JSON configs carry comments. */
-	cJSON_AddItemToObject(cJSON_AddObjectToObject(s, "properties"), "$comment",
-			      cJSON_Parse("{\"type\": \"string\"}"));
-	return s;
-}
 
 char *cli_schema_new(void)
 {
 	struct cli_rowset set = table_rows(CLI_AGENT);
 
 	return cli_rows_schema_new(&set);
-}
-
-char *cli_rows_schema_new(const struct cli_rowset *set)
-{
-	cJSON *root = cJSON_CreateObject(), *body = new_object_schema();
-	char id[128], title[128];
-	char *out;
-
-	if (!root || !body) {
-		cJSON_Delete(root);
-		cJSON_Delete(body);
-		return NULL;
-	}
-	cJSON_AddStringToObject(root, "$schema", "https://json-schema.org/draft/2020-12/schema");
-	snprintf(id, sizeof(id), "https://crun.invalid/%s.schema.json", set->cmd);
-	snprintf(title, sizeof(title), "%s --config (generated by %s --print-schema)", set->cmd,
-		 set->cmd);
-	cJSON_AddStringToObject(root, "$id", id);
-	cJSON_AddStringToObject(root, "title", title);
-	for (cJSON *it = body->child; it;) { /* keep $schema first, then the body */
-		cJSON *next = it->next;
-
-		cJSON_AddItemToObject(root, it->string, cJSON_DetachItemViaPointer(body, it));
-		it = next;
-	}
-	cJSON_Delete(body);
-	for (const struct cli_opt *o = set->rows; o < set->rows + set->n; o++) {
-		cJSON *obj = root;
-		char path[128], *part, *save = NULL, *next;
-
-		if (!o->json)
-			continue;
-		snprintf(path, sizeof(path), "%s", o->json);
-		for (part = strtok_r(path, ".", &save); part; part = next) {
-			cJSON *props = cJSON_GetObjectItemCaseSensitive(obj, "properties");
-			cJSON *child = cJSON_GetObjectItemCaseSensitive(props, part);
-
-			next = strtok_r(NULL, ".", &save);
-			if (!next) {
-				cJSON_AddItemToObject(props, part, leaf_schema(o));
-				break;
-			}
-			if (!child) {
-				child = new_object_schema();
-				cJSON_AddItemToObject(props, part, child);
-			}
-			obj = child;
-		}
-	}
-	out = cJSON_Print(root);
-	cJSON_Delete(root);
-	return out;
 }
 
 char *cli_resolved_json(const struct cli *c)

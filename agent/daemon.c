@@ -18,85 +18,6 @@
 #include "store/auth.h"
 #include "common/common.h"
 
-/* STATUS= refresh without a watchdog (with one: every ping). */
-#define SERVICE_TICK_MS 3000
-
-/* ---- the service half, shared with crun-rdzvd ---------------------------------- */
-
-static void svc_on_watchdog(evutil_socket_t fd, short what, void *arg)
-{
-	struct agent_service *s = arg;
-
-	/* The ping proves the loop turns; a wedged loop misses it and systemd
-	 * restarts the unit (WatchdogSec=). Without a watchdog the timer only
-	 * refreshes STATUS=. */
-	if (s->wd)
-		(void)notify_send(s->notify, "WATCHDOG=1");
-	if (s->on_tick)
-		s->on_tick(s->arg);
-}
-
-static void svc_on_sighup(evutil_socket_t fd, short what, void *arg)
-{
-	struct agent_service *s = arg;
-
-	(void)notify_send(s->notify, "RELOADING=1\nMONOTONIC_USEC=%llu",
-			  (unsigned long long)clock_now_us());
-	s->on_reload(s->arg); /* ends with READY=1 and a STATUS= */
-}
-
-int agent_service_start(struct agent_service *s, struct event_base *base, char *const *env,
-			void (*on_reload)(void *arg), void (*on_tick)(void *arg), void *arg)
-{
-	uint64_t wd_ms =
-	    notify_watchdog_ms(env_get(env, "WATCHDOG_USEC"), env_get(env, "WATCHDOG_PID"));
-
-	memset(s, 0, sizeof(*s));
-	s->on_reload = on_reload;
-	s->on_tick = on_tick;
-	s->arg = arg;
-	if (notify_open(env_get(env, "NOTIFY_SOCKET"), &s->notify) < 0) {
-		log_at(LL_WARN, SUB_AGENT, "NOTIFY_SOCKET '%s' is not usable, ignoring",
-		       env_get(env, "NOTIFY_SOCKET"));
-		s->notify = NULL;
-	}
-	s->sighup = evsignal_new(base, SIGHUP, svc_on_sighup, s);
-	if (!s->sighup || evsignal_add(s->sighup, NULL) < 0)
-		return CRUN_ENOMEM;
-	s->wd = wd_ms != 0;
-	if (!wd_ms && on_tick)
-		wd_ms = SERVICE_TICK_MS;
-	if (wd_ms && s->notify) {
-		struct timeval tv = {.tv_sec = (time_t)(wd_ms / 1000),
-				     .tv_usec = (suseconds_t)(wd_ms % 1000) * 1000};
-
-		s->watchdog = event_new(base, -1, EV_PERSIST, svc_on_watchdog, s);
-		if (!s->watchdog || event_add(s->watchdog, &tv) < 0)
-			return CRUN_ENOMEM;
-		if (s->wd)
-			(void)notify_send(s->notify, "WATCHDOG=1");
-	}
-	return 0;
-}
-
-void agent_service_stopping(struct agent_service *s)
-{
-	if (!s->stopping)
-		(void)notify_send(s->notify, "STOPPING=1");
-	s->stopping = true;
-}
-
-void agent_service_stop(struct agent_service *s)
-{
-	agent_service_stopping(s);
-	if (s->watchdog)
-		event_free(s->watchdog);
-	if (s->sighup)
-		event_free(s->sighup);
-	notify_close(s->notify);
-	memset(s, 0, sizeof(*s));
-}
-
 /* Python's json.dumps separators (", " and ": "), which torchrun's event lines
  * carry and their readers may match byte for byte, on cJSON's compact text:
  * a space after every ',' and ':' outside strings. */
@@ -181,7 +102,7 @@ struct agent_daemon {
 	int argc;
 	char *const *argv, *const *env; /* borrowed, parsed again on SIGHUP */
 	struct crun_agent *agent;	/* borrowed, NULL until attached */
-	struct agent_service svc;
+	struct service svc;
 	struct agent_status *status; /* NULL when --status is off */
 	bool ready;
 	int reloads;
@@ -259,7 +180,7 @@ static void on_state(crun_agent_state_t st, int restarts, void *arg)
 	/* "done" first, then STOPPING=1 as the last message. */
 	send_status(d, st, restarts);
 	if (st == CRUN_AGENT_DONE)
-		agent_service_stopping(&d->svc);
+		service_stopping(&d->svc);
 }
 
 static void on_reload(void *arg)
@@ -310,7 +231,7 @@ int agent_daemon_new(struct event_base *base, struct cli *c, int argc, char *con
 	c->cfg.signals_to_handle = mask & ~(1ull << SIGHUP);
 	c->cfg.on_state = on_state;
 	c->cfg.on_state_arg = d;
-	r = agent_service_start(&d->svc, base, env, on_reload, on_tick, d);
+	r = service_start(&d->svc, base, env, on_reload, on_tick, d);
 	if (r < 0)
 		goto fail;
 	if (c->status_listen) {
@@ -342,7 +263,7 @@ void agent_daemon_free(struct agent_daemon *d)
 	if (!d)
 		return;
 	agent_status_stop(d->status);
-	agent_service_stop(&d->svc);
+	service_stop(&d->svc);
 	free(d);
 }
 

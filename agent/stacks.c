@@ -20,182 +20,6 @@
 #include "common/common.h"
 #include "rendezvous/rdzv.h"
 
-/* ---- pure: parsing and the digest -------------------------------------------- */
-
-static const char *base_name(const char *p, const char *end)
-{
-	const char *b = p;
-
-	for (const char *q = p; q < end; q++)
-		if (*q == '/')
-			b = q + 1;
-	return b;
-}
-
-/* "  func (some/dir/file.py:41)" -> "func (file.py:41)" */
-static int pyspy_frame(const char *line, const char *end, char *buf, size_t cap)
-{
-	const char *open = memchr(line, '(', (size_t)(end - line));
-	const char *close;
-
-	if (!open || open == line || end[-1] != ')')
-		return CRUN_ENOENT;
-	close = end - 1;
-	const char *file = base_name(open + 1, close);
-
-	snprintf(buf, cap, "%.*s (%.*s)", (int)(open - line - 1), line, (int)(close - file), file);
-	return 0;
-}
-
-/* "#0  0x00007f in func (a=1) at ../x/f.c:12" or "#0  func () at f.c:3" */
-static int gdb_frame(const char *line, const char *end, char *buf, size_t cap)
-{
-	const char *p = line + 2, *name, *at;
-	int len;
-
-	while (p < end && *p == ' ')
-		p++;
-	name = p;
-	for (const char *q = p; q + 4 <= end; q++)
-		if (memcmp(q, " in ", 4) == 0) {
-			name = q + 4;
-			break;
-		}
-	len = (int)strcspn(name, " (\n");
-	if (len <= 0)
-		return CRUN_ENOENT;
-	at = NULL;
-	for (const char *q = name; q + 4 <= end; q++)
-		if (memcmp(q, " at ", 4) == 0)
-			at = q + 4;
-	if (at) {
-		const char *file = base_name(at, end);
-
-		snprintf(buf, cap, "%.*s (%.*s)", len, name, (int)(end - file), file);
-	} else {
-		snprintf(buf, cap, "%.*s", len, name);
-	}
-	return 0;
-}
-
-int stacks_top_frame(const char *text, char *buf, size_t cap)
-{
-	bool in_thread = false;
-
-	for (const char *line = text; line && *line;) {
-		const char *nl = strchr(line, '\n');
-		const char *end = nl ? nl : line + strlen(line);
-
-		while (end > line && (end[-1] == ' ' || end[-1] == '\r'))
-			end--;
-		if (strncmp(line, "Thread ", 7) == 0) {
-			in_thread = true; /* py-spy: frames follow, indented */
-		} else if (in_thread && line[0] == ' ') {
-			const char *p = line;
-
-			while (p < end && *p == ' ')
-				p++;
-			if (p < end && pyspy_frame(p, end, buf, cap) == 0)
-				return 0;
-		} else if (strncmp(line, "#0 ", 3) == 0) {
-			return gdb_frame(line, end, buf, cap);
-		} else if (strncmp(line, "wchan: ", 7) == 0 && end > line + 7) {
-			snprintf(buf, cap, "%.*s (kernel)", (int)(end - line - 7), line + 7);
-			return 0;
-		}
-		line = nl ? nl + 1 : NULL;
-	}
-	return CRUN_ENOENT;
-}
-
-int stacks_stragglers(const char *const *frames, int n, bool *odd)
-{
-	int best = -1, best_count = 0, seen = 0, nodd = 0;
-	bool tie = false;
-
-	for (int i = 0; i < n; i++) {
-		int c = 0;
-
-		odd[i] = false;
-		if (!frames[i] || !frames[i][0])
-			continue;
-		seen++;
-		for (int j = 0; j < n; j++)
-			c += frames[j] && strcmp(frames[i], frames[j]) == 0;
-		if (c > best_count) {
-			best = i;
-			best_count = c;
-			tie = false;
-		} else if (c == best_count && strcmp(frames[i], frames[best]) != 0) {
-			tie = true;
-		}
-	}
-	if (best < 0 || tie || best_count * 2 <= seen)
-		return 0;
-	for (int i = 0; i < n; i++) {
-		odd[i] = frames[i] && frames[i][0] && strcmp(frames[i], frames[best]) != 0;
-		nodd += odd[i];
-	}
-	return nodd;
-}
-
-void stacks_append(char *buf, size_t cap, size_t *len, const char *fmt, ...)
-{
-	va_list ap;
-	int w;
-
-	if (*len >= cap)
-		return;
-	va_start(ap, fmt);
-	w = vsnprintf(buf + *len, cap - *len, fmt, ap);
-	va_end(ap);
-	if (w > 0)
-		*len = MIN(*len + (size_t)w, cap - 1);
-}
-
-/* ", ranks 0,2 are in f" for every rank whose frame equals frames[first]. */
-static void majority_part(const int *ranks, const char *const *frames, const bool *odd, int n,
-			  char *buf, size_t cap, size_t *len)
-{
-	int first = -1, count = 0;
-
-	for (int i = 0; i < n; i++)
-		if (!odd[i] && frames[i][0] && first < 0)
-			first = i;
-	if (first < 0)
-		return;
-	for (int i = 0; i < n; i++)
-		count += !odd[i] && strcmp(frames[i], frames[first]) == 0;
-	stacks_append(buf, cap, len, " while rank%s ", count > 1 ? "s" : "");
-	for (int i = 0, k = 0; i < n; i++)
-		if (!odd[i] && strcmp(frames[i], frames[first]) == 0)
-			stacks_append(buf, cap, len, "%s%d", k++ ? "," : "", ranks[i]);
-	stacks_append(buf, cap, len, " %s in %s", count > 1 ? "are" : "is", frames[first]);
-}
-
-void stacks_digest(const int *ranks, const char *const *frames, const bool *odd, int n,
-		   const char *when, char *buf, size_t cap)
-{
-	size_t len = 0;
-	int k = 0;
-
-	buf[0] = '\0';
-	for (int i = 0; i < n; i++) {
-		if (!frames[i][0] || (odd && !odd[i]))
-			continue;
-		if (k == 8) {
-			stacks_append(buf, cap, &len, ", ...");
-			break;
-		}
-		stacks_append(buf, cap, &len, "%srank %d %s in %s", k++ ? ", " : "", ranks[i],
-			      odd ? "is" : "was", frames[i]);
-	}
-	if (odd && k)
-		majority_part(ranks, frames, odd, n, buf, cap, &len);
-	if (k && when && when[0])
-		stacks_append(buf, cap, &len, " when %s", when);
-}
-
 /* ---- capture ---------------------------------------------------------------- */
 
 struct probe {
@@ -208,6 +32,7 @@ struct probe {
 static bool is_python(pid_t pid)
 {
 	char link[64], exe[PATH_MAX];
+	const char *base;
 	ssize_t n;
 
 	snprintf(link, sizeof(link), "/proc/%d/exe", (int)pid);
@@ -215,7 +40,8 @@ static bool is_python(pid_t pid)
 	if (n <= 0)
 		return false;
 	exe[n] = '\0';
-	return strstr(base_name(exe, exe + n), "python") != NULL;
+	base = strrchr(exe, '/');
+	return strstr(base ? base + 1 : exe, "python") != NULL;
 }
 
 /* Starts the best tool for p's worker writing into p->path. */

@@ -19,11 +19,9 @@
 
 #include "agent/agent.h"
 
-#define STACKS_DEADLINE_MS 800u	       /* every tool of one capture, in total */
-#define STACKS_FRAME_MAX   192u	       /* one digest frame: "func (file:line)" */
-#define STACKS_FILE_MAX	   (64u << 10) /* bytes of one stack.txt read back */
-#define STACKS_MIN_GAP_MS  2000u       /* GET /stacks: one capture per this long */
-#define STACKS_DIGEST_MAX  1024u
+#define STACKS_DEADLINE_MS     800u	   /* every tool of one capture, in total */
+#define STACKS_FILE_MAX	       (64u << 10) /* bytes of one stack.txt read back */
+#define STACKS_ANSWER_REUSE_MS 1000u	   /* asks this close share a capture */
 
 /* The last capture of this attempt (a->stk); stacks.c and stacks_job.c. */
 struct agent_stacks {
@@ -38,33 +36,14 @@ struct agent_stacks {
 	uint64_t answer_ms;
 };
 
-/* Helpers stacks_job.c shares: bounded append to buf (len: bytes so far,
- * kept below cap); the first STACKS_FILE_MAX bytes of a file (malloc'd,
- * "" when unreadable; NULL on OOM); a->stk allocated (0 or CRUN_ENOMEM). */
-void stacks_append(char *buf, size_t cap, size_t *len, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+/* Helpers stacks_job.c shares: the first STACKS_FILE_MAX bytes of a file
+ * (malloc'd, "" when unreadable; NULL on OOM); a->stk allocated (0 or
+ * CRUN_ENOMEM). The pure texts (frames, digests) are service/'s. */
 char *stacks_read_text(const char *path);
 int stacks_ensure(struct crun_agent *a);
 
 /* cfg.stack_dump_on_stop */
 enum { STACKS_ON_FAILURE = 0, STACKS_ALWAYS = 1, STACKS_NEVER = -1 };
-
-/* Pure: the innermost frame of the first thread in a stack text, from
- * py-spy ("    func (path/file.py:41)"), gdb ("#0  0x.. in func (..) at
- * f.c:12") or the /proc fallback ("wchan: do_select"), as "func (file:41)"
- * with the file's directories dropped. 0, or CRUN_ENOENT when none. */
-int stacks_top_frame(const char *text, char *buf, size_t cap);
-
-/* Pure: marks odd[i] for each frame that differs from the one most ranks
- * are in (empty frames are ignored). Returns how many are odd; 0 when there
- * is no strict majority (a tie names nobody). */
-int stacks_stragglers(const char *const *frames, int n, bool *odd);
-
-/* Pure: the digest line: for a stop, "rank 0 was in f (x.py:3), rank 2 was
- * in ... when WHEN"; with odd (a hang), the odd ranks first ("rank 1 is in
- * f (x.py:3) while ranks 0,2 are in g (y.py:9)"). At most cap bytes. */
-void stacks_digest(const int *ranks, const char *const *frames, const bool *odd, int n,
-		   const char *when, char *buf, size_t cap);
 
 /* Captures the stacks of every running worker that crun is not already
  * stopping into <attempt>/<local_rank>/stack.txt and fills a->stk's frames.
@@ -90,27 +69,6 @@ const char *stacks_last_digest(const struct crun_agent *a); /* "" when none */
 
 /* ---- stacks_job.c: the whole job's stacks through the job board --------------- */
 
-#define STACKS_MERGE_MAX       4096u /* ranks of one job-wide digest */
-#define STACKS_ANSWER_REUSE_MS 1000u /* asks this close share a capture */
-
-struct stacks_merged {
-	int nranks;	/* ranks in the answers */
-	int nodes;	/* answers that held a rank list */
-	int nodd;	/* stragglers (0: no strict majority, or none odd) */
-	int blame_rank; /* the first straggler's global rank, -1: none */
-	char blame_frame[STACKS_FRAME_MAX];
-	char digest[STACKS_DIGEST_MAX]; /* stacks_digest over every rank */
-};
-/* Pure: the digest over every rank of answers[0..n) (each an answer's JSON
- * or NULL), ranks in global order, stragglers named as stacks_digest does
- * ("rank 3 is in f (x.py:3) while ranks 0,1,2 are in g (y.py:9) when
- * WHEN"). 0, CRUN_ENOENT when no answer held a rank, CRUN_ENOMEM. */
-int stacks_merge(char *const *answers, int n, const char *when, struct stacks_merged *ret);
-/* Pure: what crunctl stacks --all prints: a head line, the digest, then
- * every rank of every node ("=== rank R (node G HOST, local rank L, pid
- * P): FRAME" and its stack), or a node's missing answer. malloc'd; NULL on
- * OOM. */
-char *stacks_job_text(const char *job, int64_t ask, char *const *answers, int n);
 /* rdzv_params.stacks_answer (arg: the agent): captures this node's stacks
  * (or reuses a capture under STACKS_ANSWER_REUSE_MS old) and returns the
  * answer's JSON (malloc'd), NULL on OOM. Blocks as stacks_capture does. */

@@ -2,7 +2,7 @@
  * configs/systemd/crun-agent@.service). Settings come from crun's option
  * table: --config FILE.json, flags (which win) and the environment. Speaks
  * the notify protocol, re-reads the config on SIGHUP and serves a status
- * page (agent/daemon.c, agent/status.c). Exit codes, for systemd to act on
+ * page (agent/daemon.c, agent/status.c over service/). Exit codes, for systemd to act on
  * (Restart=on-failure, RestartPreventExitStatus=2): 0 the job succeeded, 1
  * it failed (a restart may help), 2 it can never succeed as configured (bad
  * config or secret, a spent run id, a port taken); an operator's SIGTERM or

@@ -1,7 +1,7 @@
 /* crun-rdzvd: serves crun's TCPStore-compatible store (store/server/server.c) in the
  * foreground. Argument parsing (flags, or --config FILE.json read as flags),
  * limits, signals, systemd's notify protocol (common/notify.c) and the status
- * page (agent/status.c) only; the store itself lives in store/. Exit codes: 0
+ * page (service/status.c) only; the store itself lives in store/. Exit codes: 0
  * after SIGTERM/SIGINT, 1 when the store cannot start, 2 for a bad flag or
  * value.
  */
@@ -18,8 +18,8 @@
 #include <cjson/cJSON.h>
 #include <event2/event.h>
 
-#include "agent/agent.h"
 #include "common/common.h"
+#include "service/service.h"
 #include "store/auth.h"
 #include "store/server.h"
 #include "store/store_ext.h"
@@ -38,7 +38,7 @@ struct sec_opts {
 	struct store_tls_opts tls;
 };
 
-/* Prints what crun-rdzvd's rows (agent/cli_daemons.c) give for kind ("help",
+/* Prints what crun-rdzvd's rows (service/cli_rows.c) give for kind ("help",
  * "man", "schema" or a shell) and exits 0; 2 for a shell it has no script for. */
 static _Noreturn void print_doc(const char *kind);
 
@@ -305,8 +305,8 @@ struct daemon {
 	struct event_base *base;
 	struct store_server *srv;
 	struct daemon_opts *opts;
-	struct agent_service svc; /* notify socket, watchdog, SIGHUP */
-	struct agent_status *status;
+	struct service svc; /* notify socket, watchdog, SIGHUP */
+	struct status_page *status;
 };
 
 static void send_status(struct daemon *d)
@@ -319,7 +319,7 @@ static void send_status(struct daemon *d)
 	    "STATUS=serving on port %u: %llu connections, %llu keys, %llu waiters%s%s",
 	    store_server_port(d->srv), (unsigned long long)st.conns, (unsigned long long)st.keys,
 	    (unsigned long long)st.waiters, d->status ? ", status on " : "",
-	    d->status ? agent_status_addr(d->status) : "");
+	    d->status ? status_page_addr(d->status) : "");
 }
 
 static void on_tick(void *arg)
@@ -466,16 +466,16 @@ static int daemon_start(struct daemon *d)
 {
 	int r;
 
-	r = agent_service_start(&d->svc, d->base, environ, on_reload, on_tick, d);
+	r = service_start(&d->svc, d->base, environ, on_reload, on_tick, d);
 	if (r < 0)
 		return r;
 	if (d->opts->status) {
-		r = agent_status_start(d->base, d->opts->status, &d->status);
+		r = status_page_start(d->base, d->opts->status, &d->status);
 		if (r < 0)
 			return r;
-		agent_status_attach_store(d->status, d->srv);
+		status_page_attach_store(d->status, d->srv);
 		if (d->opts->token) {
-			r = agent_status_allow_drop(d->status, d->srv, d->opts->token);
+			r = status_page_allow_drop(d->status, d->srv, d->opts->token);
 			if (r < 0) {
 				fprintf(stderr,
 					PROG ": --admin-token-file: a token must be printable "
@@ -483,7 +483,7 @@ static int daemon_start(struct daemon *d)
 				return r;
 			}
 		}
-		printf(PROG " status on http://%s/status\n", agent_status_addr(d->status));
+		printf(PROG " status on http://%s/status\n", status_page_addr(d->status));
 	}
 	(void)notify_send(d->svc.notify, "READY=1");
 	send_status(d);
@@ -492,8 +492,8 @@ static int daemon_start(struct daemon *d)
 
 static void daemon_stop(struct daemon *d)
 {
-	agent_status_stop(d->status);
-	agent_service_stop(&d->svc);
+	status_page_stop(d->status);
+	service_stop(&d->svc);
 }
 
 /* Loads the secrets the flags name into a table (NULL: none) and enforces

@@ -345,7 +345,7 @@ static const struct command {
     {"drop", cmd_drop, "delete one job's keys (--job, --token-file; POST /drop)"},
 };
 
-/* Prints what crunctl's rows (agent/cli_daemons.c) and commands give for
+/* Prints what crunctl's rows (service/cli_rows.c) and commands give for
  * kind ("help", "man" or a shell) to f; 0, or 2 for a shell it has no
  * script for. */
 static int print_doc(FILE *f, const char *kind)

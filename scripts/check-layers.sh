@@ -8,12 +8,13 @@ allowed() {
 	kernels) echo "common kernels" ;;
 	store) echo "common store" ;;
 	rendezvous) echo "common store rendezvous" ;;
+	service) echo "common store rendezvous service" ;;
 	worker_sdk) echo "common store kernels worker_sdk" ;;
-	agent) echo "common store rendezvous agent" ;;
+	agent) echo "common store rendezvous service agent" ;;
 	esac
 }
 bad=0
-for m in common kernels store rendezvous worker_sdk agent; do
+for m in common kernels store rendezvous service worker_sdk agent; do
 	ok=$(allowed $m)
 	for f in $(ls $m/*.c $m/*.h $m/*.cu $m/*/*.c $m/*/*.h 2>/dev/null); do
 		for inc in $(grep -hoE '^#include "[a-z_]+/' "$f" | sed -E 's/#include "([a-z_]+)\//\1/'); do
@@ -26,7 +27,9 @@ for m in common kernels store rendezvous worker_sdk agent; do
 	done
 done
 # Who may start a store server (include store/server.h): STYLE §1 has
-# agent -> store(server, tls); cmd/, tests/ and bench/ may use anything. Two
+# agent -> store(server, tls); service/ (below agent) shows a server's
+# counters on the status page and serves crun-rdzvd's rows of its limits;
+# cmd/, tests/ and bench/ may use anything. Two
 # library files host a store themselves, each for PyTorch parity; no other
 # file of rendezvous/ or worker_sdk/ may. One line per file: path, then why.
 server_hosts='
@@ -47,7 +50,7 @@ done
 # only; the module's interface is the headers at its root. tests/ and bench/
 # may look inside.
 for f in $(ls common/*.[ch] kernels/*.[ch] store/*.[ch] store/*/*.[ch] rendezvous/*.[ch] \
-	rendezvous/*/*.[ch] worker_sdk/*.[ch] worker_sdk/*/*.[ch] agent/*.[ch] agent/*/*.[ch] \
+	rendezvous/*/*.[ch] service/*.[ch] service/*/*.[ch] worker_sdk/*.[ch] worker_sdk/*/*.[ch] agent/*.[ch] agent/*/*.[ch] \
 	cmd/*.c 2>/dev/null); do
 	for inc in $(grep -hoE '^#include "[a-z_]+/[a-z_]+/' "$f" | sed -E 's/#include "//'); do
 		case "$f" in

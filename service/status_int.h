@@ -1,26 +1,20 @@
-/* status_int.h: what status.c (the page and its watchers), status_jobs.c
- * (the JSON views of a store's jobs) and status_stacks.c (GET /stacks)
- * share inside agent/. The views are pure: no sockets, no clock.
+/* status_int.h: what the status page's files share inside service/: the
+ * page (status.c), its bodies (status_body.c), the JSON views of a store's
+ * jobs (status_jobs.c), POST /drop (status_drop.c) and GET /stacks
+ * (status_stacks.c). The views are pure: no sockets, no clock.
  */
-#ifndef CRUN_AGENT_STATUS_INT_H
-#define CRUN_AGENT_STATUS_INT_H
+#ifndef CRUN_SERVICE_STATUS_INT_H
+#define CRUN_SERVICE_STATUS_INT_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 #include <cjson/cJSON.h>
 
-struct rdzv_progress;
-struct store_server;
+#include "service/service.h"
 
-/* Adds the rendezvous's progress (rdzv.h) to root as "rendezvous": the round
- * waited in or the last one completed, its nodes (group ranks and addresses
- * once complete), the nodes waited for, and the counters. */
-void status_progress_json(cJSON *root, const struct rdzv_progress *p, const char *run_id);
-
-/* root as compact JSON (malloc'd; NULL on OOM or a NULL root). Takes
- * ownership of root, and frees it. */
-char *status_print_tree(cJSON *root);
+struct evhttp_request;
+struct event_base;
 
 /* One c10d job of crun-rdzvd's store (GET /jobs/ID, /status?rdzv_id=ID): its
  * round, nodes, group ranks, the nodes waited for and its state
@@ -41,21 +35,36 @@ void status_store_jobs(cJSON *jobs, const struct store_server *srv);
 int status_store_job_round(const struct store_server *srv, const char *run_id, char *prefix,
 			   size_t cap, int *ret_nodes, const char **ret_state);
 
-struct evhttp_request;
-struct crun_agent;
-struct event_base;
+/* status_body.c: the /status tree of srv and src (either may be NULL);
+ * version and st as struct status_source's status_json takes them. */
+cJSON *status_tree(const struct store_server *srv, const struct status_source *src,
+		   const uint64_t *version, int st);
+
 /* status.c: answers req with body (taken; NULL: a 500) as type. */
 void status_reply(struct evhttp_request *req, int code, const char *type, char *body);
 
-/* status_stacks.c: GET /stacks of one page (see there). a: the agent's
- * page, or srv: crun-rdzvd's (writable: an ask is posted into it). */
+/* status_drop.c: POST /drop?job=J on a page whose drop is on (drop_store,
+ * token: status_page_allow_drop); 403 when it is off. */
+struct status_drop {
+	struct store_server *store; /* borrowed; NULL: /drop is off */
+	char *token;		    /* owned, NUL-terminated */
+	size_t token_len;
+};
+void status_drop_post(const struct status_drop *d, struct evhttp_request *req, const char *query);
+int status_drop_allow(struct status_drop *d, struct store_server *srv,
+		      const struct store_auth_secret *token);
+void status_drop_clear(struct status_drop *d);
+
+/* status_stacks.c: GET /stacks of one page (see there). src: the page's
+ * job (NULL: none), or srv: crun-rdzvd's store (writable: an ask is posted
+ * into it). */
 struct status_stacks;
 int status_stacks_new(struct event_base *base, struct status_stacks **ret);
 void status_stacks_get(struct status_stacks *ss, struct evhttp_request *req, const char *query,
-		       struct crun_agent *a, struct store_server *srv);
-/* The page's agent is a (NULL: none): a gather in flight for another
- * agent is answered 503. */
-void status_stacks_attach(struct status_stacks *ss, struct crun_agent *a);
+		       const struct status_source *src, struct store_server *srv);
+/* The page's job is now owner's (a source's arg; NULL: none): a gather in
+ * flight for another is answered 503. */
+void status_stacks_attach(struct status_stacks *ss, const void *owner);
 /* Answers a pending request 503, then frees; NULL: no-op. */
 void status_stacks_free(struct status_stacks *ss);
 #endif

@@ -1,6 +1,7 @@
 /* status_stacks.c: GET /stacks on a status page. An agent's page: every
- * local rank's stack now (?rank=R: one), or with ?all=1 every rank of every
- * node of its job, gathered through the job board (rdzv.h). crun-rdzvd's
+ * local rank's stack now (?rank=R: one; the source captures them), or with
+ * ?all=1 every rank of every node of its job, gathered through the job
+ * board (rdzv.h) of the source's rendezvous. crun-rdzvd's
  * page: ?rdzv_id=J posts an ask into job J's keys of its own store (the
  * page shares the store's loop: a SET on the server's behalf wakes the
  * agents' watches) and collects the answers as they land. One gather at a
@@ -18,10 +19,9 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
-#include "agent/stacks_int.h"
-#include "agent/status_int.h"
 #include "common/common.h"
 #include "rendezvous/rdzv.h"
+#include "service/status_int.h"
 #include "store/server.h"
 
 /* crun-rdzvd looks for the answers this often: in-process key reads. */
@@ -30,7 +30,7 @@
 struct status_stacks {
 	struct event_base *base;	 /* borrowed */
 	struct evhttp_request *req;	 /* the gather's request, NULL: none */
-	struct crun_agent *agent;	 /* borrowed: an agent's gather, else NULL */
+	const void *owner;		 /* a source's gather: its arg, else NULL */
 	struct store_server *srv;	 /* borrowed: crun-rdzvd's gather, else NULL */
 	struct event *timer;		 /* crun-rdzvd: looks for the answers */
 	char job[RDZV_HOST_MAX];	 /* the job gathered */
@@ -84,7 +84,7 @@ static struct evhttp_request *take_req(struct status_stacks *ss)
 	if (req)
 		evhttp_connection_set_closecb(evhttp_request_get_connection(req), NULL, NULL);
 	ss->req = NULL;
-	ss->agent = NULL;
+	ss->owner = NULL;
 	ss->srv = NULL;
 	if (ss->timer)
 		evtimer_del(ss->timer);
@@ -113,8 +113,8 @@ static void on_gathered(int r, int64_t ask, char *const *answers, int n, void *a
 {
 	struct status_stacks *ss = arg;
 
-	if (!ss->agent)
-		return; /* the request went away, or another agent was attached */
+	if (!ss->owner)
+		return; /* the request went away, or another job was attached */
 	if (r < 0) {
 		struct evhttp_request *req = take_req(ss);
 
@@ -126,15 +126,16 @@ static void on_gathered(int r, int64_t ask, char *const *answers, int n, void *a
 	answer(ss, ask, answers, n);
 }
 
-static void get_all(struct status_stacks *ss, struct evhttp_request *req, struct crun_agent *a)
+static void get_all(struct status_stacks *ss, struct evhttp_request *req,
+		    const struct status_source *src)
 {
 	char why[320];
 	int r;
 
 	if (limited(ss, req))
 		return;
-	snprintf(why, sizeof(why), "crunctl stacks --all on %s", a->host);
-	r = rdzv_stacks_gather(a->rdzv, why, on_gathered, ss);
+	snprintf(why, sizeof(why), "crunctl stacks --all on %s", src->host(src->arg));
+	r = rdzv_stacks_gather(src->rdzv(src->arg), why, on_gathered, ss);
 	if (r == CRUN_ENOTSUP) {
 		fail(req, 404, "Not Found",
 		     "no job board: a static or standalone job, or no round running (crunctl "
@@ -146,8 +147,8 @@ static void get_all(struct status_stacks *ss, struct evhttp_request *req, struct
 		     crun_strerror(r));
 		return;
 	}
-	snprintf(ss->job, sizeof(ss->job), "%s", a->run_id);
-	ss->agent = a;
+	snprintf(ss->job, sizeof(ss->job), "%s", src->run_id(src->arg));
+	ss->owner = src->arg;
 	park(ss, req);
 }
 
@@ -270,7 +271,7 @@ static void get_job(struct status_stacks *ss, struct evhttp_request *req, struct
 /* ---- the page's entry --------------------------------------------------------------- */
 
 /* The local ranks (?rank=R: one), as before the job board. */
-static void get_local(struct evhttp_request *req, struct crun_agent *a, const char *rv)
+static void get_local(struct evhttp_request *req, const struct status_source *src, const char *rv)
 {
 	int64_t rank = -1;
 	char *body = NULL;
@@ -280,7 +281,7 @@ static void get_local(struct evhttp_request *req, struct crun_agent *a, const ch
 		evhttp_send_error(req, HTTP_BADREQUEST, "rank: not a number");
 		return;
 	}
-	r = stacks_on_demand(a, rank < 0 || rank > INT32_MAX ? -1 : (int)rank, &body);
+	r = src->stacks(src->arg, rank < 0 || rank > INT32_MAX ? -1 : (int)rank, &body);
 	if (r == CRUN_EAGAIN) {
 		evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "2");
 		evhttp_send_error(req, 429, "one stack capture per 2 s");
@@ -292,7 +293,7 @@ static void get_local(struct evhttp_request *req, struct crun_agent *a, const ch
 }
 
 void status_stacks_get(struct status_stacks *ss, struct evhttp_request *req, const char *query,
-		       struct crun_agent *a, struct store_server *srv)
+		       const struct status_source *src, struct store_server *srv)
 {
 	struct evkeyvalq q = {0};
 	const char *all = NULL, *job = NULL, *rv = NULL;
@@ -302,15 +303,15 @@ void status_stacks_get(struct status_stacks *ss, struct evhttp_request *req, con
 		job = evhttp_find_header(&q, "rdzv_id");
 		rv = evhttp_find_header(&q, "rank");
 	}
-	if (a && !all) {
-		get_local(req, a, rv);
-	} else if ((a && !(a->rdzv)) || (!a && !job)) {
+	if (src && !all) {
+		get_local(req, src, rv);
+	} else if ((src && !src->rdzv(src->arg)) || (!src && !job)) {
 		fail(req, 400, "Bad Request",
-		     a ? "no rendezvous yet" : "crun-rdzvd's page: GET /stacks?rdzv_id=JOB");
+		     src ? "no rendezvous yet" : "crun-rdzvd's page: GET /stacks?rdzv_id=JOB");
 	} else if (ss->req) {
 		fail(req, 503, "Service Unavailable", "a gather of stacks is running: try again");
-	} else if (a) {
-		get_all(ss, req, a);
+	} else if (src) {
+		get_all(ss, req, src);
 	} else {
 		get_job(ss, req, srv, job);
 	}
@@ -333,9 +334,9 @@ int status_stacks_new(struct event_base *base, struct status_stacks **ret)
 	return 0;
 }
 
-void status_stacks_attach(struct status_stacks *ss, struct crun_agent *a)
+void status_stacks_attach(struct status_stacks *ss, const void *owner)
 {
-	struct evhttp_request *req = ss && ss->agent && ss->agent != a ? take_req(ss) : NULL;
+	struct evhttp_request *req = ss && ss->owner && ss->owner != owner ? take_req(ss) : NULL;
 
 	if (req)
 		fail(req, 503, "Service Unavailable", "the agent went away");

@@ -1,17 +1,17 @@
-/* cli_daemons.c: the option rows of crun-rdzvd and crunctl, in the form of
- * crun's option table (cli_int.h), with the text of their --help and man
- * pages that no row holds. cli_doc.c prints them with cli_text.c's code, so
+/* cli_rows.c: the option rows of crun-rdzvd and crunctl, in the form of
+ * crun's option table (service.h), with the text of their --help and man
+ * pages that no row holds. cli_doc.c prints them with the row printers, so
  * a flag added here is parsed (getopt), documented (--help, man page),
  * completed and, with a JSON path, a --config key at once.
  */
 #include <stdio.h>
 #include <string.h>
 
-#include "agent/agent.h"
-#include "agent/cli_int.h"
 #include "store/server.h"
 #include "store/store_ext.h"
 #include "common/common.h"
+#include "service/rows_int.h"
+#include "service/service.h"
 
 /* The actions every program has: help, version, man page, completion. */
 #define ACTION_ROWS(P)                                                                         \

@@ -2,7 +2,7 @@
  * rather than an agent: a c10d job as crun-rdzvd's store holds it (its round,
  * nodes, ranks and end, with a version for watchers) and the list of the
  * jobs a store holds; and the rendezvous-progress object both pages share.
- * Pure functions of what they are given (status_int.h).
+ * Pure functions of what they are given (status_int.h, service.h).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -11,11 +11,10 @@
 
 #include <cjson/cJSON.h>
 
-#include "agent/agent.h"
-#include "agent/status_int.h"
-#include "rendezvous/rdzv.h"
-#include "store/server.h"
 #include "common/common.h"
+#include "rendezvous/rdzv.h"
+#include "service/status_int.h"
+#include "store/server.h"
 
 /* The rendezvous's progress (rdzv.h) under root's "rendezvous": the round
  * waited in or the last one completed, its nodes (group ranks and addresses

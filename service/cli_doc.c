@@ -1,6 +1,6 @@
-/* cli_doc.c: crun-rdzvd's and crunctl's rows (cli_daemons.c) as getopt's
+/* cli_doc.c: crun-rdzvd's and crunctl's rows (cli_rows.c) as getopt's
  * tables, --config keys, --help, a man page, completion scripts and a JSON
- * schema, printed by cli_text.c's row printers: the one option-table
+ * schema, printed by the row printers (cli_print.c): the one option-table
  * mechanism of crun and crun-agent, over another program's rows.
  */
 #include <getopt.h>
@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/agent.h"
-#include "agent/cli_int.h"
 #include "common/common.h"
+#include "service/rows_int.h"
+#include "service/service.h"
 
 /* A program's rows and text; buf backs the limits' strings. */
 struct doc_rows {
