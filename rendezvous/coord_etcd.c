@@ -419,29 +419,33 @@ int etcd_multi_set(struct etcd *e, const char *const *keys, const char *const *v
 	return r < 0 ? etcd_fail_op(e, r, "multi_set", n ? keys[0] : "") : 0;
 }
 
-int etcd_exists(struct etcd *e, const char *key)
+/* key's value into *ret_v (NULL: no such key); a failure is said for op. */
+static int read_value(struct etcd *e, const char *key, const char *op, char **ret_v)
 {
-	char *k = etcd_key(e, key, NULL, NULL), *v = NULL;
+	char *k = etcd_key(e, key, NULL, NULL);
 	int64_t rev;
-	int r = k ? probe(e, k, &v, &rev) : CRUN_ENOMEM;
+	int r = k ? probe(e, k, ret_v, &rev) : CRUN_ENOMEM;
 
 	free(k);
-	if (r < 0)
-		return etcd_fail_op(e, r, "exists", key);
-	r = v ? 1 : 0;
+	return r < 0 ? etcd_fail_op(e, r, op, key) : 0;
+}
+
+int etcd_exists(struct etcd *e, const char *key)
+{
+	char *v = NULL;
+	bool found;
+
+	TRY(read_value(e, key, "exists", &v));
+	found = v != NULL;
 	free(v);
-	return r;
+	return found;
 }
 
 int etcd_try_get(struct etcd *e, const char *key, char **ret_val)
 {
-	char *k = etcd_key(e, key, NULL, NULL), *v = NULL;
-	int64_t rev;
-	int r = k ? probe(e, k, &v, &rev) : CRUN_ENOMEM;
+	char *v = NULL;
 
-	free(k);
-	if (r < 0)
-		return etcd_fail_op(e, r, "get", key);
+	TRY(read_value(e, key, "get", &v));
 	if (!v)
 		return CRUN_ENOTFOUND;
 	*ret_val = v;
