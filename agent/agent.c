@@ -394,6 +394,12 @@ static int add_worker_env(struct crun_agent *a)
 	return 0;
 }
 
+/* The status page's subscription to the agent's state changes. */
+static void status_on_state(void *arg, crun_agent_state_t st)
+{
+	agent_status_on_state(arg, st);
+}
+
 static int start_status(struct crun_agent *a)
 {
 	const char *listen = a->cfg.status_listen;
@@ -409,6 +415,8 @@ static int start_status(struct crun_agent *a)
 		return r;
 	}
 	agent_status_attach(a->status, a);
+	a->state_listener = status_on_state;
+	a->state_listener_arg = a->status;
 	log_at(LL_INFO, SUB_AGENT, "status page on http://%s/status", agent_status_addr(a->status));
 	return 0;
 }

@@ -3,8 +3,10 @@
  *   agent.c      life cycle, store server, rendezvous glue
  *   attempt.c    one attempt: its workers' start, on_event, its end and failures
  *   fsm.c        the state table and its actions (restart policy lives here)
+ *   fsm_names.c  the names of its states and events
  *   spawn.c      fork/exec of one worker (STYLE §6 protocol) (workers.h)
  *   supervise.c  signals as loop events, the one reap path, stopping, guard (workers.h)
+ *   signals.c    signal names and --signals_to_handle lists (workers.h)
  *   logs.c       where worker output goes, tailing teed files, prefixes (outputs.h)
  *   console.c    the console writer, a thread or the loop in poll mode (console.h)
  *   poll.c       poll mode: the loop's fds mirrored into one epoll fd
@@ -13,6 +15,7 @@
  *   env.c        worker environment and argv
  *   cli*.c       the option table: command line, JSON config, env -> config
  *   daemon.c     crun-agent as a service (STATUS= lines, SIGHUP reload; service/)
+ *   event_print.c  --event_log_handler=console's JSON lines
  *   status.c     the agent's part of the status page (service/status.c)
  *   ctl.c        crunctl's client of the status pages
  *   heartbeat.c  --worker_heartbeat_timeout
@@ -84,8 +87,9 @@ typedef enum agent_state (*agent_action)(struct crun_agent *a);
 /* The transition table; a NULL cell means the event is ignored there.
  * Exposed for unit tests of the table. */
 extern const agent_action agent_fsm[AS__MAX][AE__MAX];
-const char *agent_state_name(enum agent_state s);
 crun_agent_state_t agent_public_state(enum agent_state s); /* the API's name for s */
+/* "running", "worker-exit": log lines, the status page (fsm_names.c, a leaf) */
+const char *agent_state_name(enum agent_state s);
 const char *agent_event_name(enum agent_event e);
 void agent_fire(struct crun_agent *a, enum agent_event ev);
 
@@ -178,6 +182,11 @@ struct crun_agent {
 	bool poll_mode;
 	struct agent_poll *poll;
 	struct agent_status *status; /* cfg.status_listen's page, or NULL */
+	/* Told of every public state change (attempt.c). The status page
+	 * subscribes here (agent.c's start_status) rather than being called
+	 * by name, which kept status.c in the agent's call loop (issue 24). */
+	void (*state_listener)(void *arg, crun_agent_state_t st);
+	void *state_listener_arg;
 	sigset_t orig_mask;
 	struct rlimit nofile_orig;  /* restored in the workers */
 	bool subreaper;		    /* the process adopts orphans: sweep worker groups */
@@ -379,12 +388,6 @@ struct agent_daemon;
  * daemon's life (argv/env are parsed again on reload). */
 int agent_daemon_new(struct event_base *base, struct cli *c, int argc, char *const *argv,
 		     char *const *env, struct agent_daemon **ret);
-/* --event_log_handler=console: one JSON line for a state change, in the
- * shape of torchrun's events (name, source, timestamp, metadata). */
-void agent_event_print(FILE *f, crun_agent_state_t st, int restart_count, const char *role);
-/* That line's JSON (no newline), malloc'd; NULL on OOM. role NULL: "default". */
-char *agent_event_json(crun_agent_state_t st, int restart_count, const char *role,
-		       double timestamp_s);
 /* The agent whose state STATUS= and the status page report (borrowed). */
 void agent_daemon_attach(struct agent_daemon *d, struct crun_agent *a);
 /* The address the status page bound ("127.0.0.1:8123"), or "" when off. */
@@ -403,6 +406,15 @@ int agent_daemon_stop_signal(const struct crun_agent *a);
  * c10d or etcd rendezvous is readable and private. 0, or CRUN_ECONFIG with
  * err; for --print-config, which must not say yes to a config that cannot run. */
 int agent_daemon_check(const struct cli *c, char *const *env, char *err, size_t cap);
+
+/* ---- event_print.c: --event_log_handler=console's lines ------------------------- */
+
+/* --event_log_handler=console: one JSON line for a state change, in the
+ * shape of torchrun's events (name, source, timestamp, metadata). */
+void agent_event_print(FILE *f, crun_agent_state_t st, int restart_count, const char *role);
+/* That line's JSON (no newline), malloc'd; NULL on OOM. role NULL: "default". */
+char *agent_event_json(crun_agent_state_t st, int restart_count, const char *role,
+		       double timestamp_s);
 
 /* ---- status.c: the agent's status page (service/'s page, this agent's job) ------- */
 

@@ -39,7 +39,8 @@ void agent_emit_state(struct crun_agent *a, crun_agent_state_t st)
 
 	if (a->cfg.event_log_handler && strcmp(a->cfg.event_log_handler, "console") == 0)
 		agent_event_print(stderr, st, a->restart_count, a->role);
-	agent_status_on_state(a->status, st);
+	if (a->state_listener)
+		a->state_listener(a->state_listener_arg, st);
 	if (!a->cfg.on_event)
 		return;
 	event_init(a, &ev, CRUN_AGENT_EV_STATE);

@@ -18,35 +18,6 @@
 #include "rendezvous/rdzv.h"
 #include "store/server.h"
 
-static const char *const state_names[AS__MAX] = {
-    [AS_INIT] = "init",		  [AS_RENDEZVOUS] = "rendezvous", [AS_RUNNING] = "running",
-    [AS_STOPPING] = "stopping",	  [AS_BARRIER] = "barrier",	  [AS_DONE] = "done",
-    [AS_CHECKING] = "node-check",
-};
-static const char *const event_names[AE__MAX] = {
-    [AE_START] = "start",
-    [AE_RDZV_COMPLETE] = "rdzv-complete",
-    [AE_RDZV_FAILED] = "rdzv-failed",
-    [AE_WORKER_EXIT] = "worker-exit",
-    [AE_PEER_CHANGED] = "peer-changed",
-    [AE_TERM_SIGNAL] = "term-signal",
-    [AE_GRACE_EXPIRED] = "grace-expired",
-    [AE_BARRIER_DONE] = "barrier-done",
-    [AE_SPARE_DONE] = "spare-done",
-    [AE_FAILURE_WINDOW] = "failure-window",
-    [AE_CHECK_DONE] = "check-done",
-};
-
-const char *agent_state_name(enum agent_state s)
-{
-	return (unsigned)s < AS__MAX ? state_names[s] : "?";
-}
-
-const char *agent_event_name(enum agent_event e)
-{
-	return (unsigned)e < AE__MAX ? event_names[e] : "?";
-}
-
 enum agent_decision agent_decide(int nfailed, int nrunning, int restart_count, int max_restarts)
 {
 	if (nfailed > 0)
@@ -456,13 +427,13 @@ void agent_fire(struct crun_agent *a, enum agent_event ev)
 	enum agent_state next;
 
 	if (!act) {
-		log_at(LL_DEBUG, SUB_AGENT, "ignoring %s while %s", event_names[ev],
-		       state_names[a->state]);
+		log_at(LL_DEBUG, SUB_AGENT, "ignoring %s while %s", agent_event_name(ev),
+		       agent_state_name(a->state));
 		return;
 	}
 	next = act(a);
-	log_at(LL_INFO, SUB_AGENT, "%s --%s--> %s", state_names[a->state], event_names[ev],
-	       state_names[next]);
+	log_at(LL_INFO, SUB_AGENT, "%s --%s--> %s", agent_state_name(a->state),
+	       agent_event_name(ev), agent_state_name(next));
 	if (next != a->state && a->cfg.on_state)
 		a->cfg.on_state(agent_public_state(next), a->restart_count, a->cfg.on_state_arg);
 	if (next != a->state)

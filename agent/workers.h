@@ -101,6 +101,9 @@ void supervise_disarm_grace(struct crun_agent *a);
  * the first failure; disarming also forgets that it was armed. */
 void supervise_arm_window(struct crun_agent *a);
 void supervise_disarm_window(struct crun_agent *a);
+
+/* ---- signals.c: signal names (a leaf; the supervise_ names predate it) ------- */
+
 /* Parses "SIGTERM,SIGINT,..." (or numbers) into a mask. 0 or CRUN_EINVAL. */
 int supervise_parse_signals(const char *list, uint64_t *ret_mask);
 const char *supervise_signame(int sig); /* "SIGTERM"; static */
