@@ -114,7 +114,7 @@ TEST_HELPERS := $(patsubst tests/helpers/%.c,$(BUILD)/tests/helpers/%,$(wildcard
 # LD_PRELOAD shims for integration tests (clock steps and the like).
 TEST_HELPERS += $(patsubst tests/preload/%.c,$(BUILD)/tests/preload/%.so,$(wildcard tests/preload/*.c))
 
-.PHONY: all test unit integration fuzz fuzz-run lint check-layers check-pure check-cycles \
+.PHONY: all test unit integration fuzz fuzz-run lint check-layers check-pure check-cycles check-size \
 	check-rdzvd-deps demo bench clean \
 	test-deps gpu-test gpu-check print-config install uninstall deb deb-check bench-scale flake-hunt
 all: $(PROGS) $(LIBA) $(LIBSO) $(EXAMPLES) $(BENCHES) $(BUILD)/crun.pc $(CUDA_TARGETS)
@@ -326,7 +326,7 @@ endif
 # ---- lint --------------------------------------------------------------------
 SRC_ALL := $(filter-out build%,$(wildcard */*.c */*.h include/crun/*.h tests/*/*.c \
 	$(foreach m,$(MODULES),$(m)/*/*.c $(m)/*/*.h)))
-lint: check-layers check-pure check-cycles check-rdzvd-deps
+lint: check-layers check-pure check-cycles check-rdzvd-deps check-size
 	$(Q)clang-format --dry-run --Werror $(filter-out tests/%,$(SRC_ALL))
 	$(Q)cppcheck --quiet --error-exitcode=1 --enable=warning,performance,portability \
 		--suppress=missingIncludeSystem --inline-suppr -I. -Iinclude \
@@ -351,6 +351,12 @@ check-cycles: $(LIB_OBJS)
 # linker would; an object under agent/ reached so fails, with the call.
 check-rdzvd-deps: $(BUILD)/obj/cmd/crun-rdzvd.o $(LIB_OBJS)
 	$(Q)/usr/bin/python3 scripts/check-links.py --forbid agent --root $(BUILD)/obj $^
+
+# No function over 100 lines, no production file over 1,000 (issue 24).
+SIZE_SRCS := $(filter-out tests/% examples/% bench/%,$(filter %.c,$(SRC_ALL))) \
+	$(wildcard kernels/*.cu)
+check-size:
+	$(Q)/usr/bin/python3 scripts/check-size.py --max-function 100 --max-file 1000 $(SIZE_SRCS)
 
 # ---- demo and benchmarks -----------------------------------------------------
 demo: all
