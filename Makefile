@@ -116,7 +116,7 @@ TEST_HELPERS += $(patsubst tests/preload/%.c,$(BUILD)/tests/preload/%.so,$(wildc
 
 .PHONY: all test unit integration fuzz fuzz-run lint check-layers check-pure check-cycles check-size \
 	check-rdzvd-deps demo bench clean \
-	test-deps gpu-test gpu-check print-config install uninstall deb deb-check bench-scale flake-hunt
+	test-deps gpu-test gpu-check print-config install uninstall deb deb-check bench-scale bench-ab flake-hunt
 all: $(PROGS) $(LIBA) $(LIBSO) $(EXAMPLES) $(BENCHES) $(BUILD)/crun.pc $(CUDA_TARGETS)
 	@echo "built crun (WITH_CUDA=$(WITH_CUDA), SAN=$(SAN)) under $(BUILD)/"
 
@@ -364,6 +364,14 @@ demo: all
 
 bench: all
 	$(Q)sh bench/run.sh $(BUILD)
+
+# crun against an earlier crun (BEFORE=<commit or build folder>), in one run:
+# launch, restart, agent RSS, store ops/s and idle RSS, rdzv rounds, real agents.
+BEFORE ?=
+bench-ab: all
+	$(Q)test -n "$(BEFORE)" || { echo "usage: make bench-ab BEFORE=<commit>" >&2; exit 2; }
+	$(Q)/usr/bin/python3 bench/ab_bench.py --before $(BEFORE) --after $(BUILD) \
+		--out $(BUILD)/bench/ab.md
 
 # ---- install ----------------------------------------------------------------
 # `make install PREFIX=/usr/local DESTDIR=...`: programs, the library (shared

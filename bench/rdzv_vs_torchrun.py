@@ -43,6 +43,7 @@ K >= 128 agents of one user on one machine fail ("too many open files").
 fresh --rdzv_id per run.
 """
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -341,6 +342,8 @@ def main():
     ap.add_argument("build", nargs="?", default=os.environ.get("CRUN_BUILD",
                                                                os.path.join(ROOT, "build")))
     ap.add_argument("--out", help="also write the markdown table to this file")
+    ap.add_argument("--json", help="also write the results as JSON to this file "
+                    "({launcher/K: medians})")
     ap.add_argument("--ks-crun", default=",".join(map(str, KS_CRUN)))
     ap.add_argument("--ks-torch", default=",".join(map(str, KS_TORCH)))
     ap.add_argument("--torch", default="torch2,torch113", help="torchruns to run")
@@ -390,6 +393,9 @@ def main():
             os.makedirs(os.path.dirname(os.path.abspath(cfg.out)), exist_ok=True)
             with open(cfg.out, "w") as f:
                 f.write(text)
+        if cfg.json:
+            with open(cfg.json, "w") as f:
+                json.dump({f"{who}/{k}": v for (who, k), v in res.items()}, f, indent=1)
     finally:
         b.cleanup()
     return 0
