@@ -29,18 +29,6 @@
 
 extern char **environ;
 
-/* struct crun_agent's anonymous views of its failures and workers (agent.h)
- * are the same memory as a->fail and a->wk. */
-_Static_assert(offsetof(struct crun_agent, nfailures) ==
-		   offsetof(struct crun_agent, fail.nfailures),
-	       "failures: nfailures");
-_Static_assert(offsetof(struct crun_agent, failures) == offsetof(struct crun_agent, fail.failures),
-	       "failures: failures");
-_Static_assert(offsetof(struct crun_agent, nworkers) == offsetof(struct crun_agent, wk.nworkers),
-	       "workers: nworkers");
-_Static_assert(offsetof(struct crun_agent, workers) == offsetof(struct crun_agent, wk.workers),
-	       "workers: workers");
-
 static void make_uuid4(char *buf, size_t cap)
 {
 	uint8_t b[16] = {0};
@@ -211,10 +199,10 @@ static int check_visible_devices(struct crun_agent *a)
 		return 0;
 	for (const char *p = v; *p; p++)
 		n += *p == ',';
-	if (n >= a->nworkers)
+	if (n >= a->wk.nworkers)
 		return 0;
 	snprintf(a->err, sizeof(a->err),
-		 "--virtual-local-rank: %d workers but %s=%s names only %d devices", a->nworkers,
+		 "--virtual-local-rank: %d workers but %s=%s names only %d devices", a->wk.nworkers,
 		 name, v, n);
 	return CRUN_EINVAL;
 }
@@ -226,17 +214,17 @@ static int prepare_numa(struct crun_agent *a)
 
 	if (!mode || !*mode)
 		return 0;
-	r = numa_cpus_for_gpus(env_get(a->envp_base, "CRUN_SYSFS_ROOT"), mode, a->nworkers,
+	r = numa_cpus_for_gpus(env_get(a->envp_base, "CRUN_SYSFS_ROOT"), mode, a->wk.nworkers,
 			       &a->numa_cpus);
 	if (r == CRUN_ENOENT)
 		snprintf(a->err, sizeof(a->err),
 			 "--numa-binding=%s binds each worker to the cpus of its GPU, but this "
 			 "machine has fewer NVIDIA GPUs than the %d workers (read from "
 			 "/sys/bus/pci/drivers/nvidia)",
-			 mode, a->nworkers);
+			 mode, a->wk.nworkers);
 	else if (r < 0)
 		snprintf(a->err, sizeof(a->err), "--numa-binding=%s: %s", mode, crun_strerror(r));
-	for (int i = 0; r == 0 && i < a->nworkers; i++)
+	for (int i = 0; r == 0 && i < a->wk.nworkers; i++)
 		log_at(LL_INFO, SUB_AGENT, "numa binding: local rank %d on cpus %s", i,
 		       a->numa_cpus[i]);
 	return r;
@@ -481,7 +469,7 @@ static int start_outputs(struct crun_agent *a)
 {
 	const struct outputs_config oc = {
 	    .base = a->base,
-	    .nworkers = a->nworkers,
+	    .nworkers = a->wk.nworkers,
 	    .redirects = a->cfg.redirects,
 	    .tee = a->cfg.tee,
 	    .console_ranks = a->cfg.console_ranks,
@@ -679,23 +667,23 @@ CRUN_API void crun_agent_free(crun_agent_t *a)
 {
 	if (!a)
 		return;
-	if (a->poll_mode && a->state != AS_DONE && a->workers) {
+	if (a->poll_mode && a->state != AS_DONE && a->wk.workers) {
 		/* Freed mid-job: nothing we started may outlive the agent. */
 		supervise_signal_workers(a, SIGKILL);
-		for (int i = 0; i < a->nworkers; i++)
-			if (a->workers[i].state == W_RUNNING)
-				while (waitpid(a->workers[i].pid, NULL, 0) < 0 && errno == EINTR)
+		for (int i = 0; i < a->wk.nworkers; i++)
+			if (a->wk.workers[i].state == W_RUNNING)
+				while (waitpid(a->wk.workers[i].pid, NULL, 0) < 0 && errno == EINTR)
 					;
 	}
-	for (int i = 0; a->workers && i < a->nworkers; i++)
-		supervise_unwatch_pid(&a->workers[i]);
+	for (int i = 0; a->wk.workers && i < a->wk.nworkers; i++)
+		supervise_unwatch_pid(&a->wk.workers[i]);
 	nodecheck_free(a);    /* kills a check still running */
 	agent_end_attempt(a); /* closes every worker's log streams */
 	/* The console may take a while to flush: keep the signal events (a
 	 * SIGTERM now is only recorded) until it is done. */
 	outputs_free(a->out);
 	supervise_fini(a);
-	numa_free(a->numa_cpus, a->nworkers);
+	numa_free(a->numa_cpus, a->wk.nworkers);
 	stacks_free(a);
 	rdzv_free(a->rdzv);
 	agent_status_stop(a->status);

@@ -143,26 +143,10 @@ struct crun_agent {
 	char *exe;	  /* resolved argv[0], or NULL */
 	int exe_errno;	  /* why it did not resolve */
 	char **envp_base; /* owned copy of the agent's environment */
-	/* workers.h: the local workers and their guard. The table also reads
-	 * as the agent's own a->nworkers and a->workers, as the unit tests,
-	 * hang.c, stacks.c and status.c address it. */
-	union {
-		struct agent_workers wk;
-		struct {
-			int nworkers;
-			struct worker *workers;
-		};
-	};
-	/* failures.h: the current attempt's failures. They also read as the
-	 * agent's own a->nfailures and a->failures, as the unit tests and
-	 * stacks.c address them. */
-	union {
-		struct agent_failures fail;
-		struct {
-			int nfailures;
-			struct agent_failure *failures;
-		};
-	};
+	/* workers.h: the local workers and their guard (a->wk.workers). */
+	struct agent_workers wk;
+	/* failures.h: the current attempt's failures (a->fail.failures). */
+	struct agent_failures fail;
 	struct store_server *store;
 	struct store_proxy *proxy; /* worker_store=proxy, not group rank 0: this
 				    * attempt's proxy to the round's store */

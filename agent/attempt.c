@@ -59,7 +59,7 @@ static void emit_rendezvous(struct crun_agent *a, const struct rdzv_info *ri)
 	ev.group_world_size = ri->group_world_size;
 	ev.world_size = ri->world_size;
 	ev.base_rank = ri->base_rank;
-	ev.local_world_size = a->nworkers;
+	ev.local_world_size = a->wk.nworkers;
 	ev.attempt = a->restart_count;
 	ev.master_addr = ri->master_addr;
 	ev.master_port = ri->master_port;
@@ -169,7 +169,7 @@ static int start_one(struct crun_agent *a, struct worker *w, const struct rdzv_i
 	v.group_rank = ri->group_rank;
 	v.role_rank = ri->role_base_rank + w->local_rank;
 	v.role = a->role;
-	v.local_world_size = a->nworkers;
+	v.local_world_size = a->wk.nworkers;
 	v.world_size = ri->world_size;
 	v.group_world_size = ri->group_world_size;
 	v.role_world_size = ri->role_world_size;
@@ -314,10 +314,10 @@ int agent_start_attempt(struct crun_agent *a)
 	log_at(LL_INFO, SUB_AGENT,
 	       "starting %d workers: group_rank=%d group_world_size=%d base_rank=%d "
 	       "world_size=%d master=%s:%u restart_count=%d",
-	       a->nworkers, ri->group_rank, ri->group_world_size, ri->base_rank, ri->world_size,
+	       a->wk.nworkers, ri->group_rank, ri->group_world_size, ri->base_rank, ri->world_size,
 	       ri->master_addr, ri->master_port, a->restart_count);
-	for (int i = 0; i < a->nworkers; i++) {
-		struct worker *w = &a->workers[i];
+	for (int i = 0; i < a->wk.nworkers; i++) {
+		struct worker *w = &a->wk.workers[i];
 
 		supervise_unwatch_pid(w);
 		memset(w, 0, sizeof(*w));
@@ -394,8 +394,8 @@ int agent_collect_failures(struct crun_agent *a)
 {
 	const struct failures_ctx ctx = failures_ctx_of(a);
 
-	for (int i = 0; i < a->nworkers; i++) {
-		struct worker *w = &a->workers[i];
+	for (int i = 0; i < a->wk.nworkers; i++) {
+		struct worker *w = &a->wk.workers[i];
 
 		if (w->state != W_EXITED || w->reported)
 			continue;

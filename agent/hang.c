@@ -177,12 +177,12 @@ static void blame(struct agent_hang *h, int idx, const char *when)
 	char why[STACKS_DIGEST_MAX + 256];
 	struct worker *w;
 
-	for (int i = 0; idx < 0 && i < a->nworkers && i < CRUN_AGENT_MAX_LOCAL; i++)
-		if (a->workers[i].state == W_RUNNING)
+	for (int i = 0; idx < 0 && i < a->wk.nworkers && i < CRUN_AGENT_MAX_LOCAL; i++)
+		if (a->wk.workers[i].state == W_RUNNING)
 			idx = i;
 	if (idx < 0)
 		return;
-	w = &a->workers[idx];
+	w = &a->wk.workers[idx];
 	snprintf(why, sizeof(why), "crun: hung: %s",
 		 stacks_last_digest(a)[0] ? stacks_last_digest(a) : when);
 	log_at(LL_WARN, SUB_AGENT, "%s; killing rank %d (pid %d)", why, w->global_rank,
@@ -267,8 +267,8 @@ static void on_check(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	if (a->state != AS_RUNNING)
 		return;
-	for (int i = 0; i < a->nworkers && i < CRUN_AGENT_MAX_LOCAL; i++) {
-		const struct worker *w = &a->workers[i];
+	for (int i = 0; i < a->wk.nworkers && i < CRUN_AGENT_MAX_LOCAL; i++) {
+		const struct worker *w = &a->wk.workers[i];
 		struct hang_rank *r = &h->rank[i];
 		struct hang_sample s;
 
@@ -303,9 +303,9 @@ int hang_arm(struct crun_agent *a, const char *attempt_dir)
 	h->every_ms = every;
 	h->progress_ms = clock_now_ms();
 	snprintf(h->attempt_dir, sizeof(h->attempt_dir), "%s", attempt_dir);
-	for (int i = 0; i < a->nworkers && i < CRUN_AGENT_MAX_LOCAL; i++) {
-		if (a->workers[i].state == W_RUNNING)
-			sample(h, &a->workers[i], &h->rank[i].last);
+	for (int i = 0; i < a->wk.nworkers && i < CRUN_AGENT_MAX_LOCAL; i++) {
+		if (a->wk.workers[i].state == W_RUNNING)
+			sample(h, &a->wk.workers[i], &h->rank[i].last);
 		h->rank[i].last_ms = h->progress_ms;
 	}
 	h->timer = event_new(a->base, -1, EV_PERSIST, on_check, h);

@@ -108,7 +108,7 @@ static void look(struct agent_heartbeat *hb, bool *watch, uint64_t now_ms)
 		struct hb_rank *r = &hb->rank[i];
 		struct stat st;
 
-		watch[i] = a->workers[i].state == W_RUNNING && !a->workers[i].stopping;
+		watch[i] = a->wk.workers[i].state == W_RUNNING && !a->wk.workers[i].stopping;
 		if (!watch[i])
 			continue;
 		if (stat(r->path, &st) == 0)
@@ -136,7 +136,7 @@ static void on_check(evutil_socket_t fd, short what, void *arg)
 	if (who < 0)
 		return;
 	{
-		struct worker *w = &a->workers[who];
+		struct worker *w = &a->wk.workers[who];
 		uint64_t silent = seen[who] ? now - seen[who] : 0;
 
 		log_at(LL_WARN, SUB_AGENT,
@@ -176,10 +176,10 @@ int heartbeat_prepare(struct crun_agent *a, const struct worker *w, const char *
 	}
 	hb = a->hb;
 	if (!hb->rank) {
-		hb->rank = calloc((size_t)a->nworkers, sizeof(*hb->rank));
+		hb->rank = calloc((size_t)a->wk.nworkers, sizeof(*hb->rank));
 		if (!hb->rank)
 			return CRUN_ENOMEM;
-		hb->n = a->nworkers;
+		hb->n = a->wk.nworkers;
 	}
 	r = &hb->rank[w->local_rank];
 	if (attempt_dir[0])

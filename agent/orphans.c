@@ -87,8 +87,8 @@ static bool is_known_child(const struct crun_agent *a, pid_t pid)
 {
 	if (pid == a->wk.guard_pid)
 		return true;
-	for (int i = 0; a->workers && i < a->nworkers; i++)
-		if (a->workers[i].pid == pid && a->workers[i].state == W_RUNNING)
+	for (int i = 0; a->wk.workers && i < a->wk.nworkers; i++)
+		if (a->wk.workers[i].pid == pid && a->wk.workers[i].state == W_RUNNING)
 			return true;
 	return false;
 }

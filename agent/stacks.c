@@ -206,8 +206,8 @@ int stacks_capture(struct crun_agent *a)
 
 	if (!a->run_dir[0] || stacks_ensure(a) < 0)
 		goto out;
-	for (int i = 0; i < a->nworkers && i < CRUN_AGENT_MAX_LOCAL; i++) {
-		struct worker *w = &a->workers[i];
+	for (int i = 0; i < a->wk.nworkers && i < CRUN_AGENT_MAX_LOCAL; i++) {
+		struct worker *w = &a->wk.workers[i];
 
 		a->stk->frame[i][0] = '\0';
 		a->stk->taken[i] = false;
@@ -253,10 +253,10 @@ static void make_digest(struct crun_agent *a, bool with_odd, const char *when)
 	bool odd[CRUN_AGENT_MAX_LOCAL];
 	int n = 0;
 
-	for (int i = 0; i < a->nworkers && i < CRUN_AGENT_MAX_LOCAL; i++) {
+	for (int i = 0; i < a->wk.nworkers && i < CRUN_AGENT_MAX_LOCAL; i++) {
 		if (!a->stk->taken[i])
 			continue;
-		ranks[n] = a->workers[i].global_rank;
+		ranks[n] = a->wk.workers[i].global_rank;
 		frames[n++] = a->stk->frame[i];
 	}
 	if (with_odd && stacks_stragglers(frames, n, odd) > 0)
@@ -274,12 +274,12 @@ static void stop_cause(const struct crun_agent *a, enum stop_reason reason, char
 	switch (reason) {
 	case STOP_FAILED:
 	case STOP_RESTART:
-		if (a->nfailures == 0)
+		if (a->fail.nfailures == 0)
 			break;
-		stacks_append(buf, cap, &len, "rank%s ", a->nfailures > 1 ? "s" : "");
-		for (int i = 0; i < a->nfailures && i < 8; i++)
+		stacks_append(buf, cap, &len, "rank%s ", a->fail.nfailures > 1 ? "s" : "");
+		for (int i = 0; i < a->fail.nfailures && i < 8; i++)
 			stacks_append(buf, cap, &len, "%s%d", i ? "," : "",
-				      a->failures[i].global_rank);
+				      a->fail.failures[i].global_rank);
 		stacks_append(buf, cap, &len, " failed");
 		break;
 	case STOP_PEER_FAILED: /* as fsm.c words it: a lost store is no node's failure */
@@ -359,7 +359,7 @@ int stacks_on_hang(struct crun_agent *a, const char *when)
 
 	if (stacks_capture(a) <= 0)
 		return -1;
-	for (int i = 0; i < a->nworkers && i < CRUN_AGENT_MAX_LOCAL; i++)
+	for (int i = 0; i < a->wk.nworkers && i < CRUN_AGENT_MAX_LOCAL; i++)
 		if (a->stk->taken[i]) {
 			idx[n] = i;
 			frames[n++] = a->stk->frame[i];
@@ -399,8 +399,8 @@ int stacks_on_demand(struct crun_agent *a, int rank, char **ret_body)
 	f = open_memstream(&body, &cap);
 	if (!f)
 		return CRUN_ENOMEM;
-	for (int i = 0; i < a->nworkers && i < CRUN_AGENT_MAX_LOCAL; i++) {
-		const struct worker *w = &a->workers[i];
+	for (int i = 0; i < a->wk.nworkers && i < CRUN_AGENT_MAX_LOCAL; i++) {
+		const struct worker *w = &a->wk.workers[i];
 		char path[PATH_MAX];
 
 		if (!a->stk->taken[i] || (rank >= 0 && w->global_rank != rank))

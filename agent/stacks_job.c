@@ -27,8 +27,8 @@ static char *answer_json(struct crun_agent *a, int group_rank, size_t stack_cap)
 	if (!ranks || !cJSON_AddNumberToObject(root, "node", group_rank) ||
 	    !cJSON_AddStringToObject(root, "host", a->host))
 		goto out;
-	for (int i = 0; a->stk && i < a->nworkers && i < CRUN_AGENT_MAX_LOCAL; i++) {
-		const struct worker *w = &a->workers[i];
+	for (int i = 0; a->stk && i < a->wk.nworkers && i < CRUN_AGENT_MAX_LOCAL; i++) {
+		const struct worker *w = &a->wk.workers[i];
 		cJSON *e;
 		char path[PATH_MAX], *text = NULL;
 
@@ -79,7 +79,7 @@ char *stacks_board_answer(int64_t ask, void *arg)
 	if (a->state == AS_RUNNING)
 		(void)stacks_capture(a);
 	/* JSON escapes can double the text: halve the share until it fits. */
-	stack_cap = RDZV_BOARD_ANSWER_MAX / (size_t)MAX(a->nworkers, 1);
+	stack_cap = RDZV_BOARD_ANSWER_MAX / (size_t)MAX(a->wk.nworkers, 1);
 	for (; stack_cap >= 64; stack_cap /= 2) {
 		out = answer_json(a, ri ? ri->group_rank : 0, stack_cap);
 		if (!out || strlen(out) <= RDZV_BOARD_ANSWER_MAX)
@@ -140,13 +140,13 @@ int stacks_on_hang_job(struct crun_agent *a, const char *when, int64_t ask, char
 	       path[0] ? "; every stack in " : "", path);
 	snprintf(a->stk->digest, sizeof(a->stk->digest), "%s", mg.digest);
 	a->stk->held = true;
-	for (int i = 0; i < a->nworkers && i < CRUN_AGENT_MAX_LOCAL; i++)
-		if (mg.blame_rank >= 0 && a->workers[i].global_rank == mg.blame_rank)
+	for (int i = 0; i < a->wk.nworkers && i < CRUN_AGENT_MAX_LOCAL; i++)
+		if (mg.blame_rank >= 0 && a->wk.workers[i].global_rank == mg.blame_rank)
 			blame = i;
 	*ret_remote = mg.blame_rank >= 0 && blame < 0;
 	if (blame < 0 && !*ret_remote)
-		for (int i = 0; i < a->nworkers && i < CRUN_AGENT_MAX_LOCAL && blame < 0; i++)
-			if (a->workers[i].state == W_RUNNING)
+		for (int i = 0; i < a->wk.nworkers && i < CRUN_AGENT_MAX_LOCAL && blame < 0; i++)
+			if (a->wk.workers[i].state == W_RUNNING)
 				blame = i;
 	return blame;
 }

@@ -83,8 +83,8 @@ static void src_status_json(void *arg, cJSON *root, const uint64_t *version, int
 		rdzv_json(root, a);
 	nodecheck_status_json(a, root);
 	ws = cJSON_AddArrayToObject(root, "workers");
-	for (int i = 0; ws && a->workers && i < a->nworkers; i++) {
-		const struct worker *w = &a->workers[i];
+	for (int i = 0; ws && a->wk.workers && i < a->wk.nworkers; i++) {
+		const struct worker *w = &a->wk.workers[i];
 		cJSON *o = cJSON_CreateObject();
 
 		cJSON_AddNumberToObject(o, "local_rank", w->local_rank);
@@ -173,19 +173,19 @@ static void job_metrics(FILE *f, const struct crun_agent *a)
 	fprintf(f, "crun_agent_max_restarts %d\n", a->cfg.max_restarts);
 	status_gauge(f, "crun_agent_group_rank", "this node's rank in the current round", "gauge");
 	fprintf(f, "crun_agent_group_rank %d\n", a->group_rank);
-	for (int i = 0; a->workers && i < a->nworkers; i++) {
-		running += a->workers[i].state == W_RUNNING;
-		exited += a->workers[i].state == W_EXITED;
+	for (int i = 0; a->wk.workers && i < a->wk.nworkers; i++) {
+		running += a->wk.workers[i].state == W_RUNNING;
+		exited += a->wk.workers[i].state == W_EXITED;
 	}
 	status_gauge(f, "crun_agent_workers", "workers of the current attempt by state", "gauge");
 	fprintf(f, "crun_agent_workers{state=\"running\"} %d\n", running);
 	fprintf(f, "crun_agent_workers{state=\"exited\"} %d\n", exited);
 	status_gauge(f, "crun_agent_worker_exit_code",
 		     "exit code of each exited worker of the current attempt", "gauge");
-	for (int i = 0; a->workers && i < a->nworkers; i++)
-		if (a->workers[i].state == W_EXITED)
+	for (int i = 0; a->wk.workers && i < a->wk.nworkers; i++)
+		if (a->wk.workers[i].state == W_EXITED)
 			fprintf(f, "crun_agent_worker_exit_code{local_rank=\"%d\"} %d\n",
-				a->workers[i].local_rank, a->workers[i].exit_code);
+				a->wk.workers[i].local_rank, a->wk.workers[i].exit_code);
 }
 
 static void src_metrics(void *arg, FILE *f)
@@ -305,9 +305,9 @@ void agent_status_on_state(struct agent_status *s, crun_agent_state_t st)
 	 * codes then (the next attempt resets them). */
 	if ((s->last == CRUN_AGENT_RUNNING || s->last == CRUN_AGENT_STOPPING) &&
 	    (st == CRUN_AGENT_RENDEZVOUS || st == CRUN_AGENT_BARRIER || st == CRUN_AGENT_DONE))
-		for (int i = 0; a->workers && i < a->nworkers; i++)
-			if (a->workers[i].state == W_EXITED)
-				s->exits[MIN((unsigned)a->workers[i].exit_code,
+		for (int i = 0; a->wk.workers && i < a->wk.nworkers; i++)
+			if (a->wk.workers[i].state == W_EXITED)
+				s->exits[MIN((unsigned)a->wk.workers[i].exit_code,
 					     STATUS_EXIT_CODES - 1u)]++;
 	s->last = st;
 	status_page_changed(s->page, st);

@@ -132,8 +132,8 @@ void supervise_reap(struct crun_agent *a)
 {
 	bool any = false;
 
-	for (int i = 0; i < a->nworkers; i++) {
-		struct worker *w = &a->workers[i];
+	for (int i = 0; i < a->wk.nworkers; i++) {
+		struct worker *w = &a->wk.workers[i];
 
 		if (w->state == W_RUNNING)
 			any |= reap_worker(a, w);
@@ -190,8 +190,8 @@ static void on_grace(evutil_socket_t fd, short what, void *arg)
 
 void supervise_signal_workers(struct crun_agent *a, int sig)
 {
-	for (int i = 0; i < a->nworkers; i++) {
-		struct worker *w = &a->workers[i];
+	for (int i = 0; i < a->wk.nworkers; i++) {
+		struct worker *w = &a->wk.workers[i];
 
 		if (w->state != W_RUNNING)
 			continue;

@@ -140,8 +140,8 @@ static void on_read(evutil_socket_t fd, short what, void *arg)
 
 static bool our_worker(const struct crun_agent *a, pid_t pid)
 {
-	for (int i = 0; a && a->workers && i < a->nworkers; i++)
-		if (a->workers[i].pid == pid && a->workers[i].state == W_RUNNING)
+	for (int i = 0; a && a->wk.workers && i < a->wk.nworkers; i++)
+		if (a->wk.workers[i].pid == pid && a->wk.workers[i].state == W_RUNNING)
 			return true;
 	return false;
 }

@@ -71,19 +71,19 @@ START_TEST(a_failure_stops_the_others_one_monitor_interval_later)
 	a.window_timer = evtimer_new(a.base, NULL, NULL);
 	a.cfg.monitor_interval_ms = 100;
 	a.cfg.entrypoint = "w.py";
-	a.workers = w;
-	a.nworkers = 2;
+	a.wk.workers = w;
+	a.wk.nworkers = 2;
 	a.state = AS_RUNNING;
 	ck_assert_int_eq(agent_fsm[AS_RUNNING][AE_WORKER_EXIT](&a), AS_RUNNING);
 	ck_assert(a.window_armed && !a.window_over);
 	ck_assert(!w[1].stopping);
-	ck_assert_int_eq(a.nfailures, 1);
+	ck_assert_int_eq(a.fail.nfailures, 1);
 	w[1].state = W_EXITED;
 	w[1].exit_code = 2;
 	ck_assert_int_eq(agent_collect_failures(&a), 2);
-	for (int i = 0; i < a.nfailures; i++)
-		errfile_failure_free(&a.failures[i]);
-	free(a.failures);
+	for (int i = 0; i < a.fail.nfailures; i++)
+		errfile_failure_free(&a.fail.failures[i]);
+	free(a.fail.failures);
 	nodecheck_free(&a); /* the failure was counted for --max_node_failures */
 	event_free(a.window_timer);
 	event_base_free(a.base);
