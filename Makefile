@@ -38,7 +38,7 @@ CC ?= cc
 OBJCOPY ?= objcopy
 CFLAGS ?= -O2 -g
 WARN := -Wall -Wextra -Wshadow -Wformat=2 -Wmissing-prototypes -Wstrict-prototypes \
-	-Wno-unused-parameter
+	-Wno-unused-parameter -Werror=implicit-function-declaration
 ifeq ($(CI),true)
   WARN += -Werror
 endif

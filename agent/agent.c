@@ -20,12 +20,19 @@
 #include <event2/event.h>
 
 #include "agent/agent.h"
+#include "agent/cli.h"
+#include "agent/env.h"
+#include "agent/numa.h"
+#include "agent/poll.h"
 #include "agent/nodecheck_int.h"
 #include "agent/stacks_int.h"
+#include "agent/status.h"
 #include "common/common.h"
 #include "rendezvous/c10d.h"
 #include "rendezvous/rdzv.h"
 #include "store/server.h"
+#include "service/service.h"
+#include "agent/cli_rdzv_int.h"
 
 extern char **environ;
 

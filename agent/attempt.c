@@ -14,6 +14,9 @@
 #include <event2/event.h>
 
 #include "agent/agent.h"
+#include "agent/env.h"
+#include "agent/event_print.h"
+#include "agent/numa.h"
 #include "agent/stacks_int.h"
 #include "common/common.h"
 #include "rendezvous/rdzv.h"

@@ -9,12 +9,16 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "agent/agent.h"
+#include "agent/cli.h"
+#include "agent/env.h"
+#include "agent/failures.h"
+#include "agent/workers.h"
 #include "agent/cli_int.h"
 #include "rendezvous/rdzv.h"
 #include "store/auth.h"

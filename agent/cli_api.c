@@ -16,7 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/agent.h"
+#include "agent/cli.h"
+#include "agent/env.h"
 #include "agent/cli_int.h"
 #include "common/common.h"
 

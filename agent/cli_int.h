@@ -17,7 +17,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "agent/agent.h"
+#include "agent/cli.h"
+#include "agent/cli_rdzv_int.h"
 #include "rendezvous/c10d.h"
 #include "service/service.h"
 

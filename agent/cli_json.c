@@ -11,7 +11,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "agent/agent.h"
+#include "agent/cli.h"
 #include "agent/cli_int.h"
 #include "common/common.h"
 

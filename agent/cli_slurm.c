@@ -8,7 +8,8 @@
  */
 #include <stdio.h>
 
-#include "agent/agent.h"
+#include "agent/cli.h"
+#include "agent/slurm.h"
 #include "agent/cli_int.h"
 #include "common/common.h"
 

@@ -15,7 +15,10 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "agent/agent.h"
+#include "agent/cli.h"
+#include "agent/numa.h"
+#include "agent/slurm.h"
+#include "agent/workers.h"
 #include "agent/cli_int.h"
 #include "rendezvous/rdzv.h"
 #include "common/common.h"

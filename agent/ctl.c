@@ -12,7 +12,7 @@
 #include <event2/event.h>
 #include <event2/http.h>
 
-#include "agent/agent.h"
+#include "agent/ctl.h"
 #include "common/common.h"
 
 #define CTL_MAX_BODY_BYTES   (4u << 20) /* a status page is a few KiB */

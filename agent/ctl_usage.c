@@ -7,7 +7,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "agent/agent.h"
+#include "agent/ctl.h"
 #include "common/common.h"
 #include "store/server.h"
 

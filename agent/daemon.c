@@ -13,6 +13,11 @@
 #include <event2/event.h>
 
 #include "agent/agent.h"
+#include "agent/cli.h"
+#include "agent/daemon.h"
+#include "agent/env.h"
+#include "agent/event_print.h"
+#include "agent/status.h"
 #include "rendezvous/rdzv.h"
 #include "store/auth.h"
 #include "common/common.h"

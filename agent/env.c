@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "agent/agent.h"
+#include "agent/env.h"
 #include "common/common.h"
 
 #define ENV_MAX_VARS 65536

@@ -13,7 +13,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "agent/agent.h"
+#include "agent/event_print.h"
 #include "common/common.h"
 
 /* Python's json.dumps separators (", " and ": "), which torchrun's event lines

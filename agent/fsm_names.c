@@ -3,7 +3,7 @@
  * calls nothing): the status page names the state without calling into the
  * state table, which kept status.c in the agent's call loop (issue 24).
  */
-#include "agent/agent.h"
+#include "agent/fsm.h"
 
 static const char *const state_names[AS__MAX] = {
     [AS_INIT] = "init",		  [AS_RENDEZVOUS] = "rendezvous", [AS_RUNNING] = "running",

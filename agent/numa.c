@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/agent.h"
+#include "agent/numa.h"
 #include "common/common.h"
 
 #define NUMA_MAX_GPUS 64

@@ -19,7 +19,9 @@
 #include <event2/event.h>
 
 #include "agent/agent.h"
+#include "agent/poll.h"
 #include "common/common.h"
+#include "agent/outputs.h"
 
 #define POLL_MAX_FDS 65536 /* far above what one agent watches */
 

@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "agent/agent.h"
+#include "agent/workers.h"
 #include "common/common.h"
 
 static const struct {

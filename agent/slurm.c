@@ -11,7 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/agent.h"
+#include "agent/env.h"
+#include "agent/slurm.h"
 #include "common/common.h"
 
 struct hostvec {

@@ -18,6 +18,8 @@
 #include <stdint.h>
 
 #include "agent/agent.h"
+#include "agent/outputs.h"
+#include "service/service.h"
 
 #define STACKS_DEADLINE_MS     800u	   /* every tool of one capture, in total */
 #define STACKS_FILE_MAX	       (64u << 10) /* bytes of one stack.txt read back */

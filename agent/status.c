@@ -13,8 +13,10 @@
 #include "agent/agent.h"
 #include "agent/nodecheck_int.h"
 #include "agent/stacks_int.h"
+#include "agent/status.h"
 #include "common/common.h"
 #include "rendezvous/rdzv.h"
+#include "service/service.h"
 
 #define STATUS_EXIT_CODES 256 /* codes 0..255; anything else counts as 255 */
 

@@ -36,6 +36,7 @@
 
 #include "agent/agent.h"
 #include "common/common.h"
+#include "agent/outputs.h"
 
 #define GUARD_MAX 4096
 

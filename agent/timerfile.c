@@ -21,6 +21,8 @@
 #include <event2/event.h>
 
 #include "agent/agent.h"
+#include "agent/env.h"
+#include "agent/timerfile.h"
 #include "common/common.h"
 
 #define TIMERS_MAX	1024 /* live (pid, scope) timers */

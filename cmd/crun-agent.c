@@ -16,7 +16,9 @@
 
 #include <event2/event.h>
 
-#include "agent/agent.h"
+#include "agent/cli.h"
+#include "agent/daemon.h"
+#include "agent/timerfile.h"
 #include "common/common.h"
 
 extern char **environ;

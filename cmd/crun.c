@@ -13,7 +13,10 @@
 
 #include <event2/event.h>
 
-#include "agent/agent.h"
+#include "agent/cli.h"
+#include "agent/event_print.h"
+#include "agent/status.h"
+#include "agent/timerfile.h"
 #include "common/common.h"
 
 extern char **environ;

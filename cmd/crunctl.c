@@ -10,7 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "agent/agent.h"
+#include "agent/cli.h"
+#include "agent/ctl.h"
 #include "common/common.h"
 #include "store/auth.h"
 

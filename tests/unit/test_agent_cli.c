@@ -3,6 +3,7 @@
  * rejected flags and bad values naming the flag, program detection. */
 #include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <stdlib.h>
@@ -10,7 +11,9 @@
 #include <string.h>
 
 #include "unit/check_main.h"
-#include "agent/agent.h"
+#include "agent/cli.h"
+#include "agent/numa.h"
+#include "agent/slurm.h"
 #include "agent/cli_int.h"
 #include "common/common.h"
 

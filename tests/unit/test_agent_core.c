@@ -13,9 +13,12 @@
 
 #include "unit/check_main.h"
 #include "agent/agent.h"
+#include "agent/env.h"
+#include "agent/numa.h"
 #include "agent/nodecheck_int.h"
 #include "rendezvous/rdzv.h"
 #include "common/common.h"
+#include "agent/outputs.h"
 
 START_TEST(ranks_are_prefix_sums_over_group_ranks)
 {

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "unit/check_main.h"
-#include "agent/agent.h"
+#include "agent/fsm.h"
 #include "agent/nodecheck_int.h"
 
 static struct nc_row row(double gf, double bw, int failures, enum nc_status st)

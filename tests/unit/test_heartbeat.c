@@ -9,8 +9,8 @@
 #include <unistd.h>
 
 #include "unit/check_main.h"
-#include "crun/worker.h"
 #include "agent/agent.h"
+#include "crun/worker.h"
 
 START_TEST(beat_moves_the_mtime)
 {

@@ -19,7 +19,8 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 
-#include "agent/agent.h"
+#include "agent/cli.h"
+#include "agent/cli_rdzv_int.h"
 #include "rendezvous/c10d.h"
 #include "rendezvous/c10d_int.h"
 #include "rendezvous/coord.h"

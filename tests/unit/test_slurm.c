@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "unit/check_main.h"
-#include "agent/agent.h"
+#include "agent/slurm.h"
 #include "common/common.h"
 
 /* Expands `list` and compares with the space-separated `want`. */

@@ -9,6 +9,9 @@
 
 #include "unit/check_main.h"
 #include "agent/agent.h"
+#include "agent/event_print.h"
+#include "agent/status.h"
+#include "agent/timerfile.h"
 #include "rendezvous/progress_int.h"
 #include "rendezvous/rdzv.h"
 
