@@ -11,7 +11,7 @@ what=${1:-build}
 build_pkgs="build-essential pkg-config libevent-dev libcjson-dev libssl-dev check"
 test_pkgs="python3 python3-venv python3-pytest python3-torch etcd-server etcd-client \
 clang libclang-rt-14-dev iproute2 procps psmisc \
-python3-prometheus-client python3-jsonschema zsh tcsh groff-base man-db slurm-wlm munge gdb"
+python3-prometheus-client python3-jsonschema zsh tcsh groff-base man-db slurm-wlm munge gdb strace"
 deb_pkgs="debhelper dpkg-dev fakeroot lintian devscripts"
 bench_pkgs="gnuplot-nox"
 pkgs=$build_pkgs

@@ -6,6 +6,7 @@ ignores SIGTERM, and a log directory on a full file system."""
 import contextlib
 import os
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -293,3 +294,42 @@ def test_a_background_child_left_by_its_worker_is_named(procs, tmp_path, code):
             assert not f.read().startswith(b"sleep\0"), "the group's child outlived crun"
     except FileNotFoundError:
         pass
+
+
+RESTART_WORKER = """\
+#!/bin/sh
+# Attempt 0: rank 1 says it runs, rank 0 waits for that and fails; attempt 1: both succeed.
+[ "$TORCHELASTIC_RESTART_COUNT" = 0 ] || exit 0
+if [ "$LOCAL_RANK" = 1 ]; then touch "$1/running"; exec sleep 60; fi
+i=0
+while [ ! -e "$1/running" ] && [ $i -lt 6000 ]; do sleep 0.01; i=$((i + 1)); done
+exit 1
+"""
+
+
+def test_a_restart_that_leaves_nothing_behind_reads_no_process_table(procs, tmp_path):
+    """Finding what workers left behind reads every process's stat under /proc,
+    and a restart of N workers did it N + 1 times (at each reap), a cost that
+    grows with the node's processes. Whatever a worker leaves descends from a
+    child the agent adopted, so with no child it does not know it skips the
+    scan: a restart with nothing left behind opens /proc not once (the
+    agent's loop thread, traced by strace; the orphan tests above still see
+    what is left)."""
+    strace = shutil.which("strace")
+    assert strace, "strace is not installed (scripts/deps.sh installs it)"
+    worker = tmp_path / "worker.sh"
+    worker.write_text(RESTART_WORKER)
+    worker.chmod(0o755)
+    trace = tmp_path / "trace"
+    # LeakSanitizer cannot stop a process that strace already traces.
+    env = agent_env(ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":detect_leaks=0")
+    p = procs.spawn([strace, "-qq", "-e", "trace=openat", "-o", str(trace), bin_path("crun"),
+                     "--standalone", "--nproc_per_node=2", "--max_restarts=1",
+                     "--stack_dump_on_stop=never", "--no_python", str(worker), str(tmp_path)],
+                    env=env)
+    rc, out, err = finish(p, 120)
+    assert rc == 0, err
+    assert "restarting workers (attempt 1 of 1 restarts)" in err, err
+    scans = [line for line in trace.read_text().splitlines()
+             if '"/proc", ' in line and "O_DIRECTORY" in line]
+    assert scans == [], scans
