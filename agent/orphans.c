@@ -63,23 +63,36 @@ int orphans_parse_stat(const char *stat, pid_t *ret_ppid, pid_t *ret_pgrp, char 
 	return 0;
 }
 
+/* Reads a small /proc file (one read: the kernel fills it at once) into buf
+ * as a string. The byte count, or a negative code: -errno (gone),
+ * CRUN_EINVAL (the path does not fit, or the file is empty). A count of
+ * cap - 1 means the file may be longer than buf. */
+static ssize_t read_proc(const char *path, char *buf, size_t cap)
+{
+	ssize_t n;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return -errno;
+	n = read(fd, buf, cap - 1);
+	fd_close(fd);
+	if (n < 0)
+		return CRUN_EINVAL;
+	buf[n] = '\0';
+	return n;
+}
+
 /* The stat of /proc/<name>: 0, or a negative code (gone, not a pid). */
 static int read_stat(const char *name, pid_t *ret_ppid, pid_t *ret_pgrp, char *ret_state)
 {
 	char path[64], buf[1024];
 	ssize_t n;
-	int fd;
 
 	if (snprintf(path, sizeof(path), "/proc/%s/stat", name) >= (int)sizeof(path))
 		return CRUN_EINVAL;
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return -errno;
-	n = read(fd, buf, sizeof(buf) - 1);
-	fd_close(fd);
+	n = read_proc(path, buf, sizeof(buf));
 	if (n <= 0)
-		return CRUN_EINVAL;
-	buf[n] = '\0';
+		return n < 0 ? (int)n : CRUN_EINVAL;
 	return orphans_parse_stat(buf, ret_ppid, ret_pgrp, ret_state);
 }
 
@@ -124,18 +137,12 @@ static int thread_has_unknown_child(const struct crun_agent *a, const char *tid)
 {
 	char path[64], buf[4096], *p, *end;
 	ssize_t n;
-	int fd;
 
 	if (snprintf(path, sizeof(path), "/proc/self/task/%s/children", tid) >= (int)sizeof(path))
 		return -1;
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return -1;
-	n = read(fd, buf, sizeof(buf) - 1);
-	fd_close(fd);
+	n = read_proc(path, buf, sizeof(buf));
 	if (n < 0 || n == (ssize_t)sizeof(buf) - 1)
 		return -1;
-	buf[n] = '\0';
 	for (p = buf;; p = end) {
 		long pid = strtol(p, &end, 10);
 

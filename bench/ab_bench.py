@@ -164,7 +164,7 @@ def measure(name, build, own, tmp, cfg):
 def table(rounds, labels, cfg):
     rows = [f"| measure | before {labels['before']} | after {labels['after']} "
             "| after/before | noise |", "|---|---|---|---|---|"]
-    keys = [k for k in rounds["after"][0]] if rounds["after"] else []
+    keys = list(rounds["after"][0]) if rounds["after"] else []
     for k in keys:
         med, spread = {}, []
         for who in ("before", "after"):
