@@ -389,30 +389,29 @@ static int add_worker_env(struct crun_agent *a)
 	return 0;
 }
 
-/* The status page's subscription to the agent's state changes. */
-static void status_on_state(void *arg, crun_agent_state_t st)
-{
-	agent_status_on_state(arg, st);
-}
-
+/* cfg.status_listen: libcrun serves the page itself, subscribed to the
+ * agent's events as crun's programs subscribe through on_event. */
 static int start_status(struct crun_agent *a)
 {
 	const char *listen = a->cfg.status_listen;
+	struct status_source src;
 	int r;
 
 	a->cfg.status_listen = NULL; /* borrowed only until new() returns */
 	if (!listen || !*listen || strcmp(listen, "off") == 0)
 		return 0;
-	r = agent_status_start(a->base, listen, &a->status);
+	r = status_page_start(a->base, listen, &a->status_page);
 	if (r < 0) {
 		snprintf(a->err, sizeof(a->err), "status page on '%s': %s", listen,
 			 crun_strerror(r));
 		return r;
 	}
-	agent_status_attach(a->status, a);
-	a->state_listener = status_on_state;
-	a->state_listener_arg = a->status;
-	log_at(LL_INFO, SUB_AGENT, "status page on http://%s/status", agent_status_addr(a->status));
+	agent_status_source(a, &src);
+	status_page_attach(a->status_page, &src);
+	a->listener = status_page_on_event;
+	a->listener_arg = a->status_page;
+	log_at(LL_INFO, SUB_AGENT, "status page on http://%s/status",
+	       status_page_addr(a->status_page));
 	return 0;
 }
 
@@ -693,7 +692,7 @@ CRUN_API void crun_agent_free(crun_agent_t *a)
 	numa_free(a->numa_cpus, a->wk.nworkers);
 	stacks_free(a);
 	rdzv_free(a->rdzv);
-	agent_status_stop(a->status);
+	status_page_stop(a->status_page);
 	store_server_free(a->store);
 	agent_poll_free(a->poll);
 	if (a->wk.kick)

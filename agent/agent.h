@@ -18,7 +18,7 @@
  *   cli*.c       the option table: command line, JSON, env          cli.h (cli_int.h)
  *   daemon.c     crun-agent as a service (service/)                 daemon.h
  *   event_print.c  --event_log_handler=console's lines              event_print.h
- *   status.c     the agent's part of the status page                status.h
+ *   status.c     the agent as its status page's source              status.h
  *   timerfile.c  TORCHELASTIC_TIMER_FILE                            timerfile.h
  *   ctl.c        crunctl's client of the status pages               ctl.h
  *   slurm.c      defaults from a Slurm allocation                   slurm.h
@@ -49,6 +49,7 @@ struct event;
 struct store_server;
 struct store_proxy;
 struct rdzv;
+struct status_page;
 
 /* ---- workers ---------------------------------------------------------------- */
 
@@ -103,12 +104,12 @@ struct crun_agent {
 	bool started;
 	bool poll_mode;
 	struct agent_poll *poll;
-	struct agent_status *status; /* cfg.status_listen's page, or NULL */
-	/* Told of every public state change (attempt.c). The status page
-	 * subscribes here (agent.c's start_status) rather than being called
-	 * by name, which kept status.c in the agent's call loop (issue 24). */
-	void (*state_listener)(void *arg, crun_agent_state_t st);
-	void *state_listener_arg;
+	struct status_page *status_page; /* cfg.status_listen's page, or NULL */
+	/* Told of every event before cfg.on_event (attempt.c): the status page
+	 * of cfg.status_listen subscribes here with the public callback type,
+	 * as an embedder subscribes through on_event (agent.c's start_status). */
+	crun_agent_event_fn listener;
+	void *listener_arg;
 	sigset_t orig_mask;
 	struct rlimit nofile_orig;  /* restored in the workers */
 	bool subreaper;		    /* the process adopts orphans: sweep worker groups */

@@ -36,27 +36,30 @@ static void event_init(struct crun_agent *a, crun_agent_event_t *ev, crun_agent_
 	ev->pid = ev->local_rank = ev->global_rank = -1;
 }
 
+/* To the agent's own listener (the status page), then the caller's. */
+static void emit(struct crun_agent *a, const crun_agent_event_t *ev)
+{
+	if (a->listener)
+		a->listener(ev, a->listener_arg);
+	if (a->cfg.on_event)
+		a->cfg.on_event(ev, a->cfg.on_event_arg);
+}
+
 void agent_emit_state(struct crun_agent *a, crun_agent_state_t st)
 {
 	crun_agent_event_t ev;
 
 	if (a->cfg.event_log_handler && strcmp(a->cfg.event_log_handler, "console") == 0)
 		agent_event_print(stderr, st, a->restart_count, a->role);
-	if (a->state_listener)
-		a->state_listener(a->state_listener_arg, st);
-	if (!a->cfg.on_event)
-		return;
 	event_init(a, &ev, CRUN_AGENT_EV_STATE);
 	ev.state = st;
-	a->cfg.on_event(&ev, a->cfg.on_event_arg);
+	emit(a, &ev);
 }
 
 static void emit_rendezvous(struct crun_agent *a, const struct rdzv_info *ri)
 {
 	crun_agent_event_t ev;
 
-	if (!a->cfg.on_event)
-		return;
 	event_init(a, &ev, CRUN_AGENT_EV_RENDEZVOUS);
 	ev.group_rank = ri->group_rank;
 	ev.group_world_size = ri->group_world_size;
@@ -66,15 +69,13 @@ static void emit_rendezvous(struct crun_agent *a, const struct rdzv_info *ri)
 	ev.attempt = a->restart_count;
 	ev.master_addr = ri->master_addr;
 	ev.master_port = ri->master_port;
-	a->cfg.on_event(&ev, a->cfg.on_event_arg);
+	emit(a, &ev);
 }
 
 void agent_emit_worker(struct crun_agent *a, const struct worker *w, bool exited)
 {
 	crun_agent_event_t ev;
 
-	if (!a->cfg.on_event)
-		return;
 	event_init(a, &ev, exited ? CRUN_AGENT_EV_WORKER_EXIT : CRUN_AGENT_EV_WORKER_START);
 	ev.group_rank = a->group_rank;
 	ev.pid = (int)w->pid;
@@ -84,7 +85,7 @@ void agent_emit_worker(struct crun_agent *a, const struct worker *w, bool exited
 		ev.exit_code = w->exit_code;
 		ev.term_sig = w->term_sig;
 	}
-	a->cfg.on_event(&ev, a->cfg.on_event_arg);
+	emit(a, &ev);
 }
 
 /* ---- one attempt ------------------------------------------------------------ */

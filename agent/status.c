@@ -1,8 +1,10 @@
-/* status.c: the agent's part of its status page (service/status.c serves
- * the page): what /status, /jobs and /metrics show of the job (run id,
- * role, state, restarts, workers, rendezvous, node check), the worker exit
- * codes counted over the agent's life, and GET /stacks' local capture. The
- * page reads the agent only through these callbacks (struct status_source).
+/* status.c: the agent as its status page's source (service/status.c serves
+ * the page): what the job is, which only the agent knows (run id, role,
+ * host, its precise state, rendezvous progress, node check, the stores it
+ * serves, GET /stacks' local capture). What happens to the job (restarts,
+ * the round, the workers and their exit codes) the page hears through the
+ * public events, as an embedder would (service/status_job.c), so nothing
+ * here reads the worker table.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -18,28 +20,6 @@
 #include "rendezvous/rdzv.h"
 #include "service/service.h"
 
-#define STATUS_EXIT_CODES 256 /* codes 0..255; anything else counts as 255 */
-
-/* What the callbacks read: the agent, and its exit counters or NULL. */
-struct agent_view {
-	struct crun_agent *a;
-	const uint64_t *exits;
-};
-
-struct agent_status {
-	struct status_page *page;
-	struct agent_view view; /* view.a NULL until attached */
-	/* Worker exits by code over the agent's life, counted when an attempt
-	 * ends (agent_status_on_state); last is the previous public state. */
-	uint64_t exits[STATUS_EXIT_CODES];
-	crun_agent_state_t last;
-};
-
-static const char *worker_state(const struct worker *w)
-{
-	return w->state == W_RUNNING ? "running" : w->state == W_EXITED ? "exited" : "init";
-}
-
 static void rdzv_json(cJSON *root, const struct crun_agent *a)
 {
 	struct rdzv_progress *p = malloc(sizeof(*p));
@@ -51,9 +31,9 @@ static void rdzv_json(cJSON *root, const struct crun_agent *a)
 	free(p);
 }
 
-/* The job's fields of /status; with version (the live page) that count, and
- * at a change (st >= 0) the state being entered, with the agent's exit code
- * at the end. */
+/* What the agent knows of its job for /status; with version (the live page)
+ * that count, and at a change (st >= 0) the state being entered, named as
+ * precisely as the agent names its own, with its exit code at the end. */
 static void src_status_json(void *arg, cJSON *root, const uint64_t *version, int st)
 {
 	static const enum agent_state internal[] = {[CRUN_AGENT_RENDEZVOUS] = AS_RENDEZVOUS,
@@ -61,44 +41,18 @@ static void src_status_json(void *arg, cJSON *root, const uint64_t *version, int
 						    [CRUN_AGENT_STOPPING] = AS_STOPPING,
 						    [CRUN_AGENT_BARRIER] = AS_BARRIER,
 						    [CRUN_AGENT_DONE] = AS_DONE};
-	const struct crun_agent *a = ((const struct agent_view *)arg)->a;
-	cJSON *ws;
+	const struct crun_agent *a = arg;
 
 	cJSON_AddStringToObject(root, "run_id", a->run_id);
 	cJSON_AddStringToObject(root, "role", a->role);
 	cJSON_AddStringToObject(root, "host", a->host);
 	cJSON_AddStringToObject(root, "state", agent_state_name(a->state));
 	cJSON_AddStringToObject(root, "rdzv_backend", a->cfg.rdzv_backend);
-	cJSON_AddNumberToObject(root, "restart_count", a->restart_count);
 	cJSON_AddNumberToObject(root, "max_restarts", a->cfg.max_restarts);
 	cJSON_AddNumberToObject(root, "group_rank", a->group_rank);
-	if (a->rdzv &&
-	    (a->state == AS_RUNNING || a->state == AS_STOPPING || a->state == AS_BARRIER)) {
-		const struct rdzv_info *ri = rdzv_info(a->rdzv);
-
-		cJSON_AddNumberToObject(root, "group_world_size", ri->group_world_size);
-		cJSON_AddNumberToObject(root, "world_size", ri->world_size);
-		cJSON_AddStringToObject(root, "master_addr", ri->master_addr);
-		cJSON_AddNumberToObject(root, "master_port", ri->master_port);
-	}
 	if (a->rdzv)
 		rdzv_json(root, a);
 	nodecheck_status_json(a, root);
-	ws = cJSON_AddArrayToObject(root, "workers");
-	for (int i = 0; ws && a->wk.workers && i < a->wk.nworkers; i++) {
-		const struct worker *w = &a->wk.workers[i];
-		cJSON *o = cJSON_CreateObject();
-
-		cJSON_AddNumberToObject(o, "local_rank", w->local_rank);
-		cJSON_AddNumberToObject(o, "global_rank", w->global_rank);
-		cJSON_AddNumberToObject(o, "pid", w->pid);
-		cJSON_AddStringToObject(o, "state", worker_state(w));
-		if (w->state == W_EXITED)
-			cJSON_AddNumberToObject(o, "exit_code", w->exit_code);
-		else
-			cJSON_AddNullToObject(o, "exit_code");
-		cJSON_AddItemToArray(ws, o);
-	}
 	if (!version)
 		return;
 	cJSON_AddNumberToObject(root, "version", (double)*version);
@@ -111,7 +65,7 @@ static void src_status_json(void *arg, cJSON *root, const uint64_t *version, int
 
 static void src_jobs_json(void *arg, cJSON *jobs)
 {
-	const struct crun_agent *a = ((const struct agent_view *)arg)->a;
+	const struct crun_agent *a = arg;
 	cJSON *j = cJSON_CreateObject();
 
 	if (!j)
@@ -119,9 +73,6 @@ static void src_jobs_json(void *arg, cJSON *jobs)
 	cJSON_AddStringToObject(j, "run_id", a->run_id);
 	cJSON_AddStringToObject(j, "role", a->role);
 	cJSON_AddStringToObject(j, "state", agent_state_name(a->state));
-	cJSON_AddNumberToObject(j, "restart_count", a->restart_count);
-	if (a->rdzv && a->state == AS_RUNNING)
-		cJSON_AddNumberToObject(j, "world_size", rdzv_info(a->rdzv)->world_size);
 	cJSON_AddItemToArray(jobs, j);
 }
 
@@ -152,11 +103,9 @@ static void rdzv_metrics(FILE *f, const struct rdzv *r)
 	free(p);
 }
 
-/* The agent's job, its state, restarts and workers now. */
+/* The agent's job and its state now. */
 static void job_metrics(FILE *f, const struct crun_agent *a)
 {
-	int running = 0, exited = 0;
-
 	status_gauge(f, "crun_agent_info", "the agent's job (labels), always 1", "gauge");
 	fputs("crun_agent_info{run_id=\"", f);
 	status_label(f, a->run_id);
@@ -169,51 +118,26 @@ static void job_metrics(FILE *f, const struct crun_agent *a)
 	for (int st = AS_INIT; st < AS__MAX; st++)
 		fprintf(f, "crun_agent_state{state=\"%s\"} %d\n",
 			agent_state_name((enum agent_state)st), (int)a->state == st);
-	status_gauge(f, "crun_agent_restarts_total", "worker group restarts so far", "counter");
-	fprintf(f, "crun_agent_restarts_total %d\n", a->restart_count);
 	status_gauge(f, "crun_agent_max_restarts", "restarts allowed (--max_restarts)", "gauge");
 	fprintf(f, "crun_agent_max_restarts %d\n", a->cfg.max_restarts);
 	status_gauge(f, "crun_agent_group_rank", "this node's rank in the current round", "gauge");
 	fprintf(f, "crun_agent_group_rank %d\n", a->group_rank);
-	for (int i = 0; a->wk.workers && i < a->wk.nworkers; i++) {
-		running += a->wk.workers[i].state == W_RUNNING;
-		exited += a->wk.workers[i].state == W_EXITED;
-	}
-	status_gauge(f, "crun_agent_workers", "workers of the current attempt by state", "gauge");
-	fprintf(f, "crun_agent_workers{state=\"running\"} %d\n", running);
-	fprintf(f, "crun_agent_workers{state=\"exited\"} %d\n", exited);
-	status_gauge(f, "crun_agent_worker_exit_code",
-		     "exit code of each exited worker of the current attempt", "gauge");
-	for (int i = 0; a->wk.workers && i < a->wk.nworkers; i++)
-		if (a->wk.workers[i].state == W_EXITED)
-			fprintf(f, "crun_agent_worker_exit_code{local_rank=\"%d\"} %d\n",
-				a->wk.workers[i].local_rank, a->wk.workers[i].exit_code);
 }
 
 static void src_metrics(void *arg, FILE *f)
 {
-	const struct agent_view *v = arg;
-	const struct crun_agent *a = v->a;
+	const struct crun_agent *a = arg;
 
 	job_metrics(f, a);
 	if (a->rdzv)
 		rdzv_metrics(f, a->rdzv);
 	nodecheck_metrics(f, a);
-	if (!v->exits)
-		return;
-	status_gauge(f, "crun_agent_worker_exits_total",
-		     "workers of finished attempts by exit code (128+N: signal N)", "counter");
-	for (int code = 0; code < STATUS_EXIT_CODES; code++)
-		if (v->exits[code] || code == 0)
-			fprintf(f, "crun_agent_worker_exits_total{code=\"%d\"} %" PRIu64 "\n", code,
-				v->exits[code]);
 }
-
 /* The worker store, and the rendezvous store when it serves the c10d
  * endpoint itself. */
 static const struct store_server *src_store(void *arg, enum status_store kind)
 {
-	const struct crun_agent *a = ((const struct agent_view *)arg)->a;
+	const struct crun_agent *a = (const struct crun_agent *)arg;
 
 	if (kind == STATUS_STORE_RENDEZVOUS)
 		return a->rdzv ? rdzv_served_store(a->rdzv) : NULL;
@@ -222,28 +146,27 @@ static const struct store_server *src_store(void *arg, enum status_store kind)
 
 static struct rdzv *src_rdzv(void *arg)
 {
-	return ((struct agent_view *)arg)->a->rdzv;
+	return ((struct crun_agent *)arg)->rdzv;
 }
 
 static const char *src_run_id(void *arg)
 {
-	return ((struct agent_view *)arg)->a->run_id;
+	return ((struct crun_agent *)arg)->run_id;
 }
 
 static const char *src_host(void *arg)
 {
-	return ((struct agent_view *)arg)->a->host;
+	return ((struct crun_agent *)arg)->host;
 }
 
 static int src_stacks(void *arg, int rank, char **ret_body)
 {
-	return stacks_on_demand(((struct agent_view *)arg)->a, rank, ret_body);
+	return stacks_on_demand(((struct crun_agent *)arg), rank, ret_body);
 }
 
-/* The page's view of v's agent. */
-static struct status_source source_of(struct agent_view *v)
+void agent_status_source(struct crun_agent *a, struct status_source *ret)
 {
-	return (struct status_source){.arg = v,
+	*ret = (struct status_source){.arg = a,
 				      .status_json = src_status_json,
 				      .jobs_json = src_jobs_json,
 				      .metrics = src_metrics,
@@ -254,91 +177,36 @@ static struct status_source source_of(struct agent_view *v)
 				      .stacks = src_stacks};
 }
 
+/* a's source for a body with no page (tests), with job's events or none;
+ * a NULL agent gives the bare page. */
+static const struct status_source *
+source_of(const struct crun_agent *a, const struct status_job *job, struct status_source *src)
+{
+	if (!a)
+		return NULL;
+	agent_status_source((struct crun_agent *)a, src);
+	src->job = job;
+	return src;
+}
+
 char *agent_status_json(const struct crun_agent *a, const struct store_server *srv)
 {
-	struct agent_view v = {(struct crun_agent *)a, NULL};
-	struct status_source src = source_of(&v);
+	struct status_source src;
 
-	return status_json(srv, a ? &src : NULL);
+	return status_json(srv, source_of(a, NULL, &src));
 }
 
 char *agent_status_jobs_json(const struct crun_agent *a, const struct store_server *srv)
 {
-	struct agent_view v = {(struct crun_agent *)a, NULL};
-	struct status_source src = source_of(&v);
+	struct status_source src;
 
-	return status_jobs_json(srv, a ? &src : NULL);
+	return status_jobs_json(srv, source_of(a, NULL, &src));
 }
 
 char *agent_status_metrics(const struct crun_agent *a, const struct store_server *srv,
-			   const uint64_t *exits, uint64_t uptime_ms)
-{
-	struct agent_view v = {(struct crun_agent *)a, exits};
-	struct status_source src = source_of(&v);
-
-	return status_metrics(srv, a ? &src : NULL, uptime_ms);
-}
-
-int agent_status_start(struct event_base *base, const char *listen, struct agent_status **ret)
-{
-	struct agent_status *s = calloc(1, sizeof(*s));
-	int r;
-
-	if (!s)
-		return CRUN_ENOMEM;
-	s->view.exits = s->exits;
-	r = status_page_start(base, listen, &s->page);
-	if (r < 0) {
-		free(s);
-		return r;
-	}
-	*ret = s;
-	return 0;
-}
-
-void agent_status_on_state(struct agent_status *s, crun_agent_state_t st)
-{
-	const struct crun_agent *a = s ? s->view.a : NULL;
-
-	if (!a)
-		return;
-	/* An attempt is over when the agent leaves RUNNING or STOPPING for a new
-	 * round, the exit barrier or the end; the workers still hold their exit
-	 * codes then (the next attempt resets them). */
-	if ((s->last == CRUN_AGENT_RUNNING || s->last == CRUN_AGENT_STOPPING) &&
-	    (st == CRUN_AGENT_RENDEZVOUS || st == CRUN_AGENT_BARRIER || st == CRUN_AGENT_DONE))
-		for (int i = 0; a->wk.workers && i < a->wk.nworkers; i++)
-			if (a->wk.workers[i].state == W_EXITED)
-				s->exits[MIN((unsigned)a->wk.workers[i].exit_code,
-					     STATUS_EXIT_CODES - 1u)]++;
-	s->last = st;
-	status_page_changed(s->page, st);
-}
-
-void agent_status_attach(struct agent_status *s, struct crun_agent *a)
+			   const struct status_job *job, uint64_t uptime_ms)
 {
 	struct status_source src;
 
-	if (!s)
-		return;
-	/* Another agent: a gather of stacks in flight for the one before ends
-	 * (the page tells its source apart by arg, which stays s->view). */
-	if (s->view.a && s->view.a != a)
-		status_page_attach(s->page, NULL);
-	s->view.a = a;
-	src = source_of(&s->view);
-	status_page_attach(s->page, a ? &src : NULL);
-}
-
-const char *agent_status_addr(const struct agent_status *s)
-{
-	return status_page_addr(s->page);
-}
-
-void agent_status_stop(struct agent_status *s)
-{
-	if (!s)
-		return;
-	status_page_stop(s->page);
-	free(s);
+	return status_metrics(srv, source_of(a, job, &src), uptime_ms);
 }

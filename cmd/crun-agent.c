@@ -2,7 +2,9 @@
  * configs/systemd/crun-agent@.service). Settings come from crun's option
  * table: --config FILE.json, flags (which win) and the environment. Speaks
  * the notify protocol, re-reads the config on SIGHUP and serves a status
- * page (agent/daemon.c, agent/status.c over service/). Exit codes, for systemd to act on
+ * page (service/unit.c, fed by the agent's public events as an embedder's
+ * host would be; agent/status.c answers what only the agent knows). Exit
+ * codes (agent/daemon.c), for systemd to act on
  * (Restart=on-failure, RestartPreventExitStatus=2): 0 the job succeeded, 1
  * it failed (a restart may help), 2 it can never succeed as configured (bad
  * config or secret, a spent run id, a port taken); an operator's SIGTERM or
@@ -18,8 +20,11 @@
 
 #include "agent/cli.h"
 #include "agent/daemon.h"
+#include "agent/event_print.h"
+#include "agent/status.h"
 #include "agent/timerfile.h"
 #include "common/common.h"
+#include "service/service.h"
 
 extern char **environ;
 
@@ -51,6 +56,71 @@ static int export_job_env(char **kv)
 	return 0;
 }
 
+/* The program around its agent: the running config, which SIGHUP re-reads
+ * (from the same argv and environment), and the unit its events drive. */
+struct agent_service {
+	struct cli *cli;
+	int argc;
+	char *const *argv, *const *env;
+	struct service_unit *unit;
+	int reloads;
+};
+
+/* SIGHUP: the log level applies live; other changes are named as needing
+ * a restart of the agent. */
+static void on_reload(void *arg)
+{
+	struct agent_service *as = arg;
+	char live[256], restart[512];
+	struct cli fresh;
+
+	if (cli_parse_prog(&fresh, CLI_AGENT, as->argc, as->argv, as->env) < 0) {
+		log_at(LL_ERROR, SUB_AGENT, "reload: %s; keeping the running config", fresh.err);
+		service_unit_reloaded(as->unit, fresh.err, NULL, NULL);
+		cli_free(&fresh);
+		return;
+	}
+	cli_changes(as->cli, &fresh, live, sizeof(live), restart, sizeof(restart));
+	if (fresh.log_level != as->cli->log_level)
+		log_set_level(fresh.log_level >= 0 ? fresh.log_level : LL_INFO);
+	as->cli->log_level = fresh.log_level;
+	as->reloads++;
+	/* Applied in full is a normal event; a change that waits for a restart
+	 * is something to act on. */
+	log_at(restart[0] ? LL_WARN : LL_NOTICE, SUB_AGENT,
+	       "reload %d: applied: %s; needs a restart of the agent: %s", as->reloads,
+	       live[0] ? live : "nothing", restart[0] ? restart : "nothing");
+	service_unit_reloaded(as->unit, NULL, live, restart);
+	cli_free(&fresh);
+}
+
+/* The agent's events, as an embedder gets them: console lines
+ * (--event_log_handler=console), then the unit and its page. */
+static void on_event(const crun_agent_event_t *ev, void *arg)
+{
+	const struct agent_service *as = arg;
+
+	if (ev->type == CRUN_AGENT_EV_STATE && strcmp(as->cli->event_log_handler, "console") == 0)
+		agent_event_print(stderr, ev->state, ev->restart_count, as->cli->cfg.role);
+	service_unit_on_event(ev, as->unit);
+}
+
+/* Under a service manager SIGHUP means "reload", not "forward"; the unit
+ * hears the agent's events. */
+static int start_unit(struct event_base *base, struct agent_service *as)
+{
+	struct cli *c = as->cli;
+	uint64_t mask = c->cfg.signals_to_handle;
+
+	if (!mask)
+		mask = 1ull << SIGTERM | 1ull << SIGINT | 1ull << SIGHUP | 1ull << SIGQUIT;
+	c->cfg.signals_to_handle = mask & ~(1ull << SIGHUP);
+	c->cfg.on_event = on_event;
+	c->cfg.on_event_arg = as;
+	return service_unit_new(base, as->env, c->config_path ? c->config_path : "crun-agent",
+				c->status_listen, on_reload, as, &as->unit);
+}
+
 /* A requested stop ends as the signal's own death (a shell sees 128+sig),
  * which systemd counts as clean for SIGTERM and SIGINT; a signal whose
  * default action is a core dump (SIGQUIT) ends as exit 0 instead. */
@@ -71,7 +141,8 @@ static int die_by(int sig)
 
 int main(int argc, char **argv)
 {
-	struct agent_daemon *daemon = NULL;
+	struct agent_service as = {.argc = argc, .argv = argv, .env = environ};
+	struct status_source src;
 	struct agent_timers *timers = NULL;
 	char timer_path[PATH_MAX];
 	struct event_base *base;
@@ -123,7 +194,8 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	c.cfg.event_base = base;
-	r = agent_daemon_new(base, &c, argc, argv, environ, &daemon);
+	as.cli = &c;
+	r = start_unit(base, &as);
 	if (r < 0) {
 		fprintf(stderr, "crun-agent: error: %s\n", crun_strerror(r));
 		code = agent_daemon_exit_code(r);
@@ -133,7 +205,7 @@ int main(int argc, char **argv)
 	if (r < 0) {
 		fprintf(stderr, "crun-agent: error: TORCHELASTIC_TIMER_FILE: %s\n",
 			crun_strerror(r));
-		goto out_daemon;
+		goto out_unit;
 	}
 	if (timers) /* the workers inherit it, as torchrun's do */
 		setenv("TORCHELASTIC_TIMER_FILE", timer_path, 1);
@@ -141,20 +213,21 @@ int main(int argc, char **argv)
 	if (r < 0) {
 		fprintf(stderr, "crun-agent: error: %s\n", crun_strerror(r));
 		code = agent_daemon_exit_code(r);
-		goto out_daemon;
+		goto out_unit;
 	}
-	agent_daemon_attach(daemon, agent);
+	agent_status_source(agent, &src);
+	service_unit_attach(as.unit, &src);
 	agent_timers_attach(timers, agent);
 	r = crun_agent_run(agent, &code);
 	if (r < 0)
 		code = agent_daemon_exit_code(r);
 	stop_sig = agent_daemon_stop_signal(agent);
-	agent_daemon_attach(daemon, NULL);
+	service_unit_attach(as.unit, NULL);
 	agent_timers_attach(timers, NULL);
 	crun_agent_free(agent);
-out_daemon:
+out_unit:
 	agent_timers_stop(timers);
-	agent_daemon_free(daemon);
+	service_unit_free(as.unit);
 out_base:
 	event_base_free(base);
 out:

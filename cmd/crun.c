@@ -18,6 +18,7 @@
 #include "agent/status.h"
 #include "agent/timerfile.h"
 #include "common/common.h"
+#include "service/service.h"
 
 extern char **environ;
 
@@ -31,20 +32,22 @@ extern char **environ;
 #define CRUN_RUN_AGENT(agent, cfg, code) crun_agent_run((agent), (code))
 #endif
 
-/* What crun does at a state change: --event_log_handler=console lines and
- * the status page's exit counters. */
-struct on_state_ctx {
+/* crun subscribes to its agent's events as any embedder of libcrun would
+ * (crun_agent_config_t.on_event): --event_log_handler=console's lines at
+ * each state change, and everything to the status page. */
+struct on_event_ctx {
 	const struct cli *c;
-	struct agent_status *status;
+	struct status_page *page;
 };
 
-static void on_state(crun_agent_state_t st, int restart_count, void *arg)
+static void on_event(const crun_agent_event_t *ev, void *arg)
 {
-	const struct on_state_ctx *x = arg;
+	const struct on_event_ctx *x = arg;
 
-	if (strcmp(x->c->event_log_handler, "console") == 0)
-		agent_event_print(stderr, st, restart_count, x->c->cfg.role);
-	agent_status_on_state(x->status, st);
+	if (ev->type == CRUN_AGENT_EV_STATE && strcmp(x->c->event_log_handler, "console") == 0)
+		agent_event_print(stderr, ev->state, ev->restart_count, x->c->cfg.role);
+	if (x->page)
+		status_page_on_event(ev, x->page);
 }
 
 static int print_text(char *s)
@@ -58,15 +61,30 @@ static int print_text(char *s)
 	return 0;
 }
 
+/* --man, --help, --print-completion or --version: what crun prints about
+ * itself instead of running. */
+static int print_about(const struct cli *c)
+{
+	if (c->man)
+		return print_text(cli_man_new(CLI_CRUN));
+	if (c->help)
+		return print_text(cli_help_new(CLI_CRUN));
+	if (c->completion)
+		return print_text(cli_completion_new(CLI_CRUN, c->completion));
+	printf("crun %s (torchrun-compatible)\n", crun_version_string());
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct event_base *base;
-	struct agent_status *status = NULL;
+	struct status_page *status = NULL;
+	struct status_source src;
 	struct agent_timers *timers = NULL;
 	char timer_path[PATH_MAX];
 	crun_agent_t *agent = NULL;
 	struct cli c;
-	struct on_state_ctx state_ctx = {.c = &c};
+	struct on_event_ctx event_ctx = {.c = &c};
 	int code = 1;
 	int r;
 
@@ -87,15 +105,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	if (c.help || c.version || c.completion || c.man) {
-		code = 0;
-		if (c.man)
-			code = print_text(cli_man_new(CLI_CRUN));
-		else if (c.help)
-			code = print_text(cli_help_new(CLI_CRUN));
-		else if (c.completion)
-			code = print_text(cli_completion_new(CLI_CRUN, c.completion));
-		else
-			printf("crun %s (torchrun-compatible)\n", crun_version_string());
+		code = print_about(&c);
 		cli_free(&c);
 		return code;
 	}
@@ -103,8 +113,8 @@ int main(int argc, char **argv)
 		log_set_level(c.log_level);
 	if (c.warn[0])
 		log_at(LL_WARN, SUB_CMD, "%s", c.warn);
-	c.cfg.on_state = on_state;
-	c.cfg.on_state_arg = &state_ctx;
+	c.cfg.on_event = on_event;
+	c.cfg.on_event_arg = &event_ctx;
 	if (c.note[0]) {
 		/* torchrun sets it in its own environment; the workers inherit. */
 		setenv("OMP_NUM_THREADS", "1", 1);
@@ -124,14 +134,14 @@ int main(int argc, char **argv)
 	if (timers) /* the workers inherit it, as torchrun's do */
 		setenv("TORCHELASTIC_TIMER_FILE", timer_path, 1);
 	if (c.status_listen) {
-		r = agent_status_start(base, c.status_listen, &status);
+		r = status_page_start(base, c.status_listen, &status);
 		if (r < 0) {
 			fprintf(stderr, "crun: error: --status %s: %s\n", c.status_listen,
 				crun_strerror(r));
 			goto out_base;
 		}
 		fprintf(stderr, "crun: status page on http://%s/status\n",
-			agent_status_addr(status));
+			status_page_addr(status));
 	}
 	CRUN_CONFIGURE_AGENT(&c.cfg);
 	r = crun_agent_new(&c.cfg, &agent);
@@ -141,17 +151,18 @@ int main(int argc, char **argv)
 			code = 2; /* bad input (a secret file, a TLS file...), already named */
 		goto out_base;
 	}
-	agent_status_attach(status, agent);
-	state_ctx.status = status;
+	agent_status_source(agent, &src);
+	status_page_attach(status, &src);
+	event_ctx.page = status;
 	agent_timers_attach(timers, agent);
 	r = CRUN_RUN_AGENT(agent, &c.cfg, &code);
 	if (r < 0 && code == 0)
 		code = 1;
-	agent_status_attach(status, NULL);
+	status_page_attach(status, NULL);
 	agent_timers_attach(timers, NULL);
 	crun_agent_free(agent);
 out_base:
-	agent_status_stop(status);
+	status_page_stop(status);
 	agent_timers_stop(timers);
 	event_base_free(base);
 out:

@@ -2,6 +2,8 @@
  * and crun-rdzvd (cmd/), which must not link the agent (issue 24):
  *
  *   notify.c       systemd's notify protocol, the watchdog ping, SIGHUP reload
+ *   unit.c         a node agent as a systemd unit, driven by its public events
+ *   status_job.c   the job as its public events tell it (page and unit)
  *   status*.c      the status page over HTTP (/healthz, /status, /jobs,
  *                  /metrics, /usage, /stacks, POST /drop); what only an agent
  *                  knows comes through struct status_source (agent/status.c)
@@ -49,6 +51,35 @@ int service_start(struct service *s, struct event_base *base, char *const *env,
  * contradict the stop systemd shows). */
 void service_stopping(struct service *s);
 void service_stop(struct service *s); /* STOPPING=1 unless sent */
+
+/* ---- unit.c: a node agent as a systemd unit (crun-agent) ---------------------------- */
+
+/* Speaks the notify protocol for one agent from its public events: READY=1
+ * once its workers run, STATUS= at every state change (and every tick while
+ * a round forms), STOPPING=1 at its end, WATCHDOG=1 at half $WATCHDOG_USEC;
+ * serves the status page on status_listen ("ADDR:PORT"; NULL: none) and
+ * passes it the events. SIGHUP calls on_reload(arg), which re-reads the
+ * owner's config and ends with service_unit_reloaded. label names the unit
+ * in STATUS= (its config file); env is the unit's environment
+ * (NOTIFY_SOCKET, WATCHDOG_USEC). All on base's loop. 0, or the page's
+ * errors (status_page_start), CRUN_ENOMEM. */
+struct service_unit;
+struct status_source;
+int service_unit_new(struct event_base *base, char *const *env, const char *label,
+		     const char *status_listen, void (*on_reload)(void *arg), void *arg,
+		     struct service_unit **ret);
+/* A crun_agent_event_fn (arg: the unit): give it to the agent's on_event. */
+void service_unit_on_event(const crun_agent_event_t *ev, void *unit);
+/* The job the unit runs (copied; NULL: none any more), for its run id and
+ * round in STATUS= and for the page. */
+void service_unit_attach(struct service_unit *u, const struct status_source *src);
+/* The end of a reload: err (the new config's error; NULL: it parsed), or
+ * what applied live and what waits for a restart ("": nothing). */
+void service_unit_reloaded(struct service_unit *u, const char *err, const char *live,
+			   const char *restart);
+/* The address the status page bound ("127.0.0.1:8123"), or "" when off. */
+const char *service_unit_status_addr(const struct service_unit *u);
+void service_unit_free(struct service_unit *u); /* sends STOPPING=1; NULL: no-op */
 
 /* ---- cli_*.c: option rows ----------------------------------------------------------- */
 
@@ -221,9 +252,12 @@ char *cli_doc_new(enum cli_prog prog, const char *kind, const struct cli_command
 /* A page over libevent's evhttp: /healthz, /status and /jobs (JSON),
  * /metrics (Prometheus text 0.0.4, crun_ prefix), /stacks, and on
  * crun-rdzvd's page /jobs/ID, /usage and POST /drop. A page shows a store
- * server (crun-rdzvd's) or a source: the job an agent runs, which only the
- * agent knows (agent/status.c implements the source over struct crun_agent;
- * an embedder of libcrun could over crun_agent_config_t.on_event). */
+ * server (crun-rdzvd's) or a job. What happens to the job (its state,
+ * restarts, round and workers) the page hears as crun_agent_event_t, the
+ * public events an embedder gets through crun_agent_config_t.on_event
+ * (status_page_on_event is such a callback); what the job is (run id, role,
+ * stores) it asks its struct status_source (agent/status.c implements it
+ * over struct crun_agent). */
 struct status_page;
 struct store_server;
 struct store_auth_secret;
@@ -233,19 +267,46 @@ struct rdzv_progress;
 /* The store servers a page shows, by their store="..." label. */
 enum status_store { STATUS_STORE_RENDEZVOUS, STATUS_STORE_WORKER, STATUS_STORE__MAX };
 
+/* ---- status_job.c: the job as its events tell it ---------------------------------- */
+
+#define STATUS_EXIT_CODES 256 /* exit codes counted 0..255; anything else counts as 255 */
+
+/* What the public events (crun_agent_event_t) say of one job: its public
+ * state, restarts, the round it runs in, the current attempt's workers (pid,
+ * ranks, state, exit code) and the exit codes of the attempts that ended.
+ * Pure: fed by status_job_apply, read by the printers below. */
+struct status_job;
+int status_job_new(struct status_job **ret); /* 0 or CRUN_ENOMEM */
+void status_job_free(struct status_job *j);  /* NULL: no-op */
+void status_job_apply(struct status_job *j, const crun_agent_event_t *ev);
+/* /status: restart_count, the round (group_world_size, world_size,
+ * master_addr, master_port) while an attempt runs in it, and "workers". */
+void status_job_json(const struct status_job *j, struct cJSON *root);
+/* Its /jobs entry's restart_count, and world_size while running. */
+void status_job_entry_json(const struct status_job *j, struct cJSON *entry);
+/* crun_agent_restarts_total, crun_agent_workers, crun_agent_worker_exit_code
+ * and crun_agent_worker_exits_total. */
+void status_job_metrics(const struct status_job *j, FILE *f);
+/* While an attempt runs in a round: true with this node's place in it. */
+bool status_job_round(const struct status_job *j, int *ret_group_rank, int *ret_group_world_size,
+		      int *ret_world_size);
+
 /* What a page asks of the job it serves. Every call runs on the page's loop
  * with arg; none may be NULL. */
 struct status_source {
 	void *arg;
-	/* Adds the job's fields to a /status body. version: the page's count of
-	 * state changes (NULL: the bare body of status_json()); st: the state
-	 * being entered at a change (the page is told before the job's own
-	 * state moves), else -1. */
+	/* The job as its events told it; the page sets it (status_page_attach)
+	 * and the bodies add its fields. NULL: a bare body. */
+	const struct status_job *job;
+	/* Adds what the job is to a /status body (the events' part is the
+	 * page's). version: the page's count of state changes (NULL: the bare
+	 * body of status_json()); st: the state being entered at a change (the
+	 * page is told before the job's own state moves), else -1. */
 	void (*status_json)(void *arg, struct cJSON *root, const uint64_t *version, int st);
 	/* Adds the job's entry to /jobs' array. */
 	void (*jobs_json)(void *arg, struct cJSON *jobs);
 	/* Writes the job's metric families (after crun_agent_up and its uptime,
-	 * before the store servers'). */
+	 * before the events' and the store servers'). */
 	void (*metrics)(void *arg, FILE *f);
 	/* The store server the job serves as kind, or NULL. */
 	const struct store_server *(*store)(void *arg, enum status_store kind);
@@ -279,10 +340,11 @@ void status_page_attach_store(struct status_page *p, struct store_server *srv);
 int status_page_allow_drop(struct status_page *p, struct store_server *srv,
 			   const struct store_auth_secret *token);
 const char *status_page_addr(const struct status_page *p); /* "127.0.0.1:8123" */
-/* The job enters state st: the next "version" of /status, whose watchers
- * (GET /status?after=) are answered now; at CRUN_AGENT_DONE the body is
- * kept and served from then on, the job's end. p NULL: no-op. */
-void status_page_changed(struct status_page *p, crun_agent_state_t st);
+/* A crun_agent_event_fn (arg: the page): what happens to the job. Each
+ * state change is the next "version" of /status, whose watchers (GET
+ * /status?after=) are answered now; at CRUN_AGENT_DONE the body is kept and
+ * served from then on, the job's end. A page with no source ignores them. */
+void status_page_on_event(const crun_agent_event_t *ev, void *page);
 /* Answers the parked watchers; a page with no source left waits (at most
  * 2 s, turning the loop) for watchers it owes the final body. NULL: no-op. */
 void status_page_stop(struct status_page *p);

@@ -61,6 +61,7 @@ struct status_page {
 	struct event *job_poll;	  /* while a job watcher is parked (crun-rdzvd) */
 	struct status_source src; /* the job shown; meaningful while has_src */
 	bool has_src;
+	struct status_job *job;		  /* what the job's events said (status_page_on_event) */
 	const struct store_server *store; /* borrowed: crun-rdzvd's server, or NULL */
 	struct store_server *board_store; /* the same, writable: GET /stacks?rdzv_id= */
 	struct status_stacks *stk;	  /* GET /stacks: its gathers (status_stacks.c) */
@@ -392,6 +393,9 @@ int status_page_start(struct event_base *base, const char *listen, struct status
 	r = status_stacks_new(base, &s->stk);
 	if (r < 0)
 		goto fail;
+	r = status_job_new(&s->job);
+	if (r < 0)
+		goto fail;
 	s->started_ms = clock_now_ms();
 	log_at(LL_INFO, SUB_AGENT, "status page on http://%s/status", s->addr);
 	*ret = s;
@@ -401,9 +405,13 @@ fail:
 	return r;
 }
 
-void status_page_changed(struct status_page *s, crun_agent_state_t st)
+void status_page_on_event(const crun_agent_event_t *ev, void *page)
 {
-	if (!s || !s->has_src)
+	struct status_page *s = page;
+	crun_agent_state_t st = ev->state;
+
+	status_job_apply(s->job, ev);
+	if (ev->type != CRUN_AGENT_EV_STATE || !s->has_src)
 		return;
 	s->version++;
 	if (st == CRUN_AGENT_DONE)
@@ -417,8 +425,10 @@ void status_page_attach(struct status_page *s, const struct status_source *src)
 		return;
 	status_stacks_attach(s->stk, src ? src->arg : NULL);
 	s->has_src = src != NULL;
-	if (src)
+	if (src) {
 		s->src = *src;
+		s->src.job = s->job;
+	}
 }
 
 void status_page_attach_store(struct status_page *s, struct store_server *srv)
@@ -476,6 +486,7 @@ void status_page_stop(struct status_page *s)
 	if (s->http)
 		evhttp_free(s->http);
 	free(s->final);
+	status_job_free(s->job);
 	status_drop_clear(&s->drop);
 	free(s);
 }

@@ -80,6 +80,8 @@ cJSON *status_tree(const struct store_server *srv, const struct status_source *s
 	}
 	if (src)
 		src->status_json(src->arg, root, version, st);
+	if (src && src->job)
+		status_job_json(src->job, root);
 	return root;
 }
 
@@ -100,6 +102,9 @@ char *status_jobs_json(const struct store_server *srv, const struct status_sourc
 		status_store_jobs(jobs, srv);
 	if (src && jobs)
 		src->jobs_json(src->arg, jobs);
+	if (src && src->job && cJSON_GetArraySize(jobs) > 0)
+		status_job_entry_json(src->job,
+				      cJSON_GetArrayItem(jobs, cJSON_GetArraySize(jobs) - 1));
 	out = cJSON_PrintUnformatted(root);
 	cJSON_Delete(root);
 	return out;
@@ -271,6 +276,8 @@ char *status_metrics(const struct store_server *srv, const struct status_source 
 		prog, prog, prog, (double)uptime_ms / 1000.0);
 	if (src)
 		src->metrics(src->arg, f);
+	if (src && src->job)
+		status_job_metrics(src->job, f);
 	store_metrics(f, srv, src);
 	if (fclose(f) != 0) {
 		free(s);
