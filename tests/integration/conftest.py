@@ -9,9 +9,11 @@ import glob
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 
@@ -24,6 +26,21 @@ TORCH2_VENV = os.environ.get(
     "CRUN_TORCH2_VENV", os.path.expanduser("~/.cache/crun/venv-torch2"))
 TORCH2_PYTHON = os.path.join(TORCH2_VENV, "bin", "python")
 HELPERS = os.path.join(ROOT, "tests", "integration", "helpers")
+
+# What the processes a test starts leave in $TMPDIR (crun's and torchrun's
+# default log folders, torchelastic_*; PyTorch's own temporary files) goes
+# into one folder of the session's, removed at its end: a run leaves nothing
+# behind in /tmp (it left about 650 folders before). pytest's own tmp_path
+# root stays where it was (tempfile fixed it first), so socket paths under
+# it keep their length. Machines with a private /tmp drop the variable
+# (systemd_ns.machine_env).
+tempfile.gettempdir()
+SESSION_TMP = tempfile.mkdtemp(prefix="crun-test-")
+os.environ["TMPDIR"] = SESSION_TMP
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(SESSION_TMP, ignore_errors=True)
 
 
 def bin_path(name):

@@ -95,6 +95,13 @@ class Canaries:
                 os.unlink(p)
 
 
+def machine_env():
+    """The environment of what runs inside the machine: the session's TMPDIR
+    (conftest.py) is a folder of the host's /tmp, which the machine's private
+    /tmp does not have."""
+    return {k: v for k, v in os.environ.items() if k != "TMPDIR"}
+
+
 def namespaces_refused():
     """The kernel's reason, or None when it gives us the namespaces."""
     out = subprocess.run(["unshare", "--pid", "--fork", "--mount", "--net", "--uts", "--ipc",
@@ -136,7 +143,7 @@ class Machine:
             ["unshare", "--pid", "--fork", "--mount", "--net", "--uts", "--ipc", "--cgroup",
              "--propagation", "private", "sh", script, self.stage],
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, preexec_fn=enter_cgroups)
+            start_new_session=True, preexec_fn=enter_cgroups, env=machine_env())
         deadline = time.monotonic() + timeout
         state = ""
         while time.monotonic() < deadline and self.proc.poll() is None:
@@ -172,7 +179,8 @@ class Machine:
     def sh(self, cmd, check=True, timeout=120):
         """Runs cmd (sh -c) inside every namespace of the machine."""
         out = subprocess.run(["nsenter", "-t", str(self.pid1), "-a", "sh", "-c", cmd],
-                             capture_output=True, text=True, timeout=timeout)
+                             capture_output=True, text=True, timeout=timeout,
+                             env=machine_env())
         if check:
             assert out.returncode == 0, f"{cmd}: exit {out.returncode}: {out.stdout[-2000:]}" \
                 f"{out.stderr[-2000:]}"

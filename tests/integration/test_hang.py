@@ -295,7 +295,9 @@ def test_crunctl_stacks_all_gathers_every_node(procs, tmp_path, elastic):
     res = crunctl("stacks", "--all", "--endpoint", agents[1][1])
     assert res.returncode == 0, res.stderr
     out = res.stdout
-    assert re.search(r"job 'hangjob' \(ask \d+\): 4 ranks on 2 of 2 nodes", out), out
+    assert re.search(r"job 'hangjob' \(ask \d+\): 4 ranks on 2 of 2 nodes", out), \
+        out + "".join(f"\n--- agent {i}:\n" + "".join(o.err)[-4000:]
+                      for i, (o, _) in enumerate(agents))
     assert re.search(r"digest: rank 3 is in late_for_the_all_reduce \(hang_worker\.py:\d+\) "
                      r"while ranks 0,1,2 are in", out), out
     for r in range(4):
