@@ -1,7 +1,7 @@
 """benchlib.py: what the launcher-level benchmarks (launch_bench.py,
 rdzv_vs_torchrun.py) share: where torchrun lives, free ports, re-running a
-script in a private network namespace, and killing the workers a launcher run
-may have left behind; and the log-log SVG plot of the scale benchmarks
+script in a private network namespace, a TMPDIR that goes with the run, and
+killing the workers a launcher run may have left behind; and the log-log SVG plot of the scale benchmarks
 (storm_bench.py, rdzv_sim.py)."""
 import os
 import shutil
@@ -16,6 +16,22 @@ TORCH1 = "/usr/bin/python3"
 TORCH2 = os.path.join(os.environ.get("CRUN_TORCH2_VENV",
                                      os.path.expanduser("~/.cache/crun/venv-torch2")),
                       "bin", "torchrun")
+
+
+def private_tmpdir(keep=False):
+    """Points TMPDIR (and this process's tempfile) at a folder of this run's,
+    removed when the script exits unless keep: what the launchers leave there
+    (crun's and torchrun's default log folders, torchelastic_*, one per
+    launch) goes with it (a `make bench-ab` left 930 folders in /tmp). Call it
+    before starting anything, so every child inherits it."""
+    import atexit
+
+    d = tempfile.mkdtemp(prefix="crun-bench-")
+    os.environ["TMPDIR"] = d
+    tempfile.tempdir = d
+    if not keep:
+        atexit.register(shutil.rmtree, d, True)
+    return d
 
 
 def free_port():

@@ -41,7 +41,8 @@ import sys
 import tempfile
 import time
 
-from benchlib import ROOT, TORCH1, TORCH2, free_port, in_own_netns, ints, kill_recorded_workers
+from benchlib import (ROOT, TORCH1, TORCH2, free_port, in_own_netns, ints, kill_recorded_workers,
+                      private_tmpdir)
 PY_WORKER_EXEC = "/usr/bin/python3"  # the same interpreter runs every Python worker
 BUDGET_S = 170             # past this, torchrun cells get one rep each (goal: < 4 min)
 RUN_TIMEOUT_S = 90         # one launcher run; launch_run sends SIGTERM, then SIGKILL
@@ -384,6 +385,7 @@ def main():
     ap.add_argument("--budget", type=float, default=BUDGET_S,
                     help="seconds after which torchrun rows stop at their first rep")
     cfg = ap.parse_args()
+    private_tmpdir(keep=cfg.keep)
     if not cfg.no_netns and os.environ.get("CRUN_BENCH_NETNS") != "1":
         rc = in_own_netns(__file__, sys.argv[1:])
         if rc is not None:

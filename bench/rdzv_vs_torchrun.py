@@ -53,7 +53,8 @@ import sys
 import tempfile
 import time
 
-from benchlib import ROOT, TORCH1, TORCH2, free_port, in_own_netns, ints, kill_recorded_workers
+from benchlib import (ROOT, TORCH1, TORCH2, free_port, in_own_netns, ints, kill_recorded_workers,
+                      private_tmpdir)
 sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
 from etcd_cluster import EtcdCluster  # noqa: E402
 LABEL = {"crun": "crun", "crun-etcd": "crun on etcd", "torch2": "torchrun 2.x",
@@ -361,6 +362,7 @@ def main():
     ap.add_argument("--backends", default="c10d",
                     help="crun's rendezvous backends to run: c10d, etcd or both")
     cfg = ap.parse_args()
+    private_tmpdir(keep=cfg.keep)
     if not cfg.no_netns and os.environ.get("CRUN_BENCH_NETNS") != "1":
         rc = in_own_netns(__file__, sys.argv[1:])
         if rc is not None:
