@@ -64,9 +64,9 @@ int orphans_parse_stat(const char *stat, pid_t *ret_ppid, pid_t *ret_pgrp, char 
 }
 
 /* Reads a small /proc file (one read: the kernel fills it at once) into buf
- * as a string. The byte count, or a negative code: -errno (gone),
- * CRUN_EINVAL (the path does not fit, or the file is empty). A count of
- * cap - 1 means the file may be longer than buf. */
+ * as a string. The byte count (0: empty), or a negative code: -errno from
+ * open (gone), CRUN_EINVAL from read. A count of cap - 1 means the file may
+ * be longer than buf. */
 static ssize_t read_proc(const char *path, char *buf, size_t cap)
 {
 	ssize_t n;

@@ -63,17 +63,13 @@ static void src_status_json(void *arg, cJSON *root, const uint64_t *version, int
 		cJSON_AddNumberToObject(root, "exit_code", a->exit_code);
 }
 
-static void src_jobs_json(void *arg, cJSON *jobs)
+static void src_jobs_json(void *arg, cJSON *entry)
 {
 	const struct crun_agent *a = arg;
-	cJSON *j = cJSON_CreateObject();
 
-	if (!j)
-		return;
-	cJSON_AddStringToObject(j, "run_id", a->run_id);
-	cJSON_AddStringToObject(j, "role", a->role);
-	cJSON_AddStringToObject(j, "state", agent_state_name(a->state));
-	cJSON_AddItemToArray(jobs, j);
+	cJSON_AddStringToObject(entry, "run_id", a->run_id);
+	cJSON_AddStringToObject(entry, "role", a->role);
+	cJSON_AddStringToObject(entry, "state", agent_state_name(a->state));
 }
 
 /* The rendezvous's round and its counters (one table: RDZV_COUNTER_MAP). */

@@ -3,6 +3,7 @@ rdzv_vs_torchrun.py) share: where torchrun lives, free ports, re-running a
 script in a private network namespace, a TMPDIR that goes with the run, and
 killing the workers a launcher run may have left behind; and the log-log SVG plot of the scale benchmarks
 (storm_bench.py, rdzv_sim.py)."""
+import atexit
 import os
 import shutil
 import signal
@@ -24,8 +25,6 @@ def private_tmpdir(keep=False):
     (crun's and torchrun's default log folders, torchelastic_*, one per
     launch) goes with it (a `make bench-ab` left 930 folders in /tmp). Call it
     before starting anything, so every child inherits it."""
-    import atexit
-
     d = tempfile.mkdtemp(prefix="crun-bench-")
     os.environ["TMPDIR"] = d
     tempfile.tempdir = d

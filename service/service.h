@@ -303,8 +303,9 @@ struct status_source {
 	 * body of status_json()); st: the state being entered at a change (the
 	 * page is told before the job's own state moves), else -1. */
 	void (*status_json)(void *arg, struct cJSON *root, const uint64_t *version, int st);
-	/* Adds the job's entry to /jobs' array. */
-	void (*jobs_json)(void *arg, struct cJSON *jobs);
+	/* Fills the job's entry of /jobs' array (the page adds the events'
+	 * part after it). */
+	void (*jobs_json)(void *arg, struct cJSON *entry);
 	/* Writes the job's metric families (after crun_agent_up and its uptime,
 	 * before the events' and the store servers'). */
 	void (*metrics)(void *arg, FILE *f);

@@ -92,7 +92,7 @@ char *status_json(const struct store_server *srv, const struct status_source *sr
 
 char *status_jobs_json(const struct store_server *srv, const struct status_source *src)
 {
-	cJSON *root = cJSON_CreateObject(), *jobs;
+	cJSON *root = cJSON_CreateObject(), *jobs, *entry;
 	char *out;
 
 	if (!root)
@@ -100,11 +100,12 @@ char *status_jobs_json(const struct store_server *srv, const struct status_sourc
 	jobs = cJSON_AddArrayToObject(root, "jobs");
 	if (!src && srv && jobs)
 		status_store_jobs(jobs, srv);
-	if (src && jobs)
-		src->jobs_json(src->arg, jobs);
-	if (src && src->job && cJSON_GetArraySize(jobs) > 0)
-		status_job_entry_json(src->job,
-				      cJSON_GetArrayItem(jobs, cJSON_GetArraySize(jobs) - 1));
+	if (src && jobs && (entry = cJSON_CreateObject())) {
+		src->jobs_json(src->arg, entry);
+		if (src->job)
+			status_job_entry_json(src->job, entry);
+		cJSON_AddItemToArray(jobs, entry);
+	}
 	out = cJSON_PrintUnformatted(root);
 	cJSON_Delete(root);
 	return out;

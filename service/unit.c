@@ -51,8 +51,6 @@ static void round_line(const struct service_unit *u, crun_agent_state_t st, char
 	if ((p->round >= 0 || p->waiting) &&
 	    rdzv_progress_line(p, u->src.run_id(u->src.arg), buf + 2, cap - 2) == 0)
 		memcpy(buf, "; ", 2);
-	else
-		buf[0] = '\0';
 	free(p);
 }
 
