@@ -245,7 +245,7 @@ static void declare_hung(struct agent_hang *h, uint64_t silent_ms)
 		 silent_ms / 1000.0);
 	snprintf(ask, sizeof(ask), "hang on %s: %s", a->host, h->when);
 	h->asked_ms = clock_now_ms();
-	if (rdzv_stacks_gather(a->rdzv, ask, on_gathered, a) == 0) {
+	if (rdzv_stacks_gather(a->rdzv, ask, 0, on_gathered, a) == 0) {
 		log_at(LL_WARN, SUB_AGENT, "%s: asking every node of the job for its ranks' stacks",
 		       h->when);
 		h->gathering = true;

@@ -13,6 +13,7 @@
 #include "agent/cli.h"
 #include "agent/ctl.h"
 #include "common/common.h"
+#include "rendezvous/rdzv.h"
 #include "store/auth.h"
 
 #define PROG "crunctl"
@@ -26,6 +27,7 @@ struct opts {
 	uint32_t timeout_ms;
 	int64_t rank;		/* stacks: only this global rank; -1 = every one */
 	bool all;		/* stacks: every node's ranks (the job board) */
+	uint32_t wait_ms;	/* stacks --all/--job: the page's wait (0: its default) */
 	const char *token_file; /* drop: the admin token */
 };
 
@@ -109,6 +111,7 @@ static int cmd_jobs(const struct opts *o)
 static int cmd_stacks(const struct opts *o)
 {
 	char path[600] = "/stacks", *body;
+	struct opts waiting = *o; /* the request's timeout covers the page's wait */
 	int rc;
 
 	if (o->rdzv_id && (o->all || o->rank >= 0)) {
@@ -120,11 +123,19 @@ static int cmd_stacks(const struct opts *o)
 		fprintf(stderr, PROG ": --job: the run id is too long\n");
 		return 2;
 	}
+	if (o->wait_ms && !o->all && !o->rdzv_id) {
+		fprintf(stderr, PROG ": stacks: --wait is for --all or --job (a gather)\n");
+		return 2;
+	}
 	if (o->all)
 		snprintf(path, sizeof(path), "/stacks?all=1");
 	else if (o->rank >= 0)
 		snprintf(path, sizeof(path), "/stacks?rank=%lld", (long long)o->rank);
-	rc = fetch(o, path, &body);
+	if (o->wait_ms)
+		snprintf(path + strlen(path), sizeof(path) - strlen(path), "&wait_ms=%u",
+			 o->wait_ms);
+	waiting.timeout_ms += o->wait_ms;
+	rc = fetch(&waiting, path, &body);
 	if (rc)
 		return rc;
 	fputs(body, stdout);
@@ -418,6 +429,17 @@ static int apply_opt(struct opts *o, int id, const char *arg, int *ret_rc)
 		break;
 	case CLI_CTL_ALL:
 		o->all = true;
+		break;
+	case CLI_CTL_WAIT:
+		if (seconds("--wait", arg, &ms) < 0)
+			return *ret_rc = 2, -1;
+		if (ms == 0 || ms > RDZV_BOARD_GATHER_MAX_MS) {
+			fprintf(stderr,
+				PROG ": --wait: expected more than 0 and at most %u s, got '%s'\n",
+				RDZV_BOARD_GATHER_MAX_MS / 1000, arg);
+			return *ret_rc = 2, -1;
+		}
+		o->wait_ms = (uint32_t)ms;
 		break;
 	case CLI_CTL_RANK:
 		if (parse_i64(arg, &o->rank) < 0 || o->rank < 0) {

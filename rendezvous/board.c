@@ -25,6 +25,11 @@ int rdzv_board_ask_key(char *buf, size_t cap, int64_t ask)
 	return str_printf(buf, cap, BOARD_ASK_PREFIX "%" PRId64, ask) < 0 ? CRUN_ERANGE : 0;
 }
 
+uint32_t rdzv_board_wait_ms(uint32_t wait_ms)
+{
+	return wait_ms ? MIN(wait_ms, RDZV_BOARD_GATHER_MAX_MS) : RDZV_BOARD_GATHER_MS;
+}
+
 int rdzv_board_answer_key(char *buf, size_t cap, int64_t ask, int group_rank)
 {
 	return str_printf(buf, cap, "stacks/%" PRId64 "/%d", ask, group_rank) < 0 ? CRUN_ERANGE : 0;
@@ -53,7 +58,9 @@ int c10d_job_gather(struct c10d_job *j, struct coord *c)
 	r = coord_ticket(c, RDZV_BOARD_ASKS, BOARD_ASK_PREFIX, j->why, &j->ask);
 	if (r < 0)
 		return c10d_jfail(j, c, r, "cannot post an ask on the job board");
-	deadline = clock_now_ms() + RDZV_BOARD_GATHER_MS;
+	deadline = clock_now_ms() + j->gather_ms;
+	log_at(LL_DEBUG, SUB_RDZV, "job board: ask %" PRId64 " posted; gathering %d nodes", j->ask,
+	       j->nnodes);
 	/* One wait per node under one deadline: the answers come in about
 	 * together (every node captures at once), so the later waits are short. */
 	for (int g = 0; g < j->nnodes && !helper_stopping(&j->h); g++) {
@@ -77,6 +84,8 @@ int c10d_board_next(struct c10d_job *j, struct coord *c, char *buf, size_t cap)
 	if (seen < 0) {
 		TRY(coord_add(c, RDZV_BOARD_ASKS, 0, &seen));
 		atomic_store(&j->ask_seen, seen);
+		log_at(LL_DEBUG, SUB_RDZV,
+		       "job board: %" PRId64 " asks so far; watching for the next", seen);
 	}
 	return rdzv_board_ask_key(buf, cap, seen + 1);
 }
@@ -112,14 +121,21 @@ int c10d_board_answer(struct c10d_job *j, struct coord *c)
 {
 	int64_t ask = atomic_load(&j->ask_seen) + 1;
 	char key[64], *answer = NULL;
+	uint64_t t0 = clock_now_ms(), t1;
 	int r = 0;
 
+	log_at(LL_DEBUG, SUB_RDZV, "job board: ask %" PRId64 " seen; asking the loop", ask);
 	atomic_store(&j->ask_pending, ask);
 	helper_nudge(&j->h);
 	if (wait_answer(j, ask, &answer) && answer) {
+		t1 = clock_now_ms();
 		r = rdzv_board_answer_key(key, sizeof(key), ask, j->info.group_rank);
 		if (r == 0)
 			r = coord_set(c, key, answer);
+		log_at(LL_DEBUG, SUB_RDZV,
+		       "job board: answer to ask %" PRId64 " stored (%d): %" PRIu64
+		       " ms for the loop, %" PRIu64 " ms for the store",
+		       ask, r, t1 - t0, clock_now_ms() - t1);
 	}
 	atomic_store(&j->ask_pending, 0);
 	atomic_store(&j->ask_seen, ask);

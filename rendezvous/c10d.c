@@ -53,6 +53,7 @@ struct c10d {
 	struct helper board;	  /* the job board's gather (board.c) */
 	rdzv_gather_fn gather_fn; /* its caller, told once it ends */
 	void *gather_arg;
+	uint32_t gather_ms;   /* the next gather's wait for the answers */
 	int64_t ask_seen;     /* the last ask answered (-1: not known) */
 	struct coord *pend_c; /* lease connection handed from the round job */
 	uint64_t pend_lease, pend_kept_ms;
@@ -273,6 +274,7 @@ static int start(struct c10d *c, enum c10d_job_kind kind, const char *why)
 		j->board = c->p.stacks_answer != NULL;
 		atomic_store(&j->ask_seen, c->ask_seen);
 	}
+	j->gather_ms = c->gather_ms;
 	return helper_start(slot, &j->h);
 }
 
@@ -464,7 +466,8 @@ static void on_board(struct helper *h, void *arg)
 
 /* rdzv_stacks_gather: only in a round whose monitor answers asks (a store
  * with WAIT_ANY), or no node would answer. */
-static int c10d_stacks_gather(struct rdzv *rz, const char *why, rdzv_gather_fn fn, void *arg)
+static int c10d_stacks_gather(struct rdzv *rz, const char *why, uint32_t wait_ms, rdzv_gather_fn fn,
+			      void *arg)
 {
 	struct c10d *c = (struct c10d *)rz;
 
@@ -472,6 +475,7 @@ static int c10d_stacks_gather(struct rdzv *rz, const char *why, rdzv_gather_fn f
 		return CRUN_ENOTSUP;
 	if (c->board.job)
 		return CRUN_EBUSY;
+	c->gather_ms = wait_ms; /* start() hands it to the job */
 	TRY(start(c, JOB_GATHER, why));
 	c->gather_fn = fn;
 	c->gather_arg = arg;

@@ -125,9 +125,10 @@ struct c10d_job {
 	pthread_cond_t cv;
 	int64_t answered;
 	char *answer;
-	/* GATHER: the ask posted (why: its record) and the nnodes answers
-	 * gathered (each malloc'd or NULL) */
+	/* GATHER: the ask posted (why: its record), how long to wait for the
+	 * answers, and the nnodes answers gathered (each malloc'd or NULL) */
 	int64_t ask;
+	uint32_t gather_ms;
 	char **answers;
 	char err[512];
 };
@@ -159,7 +160,7 @@ struct c10d_close_turn {
 int c10d_close_turn(struct c10d_job *j, struct coord *c, int64_t rd, int64_t t,
 		    struct c10d_close_turn *ct, uint64_t *last_keep, char **ret_closed);
 /* board.c, GATHER: posts an ask and gathers the answers of group ranks
- * 0..nnodes-1 (RDZV_BOARD_GATHER_MS at most). */
+ * 0..nnodes-1 (j->gather_ms at most). */
 int c10d_job_gather(struct c10d_job *j, struct coord *c);
 /* board.c, MONITOR side: the key of the next ask to watch into buf (reads
  * the ask counter once when ask_seen is not known). */

@@ -132,9 +132,12 @@ int rdzv_failure(const struct rdzv *r)
 	return r->ops->failure ? r->ops->failure(r) : CRUN_ERDZVCLOSED;
 }
 
-int rdzv_stacks_gather(struct rdzv *r, const char *why, rdzv_gather_fn fn, void *arg)
+int rdzv_stacks_gather(struct rdzv *r, const char *why, uint32_t wait_ms, rdzv_gather_fn fn,
+		       void *arg)
 {
-	return r->ops->stacks_gather ? r->ops->stacks_gather(r, why, fn, arg) : CRUN_ENOTSUP;
+	return r->ops->stacks_gather
+		   ? r->ops->stacks_gather(r, why, rdzv_board_wait_ms(wait_ms), fn, arg)
+		   : CRUN_ENOTSUP;
 }
 
 int rdzv_endpoint_check(const char *backend, const char *endpoint, char *err, size_t cap)

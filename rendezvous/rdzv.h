@@ -139,22 +139,30 @@ bool rdzv_clears_store(const struct rdzv *r);
 /* How long an asker waits for every answer: the answerers' capture
  * (STACKS_DEADLINE_MS, 800 ms), a second for the store round trips, and a
  * margin for a second ask captured just before (an ASan build on etcd
- * missed 1.8 s). */
-#define RDZV_BOARD_GATHER_MS 2500u
+ * missed 1.8 s). The default: an asker may wait longer (a job on a loaded
+ * store), up to RDZV_BOARD_GATHER_MAX_MS. */
+#define RDZV_BOARD_GATHER_MS	 2500u
+#define RDZV_BOARD_GATHER_MAX_MS 120000u
 /* Pure: "stacks/ask/N" and "stacks/N/G" into buf. 0 or CRUN_ERANGE. */
 int rdzv_board_ask_key(char *buf, size_t cap, int64_t ask);
 int rdzv_board_answer_key(char *buf, size_t cap, int64_t ask, int group_rank);
 
 /* Called with a gather's answers: r 0 or why nothing was gathered (no ask
  * was posted); answers[g] is group rank g's answer (NULL: none came within
- * RDZV_BOARD_GATHER_MS), n the round's nodes, ask the ask's number. The
+ * the gather's wait), n the round's nodes, ask the ask's number. The
  * array and strings are borrowed for the call. On the loop. */
 typedef void (*rdzv_gather_fn)(int r, int64_t ask, char *const *answers, int n, void *arg);
 /* Posts an ask (why: a short text for the record) and gathers every node's
- * answer of the current round; fn is called once, on the loop, unless the
- * backend is freed first. CRUN_ENOTSUP: no board (static backend, no round
- * yet, a store without leases); CRUN_EBUSY: a gather is running. */
-int rdzv_stacks_gather(struct rdzv *r, const char *why, rdzv_gather_fn fn, void *arg);
+ * answer of the current round, waiting up to wait_ms for them (0:
+ * RDZV_BOARD_GATHER_MS; more than RDZV_BOARD_GATHER_MAX_MS: that); fn is
+ * called once, on the loop, as soon as every answer is in or the wait is
+ * over, unless the backend is freed first. CRUN_ENOTSUP: no board (static
+ * backend, no round yet, a store without leases); CRUN_EBUSY: a gather is
+ * running. */
+int rdzv_stacks_gather(struct rdzv *r, const char *why, uint32_t wait_ms, rdzv_gather_fn fn,
+		       void *arg);
+/* wait_ms as a gather takes it (0: the default, capped at the maximum). */
+uint32_t rdzv_board_wait_ms(uint32_t wait_ms);
 
 /* Starts the next round; completion arrives as RDZV_EV_COMPLETE or
  * RDZV_EV_FAILED. Returns 0 or a negative code if it could not start. */

@@ -46,7 +46,8 @@ struct rdzv_backend {
 	bool (*worker_store_proxy)(const struct rdzv *r);
 	void (*get_progress)(const struct rdzv *r, struct rdzv_progress *ret);
 	int (*failure)(const struct rdzv *r);
-	int (*stacks_gather)(struct rdzv *r, const char *why, rdzv_gather_fn fn, void *arg);
+	int (*stacks_gather)(struct rdzv *r, const char *why, uint32_t wait_ms, rdzv_gather_fn fn,
+			     void *arg);
 };
 
 extern const struct rdzv_backend rdzv_static_backend; /* static.c */

@@ -170,6 +170,10 @@ static const struct cli_opt ctl_rows[CLI_CTL__MAX] = {
     [CLI_CTL_ALL] = {"all", 0, CT_FLAG, 0, NULL, NULL, NULL, NULL, NULL, 0, 0,
 		     "stacks: every rank of every node of the agent's job (c10d, etcd)", NULL, 0,
 		     NULL},
+    [CLI_CTL_WAIT] = {"wait", 0, CT_SECS, 0, NULL, NULL, NULL, "S", NULL, 0, 0,
+		      "stacks --all or --job: seconds the page waits for every node's answer "
+		      "(default 2.5, at most 120); it answers as soon as all are in",
+		      NULL, 0, NULL},
     ACTION_ROWS(CLI_CTL),
 };
 

@@ -6,7 +6,10 @@
  * page shares the store's loop: a SET on the server's behalf wakes the
  * agents' watches) and collects the answers as they land. One gather at a
  * time per page, one capture per STACKS_MIN_GAP_MS; the request is answered
- * within RDZV_BOARD_GATHER_MS (plus the local capture).
+ * once every node answered, or after its wait: &wait_ms=N, by default
+ * RDZV_BOARD_GATHER_MS (plus the local capture). A caller on a loaded
+ * machine or store asks for a longer one (crunctl stacks --wait) rather
+ * than read a node's silence as its absence.
  */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -127,7 +130,7 @@ static void on_gathered(int r, int64_t ask, char *const *answers, int n, void *a
 }
 
 static void get_all(struct status_stacks *ss, struct evhttp_request *req,
-		    const struct status_source *src)
+		    const struct status_source *src, uint32_t wait_ms)
 {
 	char why[320];
 	int r;
@@ -135,7 +138,7 @@ static void get_all(struct status_stacks *ss, struct evhttp_request *req,
 	if (limited(ss, req))
 		return;
 	snprintf(why, sizeof(why), "crunctl stacks --all on %s", src->host(src->arg));
-	r = rdzv_stacks_gather(src->rdzv(src->arg), why, on_gathered, ss);
+	r = rdzv_stacks_gather(src->rdzv(src->arg), why, wait_ms, on_gathered, ss);
 	if (r == CRUN_ENOTSUP) {
 		fail(req, 404, "Not Found",
 		     "no job board: a static or standalone job, or no round running (crunctl "
@@ -233,7 +236,7 @@ static int post_ask(struct status_stacks *ss, char *err, size_t cap)
 }
 
 static void get_job(struct status_stacks *ss, struct evhttp_request *req, struct store_server *srv,
-		    const char *job)
+		    const char *job, uint32_t wait_ms)
 {
 	static const struct timeval now = {0, 0};
 	const char *state = "";
@@ -262,7 +265,7 @@ static void get_job(struct status_stacks *ss, struct evhttp_request *req, struct
 		     err[0] ? err : crun_strerror(r));
 		return;
 	}
-	ss->deadline_ms = clock_now_ms() + RDZV_BOARD_GATHER_MS;
+	ss->deadline_ms = clock_now_ms() + rdzv_board_wait_ms(wait_ms);
 	park(ss, req);
 	if (evtimer_add(ss->timer, &now) < 0)
 		fail(take_req(ss), 500, "Internal Server Error", "cannot arm a timer");
@@ -296,14 +299,20 @@ void status_stacks_get(struct status_stacks *ss, struct evhttp_request *req, con
 		       const struct status_source *src, struct store_server *srv)
 {
 	struct evkeyvalq q = {0};
-	const char *all = NULL, *job = NULL, *rv = NULL;
+	const char *all = NULL, *job = NULL, *rv = NULL, *wv = NULL;
+	uint64_t wait_ms = 0;
 
 	if (query && evhttp_parse_query_str(query, &q) == 0) {
 		all = evhttp_find_header(&q, "all");
 		job = evhttp_find_header(&q, "rdzv_id");
 		rv = evhttp_find_header(&q, "rank");
+		wv = evhttp_find_header(&q, "wait_ms");
 	}
-	if (src && !all) {
+	if (wv &&
+	    (parse_u64(wv, &wait_ms) < 0 || wait_ms == 0 || wait_ms > RDZV_BOARD_GATHER_MAX_MS)) {
+		fail(req, 400, "Bad Request", "wait_ms: expected 1 to %u milliseconds, got '%s'",
+		     RDZV_BOARD_GATHER_MAX_MS, wv);
+	} else if (src && !all) {
 		get_local(req, src, rv);
 	} else if ((src && !src->rdzv(src->arg)) || (!src && !job)) {
 		fail(req, 400, "Bad Request",
@@ -311,9 +320,9 @@ void status_stacks_get(struct status_stacks *ss, struct evhttp_request *req, con
 	} else if (ss->req) {
 		fail(req, 503, "Service Unavailable", "a gather of stacks is running: try again");
 	} else if (src) {
-		get_all(ss, req, src);
+		get_all(ss, req, src, (uint32_t)wait_ms);
 	} else {
-		get_job(ss, req, srv, job);
+		get_job(ss, req, srv, job, (uint32_t)wait_ms);
 	}
 	evhttp_clear_headers(&q);
 }

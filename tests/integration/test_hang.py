@@ -7,6 +7,8 @@ import os
 import re
 import signal
 import subprocess
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -287,12 +289,23 @@ def test_hang_names_the_straggler_job_wide(procs, tmp_path, elastic):
 def test_crunctl_stacks_all_gathers_every_node(procs, tmp_path, elastic):
     """While the 2x2 job waits for rank 3: crunctl stacks --all on either
     agent prints all 4 ranks with the job-wide digest; on crun-rdzvd's page
-    --job J does the same, and an unknown job is told so."""
+    --job J does the same, and an unknown job is told so. --wait is only a
+    hang guard here: the page answers once both nodes did (the default 2.5 s
+    was a wall-clock bound a loaded etcd once missed). A wait out of range
+    is refused by crunctl (2) and by the page (400)."""
     env = job_env(tmp_path, SLOW_RANK=3)
     agents = elastic_agents(procs, tmp_path, elastic, env)
     wait_until(lambda: all((tmp_path / "ready" / str(r)).exists() for r in range(4)),
                "every rank where it waits")
-    res = crunctl("stacks", "--all", "--endpoint", agents[1][1])
+    for flags, needle in [(["--wait", "121"], "--wait: expected more than 0 and at most 120 s"),
+                          (["--wait", "5"], "--wait is for --all or --job")]:
+        bad = crunctl("stacks", "--endpoint", agents[1][1], *flags)
+        assert bad.returncode == 2 and needle in bad.stderr, bad.stderr
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"http://{agents[1][1]}/stacks?all=1&wait_ms=0", timeout=30)
+    assert refused.value.code == 400, refused.value
+    assert b"wait_ms: expected 1 to 120000 milliseconds, got '0'" in refused.value.read()
+    res = crunctl("stacks", "--all", "--wait", "40", "--endpoint", agents[1][1])
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert re.search(r"job 'hangjob' \(ask \d+\): 4 ranks on 2 of 2 nodes", out), \
@@ -304,7 +317,7 @@ def test_crunctl_stacks_all_gathers_every_node(procs, tmp_path, elastic):
         assert re.search(rf"=== rank {r} \(node \d \S+, local rank {r % 2}, pid \d+\): \S+", out), out
     rdzvd = elastic[2]
     if rdzvd:
-        res = crunctl("stacks", "--endpoint", rdzvd, "--job", "hangjob")
+        res = crunctl("stacks", "--endpoint", rdzvd, "--job", "hangjob", "--wait", "40")
         assert res.returncode == 0, res.stderr
         assert "4 ranks on 2 of 2 nodes" in res.stdout and "rank 3 is in late_for" in res.stdout
         bad = crunctl("stacks", "--endpoint", rdzvd, "--job", "nosuch")
