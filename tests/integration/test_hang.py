@@ -292,8 +292,9 @@ def test_crunctl_stacks_all_gathers_every_node(procs, tmp_path, elastic):
     --job J does the same, and an unknown job is told so. --wait is only a
     hang guard here: the page answers once both nodes did (the default 2.5 s
     was a wall-clock bound a loaded etcd once missed). A wait out of range
-    is refused by crunctl (2) and by the page (400)."""
-    env = job_env(tmp_path, SLOW_RANK=3)
+    is refused by crunctl (2) and by the page (400). At debug level the
+    agents log each step of the job board (printed when a node is missed)."""
+    env = job_env(tmp_path, SLOW_RANK=3, CRUN_LOG_LEVEL="debug")
     agents = elastic_agents(procs, tmp_path, elastic, env)
     wait_until(lambda: all((tmp_path / "ready" / str(r)).exists() for r in range(4)),
                "every rank where it waits")
