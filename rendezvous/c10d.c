@@ -62,6 +62,7 @@ struct c10d {
 	char prefix[320];	 /* the run's keys */
 	struct rdzv_prog *prog;	 /* progress record (progress_int.h), or NULL */
 	struct event *linger;	 /* host: waits for the other agents to hang up */
+	struct event *release;	 /* others: waits for the monitor's lease revoke */
 	struct c10d_fence fence; /* stops the workers of a member cut off (c10d_fence.c) */
 	bool fenced;		 /* since the last round completed */
 	uint64_t linger_until;
@@ -337,6 +338,31 @@ static void on_linger(evutil_socket_t fd, short what, void *arg)
 	c->p.on_event(RDZV_EV_BARRIER_DONE, c->p.arg);
 }
 
+/* The exit barrier passed on a node that is not the store's host, and its
+ * monitor gave the lease back (on_mon), or C10D_RELEASE_WAIT_MS passed. */
+static void on_released(evutil_socket_t fd, short what, void *arg)
+{
+	struct c10d *c = arg;
+
+	(void)fd;
+	(void)what;
+	if (evtimer_pending(c->release, NULL))
+		evtimer_del(c->release);
+	c->p.on_event(RDZV_EV_BARRIER_DONE, c->p.arg);
+}
+
+/* Whether the running monitor still holds a lease it will give back at the
+ * job's end. Its own revoke must reach the store before this process exits:
+ * the store counts a connection closed with its lease as a lease expired (a
+ * node lost, what an alert is for). Under load the exit won that race. */
+static bool releasing(struct c10d *c)
+{
+	struct c10d_job *m = (struct c10d_job *)c->mon.job;
+
+	return m && m->kind == JOB_MONITOR && m->lease && !m->hb && !atomic_load(&m->h.posted) &&
+	       !atomic_load(&m->released);
+}
+
 static void barrier_ended(struct c10d *c, struct c10d_job *j)
 {
 	c->barrier_result = 0;
@@ -356,6 +382,13 @@ static void barrier_ended(struct c10d *c, struct c10d_job *j)
 		c->linger_until = clock_now_ms() + C10D_DEPART_MS;
 		on_linger(-1, 0, c);
 		return;
+	}
+	if (c->barrier_result == 0 && releasing(c)) {
+		struct timeval bound = {C10D_RELEASE_WAIT_MS / 1000,
+					(C10D_RELEASE_WAIT_MS % 1000) * 1000};
+
+		if (evtimer_add(c->release, &bound) == 0)
+			return; /* on_mon ends the wait */
 	}
 	c->p.on_event(RDZV_EV_BARRIER_DONE, c->p.arg);
 }
@@ -436,6 +469,8 @@ static void on_mon(struct helper *h, void *arg)
 	/* A nudge (an ask of the job board) or the post of the change, or
 	 * both: the change was written before the post (posted). */
 	c10d_board_on_nudge(j, c->p.stacks_answer, c->p.arg);
+	if (atomic_load(&j->released) && evtimer_pending(c->release, NULL))
+		on_released(-1, 0, c);
 	if (!atomic_load(&j->h.posted))
 		return;
 	c->ask_seen = atomic_load(&j->ask_seen);
@@ -738,7 +773,12 @@ static int c10d_new(const struct rdzv_params *p, struct rdzv **ret)
 		if (*s == ' ')
 			*s = '_';
 	c->linger = evtimer_new(p->base, on_linger, c);
-	if (!c->linger) {
+	c->release = evtimer_new(p->base, on_released, c);
+	if (!c->linger || !c->release) {
+		if (c->linger)
+			event_free(c->linger);
+		if (c->release)
+			event_free(c->release);
 		rdzv_prog_unref(c->prog);
 		free(c);
 		return CRUN_ENOMEM;
@@ -775,6 +815,8 @@ static void c10d_free(struct rdzv *rz)
 	coord_close(c->pend_c);
 	if (c->linger)
 		event_free(c->linger);
+	if (c->release)
+		event_free(c->release);
 	store_server_free(c->rdzv_store);
 	store_auth_keys_free(c->auth);
 	store_tls_free(c->tls);

@@ -54,6 +54,10 @@
 /* The store client's longest pause between dials (store/client/client_int.h BACKOFF_CAP_MS):
  * a live member may try that much later than another once the store is back. */
 #define C10D_REDIAL_MS 2000u
+/* At a clean end, how long an agent waits for its monitor to give its lease
+ * back before it exits anyway (the revoke is one request, sent as soon as
+ * the monitor's watch sees the job closed). */
+#define C10D_RELEASE_WAIT_MS 2000u
 
 enum c10d_job_kind { JOB_ROUND, JOB_BARRIER, JOB_FAIL, JOB_MONITOR, JOB_GATHER };
 
@@ -119,6 +123,9 @@ struct c10d_job {
 	 * handed back under mu (answered: the ask it answers; answer:
 	 * malloc'd or NULL). */
 	bool board;
+	/* MONITOR: the job ended and the lease was given back (or its revoke
+	 * failed, or there was none): the agent may exit (c10d.c) */
+	atomic_bool released;
 	_Atomic int64_t ask_seen;
 	_Atomic int64_t ask_pending;
 	pthread_mutex_t mu;

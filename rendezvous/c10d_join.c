@@ -48,6 +48,7 @@ struct c10d_job *c10d_job_new(enum c10d_job_kind kind)
 	j->h.notify_fd = -1;
 	atomic_init(&j->ask_seen, -1);
 	atomic_init(&j->ask_pending, 0);
+	atomic_init(&j->released, false);
 	pthread_mutex_init(&j->mu, NULL);
 	pthread_cond_init(&j->cv, NULL);
 	j->h.release = job_release;

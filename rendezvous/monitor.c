@@ -264,6 +264,10 @@ static int monitor_tail(struct c10d_job *j, struct coord *c, const char *chk, ch
 	ended = r == 1;
 	if (ended && lease && coord_lease_revoke(c, lease) == 0)
 		lease = 0;
+	if (ended) { /* the agent waits for this before it exits (c10d.c) */
+		atomic_store(&j->released, true);
+		helper_nudge(&j->h);
+	}
 	/* Stay connected (lease held) until the agent moves on: closing now
 	 * would look like a failure of this node to the others. The next
 	 * keep-alive is due a heartbeat after the last one: the agent
