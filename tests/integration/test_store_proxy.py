@@ -352,9 +352,13 @@ def test_the_root_holds_one_connection_per_proxy(procs, tmp_path, ext):
             w.sendall(v2_keys(6, f"hold{i}.{j}".encode()))  # WAIT
             waiters.append(w)
     want = 8 if ext == "5" else 8 + 16
-    for _ in range(400):  # the proxies send their WAITs as the requests arrive
+    # The proxies send their WAITs as the requests arrive. Wait for the
+    # count itself, not for "at least": a CI run under load read 25 of 24 on
+    # its first look past 23 (one connection more, for a moment, whose owner
+    # was not identified). The bound is only a hang guard.
+    for _ in range(1200):
         held = established_to(rport)
-        if held >= want:
+        if held == want:
             break
         time.sleep(0.025)
     setter = v2_conn(rport)
